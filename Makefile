@@ -1,0 +1,30 @@
+# Every target runs offline: nothing here may reach the Hugging Face Hub.
+PY := .venv/bin/python
+VENV_STAMP := .venv/.installed
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: setup test demo lint bench clean
+
+setup: $(VENV_STAMP)
+
+$(VENV_STAMP): pyproject.toml
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(VENV_STAMP)
+
+test: setup
+	$(PY) -m pytest
+
+demo: setup
+	bash scripts/quickstart.sh
+
+lint: setup
+	.venv/bin/ruff check src tests
+
+bench: setup
+	$(PY) bench/run.py
+
+clean:
+	rm -rf .venv runs build *.egg-info

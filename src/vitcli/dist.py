@@ -1,0 +1,71 @@
+"""Processes and devices, in one place. Multi-process and multi-node runs come from `torchrun`.
+
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them we are a single process. Only rank 0 talks
+(progress, tables) and writes files; everything else computes and joins the all-reduces.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on the one process that logs and writes."""
+        return self.rank == 0
+
+
+def pick_device(pref: str, local_rank: int = 0) -> torch.device:
+    """`auto` takes CUDA when present, else the CPU."""
+    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def setup(device_pref: str = "auto") -> Dist:
+    """Join the torchrun process group if there is one (NCCL on GPU, Gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = pick_device(device_pref, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local_rank, device)
+
+
+def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
+    """Sum a few numbers across processes (counts for accuracy, losses for logging)."""
+    if dist.world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """DistributedDataParallel when there are several processes, the model itself otherwise."""
+    if dist.world_size == 1:
+        return model
+    ids = [dist.device.index] if dist.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def barrier(dist: Dist) -> None:
+    """Wait for every process (e.g. before rank 0's files are read by others)."""
+    if dist.world_size > 1:
+        torch_dist.barrier()

@@ -1,0 +1,31 @@
+"""Typed errors. Each carries a one-line message that names the culprit and, where possible, the fix.
+
+The CLI turns any `VitcliError` into one red line on stderr and exit code 2 (bad input); anything else is a
+bug and exits 1. Set VITCLI_DEBUG=1 to see the traceback.
+"""
+
+
+class VitcliError(Exception):
+    """Base of every error caused by the user's input rather than by a bug."""
+
+    exit_code = 2
+
+
+class RecipeError(VitcliError):
+    """A recipe key is unknown, has the wrong type, or contradicts another key."""
+
+
+class ModelError(VitcliError):
+    """An unknown model name or an impossible architecture."""
+
+
+class DataError(VitcliError):
+    """A dataset that cannot be found, read, or used as configured."""
+
+
+class CheckpointError(VitcliError):
+    """A checkpoint that is missing, unsafe to read, or does not fit the model."""
+
+
+class TrainingError(VitcliError):
+    """Training cannot go on (for example a non-finite loss)."""

@@ -31,7 +31,7 @@ class ModelConfig:
     num_heads: int = 12
     mlp_dim: int = 3072
     pool: str = "token"  # token (class token, the paper's default) | gap (global average pool)
-    pos_embed: str = "learned_1d"  # learned_1d | learned_2d | sincos_2d | none (paper App. D.4)
+    pos_embed: str = "learned_1d"  # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints
     dropout: float = 0.0
     drop_path: float = 0.0
@@ -167,7 +167,7 @@ STAGE_DEFAULTS: dict[str, dict] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": ("pretrain", "finetune"),
     "model.pool": ("token", "gap"),
-    "model.pos_embed": ("learned_1d", "learned_2d", "sincos_2d", "none"),
+    "model.pos_embed": ("learned_1d", "learned_2d", "sincos_2d", "none", "sincos_1d"),  # sincos_1d: T2T-ViT
     "optim.name": ("adamw", "sgd"),
     "optim.loss": ("softmax", "sigmoid"),
     "schedule.decay": ("linear", "cosine", "constant"),

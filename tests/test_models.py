@@ -1,0 +1,316 @@
+"""The model zoo: every family builds and runs, position tables match their formulas, heads behave as the
+paper's transfer protocol needs, and plain ViTs stay interchangeable with timm's."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+import timm
+import torch
+from timm.layers import GroupNormAct, HybridEmbed, StdConv2d, StdConv2dSame
+from timm.models.vision_transformer import VisionTransformer
+
+from vitcli.errors import ModelError
+from vitcli.models import (
+    PAPER_VITS,
+    T2T_VITS,
+    build_model,
+    count_params,
+    drop_representation,
+    model_from_spec,
+    model_spec,
+    resolve_model,
+    zero_head,
+)
+from vitcli.recipe import ModelConfig
+from vitcli.t2t import T2TViT, sincos_1d_table
+
+K = 5
+TINY = {"name": "custom", "img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,
+        "mlp_dim": 64}
+
+
+def tiny(**overrides) -> ModelConfig:
+    return ModelConfig(**{**TINY, **overrides})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # the convolutional models run ~20x slower with 2 intra-op threads on a busy 2-core machine
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+
+def shapes(model: torch.nn.Module) -> dict:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+# ---------------------------------------------------------------- ViT family
+
+
+@pytest.mark.parametrize("representation_size", [0, 24])
+@pytest.mark.parametrize("pos_embed", ["learned_1d", "learned_2d", "sincos_2d", "none"])
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_custom_vit_runs_every_pool_posemb_and_head(pool, pos_embed, representation_size, images):
+    model = build_model(tiny(pool=pool, pos_embed=pos_embed, representation_size=representation_size), K)
+    model.eval()
+    prefix = 1 if pool == "token" else 0
+    width = representation_size or 32
+    assert model.num_prefix_tokens == prefix and model.patch_embed.grid_size == (4, 4)
+    assert model.num_features == width
+    feats = model.forward_features(images)
+    assert feats.shape == (2, prefix + 16, 32)
+    # pre-logits recomputed by hand: class token (already normed) or mean of patches then fc_norm
+    pooled = feats[:, 0] if pool == "token" else model.fc_norm(feats.mean(dim=1))
+    if representation_size:
+        pooled = torch.tanh(pooled @ model.pre_logits.fc.weight.T + model.pre_logits.fc.bias)
+    pre_logits = model.forward_head(feats, pre_logits=True)
+    torch.testing.assert_close(pre_logits, pooled, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(model(images), model.head(pre_logits), rtol=1e-5, atol=1e-6)
+    model.reset_classifier(3)
+    assert model(images).shape == (2, 3)
+
+
+def test_head_bias_init_dropout_drop_path_and_exact_mlp_dim_are_honoured():
+    cfg = tiny(embed_dim=48, num_heads=3, mlp_dim=100, head_bias_init=-10.0, dropout=0.1, drop_path=0.2)
+    model = build_model(cfg, K)
+    assert torch.equal(model.head.bias, torch.full((K,), -10.0))
+    assert model.head.weight.abs().sum() > 0  # timm's weight init is kept
+    assert model.blocks[0].mlp.fc1.out_features == 100  # 100 / 48 is not exact in floating point
+    assert model.pos_drop.p == 0.1 and model.blocks[0].attn.proj_drop.p == 0.1
+    assert model.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)  # linear rule ends at drop_path
+
+
+def big_vision_sincos_2d(gh: int, gw: int, dim: int) -> np.ndarray:
+    """posemb_sincos_2d written out entry by entry: [sin x, cos x, sin y, cos y], omega_k = 1e4^(-k/(D/4-1))."""
+    q = dim // 4
+    table = np.zeros((gh * gw, dim))
+    for i in range(gh):
+        for j in range(gw):
+            for k in range(q):
+                omega = 1.0 / 10_000 ** (k / (q - 1))
+                table[i * gw + j, [k, q + k, 2 * q + k, 3 * q + k]] = [
+                    math.sin(j * omega), math.cos(j * omega), math.sin(i * omega), math.cos(i * omega)]
+    return table
+
+
+@pytest.mark.parametrize("pool", ["token", "gap"])
+def test_sincos_2d_is_frozen_in_timm_pos_embed_with_zero_class_row(pool, images):
+    model = build_model(tiny(pool=pool, pos_embed="sincos_2d"), K)
+    prefix = model.num_prefix_tokens
+    table = torch.from_numpy(big_vision_sincos_2d(4, 4, 32)).float()
+    assert model.pos_embed.shape == (1, prefix + 16, 32) and not model.pos_embed.requires_grad
+    assert torch.equal(model.pos_embed[0, :prefix], torch.zeros(prefix, 32))
+    torch.testing.assert_close(model.pos_embed[0, prefix:], table)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    model(images).square().sum().backward()
+    opt.step()
+    torch.testing.assert_close(model.pos_embed[0, prefix:], table)
+
+
+def test_learned_2d_adds_row_and_column_tables_to_patches_only():
+    model = build_model(tiny(pos_embed="learned_2d"), K).eval()
+    assert model.pos_embed is None
+    assert model.pos_embed_row.shape == (1, 4, 16) and model.pos_embed_col.shape == (1, 4, 16)
+    out = model._pos_embed(torch.zeros(1, 16, 32))  # zero patches: what remains is the position embedding
+    assert out.shape == (1, 17, 32)
+    torch.testing.assert_close(out[0, 0], model.cls_token[0, 0])  # class token gets no position
+    for i, j in [(0, 0), (1, 3), (3, 1), (2, 2)]:
+        expected = torch.cat([model.pos_embed_row[0, i], model.pos_embed_col[0, j]])
+        torch.testing.assert_close(out[0, 1 + i * 4 + j], expected)
+    out.sum().backward()
+    assert model.pos_embed_row.grad is not None and model.pos_embed_col.grad is not None
+    assert {"pos_embed_row", "pos_embed_col"} <= model.no_weight_decay()
+
+
+# ---------------------------------------------------------------- timm interop
+
+
+@pytest.mark.parametrize("pool,pos_embed", [("token", "learned_1d"), ("gap", "learned_1d"),
+                                            ("token", "sincos_2d"), ("token", "none")])
+def test_state_dict_loads_strictly_into_timm_vision_transformer(pool, pos_embed, images):
+    ours = build_model(tiny(pool=pool, pos_embed=pos_embed), K).eval()
+    theirs = VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=K,
+        class_token=pool == "token", global_pool="token" if pool == "token" else "avg",
+        fc_norm=False,  # gap normalises before pooling, as big_vision and timm's vit_*_gap_* models do
+        pos_embed="none" if pos_embed == "none" else "learn").eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    torch.testing.assert_close(theirs(images), ours(images), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name,timm_name", [("ViT-B/16", "vit_base_patch16_224"),
+                                            ("R50+ViT-B/16", "vit_base_r50_s16_224")])
+def test_named_models_have_timm_state_dict_layout(name, timm_name):
+    with torch.device("meta"):  # weightless: same keys and shapes means load_state_dict(strict=True) fits
+        ours = build_model(ModelConfig(name=name, img_size=64), K)
+        theirs = timm.create_model(timm_name, num_classes=K, img_size=64)
+    assert shapes(ours) == shapes(theirs)
+
+
+# ---------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name,timm_name", [
+    ("ViT-Ti/16", "vit_tiny_patch16_224"), ("ViT-S/16", "vit_small_patch16_224"),
+    ("ViT-B/32", "vit_base_patch32_224"), ("ViT-B/16", "vit_base_patch16_224"),
+    ("ViT-L/32", "vit_large_patch32_224"), ("ViT-L/16", "vit_large_patch16_224"),
+    ("ViT-H/14", "vit_huge_patch14_224")])
+def test_resolve_fills_paper_sizes_that_agree_with_timm_registry(name, timm_name):
+    paper, registered = ModelConfig(name=name.lower()), ModelConfig(name=timm_name)
+    resolve_model(paper)
+    resolve_model(registered)  # read off timm's own architecture
+    sizes = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")
+    assert paper.name == name  # case-insensitive, canonicalised
+    assert [getattr(paper, s) for s in sizes] == [getattr(registered, s) for s in sizes]
+    assert [getattr(paper, s) for s in sizes] == list(PAPER_VITS[name])
+
+
+def test_resolve_t2t_names_set_paper_sizes_and_fixed_1d_table():
+    for name, (dim, depth, heads) in T2T_VITS.items():
+        cfg = ModelConfig(name=name)
+        resolve_model(cfg)
+        assert (cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim) == (dim, depth, heads, 3 * dim)
+        assert cfg.patch_size == 16 and cfg.pos_embed == "sincos_1d"
+
+
+@pytest.mark.parametrize("name,suggestion", [("ViT-B/61", "ViT-B/16"), ("T2T-ViT-41", "T2T-ViT-14"),
+                                             ("vit_base_patch16_22", "vit_base_patch16_224")])
+def test_unknown_name_suggests_the_closest(name, suggestion):
+    with pytest.raises(ModelError, match=f"unknown model '{name}'.*'{suggestion}'"):
+        build_model(ModelConfig(name=name), K)
+
+
+def test_impossible_architectures_are_model_errors():
+    with pytest.raises(ModelError, match="model.img_size=36"):
+        build_model(tiny(img_size=36), K)
+    with pytest.raises(ModelError, match="model.pos_embed=sincos_2d"):
+        build_model(tiny(embed_dim=30, num_heads=2, pos_embed="sincos_2d"), K)
+    with pytest.raises(ModelError, match="representation_size"):
+        build_model(ModelConfig(name="BiT-R50x1", representation_size=8), K)
+
+
+# ---------------------------------------------------------------- other families
+
+
+def test_t2t_tokens_to_token_shapes_and_fixed_sinusoid(images):
+    model = T2TViT(img_size=32, num_classes=K, embed_dim=32, depth=1, num_heads=2, token_dim=16).eval()
+    assert model.patch_embed.grid_size == (2, 2) and model.num_prefix_tokens == 1
+    assert model.patch_embed(torch.zeros(1, 3, 64, 64)).shape == (1, 16, 32)  # effective patch 16
+    assert model.forward_features(images).shape == (2, 5, 32)
+    assert model(images).shape == (2, K)
+    # the reference formula: angle = pos / 10000^(2*(c//2)/D), sin on even channels, cos on odd
+    pos, ch = np.arange(5)[:, None], np.arange(32)[None, :]
+    angle = pos / 10_000 ** (2 * (ch // 2) / 32)
+    expected = np.where(ch % 2 == 0, np.sin(angle), np.cos(angle))
+    np.testing.assert_allclose(model.pos_embed[0].numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(sincos_1d_table(5, 32).numpy(), expected, atol=1e-6)
+    assert not model.pos_embed.requires_grad
+    with_rep = T2TViT(img_size=32, num_classes=K, embed_dim=32, depth=1, num_heads=2, token_dim=16,
+                      representation_size=8, class_token=False)
+    assert with_rep.num_prefix_tokens == 0
+    assert with_rep.forward_head(with_rep.forward_features(images), pre_logits=True).shape == (2, 8)
+
+
+def test_bit_r50x1_is_groupnorm_weight_standardised_resnet(images):
+    cfg = ModelConfig(name="bit-r50x1", img_size=32)
+    resolve_model(cfg)
+    assert (cfg.name, cfg.pool, cfg.pos_embed) == ("BiT-R50x1", "gap", "none")
+    model = build_model(cfg, K).eval()
+    kinds = {type(m) for m in model.modules()}
+    assert StdConv2d in kinds and GroupNormAct in kinds
+    assert model.num_features == 2048
+    assert model.forward_head(model.forward_features(images), pre_logits=True).shape == (2, 2048)
+    zero_head(model, 3)
+    assert torch.equal(model(images), torch.zeros(2, 3))
+
+
+def test_r50_vit_b16_hybrid_runs_at_32px(images):
+    model = build_model(ModelConfig(name="R50+ViT-B/16", img_size=32), K).eval()  # ~1.3 s on one thread
+    assert isinstance(model.patch_embed, HybridEmbed)
+    assert any(isinstance(m, StdConv2dSame) for m in model.patch_embed.backbone.modules())
+    assert len(model.patch_embed.backbone.stages) == 3  # the paper's hybrid drops the 4th ResNet stage
+    assert model.patch_embed.grid_size == (2, 2) and model.num_prefix_tokens == 1
+    with torch.no_grad():
+        assert model(images).shape == (2, K)
+
+
+@pytest.mark.parametrize("name,pool", [("test_vit", "token"), ("test_resnet", "gap")])
+def test_any_timm_name_builds_and_is_described_in_the_recipe(name, pool, images):
+    cfg = ModelConfig(name=name, img_size=32)
+    resolve_model(cfg)
+    assert cfg.pool == pool
+    model = build_model(cfg, K).eval()
+    assert model(images).shape == (2, K)
+    assert model.forward_head(model.forward_features(images), pre_logits=True).shape[1] == model.num_features
+
+
+# ---------------------------------------------------------------- transfer surgery and specs
+
+
+@pytest.mark.parametrize("model_fn", [
+    lambda: build_model(tiny(representation_size=24), K),
+    lambda: build_model(tiny(pool="gap", pos_embed="learned_2d"), K),
+    lambda: T2TViT(img_size=32, num_classes=K, embed_dim=32, depth=1, num_heads=2, token_dim=16)])
+def test_zero_head_gives_exactly_zero_logits(model_fn, images):
+    model = model_fn()
+    zero_head(model, 7)
+    assert torch.equal(model(images), torch.zeros(2, 7))
+    assert model.get_classifier().weight.shape == (7, model.num_features)
+
+
+def test_drop_representation_makes_pre_logits_the_pooled_features(images):
+    model = build_model(tiny(representation_size=24), K).eval()
+    drop_representation(model)
+    assert model.num_features == 32
+    feats = model.forward_features(images)
+    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), feats[:, 0])
+    assert model(images).shape == (2, K)
+    assert not any("pre_logits" in k for k in model.state_dict())
+
+
+@pytest.mark.parametrize("cfg", [tiny(pos_embed="learned_2d", representation_size=24),
+                                 tiny(pool="gap", pos_embed="sincos_2d", dropout=0.1)], ids=["l2d", "sincos"])
+def test_model_spec_round_trip_rebuilds_the_same_function(cfg, images):
+    model = build_model(cfg, K).eval()
+    spec = json.loads(json.dumps(model_spec(cfg, K)))
+    rebuilt = model_from_spec(spec).eval()
+    rebuilt.load_state_dict(model.state_dict(), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(images), model(images), rtol=0, atol=0)
+    with pytest.raises(ModelError, match="unknown keys"):
+        model_from_spec({**spec, "widht": 3})
+
+
+@pytest.mark.parametrize("name", ["T2T-ViT-14", "BiT-R50x1", "R50+ViT-B/16", "test_vit"])
+def test_model_spec_round_trip_rebuilds_named_architectures(name):
+    cfg = ModelConfig(name=name, img_size=64, representation_size=16 if name == "T2T-ViT-14" else 0)
+    with torch.device("meta"):  # layout only: the tiny ViTs above check the function
+        model = build_model(cfg, K)
+        rebuilt = model_from_spec(json.loads(json.dumps(model_spec(cfg, K))))
+    assert shapes(rebuilt) == shapes(model)
+    assert type(rebuilt) is type(model)
+
+
+def test_model_spec_is_resolved_so_the_recipe_is_truthful():
+    spec = model_spec(ModelConfig(name="ViT-L/16"), 10)
+    assert (spec["embed_dim"], spec["depth"], spec["num_heads"], spec["num_classes"]) == (1024, 24, 16, 10)
+    assert dataclasses.asdict(ModelConfig()).keys() == spec.keys()
+
+
+@pytest.mark.parametrize("name,paper_millions", [("T2T-ViT-14", 21.5), ("T2T-ViT-19", 39.2),
+                                                   ("T2T-ViT-24", 64.1)])
+def test_t2t_parameter_counts_are_within_one_percent_of_the_paper(name, paper_millions):
+    # Yuan et al. Table 2 counts include the 1000-way head; ours differ only in the token-mixing layers
+    with torch.device("meta"):
+        model = build_model(ModelConfig(name=name), 1000)
+    assert count_params(model) / 1e6 == pytest.approx(paper_millions, rel=0.01)

@@ -1,0 +1,269 @@
+"""Every image source as a Hugging Face `datasets.Dataset`, and the batch streams the trainer and evaluators
+read.
+
+Sources: `synthetic`, a `save_to_disk` directory, parquet/arrow file(s) or a glob of them, a directory that
+`load_dataset` understands (imagefolder class subdirectories, parquet shards), or a Hub id. Every kind
+accepts HF split syntax with slicing and `+` (`train[:98%]`, `train[:800]+validation`), resolved by
+`datasets.ReadInstruction` so percentages round exactly as HF does.
+
+Training batches are a pure function of (seed, step, rank): the epoch order comes from (seed, epoch) and each
+micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step` batches by index
+arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import datasets
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from vitcli.errors import DataError
+from vitcli.recipe import DataConfig, SyntheticConfig
+from vitcli.synthetic import SPLIT_IDS, make_synthetic
+from vitcli.transforms import build_transform, seeded
+
+_TRUE = ("1", "on", "yes", "true")
+DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
+
+
+def _offline() -> bool:
+    return any(os.environ.get(k, "").lower() in _TRUE for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+
+
+def _split_names(split: str) -> list[str]:
+    """Base split names in an HF split spec: `train[:98%]+test` -> [train, test]."""
+    return [part.split("[")[0].strip() for part in split.split("+")]
+
+
+def _select(splits: dict[str, datasets.Dataset], split: str, source: str) -> datasets.Dataset:
+    """Apply an HF split spec (slices, percentages, `+`) to already loaded splits."""
+    missing = [name for name in _split_names(split) if name not in splits]
+    if missing:
+        raise DataError(f"{source}: no split '{missing[0]}'; available: {', '.join(splits)}")
+    try:
+        spans = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in splits.items()})
+    except (ValueError, AssertionError) as e:
+        hint = "use e.g. train, train[:98%], train[:800]"
+        raise DataError(f"{source}: bad split '{split}' ({e}); {hint}") from None
+    parts = [splits[s.splitname].select(range(s.from_, s.to)) for s in spans]
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+def _looks_like_path(source: str) -> bool:
+    """Hub ids are `name` or `owner/name`; anything else (./x, /x, a/b/c, x.parquet) is meant as a path."""
+    suffix = Path(source).suffix
+    return source.startswith((".", "/", "~")) or source.count("/") > 1 or suffix in (".parquet", ".arrow")
+
+
+def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
+    """Parquet or arrow files as one `train` split (arrow files are memory-mapped, not copied)."""
+    kinds = {Path(p).suffix for p in paths}
+    if kinds == {".arrow"}:
+        return {"train": datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])}
+    if kinds == {".parquet"}:
+        return {"train": datasets.load_dataset("parquet", data_files=paths, split="train")}
+    raise DataError(f"{source}: expected .parquet or .arrow files, found {', '.join(sorted(kinds))}")
+
+
+def _local(source: str) -> dict[str, datasets.Dataset]:
+    """All splits of a local source; a lone saved Dataset, a file or a glob is the split `train`."""
+    path = Path(source).expanduser()
+    if any(c in source for c in "*?["):
+        matches = sorted(glob.glob(str(path)))
+        if not matches:
+            raise DataError(f"dataset path not found: {source} (the glob matches no file)")
+        return _files(matches, source)
+    if path.is_file():
+        return _files([str(path)], source)
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        saved = datasets.load_from_disk(str(path))
+        return dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+    return dict(datasets.load_dataset(str(path)))  # imagefolder, parquet shards, ...: HF infers the builder
+
+
+def _hub(source: str, split: str) -> datasets.Dataset:
+    if _offline():
+        raise DataError(
+            f"dataset '{source}' is not a local path and the Hub is offline (HF_DATASETS_OFFLINE or "
+            "HF_HUB_OFFLINE is set); give a local directory or file, or unset them"
+        )
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"cannot load '{source}' split '{split}' from the Hub: {reason}") from None
+
+
+def _check(ds: datasets.Dataset, source: str, split: str, image_column: str, label_column: str):
+    """Columns exist, labels are integer class ids, the split is not empty; images decode to PIL."""
+    columns = ", ".join(ds.column_names)
+    for role, col in (("image", image_column), ("label", label_column)):
+        if col and col not in ds.column_names:
+            raise DataError(f"{source}: no {role} column '{col}' (data.{role}_column); columns: {columns}")
+    label = ds.features.get(label_column)
+    integer = isinstance(label, datasets.Value) and label.dtype.startswith(("int", "uint"))
+    if label_column and not (isinstance(label, datasets.ClassLabel) or integer):
+        raise DataError(f"{source}: label column '{label_column}' holds {label}, not integer class ids")
+    if len(ds) == 0:
+        raise DataError(f"{source}: split '{split}' is empty")
+    if not isinstance(ds.features[image_column], datasets.Image):
+        ds = ds.cast_column(image_column, datasets.Image())  # e.g. a {bytes, path} struct from plain parquet
+    return ds
+
+
+def load_source(
+    source: str,
+    split: str,
+    *,
+    image_column: str = "image",
+    label_column: str = "label",
+    synthetic: SyntheticConfig | None = None,
+) -> datasets.Dataset:
+    """One split (HF syntax, slicing allowed) of any supported source, checked for its image/label columns.
+
+    All columns are kept; `label_column=""` skips the label checks for callers that derive labels themselves.
+    """
+    if source == "synthetic":
+        names = list(dict.fromkeys(_split_names(split)))
+        unknown = [n for n in names if n not in SPLIT_IDS]
+        if unknown:
+            raise DataError(f"synthetic: no split '{unknown[0]}'; available: {', '.join(SPLIT_IDS)}")
+        ds = _select({n: make_synthetic(synthetic or SyntheticConfig(), n) for n in names}, split, source)
+    elif Path(source).expanduser().exists() or any(c in source for c in "*?["):
+        try:
+            splits = _local(source)
+        except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
+            raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+        ds = _select(splits, split, source)
+    elif _looks_like_path(source):
+        raise DataError(f"dataset path not found: {source}")
+    else:
+        ds = _hub(source, split)
+    return _check(ds, source, split, image_column, label_column)
+
+
+def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
+    """`load_source` with the recipe's source, columns and synthetic sizes."""
+    columns = {"image_column": cfg.image_column, "label_column": cfg.label_column}
+    return load_source(cfg.source, split, **columns, synthetic=cfg.synthetic)
+
+
+def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
+    """data.num_classes if set, else the number of names in the label column's ClassLabel."""
+    if cfg.num_classes > 0:
+        return cfg.num_classes
+    feature = ds.features.get(cfg.label_column)
+    if isinstance(feature, datasets.ClassLabel):
+        return feature.num_classes
+    raise DataError(f"label column '{cfg.label_column}' is not a ClassLabel; set data.num_classes")
+
+
+# ---------------------------------------------------------------- batches
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Map-style dataset whose keys are whole batches: (augmentation seed or None, row indices) -> (x, y).
+
+    With `cache`, small datasets keep each image decoded after its first use (per process): at 32 px PNG
+    decoding costs as much as all augmentation together, and from the second epoch on it is gone.
+    """
+
+    def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: bool):
+        missing = [c for c in (cfg.image_column, cfg.label_column) if c not in ds.column_names]
+        if missing:
+            raise DataError(f"no column '{missing[0]}' to batch; columns: {', '.join(ds.column_names)}")
+        self.column, self.transform = cfg.image_column, transform
+        self.images = ds.select_columns([cfg.image_column])
+        labels = ds.select_columns([cfg.label_column]).with_format("numpy")[:][cfg.label_column]
+        self.labels = torch.as_tensor(labels, dtype=torch.int64)  # (N,)
+        self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
+
+    def _decoded(self, indices: list[int]) -> list:
+        if self.cache is None:
+            return self.images[indices][self.column]  # one arrow take; decodes only these rows
+        todo = [i for i in dict.fromkeys(indices) if i not in self.cache]
+        if todo:
+            self.cache.update(zip(todo, self.images[todo][self.column]))
+        return [self.cache[i] for i in indices]
+
+    def __getitem__(self, key: tuple[int | None, list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        seed, indices = key
+        images = self._decoded(indices)
+        with seeded(seed):
+            x = torch.stack([self.transform(img) for img in images])  # (B, 3, H, W)
+        return x, self.labels[indices]  # (B,)
+
+
+def _shard(n: int, seed: int, epoch: int, rank: int, world_size: int) -> np.ndarray:
+    """This rank's rows for an epoch: a (seed, epoch) permutation, strided by rank, equal length per rank."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    return order[rank::world_size][: n // world_size]
+
+
+def _train_keys(n: int, batch: int, seed: int, start_step: int, rank: int, world_size: int) -> Iterator:
+    """Endless (augmentation seed, indices) keys from micro-batch `start_step` on; no image is touched."""
+    per_epoch = (n // world_size) // batch  # drop_last
+    step = start_step
+    epoch, shard = -1, None
+    while True:
+        e, b = divmod(step, per_epoch)
+        if e != epoch:
+            epoch, shard = e, _shard(n, seed, e, rank, world_size)
+        aug_seed = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+        yield aug_seed, shard[b * batch : (b + 1) * batch].tolist()
+        step += 1
+
+
+def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: bool) -> DataLoader:
+    # batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
+    # persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed
+    # from the global torch RNG and shift the trainer's dropout/init streams.
+    workers = cfg.num_workers
+    return DataLoader(
+        _Batches(ds, cfg, transform, cache), batch_size=None, sampler=keys, num_workers=workers,
+        generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if workers else None,
+    )
+
+
+def train_batches(
+    ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
+    start_step: int = 0, rank: int = 0, world_size: int = 1,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) for this rank, starting at
+    micro-batch `start_step` of the uninterrupted stream (skipped batches are never loaded)."""
+    if len(ds) // world_size < micro_batch_size:
+        raise DataError(
+            f"train split has {len(ds)} images: fewer than one micro-batch of {micro_batch_size} on each of "
+            f"{world_size} process(es); lower data.batch_size or data.micro_batch_size"
+        )
+    keys = _train_keys(len(ds), micro_batch_size, seed, start_step, rank, world_size)
+    return iter(_loader(ds, cfg, build_transform(cfg, img_size, train=True), keys, cache=True))
+
+
+def eval_batches(
+    ds: datasets.Dataset, cfg: DataConfig, img_size: int, batch_size: int, rank: int = 0, world_size: int = 1,
+    resize: int = 0,
+) -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
+    selects the few-shot preprocessing (squash to resize x resize, centre crop img_size)."""
+    rows = list(range(rank, len(ds), world_size))
+    keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    return _loader(ds, cfg, build_transform(cfg, img_size, train=False, resize=resize), keys, cache=False)
+
+
+def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):
+    """timm Mixup (mixup only, no cutmix) producing soft targets, or None when data.mixup_alpha is 0."""
+    if cfg.mixup_alpha <= 0:
+        return None
+    from timm.data import Mixup
+
+    # timm's Mixup needs an even micro-batch (it pairs each sample with its mirror in the batch)
+    alpha, smoothing = cfg.mixup_alpha, label_smoothing
+    return Mixup(mixup_alpha=alpha, cutmix_alpha=0.0, label_smoothing=smoothing, num_classes=num_classes)

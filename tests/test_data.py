@@ -1,0 +1,311 @@
+"""The data layer: every source kind loads with HF split slicing, errors are one line naming the culprit, the
+synthetic set is deterministic and balanced, transforms match torchvision references, and the batch streams
+are deterministic, resumable by index arithmetic and disjoint across ranks."""
+
+from __future__ import annotations
+
+import itertools
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from vitcli import data
+from vitcli.errors import DataError
+from vitcli.recipe import DataConfig, SyntheticConfig
+from vitcli.synthetic import class_names, make_synthetic, render
+from vitcli.transforms import build_transform, to_signed_tensor
+
+SMALL = SyntheticConfig(num_classes=10, train_size=200, val_size=40, test_size=60, img_size=16, seed=3)
+
+
+def _indexed(n: int, size: int = 8) -> datasets.Dataset:
+    """Random images whose integer label is their row index, so a batch's labels say which rows it holds."""
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(n)]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": images, "label": list(range(n))}, features=features)
+
+
+def _pixels(ds: datasets.Dataset) -> np.ndarray:
+    return np.stack([np.asarray(img) for img in ds["image"]])
+
+
+def _one_line_error(fn, *needles: str) -> str:
+    with pytest.raises(DataError) as info:
+        fn()
+    msg = str(info.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+# ---------------------------------------------------------------- synthetic
+
+
+def test_synthetic_is_deterministic_per_seed_and_split():
+    a, b = make_synthetic(SMALL, "train"), make_synthetic(SMALL, "train")
+    assert np.array_equal(_pixels(a), _pixels(b)) and a["label"][:] == b["label"][:]
+    other_seed = make_synthetic(SyntheticConfig(**{**SMALL.__dict__, "seed": 4}), "train")
+    assert not np.array_equal(_pixels(a), _pixels(other_seed))
+    val = make_synthetic(SMALL, "validation")
+    assert not np.array_equal(_pixels(a)[: len(val)], _pixels(val))
+
+
+def test_synthetic_sizes_features_and_label_balance():
+    for split, n in (("train", 200), ("validation", 40), ("test", 60)):
+        ds = make_synthetic(SMALL, split)
+        assert len(ds) == n
+        counts = np.bincount(ds["label"][:], minlength=SMALL.num_classes)
+        assert counts.max() - counts.min() <= 1 and counts.sum() == n
+    assert isinstance(ds.features["image"], datasets.Image)
+    assert ds.features["label"].names == class_names(10) and len(set(class_names(30))) == 30
+    assert ds[0]["image"].size == (16, 16) and ds[0]["image"].mode == "RGB"
+
+
+def test_synthetic_draws_the_same_scene_at_any_resolution():
+    labels = np.arange(30)
+    small = render(labels, 24, np.random.default_rng(7)).astype(np.float32)
+    big = render(labels, 96, np.random.default_rng(7)).astype(np.float32)
+    pooled = big.reshape(30, 24, 4, 24, 4, 3).mean(axis=(2, 4))  # box-downsample 96 -> 24
+    # same parameters, different pixel noise: the pooled big image tracks the small one up to noise/edges
+    assert np.abs(pooled - small).mean() < 15
+    assert np.abs(pooled - small[::-1]).mean() > 40  # and is far from another scene
+
+
+def test_synthetic_colour_statistics_do_not_reveal_the_class():
+    cfg = SyntheticConfig(num_classes=10, train_size=2000, test_size=1000, img_size=16, seed=0)
+
+    def stats(split):
+        ds = make_synthetic(cfg, split)
+        x = _pixels(ds).reshape(len(ds), -1, 3).astype(np.float64) / 255
+        feats = np.concatenate([x.mean(1), x.std(1), np.ones((len(ds), 1))], axis=1)  # (N, 7)
+        return feats, np.asarray(ds["label"][:])
+
+    (f_tr, y_tr), (f_te, y_te) = stats("train"), stats("test")
+    w = np.linalg.lstsq(f_tr, np.eye(10)[y_tr], rcond=None)[0]  # least-squares linear classifier
+    accuracy = np.mean((f_te @ w).argmax(1) == y_te)
+    assert accuracy < 0.25  # chance is 0.10; a class-revealing colour would push this towards 1
+
+
+def test_synthetic_rejects_bad_sizes():
+    _one_line_error(lambda: make_synthetic(SyntheticConfig(num_classes=31), "train"), "num_classes=31", "30")
+    _one_line_error(lambda: make_synthetic(SMALL, "val"), "'val'", "validation")
+
+
+# ---------------------------------------------------------------- sources
+
+
+def test_synthetic_source_slices_like_hf():
+    full = make_synthetic(SMALL, "train")
+    head = data.load_source("synthetic", "train[:10%]", synthetic=SMALL)
+    tail = data.load_source("synthetic", "train[-5:]", synthetic=SMALL)
+    assert head["label"][:] == full["label"][:20] and tail["label"][:] == full["label"][195:]
+    both = data.load_source("synthetic", "train[:3]+test[:2]", synthetic=SMALL)
+    assert both["label"][:] == full["label"][:3] + make_synthetic(SMALL, "test")["label"][:2]
+
+
+def test_save_to_disk_dict_and_single_dataset(tmp_path):
+    ds = _indexed(50)
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(10))}).save_to_disk(tmp_path / "dict")
+    ds.save_to_disk(tmp_path / "single")
+    assert data.load_source(str(tmp_path / "dict"), "train[:98%]")["label"][:] == list(range(49))
+    assert data.load_source(str(tmp_path / "dict"), "test[2:4]")["label"][:] == [2, 3]
+    assert data.load_source(str(tmp_path / "single"), "train[90%:]")["label"][:] == list(range(45, 50))
+
+
+def test_parquet_arrow_and_glob(tmp_path):
+    ds = _indexed(30)
+    ds.select(range(20)).to_parquet(tmp_path / "a.parquet")
+    ds.select(range(20, 30)).to_parquet(tmp_path / "b.parquet")
+    assert data.load_source(str(tmp_path / "a.parquet"), "train[:5]")["label"][:] == list(range(5))
+    globbed = data.load_source(str(tmp_path / "*.parquet"), "train[18:22]")
+    assert globbed["label"][:] == [18, 19, 20, 21]
+    assert isinstance(globbed.features["image"], datasets.Image)
+    ds.save_to_disk(tmp_path / "saved")
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    assert data.load_source(str(arrow), "train[-2:]")["label"][:] == [28, 29]
+
+
+def test_imagefolder(tmp_path):
+    for name, value in (("cat", 40), ("dog", 200)):
+        (tmp_path / name).mkdir()
+        for i in range(5):
+            Image.fromarray(np.full((6, 6), value, np.uint8), mode="L").save(tmp_path / name / f"{i}.png")
+    ds = data.load_source(str(tmp_path), "train")
+    assert ds.features["label"].names == ["cat", "dog"] and len(ds) == 10
+    for row in ds:  # grayscale files keep their class: the folder name decides the label
+        assert np.asarray(row["image"]).mean() == (40 if row["label"] == 0 else 200)
+    assert len(data.load_source(str(tmp_path), "train[:40%]")) == 4
+
+
+def test_errors_are_one_line_and_name_the_culprit(tmp_path, monkeypatch):
+    ds = _indexed(10)
+    ds.save_to_disk(tmp_path / "saved")
+    saved = str(tmp_path / "saved")
+    missing = str(tmp_path / "nope")
+    _one_line_error(lambda: data.load_source(missing, "train"), "dataset path not found", missing)
+    (tmp_path / "empty").mkdir()
+    _one_line_error(lambda: data.load_source(str(tmp_path / "empty"), "train"), "empty", "cannot read")
+    _one_line_error(lambda: data.load_source(saved, "validation"), "'validation'", "available: train")
+    _one_line_error(lambda: data.load_source(saved, "train", image_column="img"), "'img'", "image, label")
+    _one_line_error(lambda: data.load_source(saved, "train", label_column="y"), "'y'", "image, label")
+    _one_line_error(lambda: data.load_source(saved, "train[:0]"), "train[:0]", "empty")
+    _one_line_error(lambda: data.load_source("synthetic", "tset", synthetic=SMALL), "'tset'", "train")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    hub_id = "someone/some-dataset"
+    _one_line_error(lambda: data.load_source(hub_id, "train"), hub_id, "offline")
+
+
+def test_label_column_may_be_skipped_for_derived_labels(tmp_path):
+    ds = _indexed(4).rename_column("label", "raw")
+    ds.save_to_disk(tmp_path / "d")
+    assert data.load_source(str(tmp_path / "d"), "train", label_column="").column_names == ["image", "raw"]
+
+
+def test_num_classes():
+    ds = make_synthetic(SMALL, "validation")
+    assert data.num_classes(DataConfig(), ds) == 10
+    assert data.num_classes(DataConfig(num_classes=7), _indexed(3)) == 7
+    _one_line_error(lambda: data.num_classes(DataConfig(), _indexed(3)), "data.num_classes")
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def test_to_signed_tensor_matches_totensor_normalize():
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8))
+    reference = T.Normalize((0.5,) * 3, (0.5,) * 3)(T.ToTensor()(img))
+    assert torch.allclose(to_signed_tensor(img), reference, atol=1e-6)
+
+
+def test_train_transform_shape_and_range_for_rgb_and_grayscale():
+    cfg = DataConfig(crop_min_area=0.3, randaugment="rand-m9-mstd0.5")
+    t = build_transform(cfg, 24, train=True)
+    for img in (Image.new("RGB", (40, 30), (255, 0, 0)), Image.new("L", (13, 17), 0)):
+        x = t(img)
+        assert x.shape == (3, 24, 24) and x.dtype == torch.float32
+        assert x.min() >= -1 and x.max() <= 1
+    _one_line_error(lambda: build_transform(DataConfig(randaugment="rand-x9"), 24, train=True), "rand-x9")
+
+
+def test_eval_transforms_match_torchvision_reference():
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    finish = [T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]
+    bilinear = T.InterpolationMode.BILINEAR
+    got = build_transform(DataConfig(eval_crop_pct=0.875), 16, train=False)(img)
+    want = T.Compose([T.Resize(int(16 / 0.875), bilinear), T.CenterCrop(16), *finish])(img)  # short side 18
+    assert torch.allclose(got, want, atol=1e-6)
+    got = build_transform(DataConfig(), 16, train=False, resize=20)(img)
+    want = T.Compose([T.Resize((20, 20), bilinear), T.CenterCrop(16), *finish])(img)
+    assert torch.allclose(got, want, atol=1e-6)
+    gray = build_transform(DataConfig(), 16, train=False)(img.convert("L"))
+    assert gray.shape == (3, 16, 16) and torch.equal(gray[0], gray[2])
+
+
+# ---------------------------------------------------------------- batch streams
+
+
+def _take(stream, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return list(itertools.islice(stream, k))
+
+
+def test_train_batches_deterministic_and_seed_dependent():
+    ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.5)
+    a = _take(data.train_batches(ds, cfg, 8, 8, seed=1), 3)
+    b = _take(data.train_batches(ds, cfg, 8, 8, seed=1), 3)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+        assert xa.shape == (8, 3, 8, 8) and xa.dtype == torch.float32 and ya.dtype == torch.int64
+    c = _take(data.train_batches(ds, cfg, 8, 8, seed=2), 1)
+    assert not torch.equal(a[0][1], c[0][1])
+
+
+def test_each_epoch_is_a_fresh_permutation_with_drop_last():
+    ds, cfg = _indexed(44), DataConfig(num_workers=0)
+    labels = [y for _, y in _take(data.train_batches(ds, cfg, 8, 8, seed=0), 10)]  # 5 batches per epoch
+    epoch0, epoch1 = torch.cat(labels[:5]), torch.cat(labels[5:])
+    assert len(set(epoch0.tolist())) == 40 and len(set(epoch1.tolist())) == 40  # 4 rows dropped each epoch
+    assert not torch.equal(epoch0, epoch1)
+
+
+def _count_decodes(monkeypatch) -> list:
+    decoded, original = [], datasets.Image.decode_example
+
+    def counting(self, value, **kw):
+        decoded.append(1)
+        return original(self, value, **kw)
+
+    monkeypatch.setattr(datasets.Image, "decode_example", counting)
+    return decoded
+
+
+def test_resume_skip_equals_continuation_and_decodes_nothing_skipped(monkeypatch):
+    ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.3)
+    straight = _take(data.train_batches(ds, cfg, 8, 8, seed=5), 12)  # crosses two epoch boundaries
+    decoded = _count_decodes(monkeypatch)
+    resumed = _take(data.train_batches(ds, cfg, 8, 8, seed=5, start_step=7), 1)
+    assert len(decoded) == 8  # only the one batch that was asked for
+    resumed += _take(data.train_batches(ds, cfg, 8, 8, seed=5, start_step=8), 4)
+    for (xs, ys), (xr, yr) in zip(straight[7:], resumed):
+        assert torch.equal(xs, xr) and torch.equal(ys, yr)
+
+
+def test_training_decodes_each_small_dataset_image_once(monkeypatch):
+    decoded = _count_decodes(monkeypatch)
+    _take(data.train_batches(_indexed(40), DataConfig(num_workers=0), 8, 8, seed=0), 15)  # three epochs
+    assert len(decoded) == 40
+
+
+def test_main_process_batches_leave_global_rngs_alone():
+    ds, cfg = _indexed(16), DataConfig(num_workers=0, randaugment="rand-m9-mstd0.5")
+    torch.manual_seed(0)
+    expected = torch.rand(3), np.random.get_state()[1][:4].copy()
+    torch.manual_seed(0)
+    _take(data.train_batches(ds, cfg, 8, 8, seed=0), 2)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.get_state()[1][:4], expected[1])
+
+
+def test_worker_processes_give_the_same_stream():
+    ds = _indexed(32)
+    main = _take(data.train_batches(ds, DataConfig(num_workers=0), 8, 8, seed=0), 5)
+    workers = _take(data.train_batches(ds, DataConfig(num_workers=2), 8, 8, seed=0), 5)
+    for (xa, ya), (xb, yb) in zip(main, workers):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_rank_shards_are_disjoint():
+    ds, cfg = _indexed(40), DataConfig(num_workers=0)
+    shards = [torch.cat([y for _, y in _take(data.train_batches(ds, cfg, 8, 4, 0, rank=r, world_size=2), 5)])
+              for r in (0, 1)]
+    assert set(shards[0].tolist()).isdisjoint(shards[1].tolist())
+    assert len(set(shards[0].tolist()) | set(shards[1].tolist())) == 40
+
+
+def test_too_small_for_one_micro_batch():
+    _one_line_error(lambda: data.train_batches(_indexed(6), DataConfig(), 8, 8, seed=0), "6 images", "8")
+
+
+def test_eval_batches_in_order_sharded_without_drop():
+    ds, cfg = _indexed(23), DataConfig(num_workers=0)
+    ys = [y for _, y in data.eval_batches(ds, cfg, 8, 5)]
+    assert torch.cat(ys).tolist() == list(range(23)) and len(ys[-1]) == 3
+    ranks = [torch.cat([y for _, y in data.eval_batches(ds, cfg, 8, 4, r, 3)]).tolist() for r in range(3)]
+    assert ranks[1] == list(range(1, 23, 3)) and sorted(itertools.chain(*ranks)) == list(range(23))
+    x0 = next(iter(data.eval_batches(ds, cfg, 8, 5)))[0]
+    assert torch.equal(x0, next(iter(data.eval_batches(ds, cfg, 8, 5)))[0])
+
+
+def test_build_mixup():
+    assert data.build_mixup(DataConfig(mixup_alpha=0.0), 10, 0.1) is None
+    mixup = data.build_mixup(DataConfig(mixup_alpha=0.2), 10, 0.0)
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    mixed, target = mixup(x.clone(), y)
+    assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))
+    lam = target[0, 0].item()  # row 0 is mixed with row 3 (timm pairs a batch with its reverse)
+    assert torch.allclose(mixed[0], lam * x[0] + (1 - lam) * x[3], atol=1e-6)

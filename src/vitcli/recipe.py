@@ -62,6 +62,7 @@ class DataConfig:
     val_split: str = "validation"  # held-out split for periodic eval; "" disables it
     test_split: str = "test"  # "" disables the final test evaluation
     num_classes: int = 0  # 0: from the ClassLabel feature
+    label_rule: str = ""  # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
     eval_batch_size: int = 256
@@ -124,6 +125,19 @@ class InitConfig:
 
 
 @dataclass
+class CustomTaskConfig:
+    """A few-shot task of your own, named in fewshot.tasks by `name`."""
+
+    name: str = ""  # "" = no custom task
+    source: str = ""  # anything data.source accepts
+    train_split: str = "train"
+    test_split: str = "test"
+    image_column: str = "image"
+    label_column: str = "label"
+    num_classes: int = 0  # 0: from the ClassLabel feature
+
+
+@dataclass
 class FewshotConfig:
     """Linear few-shot evaluation by closed-form least squares (big_vision `fewshot_lsr`)."""
 
@@ -135,6 +149,7 @@ class FewshotConfig:
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
     resize: int = 256  # big_vision: resize to resize x resize, centre crop img_size
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
+    custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)
 
 
 @dataclass
@@ -292,9 +307,11 @@ def build_recipe(layers: list[dict], stage: str | None = None) -> Recipe:
     return recipe
 
 
-def load_recipe(path: str | Path | None, overrides: list[str] = (), stage: str | None = None) -> Recipe:
-    """The resolved recipe for a stage: defaults < file at `path` < dotted `overrides`."""
-    layers = [read_yaml(path)] if path else []
+def load_recipe(
+    path: str | Path | None, overrides: list[str] = (), stage: str | None = None, base: list[dict] = ()
+) -> Recipe:
+    """The resolved recipe for a stage: defaults < `base` layers < file at `path` < dotted `overrides`."""
+    layers = list(base) + ([read_yaml(path)] if path else [])
     layers.append(parse_overrides(list(overrides)))
     return build_recipe(layers, stage)
 

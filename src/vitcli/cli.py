@@ -1,0 +1,182 @@
+"""`vit`: the command line. Commands parse and hand over; nothing here imports torch, so `--help` is instant."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from vitcli.errors import VitcliError
+
+app = typer.Typer(
+    name="vit",
+    help="Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")]
+WorkdirOpt = Annotated[
+    Optional[Path], typer.Option("--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")
+]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the resolved recipe as YAML and exit.")]
+ResumeOpt = Annotated[
+    Optional[bool],
+    typer.Option("--resume/--no-resume", help="Resume from WORKDIR/state.pt (default: when one exists)."),
+]
+OverridesArg = Annotated[
+    Optional[list[str]], typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
+]
+
+
+def _workdir(workdir: Optional[Path], stage: str) -> Path:
+    return workdir or Path("runs") / f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resolve(stage: str, recipe: Optional[Path], overrides: Optional[list[str]], flags: dict, base=()):
+    from vitcli.recipe import load_recipe
+
+    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    return load_recipe(recipe, list(overrides or []) + extra, stage=stage, base=base)
+
+
+def _dry_run(r) -> None:
+    from vitcli.models import resolve_model
+    from vitcli.recipe import to_yaml
+
+    resolve_model(r.model)
+    sys.stdout.write(to_yaml(r))
+
+
+@app.command()
+def pretrain(
+    recipe: RecipeOpt = None,
+    workdir: WorkdirOpt = None,
+    dry_run: DryRunOpt = False,
+    resume: ResumeOpt = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Pretrain a ViT (supervised) from a recipe, with a progress bar, metrics and resumable checkpoints."""
+    r = _resolve("pretrain", recipe, overrides, {})
+    if dry_run:
+        return _dry_run(r)
+    from vitcli.stages import run_training
+
+    run_training(r, _workdir(workdir, "pretrain"), resume)
+
+
+@app.command()
+def finetune(
+    recipe: RecipeOpt = None,
+    workdir: WorkdirOpt = None,
+    init: Annotated[
+        Optional[str], typer.Option(help="Starting weights: workdir, .safetensors, Google .npz or Hub name.")
+    ] = None,
+    res: Annotated[Optional[int], typer.Option(help="Fine-tuning resolution (position embedding resized).")] = None,
+    lr_sweep: Annotated[
+        Optional[str], typer.Option(help="Comma-separated learning rates; best on the dev split wins.")
+    ] = None,
+    task: Annotated[Optional[str], typer.Option(help="VTAB-1k protocol: vtab/<name> or vtab for all.")] = None,
+    data_root: Annotated[Optional[str], typer.Option(help="With --task: one directory per task.")] = None,
+    dry_run: DryRunOpt = False,
+    resume: ResumeOpt = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
+    base = []
+    if task:
+        from vitcli.vtab import PROTOCOL
+
+        base = [PROTOCOL]
+    flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
+    r = _resolve("finetune", recipe, overrides, flags, base)
+    if dry_run:
+        return _dry_run(r)
+    from vitcli.transfer import run_finetune
+
+    run_finetune(r, _workdir(workdir, "finetune"), resume=resume, lr_sweep=lr_sweep, task=task)
+
+
+@app.command("eval-fewshot")
+def eval_fewshot(
+    recipe: RecipeOpt = None,
+    workdir: WorkdirOpt = None,
+    ckpt: Annotated[Optional[str], typer.Option(help="Weights: workdir, .safetensors, .npz or Hub name.")] = None,
+    tasks: Annotated[Optional[str], typer.Option(help="vtab, vtab/natural, vtab/cifar100,vtab/dtd, ...")] = None,
+    shots: Annotated[Optional[str], typer.Option(help="Shot counts, e.g. 1,5,10,25.")] = None,
+    seeds: Annotated[Optional[int], typer.Option(help="Shot-set draws per shot count.")] = None,
+    l2: Annotated[Optional[str], typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")] = None,
+    data_root: Annotated[Optional[str], typer.Option(help="One directory per task instead of the Hub.")] = None,
+    list_tasks: Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")] = False,
+    dry_run: DryRunOpt = False,
+    overrides: OverridesArg = None,
+) -> None:
+    """Linear few-shot accuracy by closed-form least squares on frozen features (big_vision fewshot_lsr)."""
+    if list_tasks:
+        from vitcli.fewshot_eval import print_registry
+
+        return print_registry()
+    flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots, "fewshot.seeds": seeds,
+             "fewshot.l2_reg": l2, "fewshot.data_root": data_root}
+    r = _resolve("pretrain", recipe, overrides, flags)
+    if dry_run:
+        return _dry_run(r)
+    from vitcli.fewshot_eval import run_fewshot
+
+    run_fewshot(r, _workdir(workdir, "fewshot"))
+
+
+@app.command("resize-posemb")
+def resize_posemb(
+    ckpt: Annotated[str, typer.Argument(help="Checkpoint: vitcli workdir or file, timm .safetensors, Google .npz.")],
+    out: Annotated[Optional[Path], typer.Option(help="Output .safetensors.")] = None,
+    res: Annotated[Optional[int], typer.Option(help="New resolution (grid = res / patch).")] = None,
+    grid: Annotated[Optional[str], typer.Option(help="New grid as HxW, e.g. 24x24.")] = None,
+    patch: Annotated[Optional[int], typer.Option(help="Patch size, if the checkpoint does not say.")] = None,
+    method: Annotated[str, typer.Option(help="bilinear (big_vision) or bicubic (timm).")] = "bilinear",
+    dry_run: DryRunOpt = False,
+) -> None:
+    """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
+    from vitcli.surgery import run_resize
+
+    run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)
+
+
+def main() -> None:
+    """Entry point: known errors become one red line and exit 2; VITCLI_DEBUG=1 shows tracebacks."""
+    debug = os.environ.get("VITCLI_DEBUG") == "1"
+    try:
+        app(standalone_mode=False)
+    except VitcliError as e:
+        if debug:
+            raise
+        _fail(str(e), e.exit_code)
+    except click.exceptions.Abort:
+        _fail("interrupted", 130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as e:  # a bug: still one line unless debugging
+        if debug:
+            raise
+        _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
+
+
+def _fail(message: str, code: int) -> None:
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

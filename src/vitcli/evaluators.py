@@ -1,0 +1,46 @@
+"""Evaluators: small, uniform units the training loop runs when told. Each yields (metric name, value)."""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+import torch
+
+from vitcli import data
+from vitcli.dist import Dist, all_reduce_sum
+from vitcli.recipe import DataConfig
+from vitcli.precision import autocast
+
+
+class Evaluator(Protocol):
+    """Something that measures a model and names what it measured (`val/top1`, `fewshot/x/5shot`)."""
+
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
+
+
+class ClassificationEvaluator:
+    """Top-1 accuracy and mean cross-entropy of the model's own head on one split."""
+
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
+        self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
+        self.dist, self.precision = dist, precision
+
+    @torch.inference_mode()
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
+        was_training = model.training
+        model.eval()
+        correct = total = loss_sum = 0.0
+        batches = data.eval_batches(
+            self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank, self.dist.world_size
+        )
+        for x, y in batches:
+            x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
+            with autocast(self.dist.device, self.precision):
+                logits = model(x).float()  # (B, K)
+            correct += (logits.argmax(-1) == y).sum().item()
+            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
+            total += y.numel()
+        correct, total, loss_sum = all_reduce_sum([correct, total, loss_sum], self.dist)
+        model.train(was_training)
+        yield f"{self.prefix}/top1", correct / max(total, 1)
+        yield f"{self.prefix}/loss", loss_sum / max(total, 1)

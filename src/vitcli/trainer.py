@@ -1,0 +1,184 @@
+"""The one training loop. Pretrain and finetune differ in their recipes and starting weights, not here.
+
+Each optimizer step sees `data.batch_size` images: `accumulation_steps` micro-batches per process, summed
+(not averaged twice) across processes by DDP, so the paper's batch of 4096 runs on a single small machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from vitcli import checkpoint, data
+from vitcli.dist import Dist, all_reduce_sum, wrap
+from vitcli.errors import TrainingError
+from vitcli.evaluators import Evaluator
+from vitcli.metrics import MetricsLog, console, progress_bar
+from vitcli.optim import build_optimizer
+from vitcli.precision import autocast
+from vitcli.recipe import OptimConfig, Recipe, accumulation_steps, to_dict
+from vitcli.schedule import learning_rate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """Everything a stage hands the loop."""
+
+    recipe: Recipe
+    workdir: Path
+    model: torch.nn.Module
+    train_ds: object  # datasets.Dataset
+    num_classes: int
+    total_steps: int
+    model_meta: dict  # model spec stored with the weights so later stages rebuild the model
+    evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)  # (every N steps; 0 = end only)
+    final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
+
+
+def loss_fn(cfg: OptimConfig, num_classes: int):
+    """Softmax or sigmoid cross-entropy on integer labels or soft (mixup) targets."""
+
+    def soft_targets(target: torch.Tensor) -> torch.Tensor:
+        if target.ndim == 2:  # mixup already smoothed them
+            return target
+        onehot = F.one_hot(target, num_classes).float()
+        return onehot * (1 - cfg.label_smoothing) + cfg.label_smoothing / num_classes
+
+    def softmax_xent(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if target.ndim == 1:
+            return F.cross_entropy(logits, target, label_smoothing=cfg.label_smoothing)
+        return torch.sum(-target * F.log_softmax(logits, dim=-1), dim=-1).mean()
+
+    def sigmoid_xent(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # Summed over classes, averaged over the batch (big_vision's sigmoid_xent).
+        per_class = F.binary_cross_entropy_with_logits(logits, soft_targets(target), reduction="none")
+        return per_class.sum(-1).mean()
+
+    return softmax_xent if cfg.loss == "softmax" else sigmoid_xent
+
+
+def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
+    """Load WORKDIR/state.pt if present; return the step to continue from (0 for a fresh run)."""
+    path = job.workdir / checkpoint.STATE_FILE
+    if not path.exists():
+        return 0
+    state = checkpoint.load_state(path)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])
+    if dist.is_main:
+        console.log(f"resuming from {path} at step {state['step']}")
+    return int(state["step"])
+
+
+def _save_state(job: Job, model, optimizer, step: int) -> None:
+    state = {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "recipe": to_dict(job.recipe),
+    }
+    checkpoint.save_state(job.workdir / checkpoint.STATE_FILE, state)
+
+
+def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
+    return {name: value for ev in evaluators for name, value in ev.run(model)}
+
+
+def train(job: Job, dist: Dist) -> dict[str, float]:
+    """Run (or resume) training to job.total_steps; write state, metrics and final weights; return metrics."""
+    r = job.recipe
+    model = job.model.to(dist.device)
+    optimizer = build_optimizer(model, r.optim)
+    start = _try_resume(job, model, optimizer, dist)
+    ddp_model = wrap(model, dist)
+    accum = accumulation_steps(r, dist.world_size)
+    micro = r.data.batch_size // (accum * dist.world_size)
+    criterion = loss_fn(r.optim, job.num_classes)
+    mixup = data.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
+    batches = data.train_batches(
+        job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum, dist.rank, dist.world_size
+    )
+    metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main)
+    ddp_model.train()
+    t_window, seen_window, last = time.perf_counter(), 0, {}
+    with progress_bar(dist.is_main) as bar:
+        task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
+        for step in range(start, job.total_steps):
+            lr = learning_rate(
+                step, peak_lr=r.optim.lr, total_steps=job.total_steps, warmup_steps=r.schedule.warmup_steps,
+                decay=r.schedule.decay, end_lr=r.schedule.end_lr,
+            )
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss = _accumulate_grads(ddp_model, optimizer, batches, accum, mixup, criterion, r, dist)
+            if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
+                raise TrainingError(
+                    f"loss became {loss} at step {step}; the last good checkpoint is kept in {job.workdir} "
+                    f"(try a lower optim.lr or optim.clip_grad_norm=1)"
+                )
+            grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
+            optimizer.step()
+            seen_window += r.data.batch_size
+            done = step + 1
+            if done % r.run.log_every == 0 or done == job.total_steps:
+                elapsed = time.perf_counter() - t_window
+                last = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
+                        "train/img_per_s": seen_window / max(elapsed, 1e-9)}
+                metrics.write(done, last)
+                t_window, seen_window = time.perf_counter(), 0
+                bar.update(task, stats=f"loss {loss:.4f}  lr {lr:.2e}  {last['train/img_per_s']:.0f} img/s")
+            bar.update(task, completed=done)
+            due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
+            if due:
+                results = _evaluate(due, model)
+                metrics.write(done, results)
+                if dist.is_main:
+                    console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+            if dist.is_main and (done % r.run.ckpt_every == 0 or done == job.total_steps):
+                _save_state(job, model, optimizer, done)
+    final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
+    if final:
+        metrics.write(job.total_steps, final)
+    if dist.is_main:
+        checkpoint.save_weights(
+            job.workdir / checkpoint.MODEL_FILE, model.state_dict(),
+            {"recipe": to_dict(r), "model": job.model_meta},
+        )
+    return {**last, **final}
+
+
+def _accumulate_grads(ddp_model, optimizer, batches, accum: int, mixup, criterion, r: Recipe, dist: Dist):
+    """Gradients of one optimizer step over `accum` micro-batches; returns the loss averaged over processes."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for i in range(accum):
+        x, y = next(batches)
+        x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
+        if mixup is not None:
+            x, y = mixup(x, y)
+        # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
+        sync = i == accum - 1 or dist.world_size == 1
+        with ddp_model.no_sync() if not sync else contextlib.nullcontext():
+            with autocast(dist.device, r.run.precision):
+                loss = criterion(ddp_model(x).float(), y) / accum
+            loss.backward()
+        loss_sum += loss.item()
+    (loss_mean,) = all_reduce_sum([loss_sum / dist.world_size], dist)
+    return loss_mean
+
+
+def _clip(model, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    return float(norm)

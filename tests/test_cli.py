@@ -1,0 +1,92 @@
+"""The command line: instant help, dry runs, and bad input as one red line with exit code 2."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vitcli import cli
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
+
+
+def run_vit(monkeypatch, capsys, *args):
+    """Call the real entry point in-process; return (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["vit", *args])
+    monkeypatch.delenv("VITCLI_DEBUG", raising=False)
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_module_does_not_import_torch():
+    probe = "import sys, vitcli.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe]).returncode == 0
+
+
+def test_help_lists_the_stages(monkeypatch, capsys):
+    code, out, _ = run_vit(monkeypatch, capsys, "--help")
+    assert code == 0
+    for cmd in ("pretrain", "finetune", "eval-fewshot", "resize-posemb"):
+        assert cmd in out
+
+
+def test_dry_run_prints_resolved_recipe_with_overrides(monkeypatch, capsys):
+    code, out, _ = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--dry-run",
+                           "optim.lr=1e-4", "data.batch_size=64")
+    assert code == 0
+    resolved = yaml.safe_load(out)
+    assert resolved["optim"]["lr"] == pytest.approx(1e-4)
+    assert resolved["data"]["batch_size"] == 64
+    assert resolved["model"]["embed_dim"] == 64  # from the file
+
+
+def test_dry_run_fills_paper_model_sizes(monkeypatch, capsys):
+    code, out, _ = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", "model.name=ViT-L/16",
+                           "schedule.steps=100", "schedule.warmup_steps=10")
+    assert code == 0
+    m = yaml.safe_load(out)["model"]
+    assert (m["embed_dim"], m["depth"], m["num_heads"], m["mlp_dim"], m["patch_size"]) == (1024, 24, 16, 4096, 16)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["optim.lrr=0.1"], "did you mean 'optim.lr'"),
+        (["data.batch_size=abc"], "data.batch_size: expected int"),
+        (["model.name=ViT-B/61", "--dry-run"], "ViT-B/16"),
+        (["data.batch_size=100", "data.micro_batch_size=32"], "not divisible"),
+        (["data.source=/no/such/dataset"], "/no/such/dataset"),
+        (["data.image_column=pixels"], "pixels"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, tmp_path, args, fragment):
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir",
+                           str(tmp_path / "w"), "schedule.epochs=0", "schedule.steps=3",
+                           "schedule.warmup_steps=1", "data.synthetic.train_size=64", *args)
+    assert code == 2, err
+    assert fragment in err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "w" / "model.safetensors").exists()
+
+
+def test_malformed_recipe_names_the_line(monkeypatch, capsys, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  depth: 2\n   heads: 3\n")
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", str(bad), "--dry-run")
+    assert code == 2 and "line 3" in err and "bad.yaml" in err
+
+
+def test_debug_env_shows_the_traceback(tmp_path):
+    env = {"VITCLI_DEBUG": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "vitcli.cli", "pretrain", "--dry-run", "optim.lrr=1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "RecipeError" in proc.stderr

@@ -166,3 +166,28 @@ def resize_checkpoint(
         _write(target, sd, meta, loaded.kind == "vitcli")
     rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))
     return rows
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    """`24x16` -> (24, 16); a one-line error for anything that is not a rectangle of positive sides."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise CheckpointError(f"--grid {text!r}: expected HxW with positive integers, e.g. 24x24")
+    return int(parts[0]), int(parts[1])
+
+
+def run_resize(src: str, *, out, res, grid, patch, method: str, dry_run: bool) -> list[tuple[str, str]]:
+    """`vit resize-posemb`: validate the flags, resize, and show what changed as a table."""
+    from rich.table import Table
+
+    from vitcli.metrics import stdout
+
+    if method not in ("bilinear", "bicubic"):
+        raise CheckpointError(f"--method {method!r}: expected bilinear or bicubic")
+    rows = resize_checkpoint(src, new_grid=parse_grid(grid) if grid else None, res=res, patch_size=patch,
+                             method=method, out=str(out) if out else None, dry_run=dry_run)
+    table = Table(title="resize-posemb", show_header=False)
+    for what, detail in rows:
+        table.add_row(what, detail)
+    stdout.print(table)
+    return rows

@@ -252,11 +252,11 @@ def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:
 
 
 def _fit_posemb(sd, target, model, kind, method, old_grid) -> list[tuple[str, str]]:
-    if kind == "sincos_2d":  # a fixed function of the grid: take the model's table, built at its size
+    if kind in ("sincos_2d", "sincos_1d"):  # a fixed function of the grid: take the model's table, built at its size
         sd.pop("pos_embed", None)
         if "pos_embed" in target:
             sd["pos_embed"] = target["pos_embed"]
-        return [("position embedding", f"sincos_2d for grid {_grid_str(model.patch_embed.grid_size)}")]
+        return [("position embedding", f"{kind} for grid {_grid_str(model.patch_embed.grid_size)}")]
     rows = []
     if kind == "learned_1d" and "pos_embed" in sd and "pos_embed" in target:
         new_grid = tuple(model.patch_embed.grid_size)

@@ -360,8 +360,6 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
         raise RecipeError(f"model.embed_dim={m.embed_dim} is not divisible by model.num_heads={m.num_heads}")
     if s.steps < 0 or s.epochs < 0 or s.warmup_steps < 0:
         raise RecipeError("schedule.steps, schedule.epochs and schedule.warmup_steps must not be negative")
-    if not s.steps and not s.epochs:
-        raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
     if s.steps and s.warmup_steps >= s.steps:
         raise RecipeError(
             f"schedule.warmup_steps={s.warmup_steps} must be smaller than schedule.steps={s.steps}"

@@ -54,6 +54,8 @@ def build_job(recipe: Recipe, workdir: Path, dist: dist_mod.Dist):
     from vitcli import models
 
     r = recipe
+    if not r.schedule.steps and not r.schedule.epochs:
+        raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
     train_ds = data.load_split(r.data, r.data.train_split)
     num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
     steps = total_steps(r.schedule.steps, r.schedule.epochs, len(train_ds), r.data.batch_size)

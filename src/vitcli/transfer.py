@@ -96,8 +96,9 @@ def load_for_eval(recipe: Recipe) -> torch.nn.Module:
     head = loaded.state_dict.get("head.weight")
     num_classes = int(head.shape[0]) if head is not None else 0
     model = models.build_model(recipe.model, num_classes)
+    has_representation = any(k.startswith("pre_logits.") for k in loaded.state_dict)
     sd, _ = weights.adapt_state_dict(
-        loaded.state_dict, model, keep_head=True, keep_representation=True,
+        loaded.state_dict, model, keep_head=True, keep_representation=has_representation,
         method=recipe.init.posemb_method, pos_embed_kind=recipe.model.pos_embed,
     )
     model.load_state_dict(sd, strict=True)

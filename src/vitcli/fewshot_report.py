@@ -1,0 +1,92 @@
+"""Few-shot results: a table (task x shots, mean ± std over seeds, group and VTAB means), json, csv, png."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from vitcli import tasks
+from vitcli.checkpoint import atomic_path, write_text
+from vitcli.metrics import stdout
+from vitcli.recipe import Recipe, to_dict
+
+
+def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], float]:
+    """Mean accuracy per (VTAB group or `vtab` overall, shots), over the tasks evaluated in that group."""
+    groups = {t.name: t.group for t in tasks.get_tasks("vtab")}
+    buckets: dict[tuple[str, int], list[float]] = {}
+    for (name, shots), (mean, _) in summary.items():
+        if name in groups:
+            buckets.setdefault((f"vtab/{groups[name]}", shots), []).append(mean)
+            buckets.setdefault(("vtab", shots), []).append(mean)
+    return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
+
+
+def write(rows: list[dict], summary: dict, workdir: Path, recipe: Recipe) -> None:
+    """Print the table and write results.json, results.csv and fewshot.png into the workdir."""
+    means = group_means(summary)
+    _table(summary, means)
+    payload = {
+        "checkpoint": recipe.init.checkpoint,
+        "runs": rows,
+        "summary": [{"task": t, "shots": k, "mean": m, "std": s} for (t, k), (m, s) in summary.items()],
+        "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in means.items()],
+        "recipe": to_dict(recipe),
+    }
+    write_text(workdir / "results.json", json.dumps(payload, indent=2) + "\n")
+    with atomic_path(workdir / "results.csv") as tmp, tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy"])
+        w.writeheader()
+        w.writerows(rows)
+    _plot(summary, workdir / "fewshot.png")
+    stdout.print(f"results: {workdir / 'results.json'}, {workdir / 'results.csv'}, {workdir / 'fewshot.png'}")
+
+
+def _table(summary: dict, means: dict) -> None:
+    from rich.table import Table
+
+    all_shots = sorted({k for _, k in summary} | {k for _, k in means})
+    table = Table(title="linear few-shot accuracy (mean ± std over seeds)")
+    table.add_column("task")
+    for k in all_shots:
+        table.add_column(f"{k}-shot", justify="right")
+    for name in dict.fromkeys(t for t, _ in summary):
+        cells = []
+        for k in all_shots:
+            mean_std = summary.get((name, k))
+            cells.append(f"{100 * mean_std[0]:.1f} ± {100 * mean_std[1]:.1f}" if mean_std else "-")
+        table.add_row(name, *cells)
+    for group in dict.fromkeys(g for g, _ in means):
+        table.add_row(f"[bold]{group} mean", *[f"{100 * means[(group, k)]:.1f}" if (group, k) in means else "-"
+                                               for k in all_shots])
+    stdout.print(table)
+
+
+def _plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(t for t, _ in summary):
+        ks = sorted(k for t, k in summary if t == name)
+        m = np.array([summary[(name, k)][0] for k in ks])
+        s = np.array([summary[(name, k)][1] for k in ks])
+        ax.errorbar(ks, 100 * m, yerr=100 * s, marker="o", capsize=3, label=name)
+    ax.set_xscale("log")
+    shots = sorted({k for _, k in summary})
+    ax.set_xticks(shots, [str(k) for k in shots])
+    ax.minorticks_off()
+    ax.set_xlabel("shots per class")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.set_title("linear few-shot")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)

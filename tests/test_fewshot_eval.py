@@ -1,0 +1,118 @@
+"""`vit eval-fewshot` end to end: features cached once, tables and files written, pretrained beats random."""
+
+import csv
+import json
+import sys
+
+import pytest
+import torch
+
+from vitcli import checkpoint, cli, models
+from vitcli.recipe import load_recipe
+from vitcli.fewshot_eval import run_fewshot
+from vitcli.stages import run_training
+
+TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "model.depth=2",
+              "model.num_heads=2", "model.mlp_dim=64"]
+DATA = ["data.synthetic.img_size=32", "data.num_workers=0", "data.eval_batch_size=256",
+        "data.crop_min_area=1.0"]
+FEWSHOT = ["fewshot.tasks=synthetic", "fewshot.shots=1,5", "fewshot.seeds=2", "data.synthetic.num_classes=6",
+           "data.synthetic.train_size=120", "data.synthetic.test_size=300", "data.synthetic.seed=5"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A tiny ViT pretrained for a few hundred steps on the built-in data (6 classes), and its random twin."""
+    root = tmp_path_factory.mktemp("fewshot")
+    r = load_recipe(None, TINY_MODEL + DATA + [
+        "data.synthetic.num_classes=6", "data.synthetic.train_size=1200", "data.val_split=", "data.test_split=",
+        "data.batch_size=64", "optim.lr=3e-3", "optim.weight_decay=0.0", "schedule.steps=300",
+        "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50"], stage="pretrain")
+    run_training(r, root / "pre")
+    torch.manual_seed(0)
+    rand = models.build_model(r.model, 6)
+    checkpoint.save_weights(root / "random.safetensors", rand.state_dict(),
+                            {"model": models.model_spec(r.model, 6)})
+    return root
+
+
+def fewshot(ckpt, workdir, *extra):
+    r = load_recipe(None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra])
+    return run_fewshot(r, workdir)
+
+
+def mean_acc(rows, shots):
+    accs = [r["accuracy"] for r in rows if r["shots"] == shots]
+    return sum(accs) / len(accs)
+
+
+def test_pretrained_beats_random_init_at_5_shots(pretrained, tmp_path):
+    ours = fewshot(pretrained / "pre", tmp_path / "a")
+    rand = fewshot(pretrained / "random.safetensors", tmp_path / "b")
+    assert mean_acc(ours, 5) > mean_acc(rand, 5) + 0.05, (mean_acc(ours, 5), mean_acc(rand, 5))
+    assert mean_acc(ours, 5) > 1 / 6 + 0.1  # well above chance
+
+
+def test_outputs_and_rows(pretrained, tmp_path):
+    rows = fewshot(pretrained / "pre", tmp_path)
+    assert [(r["shots"], r["seed"]) for r in rows] == [(1, 0), (1, 1), (5, 0), (5, 1)]
+    assert all(r["l2_reg"] == 1024.0 for r in rows)
+    payload = json.loads((tmp_path / "results.json").read_text())
+    assert {s["shots"] for s in payload["summary"]} == {1, 5}
+    with (tmp_path / "results.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 4
+    assert (tmp_path / "fewshot.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_features_are_cached_and_keyed(pretrained, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    first = fewshot(pretrained / "pre", tmp_path / "1", f"fewshot.cache_dir={cache}")
+    assert len(list(cache.glob("*.safetensors"))) == 2  # train and test split
+    second = fewshot(pretrained / "pre", tmp_path / "2", f"fewshot.cache_dir={cache}")
+    assert "(cached)" in capsys.readouterr().err
+    assert first == second
+    fewshot(pretrained / "pre", tmp_path / "3", f"fewshot.cache_dir={cache}", "fewshot.resize=40")
+    assert len(list(cache.glob("*.safetensors"))) == 4, "other preprocessing, other features"
+    fewshot(pretrained / "random.safetensors", tmp_path / "4", f"fewshot.cache_dir={cache}")
+    assert len(list(cache.glob("*.safetensors"))) == 6, "other weights, other features"
+
+
+def test_auto_l2_reports_the_chosen_lambda(pretrained, tmp_path):
+    rows = fewshot(pretrained / "pre", tmp_path, "fewshot.l2_reg=auto", "fewshot.shots=5")
+    assert all(2.0**-10 <= r["l2_reg"] <= 2.0**20 for r in rows)
+
+
+def test_too_few_examples_skips_only_that_shot_count(pretrained, tmp_path):
+    # 120 train images over 6 classes = 20 per class: 25 shots cannot be drawn, 5 can
+    rows = fewshot(pretrained / "pre", tmp_path, "fewshot.shots=5,25")
+    assert {r["shots"] for r in rows} == {5}
+
+
+def test_fewshot_inside_pretraining_lands_in_metrics(tmp_path):
+    r = load_recipe(None, TINY_MODEL + DATA + FEWSHOT + [
+        "data.val_split=", "data.test_split=", "data.batch_size=32", "schedule.steps=4",
+        "schedule.warmup_steps=1", "fewshot.every=2"], stage="pretrain")
+    run_training(r, tmp_path)
+    rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "fewshot/synthetic/5shot" in row]
+    assert steps == [2, 4]
+
+
+def test_cli_unknown_task_and_missing_ckpt(monkeypatch, capsys, pretrained):
+    for args, fragment in [
+        (["--ckpt", str(pretrained / "pre"), "--tasks", "vtab/cifar10O"], "did you mean"),
+        (["--tasks", "synthetic"], "--ckpt"),
+        (["--ckpt", "/no/such.safetensors", "--tasks", "synthetic"], "/no/such.safetensors"),
+    ]:
+        monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", *args])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and fragment in err and "Traceback" not in err, err
+
+
+def test_list_tasks_prints_the_registry(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--list-tasks"])
+    cli.main()
+    out = capsys.readouterr().out
+    assert "vtab/clevr_count" in out and "imagenet" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -12,3 +13,11 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+@functools.cache
+def bf16_warning(device_type: str) -> str | None:
+    """Why bf16 would be slow here, or None. A CPU without AVX-512 bf16 emulates it (we measured ~13x slower)."""
+    if device_type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "this CPU has no native bf16: run.precision=bf16 is emulated and much slower; use fp32"
+    return None

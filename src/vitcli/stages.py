@@ -12,6 +12,7 @@ from vitcli import checkpoint, data, dist as dist_mod
 from vitcli.errors import RecipeError
 from vitcli.evaluators import ClassificationEvaluator
 from vitcli.metrics import console
+from vitcli.precision import bf16_warning
 from vitcli.recipe import Recipe, check, to_dict, to_yaml
 from vitcli.schedule import total_steps
 from vitcli.trainer import Job, train
@@ -100,6 +101,8 @@ def run_training(recipe: Recipe, workdir: Path, resume: bool | None = None) -> d
     job = build_job(recipe, workdir, dist)
     if dist.is_main:
         checkpoint.write_text(workdir / "recipe.yaml", to_yaml(recipe))
+        if recipe.run.precision == "bf16" and bf16_warning(dist.device.type):
+            console.log(f"[yellow]warning: {bf16_warning(dist.device.type)}")
         console.log(
             f"{recipe.stage}: {recipe.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
             f"{len(job.train_ds)} train images, {job.num_classes} classes, {job.total_steps} steps "

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The quickstart, end to end and offline: pretrain a tiny ViT at 32 px on the built-in dataset, fine-tune it
+# at 64 px (zero head, interpolated position embedding), then measure linear few-shot accuracy.
+# Re-running continues or reuses what is already in runs/quickstart (each stage resumes from its workdir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+VIT=.venv/bin/vit
+RUNS=runs/quickstart
+
+$VIT pretrain --recipe recipes/quickstart/pretrain.yaml --workdir $RUNS/pretrain
+$VIT finetune --recipe recipes/quickstart/finetune.yaml --init $RUNS/pretrain --workdir $RUNS/finetune
+$VIT eval-fewshot --recipe recipes/quickstart/fewshot.yaml --ckpt $RUNS/pretrain --workdir $RUNS/fewshot

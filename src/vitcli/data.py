@@ -149,7 +149,16 @@ def load_source(
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
-    """`load_source` with the recipe's source, columns and synthetic sizes."""
+    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB)."""
+    if cfg.label_rule:
+        from vitcli import tasks
+
+        if cfg.label_rule not in tasks.LABEL_RULES:
+            raise DataError(f"data.label_rule '{cfg.label_rule}' is not one of {', '.join(tasks.LABEL_RULES)}")
+        ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
+                         synthetic=cfg.synthetic)
+        task = tasks.Task(cfg.source, "custom", cfg.num_classes, cfg.source, label_rule=cfg.label_rule)
+        return tasks.apply_label_rule(task, ds)  # writes the derived labels to a `label` column
     columns = {"image_column": cfg.image_column, "label_column": cfg.label_column}
     return load_source(cfg.source, split, **columns, synthetic=cfg.synthetic)
 

@@ -24,7 +24,8 @@ def task_recipe(recipe: Recipe, task: tasks.Task, data_root: str, sweep: bool) -
     r = copy.deepcopy(recipe)
     d = r.data
     d.source = tasks.task_source(task, data_root)
-    d.image_column, d.label_column, d.label_rule = task.image_column, task.label_column, task.label_rule
+    d.image_column, d.label_rule = task.image_column, task.label_rule
+    d.label_column = "label" if task.label_rule else task.label_column  # a rule writes `label`
     d.num_classes = task.num_classes
     d.train_split = task.splits["train800"] if sweep else task.splits["train800val200"]
     d.val_split = task.splits["val200"] if sweep else ""

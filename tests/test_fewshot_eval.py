@@ -71,7 +71,7 @@ def test_features_are_cached_and_keyed(pretrained, tmp_path, capsys):
     second = fewshot(pretrained / "pre", tmp_path / "2", f"fewshot.cache_dir={cache}")
     assert "(cached)" in capsys.readouterr().err
     assert first == second
-    fewshot(pretrained / "pre", tmp_path / "3", f"fewshot.cache_dir={cache}", "fewshot.resize=40")
+    fewshot(pretrained / "pre", tmp_path / "3", f"fewshot.cache_dir={cache}", "fewshot.resize=288")
     assert len(list(cache.glob("*.safetensors"))) == 4, "other preprocessing, other features"
     fewshot(pretrained / "random.safetensors", tmp_path / "4", f"fewshot.cache_dir={cache}")
     assert len(list(cache.glob("*.safetensors"))) == 6, "other weights, other features"

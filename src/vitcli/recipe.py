@@ -351,7 +351,10 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
     for path in ("model.img_size", "model.patch_size", "data.batch_size", "data.eval_batch_size"):
         if _get(recipe, path) <= 0:
             raise RecipeError(f"{path} must be positive, got {_get(recipe, path)}")
-    if m.name == "custom" and m.img_size % m.patch_size:
+    # A fine-tune's architecture (patch size included) comes from its checkpoint, which is read later;
+    # models.resolve_model checks divisibility again once the real patch size is known.
+    adopts = recipe.stage == "finetune" and bool(recipe.init.checkpoint)
+    if m.name == "custom" and not adopts and m.img_size % m.patch_size:
         raise RecipeError(
             f"model.img_size={m.img_size} is not divisible by model.patch_size={m.patch_size}; "
             f"use a multiple such as {m.img_size // m.patch_size * m.patch_size or m.patch_size}"

@@ -264,8 +264,11 @@ def _fit_posemb(sd, target, model, kind, method, old_grid) -> list[tuple[str, st
         old = sd["pos_embed"]
         if old.shape != target["pos_embed"].shape or (old_grid and tuple(old_grid) != new_grid):
             sd["pos_embed"] = resample_posemb(old, old_grid, new_grid, prefix, method)
+            side = math.isqrt(old.shape[1] - prefix)  # resample_posemb took a missing old grid as square
+            was = _grid_str(old_grid) if old_grid else f"{side}x{side}"
             detail = (
-                f"{tuple(old.shape)} -> {tuple(sd['pos_embed'].shape)}, grid {_grid_str(new_grid)} ({method})"
+                f"{tuple(old.shape)} -> {tuple(sd['pos_embed'].shape)}, grid {was} -> {_grid_str(new_grid)} "
+                f"({method})"
             )
             rows.append(("position embedding", detail))
     for key in AXIS_TABLES if kind == "learned_2d" else ():

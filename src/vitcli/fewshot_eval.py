@@ -16,7 +16,7 @@ import torch
 from vitcli import data, features, fewshot, tasks
 from vitcli.dist import Dist, setup
 from vitcli.errors import DataError, RecipeError
-from vitcli.metrics import console
+from vitcli.metrics import console, stdout
 from vitcli.recipe import DataConfig, Recipe
 
 
@@ -159,4 +159,4 @@ def print_registry() -> None:
         table.add_column(col)
     for t in tasks.get_tasks("vtab") + tasks.get_tasks("standard"):
         table.add_row(t.name, t.group, str(t.num_classes), t.source, t.train_split, t.test_split)
-    console.print(table)
+    stdout.print(table)

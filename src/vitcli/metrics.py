@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import math
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 console = Console(stderr=True)  # progress and log lines
-stdout = Console()  # results a user may pipe: tables, paths
+# Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
+stdout = Console(width=None if sys.stdout.isatty() else 160)
 
 
 class MetricsLog:

@@ -202,6 +202,8 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
         (item_type,) = typing.get_args(typ)
         if isinstance(value, str):  # `shots=1,5,10` on the command line
             value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # `--shots 5`
+            value = [value]
         if not isinstance(value, list):
             raise RecipeError(f"{path}: expected a list of {item_type.__name__}, got {value!r}")
         return [_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value)]

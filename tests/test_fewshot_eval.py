@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from vitcli import checkpoint, cli, models
-from vitcli.recipe import load_recipe
 from vitcli.fewshot_eval import run_fewshot
+from vitcli.recipe import load_recipe
 from vitcli.stages import run_training
 
 TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "model.depth=2",

@@ -10,7 +10,6 @@ pair here learns *where* a bright square is (its quadrant): without position inf
 import csv
 import json
 import re
-import sys
 
 import datasets
 import numpy as np
@@ -20,7 +19,8 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from vitcli import checkpoint, cli, stages, weights
+from clirun import run_vit
+from vitcli import checkpoint, stages, weights
 from vitcli import dist as dist_mod
 from vitcli.models import build_model, model_from_spec, model_spec
 from vitcli.recipe import ModelConfig, Recipe, load_recipe, to_dict
@@ -77,18 +77,6 @@ def save_tiny_checkpoint(workdir, *, img_size=32, num_classes=5, representation_
     checkpoint.save_weights(workdir / checkpoint.MODEL_FILE, model.state_dict(), meta)
     return workdir
 
-
-def run_vit(monkeypatch, capsys, *args):
-    """Call the real entry point in-process; return (exit code, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["vit", *map(str, args)])
-    monkeypatch.delenv("VITCLI_DEBUG", raising=False)
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def assert_one_line_error(code, err, *fragments):

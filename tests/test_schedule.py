@@ -14,7 +14,7 @@ def test_warmup_is_linear_from_zero():
 
 
 def test_linear_decay_reaches_end_lr():
-    kw = dict(peak_lr=1.0, total_steps=110, warmup_steps=10, decay="linear", end_lr=0.1)
+    kw = {"peak_lr": 1.0, "total_steps": 110, "warmup_steps": 10, "decay": "linear", "end_lr": 0.1}
     assert learning_rate(10, **kw) == pytest.approx(1.0)
     assert learning_rate(60, **kw) == pytest.approx(0.1 + 0.9 * 0.5)
     assert learning_rate(110, **kw) == pytest.approx(0.1)
@@ -22,8 +22,8 @@ def test_linear_decay_reaches_end_lr():
 
 def test_cosine_matches_timm():
     """timm's CosineLRScheduler with a warmup prefix is an independent implementation of the same curve."""
-    from timm.scheduler import CosineLRScheduler
     import torch
+    from timm.scheduler import CosineLRScheduler
 
     total, warmup, peak = 200, 20, 0.03
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak)

@@ -1,7 +1,6 @@
 """The training loop as a user sees it: loss goes down, files appear, resume continues, failures are clean."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

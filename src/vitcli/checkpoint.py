@@ -10,8 +10,8 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -85,5 +85,5 @@ def load_state(path: str | Path) -> dict:
     """Read a training state written by `save_state`, never unpickling arbitrary objects."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises UnpicklingError, RuntimeError or EOFError for bad files
+    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or EOFError
         raise CheckpointError(f"{path}: cannot read training state ({type(e).__name__}: {e})") from None

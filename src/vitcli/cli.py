@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import click
 import typer
@@ -22,25 +22,25 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-RecipeOpt = Annotated[Optional[Path], typer.Option("--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")]
+RecipeOpt = Annotated[Path | None, typer.Option("--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")]
 WorkdirOpt = Annotated[
-    Optional[Path], typer.Option("--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")
+    Path | None, typer.Option("--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the resolved recipe as YAML and exit.")]
 ResumeOpt = Annotated[
-    Optional[bool],
+    bool | None,
     typer.Option("--resume/--no-resume", help="Resume from WORKDIR/state.pt (default: when one exists)."),
 ]
 OverridesArg = Annotated[
-    Optional[list[str]], typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
+    list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
 ]
 
 
-def _workdir(workdir: Optional[Path], stage: str) -> Path:
+def _workdir(workdir: Path | None, stage: str) -> Path:
     return workdir or Path("runs") / f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _resolve(stage: str, recipe: Optional[Path], overrides: Optional[list[str]], flags: dict, base=()):
+def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, base=()):
     from vitcli.recipe import load_recipe
 
     extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
@@ -77,14 +77,14 @@ def finetune(
     recipe: RecipeOpt = None,
     workdir: WorkdirOpt = None,
     init: Annotated[
-        Optional[str], typer.Option(help="Starting weights: workdir, .safetensors, Google .npz or Hub name.")
+        str | None, typer.Option(help="Starting weights: workdir, .safetensors, Google .npz or Hub name.")
     ] = None,
-    res: Annotated[Optional[int], typer.Option(help="Fine-tuning resolution (position embedding resized).")] = None,
+    res: Annotated[int | None, typer.Option(help="Fine-tuning resolution (position embedding resized).")] = None,
     lr_sweep: Annotated[
-        Optional[str], typer.Option(help="Comma-separated learning rates; best on the dev split wins.")
+        str | None, typer.Option(help="Comma-separated learning rates; best on the dev split wins.")
     ] = None,
-    task: Annotated[Optional[str], typer.Option(help="VTAB-1k protocol: vtab/<name> or vtab for all.")] = None,
-    data_root: Annotated[Optional[str], typer.Option(help="With --task: one directory per task.")] = None,
+    task: Annotated[str | None, typer.Option(help="VTAB-1k protocol: vtab/<name> or vtab for all.")] = None,
+    data_root: Annotated[str | None, typer.Option(help="With --task: one directory per task.")] = None,
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
     overrides: OverridesArg = None,
@@ -108,12 +108,12 @@ def finetune(
 def eval_fewshot(
     recipe: RecipeOpt = None,
     workdir: WorkdirOpt = None,
-    ckpt: Annotated[Optional[str], typer.Option(help="Weights: workdir, .safetensors, .npz or Hub name.")] = None,
-    tasks: Annotated[Optional[str], typer.Option(help="vtab, vtab/natural, vtab/cifar100,vtab/dtd, ...")] = None,
-    shots: Annotated[Optional[str], typer.Option(help="Shot counts, e.g. 1,5,10,25.")] = None,
-    seeds: Annotated[Optional[int], typer.Option(help="Shot-set draws per shot count.")] = None,
-    l2: Annotated[Optional[str], typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")] = None,
-    data_root: Annotated[Optional[str], typer.Option(help="One directory per task instead of the Hub.")] = None,
+    ckpt: Annotated[str | None, typer.Option(help="Weights: workdir, .safetensors, .npz or Hub name.")] = None,
+    tasks: Annotated[str | None, typer.Option(help="vtab, vtab/natural, vtab/cifar100,vtab/dtd, ...")] = None,
+    shots: Annotated[str | None, typer.Option(help="Shot counts, e.g. 1,5,10,25.")] = None,
+    seeds: Annotated[int | None, typer.Option(help="Shot-set draws per shot count.")] = None,
+    l2: Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")] = None,
+    data_root: Annotated[str | None, typer.Option(help="One directory per task instead of the Hub.")] = None,
     list_tasks: Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")] = False,
     dry_run: DryRunOpt = False,
     overrides: OverridesArg = None,
@@ -136,10 +136,10 @@ def eval_fewshot(
 @app.command("resize-posemb")
 def resize_posemb(
     ckpt: Annotated[str, typer.Argument(help="Checkpoint: vitcli workdir or file, timm .safetensors, Google .npz.")],
-    out: Annotated[Optional[Path], typer.Option(help="Output .safetensors.")] = None,
-    res: Annotated[Optional[int], typer.Option(help="New resolution (grid = res / patch).")] = None,
-    grid: Annotated[Optional[str], typer.Option(help="New grid as HxW, e.g. 24x24.")] = None,
-    patch: Annotated[Optional[int], typer.Option(help="Patch size, if the checkpoint does not say.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Output .safetensors.")] = None,
+    res: Annotated[int | None, typer.Option(help="New resolution (grid = res / patch).")] = None,
+    grid: Annotated[str | None, typer.Option(help="New grid as HxW, e.g. 24x24.")] = None,
+    patch: Annotated[int | None, typer.Option(help="Patch size, if the checkpoint does not say.")] = None,
     method: Annotated[str, typer.Option(help="bilinear (big_vision) or bicubic (timm).")] = "bilinear",
     dry_run: DryRunOpt = False,
 ) -> None:

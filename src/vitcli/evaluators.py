@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
 from vitcli import data
 from vitcli.dist import Dist, all_reduce_sum
-from vitcli.recipe import DataConfig
 from vitcli.precision import autocast
+from vitcli.recipe import DataConfig
 
 
 class Evaluator(Protocol):

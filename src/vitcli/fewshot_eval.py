@@ -7,8 +7,8 @@ seed; the solver (fewshot.py) then costs milliseconds per fit.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -46,7 +46,8 @@ def recipe_tasks(recipe: Recipe) -> list[tasks.Task]:
 def task_splits(task: tasks.Task, recipe: Recipe):
     """(train, test) datasets of a task, labels derived where the task says, from the Hub or --data-root."""
     source = tasks.task_source(task, recipe.fewshot.data_root)
-    kw = dict(image_column=task.image_column, label_column=task.label_column, synthetic=recipe.data.synthetic)
+    kw = {"image_column": task.image_column, "label_column": task.label_column,
+          "synthetic": recipe.data.synthetic}
     if task.label_rule:
         kw["label_column"] = ""  # the rule builds the label column from raw fields
     out = []
@@ -136,7 +137,8 @@ def run_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
             key = features.cache_key(weights_id, f"{task.name}:{task_source_id(task, recipe)}", split, pre)
             feats, labels, hit = features.cached(
                 cache_dir, key,
-                lambda ds=ds: features.extract(model, ds, cfg, img_size, resize, dist, recipe.run.precision),
+                lambda ds=ds, cfg=cfg: features.extract(model, ds, cfg, img_size, resize, dist,
+                                                        recipe.run.precision),
             )
             console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
             sets.append((feats, labels))

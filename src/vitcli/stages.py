@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from vitcli import checkpoint, data, dist as dist_mod
+from vitcli import checkpoint, data
+from vitcli import dist as dist_mod
 from vitcli.errors import RecipeError
 from vitcli.evaluators import ClassificationEvaluator
 from vitcli.metrics import console

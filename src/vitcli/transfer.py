@@ -11,6 +11,7 @@ import copy
 import csv
 import functools
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -83,7 +84,7 @@ def native_img_size(loaded: weights.Loaded, patch_size: int) -> int | None:
     if posemb is None:
         return None
     n = posemb.shape[1] - (1 if "cls_token" in loaded.state_dict else 0)
-    side = int(round(n**0.5))
+    side = math.isqrt(n)
     return side * patch_size if side * side == n else None
 
 

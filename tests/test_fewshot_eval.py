@@ -116,3 +116,11 @@ def test_list_tasks_prints_the_registry(monkeypatch, capsys):
     cli.main()
     out = capsys.readouterr().out
     assert "vtab/clevr_count" in out and "imagenet" in out
+
+
+def test_cache_key_follows_the_builtin_data_config(pretrained, tmp_path):
+    cache = tmp_path / "cache"
+    a = fewshot(pretrained / "pre", tmp_path / "1", f"fewshot.cache_dir={cache}")
+    b = fewshot(pretrained / "pre", tmp_path / "2", f"fewshot.cache_dir={cache}", "data.synthetic.seed=6")
+    assert len(list(cache.glob("*.safetensors"))) == 4, "other images, other features"
+    assert a != b

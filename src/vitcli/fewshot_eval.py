@@ -7,6 +7,8 @@ seed; the solver (fewshot.py) then costs milliseconds per fit.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,18 +45,26 @@ def recipe_tasks(recipe: Recipe) -> list[tasks.Task]:
     return [t for spec in recipe.fewshot.tasks for t in tasks.get_tasks(spec, custom)]
 
 
-def task_splits(task: tasks.Task, recipe: Recipe):
-    """(train, test) datasets of a task, labels derived where the task says, from the Hub or --data-root."""
+def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
+    """One split of a task, labels derived where the task says, from the Hub or --data-root."""
     source = tasks.task_source(task, recipe.fewshot.data_root)
-    kw = {"image_column": task.image_column, "label_column": task.label_column,
-          "synthetic": recipe.data.synthetic}
-    if task.label_rule:
-        kw["label_column"] = ""  # the rule builds the label column from raw fields
-    out = []
-    for split in (task.train_split, task.test_split):
-        ds = data.load_source(source, split, **kw)
-        out.append(tasks.apply_label_rule(task, ds) if task.label_rule else ds)
-    return out
+    label_column = "" if task.label_rule else task.label_column  # a rule builds `label` from raw fields
+    ds = data.load_source(source, split, image_column=task.image_column, label_column=label_column,
+                          synthetic=recipe.data.synthetic)
+    return tasks.apply_label_rule(task, ds) if task.label_rule else ds
+
+
+def task_splits(task: tasks.Task, recipe: Recipe):
+    """(train, test) datasets of a task."""
+    return [load_task_split(task, recipe, split) for split in (task.train_split, task.test_split)]
+
+
+def data_id(task: tasks.Task, recipe: Recipe) -> str:
+    """Where a task's images come from, for the feature-cache key; the built-in data is defined by its config."""
+    source = tasks.task_source(task, recipe.fewshot.data_root)
+    if source == "synthetic":
+        return f"synthetic:{json.dumps(dataclasses.asdict(recipe.data.synthetic), sort_keys=True)}"
+    return source
 
 
 def _data_cfg(task: tasks.Task, recipe: Recipe) -> DataConfig:
@@ -131,25 +141,20 @@ def run_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     rows = []
     for task in recipe_tasks(recipe):
         cfg = _data_cfg(task, recipe)
-        train_ds, test_ds = task_splits(task, recipe)
         sets = []
-        for split, ds in ((task.train_split, train_ds), (task.test_split, test_ds)):
-            key = features.cache_key(weights_id, f"{task.name}:{task_source_id(task, recipe)}", split, pre)
-            feats, labels, hit = features.cached(
-                cache_dir, key,
-                lambda ds=ds, cfg=cfg: features.extract(model, ds, cfg, img_size, resize, dist,
-                                                        recipe.run.precision),
-            )
+        for split in (task.train_split, task.test_split):
+            key = features.cache_key(weights_id, f"{task.name}:{data_id(task, recipe)}", split, pre)
+
+            def extract(split=split, cfg=cfg, task=task):  # only on a cache miss: no decoding for a hit
+                ds = load_task_split(task, recipe, split)
+                return features.extract(model, ds, cfg, img_size, resize, dist, recipe.run.precision)
+
+            feats, labels, hit = features.cached(cache_dir, key, extract)
             console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
             sets.append((feats, labels))
         rows += evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
     fewshot_report.write(rows, summarise(rows), workdir, recipe)
     return rows
-
-
-def task_source_id(task: tasks.Task, recipe: Recipe) -> str:
-    """Where a task's data came from, part of the feature-cache key."""
-    return tasks.task_source(task, recipe.fewshot.data_root)
 
 
 def print_registry() -> None:

@@ -37,7 +37,8 @@ def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int])
     return h // ph, w // pw
 
 
-def _check_method(method: str) -> None:
+def check_method(method: str) -> None:
+    """A CheckpointError unless `method` is one of METHODS."""
     if method not in METHODS:
         raise CheckpointError(
             f"unknown position-embedding resampling method '{method}'; use one of {METHODS}"
@@ -71,7 +72,7 @@ def resample_posemb(
     method: str = "bilinear",
 ) -> torch.Tensor:
     """Resize a (1, P+N, D) position embedding from old_grid to new_grid; the P prefix rows are kept as is."""
-    _check_method(method)
+    check_method(method)
     num_grid = posemb.shape[1] - num_prefix_tokens
     old_grid = tuple(old_grid) if old_grid is not None else _square_grid(num_grid)
     new_grid = tuple(new_grid)
@@ -106,7 +107,7 @@ def resample_axis(table: torch.Tensor, new_len: int, method: str = "bilinear") -
     that axis: both methods weight neighbours with weights summing to one, so resizing
     concat(row[y], col[x]) on the grid is concat of the two 1-D resizes.
     """
-    _check_method(method)
+    check_method(method)
     if table.shape[1] == new_len:
         return table
     # A width-2 map, not width 1: torch's antialiased bicubic returns a constant for (L, 1) inputs

@@ -1,0 +1,181 @@
+"""What network a checkpoint holds: the one place that reads a checkpoint's geometry and sizes.
+
+Ours say it in their metadata. Foreign files (timm safetensors, Google .npz, Hub models) are taken to be a
+plain timm-layout ViT and read from the tensors' shapes. The number of attention heads is not in a timm
+state dict's shapes (qkv is (3D, D) for any head count), so it comes from evidence only: our metadata, the
+npz query kernel (D, H, D/H), the Hub model's attn.num_heads, the recipe's explicit model.num_heads, or the
+paper's Table 1 for its own widths. Never width // 64: ViT-H/14 is 1280 wide with 16 heads, not 20.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vitcli.checkpoints.read import Loaded
+from vitcli.errors import CheckpointError
+from vitcli.models import PAPER_VITS
+
+# width -> heads: {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}
+ARCH_FIELDS = (
+    "name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_dim", "pool", "pos_embed",
+    "representation_size",
+)
+HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model"}
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """A checkpoint's network, as far as the checkpoint tells it."""
+
+    name: str  # model.name that builds it: ours as recorded in metadata; foreign plain ViTs "custom"
+    patch_size: int
+    grid: tuple[int, int] | None  # patch grid (H, W) of the position table; None when nothing tells
+    num_prefix_tokens: int  # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
+    pos_embed: str  # learned_1d | learned_2d | sincos_2d | sincos_1d | none
+    pool: str  # token | gap
+    embed_dim: int
+    depth: int
+    num_heads: int  # 0 = unknown
+    heads_from: str  # where num_heads came from, for messages and the run's report
+    mlp_dim: int
+    representation_size: int
+    num_classes: int  # rows of the checkpoint's head, 0 if none
+    img_size: int | None  # native resolution: our metadata, else grid x patch when the grid is square
+    path: str = ""  # the file or Hub name it was read from, for messages
+
+    def architecture(self) -> dict:
+        """The ModelConfig fields that rebuild this network; a CheckpointError while the heads are unknown."""
+        if not self.num_heads:
+            raise CheckpointError(
+                f"{self.path or 'the checkpoint'} (width {self.embed_dim}): its number of attention heads is "
+                "unknown; set model.num_heads (or model.name to its architecture)"
+            )
+        return {k: getattr(self, k) for k in ARCH_FIELDS}
+
+
+def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
+    """The network `loaded` holds; `num_heads` is the recipe's explicit model.num_heads (0: not set)."""
+    model, sd = _our_model(loaded), loaded.state_dict
+    fields = _ours(sd, model) if model is not None else _foreign(sd, loaded.path)
+    heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads)
+    return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path)
+
+
+def _our_model(loaded: Loaded) -> dict | None:
+    """The model spec our metadata records, None for foreign files."""
+    model = loaded.meta.get("model") if loaded.kind == "vitcli" else None
+    return model if isinstance(model, dict) else None
+
+
+def _ours(sd: dict[str, torch.Tensor], model: dict) -> dict:
+    """Our metadata, with the tensors filling what an older or partial spec leaves out."""
+    sizes = _sizes(sd)
+    fields = {**sizes, **{k: model[k] for k in sizes if model.get(k) is not None}}
+    img_size = int(model["img_size"]) if model.get("img_size") else None
+    patch = fields["patch_size"]  # a hybrid's 1x1 kernel sits on a stride-16 ResNet map: trust the spec
+    grid = (img_size // patch,) * 2 if img_size and patch and img_size % patch == 0 else None
+    prefix = _prefix_tokens(sd, grid)
+    return {**fields, "name": model.get("name", "custom"), "grid": grid, "num_prefix_tokens": prefix,
+            "img_size": img_size}
+
+
+def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
+    """A plain timm-layout ViT read from the tensors' shapes."""
+    kernel = sd.get("patch_embed.proj.weight")  # (D, C, ph, pw)
+    if kernel is None or "blocks.0.mlp.fc1.weight" not in sd:
+        raise CheckpointError(
+            f"cannot infer the architecture of {path} (no patch_embed/blocks keys); "
+            "set model.name to its architecture (e.g. model.name=ViT-B/16 or a timm name)"
+        )
+    if kernel.shape[-2] != kernel.shape[-1]:
+        raise CheckpointError(
+            f"{path}: patch_embed.proj.weight {tuple(kernel.shape)} cuts "
+            f"{kernel.shape[-2]}x{kernel.shape[-1]} patches; only square patches are supported"
+        )
+    fields = _sizes(sd)
+    prefix = _prefix_tokens(sd, None)
+    grid = _table_grid(sd, fields["pos_embed"], prefix)
+    img_size = grid[0] * fields["patch_size"] if grid and grid[0] == grid[1] else None
+    return {**fields, "name": "custom", "grid": grid, "num_prefix_tokens": prefix, "img_size": img_size}
+
+
+def _sizes(sd: dict[str, torch.Tensor]) -> dict:
+    """What the tensors of a timm-layout ViT say; 0 where the tensor is absent."""
+    kernel = sd.get("patch_embed.proj.weight")  # (D, C, ph, pw)
+    return {
+        "patch_size": int(kernel.shape[-1]) if kernel is not None else 0,
+        "embed_dim": int(kernel.shape[0]) if kernel is not None else 0,
+        "depth": 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1),
+        "mlp_dim": _rows(sd, "blocks.0.mlp.fc1.weight"),  # (mlp, D)
+        "pool": "token" if "cls_token" in sd else "gap",
+        "pos_embed": _pos_kind(sd),
+        "representation_size": _rows(sd, "pre_logits.fc.weight"),  # (R, D)
+        "num_classes": _rows(sd, "head.weight"),  # (K, R or D)
+    }
+
+
+def _rows(sd: dict[str, torch.Tensor], key: str) -> int:
+    return int(sd[key].shape[0]) if key in sd else 0
+
+
+def _pos_kind(sd: dict[str, torch.Tensor]) -> str:
+    """Learned tables only: a fixed sin-cos table is indistinguishable from a learned one in a file."""
+    if "pos_embed_row" in sd and "pos_embed_col" in sd:
+        return "learned_2d"
+    return "learned_1d" if "pos_embed" in sd else "none"
+
+
+def _prefix_tokens(sd: dict[str, torch.Tensor], grid: tuple[int, int] | None) -> int:
+    """Class and register tokens that own a row of pos_embed (1, P+N, D)."""
+    if "pos_embed" not in sd:
+        return 0
+    rows = sd["pos_embed"].shape[1]
+    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)  # reg (1, R, D)
+    if grid is not None:
+        return 0 if rows == grid[0] * grid[1] else tokens
+    # timm no_embed_class: the table covers the patches only, so it is square without the tokens
+    if tokens and math.isqrt(rows) ** 2 == rows and math.isqrt(rows - tokens) ** 2 != rows - tokens:
+        return 0
+    return tokens
+
+
+def _table_grid(sd: dict[str, torch.Tensor], kind: str, prefix: int) -> tuple[int, int] | None:
+    """The patch grid the position tables span; a 1-D table only tells when its grid rows are a square."""
+    if kind == "learned_2d":
+        # (1, H, D/2) and (1, W, D/2)
+        return int(sd["pos_embed_row"].shape[1]), int(sd["pos_embed_col"].shape[1])
+    if kind != "learned_1d":
+        return None
+    n = sd["pos_embed"].shape[1] - prefix
+    side = math.isqrt(n)
+    return (side, side) if side * side == n else None
+
+
+def _heads(loaded: Loaded, model: dict, width: int, asked: int) -> tuple[int, str]:
+    """(num_heads, where it came from): evidence, else the recipe's value, else Table 1, else unknown."""
+    found, source = _heads_evidence(loaded, model)
+    if found and asked and asked != found:
+        raise CheckpointError(
+            f"model.num_heads={asked} in the recipe, but {loaded.path} has {found} attention heads "
+            f"({source}); set model.num_heads={found} or leave it out"
+        )
+    if found:
+        return found, source
+    if asked:
+        return asked, "recipe (model.num_heads)"
+    if width in PAPER_HEADS:
+        return PAPER_HEADS[width], f"paper Table 1 (width {width})"
+    return 0, "unknown"
+
+
+def _heads_evidence(loaded: Loaded, model: dict) -> tuple[int, str]:
+    """What the checkpoint itself says about its heads: our metadata, npz kernels or the Hub model."""
+    if model.get("num_heads"):
+        return int(model["num_heads"]), "metadata"
+    if loaded.num_heads:
+        return loaded.num_heads, HEADS_FROM_SOURCE.get(loaded.kind, loaded.kind)
+    return 0, ""

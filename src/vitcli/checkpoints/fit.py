@@ -1,0 +1,141 @@
+"""A checkpoint fitted to a model: the paper's transfer protocol applied to a state dict.
+
+Drop the head (the model keeps its zero-initialised one), drop the pre_logits layer unless asked, and
+resize the position embedding to the model's grid. What the checkpoint's table is (kind, grid, prefix rows)
+comes from its `CheckpointSpec`, never re-guessed here. The result loads with strict=True or the error
+names the first keys that do not fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from vitcli.checkpoints.describe import CheckpointSpec
+from vitcli.errors import CheckpointError
+from vitcli.posemb import resample_axis, resample_posemb
+
+HEAD = "head."
+REPRESENTATION = "pre_logits."  # the i21k Dense+tanh before the head, `pre_logits.fc.*`
+AXIS_TABLES = {"pos_embed_row": 0, "pos_embed_col": 1}  # learned_2d: which grid axis each table spans
+FIXED_TABLES = ("sincos_2d", "sincos_1d")  # functions of the grid, rebuilt by the model at its own size
+
+
+def adapt_state_dict(
+    sd: dict[str, torch.Tensor],
+    model: nn.Module,
+    spec: CheckpointSpec,
+    *,
+    keep_head: bool,
+    keep_representation: bool,
+    method: str,
+) -> tuple[dict[str, torch.Tensor], list[tuple[str, str]]]:
+    """A state dict that loads strict=True into `model`, plus (what, detail) report rows; `sd` is not changed.
+
+    `spec` (from `describe`) says what the checkpoint's position table is: kind, grid and prefix rows.
+    """
+    target = model.state_dict()
+    sd = dict(sd)
+    rows = _fit_head(sd, target, keep_head) + _fit_representation(sd, keep_representation)
+    _check_fit(sd, target, resizable=("pos_embed", *AXIS_TABLES))
+    rows += _fit_posemb(sd, target, model, spec, method)
+    _check_fit(sd, target)
+    own = sum(1 for k, v in sd.items() if v is target.get(k))
+    rows.insert(0, ("loaded", f"{len(sd) - own} of {len(target)} tensors from the checkpoint"))
+    return sd, rows
+
+
+def _fit_head(sd: dict, target: dict, keep: bool) -> list[tuple[str, str]]:
+    ckpt_k = sd["head.weight"].shape[0] if "head.weight" in sd else 0
+    model_k = target["head.weight"].shape[0] if "head.weight" in target else 0
+    if keep:
+        if ckpt_k != model_k:
+            raise CheckpointError(
+                f"init.keep_head=true but the dataset has {model_k} classes and the checkpoint head has "
+                f"{ckpt_k}; set init.keep_head=false to start from a zero head"
+            )
+        return [("head", f"kept ({ckpt_k} classes)")]
+    for k in [k for k in sd if k.startswith(HEAD)]:
+        del sd[k]
+    sd.update({k: v for k, v in target.items() if k.startswith(HEAD)})  # the model's own zero-init head
+    return [("head", f"dropped ({ckpt_k} classes); model's own head for {model_k} classes")]
+
+
+def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:
+    keys = [k for k in sd if k.startswith(REPRESENTATION)]
+    if keep and not keys:
+        raise CheckpointError(
+            "init.keep_representation=true but the checkpoint has no pre_logits layer; set it to false"
+        )
+    if not keys:
+        return []
+    width = next(tuple(sd[k].shape) for k in keys if sd[k].ndim == 2)  # (R, D)
+    if keep:
+        return [("representation", f"kept pre_logits {width[1]} -> {width[0]}")]
+    for k in keys:
+        del sd[k]
+    return [("representation", f"dropped pre_logits {width[1]} -> {width[0]}")]
+
+
+def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, method: str) -> list:
+    """Position tables at the model's grid; report rows for what was resized or rebuilt."""
+    if spec.pos_embed in FIXED_TABLES:
+        sd.pop("pos_embed", None)
+        if "pos_embed" in target:
+            sd["pos_embed"] = target["pos_embed"]
+        return [("position embedding", f"{spec.pos_embed} for grid {_grid_str(model.patch_embed.grid_size)}")]
+    if spec.pos_embed == "learned_2d":
+        return _fit_axis_tables(sd, target, method)
+    if spec.pos_embed == "learned_1d" and "pos_embed" in sd and "pos_embed" in target:
+        return _fit_table(sd, target, tuple(model.patch_embed.grid_size), spec, method)
+    return []  # none: BiT and other models without a position table
+
+
+def _fit_table(sd: dict, target: dict, new_grid: tuple[int, int], spec: CheckpointSpec, method: str) -> list:
+    """learned_1d: pos_embed (1, P+N, D) resampled from the checkpoint's grid to the model's."""
+    old = sd["pos_embed"]
+    if old.shape == target["pos_embed"].shape and spec.grid in (None, new_grid):
+        return []
+    sd["pos_embed"] = resample_posemb(old, spec.grid, new_grid, spec.num_prefix_tokens, method)
+    # resample_posemb took a missing old grid as square, and raised if it was not
+    was = spec.grid or (math.isqrt(old.shape[1] - spec.num_prefix_tokens),) * 2
+    detail = (
+        f"{tuple(old.shape)} -> {tuple(sd['pos_embed'].shape)}, "
+        f"grid {_grid_str(was)} -> {_grid_str(new_grid)} ({method})"
+    )
+    return [("position embedding", detail)]
+
+
+def _fit_axis_tables(sd: dict, target: dict, method: str) -> list[tuple[str, str]]:
+    """learned_2d: the row (1, H, D/2) and column (1, W, D/2) tables, each resized along its own axis."""
+    rows = []
+    for key in AXIS_TABLES:
+        if key in sd and key in target and sd[key].shape[1] != target[key].shape[1]:
+            old = sd[key]
+            sd[key] = resample_axis(old, target[key].shape[1], method)
+            rows.append((key, f"{tuple(old.shape)} -> {tuple(sd[key].shape)} ({method})"))
+    return rows
+
+
+def _grid_str(grid: tuple[int, int]) -> str:
+    return f"{grid[0]}x{grid[1]}"
+
+
+def _check_fit(sd: dict, target: dict, resizable: tuple[str, ...] = ()) -> None:
+    """Raise one line naming the first mismatching, missing and unexpected keys with their shapes."""
+    shapes = [
+        f"{k} {tuple(sd[k].shape)} in checkpoint vs {tuple(v.shape)} in model"
+        for k, v in target.items()
+        if k in sd and k not in resizable and sd[k].shape != v.shape
+    ]
+    missing = [k for k in target if k not in sd]
+    unexpected = [k for k in sd if k not in target]
+    parts = [
+        f"{what}: {', '.join(keys[:3])}{f' (+{len(keys) - 3} more)' if len(keys) > 3 else ''}"
+        for what, keys in (("shapes", shapes), ("missing", missing), ("unexpected", unexpected))
+        if keys
+    ]
+    if parts:
+        raise CheckpointError(f"checkpoint does not fit the model ({'; '.join(parts)})")

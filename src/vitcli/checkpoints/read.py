@@ -1,0 +1,144 @@
+"""Starting weights from wherever the paper's models live, read into timm names.
+
+Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
+big_vision layout, or a Hub / timm model name (timm downloads it). Pickle files (.pt/.pth/.bin/.ckpt) are
+refused, never unpickled: unpickling runs whatever code the file carries.
+
+Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
+the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the
+returned dicts and must not mutate them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import timm
+import torch
+from torch import nn
+
+from vitcli.checkpoints.files import MODEL_FILE, load_weights
+from vitcli.checkpoints.npz import npz_to_timm
+from vitcli.errors import CheckpointError
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
+HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
+ZIP_MAGIC = b"PK\x03\x04"
+PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")  # a pickle starts with PROTO (0x80) and its version
+
+
+@dataclass
+class Loaded:
+    """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model spec."""
+
+    state_dict: dict[str, torch.Tensor]  # timm names
+    meta: dict  # ours: {"format", "recipe", "model"}; {} for foreign files
+    kind: str  # vitcli | timm | npz | hub
+    path: str
+    # evidence the source itself carries: npz query kernels, a Hub model's attn.num_heads; 0 = none
+    num_heads: int = 0
+
+
+def read_checkpoint(src: str) -> Loaded:
+    """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
+    src = str(src)
+    path = Path(src).expanduser()
+    if path.is_dir():
+        if not (path / MODEL_FILE).is_file():
+            raise CheckpointError(
+                f"{path} has no {MODEL_FILE}; pass a finished vitcli workdir or a weights file"
+            )
+        path = path / MODEL_FILE
+    if path.is_file():
+        stat = path.stat()  # an atomic rewrite is a new inode; an in-place one changes mtime or size
+        return _read_cached(str(path.resolve()), (stat.st_ino, stat.st_mtime_ns, stat.st_size))
+    looks_like_file = "/" in src or path.suffix.lower() in (".safetensors", ".npz", *PICKLE_SUFFIXES)
+    if src.startswith(HUB_PREFIXES) or not looks_like_file:
+        return _read_cached(src, None)
+    hint = f" (for a Hub model write hf-hub:{src})" if src.count("/") == 1 and not path.suffix else ""
+    raise CheckpointError(f"checkpoint not found: {src}{hint}")
+
+
+@functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory
+def _read_cached(src: str, version: tuple[int, int, int] | None) -> Loaded:
+    """A resolved file path with its (inode, mtime_ns, size), or a Hub name with None."""
+    return _read_hub(src) if version is None else _read_file(Path(src))
+
+
+def _read_file(path: Path) -> Loaded:
+    """One file by its format, told by its first bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
+    is_pickle = head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS
+    if path.suffix.lower() in PICKLE_SUFFIXES or is_pickle or any(n.endswith(".pkl") for n in names):
+        raise _pickle_refusal(path)  # torch.save writes a zip holding data.pkl (or, legacy, a bare pickle)
+    if names and all(n.endswith(".npy") for n in names):
+        return _read_npz(path)
+    # safetensors: 8-byte little-endian header length, then the JSON header
+    if path.suffix.lower() == ".safetensors" or head[8:9] == b"{":
+        state_dict, meta = load_weights(path)
+        ours = str(meta.get("format", "")).startswith("vitcli")
+        return Loaded(state_dict, meta if ours else {}, "vitcli" if ours else "timm", str(path))
+    raise CheckpointError(
+        f"{path}: unknown weights format; expected .safetensors, a Google .npz or a workdir"
+    )
+
+
+def _zip_names(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return []
+
+
+def _pickle_refusal(path: Path) -> CheckpointError:
+    out = path.with_suffix(".safetensors")
+    return CheckpointError(
+        f"{path} is a pickle file, which can run arbitrary code, so it is not loaded; convert it once with: "
+        f'python -c "import torch; from safetensors.torch import save_file; '
+        f"sd = torch.load('{path}', map_location='cpu', weights_only=True); "
+        f"sd = sd.get('state_dict', sd.get('model', sd)); "
+        f"save_file({{k: v.contiguous() for k, v in sd.items()}}, '{out}')\""
+    )
+
+
+def _read_npz(path: Path) -> Loaded:
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot read as a numpy .npz without pickle ({e})") from None
+    state_dict, num_heads = npz_to_timm(arrays, str(path))
+    return Loaded(state_dict, {}, "npz", str(path), num_heads)
+
+
+def _read_hub(name: str) -> Loaded:
+    """A Hub / timm name, built by timm with its pretrained weights (timm downloads and caches them)."""
+    model_name = f"hf-hub:{name}" if name.startswith("timm/") else name
+    try:
+        model = timm.create_model(model_name, pretrained=True)
+    except RuntimeError as e:
+        if "Unknown model" in str(e):
+            raise CheckpointError(f"'{name}' is not a file, a workdir or a timm model name") from None
+        raise CheckpointError(f"cannot load {name}: {str(e).splitlines()[0]}") from None
+    except (OSError, ValueError) as e:  # huggingface_hub's LocalEntryNotFoundError is an OSError
+        offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+        why = "offline" if offline else (str(e).splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"cannot download {name}: {why}; pass a local file") from None
+    return Loaded(model.state_dict(), {}, "hub", name, _attention_heads(model))
+
+
+def _attention_heads(model: nn.Module) -> int:
+    """The first block's attn.num_heads, 0 for models without ViT blocks."""
+    blocks = getattr(model, "blocks", None)
+    return int(getattr(getattr(blocks[0], "attn", None), "num_heads", 0)) if blocks else 0

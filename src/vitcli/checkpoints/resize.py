@@ -1,0 +1,176 @@
+"""Checkpoint surgery: resize a checkpoint's position embedding to a new resolution, offline, once.
+
+Reads anything `read_checkpoint` reads; `describe` says its patch size, grid, table kind and prefix rows
+(the heads are not needed, so a file whose heads are unknown resizes too). Our own checkpoints keep their
+metadata with model.img_size (and the recipe's) moved to the new size, so they rebuild there; foreign ones
+come out as timm-layout safetensors that timm's VisionTransformer at the new img_size loads with strict=True.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from rich.table import Table
+from safetensors.torch import save_file
+
+from vitcli.checkpoints.describe import CheckpointSpec, describe
+from vitcli.checkpoints.files import atomic_path, save_weights
+from vitcli.checkpoints.fit import AXIS_TABLES
+from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.errors import CheckpointError
+from vitcli.metrics import stdout
+from vitcli.posemb import check_method, grid_for, resample_axis, resample_posemb, sincos_2d
+
+RESIZED = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
+
+
+def resize_checkpoint(
+    src: str,
+    *,
+    new_grid: tuple[int, int] | None = None,
+    res: int | None = None,
+    patch_size: int | None = None,
+    method: str = "bilinear",
+    out: str | None = None,
+    dry_run: bool = False,
+) -> list[tuple[str, str]]:
+    """Resize the position embedding of `src` to `new_grid` (or res / patch) and write `out` atomically.
+
+    `out` defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source. Returns (what, detail) rows:
+    old and new grid, and old and new shape of every resized tensor.
+    """
+    _check_request(new_grid, res, patch_size, method, out)
+    loaded = read_checkpoint(src)
+    spec = describe(loaded)
+    patch = _patch_size(spec, patch_size)
+    new = tuple(new_grid) if new_grid is not None else grid_for(res, patch)
+    old = _old_grid(loaded.state_dict, spec)
+    rows = [
+        ("grid", f"{old[0]}x{old[1]} -> {new[0]}x{new[1]} (patch {patch}, {spec.pos_embed}, {method})"),
+        ("img_size", f"{old[0] * patch}x{old[1] * patch} -> {new[0] * patch}x{new[1] * patch}"),
+    ]
+    sd = dict(loaded.state_dict)  # the read is cached and shared: replace entries, never change them
+    rows += _resize(sd, spec, old, new, method)
+    meta = _new_meta(loaded, new, patch)
+    target = Path(out) if out else _default_out(loaded, new)
+    if not dry_run:
+        _write(target, sd, meta, loaded.kind == "vitcli")
+    rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))
+    return rows
+
+
+def _check_request(new_grid, res, patch_size, method: str, out: str | None) -> None:
+    """Everything about the request that is wrong whatever the checkpoint holds, before anything is read."""
+    if (new_grid is None) == (res is None):
+        raise CheckpointError("give exactly one of a new grid (HxW) or a new resolution")
+    check_method(method)
+    if new_grid is not None and (len(new_grid) != 2 or min(new_grid) <= 0):
+        raise CheckpointError(f"grid {new_grid}: expected two positive sides (H, W)")
+    if res is not None and res <= 0:
+        raise CheckpointError(f"resolution {res}: expected a positive number of pixels")
+    if res is not None and patch_size:
+        grid_for(res, patch_size)  # a ModelError naming a resolution that fits
+    if out is not None and Path(out).suffix != ".safetensors":
+        raise CheckpointError(f"output {out}: the output is safetensors; name it *.safetensors")
+    if out is not None and Path(out).is_dir():
+        raise CheckpointError(f"output {out} is a directory; name a *.safetensors file")
+
+
+def _patch_size(spec: CheckpointSpec, given: int | None) -> int:
+    """The checkpoint's patch size; --patch must agree, and is needed only when the checkpoint cannot tell."""
+    if given is not None and spec.patch_size and spec.patch_size != given:
+        raise CheckpointError(
+            f"patch size {given} given, but the checkpoint's patch embedding is "
+            f"{spec.patch_size}x{spec.patch_size}; only the position embedding is resized, so drop --patch"
+        )
+    if not spec.patch_size and given is None:
+        raise CheckpointError("the checkpoint has no patch_embed.proj.weight; give the patch size (--patch)")
+    return spec.patch_size or given
+
+
+def _old_grid(sd: dict, spec: CheckpointSpec) -> tuple[int, int]:
+    """The grid the checkpoint's position tables span; an error when nothing tells it."""
+    if spec.grid is not None:
+        return spec.grid
+    if spec.pos_embed == "none" or "pos_embed" not in sd:
+        raise CheckpointError("the checkpoint has no position embedding, so there is nothing to resize")
+    grid = sd["pos_embed"].shape[1] - spec.num_prefix_tokens
+    raise CheckpointError(
+        f"pos_embed {tuple(sd['pos_embed'].shape)}: {grid} grid rows is not a square, "
+        "so the old grid is unknown"
+    )
+
+
+def _resize(sd: dict, spec: CheckpointSpec, old: tuple[int, int], new: tuple[int, int], method: str) -> list:
+    """Replace the position tensors of `sd`; report rows (tensor, old shape -> new shape)."""
+    keys = RESIZED.get(spec.pos_embed, ())
+    before = {k: tuple(sd[k].shape) for k in keys}
+    prefix = spec.num_prefix_tokens
+    if spec.pos_embed == "learned_1d":
+        sd["pos_embed"] = resample_posemb(sd["pos_embed"], old, new, prefix, method)
+    elif spec.pos_embed == "sincos_2d" and old != new:  # fixed: recompute at the new grid, keep prefix
+        pe = sd["pos_embed"]  # (1, P+N, D)
+        sd["pos_embed"] = torch.cat([pe[:, :prefix], sincos_2d(new, pe.shape[-1]).to(pe.dtype)], dim=1)
+    elif spec.pos_embed == "learned_2d":
+        for key, axis in AXIS_TABLES.items():
+            sd[key] = resample_axis(sd[key], new[axis], method)
+    return [(k, f"{before[k]} -> {tuple(sd[k].shape)}") for k in keys]
+
+
+def _new_meta(loaded: Loaded, new: tuple[int, int], patch: int) -> dict:
+    """Our metadata with model.img_size (spec and recipe) at the new size; foreign files carry none."""
+    if loaded.kind != "vitcli":
+        return {}
+    h, w = new[0] * patch, new[1] * patch
+    if h != w:
+        raise CheckpointError(
+            f"grid {new[0]}x{new[1]} gives a {h}x{w} image, but model.img_size is one number; "
+            "pick a square grid"
+        )
+    meta = {k: copy.deepcopy(v) for k, v in loaded.meta.items() if k != "format"}
+    if isinstance(meta.get("model"), dict):
+        meta["model"]["img_size"] = h
+    if isinstance(meta.get("recipe"), dict) and isinstance(meta["recipe"].get("model"), dict):
+        meta["recipe"]["model"]["img_size"] = h
+    return meta
+
+
+def _default_out(loaded: Loaded, new: tuple[int, int]) -> Path:
+    """`<stem>_<gh>x<gw>.safetensors` beside the source file (in the current directory for a Hub name)."""
+    if loaded.kind == "hub":
+        stem, parent = loaded.path.replace("/", "_").replace(":", "_"), Path(".")
+    else:
+        stem, parent = Path(loaded.path).stem, Path(loaded.path).parent
+    return parent / f"{stem}_{new[0]}x{new[1]}.safetensors"
+
+
+def _write(path: Path, sd: dict, meta: dict, ours: bool) -> None:
+    if ours:
+        save_weights(path, sd, meta)
+        return
+    with atomic_path(path) as tmp:  # timm's own safetensors metadata, so it reads back as a timm file
+        save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(tmp), metadata={"format": "pt"})
+
+
+def parse_grid(text: str) -> tuple[int, int]:
+    """`24x16` -> (24, 16); a one-line error for anything that is not a rectangle of positive sides."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise CheckpointError(f"--grid {text!r}: expected HxW with positive integers, e.g. 24x24")
+    return int(parts[0]), int(parts[1])
+
+
+def run_resize(src: str, *, out, res, grid, patch, method: str, dry_run: bool) -> list[tuple[str, str]]:
+    """`vit resize-posemb`: validate the flags, resize, and show what changed as a table."""
+    if method not in ("bilinear", "bicubic"):
+        raise CheckpointError(f"--method {method!r}: expected bilinear or bicubic")
+    new_grid = parse_grid(grid) if grid else None
+    rows = resize_checkpoint(src, new_grid=new_grid, res=res, patch_size=patch, method=method,
+                             out=str(out) if out else None, dry_run=dry_run)
+    table = Table(title="resize-posemb", show_header=False)
+    for what, detail in rows:
+        table.add_row(what, detail)
+    stdout.print(table)
+    return rows

@@ -26,11 +26,12 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from vitcli import data, features, fewshot, models, tasks  # noqa: E402
+from vitcli import data, models, tasks  # noqa: E402
 from vitcli.dist import setup  # noqa: E402
+from vitcli.fewshot import features, solver  # noqa: E402
 from vitcli.metrics import read_metrics  # noqa: E402
-from vitcli.recipe import load_recipe  # noqa: E402
-from vitcli.stages import run_training  # noqa: E402
+from vitcli.resolve import resolve  # noqa: E402
+from vitcli.stages.run import one_run  # noqa: E402
 
 QUICK = Path(__file__).resolve().parents[1] / "recipes/quickstart/pretrain.yaml"
 STEPS, BATCH = 120, 128
@@ -62,7 +63,7 @@ def bare_train(recipe, precision: str) -> float:
 def ours_train(recipe) -> float:
     """Images/s of `vit pretrain` as logged in metrics.jsonl, after the first logging window."""
     with tempfile.TemporaryDirectory() as d:
-        run_training(recipe, Path(d))
+        one_run(recipe, Path(d))
         rows = [r["train/img_per_s"] for r in read_metrics(Path(d) / "metrics.jsonl") if "train/img_per_s" in r]
     return float(np.mean(rows[1:]))
 
@@ -89,7 +90,7 @@ def extraction(recipe) -> tuple[float, float]:
 
 def vit_b16_rate() -> float:
     """Images/s of ViT-B/16 pre-logits at 224 px on this machine (fp32, batch 32)."""
-    model = models.build_model(load_recipe(None, ["model.name=ViT-B/16"]).model, 0).eval()
+    model = models.build_model(resolve("pretrain", None, ["model.name=ViT-B/16"]).model, 0).eval()
     x = torch.randn(32, 3, 224, 224)
     with torch.inference_mode():
         features.pre_logits(model, x)
@@ -112,28 +113,30 @@ def vtab_solves() -> tuple[float, int]:
             x = rng.standard_normal((len(labels), 768)).astype(np.float32)
             for _ in range(3):
                 t0 = time.perf_counter()
-                cache = fewshot.precompute(x)
-                w = fewshot.solve(cache, fewshot.targets(labels, k_cls), fewshot.DEFAULT_L2_REG)
-                fewshot.predict(cache, w, x_test).argmax(1)
+                cache = solver.precompute(x)
+                w = solver.solve(cache, solver.targets(labels, k_cls), solver.DEFAULT_L2_REG)
+                solver.predict(cache, w, x_test).argmax(1)
                 seconds += time.perf_counter() - t0
     return seconds, images
 
 
 def main() -> None:
-    r = load_recipe(QUICK, [f"schedule.steps={STEPS}", "schedule.warmup_steps=10", "data.val_split=",
-                            "data.test_split=", "run.log_every=20", f"data.batch_size={BATCH}",
-                            "data.synthetic.train_size=4096"])
+    r = resolve("pretrain", QUICK, [f"schedule.steps={STEPS}", "schedule.warmup_steps=10", "data.val_split=",
+                                    "data.test_split=", "run.log_every=20", f"data.batch_size={BATCH}",
+                                    "data.synthetic.train_size=4096"])
     results = {"torch_threads": torch.get_num_threads()}
     results["train_bare_img_s"] = bare_train(r, "fp32")
     results["train_ours_img_s"] = ours_train(r)
     results["train_ratio"] = results["train_ours_img_s"] / results["train_bare_img_s"]
     results["train_bare_bf16_img_s"] = bare_train(r, "bf16")
     results["bf16_over_fp32"] = results["train_bare_bf16_img_s"] / results["train_bare_img_s"]
-    ours, bare = extraction(load_recipe(QUICK, ["data.eval_batch_size=256", "data.synthetic.test_size=4096"]))
+    ours, bare = extraction(resolve("pretrain", QUICK, ["data.eval_batch_size=256",
+                                                        "data.synthetic.test_size=4096"]))
     results.update(extract_ours_img_s=ours, extract_bare_img_s=bare, extract_ratio=ours / bare)
     # The same comparison where the model, not PNG decoding, is the cost: ViT-S/16 at 224 px.
-    vit_s = load_recipe(None, ["model.name=ViT-S/16", "model.img_size=224", "data.synthetic.img_size=224",
-                               "data.synthetic.test_size=256", "data.eval_batch_size=64"])
+    vit_s = resolve("pretrain", None, ["model.name=ViT-S/16", "model.img_size=224",
+                                       "data.synthetic.img_size=224", "data.synthetic.test_size=256",
+                                       "data.eval_batch_size=64"])
     ours, bare = extraction(vit_s)
     results.update(extract_vit_s16_ours_img_s=ours, extract_vit_s16_bare_img_s=bare,
                    extract_vit_s16_ratio=ours / bare)

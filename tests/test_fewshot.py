@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from vitcli import fewshot as fs
 from vitcli.errors import DataError
+from vitcli.fewshot import solver as fs
 
 RTOL = 1e-6  # float64 eigendecomposition vs float64 direct solve
 
@@ -44,7 +44,15 @@ def test_accuracy_matches_direct_pipeline(n, d):
     w = np.linalg.solve(big_x.T @ big_x + 1024.0 * np.eye(d + 1), big_x.T @ (2.0 * np.eye(4)[labels] - 1.0))
     expected = np.mean((_augmented(x, x_test) @ w).argmax(1) == y_test)
     assert 0.0 < expected < 1.0
-    assert fs.fewshot_accuracy(x, labels, x_test, y_test, num_classes=4) == pytest.approx(expected)
+    accuracy, l2 = fs.score(x, labels, x_test, y_test, num_classes=4)
+    assert (accuracy, l2) == (pytest.approx(expected), 1024.0)
+
+
+def test_auto_l2_scores_with_the_leave_one_out_choice():
+    x, labels = _problem(60, 10, k=3, spread=0.6)
+    x_test, y_test = _problem(90, 10, k=3, seed=0, spread=0.6)
+    chosen = fs.choose_l2(fs.precompute(x), fs.targets(labels, 3))[0]
+    assert fs.score(x, labels, x_test, y_test, 3, "auto") == fs.score(x, labels, x_test, y_test, 3, chosen)
 
 
 @pytest.mark.parametrize("n,d", [(60, 10), (30, 50)], ids=["primal", "dual"])
@@ -111,10 +119,10 @@ def test_non_finite_features_name_the_set():
     bad = x.copy()
     bad[3, 2] = np.nan
     with pytest.raises(DataError, match="train features contain NaN or inf in 1 of 20 rows"):
-        fs.fewshot_accuracy(bad, labels, x, labels, num_classes=2)
+        fs.score(bad, labels, x, labels, num_classes=2)
     bad[3, 2] = np.inf
     with pytest.raises(DataError, match="test features contain NaN or inf"):
-        fs.fewshot_accuracy(x, labels, bad, labels, num_classes=2)
+        fs.score(x, labels, bad, labels, num_classes=2)
 
 
 def test_test_features_of_another_width_are_rejected():

@@ -6,11 +6,15 @@ import sys
 
 import pytest
 import torch
+from safetensors.numpy import load_file
 
-from vitcli import checkpoint, cli, models
-from vitcli.fewshot_eval import run_fewshot
-from vitcli.recipe import load_recipe
-from vitcli.stages import run_training
+from vitcli import cli, models, tasks
+from vitcli.checkpoints import files
+from vitcli.fewshot import features, solver
+from vitcli.fewshot.evaluate import data_id
+from vitcli.resolve import resolve
+from vitcli.stages.fewshot import eval_fewshot
+from vitcli.stages.run import one_run
 
 TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "model.depth=2",
               "model.num_heads=2", "model.mlp_dim=64"]
@@ -24,21 +28,21 @@ FEWSHOT = ["fewshot.tasks=synthetic", "fewshot.shots=1,5", "fewshot.seeds=2", "d
 def pretrained(tmp_path_factory):
     """A tiny ViT pretrained for a few hundred steps on the built-in data (6 classes), and its random twin."""
     root = tmp_path_factory.mktemp("fewshot")
-    r = load_recipe(None, TINY_MODEL + DATA + [
+    r = resolve("pretrain", None, TINY_MODEL + DATA + [
         "data.synthetic.num_classes=6", "data.synthetic.train_size=1200", "data.val_split=", "data.test_split=",
         "data.batch_size=64", "optim.lr=3e-3", "optim.weight_decay=0.0", "schedule.steps=300",
-        "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50"], stage="pretrain")
-    run_training(r, root / "pre")
+        "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50"])
+    one_run(r, root / "pre")
     torch.manual_seed(0)
     rand = models.build_model(r.model, 6)
-    checkpoint.save_weights(root / "random.safetensors", rand.state_dict(),
+    files.save_weights(root / "random.safetensors", rand.state_dict(),
                             {"model": models.model_spec(r.model, 6)})
     return root
 
 
 def fewshot(ckpt, workdir, *extra):
-    r = load_recipe(None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra])
-    return run_fewshot(r, workdir)
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra])
+    return eval_fewshot(r, workdir)
 
 
 def mean_acc(rows, shots):
@@ -89,10 +93,10 @@ def test_too_few_examples_skips_only_that_shot_count(pretrained, tmp_path):
 
 
 def test_fewshot_inside_pretraining_lands_in_metrics(tmp_path):
-    r = load_recipe(None, TINY_MODEL + DATA + FEWSHOT + [
+    r = resolve("pretrain", None, TINY_MODEL + DATA + FEWSHOT + [
         "data.val_split=", "data.test_split=", "data.batch_size=32", "schedule.steps=4",
-        "schedule.warmup_steps=1", "fewshot.every=2"], stage="pretrain")
-    run_training(r, tmp_path)
+        "schedule.warmup_steps=1", "fewshot.every=2"])
+    one_run(r, tmp_path)
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "fewshot/synthetic/5shot" in row]
     assert steps == [2, 4]
@@ -124,3 +128,20 @@ def test_cache_key_follows_the_builtin_data_config(pretrained, tmp_path):
     b = fewshot(pretrained / "pre", tmp_path / "2", f"fewshot.cache_dir={cache}", "data.synthetic.seed=6")
     assert len(list(cache.glob("*.safetensors"))) == 4, "other images, other features"
     assert a != b
+
+
+def test_every_row_is_the_tested_score_function_on_the_cached_features(pretrained, tmp_path):
+    """The production path scores with solver.score, the function tests/test_fewshot.py holds against a
+    direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
+    rows = fewshot(pretrained / "pre", tmp_path)
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    pre = {"img_size": 32, "resize": round(32 * 256 / 224), "precision": "fp32"}
+    task = f"synthetic:{data_id(tasks.synthetic_task(6), r)}"
+    weights = features.weights_id(pretrained / "pre")
+    (x_tr, y_tr), (x_te, y_te) = [
+        (a["features"], a["labels"]) for a in
+        (load_file(str(tmp_path / "features" / f"{features.cache_key(weights, task, split, pre)}.safetensors"))
+         for split in ("train", "test"))]
+    for row in rows:
+        idx = solver.sample_shots(y_tr, row["shots"], row["seed"], 6)
+        assert solver.score(x_tr[idx], y_tr[idx], x_te, y_te, 6, 1024.0) == (row["accuracy"], row["l2_reg"])

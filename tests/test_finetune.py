@@ -20,12 +20,15 @@ from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
-from vitcli import checkpoint, stages, weights
 from vitcli import dist as dist_mod
+from vitcli.checkpoints import files, fit
 from vitcli.models import build_model, model_from_spec, model_spec
-from vitcli.recipe import ModelConfig, Recipe, load_recipe, to_dict
-from vitcli.stages import run_training
-from vitcli.transfer import adopt_architecture, load_init, run_finetune, sweep
+from vitcli.recipe import ModelConfig, Recipe, to_dict
+from vitcli.resolve import resolve
+from vitcli.stages import sweep as sweep_mod
+from vitcli.stages.finetune import finetune
+from vitcli.stages.run import one_run
+from vitcli.transfer import load_init
 
 TINY_MODEL = {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
 DATA = [
@@ -74,7 +77,7 @@ def save_tiny_checkpoint(workdir, *, img_size=32, num_classes=5, representation_
     model = build_model(cfg, num_classes)
     torch.nn.init.ones_(model.head.bias)  # so a zero head after loading is the loader's doing
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, num_classes)}
-    checkpoint.save_weights(workdir / checkpoint.MODEL_FILE, model.state_dict(), meta)
+    files.save_weights(workdir / files.MODEL_FILE, model.state_dict(), meta)
     return workdir
 
 
@@ -117,26 +120,26 @@ def data(tmp_path_factory):
 def pretrained(tmp_path_factory, data):
     """200 AdamW steps at 32 px (4x4 grid, learned_1d): ~97% test top-1 on the quadrant task."""
     workdir = tmp_path_factory.mktemp("pretrain")
-    r = load_recipe(None, COMMON + [
+    r = resolve("pretrain", None, COMMON + [
         f"data.source={data[32]}", "model.img_size=32", "model.pos_embed=learned_1d", "data.batch_size=64",
         "optim.lr=3e-3", "optim.weight_decay=0.0", "schedule.steps=200", "schedule.warmup_steps=5",
         "schedule.decay=cosine",
-    ], stage="pretrain")
-    return workdir, run_training(r, workdir, resume=False)
+    ])
+    return workdir, one_run(r, workdir, resume=False)
 
 
 def finetune_recipe(source, init, *extra):
     """20 SGD steps at 64 px (8x8 grid) on new images, from `init`; the stage defaults do the rest."""
-    return load_recipe(None, COMMON + [
+    return resolve("finetune", None, COMMON + [
         f"data.source={source}", "model.img_size=64", "data.batch_size=32", "schedule.steps=20",
         "schedule.warmup_steps=2", f"init.checkpoint={init}", *extra,
-    ], stage="finetune")
+    ])
 
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, data, pretrained):
     workdir = tmp_path_factory.mktemp("finetune")
-    return workdir, run_finetune(finetune_recipe(data[64], pretrained[0]), workdir, resume=False)
+    return workdir, finetune(finetune_recipe(data[64], pretrained[0]), workdir, resume=False)
 
 
 # ---------------------------------------------------------------- 1. zero logits at step 0
@@ -146,7 +149,6 @@ def finetuned(tmp_path_factory, data, pretrained):
 def test_zero_head_gives_exactly_zero_logits_at_step_0(tmp_path, keep_representation):
     init = save_tiny_checkpoint(tmp_path / "pre", representation_size=16)
     r = finetune_recipe("synthetic", init, f"init.keep_representation={keep_representation}")
-    adopt_architecture(r)
     model = build_model(r.model, 3)
     rows = dict(load_init(model, r, 3, dist_mod.setup("cpu")))
     model.eval()
@@ -156,7 +158,7 @@ def test_zero_head_gives_exactly_zero_logits_at_step_0(tmp_path, keep_representa
     assert not model.head.weight.any() and not model.head.bias.any()
     features = model.forward_head(model.forward_features(x), pre_logits=True)
     assert features.abs().sum() > 0, "zero logits must come from the head, not from a dead network"
-    saved, _ = checkpoint.load_weights(init / checkpoint.MODEL_FILE)
+    saved, _ = files.load_weights(init / files.MODEL_FILE)
     assert torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"], saved["blocks.0.attn.qkv.weight"])
     if keep_representation:
         assert torch.equal(model.pre_logits.fc.weight, saved["pre_logits.fc.weight"])
@@ -188,12 +190,12 @@ def reinitialised(posemb, old_grid, new_grid, num_prefix_tokens, method="bilinea
 def test_interpolated_posemb_beats_not_interpolated(tmp_path, monkeypatch, data, pretrained, finetuned,
                                                     baseline):
     workdir, results = finetuned
-    assert (workdir / checkpoint.MODEL_FILE).is_file()
-    sd, _ = checkpoint.load_weights(workdir / checkpoint.MODEL_FILE)
+    assert (workdir / files.MODEL_FILE).is_file()
+    sd, _ = files.load_weights(workdir / files.MODEL_FILE)
     assert sd["pos_embed"].shape == (1, 1 + 8 * 8, 32)
 
-    monkeypatch.setattr(weights, "resample_posemb", baseline)
-    other = run_finetune(finetune_recipe(data[64], pretrained[0]), tmp_path, resume=False)
+    monkeypatch.setattr(fit, "resample_posemb", baseline)
+    other = finetune(finetune_recipe(data[64], pretrained[0]), tmp_path, resume=False)
     # measured over pretrain seeds 0-2 x 1-2 threads: interpolated 0.82-1.00, zero-padded 0.47-0.52,
     # re-initialised 0.25-0.28 (chance); the smallest gap was 0.31
     assert results["test/top1"] >= other["test/top1"] + 0.2, (results, other)
@@ -203,7 +205,6 @@ def test_interpolated_posemb_beats_not_interpolated(tmp_path, monkeypatch, data,
 
 def test_load_table_reports_the_grid_resize(data, pretrained):
     r = finetune_recipe(data[64], pretrained[0])
-    adopt_architecture(r)
     rows = load_init(build_model(r.model, 4), r, 4, dist_mod.setup("cpu"))
     detail = dict(rows)["position embedding"]
     assert "(1, 17, 32) -> (1, 65, 32)" in detail and "4x4 -> 8x8" in detail, rows
@@ -214,11 +215,11 @@ def test_load_table_reports_the_grid_resize(data, pretrained):
 
 def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetuned):
     workdir, _ = finetuned
-    sd, meta = checkpoint.load_weights(workdir / checkpoint.MODEL_FILE)
+    sd, meta = files.load_weights(workdir / files.MODEL_FILE)
     ours = model_from_spec(meta["model"]).eval()
     ours.load_state_dict(sd, strict=True)
     theirs = timm_vit(meta["model"]).eval()
-    theirs.load_state_dict(load_file(str(workdir / checkpoint.MODEL_FILE)), strict=True)
+    theirs.load_state_dict(load_file(str(workdir / files.MODEL_FILE)), strict=True)
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(theirs(x), ours(x), rtol=1e-5, atol=1e-5)
@@ -250,17 +251,16 @@ def test_resize_posemb_dry_run_shows_both_grids_and_writes_nothing(tmp_path, mon
 def test_resized_checkpoint_loads_in_timm_and_finetune_at_the_new_size(tmp_path, monkeypatch, capsys, data,
                                                                         resized):
     _, out = resized
-    sd, meta = checkpoint.load_weights(out)
+    sd, meta = files.load_weights(out)
     assert sd["pos_embed"].shape == (1, 1 + 8 * 8, 32) and meta["model"]["img_size"] == 64
     timm_vit(meta["model"]).load_state_dict(sd, strict=True)
 
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", out, "--workdir", tmp_path / "ft",
                            *finetune_args(data), "schedule.steps=2")
     assert code == 0, err
-    tuned, _ = checkpoint.load_weights(tmp_path / "ft" / checkpoint.MODEL_FILE)
+    tuned, _ = files.load_weights(tmp_path / "ft" / files.MODEL_FILE)
     assert tuned["pos_embed"].shape == (1, 65, 32)
     r = finetune_recipe(data[64], out)
-    adopt_architecture(r)
     model = build_model(r.model, 4)
     rows = dict(load_init(model, r, 4, dist_mod.setup("cpu")))
     assert "position embedding" not in rows, "already at 8x8: nothing left to resize"
@@ -272,8 +272,8 @@ def test_resizing_back_with_grid_restores_the_original_shape(tmp_path, monkeypat
     back = tmp_path / "x32.safetensors"
     code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", out, "--grid", "4x4", "--out", back)
     assert code == 0, err
-    original, _ = checkpoint.load_weights(src / checkpoint.MODEL_FILE)
-    restored, meta = checkpoint.load_weights(back)
+    original, _ = files.load_weights(src / files.MODEL_FILE)
+    restored, meta = files.load_weights(back)
     assert restored["pos_embed"].shape == original["pos_embed"].shape and meta["model"]["img_size"] == 32
     # bilinear with aligned corners keeps the class row and the four corner positions through 4 -> 8 -> 4
     rows = [0, *(1 + i for i in (0, 3, 12, 15))]
@@ -304,16 +304,16 @@ def test_init_pickle_is_refused_with_the_conversion(tmp_path, monkeypatch, capsy
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", pickle, "--workdir", tmp_path / "w",
                            *finetune_args(data))
     assert_one_line_error(code, err, str(pickle), "pickle", "save_file", "x.safetensors")
-    assert not (tmp_path / "w" / checkpoint.MODEL_FILE).exists()
+    assert not (tmp_path / "w" / files.MODEL_FILE).exists()
 
 
 def mismatch_vitcli(tmp_path) -> tuple:
     """Our checkpoint with one tensor's shape tampered: the recipe in it says mlp_dim 64, fc1 has 48 rows."""
     init = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
-    sd, meta = checkpoint.load_weights(init / checkpoint.MODEL_FILE)
+    sd, meta = files.load_weights(init / files.MODEL_FILE)
     sd["blocks.0.mlp.fc1.weight"] = sd["blocks.0.mlp.fc1.weight"][:48]
     meta.pop("format")
-    checkpoint.save_weights(init / checkpoint.MODEL_FILE, sd, meta)
+    files.save_weights(init / files.MODEL_FILE, sd, meta)
     return init, [], sd, build_model(ModelConfig(img_size=64, **TINY_MODEL), 4)
 
 
@@ -361,7 +361,7 @@ def test_resolution_valid_for_the_checkpoints_patch_is_accepted(tmp_path, monkey
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
                            *args, "schedule.steps=2", "--res", 40)
     assert code == 0, err
-    sd, _ = checkpoint.load_weights(tmp_path / "w" / checkpoint.MODEL_FILE)
+    sd, _ = files.load_weights(tmp_path / "w" / files.MODEL_FILE)
     assert sd["pos_embed"].shape == (1, 1 + 5 * 5, 32)
 
 
@@ -394,13 +394,13 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
                 0.001: {"val/top1": 0.6, "test/top1": 0.8}}
     seen = []
 
-    def fake_training(recipe, workdir, resume=None):
+    def fake_training(recipe, workdir, dist, resume=None):
         seen.append((recipe.optim.lr, workdir.name))
         return outcomes[recipe.optim.lr]
 
-    monkeypatch.setattr(stages, "run_training", fake_training)
+    monkeypatch.setattr(sweep_mod, "run_training", fake_training)
     r = finetune_recipe("synthetic", "", "data.val_split=validation", "optim.lr=0.5")
-    summary = sweep(r, tmp_path, list(outcomes))
+    summary = sweep_mod.sweep(r, tmp_path, list(outcomes), dist_mod.setup("cpu"))
     assert seen == [(0.1, "lr_0.1"), (0.01, "lr_0.01"), (0.001, "lr_0.001")]
     assert r.optim.lr == 0.5, "each run trains a copy; the caller's recipe is untouched"
     best = max(outcomes, key=lambda lr: outcomes[lr]["val/top1"])

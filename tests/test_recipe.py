@@ -1,18 +1,13 @@
 """Recipes: precedence, coercion, strictness, cross-field checks, and every shipped recipe resolving."""
 
+import re
 from pathlib import Path
 
 import pytest
 
 from vitcli.errors import RecipeError
-from vitcli.recipe import (
-    accumulation_steps,
-    load_recipe,
-    parse_overrides,
-    recipe_from_dict,
-    to_dict,
-    to_yaml,
-)
+from vitcli.recipe import accumulation_steps, parse_overrides, recipe_from_dict, to_dict, to_yaml
+from vitcli.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +20,7 @@ def write(tmp_path, text, name="r.yaml"):
 
 def test_precedence_defaults_then_file_then_overrides(tmp_path):
     p = write(tmp_path, "optim:\n  lr: 3.0e-3\n  weight_decay: 0.3\nschedule:\n  steps: 100\n  warmup_steps: 5\n")
-    r = load_recipe(p, ["optim.lr=1e-4"])
+    r = resolve("pretrain", p, ["optim.lr=1e-4"])
     assert r.optim.lr == pytest.approx(1e-4)  # override beats file
     assert r.optim.weight_decay == pytest.approx(0.3)  # file beats default
     assert r.optim.beta2 == pytest.approx(0.999)  # default survives
@@ -34,18 +29,18 @@ def test_precedence_defaults_then_file_then_overrides(tmp_path):
 def test_yaml_string_floats_are_coerced(tmp_path):
     # PyYAML reads 1e-3 (no dot) as the string "1e-3".
     p = write(tmp_path, "optim:\n  lr: 1e-3\nschedule:\n  steps: 1e4\n  warmup_steps: 10\n")
-    r = load_recipe(p)
+    r = resolve("pretrain", p)
     assert isinstance(r.optim.lr, float) and r.optim.lr == pytest.approx(1e-3)
     assert r.schedule.steps == 10000 and isinstance(r.schedule.steps, int)
 
 
 def test_list_override_from_comma_string():
-    r = load_recipe(None, ["fewshot.shots=1,5,10", "schedule.steps=10", "schedule.warmup_steps=1"])
+    r = resolve("pretrain", None, ["fewshot.shots=1,5,10", "schedule.steps=10", "schedule.warmup_steps=1"])
     assert r.fewshot.shots == [1, 5, 10]
 
 
 def test_finetune_stage_defaults_are_the_paper_protocol():
-    r = load_recipe(None, ["schedule.steps=1000"], stage="finetune")
+    r = resolve("finetune", None, ["schedule.steps=1000"])
     assert (r.optim.name, r.optim.momentum, r.optim.weight_decay, r.optim.clip_grad_norm) == ("sgd", 0.9, 0.0, 1.0)
     assert (r.data.batch_size, r.model.img_size, r.schedule.decay) == (512, 384, "cosine")
 
@@ -60,14 +55,14 @@ def test_finetune_stage_defaults_are_the_paper_protocol():
         ("data:\n  hflip: maybe\n", "data.hflip: expected bool, got 'maybe'"),
         ("model:\n  pool: max\n", "model.pool: 'max' is not one of token, gap"),
         ("schedule:\n  steps: 10\n  warmup_steps: 10\n", "schedule.warmup_steps=10 must be smaller than schedule.steps=10"),
-        ("model:\n  img_size: 30\n  patch_size: 4\n", "model.img_size=30 is not divisible by model.patch_size=4"),
+        ("model:\n  img_size: 30\n  patch_size: 4\n", "model.img_size=30 is not a multiple of 4, the patch size of custom"),
         ("data:\n  batch_size: 100\n  micro_batch_size: 32\n", "data.batch_size=100 is not divisible"),
     ],
 )
 def test_bad_recipes_name_the_key(tmp_path, text, fragment):
     p = write(tmp_path, text + ("schedule:\n  steps: 100\n  warmup_steps: 1\n" if "schedule" not in text else ""))
     with pytest.raises(RecipeError) as e:
-        load_recipe(p)
+        resolve("pretrain", p)
     assert fragment in str(e.value)
     assert "\n" not in str(e.value)
 
@@ -75,12 +70,12 @@ def test_bad_recipes_name_the_key(tmp_path, text, fragment):
 def test_malformed_yaml_reports_line(tmp_path):
     p = write(tmp_path, "model:\n  depth: 2\n  heads: [1, 2\n")
     with pytest.raises(RecipeError, match=r"malformed YAML at line \d+"):
-        load_recipe(p)
+        resolve("pretrain", p)
 
 
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(RecipeError, match="recipe file not found"):
-        load_recipe(tmp_path / "nope.yaml")
+        resolve("pretrain", tmp_path / "nope.yaml")
 
 
 def test_bad_override_syntax():
@@ -89,7 +84,7 @@ def test_bad_override_syntax():
 
 
 def test_accumulation_steps():
-    r = load_recipe(None, ["data.batch_size=4096", "data.micro_batch_size=64", "schedule.steps=10",
+    r = resolve("pretrain", None, ["data.batch_size=4096", "data.micro_batch_size=64", "schedule.steps=10",
                            "schedule.warmup_steps=1"])
     assert accumulation_steps(r) == 64
     assert accumulation_steps(r, world_size=4) == 16
@@ -98,7 +93,7 @@ def test_accumulation_steps():
 def test_round_trip_through_dict_and_yaml():
     import yaml
 
-    r = load_recipe(None, ["optim.lr=0.02", "fewshot.tasks=a,b", "schedule.steps=10", "schedule.warmup_steps=1"])
+    r = resolve("pretrain", None, ["optim.lr=0.02", "fewshot.tasks=a,b", "schedule.steps=10", "schedule.warmup_steps=1"])
     assert recipe_from_dict(to_dict(r)) == r
     assert recipe_from_dict(yaml.safe_load(to_yaml(r))) == r
 
@@ -106,11 +101,46 @@ def test_round_trip_through_dict_and_yaml():
 @pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml")),
                          ids=str)
 def test_every_shipped_recipe_resolves(path):
-    """Each shipped recipe loads, passes the checks, and names a model the zoo knows (nothing is built)."""
-    from vitcli.models import resolve_model
-
+    """Each shipped recipe resolves for the stage it says (checks passed, model named), nothing is built."""
     text = (REPO / path).read_text()
-    stage = "finetune" if "stage: finetune" in text else "pretrain"
-    r = load_recipe(REPO / path, stage=stage)
-    resolve_model(r.model)
+    stage = next((s for s in ("finetune", "pretrain") if f"stage: {s}" in text), "eval-fewshot")
+    r = resolve(stage, REPO / path)
+    assert r.stage == stage
     assert text.lstrip().startswith("#"), "a shipped recipe starts with a header: what, command, expected result"
+
+
+@pytest.mark.parametrize("command, says", [("pretrain", "finetune"), ("eval-fewshot", "pretrain"),
+                                            ("finetune", "pretrain")])
+def test_a_recipe_for_another_stage_is_refused_naming_both(tmp_path, command, says):
+    p = write(tmp_path, f"stage: {says}\nschedule:\n  steps: 10\n  warmup_steps: 1\n")
+    with pytest.raises(RecipeError) as e:
+        resolve(command, p)
+    assert f"says stage: {says}" in str(e.value) and f"`vit {command}`" in str(e.value)
+
+
+def test_the_command_decides_the_stage_and_its_defaults(tmp_path):
+    p = write(tmp_path, "schedule:\n  steps: 10\n  warmup_steps: 1\n")  # no stage: line
+    assert resolve("eval-fewshot", p).stage == "eval-fewshot"
+    finetune = resolve("finetune", p)
+    assert (finetune.stage, finetune.optim.name, finetune.model.img_size) == ("finetune", "sgd", 384)
+
+
+def test_flags_are_the_top_layer_and_none_means_not_given():
+    r = resolve("pretrain", None, ["model.img_size=64", "schedule.steps=10", "schedule.warmup_steps=1"],
+                {"model.img_size": 96, "fewshot.seeds": None})
+    assert r.model.img_size == 96 and r.fewshot.seeds == 3
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["model.img_size=36", "model.patch_size=8"], "model.img_size=36 is not a multiple of 8"),
+    (["model.embed_dim=30", "model.num_heads=2", "model.pos_embed=sincos_2d"], "model.pos_embed=sincos_2d"),
+    (["model.embed_dim=30", "model.num_heads=4"], "model.embed_dim=30 is not divisible by model.num_heads=4"),
+    (["model.name=BiT-R50x1", "model.representation_size=8"], "representation_size"),
+    (["model.name=T2T-ViT-14", "model.img_size=200"], "model.img_size=200 is not a multiple of 16"),
+    (["model.pos_embed=sincos_1d"], "model.pos_embed: 'sincos_1d' is not one of"),
+    (["init.posemb_method=nearest"], "init.posemb_method: 'nearest' is not one of bilinear, bicubic"),
+    (["fewshot.l2_reg=-1"], "fewshot.l2_reg"),
+])
+def test_impossible_architectures_and_values_are_refused_at_resolve_time(overrides, fragment):
+    with pytest.raises(RecipeError, match=re.escape(fragment)):
+        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", *overrides])

@@ -6,11 +6,12 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vitcli import checkpoint, trainer
-from vitcli.errors import TrainingError
+from vitcli import trainer
+from vitcli.checkpoints import files
+from vitcli.errors import RecipeError, TrainingError
 from vitcli.metrics import read_metrics
-from vitcli.recipe import load_recipe
-from vitcli.stages import run_training
+from vitcli.resolve import resolve
+from vitcli.stages.run import one_run
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -23,12 +24,12 @@ TINY = [
 
 
 def recipe(*extra):
-    return load_recipe(None, TINY + list(extra), stage="pretrain")
+    return resolve("pretrain", None, TINY + list(extra))
 
 
 def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
     # 32 images seen 40 times: a tiny model must fit them (the full synthetic task takes minutes to learn)
-    results = run_training(recipe("schedule.steps=40", "data.synthetic.train_size=32"), tmp_path)
+    results = one_run(recipe("schedule.steps=40", "data.synthetic.train_size=32"), tmp_path)
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     first, last = rows[0]["train/loss"], sum(r["train/loss"] for r in rows[-5:]) / 5
     assert last < first - 0.1, (first, last)
@@ -47,8 +48,8 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
 def test_final_weights_rebuild_the_model_alone(tmp_path):
     from vitcli.models import model_from_spec
 
-    run_training(recipe("schedule.steps=3"), tmp_path)
-    sd, meta = checkpoint.load_weights(tmp_path / "model.safetensors")
+    one_run(recipe("schedule.steps=3"), tmp_path)
+    sd, meta = files.load_weights(tmp_path / "model.safetensors")
     model = model_from_spec(meta["model"])
     model.load_state_dict(sd, strict=True)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 4)
@@ -56,7 +57,7 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
 
 def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeypatch):
     r = recipe("schedule.steps=8", "run.ckpt_every=3", "data.val_split=", "data.test_split=")
-    run_training(r, tmp_path / "straight")
+    one_run(r, tmp_path / "straight")
 
     real = trainer._accumulate_grads
     calls = {"n": 0}
@@ -69,34 +70,41 @@ def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeyp
 
     monkeypatch.setattr(trainer, "_accumulate_grads", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):
-        run_training(r, tmp_path / "resumed")
-    assert checkpoint.load_state(tmp_path / "resumed" / "state.pt")["step"] == 3
+        one_run(r, tmp_path / "resumed")
+    assert files.load_state(tmp_path / "resumed" / "state.pt")["step"] == 3
     monkeypatch.setattr(trainer, "_accumulate_grads", real)
-    run_training(r, tmp_path / "resumed")  # automatic: the workdir holds a checkpoint
+    one_run(r, tmp_path / "resumed")  # automatic: the workdir holds a checkpoint
 
     steps = [row["step"] for row in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
     assert steps == list(range(1, 9)), "each step logged once, none lost or repeated"
-    a, _ = checkpoint.load_weights(tmp_path / "straight" / "model.safetensors")
-    b, _ = checkpoint.load_weights(tmp_path / "resumed" / "model.safetensors")
+    a, _ = files.load_weights(tmp_path / "straight" / "model.safetensors")
+    b, _ = files.load_weights(tmp_path / "resumed" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-def test_resume_refuses_a_changed_recipe(tmp_path):
-    from vitcli.errors import RecipeError
+@pytest.mark.parametrize("change", ["optim.lr=0.1", "run.seed=1", "data.micro_batch_size=8", "run.precision=bf16"])
+def test_resume_refuses_a_change_to_what_is_trained(tmp_path, change):
+    one_run(recipe("schedule.steps=3", "run.ckpt_every=1", "data.val_split=", "data.test_split="), tmp_path)
+    with pytest.raises(RecipeError, match=change.split("=")[0]):
+        one_run(recipe("schedule.steps=3", "run.ckpt_every=1", "data.val_split=", "data.test_split=", change),
+                tmp_path)
 
-    run_training(recipe("schedule.steps=3", "data.val_split=", "data.test_split="), tmp_path)
-    with pytest.raises(RecipeError, match="optim.lr"):
-        run_training(recipe("schedule.steps=3", "optim.lr=0.1", "data.val_split=", "data.test_split="), tmp_path)
+
+def test_resume_accepts_changes_to_how_a_run_is_watched(tmp_path):
+    base = ["schedule.steps=3", "data.val_split=", "data.test_split="]
+    one_run(recipe(*base, "run.ckpt_every=1"), tmp_path)
+    watched = ["run.log_every=2", "run.ckpt_every=2", "run.eval_every=5", "data.eval_batch_size=8"]
+    one_run(recipe(*base, *watched), tmp_path, resume=True)  # nothing left to train: it resumes at step 3
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     plain = ["schedule.steps=3", "data.inception_crop=false", "data.hflip=false", "data.val_split=",
              "data.test_split="]
-    run_training(recipe(*plain), tmp_path / "big")
-    run_training(recipe(*plain, "data.micro_batch_size=8"), tmp_path / "accum")
-    a, _ = checkpoint.load_weights(tmp_path / "big" / "model.safetensors")
-    b, _ = checkpoint.load_weights(tmp_path / "accum" / "model.safetensors")
+    one_run(recipe(*plain), tmp_path / "big")
+    one_run(recipe(*plain, "data.micro_batch_size=8"), tmp_path / "accum")
+    a, _ = files.load_weights(tmp_path / "big" / "model.safetensors")
+    b, _ = files.load_weights(tmp_path / "accum" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
@@ -116,23 +124,23 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
 
     monkeypatch.setattr(trainer, "loss_fn", poisoned)
     with pytest.raises(TrainingError, match="at step 2"):
-        run_training(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
-    state = checkpoint.load_state(tmp_path / "state.pt")
+        one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
+    state = files.load_state(tmp_path / "state.pt")
     assert state["step"] == 2
     assert all(torch.isfinite(v).all() for v in state["model"].values())
     assert not (tmp_path / "model.safetensors").exists()
 
 
 def test_bf16_autocast_trains(tmp_path):
-    run_training(recipe("schedule.steps=3", "run.precision=bf16", "data.val_split="), tmp_path)
-    sd, _ = checkpoint.load_weights(tmp_path / "model.safetensors")
+    one_run(recipe("schedule.steps=3", "run.precision=bf16", "data.val_split="), tmp_path)
+    sd, _ = files.load_weights(tmp_path / "model.safetensors")
     assert all(v.dtype == torch.float32 for v in sd.values()), "weights stay fp32 under autocast"
 
 
 def test_sigmoid_loss_with_head_bias_init(tmp_path):
     r = recipe("schedule.steps=2", "optim.loss=sigmoid", "model.head_bias_init=-10", "data.val_split=",
                "data.test_split=")
-    run_training(r, tmp_path)
+    one_run(r, tmp_path)
     rows = [row for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row]
     # sigmoid xent summed over 4 classes with logits near -10: about 1 (the true class) + 3 * e^-10
     assert rows[0]["train/loss"] == pytest.approx(10.0, abs=1.0)

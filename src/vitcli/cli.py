@@ -40,18 +40,16 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
     return workdir or Path("runs") / f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, base=()):
-    from vitcli.recipe import load_recipe
+def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False):
+    from vitcli.resolve import resolve
 
-    extra = [f"{k}={v}" for k, v in flags.items() if v is not None]
-    return load_recipe(recipe, list(overrides or []) + extra, stage=stage, base=base)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
+    return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size)
 
 
 def _dry_run(r) -> None:
-    from vitcli.models import resolve_model
     from vitcli.recipe import to_yaml
 
-    resolve_model(r.model)
     sys.stdout.write(to_yaml(r))
 
 
@@ -67,9 +65,9 @@ def pretrain(
     r = _resolve("pretrain", recipe, overrides, {})
     if dry_run:
         return _dry_run(r)
-    from vitcli.stages import run_training
+    from vitcli.stages.run import one_run as run
 
-    run_training(r, _workdir(workdir, "pretrain"), resume)
+    run(r, _workdir(workdir, "pretrain"), resume)
 
 
 @app.command()
@@ -90,18 +88,15 @@ def finetune(
     overrides: OverridesArg = None,
 ) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
-    base = []
-    if task:
-        from vitcli.vtab import PROTOCOL
-
-        base = [PROTOCOL]
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
-    r = _resolve("finetune", recipe, overrides, flags, base)
+    r = _resolve("finetune", recipe, overrides, flags, vtab=bool(task))
+    from vitcli.stages.finetune import check_flags
+    from vitcli.stages.finetune import finetune as run
+
+    check_flags(lr_sweep, task)
     if dry_run:
         return _dry_run(r)
-    from vitcli.transfer import run_finetune
-
-    run_finetune(r, _workdir(workdir, "finetune"), resume=resume, lr_sweep=lr_sweep, task=task)
+    run(r, _workdir(workdir, "finetune"), resume=resume, lr_sweep=lr_sweep, task=task)
 
 
 @app.command("eval-fewshot")
@@ -120,17 +115,17 @@ def eval_fewshot(
 ) -> None:
     """Linear few-shot accuracy by closed-form least squares on frozen features (big_vision fewshot_lsr)."""
     if list_tasks:
-        from vitcli.fewshot_eval import print_registry
+        from vitcli.stages.fewshot import print_registry
 
         return print_registry()
     flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots, "fewshot.seeds": seeds,
              "fewshot.l2_reg": l2, "fewshot.data_root": data_root}
-    r = _resolve("pretrain", recipe, overrides, flags)
+    r = _resolve("eval-fewshot", recipe, overrides, flags)
     if dry_run:
         return _dry_run(r)
-    from vitcli.fewshot_eval import run_fewshot
+    from vitcli.stages.fewshot import eval_fewshot as run
 
-    run_fewshot(r, _workdir(workdir, "fewshot"))
+    run(r, _workdir(workdir, "fewshot"))
 
 
 @app.command("resize-posemb")
@@ -144,7 +139,7 @@ def resize_posemb(
     dry_run: DryRunOpt = False,
 ) -> None:
     """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
-    from vitcli.surgery import run_resize
+    from vitcli.checkpoints.resize import run_resize
 
     run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)
 

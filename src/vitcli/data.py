@@ -21,8 +21,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 import torch
+from timm.data import Mixup
 from torch.utils.data import DataLoader
 
+from vitcli import tasks
 from vitcli.errors import DataError
 from vitcli.recipe import DataConfig, SyntheticConfig
 from vitcli.synthetic import SPLIT_IDS, make_synthetic
@@ -151,8 +153,6 @@ def load_source(
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB)."""
     if cfg.label_rule:
-        from vitcli import tasks
-
         if cfg.label_rule not in tasks.LABEL_RULES:
             raise DataError(f"data.label_rule '{cfg.label_rule}' is not one of {', '.join(tasks.LABEL_RULES)}")
         ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
@@ -271,8 +271,6 @@ def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):
     """timm Mixup (mixup only, no cutmix) producing soft targets, or None when data.mixup_alpha is 0."""
     if cfg.mixup_alpha <= 0:
         return None
-    from timm.data import Mixup
-
     # timm's Mixup needs an even micro-batch (it pairs each sample with its mirror in the batch)
     alpha, smoothing = cfg.mixup_alpha, label_smoothing
     return Mixup(mixup_alpha=alpha, cutmix_alpha=0.0, label_smoothing=smoothing, num_classes=num_classes)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
+from vitcli.metrics import console, stdout
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -45,6 +47,7 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.cuda.set_device(device)
     if world > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
     return Dist(rank, world, local_rank, device)
 
 

@@ -40,7 +40,6 @@ PAPER_VITS = {
 T2T_VITS = {"T2T-ViT-14": (384, 14, 6), "T2T-ViT-19": (448, 19, 7), "T2T-ViT-24": (512, 24, 8)}  # MLP 3x
 HYBRID, BIT = "R50+ViT-B/16", "BiT-R50x1"
 NAMED = ["custom", *PAPER_VITS, HYBRID, BIT, *T2T_VITS]
-VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 
 
 class ViT(VisionTransformer):
@@ -99,9 +98,10 @@ class ViT(VisionTransformer):
 # ---------------------------------------------------------------- names
 
 
-def _set_sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_dim: int):
-    cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim = (
-        patch_size, embed_dim, depth, num_heads, mlp_dim)
+def _sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_dim: int,
+           **extra) -> ModelConfig:
+    return dataclasses.replace(cfg, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
+                               num_heads=num_heads, mlp_dim=mlp_dim, **extra)
 
 
 def _unknown(name: str) -> ModelError:
@@ -128,57 +128,38 @@ def _timm_probe(name: str) -> tuple:
     return True, True, sizes, pool, "learned_1d" if probe.pos_embed is not None else "none"
 
 
-def _check_vit(cfg: ModelConfig, stride: int) -> None:
-    if cfg.img_size % stride:
-        near = max(stride, round(cfg.img_size / stride) * stride)
-        raise ModelError(f"model.img_size={cfg.img_size} is not a multiple of {stride}, the patch size of "
-                         f"{cfg.name}; use a multiple such as {near}")
-    if cfg.embed_dim % cfg.num_heads:
-        raise ModelError(f"model.embed_dim={cfg.embed_dim} is not divisible by model.num_heads={cfg.num_heads}")
-    if cfg.pos_embed == "sincos_2d" and (cfg.embed_dim % 4 or cfg.embed_dim < 8):
-        raise ModelError(f"model.pos_embed=sincos_2d needs model.embed_dim a multiple of 4 and >= 8, "
-                         f"got {cfg.embed_dim}")
-    if cfg.pos_embed == "learned_2d" and cfg.embed_dim % 2:
-        raise ModelError(f"model.pos_embed=learned_2d needs an even model.embed_dim, got {cfg.embed_dim}")
+def is_vit_family(name: str) -> bool:
+    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding option applies."""
+    return name in ("custom", *PAPER_VITS, HYBRID)
 
 
-def resolve_model(cfg: ModelConfig) -> None:
-    """Fill cfg's architecture fields in place from cfg.name, so the saved recipe describes what is built.
+def resolve_name(cfg: ModelConfig) -> ModelConfig:
+    """A copy of cfg with the architecture fields its name defines filled in, so a recipe says what is built.
 
-    The name decides what it defines: paper ViTs their sizes; T2T-ViT also its fixed 1-D sinusoid table
-    (pos_embed `sincos_1d`); BiT and other non-ViT timm models have no class token or position table
-    (pool `gap`, pos_embed `none`; their ViT size fields are unused); other timm ViTs are described as timm
-    registers them.
+    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`); BiT and
+    other non-ViT timm models have no class token or position table (pool `gap`, pos_embed `none`; their ViT
+    size fields are unused); other timm ViTs are described as timm registers them. Values are checked by
+    vitcli.checks, not here.
     """
     name = next((n for n in NAMED if n.lower() == cfg.name.lower()), cfg.name)
-    cfg.name = name
-    if cfg.pool not in ("token", "gap"):
-        raise ModelError(f"model.pool: '{cfg.pool}' is not one of token, gap")
-    if name in ("custom", *PAPER_VITS, HYBRID):
-        if name in PAPER_VITS:
-            _set_sizes(cfg, *PAPER_VITS[name])
-        elif name == HYBRID:
-            _set_sizes(cfg, 16, *PAPER_VITS["ViT-B/16"][1:])
-        if cfg.pos_embed not in VIT_POS_EMBEDS:
-            raise ModelError(f"model.pos_embed: '{cfg.pos_embed}' is not one of {', '.join(VIT_POS_EMBEDS)}")
-        _check_vit(cfg, cfg.patch_size)
-        return
+    cfg = dataclasses.replace(cfg, name=name)
+    if name in PAPER_VITS:
+        return _sizes(cfg, *PAPER_VITS[name])
+    if name == HYBRID:
+        return _sizes(cfg, 16, *PAPER_VITS["ViT-B/16"][1:])
     if name in T2T_VITS:
         dim, depth, heads = T2T_VITS[name]
-        _set_sizes(cfg, 16, dim, depth, heads, 3 * dim)
-        cfg.pos_embed = "sincos_1d"
-        _check_vit(cfg, 16)
-        return
+        return _sizes(cfg, 16, dim, depth, heads, 3 * dim, pos_embed="sincos_1d")
+    if name == "custom":
+        return cfg
     if name == BIT:
-        cfg.pool, cfg.pos_embed = "gap", "none"
-    else:
-        _, _, sizes, cfg.pool, cfg.pos_embed = _timm_probe(name)
-        if sizes:  # a size the probe could not read (0) keeps the recipe's value
-            old = (cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim)
-            _set_sizes(cfg, *(new or was for new, was in zip(sizes, old)))
-    if cfg.representation_size:
-        raise ModelError(f"model.representation_size={cfg.representation_size} is only supported for the "
-                         f"paper's ViTs, {HYBRID}, T2T-ViT and custom, not '{name}'; set it to 0")
+        return dataclasses.replace(cfg, pool="gap", pos_embed="none")
+    _, _, sizes, pool, pos_embed = _timm_probe(name)
+    cfg = dataclasses.replace(cfg, pool=pool, pos_embed=pos_embed)
+    if not sizes:
+        return cfg
+    old = (cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim)
+    return _sizes(cfg, *(new or was for new, was in zip(sizes, old)))  # a size timm hides (0) keeps the recipe's
 
 
 # ---------------------------------------------------------------- building
@@ -231,14 +212,13 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     """A freshly initialised model for cfg (resolved on a copy) with a num_classes-way head (0: none)."""
     if num_classes < 0:
         raise ModelError(f"num_classes must be >= 0, got {num_classes}")
-    cfg = dataclasses.replace(cfg)
-    resolve_model(cfg)
+    cfg = resolve_name(cfg)
     if cfg.name in T2T_VITS:
         model = T2TViT(
             img_size=cfg.img_size, num_classes=num_classes, embed_dim=cfg.embed_dim, depth=cfg.depth,
             num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim, class_token=cfg.pool == "token",
             representation_size=cfg.representation_size, drop_rate=cfg.dropout, drop_path_rate=cfg.drop_path)
-    elif cfg.name in ("custom", *PAPER_VITS, HYBRID):
+    elif is_vit_family(cfg.name):
         model = _vit(cfg, num_classes)
     else:
         model = _timm(cfg, num_classes)
@@ -274,9 +254,7 @@ def drop_representation(model: nn.Module) -> None:
 
 def model_spec(cfg: ModelConfig, num_classes: int) -> dict:
     """JSON-able description of the architecture (resolved config + num_classes) for checkpoint metadata."""
-    resolved = dataclasses.replace(cfg)
-    resolve_model(resolved)
-    return {**dataclasses.asdict(resolved), "num_classes": num_classes}
+    return {**dataclasses.asdict(resolve_name(cfg)), "num_classes": num_classes}
 
 
 def model_from_spec(spec: dict) -> nn.Module:

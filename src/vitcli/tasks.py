@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 import numpy as np
+from datasets import ClassLabel
 
 from vitcli.errors import DataError
 
@@ -168,8 +169,6 @@ LABEL_RULES = {  # rule name -> (function, raw columns it reads)
 
 def apply_label_rule(task: Task, ds):
     """`ds` with a `label` ClassLabel column: derived by the task's rule, or renamed from its label_column."""
-    from datasets import ClassLabel
-
     if task.label_rule:
         rule, columns = LABEL_RULES[task.label_rule]
         missing = [c for c in columns if c not in ds.column_names]

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitcli import checkpoint, data
+from vitcli import data
+from vitcli.checkpoints import files
 from vitcli.dist import Dist, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
@@ -68,10 +69,10 @@ def loss_fn(cfg: OptimConfig, num_classes: int):
 
 def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
     """Load WORKDIR/state.pt if present; return the step to continue from (0 for a fresh run)."""
-    path = job.workdir / checkpoint.STATE_FILE
+    path = job.workdir / files.STATE_FILE
     if not path.exists():
         return 0
-    state = checkpoint.load_state(path)
+    state = files.load_state(path)
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     torch.set_rng_state(state["rng"])
@@ -88,7 +89,7 @@ def _save_state(job: Job, model, optimizer, step: int) -> None:
         "rng": torch.get_rng_state(),
         "recipe": to_dict(job.recipe),
     }
-    checkpoint.save_state(job.workdir / checkpoint.STATE_FILE, state)
+    files.save_state(job.workdir / files.STATE_FILE, state)
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
@@ -111,16 +112,11 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     )
     metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main)
     ddp_model.train()
-    t_window, seen_window, last = time.perf_counter(), 0, {}
+    window = _Window(time.perf_counter(), 0, {})
     with progress_bar(dist.is_main) as bar:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
-            lr = learning_rate(
-                step, peak_lr=r.optim.lr, total_steps=job.total_steps, warmup_steps=r.schedule.warmup_steps,
-                decay=r.schedule.decay, end_lr=r.schedule.end_lr,
-            )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            lr = _set_lr(optimizer, r, step, job.total_steps)
             loss = _accumulate_grads(ddp_model, optimizer, batches, accum, mixup, criterion, r, dist)
             if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
                 raise TrainingError(
@@ -129,33 +125,60 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
                 )
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             optimizer.step()
-            seen_window += r.data.batch_size
             done = step + 1
-            if done % r.run.log_every == 0 or done == job.total_steps:
-                elapsed = time.perf_counter() - t_window
-                last = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm,
-                        "train/img_per_s": seen_window / max(elapsed, 1e-9)}
-                metrics.write(done, last)
-                t_window, seen_window = time.perf_counter(), 0
-                bar.update(task, stats=f"loss {loss:.4f}  lr {lr:.2e}  {last['train/img_per_s']:.0f} img/s")
-            bar.update(task, completed=done)
-            due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
-            if due:
-                results = _evaluate(due, model)
-                metrics.write(done, results)
-                if dist.is_main:
-                    console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
-            if dist.is_main and (done % r.run.ckpt_every == 0 or done == job.total_steps):
-                _save_state(job, model, optimizer, done)
+            _log(window, metrics, bar, task, done, job, {"train/loss": loss, "train/lr": lr,
+                                                          "train/grad_norm": grad_norm})
+            _periodic(job, model, optimizer, metrics, done, dist)
     final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
     if final:
         metrics.write(job.total_steps, final)
     if dist.is_main:
-        checkpoint.save_weights(
-            job.workdir / checkpoint.MODEL_FILE, model.state_dict(),
+        files.save_weights(
+            job.workdir / files.MODEL_FILE, model.state_dict(),
             {"recipe": to_dict(r), "model": job.model_meta},
         )
-    return {**last, **final}
+    return {**window.last, **final}
+
+
+@dataclass
+class _Window:
+    """Throughput since the last logged step, and the last logged train metrics."""
+
+    start: float
+    images: int
+    last: dict
+
+
+def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
+    lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps, warmup_steps=r.schedule.warmup_steps,
+                       decay=r.schedule.decay, end_lr=r.schedule.end_lr)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, job: Job, row: dict) -> None:
+    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats."""
+    window.images += job.recipe.data.batch_size
+    if done % job.recipe.run.log_every == 0 or done == job.total_steps:
+        elapsed = time.perf_counter() - window.start
+        window.last = {**row, "train/img_per_s": window.images / max(elapsed, 1e-9)}
+        metrics.write(done, window.last)
+        window.start, window.images = time.perf_counter(), 0
+        stats = f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  {window.last['train/img_per_s']:.0f} img/s"
+        bar.update(task, stats=stats)
+    bar.update(task, completed=done)
+
+
+def _periodic(job: Job, model, optimizer, metrics: MetricsLog, done: int, dist: Dist) -> None:
+    """Evaluators due at this step (the last step's run after the loop) and the resumable checkpoint."""
+    due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
+    if due:
+        results = _evaluate(due, model)
+        metrics.write(done, results)
+        console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    if dist.is_main and (done % job.recipe.run.ckpt_every == 0 or done == job.total_steps):
+        _save_state(job, model, optimizer, done)
 
 
 def _accumulate_grads(ddp_model, optimizer, batches, accum: int, mixup, criterion, r: Recipe, dist: Dist):

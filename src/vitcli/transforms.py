@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from PIL import Image
 from timm.data import create_transform
+from timm.data.auto_augment import rand_augment_transform
 from timm.data.transforms import RandomResizedCropAndInterpolation, str_to_interp_mode
 from torchvision import transforms
 
@@ -30,8 +31,6 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 def _randaugment(spec: str, img_size: int):
     """timm RandAugment from a spec like `rand-m9-mstd0.5`, with timm's own defaults for our mean and size."""
-    from timm.data.auto_augment import rand_augment_transform
-
     hparams = {
         "translate_const": int(img_size * 0.45),
         "img_mean": tuple(round(255 * m) for m in MEAN),

@@ -124,23 +124,29 @@ def predict(cache: LsrCache, w: np.ndarray, x_test: np.ndarray) -> np.ndarray:
     return _augment(x_test, cache.mean, cache.std) @ w
 
 
-def fewshot_accuracy(
+def score(
     x_train: np.ndarray,
     y_train: np.ndarray,
     x_test: np.ndarray,
     y_test: np.ndarray,
     num_classes: int,
-    l2_reg: float = DEFAULT_L2_REG,
-) -> float:
-    """Top-1 accuracy on (x_test, y_test) of the ridge classifier fitted on the shot set (x_train, y_train)."""
+    l2_reg: float | str = DEFAULT_L2_REG,
+) -> tuple[float, float]:
+    """(top-1 accuracy on the test set, λ used) of the ridge classifier fitted on the shot set.
+
+    The one scoring function of `vit eval-fewshot` and of few-shot evaluation during training. `l2_reg` is a
+    positive number or "auto" (the λ of L2_GRID with the lowest leave-one-out error on the shot set).
+    """
     if len(x_train) != len(y_train) or len(x_test) != len(y_test):
         raise DataError(
             f"few-shot features and labels differ in length: train {len(x_train)} vs {len(y_train)}, "
             f"test {len(x_test)} vs {len(y_test)}"
         )
     cache = precompute(x_train)
-    logits = predict(cache, solve(cache, targets(y_train, num_classes), l2_reg), x_test)  # (M, K)
-    return float(np.mean(logits.argmax(axis=1) == np.asarray(y_test)))
+    y = targets(y_train, num_classes)
+    l2 = choose_l2(cache, y)[0] if l2_reg == "auto" else float(l2_reg)
+    logits = predict(cache, solve(cache, y, l2), x_test)  # (M, K)
+    return float(np.mean(logits.argmax(axis=1) == np.asarray(y_test))), l2
 
 
 def loo_errors(cache: LsrCache, y_onehot_pm1: np.ndarray, l2_regs=L2_GRID) -> np.ndarray:

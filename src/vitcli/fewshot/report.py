@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 
 import numpy as np
+from matplotlib.figure import Figure
+from rich.table import Table
 
 from vitcli import tasks
-from vitcli.checkpoint import atomic_path, write_text
+from vitcli.checkpoints.files import atomic_path, write_text
+from vitcli.fewshot.evaluate import summarise
 from vitcli.metrics import stdout
 from vitcli.recipe import Recipe, to_dict
 
@@ -25,8 +28,9 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], summary: dict, workdir: Path, recipe: Recipe) -> None:
+def write(rows: list[dict], workdir: Path, recipe: Recipe) -> None:
     """Print the table and write results.json, results.csv and fewshot.png into the workdir."""
+    summary = summarise(rows)
     means = group_means(summary)
     _table(summary, means)
     payload = {
@@ -46,8 +50,6 @@ def write(rows: list[dict], summary: dict, workdir: Path, recipe: Recipe) -> Non
 
 
 def _table(summary: dict, means: dict) -> None:
-    from rich.table import Table
-
     all_shots = sorted({k for _, k in summary} | {k for _, k in means})
     table = Table(title="linear few-shot accuracy (mean ± std over seeds)")
     table.add_column("task")
@@ -66,12 +68,8 @@ def _table(summary: dict, means: dict) -> None:
 
 
 def _plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; never a window
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig = Figure(figsize=(6, 4))  # the object API: no pyplot state, no GUI backend, files only
+    ax = fig.subplots()
     for name in dict.fromkeys(t for t, _ in summary):
         ks = sorted(k for t, k in summary if t == name)
         m = np.array([summary[(name, k)][0] for k in ks])
@@ -89,4 +87,3 @@ def _plot(summary: dict, path: Path) -> None:
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)

@@ -15,7 +15,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from vitcli import data
-from vitcli.checkpoint import atomic_path
+from vitcli.checkpoints.files import MODEL_FILE, atomic_path
 from vitcli.dist import Dist
 from vitcli.errors import DataError
 from vitcli.precision import autocast
@@ -50,7 +50,7 @@ def weights_id(path: str | Path) -> str:
     """Content hash of a checkpoint file (a Hub name hashes as its name): the cache must not outlive a rewrite."""
     p = Path(path)
     if p.is_dir():
-        p = p / "model.safetensors"
+        p = p / MODEL_FILE
     if not p.is_file():
         return hashlib.sha256(str(path).encode()).hexdigest()[:16]
     h = hashlib.sha256()
@@ -66,13 +66,15 @@ def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def cached(cache_dir: Path, key: str, compute) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and store it atomically."""
+def cached(cache_dir: Path, key: str, compute, write: bool = True) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically."""
     path = cache_dir / f"{key}.safetensors"
     if path.exists():
         arrays = load_file(str(path))
         return arrays["features"], arrays["labels"], True
     feats, labels = compute()
+    if not write:
+        return feats, labels, False
     with atomic_path(path) as tmp:
         save_file({"features": np.ascontiguousarray(feats), "labels": labels}, str(tmp))
     return feats, labels, False

@@ -1,0 +1,5 @@
+"""Stage drivers, one per command: each joins the process group once and hands its Dist down.
+
+run.py (one training run; `vit pretrain`) < sweep.py (one run per learning rate) < vtab.py (the VTAB-1k
+protocol, per task) < finetune.py (`vit finetune`: which of the three); fewshot.py (`vit eval-fewshot`).
+"""

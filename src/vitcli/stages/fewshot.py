@@ -1,0 +1,72 @@
+"""`vit eval-fewshot`: features per task (cached), every shots x seed score, table + json/csv/png (rank 0)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from vitcli import tasks
+from vitcli.checkpoints.files import write_text
+from vitcli.dist import Dist, setup
+from vitcli.errors import RecipeError
+from vitcli.fewshot import features, report
+from vitcli.fewshot.evaluate import (
+    data_cfg,
+    data_id,
+    evaluate_task,
+    load_task_split,
+    preprocessing,
+    recipe_tasks,
+)
+from vitcli.metrics import console, stdout
+from vitcli.recipe import Recipe, to_yaml
+from vitcli.transfer import load_for_eval
+
+
+def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
+    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache."""
+    if not recipe.init.checkpoint:
+        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
+    if not recipe.fewshot.tasks:
+        raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
+    chosen = recipe_tasks(recipe)
+    dist = setup(recipe.run.device)
+    model = load_for_eval(recipe).to(dist.device)
+    if dist.is_main:
+        write_text(workdir / "recipe.yaml", to_yaml(recipe))
+    rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist)]
+    if dist.is_main:
+        report.write(rows, workdir, recipe)
+    return rows
+
+
+def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dist) -> list[dict]:
+    """Features of the task's train and test splits (from the cache when there), then its score rows."""
+    cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / "features"
+    img_size, resize = preprocessing(recipe)
+    pre = {"img_size": img_size, "resize": resize, "precision": recipe.run.precision}
+    weights = features.weights_id(recipe.init.checkpoint)
+    sets = []
+    for split in (task.train_split, task.test_split):
+        key = features.cache_key(weights, f"{task.name}:{data_id(task, recipe)}", split, pre)
+
+        def extract(split=split):  # only on a cache miss: no decoding for a hit
+            ds = load_task_split(task, recipe, split)
+            return features.extract(model, ds, data_cfg(task, recipe), img_size, resize, dist,
+                                    recipe.run.precision)
+
+        feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main)
+        console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
+        sets.append((feats, labels))
+    return evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
+
+
+def print_registry() -> None:
+    """`--list-tasks`: the task registry as a table."""
+    table = Table(title="few-shot tasks")
+    for col in ("task", "group", "classes", "source", "train", "test"):
+        table.add_column(col)
+    for t in tasks.get_tasks("vtab") + tasks.get_tasks("standard"):
+        table.add_row(t.name, t.group, str(t.num_classes), t.source, t.train_split, t.test_split)
+    stdout.print(table)

@@ -1,0 +1,32 @@
+"""`vit finetune`: one run, a learning-rate sweep picked on the dev split, or the VTAB-1k protocol."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vitcli.checks import parse_lrs
+from vitcli.dist import setup
+from vitcli.metrics import console
+from vitcli.recipe import Recipe
+from vitcli.stages.run import run_training
+from vitcli.stages.sweep import sweep
+from vitcli.stages.vtab import run_vtab, vtab_tasks
+
+
+def check_flags(lr_sweep: str | None, task: str | None) -> tuple[list[float] | None, list | None]:
+    """(learning rates, VTAB tasks) the flags name, or a one-line error; None where a flag is not given."""
+    return parse_lrs(lr_sweep) if lr_sweep else None, vtab_tasks(task) if task else None
+
+
+def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, lr_sweep: str | None = None,
+             task: str | None = None) -> dict:
+    """Check the flags, join the process group once, and run what they ask for."""
+    lrs, chosen = check_flags(lr_sweep, task)
+    dist = setup(recipe.run.device)
+    if not recipe.init.checkpoint and dist.is_main:
+        console.log("no --init: fine-tuning from random initialisation (a baseline, not transfer)")
+    if chosen:
+        return run_vtab(recipe, workdir, chosen, dist, resume, lrs)
+    if lrs:
+        return sweep(recipe, workdir, lrs, dist, resume)
+    return run_training(recipe, workdir, dist, resume)

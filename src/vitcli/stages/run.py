@@ -1,0 +1,140 @@
+"""One training run: a resolved recipe -> a Job for the one loop, then the report. `vit pretrain` is this.
+
+Fine-tuning is the same run with starting weights (vitcli.transfer); the sweep and VTAB drivers call it
+once per setting with the Dist their command created.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from rich.table import Table
+
+from vitcli import data, models
+from vitcli.checkpoints import files
+from vitcli.checks import check_schedule
+from vitcli.dist import Dist, setup
+from vitcli.errors import RecipeError
+from vitcli.evaluators import ClassificationEvaluator
+from vitcli.fewshot.evaluate import FewshotEvaluator
+from vitcli.metrics import console
+from vitcli.precision import bf16_warning
+from vitcli.recipe import Recipe, to_dict, to_yaml
+from vitcli.schedule import total_steps
+from vitcli.trainer import Job, train
+from vitcli.transfer import load_init
+
+# Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
+# it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
+# weights and the summation order) must match.
+RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.device", "data.num_workers",
+             "data.eval_batch_size", "fewshot.")
+
+
+def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None) -> dict[str, float]:
+    """`vit pretrain` (and a plain `vit finetune`): join the process group, then one training run."""
+    return run_training(recipe, workdir, setup(recipe.run.device), resume)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_resume(recipe: Recipe, workdir: Path, resume: bool | None) -> bool:
+    """Decide whether to resume: automatic when WORKDIR/state.pt exists, refused if what is trained changed."""
+    state = workdir / files.STATE_FILE
+    if resume is False or (resume is None and not state.exists()):
+        return False
+    if not state.exists():
+        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected {state.name})")
+    saved = _flatten(files.load_state(state)["recipe"])
+    now = _flatten(to_dict(recipe))
+    diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
+    if diffs:
+        k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
+        raise RecipeError(
+            f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, {now[k]!r} now{more});"
+            " use a new --workdir or --no-resume"
+        )
+    return True
+
+
+def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
+    """(periodic, final) evaluators: held-out top-1, test top-1 at the end, few-shot every fewshot.every."""
+
+    def top1(name: str, split: str) -> ClassificationEvaluator:
+        return ClassificationEvaluator(name, data.load_split(r.data, split), r.data, r.model.img_size, dist,
+                                       r.run.precision)
+
+    periodic = [(r.run.eval_every, top1("val", r.data.val_split))] if r.data.val_split else []
+    final = [top1("test", r.data.test_split)] if r.data.test_split else []
+    if r.fewshot.every and r.fewshot.tasks:
+        periodic.append((r.fewshot.every, FewshotEvaluator(r, dist)))
+    return periodic, final
+
+
+def build_job(r: Recipe, workdir: Path, dist: Dist) -> Job:
+    """Data, model (with its starting weights), step count and evaluators for a training run."""
+    if not r.schedule.steps and not r.schedule.epochs:
+        raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
+    train_ds = data.load_split(r.data, r.data.train_split)
+    num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
+    steps = total_steps(r.schedule.steps, r.schedule.epochs, len(train_ds), r.data.batch_size)
+    check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
+    model = models.build_model(r.model, num_classes)
+    if r.init.checkpoint:
+        load_init(model, r, num_classes, dist)
+    periodic, final = _evaluators(r, dist)
+    meta = models.model_spec(r.model, num_classes)
+    return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final)
+
+
+def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None) -> dict[str, float]:
+    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state.pt, model.safetensors (rank 0)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    resuming = check_resume(recipe, workdir, resume)
+    if not resuming and dist.is_main:  # a fresh run must not leave a previous run's files looking current
+        for stale in (files.STATE_FILE, files.MODEL_FILE, "metrics.jsonl", "summary.json"):
+            (workdir / stale).unlink(missing_ok=True)
+    torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
+    job = build_job(recipe, workdir, dist)
+    if dist.is_main:
+        files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
+        _announce(job, dist)
+    t0 = time.perf_counter()
+    results = train(job, dist)
+    if dist.is_main:
+        summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
+                   **results}
+        files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        report(summary, workdir)
+    return results
+
+
+def _announce(job: Job, dist: Dist) -> None:
+    r = job.recipe
+    if r.run.precision == "bf16" and bf16_warning(dist.device.type):
+        console.log(f"[yellow]warning: {bf16_warning(dist.device.type)}")
+    console.log(
+        f"{r.stage}: {r.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
+        f"{len(job.train_ds)} train images, {job.num_classes} classes, {job.total_steps} steps "
+        f"of {r.data.batch_size} -> {job.workdir}"
+    )
+
+
+def report(summary: dict, workdir: Path) -> None:
+    """Print the final numbers as a table."""
+    table = Table(title=f"{summary['stage']} finished in {summary['seconds']:.0f} s", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in summary.items():
+        if "/" in k:
+            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    console.print(table)
+    console.print(f"weights: {workdir / files.MODEL_FILE}")

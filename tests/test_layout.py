@@ -1,0 +1,91 @@
+"""The package reads as the pipeline: layers without cycles, imports at the top, short functions.
+
+The order below is the architecture: cli -> stage drivers -> the trainer -> evaluators, data, models,
+checkpoints -> pure maths. A module may import only modules listed before it, so a cycle cannot form; a
+new module has to be given its place here.
+"""
+
+import ast
+import statistics
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
+ORDER = [
+    # pure maths and the recipe schema
+    "errors", "schedule", "posemb", "fewshot.solver", "recipe", "precision", "synthetic",
+    # processes, console, our files
+    "metrics", "dist", "checkpoints.files",
+    # models, data, checks on recipes, checkpoints of every source
+    "t2t", "models", "checks", "transforms", "tasks", "data",
+    "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
+    # from the command line to a recipe
+    "resolve",
+    # evaluators, starting weights, the loop
+    "optim", "evaluators", "transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "trainer",
+    # stage drivers, then the command line
+    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "cli",
+]
+CLI_LAZY = {"cli"}  # keeps `vit --help` instant: its vitcli imports happen inside the commands
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        if not name.endswith("__init__"):
+            found[name] = path
+    return found
+
+
+def vitcli_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(module imported, node) for every `import vitcli.x` / `from vitcli(.x) import y` in the tree."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vitcli"):
+            base = node.module.removeprefix("vitcli").lstrip(".")
+            for alias in node.names:  # `from vitcli import data` or `from vitcli.fewshot import solver`
+                full = f"{base}.{alias.name}".lstrip(".")
+                out.append((full if full in ORDER else base, node))
+        elif isinstance(node, ast.Import):
+            out += [(a.name.removeprefix("vitcli."), node) for a in node.names if a.name.startswith("vitcli.")]
+    return out
+
+
+def test_every_module_has_a_place_in_the_order():
+    assert sorted(modules()) == sorted(ORDER)
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_a_module_imports_only_modules_below_it(name):
+    tree = ast.parse(modules()[name].read_text())
+    above = [m for m, _ in vitcli_imports(tree) if m in ORDER and ORDER.index(m) >= ORDER.index(name)]
+    assert not above, f"{name} imports {above}, which sit above it (or are itself)"
+    unknown = [m for m, _ in vitcli_imports(tree) if m not in ORDER and m not in ("", "checkpoints", "fewshot")]
+    assert not unknown, f"{name} imports {unknown}, which are not modules"
+
+
+@pytest.mark.parametrize("name", sorted(set(ORDER) - CLI_LAZY))
+def test_no_vitcli_import_inside_a_function(name):
+    tree = ast.parse(modules()[name].read_text())
+    inner = [f"line {node.lineno}" for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+             for stmt in ast.walk(fn) if isinstance(stmt, ast.Import | ast.ImportFrom)
+             for node in [stmt]]
+    assert not inner, f"{name} imports inside a function at {inner}"
+
+
+def function_lengths() -> dict[str, int]:
+    lengths = {}
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lengths[f"{name}.{node.name}:{node.lineno}"] = node.end_lineno - node.lineno + 1
+    return lengths
+
+
+def test_functions_are_short():
+    lengths = function_lengths()
+    assert statistics.median(lengths.values()) <= 12, statistics.median(lengths.values())
+    long = {k: n for k, n in lengths.items() if n > 60}
+    assert not long, long

@@ -5,14 +5,18 @@ for stages that start from a checkpoint; the command decides the stage; a checkp
 from pathlib import Path
 
 import pytest
+import timm
 import yaml
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
 from vitcli.checkpoints import files
+from vitcli.dist import setup
 from vitcli.models import build_model, model_spec
 from vitcli.recipe import ModelConfig, Recipe, to_dict, to_yaml
+from vitcli.resolve import resolve
+from vitcli.transfer import load_init
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))
@@ -140,3 +144,25 @@ def test_a_width_outside_table_1_without_evidence_asks_for_the_heads(monkeypatch
     assert "model.num_heads" in err and "96" in err
     m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "model.num_heads=4")["model"]
     assert (m["embed_dim"], m["num_heads"]) == (96, 4)
+
+
+def test_the_load_table_says_where_the_heads_came_from(tmp_path):
+    init = timm_file(tmp_path / "t192.safetensors", width=192, heads=3, patch=8, img_size=32)
+    r = resolve("finetune", None, [f"init.checkpoint={init}", "model.img_size=32", *SMALL_DATA])
+    rows = dict(load_init(build_model(r.model, 10), r, 10, setup("cpu")))
+    assert "3 heads (paper Table 1 (width 192))" in rows["architecture"], rows
+
+
+def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, capsys, tmp_path):
+    """No patch embedding to read, but the recipe names the network: its head (`fc`) is swapped for zeros."""
+    theirs = timm.create_model("test_resnet", num_classes=3)
+    init = tmp_path / "resnet.safetensors"
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init), metadata={"format": "pt"})
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "model.name=test_resnet",
+                           "--workdir", tmp_path / "w", *SMALL_DATA)
+    assert code == 0, err
+    tuned, _ = files.load_weights(tmp_path / "w" / files.MODEL_FILE)
+    assert tuned["fc.weight"].shape == (10, theirs.num_features)
+    assert "dropped (3 classes)" in err
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "--dry-run")
+    assert code == 2 and "cannot infer the architecture" in err and "model.name" in err

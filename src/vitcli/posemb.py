@@ -37,12 +37,10 @@ def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int])
     return h // ph, w // pw
 
 
-def check_method(method: str) -> None:
-    """A CheckpointError unless `method` is one of METHODS."""
+def check_method(method: str, name: str = "position-embedding resampling method") -> None:
+    """A CheckpointError naming `name` (e.g. the flag) unless `method` is one of METHODS."""
     if method not in METHODS:
-        raise CheckpointError(
-            f"unknown position-embedding resampling method '{method}'; use one of {METHODS}"
-        )
+        raise CheckpointError(f"{name} '{method}': expected one of {', '.join(METHODS)}")
 
 
 def _square_grid(num_tokens: int) -> tuple[int, int]:

@@ -21,7 +21,10 @@ from vitcli.recipe import Recipe
 
 
 def _spec(recipe: Recipe) -> CheckpointSpec:
-    return describe(read_checkpoint(recipe.init.checkpoint), num_heads=recipe.model.num_heads)
+    """The checkpoint's spec, its heads labelled by their evidence (Table 1, kernels) when the recipe's agree."""
+    loaded = read_checkpoint(recipe.init.checkpoint)
+    spec = describe(loaded)
+    return spec if spec.num_heads == recipe.model.num_heads else describe(loaded, recipe.model.num_heads)
 
 
 def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Dist) -> list[tuple[str, str]]:
@@ -34,7 +37,8 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
     sd, rows = adapt_state_dict(loaded.state_dict, model, spec, keep_head=init.keep_head,
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
-    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), ("architecture", architecture_row(spec)), *rows]
+    arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
+    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows]
     if dist.is_main:
         print_rows("starting weights", rows)
     return rows

@@ -31,7 +31,7 @@ HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model"}
 class CheckpointSpec:
     """A checkpoint's network, as far as the checkpoint tells it."""
 
-    name: str  # model.name that builds it: ours as recorded in metadata; foreign plain ViTs "custom"
+    name: str  # model.name that builds it: ours as recorded; foreign plain ViTs "custom"; "" = not a ViT we read
     patch_size: int
     grid: tuple[int, int] | None  # patch grid (H, W) of the position table; None when nothing tells
     num_prefix_tokens: int  # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
@@ -48,7 +48,12 @@ class CheckpointSpec:
     path: str = ""  # the file or Hub name it was read from, for messages
 
     def architecture(self) -> dict:
-        """The ModelConfig fields that rebuild this network; a CheckpointError while the heads are unknown."""
+        """The ModelConfig fields that rebuild this network; a CheckpointError when the file cannot tell them."""
+        if not self.name:
+            raise CheckpointError(
+                f"cannot infer the architecture of {self.path or 'the checkpoint'} (no patch_embed/blocks "
+                "keys); set model.name to its architecture (e.g. model.name=ViT-B/16 or a timm name)"
+            )
         if not self.num_heads:
             raise CheckpointError(
                 f"{self.path or 'the checkpoint'} (width {self.embed_dim}): its number of attention heads is "
@@ -84,14 +89,11 @@ def _ours(sd: dict[str, torch.Tensor], model: dict) -> dict:
 
 
 def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
-    """A plain timm-layout ViT read from the tensors' shapes."""
+    """A plain timm-layout ViT read from the tensors' shapes; name "" when it is none (a ResNet, say), whose
+    position tables (none) are still described so that a model named in the recipe can load it."""
     kernel = sd.get("patch_embed.proj.weight")  # (D, C, ph, pw)
-    if kernel is None or "blocks.0.mlp.fc1.weight" not in sd:
-        raise CheckpointError(
-            f"cannot infer the architecture of {path} (no patch_embed/blocks keys); "
-            "set model.name to its architecture (e.g. model.name=ViT-B/16 or a timm name)"
-        )
-    if kernel.shape[-2] != kernel.shape[-1]:
+    plain_vit = kernel is not None and "blocks.0.mlp.fc1.weight" in sd
+    if plain_vit and kernel.shape[-2] != kernel.shape[-1]:
         raise CheckpointError(
             f"{path}: patch_embed.proj.weight {tuple(kernel.shape)} cuts "
             f"{kernel.shape[-2]}x{kernel.shape[-1]} patches; only square patches are supported"
@@ -100,7 +102,8 @@ def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
     prefix = _prefix_tokens(sd, None)
     grid = _table_grid(sd, fields["pos_embed"], prefix)
     img_size = grid[0] * fields["patch_size"] if grid and grid[0] == grid[1] else None
-    return {**fields, "name": "custom", "grid": grid, "num_prefix_tokens": prefix, "img_size": img_size}
+    return {**fields, "name": "custom" if plain_vit else "", "grid": grid, "num_prefix_tokens": prefix,
+            "img_size": img_size}
 
 
 def _sizes(sd: dict[str, torch.Tensor]) -> dict:

@@ -38,7 +38,7 @@ def adapt_state_dict(
     """
     target = model.state_dict()
     sd = dict(sd)
-    rows = _fit_head(sd, target, keep_head) + _fit_representation(sd, keep_representation)
+    rows = _fit_head(sd, target, keep_head, head_prefix(model)) + _fit_representation(sd, keep_representation)
     _check_fit(sd, target, resizable=("pos_embed", *AXIS_TABLES))
     rows += _fit_posemb(sd, target, model, spec, method)
     _check_fit(sd, target)
@@ -47,9 +47,16 @@ def adapt_state_dict(
     return sd, rows
 
 
-def _fit_head(sd: dict, target: dict, keep: bool) -> list[tuple[str, str]]:
-    ckpt_k = sd["head.weight"].shape[0] if "head.weight" in sd else 0
-    model_k = target["head.weight"].shape[0] if "head.weight" in target else 0
+def head_prefix(model: nn.Module) -> str:
+    """State-dict prefix of the model's classifier: `head.` for ViTs, `fc.` for timm ResNets, `head.fc.` BiT."""
+    head = model.get_classifier() if hasattr(model, "get_classifier") else None
+    return next((f"{name}." for name, module in model.named_modules() if name and module is head), HEAD)
+
+
+def _fit_head(sd: dict, target: dict, keep: bool, prefix: str) -> list[tuple[str, str]]:
+    weight = f"{prefix}weight"  # (K, D)
+    ckpt_k = sd[weight].shape[0] if weight in sd else 0
+    model_k = target[weight].shape[0] if weight in target else 0
     if keep:
         if ckpt_k != model_k:
             raise CheckpointError(
@@ -57,9 +64,9 @@ def _fit_head(sd: dict, target: dict, keep: bool) -> list[tuple[str, str]]:
                 f"{ckpt_k}; set init.keep_head=false to start from a zero head"
             )
         return [("head", f"kept ({ckpt_k} classes)")]
-    for k in [k for k in sd if k.startswith(HEAD)]:
+    for k in [k for k in sd if k.startswith(prefix)]:
         del sd[k]
-    sd.update({k: v for k, v in target.items() if k.startswith(HEAD)})  # the model's own zero-init head
+    sd.update({k: v for k, v in target.items() if k.startswith(prefix)})  # the model's own zero-init head
     return [("head", f"dropped ({ckpt_k} classes); model's own head for {model_k} classes")]
 
 

@@ -22,13 +22,13 @@ from timm.models.vision_transformer import VisionTransformer
 from clirun import run_vit
 from vitcli import dist as dist_mod
 from vitcli.checkpoints import files, fit
-from vitcli.models import build_model, model_from_spec, model_spec
+from vitcli.models import build_model, model_spec
 from vitcli.recipe import ModelConfig, Recipe, to_dict
 from vitcli.resolve import resolve
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages.finetune import finetune
 from vitcli.stages.run import one_run
-from vitcli.transfer import load_init
+from vitcli.transfer import load_for_eval, load_init
 
 TINY_MODEL = {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
 DATA = [
@@ -215,9 +215,8 @@ def test_load_table_reports_the_grid_resize(data, pretrained):
 
 def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetuned):
     workdir, _ = finetuned
-    sd, meta = files.load_weights(workdir / files.MODEL_FILE)
-    ours = model_from_spec(meta["model"]).eval()
-    ours.load_state_dict(sd, strict=True)
+    _, meta = files.load_weights(workdir / files.MODEL_FILE)
+    ours = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={workdir}"]))
     theirs = timm_vit(meta["model"]).eval()
     theirs.load_state_dict(load_file(str(workdir / files.MODEL_FILE)), strict=True)
     x = torch.randn(3, 3, 64, 64)

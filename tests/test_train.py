@@ -12,6 +12,7 @@ from vitcli.errors import RecipeError, TrainingError
 from vitcli.metrics import read_metrics
 from vitcli.resolve import resolve
 from vitcli.stages.run import one_run
+from vitcli.transfer import load_for_eval
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -46,12 +47,11 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
 
 
 def test_final_weights_rebuild_the_model_alone(tmp_path):
-    from vitcli.models import model_from_spec
-
+    """A later stage needs nothing but the file: its metadata resolves to the network, every weight loads."""
     one_run(recipe("schedule.steps=3"), tmp_path)
-    sd, meta = files.load_weights(tmp_path / "model.safetensors")
-    model = model_from_spec(meta["model"])
-    model.load_state_dict(sd, strict=True)
+    model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"]))
+    sd, _ = files.load_weights(tmp_path / "model.safetensors")
+    assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 4)
 
 

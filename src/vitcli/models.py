@@ -240,30 +240,9 @@ def zero_head(model: nn.Module, num_classes: int) -> None:
     nn.init.zeros_(head.bias)
 
 
-def drop_representation(model: nn.Module) -> None:
-    """Remove the pre-logits layer, so pre-logits are the pooled features; the head is re-made to fit.
-
-    Record it too: set cfg.representation_size = 0 before model_spec, or the spec rebuilds the layer.
-    """
-    if not isinstance(model, (ViT, T2TViT)) or isinstance(model.pre_logits, nn.Identity):
-        return
-    model.pre_logits = nn.Identity()
-    model.num_features = model.head_hidden_size = model.embed_dim
-    model.reset_classifier(model.num_classes)
-
-
 def model_spec(cfg: ModelConfig, num_classes: int) -> dict:
     """JSON-able description of the architecture (resolved config + num_classes) for checkpoint metadata."""
     return {**dataclasses.asdict(resolve_name(cfg)), "num_classes": num_classes}
-
-
-def model_from_spec(spec: dict) -> nn.Module:
-    """Rebuild the architecture described by `model_spec` (fresh weights; load the state dict after)."""
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(spec) - known)
-    if unknown or "num_classes" not in spec:
-        raise ModelError(f"model spec has unknown keys {unknown} or no num_classes; was it written by vitcli?")
-    return build_model(ModelConfig(**spec), int(spec["num_classes"]))
 
 
 def count_params(model: nn.Module) -> int:

@@ -276,13 +276,6 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def recipe_from_dict(data: dict) -> Recipe:
-    """Rebuild a recipe saved by `to_dict` (from recipe.yaml or checkpoint metadata); types checked, values not."""
-    recipe = Recipe()
-    merge(recipe, data)
-    return recipe
-
-
 def to_dict(recipe: Recipe) -> dict:
     """Plain nested dict of the recipe, in declaration order."""
     return dataclasses.asdict(recipe)

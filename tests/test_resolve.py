@@ -102,7 +102,7 @@ def test_eval_fewshot_dry_runs_at_the_checkpoints_native_resolution(monkeypatch,
                                "--seeds", 1, "data.synthetic.train_size=60", "data.synthetic.test_size=60")
     assert resolved["stage"] == "eval-fewshot"
     m = resolved["model"]
-    assert (m["img_size"], m["patch_size"], m["num_heads"], m["num_classes"]) == (32, 8, 2, 5)
+    assert (m["img_size"], m["patch_size"], m["num_heads"], m["num_classes"]) == (32, 8, 2, 0)  # no head
 
 
 # ---------------------------------------------------------------- the command decides the stage
@@ -166,3 +166,17 @@ def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, cap
     assert "dropped (3 classes)" in err
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "--dry-run")
     assert code == 2 and "cannot infer the architecture" in err and "model.name" in err
+
+
+@pytest.mark.parametrize("name", ["test_vit", "test_resnet"])
+def test_eval_fewshot_reads_a_foreign_file_of_a_named_network(monkeypatch, capsys, tmp_path, name):
+    """The file's head (any size, any name) is not needed: few-shot reads the pre-logits."""
+    theirs = timm.create_model(name, num_classes=7)
+    init = tmp_path / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init), metadata={"format": "pt"})
+    code, _, err = run_vit(monkeypatch, capsys, "eval-fewshot", "--ckpt", init, f"model.name={name}",
+                           "model.img_size=32", "--tasks", "synthetic", "--shots", 1, "--seeds", 1,
+                           "data.synthetic.train_size=40", "data.synthetic.test_size=40", "data.num_workers=0",
+                           "--workdir", tmp_path / "w")
+    assert code == 0, err
+    assert (tmp_path / "w" / "results.json").is_file()

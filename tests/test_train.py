@@ -51,8 +51,9 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
     one_run(recipe("schedule.steps=3"), tmp_path)
     model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"]))
     sd, _ = files.load_weights(tmp_path / "model.safetensors")
+    assert sorted(model.state_dict()) == sorted(k for k in sd if not k.startswith("head."))
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
-    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 4)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 32)  # pre-logits: eval-fewshot needs no head
 
 
 def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeypatch):

@@ -89,13 +89,14 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
     if recipe.stage == "pretrain" or not recipe.init.checkpoint:
         return model
     loaded = read_checkpoint(recipe.init.checkpoint)
-    if loaded.kind != "vitcli" and model.name != "custom":
-        return model  # the recipe names the architecture of a foreign file (a paper or timm name): trust it
-    heads = model.num_heads if user_heads and loaded.kind != "vitcli" else 0
-    spec = describe(loaded, num_heads=heads)
-    model = resolve_name(dataclasses.replace(model, **spec.architecture()))
-    if recipe.stage == "eval-fewshot":  # the checkpoint's own network, head and resolution, all kept
-        return dataclasses.replace(model, img_size=spec.img_size or model.img_size, num_classes=spec.num_classes)
-    if not recipe.init.keep_representation:
-        model = dataclasses.replace(model, representation_size=0)  # the paper drops pre-logits for transfer
-    return model
+    named = loaded.kind != "vitcli" and model.name != "custom"  # the recipe names a foreign file's network
+    foreign_heads = user_heads and loaded.kind != "vitcli" and not named  # ours: metadata wins, as for sizes
+    spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
+    if not named:
+        model = resolve_name(dataclasses.replace(model, **spec.architecture()))
+    if recipe.stage == "eval-fewshot":  # few-shot reads pre-logits: the representation stays, the head goes
+        return dataclasses.replace(model, img_size=spec.img_size or model.img_size, num_classes=0,
+                                   representation_size=spec.representation_size)
+    # the paper drops the pre-logits layer for transfer
+    keep = recipe.init.keep_representation
+    return dataclasses.replace(model, representation_size=spec.representation_size if keep else 0)

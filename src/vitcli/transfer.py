@@ -45,10 +45,10 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
 
 
 def load_for_eval(recipe: Recipe) -> torch.nn.Module:
-    """The checkpoint's own network at the resolved (native) resolution, every weight loaded, in eval mode."""
+    """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode."""
     spec = _spec(recipe)
-    model = models.build_model(recipe.model, recipe.model.num_classes)
-    sd, _ = adapt_state_dict(read_checkpoint(recipe.init.checkpoint).state_dict, model, spec, keep_head=True,
+    model = models.build_model(recipe.model, 0)
+    sd, _ = adapt_state_dict(read_checkpoint(recipe.init.checkpoint).state_dict, model, spec, keep_head=False,
                              keep_representation=recipe.model.representation_size > 0,
                              method=recipe.init.posemb_method)
     model.load_state_dict(sd, strict=True)

@@ -67,7 +67,7 @@ def test_get_tasks_parses_groups_lists_and_dedupes():
 
 
 def test_unknown_task_suggests_the_closest_name():
-    with pytest.raises(DataError, match="unknown few-shot task 'vtab/cifar10O'; did you mean 'vtab/cifar100'"):
+    with pytest.raises(DataError, match="unknown task 'vtab/cifar10O'; did you mean 'vtab/cifar100'"):
         tasks.get_tasks("vtab/cifar10O")
     with pytest.raises(DataError, match="no few-shot tasks"):
         tasks.get_tasks(" , ")

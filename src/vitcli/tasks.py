@@ -209,7 +209,7 @@ def _expand(item: str, custom: dict[str, Task]) -> list[Task]:
     known = ["vtab", "standard", *(f"vtab/{g}" for g in GROUPS), *REGISTRY, *custom]
     close = difflib.get_close_matches(item, known, n=1)
     hint = f"did you mean '{close[0]}'?" if close else "use vtab, vtab/<group>, standard or a task name"
-    raise DataError(f"unknown few-shot task '{item}'; {hint}")
+    raise DataError(f"unknown task '{item}'; {hint}")
 
 
 def get_tasks(spec: str, custom: dict[str, Task] | None = None) -> list[Task]:

@@ -55,7 +55,7 @@ def test_finetune_stage_defaults_are_the_paper_protocol():
         ("data:\n  hflip: maybe\n", "data.hflip: expected bool, got 'maybe'"),
         ("model:\n  pool: max\n", "model.pool: 'max' is not one of token, gap"),
         ("schedule:\n  steps: 10\n  warmup_steps: 10\n", "schedule.warmup_steps=10 must be smaller than schedule.steps=10"),
-        ("model:\n  img_size: 30\n  patch_size: 4\n", "model.img_size=30 is not a multiple of 4, the patch size of custom"),
+        ("model:\n  img_size: 30\n  patch_size: 4\n", "model.img_size=30 is not a multiple of 4 (the patch size of custom)"),
         ("data:\n  batch_size: 100\n  micro_batch_size: 32\n", "data.batch_size=100 is not divisible"),
     ],
 )
@@ -132,11 +132,11 @@ def test_flags_are_the_top_layer_and_none_means_not_given():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["model.img_size=36", "model.patch_size=8"], "model.img_size=36 is not a multiple of 8"),
+    (["model.img_size=36", "model.patch_size=8"], "model.img_size=36 is not a multiple of 8 (the patch size of custom)"),
     (["model.embed_dim=30", "model.num_heads=2", "model.pos_embed=sincos_2d"], "model.pos_embed=sincos_2d"),
     (["model.embed_dim=30", "model.num_heads=4"], "model.embed_dim=30 is not divisible by model.num_heads=4"),
     (["model.name=BiT-R50x1", "model.representation_size=8"], "representation_size"),
-    (["model.name=T2T-ViT-14", "model.img_size=200"], "model.img_size=200 is not a multiple of 16"),
+    (["model.name=T2T-ViT-14", "model.img_size=200"], "model.img_size=200 is not a multiple of 16 (the patch size of T2T-ViT-14)"),
     (["model.pos_embed=sincos_1d"], "model.pos_embed: 'sincos_1d' is not one of"),
     (["init.posemb_method=nearest"], "init.posemb_method: 'nearest' is not one of bilinear, bicubic"),
     (["fewshot.l2_reg=-1"], "fewshot.l2_reg"),

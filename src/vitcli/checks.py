@@ -13,7 +13,7 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.models import T2T_VITS, is_vit_family
-from vitcli.posemb import METHODS
+from vitcli.posemb import METHODS, grid_for
 from vitcli.recipe import Recipe
 
 STAGES = ("pretrain", "finetune", "eval-fewshot")
@@ -81,10 +81,7 @@ def check_model(recipe: Recipe) -> None:
                               f"paper's ViTs, T2T-ViT and custom, not '{m.name}'; set it to 0")
         return
     patch = 16 if family == "t2t" else m.patch_size  # T2T's soft splits make an effective patch of 16
-    if m.img_size % patch:
-        near = max(patch, round(m.img_size / patch) * patch)
-        raise RecipeError(f"model.img_size={m.img_size} is not a multiple of {patch}, the patch size of "
-                          f"{m.name}; use a multiple such as {near}")
+    grid_for(m.img_size, patch, "model.img_size", f"the patch size of {m.name}")
     if m.num_heads <= 0 or m.embed_dim % m.num_heads:
         raise RecipeError(f"model.embed_dim={m.embed_dim} is not divisible by model.num_heads={m.num_heads}")
     if family == "vit":

@@ -45,7 +45,7 @@ def resize_checkpoint(
     loaded = read_checkpoint(src)
     spec = describe(loaded)
     patch = _patch_size(spec, patch_size)
-    new = tuple(new_grid) if new_grid is not None else grid_for(res, patch)
+    new = tuple(new_grid) if new_grid is not None else grid_for(res, patch, "--res", "the checkpoint's patch size")
     old = _old_grid(loaded.state_dict, spec)
     rows = [
         ("grid", f"{old[0]}x{old[1]} -> {new[0]}x{new[1]} (patch {patch}, {spec.pos_embed}, {method})"),
@@ -71,7 +71,7 @@ def _check_request(new_grid, res, patch_size, method: str, out: str | None) -> N
     if res is not None and res <= 0:
         raise CheckpointError(f"resolution {res}: expected a positive number of pixels")
     if res is not None and patch_size:
-        grid_for(res, patch_size)  # a ModelError naming a resolution that fits
+        grid_for(res, patch_size, "--res", "--patch")  # names a resolution that fits
     if out is not None and Path(out).suffix != ".safetensors":
         raise CheckpointError(f"output {out}: the output is safetensors; name it *.safetensors")
     if out is not None and Path(out).is_dir():

@@ -112,6 +112,7 @@ class RunConfig:
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
+    keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
 
 
 @dataclass

@@ -30,8 +30,8 @@ from vitcli.transfer import load_init
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
 # weights and the summation order) must match.
-RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.device", "data.num_workers",
-             "data.eval_batch_size", "fewshot.")
+RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
+             "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
 def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None) -> dict[str, float]:

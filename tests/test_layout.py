@@ -15,10 +15,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
     "errors", "schedule", "posemb", "fewshot.solver", "recipe", "precision", "synthetic",
-    # processes, console, our files
-    "metrics", "dist", "checkpoints.files",
+    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state
+    "checkpoints.files", "metrics", "dist", "checkpoints.state",
     # models, data, checks on recipes, checkpoints of every source
-    "t2t", "models", "checks", "transforms", "tasks", "data",
+    "t2t", "models", "transforms", "checks", "tasks", "data",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
     # from the command line to a recipe
     "resolve",

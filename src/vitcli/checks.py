@@ -8,13 +8,17 @@ also starts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
+
+import torch
 
 from vitcli.errors import RecipeError
 from vitcli.models import T2T_VITS, is_vit_family
 from vitcli.posemb import METHODS, grid_for
 from vitcli.recipe import Recipe
+from vitcli.transforms import check_randaugment
 
 STAGES = ("pretrain", "finetune", "eval-fewshot")
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
@@ -29,8 +33,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "init.posemb_method": METHODS,
 }
-POSITIVE = ("model.img_size", "model.patch_size", "data.batch_size", "data.eval_batch_size")
-NOT_NEGATIVE = ("schedule.steps", "schedule.epochs", "schedule.warmup_steps")
+POSITIVE = (
+    "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim",
+    "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
+    "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize",
+)
+NOT_NEGATIVE = (
+    "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
+    "run.eval_every", "data.num_workers", "data.micro_batch_size", "data.num_classes", "data.mixup_alpha",
+    "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
+    "fewshot.every", "fewshot.custom.num_classes",
+)
+BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
+             "optim.momentum")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
+UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
 
 
 def get(recipe: Recipe, path: str) -> Any:
@@ -48,7 +64,9 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
     check_model(recipe)
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
     _batch(recipe, world_size)
+    _augment(recipe, world_size)
     _fewshot(recipe)
+    _device(recipe.run.device)
 
 
 def _choices(recipe: Recipe) -> None:
@@ -58,17 +76,26 @@ def _choices(recipe: Recipe) -> None:
 
 
 def _ranges(recipe: Recipe) -> None:
-    for path in POSITIVE:
-        if get(recipe, path) <= 0:
-            raise RecipeError(f"{path} must be positive, got {get(recipe, path)}")
-    for path in NOT_NEGATIVE:
-        if get(recipe, path) < 0:
-            raise RecipeError(f"{path} must not be negative, got {get(recipe, path)}")
-    d = recipe.data
-    if not 0 < d.crop_min_area <= 1:
-        raise RecipeError(f"data.crop_min_area must be in (0, 1], got {d.crop_min_area}")
-    if not 0 < d.eval_crop_pct <= 1:
-        raise RecipeError(f"data.eval_crop_pct must be in (0, 1], got {d.eval_crop_pct}")
+    """NaN and infinity nowhere; then each key's range."""
+    for path, value in _numbers(recipe):
+        if not math.isfinite(value):
+            raise RecipeError(f"{path} must be a finite number, got {value}")
+    for paths, ok, want in ((POSITIVE, lambda v: v > 0, "positive"), (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
+                            (BELOW_ONE, lambda v: 0 <= v < 1, "in [0, 1)"), (UP_TO_ONE, lambda v: 0 < v <= 1,
+                                                                               "in (0, 1]")):
+        for path in paths:
+            if not ok(get(recipe, path)):
+                raise RecipeError(f"{path} must be {want}, got {get(recipe, path)}")
+
+
+def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """(dotted path, value) of every number in the recipe, lists included."""
+    if dataclasses.is_dataclass(obj):
+        return [pair for f in dataclasses.fields(obj) for pair in _numbers(getattr(obj, f.name), f"{prefix}{f.name}.")]
+    if isinstance(obj, list):
+        return [pair for i, v in enumerate(obj) for pair in _numbers(v, f"{prefix[:-1]}[{i}].")]
+    is_number = isinstance(obj, int | float) and not isinstance(obj, bool)
+    return [(prefix[:-1], float(obj))] if is_number else []
 
 
 def check_model(recipe: Recipe) -> None:
@@ -114,8 +141,28 @@ def _batch(recipe: Recipe, world_size: int) -> None:
         )
 
 
+def _augment(recipe: Recipe, world_size: int) -> None:
+    d = recipe.data
+    if d.randaugment:
+        check_randaugment(d.randaugment, "data.randaugment")
+    micro = d.micro_batch_size or d.batch_size // world_size
+    if d.mixup_alpha and micro % 2:  # timm's Mixup pairs each image with its mirror in the micro-batch
+        raise RecipeError(f"data.mixup_alpha={d.mixup_alpha} needs an even micro-batch, got {micro}; "
+                          "set data.micro_batch_size (or data.batch_size) to an even number")
+
+
+def _device(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
+
+
 def _fewshot(recipe: Recipe) -> None:
     f = recipe.fewshot
+    if f.tasks and not f.shots:
+        raise RecipeError("fewshot.shots is empty: give the shot counts, e.g. fewshot.shots=1,5,10,25")
+    bad = [k for k in f.shots if k < 1]
+    if bad:
+        raise RecipeError(f"fewshot.shots must be >= 1 per class, got {bad[0]} in {f.shots}")
     if f.l2_reg != "auto":
         try:
             ok = float(f.l2_reg) > 0 and math.isfinite(float(f.l2_reg))

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 from vitcli.errors import VitcliError
@@ -34,6 +33,9 @@ ResumeOpt = Annotated[
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
 ]
+
+
+COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb")
 
 
 def _workdir(workdir: Path | None, stage: str) -> Path:
@@ -153,17 +155,25 @@ def main() -> None:
         if debug:
             raise
         _fail(str(e), e.exit_code)
-    except click.exceptions.Abort:
+    except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
+        _usage_error(e)
+    except typer.Abort:
         _fail("interrupted", 130)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as e:  # a bug: still one line unless debugging
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
+
+
+def _usage_error(e: Exception) -> None:
+    """`No such option: --recipy`, `Invalid value for '--res': ...` as one line with where to look, exit 2."""
+    message = e.format_message().strip()
+    if not message:  # a bare `vit`: the help was just printed, which is the answer
+        sys.exit(2)
+    command = next((a for a in sys.argv[1:] if a in COMMANDS), "")
+    _fail(f"{message} (see `vit {command}{' ' if command else ''}--help`)", 2)
 
 
 def _fail(message: str, code: int) -> None:

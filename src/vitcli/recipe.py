@@ -263,7 +263,11 @@ def read_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not a text file (not UTF-8), so not a YAML recipe") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

@@ -7,6 +7,7 @@ Built from timm's pieces so the semantics (crop sampling, RandAugment hyper-para
 from __future__ import annotations
 
 import random
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -29,8 +30,24 @@ def to_rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGB")
 
 
+# timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
+# timm skips a section it cannot split and so silently ignores a typo (`rand-mag9`); we refuse it instead.
+RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p|w)\d[\d.]*")
+
+
+def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
+    """A DataError naming `name` unless `spec` is `rand` followed by sections timm understands."""
+    head, *sections = spec.split("-")
+    bad = [s for s in sections if not RANDAUGMENT_SECTION.fullmatch(s)]
+    if head != "rand" or bad:
+        culprit = f"section '{bad[0]}'" if head == "rand" else f"'{head}' (must start with rand)"
+        raise DataError(f"{name}: cannot parse '{spec}': {culprit}; use a timm spec like rand-m9-mstd0.5 "
+                        "(sections m, n, mstd, mmax, inc, p, w, each with a number)")
+
+
 def _randaugment(spec: str, img_size: int):
     """timm RandAugment from a spec like `rand-m9-mstd0.5`, with timm's own defaults for our mean and size."""
+    check_randaugment(spec)
     hparams = {
         "translate_const": int(img_size * 0.45),
         "img_mean": tuple(round(255 * m) for m in MEAN),

@@ -25,10 +25,12 @@ from vitcli.checkpoints.describe import PAPER_HEADS, describe
 from vitcli.checkpoints.files import (
     MODEL_FILE,
     atomic_path,
+    checksum_path,
     load_state,
     load_weights,
     save_state,
     save_weights,
+    sha256_of,
     write_text,
 )
 from vitcli.checkpoints.fit import adapt_state_dict
@@ -187,8 +189,9 @@ def test_our_files_are_written_atomically_and_read_back(tmp_path):
         tmp.write_text("half")
         raise RuntimeError("interrupted")
     assert (tmp_path / "a.txt").read_text() == "one" and sorted(os.listdir(tmp_path)) == [
-        "a.txt", "m.safetensors", "state.pt"]
+        "a.txt", "m.safetensors", "state.pt", "state.pt.sha256"]
     torch.save({"evil": _Payload(str(tmp_path / "x"))}, tmp_path / "bad.pt")
+    checksum_path(tmp_path / "bad.pt").write_text(sha256_of(tmp_path / "bad.pt"))  # intact: only the pickle is bad
     with pytest.raises(CheckpointError, match="cannot read training state"):
         load_state(tmp_path / "bad.pt")
     assert not (tmp_path / "x").exists()

@@ -31,7 +31,7 @@ def test_torchrun_two_processes(tmp_path):
     assert [r["step"] for r in rows if "train/loss" in r] == list(range(1, 7)), "rank 0 logs each step once"
     final = [r for r in rows if "test/top1" in r]
     assert len(final) == 1 and 0 <= final[0]["test/top1"] <= 1
-    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "state.pt").is_file()
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "state-6.pt").is_file()
 
 
 def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 
 from vitcli import trainer
-from vitcli.checkpoints import files
+from vitcli.checkpoints import files, state
 from vitcli.errors import RecipeError, TrainingError
 from vitcli.metrics import read_metrics
 from vitcli.resolve import resolve
@@ -37,7 +37,7 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert {"train/loss", "train/lr", "train/img_per_s"} <= set(rows[0])
     assert 0.0 <= results["val/top1"] <= 1.0 and "test/top1" in results
-    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state.pt", "summary.json"):
+    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state-40.pt", "summary.json"):
         assert (tmp_path / name).is_file(), name
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         meta = f.metadata()
@@ -72,7 +72,7 @@ def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeyp
     monkeypatch.setattr(trainer, "_accumulate_grads", crash_at_step_5)
     with pytest.raises(KeyboardInterrupt):
         one_run(r, tmp_path / "resumed")
-    assert files.load_state(tmp_path / "resumed" / "state.pt")["step"] == 3
+    assert state.latest_good_state(tmp_path / "resumed")[1]["step"] == 3
     monkeypatch.setattr(trainer, "_accumulate_grads", real)
     one_run(r, tmp_path / "resumed")  # automatic: the workdir holds a checkpoint
 
@@ -126,9 +126,9 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     monkeypatch.setattr(trainer, "loss_fn", poisoned)
     with pytest.raises(TrainingError, match="at step 2"):
         one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
-    state = files.load_state(tmp_path / "state.pt")
-    assert state["step"] == 2
-    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    _, saved = state.latest_good_state(tmp_path)
+    assert saved["step"] == 2
+    assert all(torch.isfinite(v).all() for v in saved["model"].values())
     assert not (tmp_path / "model.safetensors").exists()
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from vitcli.checkpoints.files import write_text
+from vitcli.errors import TrainingError
+
 console = Console(stderr=True)  # progress and log lines
 # Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
 stdout = Console(width=None if sys.stdout.isatty() else 160)
@@ -21,8 +24,9 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: int = 0, enabled: bool = True):
         self.path, self.enabled = path, enabled
         if enabled and resume_step and path.exists():
-            kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= resume_step]
-            path.write_text("".join(ln + "\n" for ln in kept))
+            kept = [ln for ln, row in _parsed_lines(path) if row["step"] <= resume_step]
+            # rewritten atomically: a kill now must not take the rows before the resumed step with it
+            write_text(path, "".join(ln + "\n" for ln in kept))
         elif enabled and not resume_step:
             path.write_text("")
 
@@ -38,7 +42,22 @@ class MetricsLog:
 
 def read_metrics(path: str | Path) -> list[dict]:
     """All rows of a metrics.jsonl file."""
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+    return [row for _, row in _parsed_lines(Path(path))]
+
+
+def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) for each line; a torn last line (the run was killed mid-write) is dropped with a warning."""
+    lines = [(n, ln) for n, ln in enumerate(path.read_text(errors="replace").splitlines(), 1) if ln.strip()]
+    out = []
+    for i, (n, ln) in enumerate(lines):
+        try:
+            out.append((ln, json.loads(ln)))
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:  # only the last line can be cut short by a kill; this is damage
+                raise TrainingError(f"{path} line {n} is not JSON; repair or delete that line, or start over with "
+                                    f"--no-resume") from None
+            console.log(f"[yellow]warning: {path}: dropped its torn last line {n} (a write was cut short)")
+    return out
 
 
 def progress_bar(enabled: bool) -> Progress:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from vitcli import data
-from vitcli.checkpoints import files
+from vitcli.checkpoints import files, state
 from vitcli.dist import Dist, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
@@ -68,28 +68,29 @@ def loss_fn(cfg: OptimConfig, num_classes: int):
 
 
 def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
-    """Load WORKDIR/state.pt if present; return the step to continue from (0 for a fresh run)."""
-    path = job.workdir / files.STATE_FILE
-    if not path.exists():
+    """Load the workdir's latest good checkpoint, if any; return the step to continue from (0 for a fresh run)."""
+    found = state.latest_good_state(job.workdir, verbose=dist.is_main)
+    if found is None:
         return 0
-    state = files.load_state(path)
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng"])
+    path, saved = found
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["rng"])
     if dist.is_main:
-        console.log(f"resuming from {path} at step {state['step']}")
-    return int(state["step"])
+        console.log(f"resuming from {path} at step {saved['step']}")
+    return int(saved["step"])
 
 
 def _save_state(job: Job, model, optimizer, step: int) -> None:
-    state = {
+    """A checkpoint of everything resuming needs (state.STATE_KEYS); the oldest beyond run.keep_checkpoints go."""
+    snapshot = {
         "step": step,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "rng": torch.get_rng_state(),
         "recipe": to_dict(job.recipe),
     }
-    files.save_state(job.workdir / files.STATE_FILE, state)
+    state.save_checkpoint(job.workdir, snapshot, job.recipe.run.keep_checkpoints)
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:

@@ -3,6 +3,7 @@
 One concept per file, in the order a checkpoint travels:
 
 - `files.py`: our own files (safetensors with the recipe in metadata, the resumable state) written atomically.
+- `state.py`: the workdir's last `run.keep_checkpoints` training states and the latest good one, for resuming.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
   are refused.

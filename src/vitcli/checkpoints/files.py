@@ -1,14 +1,17 @@
 """Our own files: final weights as safetensors with the recipe in metadata, resumable training state.
 
-Every write goes to a temporary name in the same directory and is renamed into place, so an interrupted run
-never leaves a half-written file where a later stage would read it.
+Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so neither a
+killed run nor a power cut leaves a half-written file where a later stage would read it. A training state
+also gets a sha256 checksum beside it (`sha256sum` format), checked before its bytes are read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,22 +24,60 @@ from vitcli.errors import CheckpointError
 
 FORMAT = "vitcli/1"
 MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
+STATE_FILE = "state.pt"  # the one state file of vitcli before keep_checkpoints: no checksum, so never loaded
+CHECKSUM_SUFFIX = ".sha256"
+# atomic_path's temporaries: `.<name>.` + mkstemp's 8 random characters + `.tmp`, and nothing else
+_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+    """Yield a temporary path beside `path`; if the block succeeds, make it durable and rename it onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
         yield Path(tmp)
+        _fsync(tmp)  # before the rename: after a power cut the name must not point at blocks never written
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would hide outputs from the group
         os.replace(tmp, path)
+        _fsync(path.parent)  # the rename itself is a change to the directory
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _fsync(path: str | Path) -> None:
+    """Flush a file's (or a directory's) data to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux reports it (other threads may create files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere it can only be read by setting it, so it is put back at once
+    os.umask(mask)
+    return mask
+
+
+def remove_stale_temps(workdir: str | Path) -> list[Path]:
+    """Delete the temporaries that killed writes left in `workdir` (atomic_path's own names only); return them.
+
+    Call it before the run writes anything: a temporary of a write in progress looks the same.
+    """
+    stale = [p for p in Path(workdir).glob(".*.tmp")
+             if _TEMP_NAME.fullmatch(p.name) and p.is_file() and not p.is_symlink()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -76,14 +117,53 @@ def _decode(value: str) -> object:
 
 
 def save_state(path: str | Path, state: dict) -> None:
-    """Write the resumable training state (tensors, numbers, strings only, so it loads with weights_only)."""
+    """Write the resumable training state (tensors, numbers, strings only, so it loads with weights_only), then
+    its checksum beside it as `<name>.sha256`."""
+    path = Path(path)
+    # Gone first and written last: a kill at any point leaves a state without a checksum (read as incomplete),
+    # never a state beside the checksum of another.
+    checksum_path(path).unlink(missing_ok=True)
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
+        digest = sha256_of(tmp)
+    write_text(checksum_path(path), f"{digest}  {path.name}\n")
 
 
 def load_state(path: str | Path) -> dict:
-    """Read a training state written by `save_state`, never unpickling arbitrary objects."""
+    """Read a training state written by `save_state`: the checksum is checked first, and the bytes are read with
+    weights_only, so neither damaged bytes nor arbitrary objects are ever unpickled."""
+    path = Path(path)
+    verify_checksum(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or EOFError
-        raise CheckpointError(f"{path}: cannot read training state ({type(e).__name__}: {e})") from None
+        first = (str(e).strip().splitlines() or [""])[0]  # torch's messages run to many lines
+        raise CheckpointError(f"{path}: cannot read training state ({type(e).__name__}: {first})") from None
+
+
+def checksum_path(path: str | Path) -> Path:
+    """Where the sha256 of `path` is kept: `<name>.sha256` beside it, checkable with `sha256sum -c`."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def sha256_of(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (a ViT-B state with Adam is about 1 GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checksum(path: str | Path) -> None:
+    """Raise CheckpointError unless `path` exists and its bytes match the sha256 recorded beside it."""
+    path, sidecar = Path(path), checksum_path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: not found")
+    if not sidecar.is_file():
+        raise CheckpointError(f"{path}: incomplete, no {sidecar.name} (its write was interrupted, or an older "
+                              f"vitcli wrote it)")
+    recorded = sidecar.read_text(errors="replace").split()[:1]
+    if recorded != [sha256_of(path)]:
+        raise CheckpointError(f"{path}: damaged, its sha256 differs from the one in {sidecar.name}")

@@ -14,7 +14,7 @@ import torch
 from rich.table import Table
 
 from vitcli import data, models
-from vitcli.checkpoints import files
+from vitcli.checkpoints import files, state
 from vitcli.checks import check_schedule
 from vitcli.dist import Dist, setup
 from vitcli.errors import RecipeError
@@ -47,13 +47,18 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def check_resume(recipe: Recipe, workdir: Path, resume: bool | None) -> bool:
-    """Decide whether to resume: automatic when WORKDIR/state.pt exists, refused if what is trained changed."""
-    state = workdir / files.STATE_FILE
-    if resume is False or (resume is None and not state.exists()):
+    """Decide whether to resume: automatic when the workdir holds a checkpoint, refused if what is trained changed.
+
+    The checkpoint compared is the one the trainer will load (a CheckpointError if none is usable).
+    """
+    if resume is False:
         return False
-    if not state.exists():
-        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected {state.name})")
-    saved = _flatten(files.load_state(state)["recipe"])
+    found = state.latest_good_state(workdir, verbose=False)  # the trainer names the ones it skips, on rank 0
+    if found is None and resume:
+        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt)")
+    if found is None:
+        return False
+    saved = _flatten(found[1]["recipe"])
     now = _flatten(to_dict(recipe))
     diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
     if diffs:

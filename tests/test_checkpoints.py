@@ -36,7 +36,7 @@ from vitcli.checkpoints.files import (
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.resize import parse_grid, resize_checkpoint, run_resize
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, VitcliError
 from vitcli.posemb import resample_axis, resample_posemb, sincos_2d
 
 D, HEADS, MLP, PATCH = 32, 2, 64, 8
@@ -701,7 +701,7 @@ def test_resize_checks_the_request_before_reading(tmp_path):
         ({"res": -32}, "positive number of pixels"),
     ]
     for kw, match in bad:
-        with pytest.raises(CheckpointError, match=match):
+        with pytest.raises(VitcliError, match=match):  # CheckpointError, or OutputError for --out
             resize_checkpoint(missing, **kw)
     with pytest.raises(CheckpointError, match="not found"):
         resize_checkpoint(missing, res=48)

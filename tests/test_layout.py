@@ -16,7 +16,7 @@ ORDER = [
     # pure maths and the recipe schema
     "errors", "schedule", "posemb", "fewshot.solver", "recipe", "precision", "synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state
-    "checkpoints.files", "metrics", "dist", "checkpoints.state",
+    "checkpoints.files", "metrics", "dist", "checkpoints.state", "workdir",
     # models, data, checks on recipes, checkpoints of every source
     "t2t", "models", "transforms", "checks", "tasks", "data",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",

@@ -30,6 +30,10 @@ ResumeOpt = Annotated[
     bool | None,
     typer.Option("--resume/--no-resume", help="Resume from WORKDIR/state.pt (default: when one exists)."),
 ]
+OverwriteOpt = Annotated[
+    bool, typer.Option("--overwrite", help="Start over in a workdir that holds a finished run (its files are kept "
+                       "in previous-<time>/).")
+]
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
 ]
@@ -61,6 +65,7 @@ def pretrain(
     workdir: WorkdirOpt = None,
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
+    overwrite: OverwriteOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
     """Pretrain a ViT (supervised) from a recipe, with a progress bar, metrics and resumable checkpoints."""
@@ -69,7 +74,7 @@ def pretrain(
         return _dry_run(r)
     from vitcli.stages.run import one_run as run
 
-    run(r, _workdir(workdir, "pretrain"), resume)
+    run(r, _workdir(workdir, "pretrain"), resume, overwrite)
 
 
 @app.command()
@@ -87,6 +92,7 @@ def finetune(
     data_root: Annotated[str | None, typer.Option(help="With --task: one directory per task.")] = None,
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
+    overwrite: OverwriteOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
@@ -98,7 +104,7 @@ def finetune(
     check_flags(lr_sweep, task)
     if dry_run:
         return _dry_run(r)
-    run(r, _workdir(workdir, "finetune"), resume=resume, lr_sweep=lr_sweep, task=task)
+    run(r, _workdir(workdir, "finetune"), resume=resume, overwrite=overwrite, lr_sweep=lr_sweep, task=task)
 
 
 @app.command("eval-fewshot")

@@ -27,5 +27,9 @@ class CheckpointError(VitcliError):
     """A checkpoint that is missing, unsafe to read, or does not fit the model."""
 
 
+class OutputError(VitcliError):
+    """A workdir or output path that cannot be written, or a finished run that would be replaced."""
+
+
 class TrainingError(VitcliError):
     """Training cannot go on (for example a non-finite loss)."""

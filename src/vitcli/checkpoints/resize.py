@@ -22,6 +22,7 @@ from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.errors import CheckpointError
 from vitcli.metrics import stdout
 from vitcli.posemb import check_method, grid_for, resample_axis, resample_posemb, sincos_2d
+from vitcli.workdir import check_output_file
 
 RESIZED = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
 
@@ -55,6 +56,7 @@ def resize_checkpoint(
     rows += _resize(sd, spec, old, new, method)
     meta = _new_meta(loaded, new, patch)
     target = Path(out) if out else _default_out(loaded, new)
+    check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)")
     if not dry_run:
         _write(target, sd, meta, loaded.kind == "vitcli")
     rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))
@@ -74,8 +76,8 @@ def _check_request(new_grid, res, patch_size, method: str, out: str | None) -> N
         grid_for(res, patch_size, "--res", "--patch")  # names a resolution that fits
     if out is not None and Path(out).suffix != ".safetensors":
         raise CheckpointError(f"output {out}: the output is safetensors; name it *.safetensors")
-    if out is not None and Path(out).is_dir():
-        raise CheckpointError(f"output {out} is a directory; name a *.safetensors file")
+    if out is not None:
+        check_output_file(Path(out), "--out")
 
 
 def _patch_size(spec: CheckpointSpec, given: int | None) -> int:

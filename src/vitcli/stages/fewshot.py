@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from rich.table import Table
 
 from vitcli import tasks
 from vitcli.checkpoints.files import write_text
 from vitcli.dist import Dist, setup
-from vitcli.errors import RecipeError
+from vitcli.errors import DataError, RecipeError
 from vitcli.fewshot import features, report
 from vitcli.fewshot.evaluate import (
     data_cfg,
@@ -22,6 +23,7 @@ from vitcli.fewshot.evaluate import (
 from vitcli.metrics import console, stdout
 from vitcli.recipe import Recipe, to_yaml
 from vitcli.transfer import load_for_eval
+from vitcli.workdir import check_workdir
 
 
 def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
@@ -30,13 +32,15 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
         raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
     if not recipe.fewshot.tasks:
         raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
+    check_workdir(workdir)
+    if recipe.fewshot.cache_dir:
+        check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
     model = load_for_eval(recipe).to(dist.device)
-    if dist.is_main:
-        write_text(workdir / "recipe.yaml", to_yaml(recipe))
     rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist)]
     if dist.is_main:
+        write_text(workdir / "recipe.yaml", to_yaml(recipe))
         report.write(rows, workdir, recipe)
     return rows
 
@@ -59,7 +63,12 @@ def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dis
         feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main)
         console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
         sets.append((feats, labels))
-    return evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
+    rows = evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
+    if not rows:  # an empty table would look like a result
+        largest = int(np.bincount(sets[0][1]).max())
+        raise DataError(f"{task.name}: no shot count can be drawn: the largest class has {largest} train "
+                        f"examples, fewer than --shots {min(recipe.fewshot.shots)}; lower --shots")
+    return rows
 
 
 def print_registry() -> None:

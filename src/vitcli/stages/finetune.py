@@ -18,15 +18,15 @@ def check_flags(lr_sweep: str | None, task: str | None) -> tuple[list[float] | N
     return parse_lrs(lr_sweep) if lr_sweep else None, vtab_tasks(task) if task else None
 
 
-def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, lr_sweep: str | None = None,
-             task: str | None = None) -> dict:
+def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overwrite: bool = False,
+             lr_sweep: str | None = None, task: str | None = None) -> dict:
     """Check the flags, join the process group once, and run what they ask for."""
     lrs, chosen = check_flags(lr_sweep, task)
     dist = setup(recipe.run.device)
     if not recipe.init.checkpoint and dist.is_main:
         console.log("no --init: fine-tuning from random initialisation (a baseline, not transfer)")
     if chosen:
-        return run_vtab(recipe, workdir, chosen, dist, resume, lrs)
+        return run_vtab(recipe, workdir, chosen, dist, resume, lrs, overwrite)
     if lrs:
-        return sweep(recipe, workdir, lrs, dist, resume)
-    return run_training(recipe, workdir, dist, resume)
+        return sweep(recipe, workdir, lrs, dist, resume, overwrite)
+    return run_training(recipe, workdir, dist, resume, overwrite)

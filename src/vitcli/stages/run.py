@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.table import Table
 
@@ -26,6 +27,7 @@ from vitcli.recipe import Recipe, to_dict, to_yaml
 from vitcli.schedule import total_steps
 from vitcli.trainer import Job, train
 from vitcli.transfer import load_init
+from vitcli.workdir import check_space, check_workdir, refuse_finished, set_aside
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
@@ -34,9 +36,9 @@ RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_chec
              "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
-def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None) -> dict[str, float]:
-    """`vit pretrain` (and a plain `vit finetune`): join the process group, then one training run."""
-    return run_training(recipe, workdir, setup(recipe.run.device), resume)
+def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:
+    """`vit pretrain`: join the process group, then one training run."""
+    return run_training(recipe, workdir, setup(recipe.run.device), resume, overwrite)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -84,12 +86,23 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
     return periodic, final
 
 
+def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
+    """Every train label must have a logit: a head smaller than the labels would fail deep in the loss."""
+    column = r.data.label_column
+    top = int(np.asarray(train_ds.select_columns([column]).with_format("numpy")[column]).max())
+    if top >= num_classes:
+        key = "model.num_classes" if r.model.num_classes else "data.num_classes"
+        raise RecipeError(f"{key}={num_classes}, but the train split has label {top}; set {key}={top + 1} or "
+                          "more (model.num_classes=0 takes the data's own count)")
+
+
 def build_job(r: Recipe, workdir: Path, dist: Dist) -> Job:
     """Data, model (with its starting weights), step count and evaluators for a training run."""
     if not r.schedule.steps and not r.schedule.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
     train_ds = data.load_split(r.data, r.data.train_split)
     num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
+    check_labels(train_ds, r, num_classes)
     steps = total_steps(r.schedule.steps, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
     model = models.build_model(r.model, num_classes)
@@ -100,16 +113,25 @@ def build_job(r: Recipe, workdir: Path, dist: Dist) -> Job:
     return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final)
 
 
-def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None) -> dict[str, float]:
-    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state.pt, model.safetensors (rank 0)."""
-    workdir.mkdir(parents=True, exist_ok=True)
+def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
+                 overwrite: bool = False) -> dict[str, float]:
+    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors (rank 0).
+
+    Everything is checked before the first file is touched: the workdir, the resume decision, the data,
+    the model and its starting weights, the free space. A finished run in the workdir is replaced only
+    with `overwrite`, and its files are moved aside (never deleted) once the new run has started cleanly.
+    """
+    check_workdir(workdir)
     resuming = check_resume(recipe, workdir, resume)
-    if not resuming and dist.is_main:  # a fresh run must not leave a previous run's files looking current
-        for stale in (files.STATE_FILE, files.MODEL_FILE, "metrics.jsonl", "summary.json"):
-            (workdir / stale).unlink(missing_ok=True)
+    if not resuming:
+        refuse_finished(workdir, overwrite)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
     job = build_job(recipe, workdir, dist)
+    check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
+        workdir.mkdir(parents=True, exist_ok=True)
+        if not resuming:
+            set_aside(workdir)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
         _announce(job, dist)
     t0 = time.perf_counter()
@@ -120,6 +142,14 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
         report(summary, workdir)
     return results
+
+
+def checkpoint_bytes(job: Job) -> int:
+    """Disk a run needs at most: run.keep_checkpoints states and one being written (weights plus the
+    optimizer's slots: Adam keeps two per weight, SGD momentum one), and the final model, all fp32."""
+    weights = 4 * models.count_params(job.model)
+    slots = 2 if job.recipe.optim.name == "adamw" else 1
+    return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
 
 def _announce(job: Job, dist: Dist) -> None:

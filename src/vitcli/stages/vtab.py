@@ -50,16 +50,16 @@ def task_recipe(recipe: Recipe, task: tasks.Task, sweep_lr: bool, world_size: in
 
 
 def run_vtab(recipe: Recipe, workdir: Path, chosen: list[tasks.Task], dist: Dist, resume: bool | None = None,
-             lrs: list[float] | None = None) -> dict:
+             lrs: list[float] | None = None, overwrite: bool = False) -> dict:
     """Fine-tune on every task in `chosen`, one workdir each; rank 0 prints the table and writes vtab.json."""
     results = {}
     for task in chosen:
         out, r = workdir / task.name.split("/")[1], task_recipe(recipe, task, bool(lrs), dist.world_size)
         if lrs:
-            summary = sweep(r, out, lrs, dist, resume)
+            summary = sweep(r, out, lrs, dist, resume, overwrite)
             top1, lr = summary["test/top1"], summary["best_lr"]
         else:
-            top1, lr = run_training(r, out, dist, resume).get("test/top1"), r.optim.lr
+            top1, lr = run_training(r, out, dist, resume, overwrite).get("test/top1"), r.optim.lr
         results[task.name] = {"group": task.group, "test/top1": top1, "lr": lr}
     if dist.is_main:
         write_text(workdir / "vtab.json", json.dumps(results, indent=2) + "\n")

@@ -1,0 +1,81 @@
+"""Output locations, checked before anything is written, and a finished run's files kept, never deleted.
+
+A run validates its whole input first; only then does it touch the workdir. A fresh run into a workdir that
+holds a finished model needs `--overwrite`, and even then the old files are moved to `previous-<time>/`
+beside the new ones (a user's finished work is sacred), only once the new run has started cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from vitcli.checkpoints.files import MODEL_FILE
+from vitcli.errors import OutputError
+from vitcli.metrics import console
+
+# What a training run writes at the top of its workdir; a replaced run's copies are moved aside together.
+RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE, "state.pt", "checkpoints")
+
+
+def existing_ancestor(path: Path) -> Path:
+    """`path` itself if it exists, else its nearest existing parent (where it would be created)."""
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_workdir(workdir: Path) -> None:
+    """A directory, or a path where one can be made, that this user may write to."""
+    if workdir.exists() and not workdir.is_dir():
+        raise OutputError(f"workdir {workdir} is a file, not a directory; pass another --workdir")
+    check_writable(workdir, "workdir")
+
+
+def check_writable(path: Path, what: str) -> None:
+    """An OutputError naming `what` when the directory that would hold `path` cannot be written."""
+    where = existing_ancestor(path)
+    if where.is_file():
+        raise OutputError(f"{what} {path}: {where} is a file, so nothing can be created below it")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise OutputError(f"{what} {path}: {where} is not writable by this user; pick another location")
+
+
+def check_output_file(path: Path, what: str) -> None:
+    """An output file: not an existing directory, and creatable."""
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a directory; name a file")
+    check_writable(path.parent, what)
+
+
+def refuse_finished(workdir: Path, overwrite: bool) -> None:
+    """A fresh run must not replace a finished one by accident (a typo after `--no-resume`, say)."""
+    if (workdir / MODEL_FILE).is_file() and not overwrite:
+        raise OutputError(
+            f"{workdir} holds a finished run ({MODEL_FILE}); use a new --workdir, or pass --overwrite "
+            "to start over there (its files are then kept in previous-<time>/ inside it)"
+        )
+
+
+def set_aside(workdir: Path) -> Path | None:
+    """Move a previous run's outputs into WORKDIR/previous-<time>/ and say so; None when there were none."""
+    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()]
+    if not found:
+        return None
+    kept = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+    kept.mkdir()
+    for path in found:
+        path.rename(kept / path.name)
+    console.log(f"the previous run's files are kept in {kept}")
+    return kept
+
+
+def check_space(path: Path, needed: int, what: str) -> None:
+    """An OutputError when the file system that would hold `path` has less than `needed` bytes free."""
+    free = shutil.disk_usage(existing_ancestor(path)).free
+    if free < needed:
+        raise OutputError(f"{path}: {what} needs about {needed / 2**30:.2f} GiB, but only "
+                          f"{free / 2**30:.2f} GiB is free there; free some space or pick another --workdir")

@@ -1,0 +1,160 @@
+"""Bad input, as users type it, across every command: exit 2, one line naming the culprit, no traceback, and
+not one file created or changed (a finished run in the workdir included)."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from clirun import run_vit
+from vitcli.checkpoints import files
+from vitcli.errors import OutputError
+from vitcli.models import build_model, model_spec
+from vitcli.recipe import ModelConfig, Recipe, to_dict
+from vitcli.workdir import check_writable
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
+SMALL = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
+         "data.batch_size=32", "data.num_workers=0", "schedule.epochs=0", "schedule.steps=2",
+         "schedule.warmup_steps=1"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """A finished workdir (recipe, weights, state), a pickle, a binary file and a plain file to trip over."""
+    root = tmp_path_factory.mktemp("bad")
+    cfg = ModelConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)}
+    files.save_weights(root / "done" / files.MODEL_FILE, build_model(cfg, 10).state_dict(), meta)
+    files.write_text(root / "done" / "recipe.yaml", "stage: pretrain\n")
+    torch.save({"w": torch.zeros(1)}, root / "weights.pt")
+    (root / "binary.yaml").write_bytes(bytes(range(256)))
+    (root / "afile").write_text("not a directory")
+    (root / "adir.safetensors").mkdir()
+    return root
+
+
+def pretrain(*args):
+    return ["pretrain", "-r", QUICK, *SMALL, *args]
+
+
+def finetune(*args):
+    return ["finetune", "-r", str(REPO / "recipes/quickstart/finetune.yaml"), *SMALL, *args]
+
+
+def fewshot(*args):
+    return ["eval-fewshot", "--tasks", "synthetic", "--ckpt", "{root}/done", "data.synthetic.train_size=40",
+            "data.synthetic.test_size=40", "data.num_workers=0", *args]
+
+
+CASES = {
+    # usage errors (Typer's own click)
+    "unknown command": (["pretrian"], "No such command 'pretrian'"),
+    "misspelt option": (["pretrain", "--recipy", "x"], "--recipy"),
+    "option not a number": (["finetune", "--res", "abc"], "'--res'"),
+    "missing argument": (["resize-posemb"], "Missing argument"),
+    "option without its value": (["eval-fewshot", "--shots"], "--shots"),
+    # recipe files and keys
+    "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
+    "missing recipe": (["pretrain", "-r", "{root}/nope.yaml"], "recipe file not found"),
+    "misspelt key": (pretrain("optim.lrr=0.1"), "did you mean 'optim.lr'"),
+    "recipe of another stage": (["pretrain", "-r", str(REPO / "recipes/finetune/cifar10.yaml")],
+                                "says stage: finetune"),
+    "override without =": (pretrain("optim.lr"), "not KEY=VALUE"),
+    # values
+    "lr zero": (pretrain("optim.lr=0"), "optim.lr must be positive"),
+    "lr negative": (pretrain("optim.lr=-1e-3"), "optim.lr must be positive"),
+    "lr nan": (pretrain("optim.lr=nan"), "optim.lr must be a finite number"),
+    "zero heads": (pretrain("model.num_heads=0"), "model.num_heads must be positive"),
+    "zero width": (pretrain("model.embed_dim=0"), "model.embed_dim must be positive"),
+    "negative depth": (pretrain("model.depth=-2"), "model.depth must be positive"),
+    "dropout 1.5": (pretrain("model.dropout=1.5"), "model.dropout must be in [0, 1)"),
+    "log_every 0": (pretrain("run.log_every=0"), "run.log_every must be positive"),
+    "ckpt_every 0": (pretrain("run.ckpt_every=0"), "run.ckpt_every must be positive"),
+    "negative seed": (pretrain("run.seed=-1"), "run.seed must be >= 0"),
+    "nan epochs": (pretrain("schedule.epochs=nan"), "schedule.epochs must be a finite number"),
+    "infinite epochs": (pretrain("schedule.epochs=inf"), "schedule.epochs must be a finite number"),
+    "negative workers": (pretrain("data.num_workers=-1"), "data.num_workers must be >= 0"),
+    "label smoothing 1.5": (pretrain("optim.label_smoothing=1.5"), "optim.label_smoothing must be in [0, 1)"),
+    "negative clip": (pretrain("optim.clip_grad_norm=-1"), "optim.clip_grad_norm must be >= 0"),
+    "mixup odd micro-batch": (pretrain("data.mixup_alpha=0.2", "data.batch_size=33"), "even micro-batch"),
+    "bad randaugment": (pretrain("data.randaugment=rand-mag9"), "data.randaugment: cannot parse"),
+    "image size vs patch": (pretrain("model.img_size=30"), "model.img_size=30 is not a multiple of 4"),
+    "warmup past the end": (pretrain("schedule.warmup_steps=5"), "schedule.warmup_steps=5"),
+    "fewer classes than labels": (pretrain("model.num_classes=3"), "model.num_classes=3"),
+    "missing data": (pretrain("data.source=/no/such/dataset"), "/no/such/dataset"),
+    "no such column": (pretrain("data.image_column=pixels"), "pixels"),
+    # fine-tuning flags and starting weights
+    "init missing": (finetune("--init", "{root}/nowhere"), "checkpoint not found"),
+    "init pickle": (finetune("--init", "{root}/weights.pt"), "pickle"),
+    "task outside vtab": (finetune("--task", "cifar10"), "not a VTAB-1k task"),
+    "lr sweep not numbers": (finetune("--lr-sweep", "abc"), "--lr-sweep"),
+    "lr sweep zero": (finetune("--lr-sweep", "0,0.1"), "positive learning rates"),
+    "res vs checkpoint patch": (finetune("--init", "{root}/done", "--res", "30"), "model.img_size=30"),
+    # few-shot
+    "shots 0": (fewshot("--shots", "0"), "fewshot.shots must be >= 1"),
+    "shots negative": (fewshot("--shots", "-5"), "fewshot.shots must be >= 1"),
+    "shots empty": (fewshot("--shots", ""), "fewshot.shots is empty"),
+    "seeds 0": (fewshot("--seeds", "0"), "fewshot.seeds must be positive"),
+    "unknown task": (fewshot("--tasks", "vtab/cifar10O"), "did you mean 'vtab/cifar100'"),
+    "l2 not a number": (fewshot("--l2", "lots"), "fewshot.l2_reg"),
+    "ckpt missing": (["eval-fewshot", "--tasks", "synthetic", "--ckpt", "{root}/nope.safetensors"], "not found"),
+    # file system
+    "workdir is a file": (pretrain("--workdir", "{root}/afile"), "is a file, not a directory"),
+    "workdir below a file": (pretrain("--workdir", "{root}/afile/run"), "is a file"),
+    "fewshot workdir is a file": (fewshot("--workdir", "{root}/afile"), "is a file, not a directory"),
+    "finished run, --no-resume": (pretrain("--workdir", "{root}/done", "--no-resume"), "holds a finished run"),
+    "finished run, typo after --no-resume": (pretrain("--workdir", "{root}/done", "--no-resume", "--overwrite",
+                                                      "data.source=/no/such"), "/no/such"),
+    "resize out is a directory": (["resize-posemb", "{root}/done", "--res", "64", "--out",
+                                   "{root}/adir.safetensors"], "is a directory"),
+    "resize out below a file": (["resize-posemb", "{root}/done", "--res", "64", "--out",
+                                 "{root}/afile/x.safetensors"], "is a file"),
+    "resize method": (["resize-posemb", "{root}/done", "--res", "64", "--method", "nearest"], "--method"),
+    "resize grid": (["resize-posemb", "{root}/done", "--grid", "3x", "--out", "{root}/g.safetensors"],
+                    "--grid"),
+    "resize res vs patch": (["resize-posemb", "{root}/done", "--res", "30"], "--res=30"),
+}
+
+
+def snapshot(root: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatch, capsys):
+    args, fragment = CASES[case]
+    args = [a.format(root=root) for a in args]
+    if "--workdir" not in args and args[0] in ("pretrain", "finetune", "eval-fewshot"):
+        args = [args[0], "--workdir", str(root / "new"), *args[1:]]
+    monkeypatch.chdir(root)  # a default output lands here, where the snapshot sees it
+    before = snapshot(root)
+    code, out, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 2, (code, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert fragment in err, err
+    assert snapshot(root) == before, "a bad input created or changed a file"
+
+
+def test_a_bare_vit_shows_the_help_and_exits_2(monkeypatch, capsys):
+    code, out, err = run_vit(monkeypatch, capsys)
+    assert code == 2 and "pretrain" in out and err.strip() == ""
+
+
+def test_shots_larger_than_every_class_write_no_results(tmp_path, root, monkeypatch, capsys):
+    """Only the features (reusable) may be cached; no results, which would be empty."""
+    args = [a.format(root=root) for a in fewshot("--shots", "1000", "--workdir", str(tmp_path / "w"))]
+    code, _, err = run_vit(monkeypatch, capsys, *args)
+    lines = err.strip().splitlines()  # progress lines, then the error
+    assert code == 2 and lines[-1].startswith("error:") and "largest class has" in lines[-1], err
+    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["features"]
+
+
+def test_an_unwritable_location_is_named(tmp_path, monkeypatch):
+    """Tests run as root, where every directory is writable; the decision itself is os.access's."""
+    monkeypatch.setattr(os, "access", lambda path, mode: False)
+    with pytest.raises(OutputError, match=f"{tmp_path} is not writable by this user"):
+        check_writable(tmp_path / "run", "workdir")

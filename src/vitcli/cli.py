@@ -28,7 +28,8 @@ WorkdirOpt = Annotated[
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the resolved recipe as YAML and exit.")]
 ResumeOpt = Annotated[
     bool | None,
-    typer.Option("--resume/--no-resume", help="Resume from WORKDIR/state.pt (default: when one exists)."),
+    typer.Option("--resume/--no-resume", help="Resume from the latest good WORKDIR/state-<step>.pt "
+                 "(default: when there is one)."),
 ]
 OverwriteOpt = Annotated[
     bool, typer.Option("--overwrite", help="Start over in a workdir that holds a finished run (its files are kept "

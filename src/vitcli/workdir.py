@@ -12,12 +12,14 @@ import shutil
 import time
 from pathlib import Path
 
+from vitcli.checkpoints import state
 from vitcli.checkpoints.files import MODEL_FILE
 from vitcli.errors import OutputError
 from vitcli.metrics import console
 
-# What a training run writes at the top of its workdir; a replaced run's copies are moved aside together.
-RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE, "state.pt", "checkpoints")
+# What a training run writes at the top of its workdir besides its checkpoints (state.state_files); a
+# replaced run's copies are moved aside together.
+RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE)
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -62,7 +64,7 @@ def refuse_finished(workdir: Path, overwrite: bool) -> None:
 
 def set_aside(workdir: Path) -> Path | None:
     """Move a previous run's outputs into WORKDIR/previous-<time>/ and say so; None when there were none."""
-    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()]
+    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + state.state_files(workdir)
     if not found:
         return None
     kept = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -130,6 +130,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
         workdir.mkdir(parents=True, exist_ok=True)
+        files.remove_stale_temps(workdir)  # killed writes of an earlier run: ours only, by their pattern
         if not resuming:
             set_aside(workdir)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))

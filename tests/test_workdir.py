@@ -1,0 +1,51 @@
+"""A workdir with someone's work in it: a fresh run replaces a finished one only when told, and keeps it."""
+
+import pytest
+
+from vitcli.checkpoints import files, state
+from vitcli.errors import OutputError
+from vitcli.resolve import resolve
+from vitcli.stages.run import one_run
+
+TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+        "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
+        "data.synthetic.val_size=32", "data.synthetic.test_size=32", "data.batch_size=32", "data.num_workers=0",
+        "schedule.steps=3", "schedule.warmup_steps=1", "run.ckpt_every=1", "run.log_every=1"]
+
+
+def recipe(*extra):
+    return resolve("pretrain", None, TINY + list(extra))
+
+
+def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
+    one_run(recipe(), tmp_path)
+    finished = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(OutputError, match="holds a finished run"):
+        one_run(recipe("run.seed=1"), tmp_path, resume=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == finished
+
+    one_run(recipe("run.seed=1"), tmp_path, resume=False, overwrite=True)
+    (kept,) = tmp_path.glob("previous-*")
+    assert {p.name: p.read_bytes() for p in kept.iterdir()} == finished, "moved whole, byte for byte"
+    assert (tmp_path / files.MODEL_FILE).read_bytes() != finished[files.MODEL_FILE]  # the new run's
+
+
+def test_no_resume_sets_an_unfinished_run_aside_and_starts_at_step_0(tmp_path):
+    one_run(recipe(), tmp_path)
+    (tmp_path / files.MODEL_FILE).unlink()  # as if killed before the end: only checkpoints remain
+    old = sorted(p.name for p in state.state_files(tmp_path))
+    one_run(recipe(), tmp_path, resume=False)
+    (kept,) = tmp_path.glob("previous-*")
+    assert old and sorted(p.name for p in kept.iterdir() if p.name.startswith("state")) == old
+    rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in r]
+    assert len(rows) == 3, "a fresh run logs from step 1"
+
+
+def test_killed_writes_are_cleared_at_start_and_nothing_else(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    stale = tmp_path / ".state-2.pt.abcd1234.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    mine = tmp_path / "notes.tmp"
+    mine.write_text("the user's")
+    one_run(recipe(), tmp_path)
+    assert not stale.exists() and mine.read_text() == "the user's"

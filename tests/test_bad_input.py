@@ -131,7 +131,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatc
         args = [args[0], "--workdir", str(root / "new"), *args[1:]]
     monkeypatch.chdir(root)  # a default output lands here, where the snapshot sees it
     before = snapshot(root)
-    code, out, err = run_vit(monkeypatch, capsys, *args)
+    code, _, err = run_vit(monkeypatch, capsys, *args)
     assert code == 2, (code, err)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert fragment in err, err

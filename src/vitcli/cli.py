@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from vitcli.errors import VitcliError
+from vitcli.errors import Terminated, VitcliError
 
 app = typer.Typer(
     name="vit",
@@ -156,6 +157,7 @@ def resize_posemb(
 def main() -> None:
     """Entry point: known errors become one red line and exit 2; VITCLI_DEBUG=1 shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
+    signal.signal(signal.SIGTERM, _terminate)  # unwind (temporary files removed) rather than die mid-write
     try:
         app(standalone_mode=False)
     except VitcliError as e:
@@ -168,10 +170,16 @@ def main() -> None:
         _fail("interrupted", 130)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except Terminated:
+        _fail("terminated (SIGTERM)", 143)
     except Exception as e:  # a bug: still one line unless debugging
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
 
 
 def _usage_error(e: Exception) -> None:

@@ -60,6 +60,15 @@ def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
+    """Element-wise maximum across processes (a flag any rank raised)."""
+    if dist.world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
     """DistributedDataParallel when there are several processes, the model itself otherwise."""
     if dist.world_size == 1:

@@ -31,5 +31,17 @@ class OutputError(VitcliError):
     """A workdir or output path that cannot be written, or a finished run that would be replaced."""
 
 
+class Interrupted(VitcliError):
+    """Training stopped on a signal after writing a checkpoint; exit 130 (SIGINT) or 143 (SIGTERM)."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Terminated(BaseException):
+    """SIGTERM outside the training loop: unwinds like KeyboardInterrupt (so temporary files are removed)."""
+
+
 class TrainingError(VitcliError):
     """Training cannot go on (for example a non-finite loss)."""

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -21,13 +22,16 @@ from vitcli.checkpoints import files, state
 from vitcli.dist import Dist, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
+from vitcli.interrupt import StopRequest, agreed_stop, interrupted
 from vitcli.metrics import MetricsLog, console, progress_bar
 from vitcli.optim import build_optimizer
 from vitcli.precision import autocast
 from vitcli.recipe import OptimConfig, Recipe, accumulation_steps, to_dict
 from vitcli.schedule import learning_rate
+from vitcli.transforms import seeded
 
 log = logging.getLogger(__name__)
+MIXUP_STREAM = 1  # keeps mixup's seeds apart from the data augmentation's (seed, rank, step)
 
 
 @dataclass
@@ -114,11 +118,12 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main)
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {})
-    with progress_bar(dist.is_main) as bar:
+    with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            loss = _accumulate_grads(ddp_model, optimizer, batches, accum, mixup, criterion, r, dist)
+            mix = _seeded_mixup(mixup, r.run.seed, dist.rank, step)
+            loss = _accumulate_grads(ddp_model, optimizer, batches, accum, mix, criterion, r, dist)
             if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
                 raise TrainingError(
                     f"loss became {loss} at step {step}; the last good checkpoint is kept in {job.workdir} "
@@ -129,7 +134,12 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             done = step + 1
             _log(window, metrics, bar, task, done, job, {"train/loss": loss, "train/lr": lr,
                                                           "train/grad_norm": grad_norm})
-            _periodic(job, model, optimizer, metrics, done, dist)
+            saved = _periodic(job, model, optimizer, metrics, done, dist)
+            signum = agreed_stop(stop, dist)
+            if signum:
+                if dist.is_main and not saved:
+                    _save_state(job, model, optimizer, done)
+                raise interrupted(signum, done, job.total_steps, job.workdir)
     final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
     if final:
         metrics.write(job.total_steps, final)
@@ -171,15 +181,32 @@ def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, job: Job, r
     bar.update(task, completed=done)
 
 
-def _periodic(job: Job, model, optimizer, metrics: MetricsLog, done: int, dist: Dist) -> None:
-    """Evaluators due at this step (the last step's run after the loop) and the resumable checkpoint."""
+def _periodic(job: Job, model, optimizer, metrics: MetricsLog, done: int, dist: Dist) -> bool:
+    """Evaluators due at this step (the last step's run after the loop) and the resumable checkpoint; True
+    when a checkpoint was written."""
     due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
     if due:
         results = _evaluate(due, model)
         metrics.write(done, results)
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
-    if dist.is_main and (done % job.recipe.run.ckpt_every == 0 or done == job.total_steps):
+    due = done % job.recipe.run.ckpt_every == 0 or done == job.total_steps
+    if dist.is_main and due:
         _save_state(job, model, optimizer, done)
+    return due
+
+
+def _seeded_mixup(mixup, seed: int, rank: int, step: int):
+    """timm's Mixup draws its lambda from numpy's global RNG; here each (seed, rank, step, micro-batch) gets
+    its own stream, as the data augmentation does, so mixup runs repeat and resume exactly."""
+    if mixup is None:
+        return None
+
+    def mix(x: torch.Tensor, y: torch.Tensor, micro: int):
+        stream = np.random.SeedSequence([seed, rank, step, micro, MIXUP_STREAM]).generate_state(1)[0]
+        with seeded(int(stream)):
+            return mixup(x, y)
+
+    return mix
 
 
 def _accumulate_grads(ddp_model, optimizer, batches, accum: int, mixup, criterion, r: Recipe, dist: Dist):
@@ -190,7 +217,7 @@ def _accumulate_grads(ddp_model, optimizer, batches, accum: int, mixup, criterio
         x, y = next(batches)
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         if mixup is not None:
-            x, y = mixup(x, y)
+            x, y = mixup(x, y, i)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
         with ddp_model.no_sync() if not sync else contextlib.nullcontext():

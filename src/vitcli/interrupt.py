@@ -1,0 +1,55 @@
+"""Ctrl-C and SIGTERM during training: finish the step, write a checkpoint, say how to resume, exit 130 / 143.
+
+A cluster scheduler sends SIGTERM before it pre-empts a job; losing up to `run.ckpt_every` steps to it is
+what this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
+no step is half-applied); a second Ctrl-C aborts at once, and the atomic writes still leave no partial file
+at a target path. Every rank must stop at the same step, so the flag is agreed by an all-reduce.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Self
+
+from vitcli.dist import Dist, all_reduce_max
+from vitcli.errors import Interrupted
+from vitcli.metrics import console
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopRequest:
+    """Within the block, SIGINT / SIGTERM set `signum` instead of killing the process (main thread only)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> Self:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live on the main thread
+            self._previous = {s: signal.signal(s, self._handle) for s in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum:
+            raise KeyboardInterrupt  # the second signal: stop now
+        self.signum = signum
+        console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
+                    "(Ctrl-C again aborts at once)")
+
+
+def agreed_stop(stop: StopRequest, dist: Dist) -> int:
+    """The signal any rank received (0: none), the same on every rank."""
+    return int(all_reduce_max([float(stop.signum)], dist)[0])
+
+
+def interrupted(signum: int, step: int, total: int, workdir) -> Interrupted:
+    """The one-line outcome: where the checkpoint is and how to resume; exit 128 + the signal's number."""
+    name = signal.Signals(signum).name
+    return Interrupted(f"{name} at step {step}/{total}: checkpoint written in {workdir}; run the same command "
+                       "again to resume from it", exit_code=128 + signum)

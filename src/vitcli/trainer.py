@@ -47,6 +47,7 @@ class Job:
     model_meta: dict  # model spec stored with the weights so later stages rebuild the model
     evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)  # (every N steps; 0 = end only)
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
+    resume_from: tuple[Path, dict] | None = None  # (checkpoint path, its state) to continue from
 
 
 def loss_fn(cfg: OptimConfig, num_classes: int):
@@ -72,11 +73,10 @@ def loss_fn(cfg: OptimConfig, num_classes: int):
 
 
 def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
-    """Load the workdir's latest good checkpoint, if any; return the step to continue from (0 for a fresh run)."""
-    found = state.latest_good_state(job.workdir, verbose=dist.is_main)
-    if found is None:
+    """Load the checkpoint the job resumes from, if any; return the step to continue from (0: a fresh run)."""
+    if job.resume_from is None:
         return 0
-    path, saved = found
+    path, saved = job.resume_from
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     torch.set_rng_state(saved["rng"])

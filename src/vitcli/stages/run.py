@@ -48,20 +48,23 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resume(recipe: Recipe, workdir: Path, resume: bool | None) -> bool:
-    """Decide whether to resume: automatic when the workdir holds a checkpoint, refused if what is trained changed.
+def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist) -> tuple[Path, dict] | None:
+    """The checkpoint to resume from (read once, handed to the trainer), or None for a fresh run.
 
-    The checkpoint compared is the one the trainer will load (a CheckpointError if none is usable).
+    Automatic when the workdir holds one; refused if the recipe changed what is trained.
     """
     if resume is False:
-        return False
-    found = state.latest_good_state(workdir, verbose=False)  # the trainer names the ones it skips, on rank 0
+        return None
+    found = state.latest_good_state(workdir, verbose=dist.is_main)  # names any damaged one it skips
     if found is None and resume:
         raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt)")
-    if found is None:
-        return False
-    saved = _flatten(found[1]["recipe"])
-    now = _flatten(to_dict(recipe))
+    if found is not None:
+        _check_same_training(recipe, found[1]["recipe"], workdir)
+    return found
+
+
+def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
+    saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
     diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
@@ -69,7 +72,6 @@ def check_resume(recipe: Recipe, workdir: Path, resume: bool | None) -> bool:
             f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, {now[k]!r} now{more});"
             " use a new --workdir or --no-resume"
         )
-    return True
 
 
 def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
@@ -96,7 +98,7 @@ def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
                           "more (model.num_classes=0 takes the data's own count)")
 
 
-def build_job(r: Recipe, workdir: Path, dist: Dist) -> Job:
+def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | None = None) -> Job:
     """Data, model (with its starting weights), step count and evaluators for a training run."""
     if not r.schedule.steps and not r.schedule.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
@@ -110,7 +112,7 @@ def build_job(r: Recipe, workdir: Path, dist: Dist) -> Job:
         load_init(model, r, num_classes, dist)
     periodic, final = _evaluators(r, dist)
     meta = models.model_spec(r.model, num_classes)
-    return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final)
+    return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final, start)
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
@@ -122,16 +124,16 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     with `overwrite`, and its files are moved aside (never deleted) once the new run has started cleanly.
     """
     check_workdir(workdir)
-    resuming = check_resume(recipe, workdir, resume)
-    if not resuming:
+    start = resume_point(recipe, workdir, resume, dist)
+    if start is None:
         refuse_finished(workdir, overwrite)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
-    job = build_job(recipe, workdir, dist)
+    job = build_job(recipe, workdir, dist, start)
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
         workdir.mkdir(parents=True, exist_ok=True)
         files.remove_stale_temps(workdir)  # killed writes of an earlier run: ours only, by their pattern
-        if not resuming:
+        if start is None:
             set_aside(workdir)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
         _announce(job, dist)

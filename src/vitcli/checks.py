@@ -47,6 +47,12 @@ NOT_NEGATIVE = (
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
              "optim.momentum")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
+RANGES = (  # (keys, test, what the message asks for)
+    (POSITIVE, lambda v: v > 0, "positive"),
+    (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
+    (BELOW_ONE, lambda v: 0 <= v < 1, "in [0, 1)"),
+    (UP_TO_ONE, lambda v: 0 < v <= 1, "in (0, 1]"),
+)
 
 
 def get(recipe: Recipe, path: str) -> Any:
@@ -80,9 +86,7 @@ def _ranges(recipe: Recipe) -> None:
     for path, value in _numbers(recipe):
         if not math.isfinite(value):
             raise RecipeError(f"{path} must be a finite number, got {value}")
-    for paths, ok, want in ((POSITIVE, lambda v: v > 0, "positive"), (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
-                            (BELOW_ONE, lambda v: 0 <= v < 1, "in [0, 1)"), (UP_TO_ONE, lambda v: 0 < v <= 1,
-                                                                               "in (0, 1]")):
+    for paths, ok, want in RANGES:
         for path in paths:
             if not ok(get(recipe, path)):
                 raise RecipeError(f"{path} must be {want}, got {get(recipe, path)}")

@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
-    "errors", "schedule", "posemb", "fewshot.solver", "recipe", "precision", "synthetic",
+    "errors", "schedule", "posemb", "mpp", "fewshot.solver", "recipe", "precision", "synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state
     "checkpoints.files", "metrics", "dist", "checkpoints.state", "workdir",
     # models, data, checks on recipes, checkpoints of every source

@@ -1,0 +1,199 @@
+"""Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the pure maths.
+
+Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80% are
+replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10% are
+left as they are (BERT's recipe). The loss is computed on the corrupted patches only, against one of three
+targets (`KINDS`):
+
+- `mean_color` (the paper's final choice): the patch's mean colour at 3 bits per channel, one 512-way softmax;
+- `color_4x4`: that mean colour plus the 4x4 average-pooled patch, 1 + 16 softmaxes of 512 classes each;
+- `pixels_l2`: the full patch in [-1, 1], regressed with L2.
+
+Conventions, used throughout:
+- images are (B, 3, H, W) floats in [-1, 1] (pixel / 127.5 - 1); v = (x + 1) / 2 puts a value in [0, 1];
+- patches are numbered row-major over the (H/P, W/P) grid, the order of timm's PatchEmbed tokens;
+- a channel value v in [0, 1] has level min(floor(v * 8), 7): level k covers [k/8, (k+1)/8) and 1.0 is level
+  7 (values a rounding error outside [0, 1] clamp to 0 or 7); a colour's bin is r * 64 + g * 8 + b;
+- `mode` (B, N) int8 codes each patch: 0 untouched, 1 [mask], 2 random other patch, 3 corrupted but unchanged.
+  Every random draw comes from a caller's torch.Generator, so a run repeats and resumes exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vitcli.errors import RecipeError
+
+KINDS = ("mean_color", "color_4x4", "pixels_l2")
+BITS = 3  # per channel, as in the paper: 8 levels, 512 colours
+NUM_BINS = 2 ** (3 * BITS)
+CELLS = 4  # color_4x4 pools each patch to CELLS x CELLS cells
+UNTOUCHED, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3
+
+
+def to_unit(images: torch.Tensor) -> torch.Tensor:
+    """Map values in [-1, 1] to [0, 1]: v = (x + 1) / 2."""
+    return (images + 1) / 2
+
+
+def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, C, P, P), patches row-major over the grid like timm's PatchEmbed tokens."""
+    b, c, h, w = images.shape
+    if h % patch or w % patch:
+        raise RecipeError(f"image size {h}x{w} is not a multiple of the patch size {patch}")
+    grid = images.reshape(b, c, h // patch, patch, w // patch, patch)  # (B, C, gh, P, gw, P)
+    return grid.permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c, patch, patch)
+
+
+def quantise(values01: torch.Tensor, bits: int = BITS) -> torch.Tensor:
+    """Levels min(floor(v * 2^bits), 2^bits - 1) (int64) of values in [0, 1]; 1.0 is the top level."""
+    levels = 2**bits
+    return (values01 * levels).floor().clamp(0, levels - 1).long()
+
+
+def color_bins(rgb01: torch.Tensor, bits: int = BITS) -> torch.Tensor:
+    """(..., 3) colours in [0, 1] -> (...) bins r * 2^(2 bits) + g * 2^bits + b; for 3 bits r*64 + g*8 + b."""
+    q = quantise(rgb01, bits)
+    return (q[..., 0] << (2 * bits)) + (q[..., 1] << bits) + q[..., 2]
+
+
+def mean_color_target(patches: torch.Tensor) -> torch.Tensor:
+    """(B, N, 3, P, P) in [-1, 1] -> (B, N) int64: the bin of each patch's mean colour."""
+    return color_bins(to_unit(patches.mean(dim=(-2, -1))))
+
+
+def pooled_cells(patches: torch.Tensor, cells: int = CELLS) -> torch.Tensor:
+    """(B, N, 3, P, P) -> (B, N, cells * cells, 3): the patch average-pooled to a cells x cells grid, row-major."""
+    b, n, c, p = patches.shape[:4]
+    if p % cells:
+        raise RecipeError(f"the color_4x4 target needs a patch size divisible by {cells}, got patch size {p}")
+    side = p // cells
+    pooled = patches.reshape(b, n, c, cells, side, cells, side).mean(dim=(-3, -1))  # (B, N, 3, cells, cells)
+    return pooled.flatten(-2).transpose(-1, -2)
+
+
+def color_4x4_target(patches: torch.Tensor) -> torch.Tensor:
+    """(B, N, 3, P, P) -> (B, N, 17) int64: [mean-colour bin, bins of the 16 cells of the 4x4 pooled patch]."""
+    cells = color_bins(to_unit(pooled_cells(patches)))  # (B, N, 16)
+    return torch.cat([mean_color_target(patches)[..., None], cells], dim=-1)
+
+
+def pixels_target(patches: torch.Tensor) -> torch.Tensor:
+    """(B, N, 3, P, P) -> (B, N, 3*P*P) in [-1, 1], channel-major then row-major (F.unfold's layout)."""
+    return patches.flatten(2)
+
+
+def make_target(patches: torch.Tensor, kind: str) -> torch.Tensor:
+    """The `kind` target of (B, N, 3, P, P) patches: (B, N), (B, N, 17) or (B, N, 3*P*P)."""
+    check_kind(kind)
+    targets = {"mean_color": mean_color_target, "color_4x4": color_4x4_target, "pixels_l2": pixels_target}
+    return targets[kind](patches)
+
+
+def pred_shape(kind: str, patch: int) -> tuple[int, ...]:
+    """What the prediction head outputs per patch for `kind`: (512,), (17, 512) or (3*P*P,)."""
+    check_kind(kind)
+    if kind == "pixels_l2":
+        return (3 * patch * patch,)
+    return (1 + CELLS * CELLS, NUM_BINS) if kind == "color_4x4" else (NUM_BINS,)
+
+
+def check_kind(kind: str) -> None:
+    """A RecipeError unless `kind` is one of KINDS."""
+    if kind not in KINDS:
+        raise RecipeError(f"masked-patch-prediction target '{kind}': expected one of {', '.join(KINDS)}")
+
+
+def _check_fractions(ratio: float, mask: float, random: float) -> None:
+    if not 0.0 < ratio <= 1.0:
+        raise RecipeError(f"corruption ratio {ratio}: expected a fraction in (0, 1]")
+    if mask < 0 or random < 0 or mask + random > 1:
+        raise RecipeError(f"mask {mask} + random {random}: expected non-negative fractions summing to at most 1")
+
+
+def corruption(
+    batch: int,
+    num_patches: int,
+    generator: torch.Generator,
+    ratio: float = 0.5,
+    mask: float = 0.8,
+    random: float = 0.1,
+) -> torch.Tensor:
+    """Draw which patches to corrupt and how: `mode` (B, N) int8 on the generator's device.
+
+    Exactly k = round(ratio * N) patches per image are corrupted (Python's round: half to even, so 49
+    patches -> 24), a uniformly random k-subset; each corrupted patch independently becomes 1 [mask] with
+    probability `mask`, 2 random with probability `random`, else 3 unchanged. The number of draws does not
+    depend on their values, so the generator's state after the call is a function of its state before.
+    """
+    _check_fractions(ratio, mask, random)
+    k, device = round(ratio * num_patches), generator.device
+    # the k smallest of N iid uniforms sit at a uniformly random k-subset; float64 makes ties negligible
+    order = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device).argsort(dim=1)
+    corrupted = torch.zeros(batch, num_patches, dtype=torch.bool, device=device)
+    corrupted.scatter_(1, order[:, :k], True)
+    u = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device)
+    how = torch.full((batch, num_patches), UNCHANGED, dtype=torch.int8, device=device)
+    how[u < mask + random] = RANDOM
+    how[u < mask] = MASK
+    return torch.where(corrupted, how, torch.zeros_like(how))
+
+
+def corrupt(
+    tokens: torch.Tensor, mode: torch.Tensor, mask_token: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,), 2 -> another patch's embedding.
+
+    A mode-2 patch takes the embedding of a uniformly drawn other patch of the batch (any image, never
+    itself). That replacement is detached: it is input noise, so every token's gradient comes only through
+    its own position, while mask_token gets the summed gradient of all mode-1 positions.
+    """
+    b, n, d = tokens.shape
+    if b * n < 2:
+        raise ValueError("a random other patch needs at least 2 patches in the batch")
+    own = torch.arange(b * n, device=generator.device)
+    # uniform over the B*N - 1 other patches: draw among B*N - 1 indices, then step over our own
+    other = torch.randint(b * n - 1, (b * n,), generator=generator, device=generator.device)
+    other = (other + (other >= own)).to(tokens.device)
+    replacement = tokens.detach().reshape(b * n, d)[other].reshape(b, n, d)  # (B, N, D)
+    mode = mode.to(tokens.device)[..., None]  # (B, N, 1), broadcasts over D
+    out = torch.where(mode == RANDOM, replacement, tokens)
+    return torch.where(mode == MASK, mask_token.to(tokens.dtype), out)
+
+
+def mean_color_of_pixels(pixels: torch.Tensor) -> torch.Tensor:
+    """(..., 3*P*P) flattened patches in [-1, 1] (`pixels_target`'s layout) -> (...) bins of their mean colour."""
+    return color_bins(to_unit(pixels.unflatten(-1, (3, -1)).mean(dim=-1)))
+
+
+def _check_shapes(pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, kind: str) -> None:
+    check_kind(kind)
+    expected = target.shape if kind == "pixels_l2" else (*target.shape, NUM_BINS)
+    if pred.shape != expected or corrupted.shape != target.shape[:2]:
+        raise ValueError(f"{kind}: pred {tuple(pred.shape)}, target {tuple(target.shape)}, corrupted "
+                         f"{tuple(corrupted.shape)}; expected pred {tuple(expected)} and corrupted (B, N)")
+    if not corrupted.any():
+        raise ValueError("no corrupted patch: the masked-patch-prediction loss would be empty")
+
+
+def mpp_loss(
+    pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, accuracy) over the corrupted patches only; both float32 scalars.
+
+    pred: (B, N, 512) logits for mean_color, (B, N, 17, 512) for color_4x4 (unflatten a flat head output with
+    `pred_shape`), (B, N, 3*P*P) pixels for pixels_l2; target from `make_target`; corrupted (B, N) bool.
+    Loss: cross-entropy averaged over the corrupted patches (and, for color_4x4, equally over the 17
+    predictions), or the squared error averaged over the corrupted patches' 3*P*P values. Accuracy: the
+    mean-colour bin is right (for pixels_l2 the bin of the predicted patch's mean colour).
+    """
+    _check_shapes(pred, target, corrupted, kind)
+    p, t = pred[corrupted].float(), target[corrupted]  # (M, ...): only the M corrupted patches count
+    if kind == "pixels_l2":
+        hit = mean_color_of_pixels(p) == mean_color_of_pixels(t)
+        return F.mse_loss(p, t.float()), hit.float().mean()
+    loss = F.cross_entropy(p.reshape(-1, NUM_BINS), t.reshape(-1))
+    guess = p.argmax(dim=-1)  # (M,) or (M, 17)
+    hit = guess == t if kind == "mean_color" else guess[:, 0] == t[:, 0]
+    return loss, hit.float().mean()

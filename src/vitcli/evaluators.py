@@ -20,11 +20,13 @@ class Evaluator(Protocol):
 
 
 class ClassificationEvaluator:
-    """Top-1 accuracy and mean cross-entropy of the model's own head on one split."""
+    """Top-1 accuracy and mean cross-entropy of the model's own head on one split; `PREFIX/skipped_images` too
+    when some of its images do not decode (they are left out)."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
         self.dist, self.precision = dist, precision
+        self.skipped = data.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
 
     @torch.inference_mode()
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
@@ -32,7 +34,8 @@ class ClassificationEvaluator:
         model.eval()
         correct = total = loss_sum = 0.0
         batches = data.eval_batches(
-            self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank, self.dist.world_size
+            self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank, self.dist.world_size,
+            skipped=self.skipped,
         )
         for x, y in batches:
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
@@ -41,7 +44,12 @@ class ClassificationEvaluator:
             correct += (logits.argmax(-1) == y).sum().item()
             loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
             total += y.numel()
-        correct, total, loss_sum = all_reduce_sum([correct, total, loss_sum], self.dist)
+        # ranks read disjoint rows, so their skipped counts add up
+        correct, total, loss_sum, skipped = all_reduce_sum(
+            [correct, total, loss_sum, self.skipped.total], self.dist
+        )
         model.train(was_training)
         yield f"{self.prefix}/top1", correct / max(total, 1)
         yield f"{self.prefix}/loss", loss_sum / max(total, 1)
+        if skipped:  # named only when it happened: a row of zeros in every report would be noise
+            yield f"{self.prefix}/skipped_images", int(skipped)

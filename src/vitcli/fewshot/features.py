@@ -12,12 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.numpy import load_file, save_file
+from rich.markup import escape
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from vitcli import data
 from vitcli.checkpoints.files import MODEL_FILE, atomic_path
 from vitcli.dist import Dist
 from vitcli.errors import DataError
+from vitcli.metrics import console
 from vitcli.precision import autocast
 from vitcli.recipe import DataConfig
 
@@ -28,12 +31,15 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str):
-    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order."""
+def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
+            skipped: data.Skipped | None = None):
+    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order; rows whose image
+    does not decode are left out (and recorded in `skipped`)."""
     was_training = model.training
     model.eval()
     feats, labels = [], []
-    for x, y in data.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize):
+    batches = data.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped)
+    for x, y in batches:
         with autocast(dist.device, precision):
             f = pre_logits(model, x.to(dist.device, non_blocking=True))
         feats.append(f.float().cpu())
@@ -66,15 +72,45 @@ def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def cached(cache_dir: Path, key: str, compute, write: bool = True) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically."""
+def cached(
+    cache_dir: Path, key: str, compute, write: bool = True, skipped: data.Skipped | None = None
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically.
+
+    The rows the extraction skipped are stored with the features and recorded into `skipped` on a hit as on a
+    miss (`compute` must extract into that same tally). A damaged file is recomputed, with a warning.
+    """
     path = cache_dir / f"{key}.safetensors"
-    if path.exists():
-        arrays = load_file(str(path))
-        return arrays["features"], arrays["labels"], True
+    skipped = skipped if skipped is not None else data.Skipped()
+    entry = _read_entry(path) if path.exists() else None
+    if entry is not None:
+        feats, labels, rows = entry
+        for name, bad in rows.items():
+            skipped.add(name, dict.fromkeys(bad, "skipped when these cached features were extracted"))
+        return feats, labels, True
+    before = skipped.as_dict()
     feats, labels = compute()
     if not write:
         return feats, labels, False
-    with atomic_path(path) as tmp:
-        save_file({"features": np.ascontiguousarray(feats), "labels": labels}, str(tmp))
+    # what the tally gained during `compute` is this entry's: one (task, split) per key
+    rows = {n: [r for r in bad if r not in set(before.get(n, ()))] for n, bad in skipped.as_dict().items()}
+    meta = {"skipped_rows": json.dumps({n: bad for n, bad in rows.items() if bad})}
+    with atomic_path(path) as tmp:  # a damaged file is replaced whole
+        save_file({"features": np.ascontiguousarray(feats), "labels": labels}, str(tmp), metadata=meta)
     return feats, labels, False
+
+
+def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, list[int]]] | None:
+    """(features, labels, skipped rows per split) of a cache file; None, with a warning, if it is damaged."""
+    try:
+        with safe_open(str(path), framework="np") as f:
+            feats, labels = f.get_tensor("features"), f.get_tensor("labels")
+            rows = json.loads((f.metadata() or {}).get("skipped_rows", "{}"))
+        if feats.ndim != 2 or labels.shape != (len(feats),):
+            raise ValueError(f"features {feats.shape} do not pair with labels {labels.shape}")
+    except Exception as e:  # noqa: BLE001 - truncated or foreign files fail in many ways, all meaning redo
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        console.log(f"[yellow]warning: feature cache {escape(str(path))} is damaged ({escape(reason)}); "
+                    "recomputing it")
+        return None
+    return feats, labels, rows

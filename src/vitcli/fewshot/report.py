@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from vitcli import tasks
+from vitcli import data, tasks
 from vitcli.checkpoints.files import atomic_path, write_text
 from vitcli.fewshot.evaluate import summarise
 from vitcli.metrics import stdout
@@ -28,8 +28,9 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], workdir: Path, recipe: Recipe) -> None:
-    """Print the table and write results.json, results.csv and fewshot.png into the workdir."""
+def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: data.Skipped | None = None) -> None:
+    """Print the table and write results.json, results.csv and fewshot.png into the workdir; results.json
+    counts the images left out because they do not decode (`data/skipped_images`) when given the tally."""
     summary = summarise(rows)
     means = group_means(summary)
     _table(summary, means)
@@ -40,6 +41,8 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe) -> None:
         "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in means.items()],
         "recipe": to_dict(recipe),
     }
+    if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
+        payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
     write_text(workdir / "results.json", json.dumps(payload, indent=2) + "\n")
     with atomic_path(workdir / "results.csv") as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy"])

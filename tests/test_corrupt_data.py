@@ -1,0 +1,214 @@
+"""One corrupt image never ends a run: training puts the next decodable row in its place (the stream stays the
+same across worker counts and resumes), evaluation and feature extraction leave it out, every stream counts
+what it skipped; a split with no decodable image, an error inside a loader worker and a damaged feature-cache
+file are each one line or one warning, never a traceback."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from clirun import run_vit
+from vitcli import data, models
+from vitcli.dist import Dist
+from vitcli.errors import DataError
+from vitcli.evaluators import ClassificationEvaluator
+from vitcli.fewshot import features, report
+from vitcli.metrics import console, read_metrics
+from vitcli.recipe import DataConfig
+from vitcli.resolve import resolve
+from vitcli.stages.run import one_run
+
+N = 32  # rows per split; the label of a row is its index, so a batch's labels say which rows it holds
+BAD_TRAIN, BAD_TEST = (5, 17), (3,)
+TINY = [
+    "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+    "model.mlp_dim=64", "data.batch_size=8", "data.eval_batch_size=8", "data.val_split=", "optim.lr=3e-3",
+    "schedule.warmup_steps=1", "schedule.steps=8", "run.log_every=1", "run.device=cpu",
+]
+CPU = Dist(0, 1, 0, torch.device("cpu"))
+
+
+def _png(i: int) -> bytes:
+    pixels = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _split(bad) -> datasets.Dataset:
+    rows = [{"bytes": b"not an image" if i in bad else _png(i), "path": None} for i in range(N)]
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=N)})
+    return datasets.Dataset.from_dict({"image": rows, "label": list(range(N))}, features=feats)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    """A saved dataset: train with 2 undecodable rows, test with 1, `broken` with nothing decodable."""
+    path = tmp_path_factory.mktemp("corrupt") / "ds"
+    splits = {"train": _split(BAD_TRAIN), "test": _split(BAD_TEST), "broken": _split(range(N))}
+    datasets.DatasetDict(splits).save_to_disk(str(path))
+    return str(path)
+
+
+@pytest.fixture
+def logged(monkeypatch) -> list[str]:
+    """Every console.log message, unwrapped (rich would fold long paths at the terminal width)."""
+    messages: list[str] = []
+    monkeypatch.setattr(console, "log", lambda msg, *a, **k: messages.append(str(msg)))
+    return messages
+
+
+def _take(stream, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return list(itertools.islice(stream, k))
+
+
+def _one_line(error: pytest.ExceptionInfo, *needles: str) -> str:
+    msg = str(error.value)
+    assert "\n" not in msg and "Traceback" not in msg and "worker process" not in msg, msg
+    for needle in needles:
+        assert needle in msg, msg
+    return msg
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_train_stream_replaces_corrupt_rows_the_same_way_in_workers_and_on_resume(source):
+    ds = data.load_source(source, "train")
+
+    def stream(workers: int, start_step: int = 0) -> data.BatchStream:
+        cfg = DataConfig(num_workers=workers, crop_min_area=0.3)
+        return data.train_batches(ds, cfg, 32, 8, seed=3, start_step=start_step)
+
+    main = stream(0)
+    straight = _take(main, 12)  # three epochs of four batches
+    assert main.skipped.as_dict() == {f"{source} split 'train'": list(BAD_TRAIN)}  # met thrice, counted once
+    labels = torch.cat([y for _, y in straight]).tolist()
+    assert all(len(y) == 8 for _, y in straight) and not set(BAD_TRAIN) & set(labels)
+    assert labels.count(BAD_TRAIN[0] + 1) == 2 * 3  # the next row stands in: itself and row 5, each epoch
+    workers = stream(2)
+    for (xa, ya), (xb, yb) in zip(straight, _take(workers, 12), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert workers.skipped.total == 2  # counted in the reading process, though decoded in the workers
+    for (xa, ya), (xb, yb) in zip(straight[5:], _take(stream(0, start_step=5), 7), strict=True):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path, monkeypatch, logged):
+    real, streams = data.train_batches, []
+
+    def spy(*args, **kwargs):
+        streams.append(real(*args, **kwargs))
+        return streams[-1]
+
+    monkeypatch.setattr(data, "train_batches", spy)
+    losses = {}
+    for workers in (0, 2):
+        r = resolve("pretrain", None, TINY + [f"data.source={source}", f"data.num_workers={workers}"])
+        results = one_run(r, tmp_path / str(workers))
+        assert streams[-1].skipped.total == 2  # 8 steps of 8: both bad rows met twice, counted once
+        assert results["test/skipped_images"] == 1  # the final evaluation left its bad row out
+        rows = read_metrics(tmp_path / str(workers) / "metrics.jsonl")
+        losses[workers] = [row["train/loss"] for row in rows if "train/loss" in row]
+    assert len(losses[0]) == 8 and all(np.isfinite(losses[0]))
+    assert losses[0] == losses[2]  # the same batches whatever the worker count, so the very same losses
+    first = next(m for m in logged if "undecodable" in m)
+    named = [r for r in BAD_TRAIN if f"row {r} of {source} split 'train'" in first]
+    assert "1 undecodable image" in first and named, first
+
+
+# ---------------------------------------------------------------- evaluation and features
+
+
+def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged):
+    ds = data.load_source(source, "test")
+    ys = [y for _, y in data.eval_batches(ds, DataConfig(num_workers=0), 32, 8)]
+    assert torch.cat(ys).tolist() == [i for i in range(N) if i not in BAD_TEST]
+    logged.clear()
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N))
+    cfg = DataConfig(num_workers=0, eval_batch_size=8)
+    evaluator = ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32")
+    for _ in range(2):
+        results = dict(evaluator.run(model))
+        assert results["test/skipped_images"] == 1 and 0 <= results["test/top1"] <= 1
+    assert len([m for m in logged if "undecodable" in m]) == 1  # warned once, not once per evaluation
+
+
+def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, tmp_path):
+    model = models.build_model(resolve("pretrain", None, TINY).model, 0).eval()
+    ds, cfg = data.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
+    tally = data.Skipped()
+
+    def compute():
+        return features.extract(model, ds, cfg, 32, 0, CPU, "fp32", skipped=tally)
+
+    feats, labels, hit = features.cached(tmp_path, "key", compute, skipped=tally)
+    assert not hit and feats.shape == (N - 1, 32) and tally.total == 1
+    assert labels.tolist() == [i for i in range(N) if i not in BAD_TEST]
+    again = data.Skipped()
+    _, _, hit = features.cached(tmp_path, "key", lambda: pytest.fail("recomputed a good entry"), True, again)
+    assert hit and again.as_dict() == {f"{source} split 'test'": list(BAD_TEST)}
+    row = {"task": "t", "shots": 1, "seed": 0, "l2_reg": 1.0, "accuracy": 0.5}
+    report.write([row], tmp_path, resolve("pretrain", None, TINY), again)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["data/skipped_images"] == 1 and results["skipped_rows"] == again.as_dict()
+
+
+# ---------------------------------------------------------------- one line, never a traceback
+
+
+def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
+    ds = data.load_source(source, "broken")
+    with pytest.raises(DataError) as error:
+        list(data.eval_batches(ds, DataConfig(num_workers=0), 32, 8))
+    _one_line(error, f"no image of {source} split 'broken' decodes", "UnidentifiedImageError")
+    with pytest.raises(DataError) as error:
+        next(data.train_batches(ds, DataConfig(num_workers=0), 32, 8, seed=0))
+    _one_line(error, f"no image of {source} split 'broken' decodes", f"{N} rows tried")
+
+
+def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):
+    broken = data.load_source(source, "broken")
+    with pytest.raises(DataError) as error:  # the worker's own DataError, not torch's re-wrapped copy
+        next(data.train_batches(broken, DataConfig(num_workers=2), 32, 8, seed=0))
+    _one_line(error, f"no image of {source} split 'broken' decodes")
+
+    def bug(self, seed, rows):
+        raise ValueError("augmentation exploded\nsecond line")
+
+    monkeypatch.setattr(data._Batches, "_batch", bug)  # workers fork after this, so they inherit it
+    with pytest.raises(DataError) as error:
+        next(data.train_batches(data.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
+    _one_line(error, "ValueError: augmentation exploded", "data.num_workers=0")
+
+
+def test_the_cli_shows_a_worker_error_as_one_red_line(source, tmp_path, monkeypatch, capsys):
+    args = TINY + [f"data.source={source}", "data.train_split=broken", "data.num_workers=2"]
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *args)
+    assert code == 2, err
+    line = [ln for ln in err.splitlines() if "decodes" in ln]
+    assert len(line) == 1 and "Traceback" not in err and "worker process" not in err, err
+
+
+def test_a_damaged_feature_cache_file_is_recomputed_with_a_warning(tmp_path, logged):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return np.ones((4, 3), np.float32), np.arange(4)
+
+    features.cached(tmp_path, "k", compute)
+    path = tmp_path / "k.safetensors"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
+    feats, _, hit = features.cached(tmp_path, "k", compute)
+    assert not hit and len(calls) == 2 and feats.shape == (4, 3)
+    assert any(str(path) in m and "damaged" in m for m in logged), logged
+    assert features.cached(tmp_path, "k", compute)[2] and len(calls) == 2  # rewritten whole: a hit again

@@ -116,6 +116,8 @@ def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path,
         results = one_run(r, tmp_path / str(workers))
         assert streams[-1].skipped.total == 2  # 8 steps of 8: both bad rows met twice, counted once
         assert results["test/skipped_images"] == 1  # the final evaluation left its bad row out
+        summary = json.loads((tmp_path / str(workers) / "summary.json").read_text())
+        assert summary["data/skipped_images"] == 2 and summary["test/skipped_images"] == 1
         rows = read_metrics(tmp_path / str(workers) / "metrics.jsonl")
         losses[workers] = [row["train/loss"] for row in rows if "train/loss" in row]
     assert len(losses[0]) == 8 and all(np.isfinite(losses[0]))

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_torchrun_two_processes(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "vitcli.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vitcli.cli",
            "pretrain", "--recipe", str(REPO / "recipes/quickstart/pretrain.yaml"), "--workdir", str(tmp_path),
            "schedule.epochs=0", "schedule.steps=6", "schedule.warmup_steps=1", "run.log_every=1",
            "data.synthetic.train_size=256", "data.synthetic.val_size=64", "data.synthetic.test_size=64",

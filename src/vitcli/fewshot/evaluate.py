@@ -107,13 +107,14 @@ class FewshotEvaluator:
         self.tasks = recipe_tasks(recipe)
         self.splits = {t.name: [load_task_split(t, recipe, s) for s in (t.train_split, t.test_split)]
                        for t in self.tasks}  # read once, reused every run
+        self.skipped = data.Skipped()  # kept across runs: a corrupt image is warned about once
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         img_size, resize = preprocessing(self.recipe)
         for task in self.tasks:
             cfg = data_cfg(task, self.recipe)
-            sets = [features.extract(model, ds, cfg, img_size, resize, self.dist, self.recipe.run.precision)
-                    for ds in self.splits[task.name]]
+            sets = [features.extract(model, ds, cfg, img_size, resize, self.dist, self.recipe.run.precision,
+                                     skipped=self.skipped) for ds in self.splits[task.name]]
             rows = evaluate_task(sets[0], sets[1], task.num_classes, self.recipe, task.name)
             for (name, shots), (mean, _) in summarise(rows).items():
                 yield f"fewshot/{name}/{shots}shot", mean

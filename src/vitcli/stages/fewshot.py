@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from vitcli import tasks
+from vitcli import data, tasks
 from vitcli.checkpoints.files import write_text
 from vitcli.dist import Dist, setup
 from vitcli.errors import DataError, RecipeError
@@ -38,14 +38,16 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
     model = load_for_eval(recipe).to(dist.device)
-    rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist)]
+    skipped = data.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
+    rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist, skipped)]
     if dist.is_main:
         write_text(workdir / "recipe.yaml", to_yaml(recipe))
-        report.write(rows, workdir, recipe)
+        report.write(rows, workdir, recipe, skipped)
     return rows
 
 
-def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dist) -> list[dict]:
+def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dist,
+               skipped: data.Skipped) -> list[dict]:
     """Features of the task's train and test splits (from the cache when there), then its score rows."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / "features"
     img_size, resize = preprocessing(recipe)
@@ -58,9 +60,9 @@ def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dis
         def extract(split=split):  # only on a cache miss: no decoding for a hit
             ds = load_task_split(task, recipe, split)
             return features.extract(model, ds, data_cfg(task, recipe), img_size, resize, dist,
-                                    recipe.run.precision)
+                                    recipe.run.precision, skipped=skipped)
 
-        feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main)
+        feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main, skipped=skipped)
         console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
         sets.append((feats, labels))
     rows = evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)

@@ -23,7 +23,7 @@ ORDER = [
     # from the command line to a recipe
     "resolve",
     # evaluators, starting weights, the loop
-    "optim", "evaluators", "interrupt", "transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "trainer",
+    "optim", "objectives", "evaluators", "interrupt", "transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "trainer",
     # stage drivers, then the command line
     "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "cli",
 ]

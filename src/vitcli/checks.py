@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from vitcli.errors import RecipeError
-from vitcli.models import T2T_VITS, is_vit_family
+from vitcli.models import HYBRID, T2T_VITS, is_vit_family
+from vitcli.mpp import CELLS, KINDS
 from vitcli.posemb import METHODS, grid_for
 from vitcli.recipe import Recipe
 from vitcli.transforms import check_randaugment
@@ -32,6 +33,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.precision": ("fp32", "bf16"),
     "run.device": ("auto", "cpu", "cuda"),
     "init.posemb_method": METHODS,
+    "objective": ("supervised", "mpp"),
+    "mpp.target": KINDS,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim",
@@ -45,7 +48,7 @@ NOT_NEGATIVE = (
     "fewshot.every", "fewshot.custom.num_classes",
 )
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
-             "optim.momentum")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
+             "optim.momentum", "mpp.mask_prob", "mpp.random_prob")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
@@ -73,6 +76,7 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
     _augment(recipe, world_size)
     _fewshot(recipe)
     _device(recipe.run.device)
+    _objective(recipe)
 
 
 def _choices(recipe: Recipe) -> None:
@@ -153,6 +157,27 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     if d.mixup_alpha and micro % 2:  # timm's Mixup pairs each image with its mirror in the micro-batch
         raise RecipeError(f"data.mixup_alpha={d.mixup_alpha} needs an even micro-batch, got {micro}; "
                           "set data.micro_batch_size (or data.batch_size) to an even number")
+
+
+def _objective(recipe: Recipe) -> None:
+    """Masked patch prediction pretrains a ViT of our own; its targets are cut from the model's patches."""
+    if recipe.objective == "supervised":
+        if not recipe.data.label_column and recipe.stage != "eval-fewshot":
+            raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
+                              "label column, or pretrain on unlabeled images with objective: mpp")
+        return
+    m, p = recipe.model, recipe.mpp
+    if recipe.stage != "pretrain":
+        raise RecipeError(f"objective: {recipe.objective} is a pretraining objective; `vit {recipe.stage}` "
+                          "trains with labels (objective: supervised)")
+    if not is_vit_family(m.name) or m.name == HYBRID:
+        raise RecipeError(f"objective: mpp needs a plain ViT (a paper ViT name or custom), not model.name={m.name}")
+    if p.target == "color_4x4" and m.patch_size % CELLS:
+        raise RecipeError(f"mpp.target=color_4x4 pools each patch to 4x4 cells: model.patch_size={m.patch_size} "
+                          "must be a multiple of 4")
+    if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
+        raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
+                          f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
 
 
 def _device(device: str) -> None:

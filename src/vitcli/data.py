@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -240,14 +241,13 @@ class _Batches(torch.utils.data.Dataset):
     """
 
     def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: bool, replace: bool):
-        missing = [c for c in (cfg.image_column, cfg.label_column) if c not in ds.column_names]
+        missing = [c for c in (cfg.image_column, cfg.label_column) if c and c not in ds.column_names]
         if missing:
             raise DataError(f"no column '{missing[0]}' to batch; columns: {', '.join(ds.column_names)}")
         self.column, self.transform, self.replace = cfg.image_column, transform, replace
         self.name = origin(ds)
         self.images = ds.select_columns([cfg.image_column])
-        labels = ds.select_columns([cfg.label_column]).with_format("numpy")[:][cfg.label_column]
-        self.labels = torch.as_tensor(labels, dtype=torch.int64)  # (N,)
+        self.labels = _labels(ds, cfg.label_column)  # (N,)
         self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
         self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
 
@@ -364,6 +364,19 @@ def _train_keys(n: int, batch: int, seed: int, start_step: int, rank: int, world
         step += 1
 
 
+def _labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
+    """The label column as int64 (N,); zeros for unlabeled images (data.label_column="", for mpp)."""
+    if not column:
+        return torch.zeros(len(ds), dtype=torch.int64)
+    return torch.as_tensor(ds.select_columns([column]).with_format("numpy")[:][column], dtype=torch.int64)
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """A terminal's Ctrl-C reaches the whole process group; the main process decides when to stop, and it
+    may still need this worker's batches to finish the step it is in."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: bool, replace: bool):
     # batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
     # persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed
@@ -372,7 +385,7 @@ def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, ca
     return DataLoader(
         _Batches(ds, cfg, transform, cache, replace), batch_size=None, sampler=keys, num_workers=workers,
         generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
-        prefetch_factor=4 if workers else None,
+        prefetch_factor=4 if workers else None, worker_init_fn=_ignore_interrupts if workers else None,
     )
 
 

@@ -9,6 +9,7 @@ import torch
 
 from vitcli import data
 from vitcli.dist import Dist, all_reduce_sum
+from vitcli.objectives import mpp_step
 from vitcli.precision import autocast
 from vitcli.recipe import DataConfig
 
@@ -53,3 +54,31 @@ class ClassificationEvaluator:
         yield f"{self.prefix}/loss", loss_sum / max(total, 1)
         if skipped:  # named only when it happened: a row of zeros in every report would be noise
             yield f"{self.prefix}/skipped_images", int(skipped)
+
+
+class MppEvaluator:
+    """Held-out masked patch prediction: mean loss and mean-colour accuracy on one split, with the same
+    corruption draws every run (batch i uses seed i), so runs are comparable step to step."""
+
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, target: str):
+        self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
+        self.dist, self.precision, self.target = dist, precision, target
+        self.skipped = data.Skipped()
+
+    @torch.inference_mode()
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
+        was_training = model.training
+        model.eval()
+        loss_sum = accuracy_sum = total = 0.0
+        batches = data.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank,
+                                    self.dist.world_size, skipped=self.skipped)
+        for i, (x, _) in enumerate(batches):
+            with autocast(self.dist.device, self.precision):
+                loss, accuracy = mpp_step(model, x.to(self.dist.device), seed=i, target=self.target)
+            loss_sum += len(x) * loss.item()
+            accuracy_sum += len(x) * accuracy.item()
+            total += len(x)
+        loss_sum, accuracy_sum, total = all_reduce_sum([loss_sum, accuracy_sum, total], self.dist)
+        model.train(was_training)
+        yield f"{self.prefix}/mpp_loss", loss_sum / max(total, 1)
+        yield f"{self.prefix}/mpp_accuracy", accuracy_sum / max(total, 1)

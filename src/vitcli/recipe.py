@@ -154,10 +154,21 @@ class FewshotConfig:
 
 
 @dataclass
+class MppConfig:
+    """Masked patch prediction (paper App. B.1.2): the self-supervised objective, used with objective: mpp."""
+
+    target: str = "mean_color"  # mean_color (the paper's choice, 512 classes) | color_4x4 | pixels_l2
+    corrupt_ratio: float = 0.5  # fraction of each image's patch embeddings corrupted
+    mask_prob: float = 0.8  # of the corrupted: replaced by the learned [mask] embedding
+    random_prob: float = 0.1  # of the corrupted: replaced by another patch's embedding; the rest stay as is
+
+
+@dataclass
 class Recipe:
     """One experiment."""
 
     stage: str = "pretrain"  # pretrain | finetune | eval-fewshot: set by the command, checked against the file
+    objective: str = "supervised"  # supervised (labels) | mpp (masked patch prediction, pretrain only)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -165,6 +176,7 @@ class Recipe:
     run: RunConfig = field(default_factory=RunConfig)
     init: InitConfig = field(default_factory=InitConfig)
     fewshot: FewshotConfig = field(default_factory=FewshotConfig)
+    mpp: MppConfig = field(default_factory=MppConfig)
 
 
 # ---------------------------------------------------------------- coercion

@@ -24,6 +24,7 @@ from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
 from vitcli.interrupt import StopRequest, agreed_stop, interrupted
 from vitcli.metrics import MetricsLog, console, progress_bar
+from vitcli.objectives import exported, mpp_step
 from vitcli.optim import build_optimizer
 from vitcli.precision import autocast
 from vitcli.recipe import OptimConfig, Recipe, accumulation_steps, to_dict
@@ -31,7 +32,7 @@ from vitcli.schedule import learning_rate
 from vitcli.transforms import seeded
 
 log = logging.getLogger(__name__)
-MIXUP_STREAM = 1  # keeps mixup's seeds apart from the data augmentation's (seed, rank, step)
+MIXUP_STREAM, MPP_STREAM = 1, 2  # keep these seeds apart from the data augmentation's (seed, rank, step)
 
 
 @dataclass
@@ -122,8 +123,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            mix = _seeded_mixup(mixup, r.run.seed, dist.rank, step)
-            loss = _accumulate_grads(ddp_model, optimizer, batches, accum, mix, criterion, r, dist)
+            objective = _objective(r, criterion, mixup, dist.rank, step)
+            loss, accuracy = _accumulate_grads(ddp_model, optimizer, batches, accum, objective, r, dist)
             if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
                 raise TrainingError(
                     f"loss became {loss} at step {step}; the last good checkpoint is kept in {job.workdir} "
@@ -132,8 +133,9 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             optimizer.step()
             done = step + 1
-            _log(window, metrics, bar, task, done, job, {"train/loss": loss, "train/lr": lr,
-                                                          "train/grad_norm": grad_norm})
+            row = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
+            _log(window, metrics, bar, task, done, job, row if accuracy is None else
+                 {**row, "train/mpp_accuracy": accuracy})
             saved = _periodic(job, model, optimizer, metrics, done, dist)
             signum = agreed_stop(stop, dist)
             if signum:
@@ -145,10 +147,10 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
         metrics.write(job.total_steps, final)
     if dist.is_main:
         files.save_weights(
-            job.workdir / files.MODEL_FILE, model.state_dict(),
+            job.workdir / files.MODEL_FILE, exported(model).state_dict(),
             {"recipe": to_dict(r), "model": job.model_meta},
         )
-    return {**window.last, **final}
+    return {**window.last, **final, "data/skipped_images": batches.skipped.total}  # this rank's count
 
 
 @dataclass
@@ -195,38 +197,47 @@ def _periodic(job: Job, model, optimizer, metrics: MetricsLog, done: int, dist: 
     return due
 
 
-def _seeded_mixup(mixup, seed: int, rank: int, step: int):
-    """timm's Mixup draws its lambda from numpy's global RNG; here each (seed, rank, step, micro-batch) gets
-    its own stream, as the data augmentation does, so mixup runs repeat and resume exactly."""
-    if mixup is None:
-        return None
+def _objective(r: Recipe, criterion, mixup, rank: int, step: int):
+    """This step's loss(model, x, y, micro) -> (loss, accuracy or None): supervised or masked patch prediction.
 
-    def mix(x: torch.Tensor, y: torch.Tensor, micro: int):
-        stream = np.random.SeedSequence([seed, rank, step, micro, MIXUP_STREAM]).generate_state(1)[0]
-        with seeded(int(stream)):
-            return mixup(x, y)
+    Random draws outside the data pipeline get their own stream per (seed, rank, step, micro-batch), as the
+    augmentation does: timm's Mixup would otherwise draw from numpy's global RNG, and the corruption of
+    masked patch prediction from torch's; so runs repeat and resume exactly.
+    """
 
-    return mix
+    def seed(micro: int, stream: int) -> int:
+        return int(np.random.SeedSequence([r.run.seed, rank, step, micro, stream]).generate_state(1)[0])
+
+    def supervised(model, x, y, micro):
+        if mixup is not None:
+            with seeded(seed(micro, MIXUP_STREAM)):
+                x, y = mixup(x, y)
+        return criterion(model(x).float(), y), None
+
+    def masked_patches(model, x, y, micro):
+        return mpp_step(model, x, seed(micro, MPP_STREAM), r.mpp.target)
+
+    return masked_patches if r.objective == "mpp" else supervised
 
 
-def _accumulate_grads(ddp_model, optimizer, batches, accum: int, mixup, criterion, r: Recipe, dist: Dist):
-    """Gradients of one optimizer step over `accum` micro-batches; returns the loss averaged over processes."""
+def _accumulate_grads(ddp_model, optimizer, batches, accum: int, objective, r: Recipe, dist: Dist):
+    """Gradients of one optimizer step over `accum` micro-batches; (loss, accuracy or None), averaged over
+    micro-batches and processes."""
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    loss_sum = accuracy_sum = 0.0
     for i in range(accum):
         x, y = next(batches)
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
-        if mixup is not None:
-            x, y = mixup(x, y, i)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
         with ddp_model.no_sync() if not sync else contextlib.nullcontext():
             with autocast(dist.device, r.run.precision):
-                loss = criterion(ddp_model(x).float(), y) / accum
-            loss.backward()
-        loss_sum += loss.item()
-    (loss_mean,) = all_reduce_sum([loss_sum / dist.world_size], dist)
-    return loss_mean
+                loss, accuracy = objective(ddp_model, x, y, i)
+            (loss / accum).backward()
+        loss_sum += loss.item() / accum
+        accuracy_sum += float(accuracy) / accum if accuracy is not None else math.nan
+    loss_mean, accuracy_mean = all_reduce_sum([loss_sum / dist.world_size, accuracy_sum / dist.world_size], dist)
+    return loss_mean, None if math.isnan(accuracy_mean) else accuracy_mean
 
 
 def _clip(model, max_norm: float) -> float:

@@ -19,9 +19,10 @@ from vitcli.checkpoints import files, state
 from vitcli.checks import check_schedule
 from vitcli.dist import Dist, setup
 from vitcli.errors import RecipeError
-from vitcli.evaluators import ClassificationEvaluator
+from vitcli.evaluators import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.metrics import console
+from vitcli.objectives import MppModel
 from vitcli.precision import bf16_warning
 from vitcli.recipe import Recipe, to_dict, to_yaml
 from vitcli.schedule import total_steps
@@ -75,17 +76,29 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
 
 
 def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
-    """(periodic, final) evaluators: held-out top-1, test top-1 at the end, few-shot every fewshot.every."""
+    """(periodic, final) evaluators: held-out top-1 (or masked patch prediction, for mpp) every
+    run.eval_every, on test at the end; few-shot every fewshot.every."""
 
-    def top1(name: str, split: str) -> ClassificationEvaluator:
-        return ClassificationEvaluator(name, data.load_split(r.data, split), r.data, r.model.img_size, dist,
-                                       r.run.precision)
+    def held_out(name: str, split: str):
+        ds = data.load_split(r.data, split)
+        if r.objective == "mpp":
+            return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp.target)
+        return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision)
 
-    periodic = [(r.run.eval_every, top1("val", r.data.val_split))] if r.data.val_split else []
-    final = [top1("test", r.data.test_split)] if r.data.test_split else []
+    periodic = [(r.run.eval_every, held_out("val", r.data.val_split))] if r.data.val_split else []
+    final = [held_out("test", r.data.test_split)] if r.data.test_split else []
     if r.fewshot.every and r.fewshot.tasks:
         periodic.append((r.fewshot.every, FewshotEvaluator(r, dist)))
     return periodic, final
+
+
+def _num_classes(r: Recipe, train_ds) -> int:
+    """The head's width: the recipe's, else the data's (checked against the labels); 0 for mpp (no labels)."""
+    if r.objective == "mpp":
+        return 0
+    num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
+    check_labels(train_ds, r, num_classes)
+    return num_classes
 
 
 def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
@@ -103,13 +116,14 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | N
     if not r.schedule.steps and not r.schedule.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
     train_ds = data.load_split(r.data, r.data.train_split)
-    num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
-    check_labels(train_ds, r, num_classes)
+    num_classes = _num_classes(r, train_ds)
     steps = total_steps(r.schedule.steps, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
     model = models.build_model(r.model, num_classes)
     if r.init.checkpoint:
         load_init(model, r, num_classes, dist)
+    if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
+        model = MppModel(model, r.mpp, r.model.patch_size)
     periodic, final = _evaluators(r, dist)
     meta = models.model_spec(r.model, num_classes)
     return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final, start)

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 
 from clirun import run_vit
-from vitcli import data, models
+from vitcli import batches, data, models
 from vitcli.dist import Dist
 from vitcli.errors import DataError
 from vitcli.evaluators import ClassificationEvaluator
@@ -84,9 +84,9 @@ def _one_line(error: pytest.ExceptionInfo, *needles: str) -> str:
 def test_train_stream_replaces_corrupt_rows_the_same_way_in_workers_and_on_resume(source):
     ds = data.load_source(source, "train")
 
-    def stream(workers: int, start_step: int = 0) -> data.BatchStream:
+    def stream(workers: int, start_step: int = 0) -> batches.BatchStream:
         cfg = DataConfig(num_workers=workers, crop_min_area=0.3)
-        return data.train_batches(ds, cfg, 32, 8, seed=3, start_step=start_step)
+        return batches.train_batches(ds, cfg, 32, 8, seed=3, start_step=start_step)
 
     main = stream(0)
     straight = _take(main, 12)  # three epochs of four batches
@@ -103,13 +103,13 @@ def test_train_stream_replaces_corrupt_rows_the_same_way_in_workers_and_on_resum
 
 
 def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path, monkeypatch, logged):
-    real, streams = data.train_batches, []
+    real, streams = batches.train_batches, []
 
     def spy(*args, **kwargs):
         streams.append(real(*args, **kwargs))
         return streams[-1]
 
-    monkeypatch.setattr(data, "train_batches", spy)
+    monkeypatch.setattr(batches, "train_batches", spy)
     losses = {}
     for workers in (0, 2):
         r = resolve("pretrain", None, TINY + [f"data.source={source}", f"data.num_workers={workers}"])
@@ -132,7 +132,7 @@ def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path,
 
 def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged):
     ds = data.load_source(source, "test")
-    ys = [y for _, y in data.eval_batches(ds, DataConfig(num_workers=0), 32, 8)]
+    ys = [y for _, y in batches.eval_batches(ds, DataConfig(num_workers=0), 32, 8)]
     assert torch.cat(ys).tolist() == [i for i in range(N) if i not in BAD_TEST]
     logged.clear()
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N))
@@ -147,7 +147,7 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
 def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, tmp_path):
     model = models.build_model(resolve("pretrain", None, TINY).model, 0).eval()
     ds, cfg = data.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
-    tally = data.Skipped()
+    tally = batches.Skipped()
 
     def compute():
         return features.extract(model, ds, cfg, 32, 0, CPU, "fp32", skipped=tally)
@@ -155,7 +155,7 @@ def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, t
     feats, labels, hit = features.cached(tmp_path, "key", compute, skipped=tally)
     assert not hit and feats.shape == (N - 1, 32) and tally.total == 1
     assert labels.tolist() == [i for i in range(N) if i not in BAD_TEST]
-    again = data.Skipped()
+    again = batches.Skipped()
     _, _, hit = features.cached(tmp_path, "key", lambda: pytest.fail("recomputed a good entry"), True, again)
     assert hit and again.as_dict() == {f"{source} split 'test'": list(BAD_TEST)}
     row = {"task": "t", "shots": 1, "seed": 0, "l2_reg": 1.0, "accuracy": 0.5}
@@ -170,25 +170,25 @@ def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, t
 def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
     ds = data.load_source(source, "broken")
     with pytest.raises(DataError) as error:
-        list(data.eval_batches(ds, DataConfig(num_workers=0), 32, 8))
+        list(batches.eval_batches(ds, DataConfig(num_workers=0), 32, 8))
     _one_line(error, f"no image of {source} split 'broken' decodes", "UnidentifiedImageError")
     with pytest.raises(DataError) as error:
-        next(data.train_batches(ds, DataConfig(num_workers=0), 32, 8, seed=0))
+        next(batches.train_batches(ds, DataConfig(num_workers=0), 32, 8, seed=0))
     _one_line(error, f"no image of {source} split 'broken' decodes", f"{N} rows tried")
 
 
 def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):
     broken = data.load_source(source, "broken")
     with pytest.raises(DataError) as error:  # the worker's own DataError, not torch's re-wrapped copy
-        next(data.train_batches(broken, DataConfig(num_workers=2), 32, 8, seed=0))
+        next(batches.train_batches(broken, DataConfig(num_workers=2), 32, 8, seed=0))
     _one_line(error, f"no image of {source} split 'broken' decodes")
 
     def bug(self, seed, rows):
         raise ValueError("augmentation exploded\nsecond line")
 
-    monkeypatch.setattr(data._Batches, "_batch", bug)  # workers fork after this, so they inherit it
+    monkeypatch.setattr(batches._Batches, "_batch", bug)  # workers fork after this, so they inherit it
     with pytest.raises(DataError) as error:
-        next(data.train_batches(data.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
+        next(batches.train_batches(data.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
     _one_line(error, "ValueError: augmentation exploded", "data.num_workers=0")
 
 

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli import data
+from vitcli import batches, data
 from vitcli.errors import DataError
 from vitcli.recipe import DataConfig, SyntheticConfig
 from vitcli.synthetic import class_names, make_synthetic, render
@@ -216,18 +216,18 @@ def _take(stream, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def test_train_batches_deterministic_and_seed_dependent():
     ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.5)
-    a = _take(data.train_batches(ds, cfg, 8, 8, seed=1), 3)
-    b = _take(data.train_batches(ds, cfg, 8, 8, seed=1), 3)
+    a = _take(batches.train_batches(ds, cfg, 8, 8, seed=1), 3)
+    b = _take(batches.train_batches(ds, cfg, 8, 8, seed=1), 3)
     for (xa, ya), (xb, yb) in zip(a, b):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
         assert xa.shape == (8, 3, 8, 8) and xa.dtype == torch.float32 and ya.dtype == torch.int64
-    c = _take(data.train_batches(ds, cfg, 8, 8, seed=2), 1)
+    c = _take(batches.train_batches(ds, cfg, 8, 8, seed=2), 1)
     assert not torch.equal(a[0][1], c[0][1])
 
 
 def test_each_epoch_is_a_fresh_permutation_with_drop_last():
     ds, cfg = _indexed(44), DataConfig(num_workers=0)
-    labels = [y for _, y in _take(data.train_batches(ds, cfg, 8, 8, seed=0), 10)]  # 5 batches per epoch
+    labels = [y for _, y in _take(batches.train_batches(ds, cfg, 8, 8, seed=0), 10)]  # 5 batches per epoch
     epoch0, epoch1 = torch.cat(labels[:5]), torch.cat(labels[5:])
     assert len(set(epoch0.tolist())) == 40 and len(set(epoch1.tolist())) == 40  # 4 rows dropped each epoch
     assert not torch.equal(epoch0, epoch1)
@@ -246,18 +246,18 @@ def _count_decodes(monkeypatch) -> list:
 
 def test_resume_skip_equals_continuation_and_decodes_nothing_skipped(monkeypatch):
     ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.3)
-    straight = _take(data.train_batches(ds, cfg, 8, 8, seed=5), 12)  # crosses two epoch boundaries
+    straight = _take(batches.train_batches(ds, cfg, 8, 8, seed=5), 12)  # crosses two epoch boundaries
     decoded = _count_decodes(monkeypatch)
-    resumed = _take(data.train_batches(ds, cfg, 8, 8, seed=5, start_step=7), 1)
+    resumed = _take(batches.train_batches(ds, cfg, 8, 8, seed=5, start_step=7), 1)
     assert len(decoded) == 8  # only the one batch that was asked for
-    resumed += _take(data.train_batches(ds, cfg, 8, 8, seed=5, start_step=8), 4)
+    resumed += _take(batches.train_batches(ds, cfg, 8, 8, seed=5, start_step=8), 4)
     for (xs, ys), (xr, yr) in zip(straight[7:], resumed):
         assert torch.equal(xs, xr) and torch.equal(ys, yr)
 
 
 def test_training_decodes_each_small_dataset_image_once(monkeypatch):
     decoded = _count_decodes(monkeypatch)
-    _take(data.train_batches(_indexed(40), DataConfig(num_workers=0), 8, 8, seed=0), 15)  # three epochs
+    _take(batches.train_batches(_indexed(40), DataConfig(num_workers=0), 8, 8, seed=0), 15)  # three epochs
     assert len(decoded) == 40
 
 
@@ -266,44 +266,44 @@ def test_main_process_batches_leave_global_rngs_alone():
     torch.manual_seed(0)
     expected = torch.rand(3), np.random.get_state()[1][:4].copy()
     torch.manual_seed(0)
-    _take(data.train_batches(ds, cfg, 8, 8, seed=0), 2)
+    _take(batches.train_batches(ds, cfg, 8, 8, seed=0), 2)
     assert torch.equal(torch.rand(3), expected[0])
     assert np.array_equal(np.random.get_state()[1][:4], expected[1])
 
 
 def test_worker_processes_give_the_same_stream():
     ds = _indexed(32)
-    main = _take(data.train_batches(ds, DataConfig(num_workers=0), 8, 8, seed=0), 5)
-    workers = _take(data.train_batches(ds, DataConfig(num_workers=2), 8, 8, seed=0), 5)
+    main = _take(batches.train_batches(ds, DataConfig(num_workers=0), 8, 8, seed=0), 5)
+    workers = _take(batches.train_batches(ds, DataConfig(num_workers=2), 8, 8, seed=0), 5)
     for (xa, ya), (xb, yb) in zip(main, workers):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
 def test_rank_shards_are_disjoint():
     ds, cfg = _indexed(40), DataConfig(num_workers=0)
-    shards = [torch.cat([y for _, y in _take(data.train_batches(ds, cfg, 8, 4, 0, rank=r, world_size=2), 5)])
+    shards = [torch.cat([y for _, y in _take(batches.train_batches(ds, cfg, 8, 4, 0, rank=r, world_size=2), 5)])
               for r in (0, 1)]
     assert set(shards[0].tolist()).isdisjoint(shards[1].tolist())
     assert len(set(shards[0].tolist()) | set(shards[1].tolist())) == 40
 
 
 def test_too_small_for_one_micro_batch():
-    _one_line_error(lambda: data.train_batches(_indexed(6), DataConfig(), 8, 8, seed=0), "6 images", "8")
+    _one_line_error(lambda: batches.train_batches(_indexed(6), DataConfig(), 8, 8, seed=0), "6 images", "8")
 
 
 def test_eval_batches_in_order_sharded_without_drop():
     ds, cfg = _indexed(23), DataConfig(num_workers=0)
-    ys = [y for _, y in data.eval_batches(ds, cfg, 8, 5)]
+    ys = [y for _, y in batches.eval_batches(ds, cfg, 8, 5)]
     assert torch.cat(ys).tolist() == list(range(23)) and len(ys[-1]) == 3
-    ranks = [torch.cat([y for _, y in data.eval_batches(ds, cfg, 8, 4, r, 3)]).tolist() for r in range(3)]
+    ranks = [torch.cat([y for _, y in batches.eval_batches(ds, cfg, 8, 4, r, 3)]).tolist() for r in range(3)]
     assert ranks[1] == list(range(1, 23, 3)) and sorted(itertools.chain(*ranks)) == list(range(23))
-    x0 = next(iter(data.eval_batches(ds, cfg, 8, 5)))[0]
-    assert torch.equal(x0, next(iter(data.eval_batches(ds, cfg, 8, 5)))[0])
+    x0 = next(iter(batches.eval_batches(ds, cfg, 8, 5)))[0]
+    assert torch.equal(x0, next(iter(batches.eval_batches(ds, cfg, 8, 5)))[0])
 
 
 def test_build_mixup():
-    assert data.build_mixup(DataConfig(mixup_alpha=0.0), 10, 0.1) is None
-    mixup = data.build_mixup(DataConfig(mixup_alpha=0.2), 10, 0.0)
+    assert batches.build_mixup(DataConfig(mixup_alpha=0.0), 10, 0.1) is None
+    mixup = batches.build_mixup(DataConfig(mixup_alpha=0.2), 10, 0.0)
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
     mixed, target = mixup(x.clone(), y)
     assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))

@@ -18,7 +18,7 @@ ORDER = [
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state
     "checkpoints.files", "metrics", "dist", "checkpoints.state", "workdir",
     # models, data, checks on recipes, checkpoints of every source
-    "t2t", "models", "transforms", "checks", "tasks", "data",
+    "t2t", "models", "transforms", "checks", "tasks", "data", "batches",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
     # from the command line to a recipe
     "resolve",

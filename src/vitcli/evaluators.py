@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from vitcli import data
+from vitcli import batches
 from vitcli.dist import Dist, all_reduce_sum
 from vitcli.objectives import mpp_step
 from vitcli.precision import autocast
@@ -27,18 +27,18 @@ class ClassificationEvaluator:
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
         self.dist, self.precision = dist, precision
-        self.skipped = data.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
+        self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
 
     @torch.inference_mode()
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         was_training = model.training
         model.eval()
         correct = total = loss_sum = 0.0
-        batches = data.eval_batches(
+        stream = batches.eval_batches(
             self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank, self.dist.world_size,
             skipped=self.skipped,
         )
-        for x, y in batches:
+        for x, y in stream:
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
             with autocast(self.dist.device, self.precision):
                 logits = model(x).float()  # (B, K)
@@ -63,16 +63,16 @@ class MppEvaluator:
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, target: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
         self.dist, self.precision, self.target = dist, precision, target
-        self.skipped = data.Skipped()
+        self.skipped = batches.Skipped()
 
     @torch.inference_mode()
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         was_training = model.training
         model.eval()
         loss_sum = accuracy_sum = total = 0.0
-        batches = data.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank,
+        stream = batches.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank,
                                     self.dist.world_size, skipped=self.skipped)
-        for i, (x, _) in enumerate(batches):
+        for i, (x, _) in enumerate(stream):
             with autocast(self.dist.device, self.precision):
                 loss, accuracy = mpp_step(model, x.to(self.dist.device), seed=i, target=self.target)
             loss_sum += len(x) * loss.item()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcli import data
+from vitcli import batches
 from vitcli.checkpoints import files, state
 from vitcli.dist import Dist, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
@@ -112,8 +112,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     accum = accumulation_steps(r, dist.world_size)
     micro = r.data.batch_size // (accum * dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)
-    mixup = data.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
-    batches = data.train_batches(
+    mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
+    stream = batches.train_batches(
         job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum, dist.rank, dist.world_size
     )
     metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main)
@@ -124,7 +124,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
         for step in range(start, job.total_steps):
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(r, criterion, mixup, dist.rank, step)
-            loss, accuracy = _accumulate_grads(ddp_model, optimizer, batches, accum, objective, r, dist)
+            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective, r, dist)
             if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
                 raise TrainingError(
                     f"loss became {loss} at step {step}; the last good checkpoint is kept in {job.workdir} "
@@ -150,7 +150,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             job.workdir / files.MODEL_FILE, exported(model).state_dict(),
             {"recipe": to_dict(r), "model": job.model_meta},
         )
-    return {**window.last, **final, "data/skipped_images": batches.skipped.total}  # this rank's count
+    return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count
 
 
 @dataclass
@@ -205,8 +205,8 @@ def _objective(r: Recipe, criterion, mixup, rank: int, step: int):
     masked patch prediction from torch's; so runs repeat and resume exactly.
     """
 
-    def seed(micro: int, stream: int) -> int:
-        return int(np.random.SeedSequence([r.run.seed, rank, step, micro, stream]).generate_state(1)[0])
+    def seed(micro: int, purpose: int) -> int:
+        return int(np.random.SeedSequence([r.run.seed, rank, step, micro, purpose]).generate_state(1)[0])
 
     def supervised(model, x, y, micro):
         if mixup is not None:
@@ -220,13 +220,13 @@ def _objective(r: Recipe, criterion, mixup, rank: int, step: int):
     return masked_patches if r.objective == "mpp" else supervised
 
 
-def _accumulate_grads(ddp_model, optimizer, batches, accum: int, objective, r: Recipe, dist: Dist):
+def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, r: Recipe, dist: Dist):
     """Gradients of one optimizer step over `accum` micro-batches; (loss, accuracy or None), averaged over
     micro-batches and processes."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = 0.0
     for i in range(accum):
-        x, y = next(batches)
+        x, y = next(stream)
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcli import data, tasks
+from vitcli import batches, data, tasks
 from vitcli.dist import Dist
 from vitcli.errors import DataError, RecipeError
 from vitcli.fewshot import features, solver
@@ -107,7 +107,7 @@ class FewshotEvaluator:
         self.tasks = recipe_tasks(recipe)
         self.splits = {t.name: [load_task_split(t, recipe, s) for s in (t.train_split, t.test_split)]
                        for t in self.tasks}  # read once, reused every run
-        self.skipped = data.Skipped()  # kept across runs: a corrupt image is warned about once
+        self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         img_size, resize = preprocessing(self.recipe)

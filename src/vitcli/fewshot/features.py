@@ -16,7 +16,7 @@ from rich.markup import escape
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vitcli import data
+from vitcli import batches
 from vitcli.checkpoints.files import MODEL_FILE, atomic_path
 from vitcli.dist import Dist
 from vitcli.errors import DataError
@@ -32,14 +32,14 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
-            skipped: data.Skipped | None = None):
+            skipped: batches.Skipped | None = None):
     """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order; rows whose image
     does not decode are left out (and recorded in `skipped`)."""
     was_training = model.training
     model.eval()
     feats, labels = [], []
-    batches = data.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped)
-    for x, y in batches:
+    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped)
+    for x, y in stream:
         with autocast(dist.device, precision):
             f = pre_logits(model, x.to(dist.device, non_blocking=True))
         feats.append(f.float().cpu())
@@ -73,7 +73,7 @@ def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
 
 
 def cached(
-    cache_dir: Path, key: str, compute, write: bool = True, skipped: data.Skipped | None = None
+    cache_dir: Path, key: str, compute, write: bool = True, skipped: batches.Skipped | None = None
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically.
 
@@ -81,7 +81,7 @@ def cached(
     miss (`compute` must extract into that same tally). A damaged file is recomputed, with a warning.
     """
     path = cache_dir / f"{key}.safetensors"
-    skipped = skipped if skipped is not None else data.Skipped()
+    skipped = skipped if skipped is not None else batches.Skipped()
     entry = _read_entry(path) if path.exists() else None
     if entry is not None:
         feats, labels, rows = entry

@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from vitcli import data, tasks
+from vitcli import batches, tasks
 from vitcli.checkpoints.files import atomic_path, write_text
 from vitcli.fewshot.evaluate import summarise
 from vitcli.metrics import stdout
@@ -28,7 +28,7 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: data.Skipped | None = None) -> None:
+def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skipped | None = None) -> None:
     """Print the table and write results.json, results.csv and fewshot.png into the workdir; results.json
     counts the images left out because they do not decode (`data/skipped_images`) when given the tally."""
     summary = summarise(rows)

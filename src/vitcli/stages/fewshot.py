@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 from rich.table import Table
 
-from vitcli import data, tasks
+from vitcli import batches, tasks
 from vitcli.checkpoints.files import write_text
 from vitcli.dist import Dist, setup
 from vitcli.errors import DataError, RecipeError
@@ -38,7 +38,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
     model = load_for_eval(recipe).to(dist.device)
-    skipped = data.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
+    skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
     rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist, skipped)]
     if dist.is_main:
         write_text(workdir / "recipe.yaml", to_yaml(recipe))
@@ -47,7 +47,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
 
 
 def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dist,
-               skipped: data.Skipped) -> list[dict]:
+               skipped: batches.Skipped) -> list[dict]:
     """Features of the task's train and test splits (from the cache when there), then its score rows."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / "features"
     img_size, resize = preprocessing(recipe)

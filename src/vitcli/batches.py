@@ -1,0 +1,266 @@
+"""The batch streams the trainer and evaluators read, built on the datasets of data.py.
+
+Training batches are a pure function of (seed, step, rank): the epoch order comes from (seed, epoch) and each
+micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step` batches by index
+arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is.
+
+An image that does not decode never ends a run: training puts the next row that decodes in its place, so
+batches keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such rows
+(`Skipped`), the rows coming back with their batch from whichever worker process decoded it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable, Iterator
+
+import datasets
+import numpy as np
+import torch
+from rich.markup import escape
+from timm.data import Mixup
+from torch.utils.data import DataLoader
+
+from vitcli.data import origin
+from vitcli.errors import DataError, VitcliError
+from vitcli.metrics import console
+from vitcli.recipe import DataConfig
+from vitcli.transforms import build_transform, seeded
+
+DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
+
+
+class Skipped:
+    """Rows whose image did not decode, per split (name -> {row: reason}), warned about as their count grows.
+
+    The rows come back with their batch from whichever process decoded it, so the tally lives with the reader
+    of the stream; a row met again (the next epoch, the next evaluation) counts once.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[int, str]] = {}
+
+    @property
+    def total(self) -> int:
+        """Distinct rows skipped, over every split."""
+        return sum(len(rows) for rows in self.rows.values())
+
+    def add(self, name: str, bad: dict[int, str]) -> None:
+        """Record rows of split `name`; warn at the 1st, 2nd, 4th, 8th... so a bad shard cannot flood logs."""
+        seen = self.rows.setdefault(name, {})
+        for row, reason in bad.items():
+            if row in seen:
+                continue
+            seen[row] = reason
+            n = self.total
+            if n & (n - 1) == 0:
+                console.log(f"[yellow]warning: {n} undecodable image{'s' * (n > 1)} skipped so far; "
+                            f"row {row} of {escape(name)}: {escape(reason)}")
+
+    def as_dict(self) -> dict[str, list[int]]:
+        """name -> sorted rows, for json."""
+        return {name: sorted(rows) for name, rows in self.rows.items() if rows}
+
+
+def _reason(e: Exception) -> str:
+    """An exception as one line: its type and the first line of its message, less object addresses."""
+    lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Map-style dataset whose keys are whole batches: (augmentation seed or None, rows) -> (x, y, bad).
+
+    `bad` maps each row of the key whose image does not decode to the reason; with `replace` (training) the
+    next row that decodes stands in for it, otherwise (evaluation) it is left out.
+    With `cache`, small datasets keep each image decoded after its first use (per process): at 32 px PNG
+    decoding costs as much as all augmentation together, and from the second epoch on it is gone.
+    """
+
+    def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: bool, replace: bool):
+        missing = [c for c in (cfg.image_column, cfg.label_column) if c and c not in ds.column_names]
+        if missing:
+            raise DataError(f"no column '{missing[0]}' to batch; columns: {', '.join(ds.column_names)}")
+        self.column, self.transform, self.replace = cfg.image_column, transform, replace
+        self.name = origin(ds)
+        self.images = ds.select_columns([cfg.image_column])
+        self.labels = _labels(ds, cfg.label_column)  # (N,)
+        self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
+        self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
+
+    def _decode_one(self, row: int):
+        try:
+            return self.images[row][self.column]
+        except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
+            self.bad[row] = _reason(e)
+            return None
+
+    def _load(self, rows: list[int]) -> dict[int, object]:
+        """row -> image for the rows that decode; the others land in self.bad."""
+        rows = [i for i in dict.fromkeys(rows) if i not in self.bad]
+        if not rows:
+            return {}
+        try:
+            return dict(zip(rows, self.images[rows][self.column]))  # one arrow take; decodes only these rows
+        except Exception:  # noqa: BLE001 - one of them is corrupt: find which, row by row
+            return {i: img for i in rows if (img := self._decode_one(i)) is not None}
+
+    def _decoded(self, rows: list[int]) -> dict[int, object]:
+        if self.cache is None:
+            return self._load(rows)
+        self.cache.update(self._load([i for i in rows if i not in self.cache]))
+        return {i: self.cache[i] for i in rows if i in self.cache}
+
+    def _substitute(self, row: int, images: dict) -> int:
+        """The first row after `row` (cyclically) that decodes; its image joins `images`.
+
+        A function of the dataset alone, so the batch stays a pure function of its key whichever process
+        builds it; and a walk (cheap: rows found bad are never decoded again) knows when no row decodes.
+        """
+        n = len(self.labels)
+        for j in (k % n for k in range(row + 1, row + n)):
+            found = images[j] if j in images else self._decoded([j]).get(j)
+            if found is not None:
+                images[j] = found
+                return j
+        raise DataError(f"no image of {self.name} decodes ({n} rows tried; row {row}: {self.bad[row]}); "
+                        "repair the image files or use another copy of the data")
+
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict[int, str]]:
+        images = self._decoded(rows)
+        bad = {i: self.bad[i] for i in rows if i not in images}
+        if self.replace:
+            # A stand-in rather than a shorter batch: the micro-batch keeps its size (mixup pairs rows, the
+            # loss is a mean per micro-batch, DDP ranks step together) and the augmentation draws stay put.
+            rows = [i if i in images else self._substitute(i, images) for i in rows]
+        else:
+            rows = [i for i in rows if i in images]  # evaluation: a stand-in would count some image twice
+        with seeded(seed):
+            x = torch.stack([self.transform(images[i]) for i in rows]) if rows else torch.empty(0)
+        return x, self.labels[rows], bad  # (B, 3, H, W), (B,)
+
+    def __getitem__(self, key: tuple[int | None, list[int]]):
+        try:
+            return self._batch(*key)
+        except Exception as e:
+            if torch.utils.data.get_worker_info() is None:
+                raise  # in this process the traceback stays intact
+            # Returned, not raised: the loader would re-raise it with the worker's traceback in its message.
+            # BatchStream raises it in the reading process, as the one line the CLI shows.
+            return e if isinstance(e, VitcliError) else DataError(
+                f"{self.name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
+
+
+class BatchStream:
+    """(x, y) batches of a loader; tallies the rows each batch skipped, raises an error a worker returned."""
+
+    def __init__(self, loader: DataLoader, skipped: Skipped | None = None):
+        self.batches, self.name = iter(loader), loader.dataset.name
+        self.skipped = skipped if skipped is not None else Skipped()
+        self.decoded = self.failed = 0  # images of this pass
+
+    def __iter__(self) -> BatchStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        for item in self.batches:
+            if isinstance(item, Exception):
+                # Let go of the loader now: its workers stop at once. Kept alive by the traceback, it would be
+                # torn down later by the garbage collector, in an order that costs 5 s per worker.
+                self.batches = iter(())
+                raise item
+            x, y, bad = item
+            self.skipped.add(self.name, bad)
+            self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
+            if len(y):
+                return x, y
+        if self.failed and not self.decoded:
+            row, reason = next(iter(self.skipped.rows[self.name].items()))
+            raise DataError(f"no image of {self.name} decodes ({self.failed} tried; row {row}: {reason}); "
+                            "repair the image files or use another copy of the data")
+        raise StopIteration
+
+
+def _shard(n: int, seed: int, epoch: int, rank: int, world_size: int) -> np.ndarray:
+    """This rank's rows for an epoch: a (seed, epoch) permutation, strided by rank, equal length per rank."""
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    return order[rank::world_size][: n // world_size]
+
+
+def _train_keys(n: int, batch: int, seed: int, start_step: int, rank: int, world_size: int) -> Iterator:
+    """Endless (augmentation seed, indices) keys from micro-batch `start_step` on; no image is touched."""
+    per_epoch = (n // world_size) // batch  # drop_last
+    step = start_step
+    epoch, shard = -1, None
+    while True:
+        e, b = divmod(step, per_epoch)
+        if e != epoch:
+            epoch, shard = e, _shard(n, seed, e, rank, world_size)
+        aug_seed = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+        yield aug_seed, shard[b * batch : (b + 1) * batch].tolist()
+        step += 1
+
+
+def _labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
+    """The label column as int64 (N,); zeros for unlabeled images (data.label_column="", for mpp)."""
+    if not column:
+        return torch.zeros(len(ds), dtype=torch.int64)
+    return torch.as_tensor(ds.select_columns([column]).with_format("numpy")[:][column], dtype=torch.int64)
+
+
+def _ignore_interrupts(worker_id: int) -> None:
+    """A terminal's Ctrl-C reaches the whole process group; the main process decides when to stop, and it
+    may still need this worker's batches to finish the step it is in."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: bool, replace: bool):
+    # batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
+    # persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed
+    # from the global torch RNG and shift the trainer's dropout/init streams.
+    workers = cfg.num_workers
+    return DataLoader(
+        _Batches(ds, cfg, transform, cache, replace), batch_size=None, sampler=keys, num_workers=workers,
+        generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if workers else None, worker_init_fn=_ignore_interrupts if workers else None,
+    )
+
+
+def train_batches(
+    ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
+    start_step: int = 0, rank: int = 0, world_size: int = 1,
+) -> BatchStream:
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) for this rank, starting at
+    micro-batch `start_step` of the uninterrupted stream (skipped batches are never loaded). The stream's
+    `skipped` counts the images that did not decode (each replaced by the next row that does)."""
+    if len(ds) // world_size < micro_batch_size:
+        raise DataError(
+            f"train split has {len(ds)} images: fewer than one micro-batch of {micro_batch_size} on each of "
+            f"{world_size} process(es); lower data.batch_size or data.micro_batch_size"
+        )
+    keys = _train_keys(len(ds), micro_batch_size, seed, start_step, rank, world_size)
+    transform = build_transform(cfg, img_size, train=True)
+    return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True))
+
+
+def eval_batches(
+    ds: datasets.Dataset, cfg: DataConfig, img_size: int, batch_size: int, rank: int = 0, world_size: int = 1,
+    resize: int = 0, skipped: Skipped | None = None,
+) -> BatchStream:
+    """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
+    selects the few-shot preprocessing (squash to resize x resize, centre crop img_size). Images that do not
+    decode are left out and recorded in `skipped` (a caller's tally that outlives this pass, or a new one)."""
+    rows = list(range(rank, len(ds), world_size))
+    keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+    transform = build_transform(cfg, img_size, train=False, resize=resize)
+    return BatchStream(_loader(ds, cfg, transform, keys, cache=False, replace=False), skipped)
+
+
+def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):
+    """timm Mixup (mixup only, no cutmix) producing soft targets, or None when data.mixup_alpha is 0."""
+    if cfg.mixup_alpha <= 0:
+        return None
+    # timm's Mixup needs an even micro-batch (it pairs each sample with its mirror in the batch)
+    alpha, smoothing = cfg.mixup_alpha, label_smoothing
+    return Mixup(mixup_alpha=alpha, cutmix_alpha=0.0, label_smoothing=smoothing, num_classes=num_classes)

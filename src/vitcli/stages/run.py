@@ -175,7 +175,9 @@ def _announce(job: Job, dist: Dist) -> None:
         console.log(f"[yellow]warning: {bf16_warning(dist.device.type)}")
     console.log(
         f"{r.stage}: {r.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
-        f"{len(job.train_ds)} train images, {job.num_classes} classes, {job.total_steps} steps "
+        f"{len(job.train_ds)} train images, "
+        f"{f'masked patch prediction ({r.mpp.target})' if r.objective == 'mpp' else f'{job.num_classes} classes'}, "
+        f"{job.total_steps} steps "
         f"of {r.data.batch_size} -> {job.workdir}"
     )
 

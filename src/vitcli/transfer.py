@@ -1,4 +1,4 @@
-"""Starting weights into a built model: the paper's transfer protocol for fine-tuning, all of it for evaluation.
+"""Starting weights into a built model: the paper's transfer protocol for fine-tuning, the body for evaluation.
 
 The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.resolve), so
 the model built from the recipe is the checkpoint's network. Here the pretrained head (and by default the

@@ -183,3 +183,21 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error(tmp_path):
     path.write_text('{"step": 1}\n{"step": 2, "tr\n{"step": 3}\n')
     with pytest.raises(TrainingError, match="line 2 is not JSON"):
         MetricsLog(path, resume_step=3)
+
+
+def test_an_older_vitcli_workdir_resumes(tmp_path, logged):
+    """Upgrading must not strand a run: its state.pt has no checksum (the old writer renamed atomically too, so
+    it is whole) and its recipe lacks keys added since, which count as their defaults."""
+    one_run(recipe("schedule.steps=6", "run.ckpt_every=3"), tmp_path / "straight")
+    saved = files.load_state(state.checkpoint_path(tmp_path / "straight", 3))
+    for key in ("objective", "mpp"):
+        del saved["recipe"][key]
+    del saved["recipe"]["run"]["keep_checkpoints"]
+    old = tmp_path / "old"
+    old.mkdir()
+    torch.save(saved, old / files.STATE_FILE)  # as an older vitcli left it at step 3: no checksum beside it
+
+    one_run(recipe("schedule.steps=6", "run.ckpt_every=3"), old)
+    assert any("older vitcli" in w and "read unverified" in w for w in warnings(logged)), logged
+    a, b = (files.load_weights(d / files.MODEL_FILE)[0] for d in (tmp_path / "straight", old))
+    assert all(torch.equal(a[k], b[k]) for k in a)

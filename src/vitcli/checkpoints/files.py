@@ -129,11 +129,13 @@ def save_state(path: str | Path, state: dict) -> None:
     write_text(checksum_path(path), f"{digest}  {path.name}\n")
 
 
-def load_state(path: str | Path) -> dict:
-    """Read a training state written by `save_state`: the checksum is checked first, and the bytes are read with
-    weights_only, so neither damaged bytes nor arbitrary objects are ever unpickled."""
+def load_state(path: str | Path, verify: bool = True) -> dict:
+    """Read a training state written by `save_state`: the checksum is checked first (unless `verify` is off,
+    for an older vitcli's state.pt, which had none), and the bytes are read with weights_only, so neither
+    damaged bytes nor arbitrary objects are ever unpickled."""
     path = Path(path)
-    verify_checksum(path)
+    if verify:
+        verify_checksum(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or EOFError

@@ -77,8 +77,14 @@ def save_checkpoint(workdir: Path, state: dict, keep: int) -> Path:
 
 
 def _load_complete(path: Path) -> dict:
-    """A checkpoint that verifies and holds every key the trainer needs, or a CheckpointError naming it."""
-    state = files.load_state(path)
+    """A checkpoint that verifies and holds every key the trainer needs, or a CheckpointError naming it.
+
+    An older vitcli's state.pt has no checksum; it was written by an atomic rename too, so it is whole, and it
+    is read unverified (with a warning) rather than turning an upgrade into an error."""
+    legacy = path.name == files.STATE_FILE
+    if legacy:
+        console.log(f"[yellow]warning: {path} was written by an older vitcli, without a checksum; read unverified")
+    state = files.load_state(path, verify=not legacy)
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
     if missing:
         raise CheckpointError(f"{path}: not a complete training state (no {', '.join(missing)})")

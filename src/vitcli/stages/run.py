@@ -65,7 +65,9 @@ def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist)
 
 
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
-    saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
+    # a key the saved recipe lacks was added to vitcli since: it trained with that key's default
+    saved = {**_flatten(to_dict(Recipe(stage=recipe.stage))), **_flatten(saved_recipe)}
+    now = _flatten(to_dict(recipe))
     diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""

@@ -1,11 +1,14 @@
 """A workdir with someone's work in it: a fresh run replaces a finished one only when told, and keeps it."""
 
+import shutil
+
 import pytest
 
 from vitcli.checkpoints import files, state
 from vitcli.errors import OutputError
 from vitcli.resolve import resolve
 from vitcli.stages.run import one_run
+from vitcli.workdir import set_aside
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -49,3 +52,20 @@ def test_killed_writes_are_cleared_at_start_and_nothing_else(tmp_path):
     mine.write_text("the user's")
     one_run(recipe(), tmp_path)
     assert not stale.exists() and mine.read_text() == "the user's"
+
+
+def test_two_replacements_in_the_same_second_keep_both(tmp_path):
+    kept = []
+    for content in ("first", "second"):
+        (tmp_path / files.MODEL_FILE).write_text(content)
+        kept.append(set_aside(tmp_path))
+    assert kept[0] != kept[1]
+    assert [(k / files.MODEL_FILE).read_text() for k in kept] == ["first", "second"]
+
+
+def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, monkeypatch):
+    """The estimate is (keep_checkpoints + 1) states of weights and Adam's two slots, plus the model."""
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
+    with pytest.raises(OutputError, match=r"needs about .* GiB, but only 0.00 GiB is free"):
+        one_run(recipe(), tmp_path / "w")
+    assert not (tmp_path / "w").exists()

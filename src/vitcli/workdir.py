@@ -7,6 +7,7 @@ beside the new ones (a user's finished work is sacred), only once the new run ha
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import time
@@ -67,7 +68,8 @@ def set_aside(workdir: Path) -> Path | None:
     found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + state.state_files(workdir)
     if not found:
         return None
-    kept = workdir / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kept = next(p for n in itertools.count() if not (p := workdir / f"previous-{stamp}{f'-{n}' if n else ''}").exists())
     kept.mkdir()
     for path in found:
         path.rename(kept / path.name)

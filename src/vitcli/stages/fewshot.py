@@ -39,20 +39,20 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     dist = setup(recipe.run.device)
     model = load_for_eval(recipe).to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
-    rows = [row for task in chosen for row in _task_rows(task, model, recipe, workdir, dist, skipped)]
+    weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
+    rows = [row for task in chosen for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
     if dist.is_main:
         write_text(workdir / "recipe.yaml", to_yaml(recipe))
         report.write(rows, workdir, recipe, skipped)
     return rows
 
 
-def _task_rows(task: tasks.Task, model, recipe: Recipe, workdir: Path, dist: Dist,
+def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,
                skipped: batches.Skipped) -> list[dict]:
     """Features of the task's train and test splits (from the cache when there), then its score rows."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / "features"
     img_size, resize = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "precision": recipe.run.precision}
-    weights = features.weights_id(recipe.init.checkpoint)
     sets = []
     for split in (task.train_split, task.test_split):
         key = features.cache_key(weights, f"{task.name}:{data_id(task, recipe)}", split, pre)

@@ -24,7 +24,7 @@ from vitcli.errors import CheckpointError
 
 FORMAT = "vitcli/1"
 MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"  # the one state file of vitcli before keep_checkpoints: no checksum, so never loaded
+STATE_FILE = "state.pt"  # the one state file of vitcli before keep_checkpoints: no checksum, read unverified
 CHECKSUM_SUFFIX = ".sha256"
 # atomic_path's temporaries: `.<name>.` + mkstemp's 8 random characters + `.tmp`, and nothing else
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")

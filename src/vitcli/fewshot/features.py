@@ -88,12 +88,12 @@ def cached(
         for name, bad in rows.items():
             skipped.add(name, dict.fromkeys(bad, "skipped when these cached features were extracted"))
         return feats, labels, True
-    before = skipped.as_dict()
+    before = {name: set(rows) for name, rows in skipped.as_dict().items()}
     feats, labels = compute()
     if not write:
         return feats, labels, False
     # what the tally gained during `compute` is this entry's: one (task, split) per key
-    rows = {n: [r for r in bad if r not in set(before.get(n, ()))] for n, bad in skipped.as_dict().items()}
+    rows = {n: [r for r in bad if r not in before.get(n, set())] for n, bad in skipped.as_dict().items()}
     meta = {"skipped_rows": json.dumps({n: bad for n, bad in rows.items() if bad})}
     with atomic_path(path) as tmp:  # a damaged file is replaced whole
         save_file({"features": np.ascontiguousarray(feats), "labels": labels}, str(tmp), metadata=meta)

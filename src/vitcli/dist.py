@@ -53,19 +53,19 @@ def setup(device_pref: str = "auto") -> Dist:
 
 def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
     """Sum a few numbers across processes (counts for accuracy, losses for logging)."""
-    if dist.world_size == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
-    torch_dist.all_reduce(t)
-    return t.tolist()
+    return _all_reduce(values, dist, torch_dist.ReduceOp.SUM)
 
 
 def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
     """Element-wise maximum across processes (a flag any rank raised)."""
+    return _all_reduce(values, dist, torch_dist.ReduceOp.MAX)
+
+
+def _all_reduce(values: list[float], dist: Dist, op) -> list[float]:
     if dist.world_size == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64, device=dist.device)
-    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    torch_dist.all_reduce(t, op=op)
     return t.tolist()
 
 

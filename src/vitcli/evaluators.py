@@ -20,9 +20,9 @@ class Evaluator(Protocol):
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
 
 
-class ClassificationEvaluator:
-    """Top-1 accuracy and mean cross-entropy of the model's own head on one split; `PREFIX/skipped_images` too
-    when some of its images do not decode (they are left out)."""
+class SplitEvaluator:
+    """What every held-out evaluator shares: one split's batch stream, the model in eval mode, sums over the
+    batches added up across ranks, and `PREFIX/skipped_images` when some images do not decode (left out)."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
@@ -30,55 +30,58 @@ class ClassificationEvaluator:
         self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
 
     @torch.inference_mode()
-    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
+    def sums(self, model: torch.nn.Module, per_batch, width: int) -> tuple[list[float], int]:
+        """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
+        (a rank may have no rows at all), and the skipped images)."""
         was_training = model.training
         model.eval()
-        correct = total = loss_sum = 0.0
-        stream = batches.eval_batches(
-            self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank, self.dist.world_size,
-            skipped=self.skipped,
-        )
-        for x, y in stream:
+        stream = batches.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size,
+                                      self.dist.rank, self.dist.world_size, skipped=self.skipped)
+        totals = [0.0] * width
+        for i, (x, y) in enumerate(stream):
             x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
             with autocast(self.dist.device, self.precision):
-                logits = model(x).float()  # (B, K)
-            correct += (logits.argmax(-1) == y).sum().item()
-            loss_sum += torch.nn.functional.cross_entropy(logits, y, reduction="sum").item()
-            total += y.numel()
-        # ranks read disjoint rows, so their skipped counts add up
-        correct, total, loss_sum, skipped = all_reduce_sum(
-            [correct, total, loss_sum, self.skipped.total], self.dist
-        )
+                values = per_batch(model, i, x, y)
+            totals = [a + b for a, b in zip(totals, values, strict=True)]
+        # ranks read disjoint rows, so their skipped counts add up too
+        *totals, skipped = all_reduce_sum([*totals, self.skipped.total], self.dist)
         model.train(was_training)
-        yield f"{self.prefix}/top1", correct / max(total, 1)
-        yield f"{self.prefix}/loss", loss_sum / max(total, 1)
-        if skipped:  # named only when it happened: a row of zeros in every report would be noise
-            yield f"{self.prefix}/skipped_images", int(skipped)
+        return totals, int(skipped)
+
+    def named(self, metrics: dict[str, float], skipped: int) -> Iterator[tuple[str, float]]:
+        """PREFIX/name pairs, and the skipped count only when it happened (zeros in every report are noise)."""
+        yield from ((f"{self.prefix}/{name}", value) for name, value in metrics.items())
+        if skipped:
+            yield f"{self.prefix}/skipped_images", skipped
 
 
-class MppEvaluator:
+class ClassificationEvaluator(SplitEvaluator):
+    """Top-1 accuracy and mean cross-entropy of the model's own head on one split."""
+
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
+        def per_batch(model, i, x, y):
+            logits = model(x).float()  # (B, K)
+            loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            return [y.numel(), (logits.argmax(-1) == y).sum().item(), loss.item()]
+
+        (total, correct, loss_sum), skipped = self.sums(model, per_batch, 3)
+        total = max(total, 1)
+        return self.named({"top1": correct / total, "loss": loss_sum / total}, skipped)
+
+
+class MppEvaluator(SplitEvaluator):
     """Held-out masked patch prediction: mean loss and mean-colour accuracy on one split, with the same
     corruption draws every run (batch i uses seed i), so runs are comparable step to step."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, target: str):
-        self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
-        self.dist, self.precision, self.target = dist, precision, target
-        self.skipped = batches.Skipped()
+        super().__init__(prefix, ds, cfg, img_size, dist, precision)
+        self.target = target
 
-    @torch.inference_mode()
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
-        was_training = model.training
-        model.eval()
-        loss_sum = accuracy_sum = total = 0.0
-        stream = batches.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size, self.dist.rank,
-                                    self.dist.world_size, skipped=self.skipped)
-        for i, (x, _) in enumerate(stream):
-            with autocast(self.dist.device, self.precision):
-                loss, accuracy = mpp_step(model, x.to(self.dist.device), seed=i, target=self.target)
-            loss_sum += len(x) * loss.item()
-            accuracy_sum += len(x) * accuracy.item()
-            total += len(x)
-        loss_sum, accuracy_sum, total = all_reduce_sum([loss_sum, accuracy_sum, total], self.dist)
-        model.train(was_training)
-        yield f"{self.prefix}/mpp_loss", loss_sum / max(total, 1)
-        yield f"{self.prefix}/mpp_accuracy", accuracy_sum / max(total, 1)
+        def per_batch(model, i, x, y):
+            loss, accuracy = mpp_step(model, x, seed=i, target=self.target)
+            return [len(x), len(x) * loss.item(), len(x) * accuracy.item()]
+
+        (total, loss_sum, accuracy_sum), skipped = self.sums(model, per_batch, 3)
+        total = max(total, 1)
+        return self.named({"mpp_loss": loss_sum / total, "mpp_accuracy": accuracy_sum / total}, skipped)

@@ -85,7 +85,7 @@ class _Batches(torch.utils.data.Dataset):
         self.column, self.transform, self.replace = cfg.image_column, transform, replace
         self.name = origin(ds)
         self.images = ds.select_columns([cfg.image_column])
-        self.labels = _labels(ds, cfg.label_column)  # (N,)
+        self.labels = labels(ds, cfg.label_column)  # (N,)
         self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
         self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
 
@@ -202,7 +202,7 @@ def _train_keys(n: int, batch: int, seed: int, start_step: int, rank: int, world
         step += 1
 
 
-def _labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
+def labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
     """The label column as int64 (N,); zeros for unlabeled images (data.label_column="", for mpp)."""
     if not column:
         return torch.zeros(len(ds), dtype=torch.int64)

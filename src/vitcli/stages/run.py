@@ -10,11 +10,10 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from rich.table import Table
 
-from vitcli import data, models
+from vitcli import batches, data, models
 from vitcli.checkpoints import files, state
 from vitcli.checks import check_schedule
 from vitcli.dist import Dist, setup
@@ -105,8 +104,7 @@ def _num_classes(r: Recipe, train_ds) -> int:
 
 def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
     """Every train label must have a logit: a head smaller than the labels would fail deep in the loss."""
-    column = r.data.label_column
-    top = int(np.asarray(train_ds.select_columns([column]).with_format("numpy")[column]).max())
+    top = int(batches.labels(train_ds, r.data.label_column).max())
     if top >= num_classes:
         key = "model.num_classes" if r.model.num_classes else "data.num_classes"
         raise RecipeError(f"{key}={num_classes}, but the train split has label {top}; set {key}={top + 1} or "

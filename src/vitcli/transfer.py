@@ -14,15 +14,14 @@ from rich.table import Table
 from vitcli import models
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
-from vitcli.checkpoints.read import read_checkpoint
+from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.dist import Dist
 from vitcli.metrics import console
 from vitcli.recipe import Recipe
 
 
-def _spec(recipe: Recipe) -> CheckpointSpec:
+def _spec(loaded: Loaded, recipe: Recipe) -> CheckpointSpec:
     """The checkpoint's spec, its heads labelled by their evidence (Table 1, kernels) when the recipe's agree."""
-    loaded = read_checkpoint(recipe.init.checkpoint)
     spec = describe(loaded)
     return spec if spec.num_heads == recipe.model.num_heads else describe(loaded, recipe.model.num_heads)
 
@@ -31,7 +30,7 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
     """Load the starting weights into `model` (head zeroed, posemb resized); rank 0 shows what was done."""
     init = recipe.init
     loaded = read_checkpoint(init.checkpoint)
-    spec = _spec(recipe)
+    spec = _spec(loaded, recipe)
     if not init.keep_head:
         models.zero_head(model, num_classes)
     sd, rows = adapt_state_dict(loaded.state_dict, model, spec, keep_head=init.keep_head,
@@ -46,9 +45,9 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
 
 def load_for_eval(recipe: Recipe) -> torch.nn.Module:
     """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode."""
-    spec = _spec(recipe)
+    loaded = read_checkpoint(recipe.init.checkpoint)
     model = models.build_model(recipe.model, 0)
-    sd, _ = adapt_state_dict(read_checkpoint(recipe.init.checkpoint).state_dict, model, spec, keep_head=False,
+    sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=False,
                              keep_representation=recipe.model.representation_size > 0,
                              method=recipe.init.posemb_method)
     model.load_state_dict(sd, strict=True)

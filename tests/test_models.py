@@ -79,13 +79,26 @@ def test_custom_vit_runs_every_pool_posemb_and_head(pool, pos_embed, representat
 
 
 def test_head_bias_init_dropout_drop_path_and_exact_mlp_dim_are_honoured():
-    cfg = tiny(embed_dim=48, num_heads=3, mlp_dim=100, head_bias_init=-10.0, dropout=0.1, drop_path=0.2)
+    cfg = tiny(embed_dim=48, num_heads=3, mlp_dim=100, head_bias_init=-10.0, dropout=0.1, drop_path=0.2,
+               head_zero_init=False)
     model = build_model(cfg, K)
     assert torch.equal(model.head.bias, torch.full((K,), -10.0))
-    assert model.head.weight.abs().sum() > 0  # timm's weight init is kept
+    assert model.head.weight.abs().sum() > 0  # timm's weight init is kept when asked
     assert model.blocks[0].mlp.fc1.out_features == 100  # 100 / 48 is not exact in floating point
     assert model.pos_drop.p == 0.1 and model.blocks[0].attn.proj_drop.p == 0.1
     assert model.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)  # linear rule ends at drop_path
+
+
+@pytest.mark.parametrize("name", ["custom", "T2T-ViT-14", "BiT-R50x1"])
+def test_pretraining_heads_start_with_a_zero_kernel_and_the_recipe_bias(name):
+    # big_vision/vit_jax `head_zeroinit`: the first logits are the bias alone, for every family we build
+    cfg = tiny(name=name, img_size=32, head_bias_init=-10.0) if name == "custom" else ModelConfig(
+        name=name, img_size=32, depth=1, head_bias_init=-10.0)
+    head = build_model(cfg, K).get_classifier()
+    assert head.weight.abs().max() == 0
+    assert torch.equal(head.bias.flatten(), torch.full((K,), -10.0))
+    random_head = build_model(dataclasses.replace(cfg, head_zero_init=False), K).get_classifier()
+    assert random_head.weight.abs().max() > 0
 
 
 def big_vision_sincos_2d(gh: int, gw: int, dim: int) -> np.ndarray:

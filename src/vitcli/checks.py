@@ -29,6 +29,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.pos_embed": (*VIT_POS_EMBEDS, "sincos_1d"),  # sincos_1d: T2T-ViT's own fixed table
     "optim.name": ("adamw", "sgd"),
     "optim.loss": ("softmax", "sigmoid"),
+    "optim.weight_decay_convention": ("torch", "big_vision"),
     "schedule.decay": ("linear", "cosine", "constant"),
     "run.precision": ("fp32", "bf16"),
     "run.device": ("auto", "cpu", "cuda"),

@@ -222,8 +222,11 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         model = _vit(cfg, num_classes)
     else:
         model = _timm(cfg, num_classes)
-    if num_classes > 0 and getattr(model.get_classifier(), "bias", None) is not None:
-        nn.init.constant_(model.get_classifier().bias, cfg.head_bias_init)
+    head = model.get_classifier() if num_classes > 0 else None
+    if cfg.head_zero_init and getattr(head, "weight", None) is not None:
+        nn.init.zeros_(head.weight)
+    if getattr(head, "bias", None) is not None:
+        nn.init.constant_(head.bias, cfg.head_bias_init)
     return model
 
 

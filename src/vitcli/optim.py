@@ -19,10 +19,26 @@ def no_decay_names(model: torch.nn.Module) -> set[str]:
     return names
 
 
+def torch_weight_decay(cfg: OptimConfig) -> float:
+    """The `weight_decay` a torch optimizer needs to decay as `cfg` means.
+
+    torch (AdamW, timm SGDW) decays by lr_t * wd each step, with lr_t = lr * s_t and s_t the schedule's
+    multiplier; big_vision/optax by s_t * wd (its chain adds wd * p after scaling the update by lr and before
+    the schedule). lr_t * (wd / lr) = s_t * wd, so dividing by the peak lr turns one into the other exactly.
+    """
+    return cfg.weight_decay / cfg.lr if cfg.weight_decay_convention == "big_vision" else cfg.weight_decay
+
+
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
-    """Adam with decoupled weight decay (torch AdamW semantics) or SGD with momentum (fine-tuning)."""
-    groups = param_groups_weight_decay(model, cfg.weight_decay, no_weight_decay_list=no_decay_names(model))
+    """Adam with decoupled weight decay (torch AdamW semantics) or SGD with momentum (fine-tuning).
+
+    SGD decays as torch.optim.SGD does (an L2 term in the gradient, through the momentum) under the torch
+    convention; big_vision decouples it from the momentum, so that convention takes timm's SGDW.
+    """
+    groups = param_groups_weight_decay(model, torch_weight_decay(cfg), no_weight_decay_list=no_decay_names(model))
     if cfg.name == "adamw":
         return create_optimizer_v2(groups, opt="adamw", lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    if cfg.weight_decay_convention == "big_vision":
+        return create_optimizer_v2(groups, opt="sgdw", lr=cfg.lr, momentum=cfg.momentum, nesterov=False)
     # timm's "sgd" is Nesterov; the paper's fine-tuning uses plain momentum, which timm calls "momentum".
     return create_optimizer_v2(groups, opt="momentum", lr=cfg.lr, momentum=cfg.momentum)

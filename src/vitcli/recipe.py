@@ -37,6 +37,9 @@ class ModelConfig:
     drop_path: float = 0.0
     num_classes: int = 0  # 0: taken from the dataset's ClassLabel feature or data.num_classes
     head_bias_init: float = 0.0  # -10 with sigmoid loss on ImageNet-21k keeps early logits tiny
+    # big_vision and vit_jax start the head kernel at zero (`head_zeroinit`), so the first logits are the bias
+    # alone; false keeps timm's random kernel. Fine-tuning always zeroes the whole new head (paper, Sec. 3.2).
+    head_zero_init: bool = True
 
 
 @dataclass
@@ -83,6 +86,10 @@ class OptimConfig:
     name: str = "adamw"  # adamw (the paper's Adam, decoupled decay) | sgd (momentum, for fine-tuning)
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.03  # not applied to biases, norms, position embedding, class token
+    # torch: decay each step by lr_t * weight_decay (torch AdamW; flax.optim.Adam, so the paper's Table 3).
+    # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before the
+    # schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
+    weight_decay_convention: str = "torch"  # torch | big_vision
     beta1: float = 0.9
     beta2: float = 0.999
     momentum: float = 0.9  # sgd only

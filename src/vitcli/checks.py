@@ -19,6 +19,7 @@ from vitcli.models import HYBRID, T2T_VITS, is_vit_family
 from vitcli.mpp import CELLS, KINDS
 from vitcli.posemb import METHODS, grid_for
 from vitcli.recipe import Recipe
+from vitcli.trackers import check_loggers
 from vitcli.transforms import check_randaugment
 
 STAGES = ("pretrain", "finetune", "eval-fewshot")
@@ -78,6 +79,7 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
     _fewshot(recipe)
     _device(recipe.run.device)
     _objective(recipe)
+    check_loggers(recipe.run.loggers)
 
 
 def _choices(recipe: Recipe) -> None:

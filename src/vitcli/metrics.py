@@ -21,8 +21,9 @@ stdout = Console(width=None if sys.stdout.isatty() else 160)
 class MetricsLog:
     """Append-only metrics file; on resume, rows past the resumed step are dropped so no step repeats."""
 
-    def __init__(self, path: Path, resume_step: int = 0, enabled: bool = True):
+    def __init__(self, path: Path, resume_step: int = 0, enabled: bool = True, trackers: list | None = None):
         self.path, self.enabled = path, enabled
+        self.trackers = trackers or []  # TensorBoard, W&B (trackers.py): each row goes to them too
         if enabled and resume_step and path.exists():
             kept = [ln for ln, row in _parsed_lines(path) if row["step"] <= resume_step]
             # rewritten atomically: a kill now must not take the rows before the resumed step with it
@@ -38,6 +39,13 @@ class MetricsLog:
         row.update({k: (v if math.isfinite(v) else None) for k, v in metrics.items()})
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+        for tracker in self.trackers:
+            tracker.write(step, {k: v for k, v in row.items() if k != "step" and v is not None})
+
+    def close(self) -> None:
+        """Close the trackers (metrics.jsonl is closed after every row)."""
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -120,6 +120,9 @@ class RunConfig:
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
     keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
+    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an account)
+    # are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
 
 
 @dataclass

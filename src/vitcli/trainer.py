@@ -29,6 +29,7 @@ from vitcli.optim import build_optimizer
 from vitcli.precision import autocast
 from vitcli.recipe import OptimConfig, Recipe, accumulation_steps, to_dict
 from vitcli.schedule import learning_rate
+from vitcli.trackers import open_trackers
 from vitcli.transforms import seeded
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     stream = batches.train_batches(
         job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum, dist.rank, dist.world_size
     )
-    metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main)
+    trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
+    metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {})
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
@@ -145,6 +147,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
     if final:
         metrics.write(job.total_steps, final)
+    metrics.close()
     if dist.is_main:
         files.save_weights(
             job.workdir / files.MODEL_FILE, exported(model).state_dict(),

@@ -161,6 +161,24 @@ def test_errors_are_one_line_and_name_the_culprit(tmp_path, monkeypatch):
     _one_line_error(lambda: data.load_source(hub_id, "train"), hub_id, "offline")
 
 
+def test_a_slice_past_the_end_of_a_local_split_is_an_error_not_clamped(tmp_path):
+    datasets.DatasetDict({"train": _indexed(10), "test": _indexed(10)}).save_to_disk(tmp_path / "d")
+    source = str(tmp_path / "d")
+    clamped = datasets.ReadInstruction.from_spec("train[8:12]").to_absolute({"train": 10})[0]
+    assert (clamped.from_, clamped.to) == (8, 10), "HF clamps silently: the reason for our check"
+    rows = list(range(10))  # each row's label is its index
+    for spec, expected in [("train[:10]", rows), ("train[3:7]", rows[3:7]), ("train[7:]", rows[7:]),
+                           ("test[50%:]", rows[5:]), ("train[-3:]", rows[-3:]),
+                           ("train[:8]+test[8:10]", rows[:8] + rows[8:10])]:
+        assert data.load_source(source, spec)["label"] == expected, spec
+    for spec, part in [("train[:800]", "train[:800]"), ("train[8:12]", "train[8:12]"),
+                       ("train[12:]", "train[12:]"), ("train[-11:]", "train[-11:]"),
+                       ("train[:8]+test[9:11]", "test[9:11]")]:
+        _one_line_error(lambda spec=spec: data.load_source(source, spec), source, f"'{part}'", "past the end",
+                        "(10 rows)")
+    _one_line_error(lambda: data.load_source(source, "train[:8]+test[10:]"), "'test[10:]' is empty")
+
+
 def test_label_column_may_be_skipped_for_derived_labels(tmp_path):
     ds = _indexed(4).rename_column("label", "raw")
     ds.save_to_disk(tmp_path / "d")

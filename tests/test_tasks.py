@@ -73,13 +73,30 @@ def test_unknown_task_suggests_the_closest_name():
         tasks.get_tasks(" , ")
 
 
-def test_task_source_prefers_data_root_but_not_for_synthetic():
+def test_task_source_is_the_hub_id_without_a_data_root_and_synthetic_stays_built_in(tmp_path):
     task = tasks.REGISTRY["vtab/clevr_count"]
     assert tasks.task_source(task, "") == "dpdl-benchmark/clevr"
-    assert tasks.task_source(task, "/data/fs") == "/data/fs/vtab/clevr_count"
     synth = tasks.synthetic_task(num_classes=4)
-    assert tasks.task_source(synth, "/data/fs") == "synthetic"
+    assert tasks.task_source(synth, str(tmp_path)) == "synthetic"
     assert (synth.num_classes, synth.train_split, synth.test_split) == (4, "train", "test")
+
+
+@pytest.mark.parametrize("layout", ["clevr_count", "clevr", "vtab/clevr_count"])
+def test_data_root_reads_the_task_dir_then_its_dataset_then_the_older_layout(tmp_path, layout):
+    task = tasks.REGISTRY["vtab/clevr_count"]
+    (tmp_path / layout).mkdir(parents=True)
+    assert tasks.task_source(task, str(tmp_path)) == str(tmp_path / layout)
+    (tmp_path / "clevr_count").mkdir(exist_ok=True)
+    assert tasks.task_source(task, str(tmp_path)) == str(tmp_path / "clevr_count"), "the task's own dir first"
+
+
+def test_a_task_missing_from_the_data_root_names_every_path_tried(tmp_path):
+    tried = [tmp_path / "dsprites_ori", tmp_path / "dsprites", tmp_path / "vtab" / "dsprites_ori"]
+    assert tasks.task_dirs(tasks.REGISTRY["vtab/dsprites_ori"], str(tmp_path)) == [str(p) for p in tried]
+    with pytest.raises(DataError) as info:
+        tasks.task_source(tasks.REGISTRY["vtab/dsprites_ori"], str(tmp_path))
+    assert "vtab/dsprites_ori" in str(info.value) and all(str(p) in str(info.value) for p in tried)
+    assert tasks.task_dirs(tasks.REGISTRY["cifar10"], "/d") == ["/d/cifar10"]  # standard sets: DIR/<name>
 
 
 def _bucket_reference(value, thresholds):

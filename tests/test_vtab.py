@@ -12,9 +12,9 @@ from vitcli.data import load_split
 from vitcli.recipe import DataConfig
 
 
-def images(n, seed):
+def images(n, seed, size=32):
     rng = np.random.default_rng(seed)
-    return [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
+    return [Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)) for _ in range(n)]
 
 
 def test_label_rule_derives_labels_from_raw_columns(tmp_path):
@@ -30,10 +30,10 @@ def test_label_rule_derives_labels_from_raw_columns(tmp_path):
 
 def test_finetune_task_runs_the_protocol_on_local_data(tmp_path, monkeypatch, capsys):
     feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=6)})
-    splits = {name: datasets.Dataset.from_dict({"image": images(n, i), "label": [j % 6 for j in range(n)]},
-                                               features=feats)
-              for i, (name, n) in enumerate([("train", 48), ("validation", 12), ("test", 24)])}
-    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "root" / "vtab" / "dmlab"))
+    splits = {name: datasets.Dataset.from_dict({"image": images(n, i, 8), "label": [j % 6 for j in range(n)]},
+                                               features=feats)  # train800 and val200 need these sizes
+              for i, (name, n) in enumerate([("train", 800), ("validation", 200), ("test", 24)])}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "root" / "vtab" / "dmlab"))  # the older layout
     tiny = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
             "model.num_heads=2", "model.mlp_dim=64", "data.batch_size=16", "data.num_workers=0",
             "schedule.steps=3", "schedule.warmup_steps=1"]

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 import datasets
 import numpy as np
 import torch
+from PIL import Image
 from rich.markup import escape
 from timm.data import Mixup
 from torch.utils.data import DataLoader
@@ -63,6 +64,22 @@ class Skipped:
         return {name: sorted(rows) for name, rows in self.rows.items() if rows}
 
 
+def stretch_binary(img: Image.Image) -> Image.Image:
+    """An image stored as 0/1 pixels (dSprites) -> 0/255, task_adaptation's `image * 255`; else unchanged.
+
+    Decided on the pixel range: only an image whose largest value is <= 1 is multiplied (so a copy already
+    stored as 0..255 passes as it is). For integer images that means every pixel is 0 or 1; a float image in
+    [0, 1] is scaled linearly and rounded. An image with any value above 1 is never touched, however dark:
+    its scale is already 0..255, and guessing from its contents would brighten real dark images.
+    """
+    if img.mode in ("P", "PA"):  # palette indices are not intensities: look at the colours
+        img = img.convert("RGB")
+    pixels = np.asarray(img)
+    if pixels.size == 0 or pixels.max() > 1:
+        return img
+    return Image.fromarray(np.rint(pixels.astype(np.float32) * 255).astype(np.uint8))
+
+
 def _reason(e: Exception) -> str:
     """An exception as one line: its type and the first line of its message, less object addresses."""
     lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
@@ -83,6 +100,7 @@ class _Batches(torch.utils.data.Dataset):
         if missing:
             raise DataError(f"no column '{missing[0]}' to batch; columns: {', '.join(ds.column_names)}")
         self.column, self.transform, self.replace = cfg.image_column, transform, replace
+        self.binary = cfg.binary_pixels  # 0/1 images: stretched to 0/255 as decoded (and so cached)
         self.name = origin(ds)
         self.images = ds.select_columns([cfg.image_column])
         self.labels = labels(ds, cfg.label_column)  # (N,)
@@ -97,14 +115,15 @@ class _Batches(torch.utils.data.Dataset):
             return None
 
     def _load(self, rows: list[int]) -> dict[int, object]:
-        """row -> image for the rows that decode; the others land in self.bad."""
+        """row -> image for the rows that decode (0/1 images stretched); the others land in self.bad."""
         rows = [i for i in dict.fromkeys(rows) if i not in self.bad]
         if not rows:
             return {}
         try:
-            return dict(zip(rows, self.images[rows][self.column]))  # one arrow take; decodes only these rows
+            images = dict(zip(rows, self.images[rows][self.column]))  # one arrow take: decodes only these
         except Exception:  # noqa: BLE001 - one of them is corrupt: find which, row by row
-            return {i: img for i in rows if (img := self._decode_one(i)) is not None}
+            images = {i: img for i in rows if (img := self._decode_one(i)) is not None}
+        return {i: stretch_binary(img) for i, img in images.items()} if self.binary else images
 
     def _decoded(self, rows: list[int]) -> dict[int, object]:
         if self.cache is None:

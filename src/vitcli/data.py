@@ -3,13 +3,15 @@
 Sources: `synthetic`, a `save_to_disk` directory, parquet/arrow file(s) or a glob of them, a directory that
 `load_dataset` understands (imagefolder class subdirectories, parquet shards), or a Hub id. Every kind
 accepts HF split syntax with slicing and `+` (`train[:98%]`, `train[:800]+validation`), resolved by
-`datasets.ReadInstruction` so percentages round exactly as HF does.
+`datasets.ReadInstruction` so percentages round exactly as HF does; a slice reaching past the end of its
+split, or selecting nothing, is an error (HF would clamp it silently: a short local copy of a VTAB task).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 from pathlib import Path
 
 import datasets
@@ -36,13 +38,36 @@ def _select(splits: dict[str, datasets.Dataset], split: str, source: str) -> dat
     missing = [name for name in _split_names(split) if name not in splits]
     if missing:
         raise DataError(f"{source}: no split '{missing[0]}'; available: {', '.join(splits)}")
+    sizes = {k: len(v) for k, v in splits.items()}
     try:
-        spans = datasets.ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in splits.items()})
+        spans = datasets.ReadInstruction.from_spec(split).to_absolute(sizes)
     except (ValueError, AssertionError) as e:
         hint = "use e.g. train, train[:98%], train[:800]"
         raise DataError(f"{source}: bad split '{split}' ({e}); {hint}") from None
+    for part, span in zip(split.split("+"), spans):  # HF gives one span per `+` part, in order
+        _check_rows(part.strip(), span, sizes[span.splitname], source)
     parts = [splits[s.splitname].select(range(s.from_, s.to)) for s in spans]
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+
+
+_BOUNDS = re.compile(r"\[\s*(-?\d+)?\s*(%?)\s*:\s*(-?\d+)?\s*(%?)\s*\]")  # train[a:b], [a%:], [:b]
+
+
+def _check_rows(part: str, span, rows: int, source: str) -> None:
+    """A slice reaching past its split, or selecting nothing, is an error: HF clamps `train[65931:66131]` on
+    4,000 rows to an empty selection and `train[3900:4100]` to 100 rows without a word."""
+    match = _BOUNDS.search(part)
+    if not match:
+        return  # a whole split: an empty one is _check's to report
+    bounds = [int(v) for v, pct in (match.group(1, 2), match.group(3, 4)) if v and not pct]  # row numbers
+    past = any(abs(b) > rows for b in bounds)
+    if past:
+        raise DataError(f"{source}: split slice '{part}' reaches past the end of split '{span.splitname}' "
+                        f"({rows} rows): this copy is shorter than the slice expects; use a complete copy or "
+                        "a smaller slice")
+    if span.from_ >= span.to:  # in a `+` concatenation nothing else would notice
+        raise DataError(f"{source}: split slice '{part}' is empty (split '{span.splitname}' has {rows} "
+                        "rows); give a slice that selects rows")
 
 
 def _looks_like_path(source: str) -> bool:

@@ -66,6 +66,7 @@ class DataConfig:
     test_split: str = "test"  # "" disables the final test evaluation
     num_classes: int = 0  # 0: from the ClassLabel feature
     label_rule: str = ""  # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
+    binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
     eval_batch_size: int = 256

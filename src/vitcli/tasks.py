@@ -7,6 +7,13 @@ CIFAR, SVHN, CLEVR; 80% for Pets; 60/20/20 train/val/test for EuroSAT, RESISC45;
 or `test[:200]` for smallNORB. Those offsets assume TFDS example order, so sources are TFDS mirrors.
 The standard sets use big_vision's `configs/common_fewshot.py` train/test splits.
 
+dSprites is stored as 0/1 pixels; task_adaptation (`data/dsprites.py`) multiplies them by 255, so those two
+tasks say `binary_pixels` and the batch streams stretch such images to 0/255 (batches.stretch_binary). No
+other VTAB source is rescaled there (smallNORB is only tiled to 3 channels, as to_rgb does).
+
+With a data root, a task reads a local copy (task_source): ROOT/<name less `vtab/`> (ROOT/svhn), else
+ROOT/<the source's dataset name> (ROOT/clevr for both CLEVR tasks, ROOT/svhn_cropped), else ROOT/vtab/<name>.
+
 Hub ids were checked against their Hub pages (split names and sizes match TFDS) except those marked
 UNVERIFIED, which follow the same owner's naming but were not seen. smallNORB's `label_azimuth` /
 `label_elevation` columns assume the TFDS feature names in that mirror (UNVERIFIED).
@@ -38,6 +45,7 @@ class Task:
     image_column: str = "image"
     label_column: str = "label"
     label_rule: str = ""  # name of a rule in LABEL_RULES deriving the label from raw columns
+    binary_pixels: bool = False  # images stored as 0/1 (dSprites): stretched to 0/255 when decoded
 
     def __hash__(self) -> int:  # names are unique; the splits dict is not hashable
         return hash(self.name)
@@ -81,9 +89,9 @@ VTAB = [
     _vtab("clevr_dist", "structured", 6, "dpdl-benchmark/clevr", "train[63000:63200]", label_rule="clevr_distance"),
     _vtab("dmlab", "structured", 6, "dpdl-benchmark/dmlab", _VAL),
     _vtab("dsprites_loc", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]", "train[663552:]",
-          label_rule="dsprites_location"),
+          label_rule="dsprites_location", binary_pixels=True),
     _vtab("dsprites_ori", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]", "train[663552:]",
-          label_rule="dsprites_orientation"),
+          label_rule="dsprites_orientation", binary_pixels=True),
     _vtab("kitti_dist", "structured", 4, "dpdl-benchmark/kitti", _VAL, label_rule="kitti_closest_vehicle"),
     _vtab("smallnorb_azi", "structured", 18, "dpdl-benchmark/smallnorb", "test[:200]", "test[50%:]",
           label_column="label_azimuth"),
@@ -224,11 +232,24 @@ def get_tasks(spec: str, custom: dict[str, Task] | None = None) -> list[Task]:
     return list(chosen.values())
 
 
+def task_dirs(task: Task, data_root: str) -> list[str]:
+    """Where under `data_root` a task's local copy may be, in the order tried: the task's own name less
+    `vtab/` (ROOT/svhn, ROOT/clevr_count), the source's dataset name (ROOT/svhn_cropped, ROOT/clevr: one copy
+    serves the tasks sharing it), then ROOT/vtab/<name>, the layout read before."""
+    names = [task.name.removeprefix("vtab/"), task.source.rsplit("/", 1)[-1], task.name]
+    return list(dict.fromkeys(os.path.join(data_root, *name.split("/")) for name in names))
+
+
 def task_source(task: Task, data_root: str = "") -> str:
-    """Where to read a task: data_root/<task name as a path> when data_root is set, else its Hub id."""
+    """Where to read a task: the first of task_dirs that exists when data_root is set, else its Hub id."""
     if not data_root or task.source == "synthetic":
         return task.source
-    return os.path.join(data_root, *task.name.split("/"))
+    tried = task_dirs(task, data_root)
+    found = [path for path in tried if os.path.exists(path)]
+    if not found:
+        raise DataError(f"task {task.name}: no local copy under --data-root {data_root}; tried "
+                        f"{', '.join(tried)} (save it with datasets' save_to_disk as one of them)")
+    return found[0]
 
 
 def synthetic_task(num_classes: int = 10, name: str = "synthetic") -> Task:

@@ -70,6 +70,7 @@ def data_cfg(task: tasks.Task, recipe: Recipe) -> DataConfig:
     """The recipe's data settings with the task's columns (a label rule writes `label`)."""
     cfg = copy.deepcopy(recipe.data)
     cfg.image_column, cfg.label_column = task.image_column, "label" if task.label_rule else task.label_column
+    cfg.binary_pixels = task.binary_pixels
     return cfg
 
 

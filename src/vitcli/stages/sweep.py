@@ -1,4 +1,7 @@
-"""Learning-rate sweep: one fine-tune per rate, the best on the dev split wins, its test top-1 is reported."""
+"""Learning-rate sweep: one fine-tune per rate, the best on the dev split wins, its test top-1 is reported.
+
+Runs without a test split report none: VTAB's sweep (stages/vtab.py) tests only the model it retrains.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
@@ -12,6 +14,10 @@ from typing import Annotated
 import typer
 
 from vitcli.errors import Terminated, VitcliError
+
+# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so show no type.
+_display_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type(self, ctx)
 
 app = typer.Typer(
     name="vit",
@@ -27,6 +33,8 @@ WorkdirOpt = Annotated[
     Path | None, typer.Option("--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the resolved recipe as YAML and exit.")]
+JsonOpt = Annotated[bool, typer.Option(
+    "--json", help="Print the results as JSON on stdout instead of tables (logs and progress stay on stderr).")]
 ResumeOpt = Annotated[
     bool | None,
     typer.Option("--resume/--no-resume", help="Resume from the latest good WORKDIR/state-<step>.pt "
@@ -38,6 +46,9 @@ OverwriteOpt = Annotated[
 ]
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
+]
+FewshotOverridesArg = Annotated[
+    list[str] | None, typer.Argument(help="Recipe overrides by dotted path: fewshot.l2_reg=auto data.eval_batch_size=256")
 ]
 
 
@@ -61,6 +72,28 @@ def _dry_run(r) -> None:
     sys.stdout.write(to_yaml(r))
 
 
+@contextlib.contextmanager
+def _tables_off(json_out: bool):
+    """With --json, stdout carries the JSON alone: the result tables are printed nowhere."""
+    if not json_out:
+        yield
+        return
+    from vitcli.metrics import stdout
+
+    with open(os.devnull, "w") as sink:
+        stdout.file = sink  # a file, not `quiet`: dist.setup sets quiet per rank
+        try:
+            yield
+        finally:
+            stdout.file = None  # back to whatever sys.stdout is
+
+
+def _emit_json(path: Path) -> None:
+    """The results file a stage wrote, on stdout (rank 0 only: the others write nothing)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        sys.stdout.write(path.read_text())
+
+
 @app.command()
 def pretrain(
     recipe: RecipeOpt = None,
@@ -68,15 +101,21 @@ def pretrain(
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
     overwrite: OverwriteOpt = False,
+    json_out: JsonOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
-    """Pretrain a ViT (supervised) from a recipe, with a progress bar, metrics and resumable checkpoints."""
+    """Pretrain a ViT (supervised or masked patch prediction) from a recipe, with a progress bar, metrics and
+    resumable checkpoints."""
     r = _resolve("pretrain", recipe, overrides, {})
     if dry_run:
         return _dry_run(r)
     from vitcli.stages.run import one_run as run
 
-    run(r, _workdir(workdir, "pretrain"), resume, overwrite)
+    out = _workdir(workdir, "pretrain")
+    with _tables_off(json_out):
+        run(r, out, resume, overwrite)
+    if json_out:
+        _emit_json(out / "summary.json")
 
 
 @app.command()
@@ -90,11 +129,15 @@ def finetune(
     lr_sweep: Annotated[
         str | None, typer.Option(help="Comma-separated learning rates; best on the dev split wins.")
     ] = None,
-    task: Annotated[str | None, typer.Option(help="VTAB-1k protocol: vtab/<name> or vtab for all.")] = None,
-    data_root: Annotated[str | None, typer.Option(help="With --task: one directory per task.")] = None,
+    task: Annotated[str | None, typer.Option(
+        help="VTAB-1k protocol, VTAB names only: vtab (all 19), vtab/natural|specialized|structured or "
+             "vtab/<name>, e.g. vtab/cifar100. Other datasets fine-tune with data.source.")] = None,
+    data_root: Annotated[str | None, typer.Option(
+        help="With --task: a local VTAB root, DIR/<task> per task (e.g. DIR/svhn) instead of the Hub.")] = None,
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
     overwrite: OverwriteOpt = False,
+    json_out: JsonOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
@@ -106,7 +149,11 @@ def finetune(
     check_flags(lr_sweep, task)
     if dry_run:
         return _dry_run(r)
-    run(r, _workdir(workdir, "finetune"), resume=resume, overwrite=overwrite, lr_sweep=lr_sweep, task=task)
+    out = _workdir(workdir, "finetune")
+    with _tables_off(json_out):
+        run(r, out, resume=resume, overwrite=overwrite, lr_sweep=lr_sweep, task=task)
+    if json_out:
+        _emit_json(out / ("vtab.json" if task else "sweep.json" if lr_sweep else "summary.json"))
 
 
 @app.command("eval-fewshot")
@@ -121,7 +168,8 @@ def eval_fewshot(
     data_root: Annotated[str | None, typer.Option(help="One directory per task instead of the Hub.")] = None,
     list_tasks: Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")] = False,
     dry_run: DryRunOpt = False,
-    overrides: OverridesArg = None,
+    json_out: JsonOpt = False,
+    overrides: FewshotOverridesArg = None,
 ) -> None:
     """Linear few-shot accuracy by closed-form least squares on frozen features (big_vision fewshot_lsr)."""
     if list_tasks:
@@ -135,23 +183,35 @@ def eval_fewshot(
         return _dry_run(r)
     from vitcli.stages.fewshot import eval_fewshot as run
 
-    run(r, _workdir(workdir, "fewshot"))
+    out = _workdir(workdir, "fewshot")
+    with _tables_off(json_out):
+        run(r, out)
+    if json_out:
+        _emit_json(out / "results.json")
 
 
 @app.command("resize-posemb")
 def resize_posemb(
     ckpt: Annotated[str, typer.Argument(help="Checkpoint: vitcli workdir or file, timm .safetensors, Google .npz.")],
-    out: Annotated[Path | None, typer.Option(help="Output .safetensors.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Output .safetensors; default: beside the source as <name>_<H>x<W>.safetensors (a Hub model: in the "
+             "current directory).")] = None,
     res: Annotated[int | None, typer.Option(help="New resolution (grid = res / patch).")] = None,
     grid: Annotated[str | None, typer.Option(help="New grid as HxW, e.g. 24x24.")] = None,
     patch: Annotated[int | None, typer.Option(help="Patch size, if the checkpoint does not say.")] = None,
     method: Annotated[str, typer.Option(help="bilinear (big_vision) or bicubic (timm).")] = "bilinear",
-    dry_run: DryRunOpt = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check everything and print what would change and where it would go; write nothing.")
+    ] = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
     from vitcli.checkpoints.resize import run_resize
 
-    run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)
+    with _tables_off(json_out):
+        rows = run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)
+    if json_out:
+        sys.stdout.write(json.dumps(dict(rows), indent=2) + "\n")
 
 
 def main() -> None:

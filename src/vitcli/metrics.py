@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vitcli.checkpoints.files import write_text
 from vitcli.errors import TrainingError
 
-console = Console(stderr=True)  # progress and log lines
+console = Console(stderr=True, log_path=False)  # progress and log lines (no source locations: users read these)
 # Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
 stdout = Console(width=None if sys.stdout.isatty() else 160)
 

@@ -20,7 +20,7 @@ from vitcli.dist import Dist, setup
 from vitcli.errors import RecipeError
 from vitcli.evaluators import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
-from vitcli.metrics import console
+from vitcli.metrics import console, stdout
 from vitcli.objectives import MppModel
 from vitcli.precision import bf16_warning
 from vitcli.recipe import Recipe, to_dict, to_yaml
@@ -189,6 +189,11 @@ def report(summary: dict, workdir: Path) -> None:
     table.add_column("value", justify="right")
     for k, v in summary.items():
         if "/" in k:
-            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
-    console.print(table)
-    console.print(f"weights: {workdir / files.MODEL_FILE}")
+            table.add_row(k, number(v) if isinstance(v, float) else str(v))
+    stdout.print(table)
+    stdout.print(f"weights: {workdir / files.MODEL_FILE}")
+
+
+def number(v: float) -> str:
+    """4 decimals, but small values (a final learning rate of 3e-6) in 3 significant digits, not `0.0000`."""
+    return f"{v:.3g}" if v and abs(v) < 1e-3 else f"{v:.4f}"

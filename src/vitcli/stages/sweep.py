@@ -14,7 +14,7 @@ from rich.table import Table
 from vitcli.checkpoints.files import atomic_path, write_text
 from vitcli.dist import Dist
 from vitcli.errors import RecipeError
-from vitcli.metrics import console
+from vitcli.metrics import stdout
 from vitcli.recipe import Recipe
 from vitcli.resolve import derive
 from vitcli.stages.run import run_training
@@ -56,4 +56,4 @@ def _print(rows: list[dict], best: dict) -> None:
         mark = " *" if row is best else ""
         test = "" if row["test/top1"] is None else f"{row['test/top1']:.4f}"
         table.add_row(f"{row['lr']:g}{mark}", f"{row['dev/top1']:.4f}", test)
-    console.print(table)
+    stdout.print(table)

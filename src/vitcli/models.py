@@ -4,7 +4,10 @@ Families: the paper's ViTs and `custom` are timm's VisionTransformer, subclassed
 (the learned 2-D position embedding of App. D.4 and the i21k Dense+tanh pre-logits layer), so a plain
 configuration keeps timm's exact state-dict layout. R50+ViT-B/16 is the same class on timm's HybridEmbed
 over a BiT ResNet (stem + stages of 3, 4, 9 units: stride 16, the paper's hybrid). BiT-R50x1 and any other
-timm name are built as timm registers them; T2T-ViT lives in t2t.py.
+timm name are built as timm registers them. T2T-ViT lives in t2t.py, with the official names: T2T-ViT-N
+(7, 10, 12, 14, 19, 24) mixes tokens with the Performer (the paper's default), T2T-ViT_t-N (14, 19, 24) with
+the Transformer; the name alone records the mixer. The official code names (t2t_vit_14, t2t_vit_t_14) are
+aliases.
 """
 
 from __future__ import annotations
@@ -37,9 +40,19 @@ PAPER_VITS = {
     "ViT-L/16": (16, 1024, 24, 16, 4096),
     "ViT-H/14": (14, 1280, 32, 16, 5120),
 }
-T2T_VITS = {"T2T-ViT-14": (384, 14, 6), "T2T-ViT-19": (448, 19, 7), "T2T-ViT-24": (512, 24, 8)}  # MLP 3x
+# Official t2t_vit.py factories: name -> (embed_dim, depth, num_heads, mlp_dim, token mixer); token_dim 64
+T2T_VITS = {
+    "T2T-ViT-7": (256, 7, 4, 512, "performer"),
+    "T2T-ViT-10": (256, 10, 4, 512, "performer"),
+    "T2T-ViT-12": (256, 12, 4, 512, "performer"),
+    **{f"T2T-ViT{kind}-{depth}": (dim, depth, heads, 3 * dim, mixer)
+       for kind, mixer in (("", "performer"), ("_t", "transformer"))
+       for dim, depth, heads in ((384, 14, 6), (448, 19, 7), (512, 24, 8))},
+}
 HYBRID, BIT = "R50+ViT-B/16", "BiT-R50x1"
 NAMED = ["custom", *PAPER_VITS, HYBRID, BIT, *T2T_VITS]
+# the official code's own names, lower-case with underscores: t2t_vit_14 -> T2T-ViT-14, t2t_vit_t_14 -> T2T-ViT_t-14
+ALIASES = {name.lower().replace("-", "_"): name for name in T2T_VITS}
 
 
 class ViT(VisionTransformer):
@@ -107,7 +120,7 @@ def _sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, num_he
 def _unknown(name: str) -> ModelError:
     close = difflib.get_close_matches(name, NAMED + timm.list_models(), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    return ModelError(f"model.name: unknown model '{name}'{hint} (use a paper name, T2T-ViT-N, {BIT}, "
+    return ModelError(f"model.name: unknown model '{name}'{hint} (use a paper name, T2T-ViT-N, T2T-ViT_t-N, {BIT}, "
                       f"{HYBRID}, a timm.list_models() name, or 'custom')")
 
 
@@ -133,23 +146,30 @@ def is_vit_family(name: str) -> bool:
     return name in ("custom", *PAPER_VITS, HYBRID)
 
 
+def t2t_name(mixer: str, embed_dim: int, depth: int) -> str:
+    """The T2T-ViT name with this token mixer, width and depth; "" when none has them."""
+    return next((name for name, (dim, layers, _, _, kind) in T2T_VITS.items()
+                 if (kind, dim, layers) == (mixer, embed_dim, depth)), "")
+
+
 def resolve_name(cfg: ModelConfig) -> ModelConfig:
     """A copy of cfg with the architecture fields its name defines filled in, so a recipe says what is built.
 
-    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`); BiT and
-    other non-ViT timm models have no class token or position table (pool `gap`, pos_embed `none`; their ViT
-    size fields are unused); other timm ViTs are described as timm registers them. Values are checked by
+    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`; its
+    token mixer is in the name); BiT and other non-ViT timm models have no class token or position table
+    (pool `gap`, pos_embed `none`; their ViT size fields are unused); other timm ViTs are described as timm
+    registers them. Official T2T-ViT code names (t2t_vit_t_14) become ours. Values are checked by
     vitcli.checks, not here.
     """
-    name = next((n for n in NAMED if n.lower() == cfg.name.lower()), cfg.name)
+    key = cfg.name.lower()
+    name = next((n for n in NAMED if n.lower() == key), ALIASES.get(key, cfg.name))
     cfg = dataclasses.replace(cfg, name=name)
     if name in PAPER_VITS:
         return _sizes(cfg, *PAPER_VITS[name])
     if name == HYBRID:
         return _sizes(cfg, 16, *PAPER_VITS["ViT-B/16"][1:])
-    if name in T2T_VITS:
-        dim, depth, heads = T2T_VITS[name]
-        return _sizes(cfg, 16, dim, depth, heads, 3 * dim, pos_embed="sincos_1d")
+    if name in T2T_VITS:  # the soft splits make an effective patch of 16
+        return _sizes(cfg, 16, *T2T_VITS[name][:4], pos_embed="sincos_1d")
     if name == "custom":
         return cfg
     if name == BIT:
@@ -216,8 +236,9 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     if cfg.name in T2T_VITS:
         model = T2TViT(
             img_size=cfg.img_size, num_classes=num_classes, embed_dim=cfg.embed_dim, depth=cfg.depth,
-            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim, class_token=cfg.pool == "token",
-            representation_size=cfg.representation_size, drop_rate=cfg.dropout, drop_path_rate=cfg.drop_path)
+            num_heads=cfg.num_heads, mlp_ratio=cfg.mlp_dim / cfg.embed_dim, mixer=T2T_VITS[cfg.name][4],
+            class_token=cfg.pool == "token", representation_size=cfg.representation_size,
+            drop_rate=cfg.dropout, drop_path_rate=cfg.drop_path)
     elif is_vit_family(cfg.name):
         model = _vit(cfg, num_classes)
     else:

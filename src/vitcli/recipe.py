@@ -23,7 +23,9 @@ from vitcli.errors import RecipeError
 class ModelConfig:
     """The network. Named models (`ViT-B/16`, `T2T-ViT-14`, any timm name) fill in the sizes themselves."""
 
-    name: str = "custom"  # paper name, T2T-ViT-N, BiT-R50x1, R50+ViT-B/16, a timm name, or "custom"
+    # paper name, T2T-ViT-N (Performer token mixer) / T2T-ViT_t-N (Transformer), BiT-R50x1, R50+ViT-B/16, a
+    # timm name, or "custom"
+    name: str = "custom"
     img_size: int = 224  # train and eval resolution; must be a multiple of patch_size
     patch_size: int = 16
     embed_dim: int = 768  # "width" in the paper's Table 1

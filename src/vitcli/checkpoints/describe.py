@@ -16,7 +16,7 @@ import torch
 
 from vitcli.checkpoints.read import Loaded
 from vitcli.errors import CheckpointError
-from vitcli.models import PAPER_VITS
+from vitcli.models import PAPER_VITS, T2T_VITS, t2t_name
 
 # width -> heads: {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}
@@ -25,6 +25,9 @@ ARCH_FIELDS = (
     "representation_size",
 )
 HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model"}
+# official T2T-ViT state dicts: the first token layer's attention input weights name the token mixer
+T2T_MIXER_KEYS = {"tokens_to_token.attention1.kqv.weight": "performer",
+                  "tokens_to_token.attention1.attn.qkv.weight": "transformer"}
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class CheckpointSpec:
 def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
     """The network `loaded` holds; `num_heads` is the recipe's explicit model.num_heads (0: not set)."""
     model, sd = _our_model(loaded), loaded.state_dict
-    fields = _ours(sd, model) if model is not None else _foreign(sd, loaded.path)
-    heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads)
+    fields = _ours(sd, model) if model is not None else _t2t(sd, loaded.path) or _foreign(sd, loaded.path)
+    heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads, fields["name"])
     return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path)
 
 
@@ -104,6 +107,23 @@ def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
     img_size = grid[0] * fields["patch_size"] if grid and grid[0] == grid[1] else None
     return {**fields, "name": "custom" if plain_vit else "", "grid": grid, "num_prefix_tokens": prefix,
             "img_size": img_size}
+
+
+def _t2t(sd: dict[str, torch.Tensor], path: str) -> dict | None:
+    """An official T2T-ViT state dict as the T2T-ViT name with its mixer, width and depth; None if not one."""
+    mixer = next((kind for key, kind in T2T_MIXER_KEYS.items() if key in sd), None)
+    if mixer is None:
+        return None
+    fields = {**_sizes(sd), "patch_size": 16, "pos_embed": "sincos_1d",
+              "embed_dim": _rows(sd, "tokens_to_token.project.weight")}  # (D, token_dim * 9)
+    name = t2t_name(mixer, fields["embed_dim"], fields["depth"])
+    if not name:
+        raise CheckpointError(f"{path}: a T2T-ViT ({mixer} token mixer) of width {fields['embed_dim']} and "
+                              f"depth {fields['depth']}, which is none of {', '.join(T2T_VITS)}")
+    prefix = _prefix_tokens(sd, None)
+    grid = _table_grid(sd, "learned_1d", prefix)  # the fixed table has the same (1, P+N, D) layout
+    return {**fields, "name": name, "grid": grid, "num_prefix_tokens": prefix,
+            "img_size": grid[0] * 16 if grid else None}
 
 
 def _sizes(sd: dict[str, torch.Tensor]) -> dict:
@@ -158,9 +178,9 @@ def _table_grid(sd: dict[str, torch.Tensor], kind: str, prefix: int) -> tuple[in
     return (side, side) if side * side == n else None
 
 
-def _heads(loaded: Loaded, model: dict, width: int, asked: int) -> tuple[int, str]:
+def _heads(loaded: Loaded, model: dict, width: int, asked: int, name: str = "") -> tuple[int, str]:
     """(num_heads, where it came from): evidence, else the recipe's value, else Table 1, else unknown."""
-    found, source = _heads_evidence(loaded, model)
+    found, source = _heads_evidence(loaded, model, name)
     if found and asked and asked != found:
         raise CheckpointError(
             f"model.num_heads={asked} in the recipe, but {loaded.path} has {found} attention heads "
@@ -175,10 +195,13 @@ def _heads(loaded: Loaded, model: dict, width: int, asked: int) -> tuple[int, st
     return 0, "unknown"
 
 
-def _heads_evidence(loaded: Loaded, model: dict) -> tuple[int, str]:
-    """What the checkpoint itself says about its heads: our metadata, npz kernels or the Hub model."""
+def _heads_evidence(loaded: Loaded, model: dict, name: str = "") -> tuple[int, str]:
+    """What the checkpoint itself says about its heads: our metadata, npz kernels, the Hub model, or the
+    T2T-ViT its keys identify (official T2T-ViT names define their heads)."""
     if model.get("num_heads"):
         return int(model["num_heads"]), "metadata"
     if loaded.num_heads:
         return loaded.num_heads, HEADS_FROM_SOURCE.get(loaded.kind, loaded.kind)
+    if name in T2T_VITS:
+        return T2T_VITS[name][2], f"{name} definition"
     return 0, ""

@@ -30,6 +30,10 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 ZIP_MAGIC = b"PK\x03\x04"
 PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")  # a pickle starts with PROTO (0x80) and its version
+# where training checkpoints keep their weights, first found wins: timm's (and official T2T-ViT's) EMA weights,
+# which the official transfer code loads, then the raw ones; DDP's `module.` prefix is stripped. Their `args`
+# entry is an argparse.Namespace, a plain attribute bag the conversion allows.
+STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
 
 
 @dataclass
@@ -105,10 +109,11 @@ def _pickle_refusal(path: Path) -> CheckpointError:
     out = path.with_suffix(".safetensors")
     return CheckpointError(
         f"{path} is a pickle file, which can run arbitrary code, so it is not loaded; convert it once with: "
-        f'python -c "import torch; from safetensors.torch import save_file; '
-        f"sd = torch.load('{path}', map_location='cpu', weights_only=True); "
-        f"sd = sd.get('state_dict', sd.get('model', sd)); "
-        f"save_file({{k: v.contiguous() for k, v in sd.items()}}, '{out}')\""
+        f'python -c "import argparse, torch; from safetensors.torch import save_file; '
+        f"torch.serialization.add_safe_globals([argparse.Namespace]); "
+        f"ck = torch.load('{path}', map_location='cpu', weights_only=True); "
+        f"sd = next((ck[k] for k in {STATE_DICT_KEYS} if k in ck), ck); "
+        f"save_file({{k.removeprefix('module.'): v.contiguous() for k, v in sd.items()}}, '{out}')\""
     )
 
 

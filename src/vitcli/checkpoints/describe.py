@@ -5,6 +5,9 @@ plain timm-layout ViT and read from the tensors' shapes. The number of attention
 state dict's shapes (qkv is (3D, D) for any head count), so it comes from evidence only: our metadata, the
 npz query kernel (D, H, D/H), the Hub model's attn.num_heads, the recipe's explicit model.num_heads, or the
 paper's Table 1 for its own widths. Never width // 64: ViT-H/14 is 1280 wide with 16 heads, not 20.
+
+A foreign file holding timm's R50 HybridEmbed ResNet (`patch_embed.backbone.*`, the names the vit_jax
+hybrid .npz is read into) is the R50+ViT-B/16 hybrid, whose 1x1 kernel sits on a stride-16 map.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from vitcli.checkpoints.read import Loaded
 from vitcli.errors import CheckpointError
-from vitcli.models import PAPER_VITS, T2T_VITS, t2t_name
+from vitcli.models import HYBRID, PAPER_VITS, T2T_VITS, t2t_name
 
 # width -> heads: {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}
@@ -28,6 +31,9 @@ HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model"}
 # official T2T-ViT state dicts: the first token layer's attention input weights name the token mixer
 T2T_MIXER_KEYS = {"tokens_to_token.attention1.kqv.weight": "performer",
                   "tokens_to_token.attention1.attn.qkv.weight": "transformer"}
+# models.HYBRID: a BiT ResNet of stages with 3, 4, 9 units, stride 16, under 1x1 "patches"
+HYBRID_UNITS, HYBRID_STRIDE = (3, 4, 9), 16
+BACKBONE = "patch_embed.backbone."
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,9 @@ def _ours(sd: dict[str, torch.Tensor], model: dict) -> dict:
 
 
 def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
-    """A plain timm-layout ViT read from the tensors' shapes; name "" when it is none (a ResNet, say), whose
-    position tables (none) are still described so that a model named in the recipe can load it."""
+    """A plain timm-layout ViT (or the R50 hybrid) read from the tensors' shapes; name "" when it is none
+    (a ResNet, another hybrid), whose position tables are still described so that a model named in the
+    recipe can load it."""
     kernel = sd.get("patch_embed.proj.weight")  # (D, C, ph, pw)
     plain_vit = kernel is not None and "blocks.0.mlp.fc1.weight" in sd
     if plain_vit and kernel.shape[-2] != kernel.shape[-1]:
@@ -101,12 +108,24 @@ def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
             f"{path}: patch_embed.proj.weight {tuple(kernel.shape)} cuts "
             f"{kernel.shape[-2]}x{kernel.shape[-1]} patches; only square patches are supported"
         )
-    fields = _sizes(sd)
+    fields, name = _sizes(sd), "custom" if plain_vit else ""
+    if any(k.startswith(BACKBONE) for k in sd):  # another backbone than R50's: only model.name can tell it
+        name = HYBRID if plain_vit and _backbone_units(sd) == HYBRID_UNITS else ""
+        fields["patch_size"] = HYBRID_STRIDE if name else 0
     prefix = _prefix_tokens(sd, None)
     grid = _table_grid(sd, fields["pos_embed"], prefix)
     img_size = grid[0] * fields["patch_size"] if grid and grid[0] == grid[1] else None
-    return {**fields, "name": "custom" if plain_vit else "", "grid": grid, "num_prefix_tokens": prefix,
-            "img_size": img_size}
+    return {**fields, "name": name, "grid": grid, "num_prefix_tokens": prefix, "img_size": img_size}
+
+
+def _backbone_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """Units per stage of a hybrid's ResNet, from `patch_embed.backbone.stages.{i}.blocks.{j}.*`."""
+    units: dict[int, int] = {}
+    for k in sd:
+        if k.startswith(BACKBONE + "stages."):
+            stage, unit = (int(n) for n in k.split(".")[3:6:2])
+            units[stage] = max(units.get(stage, 0), unit + 1)
+    return tuple(units[i] for i in sorted(units))
 
 
 def _t2t(sd: dict[str, torch.Tensor], path: str) -> dict | None:

@@ -3,6 +3,11 @@
 Flax Dense kernels are (in, out) and timm Linear weights (out, in); conv kernels HWIO vs OIHW; attention
 q/k/v kernels (D, H, D/H) are flattened and stacked into timm's fused (3D, D) qkv. The query kernel's
 middle axis is the number of heads, the one architecture fact a timm state dict loses, so it is returned.
+
+The vit_jax hybrid (R50+ViT-B/16) keeps its BiT ResNet beside `embedding/` and `Transformer/`: `conv_root`,
+`gn_root`, then `block{i}/unit{j}/` bottlenecks (conv1-3 and gn1-3, conv_proj and gn_proj where the shape
+changes). They become timm's `patch_embed.backbone.*` (HybridEmbed over a ResNetV2), and `embedding/kernel`
+is then a 1x1 conv over the ResNet's channels; describe tells the hybrid by those names.
 """
 
 from __future__ import annotations
@@ -37,13 +42,28 @@ class _Arrays:
         a = self.w[self.prefix + key]
         return torch.from_numpy(np.asarray(a if idx is None else a[idx], dtype=np.float32))
 
+    def conv(self, key: str) -> torch.Tensor:
+        """A Flax conv kernel (H, W, I, O) as timm's (O, I, H, W)."""
+        kernel = self.get(key)
+        if kernel.ndim != 4:
+            raise CheckpointError(f"{self.name}: {self.prefix + key} has shape {tuple(kernel.shape)}, "
+                                  "but a conv kernel is 4-D (H, W, in, out); the file is damaged")
+        return kernel.permute(3, 2, 0, 1)
+
     def dense(self, key: str, idx: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A Flax Dense layer as timm's (weight (out, in), bias)."""
         return self.get(f"{key}/kernel", idx).T, self.get(f"{key}/bias", idx)
 
     def leftover(self) -> list[str]:
-        """Arrays under the prefix that nothing read: parts a plain ViT does not have."""
+        """Arrays under the prefix that nothing read: parts neither a ViT nor its hybrid ResNet has."""
         return sorted(k for k in self.w if k.startswith(self.prefix) and k not in self.used)
+
+    def count(self, pattern: str) -> int:
+        """How many of pattern.format(1), pattern.format(2), ... exist; a gap ends the count (and is left over)."""
+        n = 0
+        while self.has(pattern.format(n + 1)):
+            n += 1
+        return n
 
 
 def npz_to_timm(arrays: dict[str, np.ndarray], name: str = "npz") -> tuple[dict[str, torch.Tensor], int]:
@@ -55,18 +75,20 @@ def npz_to_timm(arrays: dict[str, np.ndarray], name: str = "npz") -> tuple[dict[
         )
     a = _Arrays(arrays, prefix, name)
     sd = _stem(a)
+    if a.has("conv_root/kernel"):
+        sd.update(_resnet(a))
     blocks, num_heads = _blocks(a)
     sd.update(blocks)
     leftover = a.leftover()
     if leftover:
-        raise CheckpointError(f"{name}: arrays a plain ViT does not have: {', '.join(leftover[:3])}")
+        raise CheckpointError(f"{name}: arrays outside a ViT and its hybrid ResNet: {', '.join(leftover[:3])}")
     return {k: v.contiguous() for k, v in sd.items()}, num_heads
 
 
 def _stem(a: _Arrays) -> dict[str, torch.Tensor]:
     """Everything outside the encoder blocks: patch embedding, tokens, final norm, pre-logits, head."""
     sd = {
-        "patch_embed.proj.weight": a.get("embedding/kernel").permute(3, 2, 0, 1),  # HWIO -> OIHW
+        "patch_embed.proj.weight": a.conv("embedding/kernel"),  # (D, C, ph, pw); hybrid (D, 1024, 1, 1)
         "patch_embed.proj.bias": a.get("embedding/bias"),
         "norm.weight": a.get("Transformer/encoder_norm/scale"),
         "norm.bias": a.get("Transformer/encoder_norm/bias"),
@@ -128,3 +150,30 @@ def _block(a: _Arrays, t: str, bp: str, idx: int | None) -> tuple[dict[str, torc
         fc = f"{t}mlp.fc{j + 1}"
         sd[f"{fc}.weight"], sd[f"{fc}.bias"] = a.dense(f"{bp}MlpBlock_{mlp}/Dense_{j}", idx)
     return sd, qkv[0].shape[1] if qkv[0].ndim == 3 else 0
+
+
+def _resnet(a: _Arrays) -> dict[str, torch.Tensor]:
+    """The hybrid's BiT ResNet (root, then stages of bottleneck units) as timm's HybridEmbed backbone."""
+    t = "patch_embed.backbone."
+    sd = {t + "stem.conv.weight": a.conv("conv_root/kernel"), **_group_norm(a, t + "stem.norm", "gn_root")}
+    for i in range(a.count("block{}/unit1/conv1/kernel")):
+        for j in range(a.count(f"block{i + 1}/unit{{}}/conv1/kernel")):
+            sd.update(_unit(a, f"{t}stages.{i}.blocks.{j}.", f"block{i + 1}/unit{j + 1}/"))
+    return sd
+
+
+def _unit(a: _Arrays, t: str, u: str) -> dict[str, torch.Tensor]:
+    """One bottleneck (1x1, strided 3x3, 1x1 convs, each before a GroupNorm) and its projection shortcut."""
+    sd = {}
+    for r in (1, 2, 3):
+        sd[f"{t}conv{r}.weight"] = a.conv(f"{u}conv{r}/kernel")
+        sd.update(_group_norm(a, f"{t}norm{r}", f"{u}gn{r}"))
+    if a.has(f"{u}conv_proj/kernel"):  # the first unit of a stage: its width or stride changes
+        sd[f"{t}downsample.conv.weight"] = a.conv(f"{u}conv_proj/kernel")
+        sd.update(_group_norm(a, f"{t}downsample.norm", f"{u}gn_proj"))
+    return sd
+
+
+def _group_norm(a: _Arrays, t: str, key: str) -> dict[str, torch.Tensor]:
+    """A Flax GroupNorm's scale and bias, (C,); flattened, as some exports keep them (1, 1, 1, C)."""
+    return {f"{t}.weight": a.get(f"{key}/scale").reshape(-1), f"{t}.bias": a.get(f"{key}/bias").reshape(-1)}

@@ -15,8 +15,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
     "errors", "schedule", "posemb", "mpp", "fewshot.solver", "recipe", "precision", "synthetic",
-    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state
-    "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "workdir",
+    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state; figures
+    "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "workdir", "inspection", "curves",
     # models, data, checks on recipes, checkpoints of every source
     "t2t", "models", "transforms", "checks", "tasks", "data", "batches",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
@@ -25,7 +25,7 @@ ORDER = [
     # evaluators, starting weights, the loop
     "optim", "objectives", "evaluators", "interrupt", "transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "trainer",
     # stage drivers, then the command line
-    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "cli",
+    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "cli",
 ]
 CLI_LAZY = {"cli"}  # keeps `vit --help` instant: its vitcli imports happen inside the commands
 

@@ -37,7 +37,7 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert {"train/loss", "train/lr", "train/img_per_s"} <= set(rows[0])
     assert 0.0 <= results["val/top1"] <= 1.0 and "test/top1" in results
-    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state-40.pt", "summary.json"):
+    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state-40.pt", "summary.json", "curves.png"):
         assert (tmp_path / name).is_file(), name
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         meta = f.metadata()

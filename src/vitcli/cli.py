@@ -52,7 +52,7 @@ FewshotOverridesArg = Annotated[
 ]
 
 
-COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb")
+COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb", "inspect", "plot")
 
 
 def _workdir(workdir: Path | None, stage: str) -> Path:
@@ -212,6 +212,44 @@ def resize_posemb(
         rows = run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)
     if json_out:
         sys.stdout.write(json.dumps(dict(rows), indent=2) + "\n")
+
+
+@app.command()
+def inspect(
+    ckpt: Annotated[str, typer.Argument(help="ViT weights: workdir, .safetensors, Google .npz or Hub name.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory for the figures (created if needed).")],
+    data: Annotated[
+        str | None, typer.Option(help="Images for the attention distances: any data.source (dataset "
+                                 "dir, parquet files, Hub id); default: the built-in synthetic data.")
+    ] = None,
+    split: Annotated[str, typer.Option(help="Split of the --data source to read.")] = "test",
+    images: Annotated[int, typer.Option(min=1, help="Images averaged over for the attention distances.")] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON instead of a table.")] = False,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Recipe overrides by dotted path, e.g. model.num_heads=3 for a "
+                                         "foreign file that does not tell, data.image_column=img")
+    ] = None,
+) -> None:
+    """The paper's Figure 7: patch-filter principal components, position-embedding similarity, attention
+    distance per head and layer; writes OUT/embedding_filters.png, position_similarity.png,
+    attention_distance.png and attention_distance.json."""
+    from vitcli.stages.inspect import inspect as run
+
+    run(ckpt, out, source=data, split=split, images=images, as_json=as_json, overrides=list(overrides or []))
+
+
+@app.command()
+def plot(
+    workdirs: Annotated[list[Path], typer.Argument(help="Training workdirs holding metrics.jsonl.")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="PNG to write; default WORKDIR/curves.png for one "
+                                  "workdir, ./curves.png for several.")
+    ] = None,
+) -> None:
+    """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""
+    from vitcli.curves import plot as run
+
+    run(workdirs, out)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from vitcli import batches, data, models
+from vitcli import batches, curves, data, models
 from vitcli.checkpoints import files, state
 from vitcli.checks import check_schedule
 from vitcli.dist import Dist, setup
@@ -157,6 +157,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
                    **results}
         files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        curves.write_run_curves(workdir)  # warns rather than fails: the run is done
         report(summary, workdir)
     return results
 

@@ -1,0 +1,118 @@
+"""Training curves from metrics.jsonl: loss, learning rate, held-out and few-shot accuracy, several runs overlaid.
+
+`vit plot` draws them for any workdirs; every training run draws its own WORKDIR/curves.png at its end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from vitcli.errors import OutputError
+from vitcli.inspection import save_figure
+from vitcli.metrics import console, read_metrics, stdout
+from vitcli.workdir import check_output_file
+
+METRICS_FILE, CURVES_FILE = "metrics.jsonl", "curves.png"
+PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
+STYLES = ("-", "--", ":", "-.")
+
+
+def panel(key: str) -> str | None:
+    """Which panel a metrics.jsonl key belongs to (train/loss, val/top1, fewshot/x/5shot...), None: not drawn."""
+    split, _, name = key.partition("/")
+    if split == "fewshot":
+        return "few-shot accuracy"
+    if name == "lr":
+        return "learning rate"
+    if name in ("loss", "mpp_loss"):
+        return "loss"
+    if split in ("val", "test") and name in ("top1", "mpp_accuracy"):
+        return "held-out accuracy"
+    return None
+
+
+def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one key over the rows that hold a finite value for it."""
+    points = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
+    steps, values = zip(*points) if points else ((), ())
+    return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+
+
+def curves_figure(runs: dict[str, list[dict]]) -> Figure:
+    """One panel per kind of metric any run logged (empty ones left out); a colour per run, a line style per
+    metric (train/loss solid, val/loss dashed, ...)."""
+    keys = {p: sorted({k for rows in runs.values() for k in rows_keys(rows) if panel(k) == p}, key=_key_order)
+            for p in PANELS}
+    shown = [p for p in PANELS if keys[p]]
+    fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.6))
+    axes = np.atleast_1d(fig.subplots(1, max(len(shown), 1), squeeze=False)).ravel()
+    for ax, title in zip(axes, shown):
+        for colour, (label, rows) in enumerate(runs.items()):
+            for i, key in enumerate(keys[title]):
+                _draw(ax, *series(rows, key), f"C{colour % 10}", STYLES[i % len(STYLES)],
+                      label if len(keys[title]) == 1 else f"{label}: {key}")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    return fig
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    """train before val before test (solid, dashed, dotted lines), then by name."""
+    split = key.partition("/")[0]
+    return {"train": 0, "val": 1, "test": 2}.get(split, 3), key
+
+
+def _draw(ax, steps: np.ndarray, values: np.ndarray, colour: str, style: str, label: str) -> None:
+    """A line; with markers when the points are few (periodic evaluations, the one final test score)."""
+    if len(steps):
+        ax.plot(steps, values, color=colour, linestyle=style, marker="o" if len(steps) <= 20 else None,
+                markersize=3, label=label)
+
+
+def rows_keys(rows: list[dict]) -> set[str]:
+    """Every metric name in the rows."""
+    return {k for row in rows for k in row if k != "step"}
+
+
+def run_labels(workdirs: list[Path]) -> list[str]:
+    """Workdir names, or their paths where two names coincide."""
+    names = [Path(w).resolve().name for w in workdirs]
+    return [n if names.count(n) == 1 else str(w) for n, w in zip(names, workdirs)]
+
+
+def read_run(workdir: Path) -> list[dict]:
+    """The rows of WORKDIR/metrics.jsonl; a one-line error when the workdir or its metrics are missing."""
+    path = Path(workdir) / METRICS_FILE
+    if not Path(workdir).is_dir():
+        raise OutputError(f"workdir not found: {workdir}")
+    if not path.is_file():
+        raise OutputError(f"{path} not found: {workdir} is not a training workdir (or has not logged yet)")
+    rows = read_metrics(path)
+    if not rows:
+        raise OutputError(f"{path} is empty: the run has not logged a step yet")
+    return rows
+
+
+def plot(workdirs: list[Path], out: Path | None = None) -> Path:
+    """`vit plot`: all runs' curves in one PNG, by default WORKDIR/curves.png for one run, ./curves.png else."""
+    if not workdirs:
+        raise OutputError("name at least one workdir")
+    out = out or (Path(workdirs[0]) / CURVES_FILE if len(workdirs) == 1 else Path(CURVES_FILE))
+    check_output_file(out, "--out")
+    runs = dict(zip(run_labels(workdirs), (read_run(w) for w in workdirs)))
+    save_figure(curves_figure(runs), out)
+    stdout.print(f"wrote {out}", highlight=False)
+    return out
+
+
+def write_run_curves(workdir: Path) -> None:
+    """WORKDIR/curves.png at the end of a run; a failure to draw is a warning, never a failed run."""
+    try:
+        save_figure(curves_figure({run_labels([workdir])[0]: read_run(workdir)}), workdir / CURVES_FILE)
+    except Exception as e:  # noqa: BLE001 - the run finished and its weights are written; a plot is a bonus
+        console.log(f"[yellow]warning: {workdir / CURVES_FILE} not written ({type(e).__name__}: {e})")

@@ -1,0 +1,241 @@
+"""`vit inspect`: the paper's Figure 7 for any ViT checkpoint we read, from a few real images.
+
+The checkpoint is resolved as `eval-fewshot` resolves it (its own architecture and native resolution,
+headless), so whatever that reads (our workdirs, timm files, Google .npz, Hub names) can be inspected. A
+figure that does not apply to the network (the hybrid and T2T-ViT have no pixel patch filters; a model
+without a position table has no similarities) is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.table import Table
+from torch import nn
+
+from vitcli import batches, data, inspection, models
+from vitcli.checkpoints.files import write_text
+from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.dist import pick_device
+from vitcli.errors import DataError, ModelError
+from vitcli.metrics import console, stdout
+from vitcli.recipe import Recipe
+from vitcli.resolve import resolve
+from vitcli.t2t import TokensToToken
+from vitcli.transfer import load_for_eval
+from vitcli.workdir import check_workdir
+
+FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.png", "attention_distance.png"
+DISTANCES_JSON = "attention_distance.json"
+BATCH = 32  # images per forward pass: attention maps of every layer are reduced as they come
+
+
+@dataclass
+class Report:
+    """What `vit inspect` found and wrote; `as_dict` is its --json output."""
+
+    summary: dict
+    written: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # figure file -> why it does not apply
+    explained_variance: list[float] = field(default_factory=list)  # of the filter components shown
+    attention: dict = field(default_factory=dict)  # attention_distance.json's content
+
+    def as_dict(self) -> dict:
+        """The report as JSON-able numbers and paths."""
+        return {"model": self.summary, "written": self.written, "skipped": self.skipped,
+                "filter_explained_variance": self.explained_variance, "attention_distance": self.attention}
+
+
+def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test", images: int = 128,
+            as_json: bool = False, overrides: list[str] = ()) -> Report:
+    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary or JSON."""
+    if images < 1:
+        raise DataError(f"--images {images}: need at least one image to measure attention distances")
+    _check_vit(read_checkpoint(ckpt), ckpt)
+    check_workdir(out)
+    # label_column "": any image dataset will do, labelled or not; eval-fewshot resolution: the checkpoint's
+    # own network at its native resolution, without its head
+    flags = {"init.checkpoint": ckpt, "data.source": source, "data.label_column": ""}
+    recipe = resolve("eval-fewshot", None, list(overrides), flags)
+    model = load_for_eval(recipe)
+    report = Report(_summary(recipe, model))
+    out.mkdir(parents=True, exist_ok=True)
+    _filters(model, recipe, out, report)
+    _positions(model, recipe, out, report)
+    _distances(model, recipe, split, images, out, report)
+    _print(report, as_json)
+    return report
+
+
+def _check_vit(loaded: Loaded, ckpt: str) -> None:
+    """A one-line error for checkpoints without transformer blocks (BiT, other CNNs)."""
+    if not any(k.startswith("blocks.") and ".attn." in k for k in loaded.state_dict):
+        named = loaded.meta.get("model", {}).get("name", "") if loaded.kind == "vitcli" else ""
+        what = f"a {named}" if named else "no ViT"
+        raise ModelError(f"{ckpt} holds {what} (no blocks.N.attn tensors): vit inspect reads ViT, hybrid and "
+                         "T2T-ViT checkpoints")
+
+
+def _summary(recipe: Recipe, model: nn.Module) -> dict:
+    """The rows of the summary table: which network, at which resolution, with which tables."""
+    m, grid = recipe.model, tuple(model.patch_embed.grid_size)
+    return {"checkpoint": recipe.init.checkpoint, "model": m.name, "parameters": models.count_params(model),
+            "width": m.embed_dim, "depth": len(model.blocks), "heads": m.num_heads, "grid": list(grid),
+            "patch_size": m.img_size // grid[0], "pool": m.pool, "pos_embed": m.pos_embed,
+            "img_size": m.img_size}
+
+
+# ---------------------------------------------------------------- the three panels
+
+
+def _skip(report: Report, name: str, why: str) -> None:
+    report.skipped[name] = why
+    console.log(f"[yellow]skipped {name}: {why}")
+
+
+def _filters(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> None:
+    """Figure 7 left, when the patch embedding is a convolution over RGB pixels."""
+    kernel, why = pixel_filters(model)
+    if kernel is None:
+        return _skip(report, FILTERS, why)
+    components, explained = inspection.filter_components(kernel)
+    title = f"{recipe.model.name}: top {len(components)} principal components of the patch filters"
+    inspection.save_figure(inspection.filters_figure(components, title), out / FILTERS)
+    report.explained_variance = [float(v) for v in explained]
+    report.written.append(str(out / FILTERS))
+
+
+def pixel_filters(model: nn.Module) -> tuple[np.ndarray | None, str]:
+    """(patch filters (D, 3, P, P), "") or (None, why the model has none)."""
+    embed = model.patch_embed
+    if isinstance(embed, TokensToToken):
+        return None, ("T2T-ViT embeds pixels through overlapping soft splits and token mixing, not linear "
+                      "patch filters")
+    proj = getattr(embed, "proj", None)
+    if isinstance(proj, nn.Conv2d) and proj.in_channels == 3:
+        return proj.weight.detach().float().cpu().numpy(), ""
+    if isinstance(proj, nn.Conv2d):
+        return None, (f"the patch embedding projects {proj.in_channels}-channel features (the hybrid's ResNet "
+                      "map), not RGB pixels: there are no pixel patch filters")
+    return None, f"the patch embedding ({type(embed).__name__}) has no convolution over pixels"
+
+
+def _positions(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> None:
+    """Figure 7 centre, for any learned or fixed position table."""
+    grid = tuple(model.patch_embed.grid_size)
+    table = position_table(model, grid)
+    if table is None:
+        return _skip(report, POSITIONS, f"the model has no position table (pos_embed: {recipe.model.pos_embed})")
+    maps = inspection.cosine_maps(table, grid)
+    title = f"{recipe.model.name}: position embedding similarity ({recipe.model.pos_embed})"
+    inspection.save_figure(inspection.position_figure(maps, title), out / POSITIONS)
+    report.written.append(str(out / POSITIONS))
+
+
+def position_table(model: nn.Module, grid: tuple[int, int]) -> np.ndarray | None:
+    """Each patch's position embedding (H*W, D) as the model adds it; None when it adds none."""
+    def array(name: str) -> np.ndarray | None:
+        t = getattr(model, name, None)
+        return None if t is None else t.detach().float().cpu().numpy()[0]  # drop the leading 1
+
+    pos, row, col = array("pos_embed"), array("pos_embed_row"), array("pos_embed_col")
+    if pos is None and (row is None or col is None):
+        return None
+    return inspection.patch_table(grid, pos, row, col)
+
+
+def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: Path, report: Report) -> None:
+    """Figure 7 right and its numbers, from `images` images of the data source."""
+    grid, img_size = tuple(model.patch_embed.grid_size), recipe.model.img_size
+    ds = data.load_split(recipe.data, split)
+    ds = ds.select(range(min(images, len(ds))))
+    cell = img_size / grid[1]  # pixels between patch centres (the hybrid's: its ResNet stride)
+    per_head, seen = mean_attention_distances(model, _stream(ds, recipe), grid, cell,
+                                              pick_device(recipe.run.device))
+    title = f"{recipe.model.name}: attention distance ({seen} images)"
+    inspection.save_figure(inspection.distance_figure(per_head, img_size, title), out / DISTANCES)
+    report.attention = {
+        "checkpoint": recipe.init.checkpoint, "data": data.origin(ds), "images": seen, "img_size": img_size,
+        "grid": list(grid), "pixels_between_patches": cell,
+        "definition": "per head: mean over images and query patches of the sum over key patches of attention "
+                      "x pixel distance between patch centres; class/prefix tokens dropped, weights renormalised",
+        "mean_distance_px": per_head.tolist(),  # [layer][head]
+    }
+    write_text(out / DISTANCES_JSON, json.dumps(report.attention, indent=2) + "\n")
+    report.written += [str(out / DISTANCES), str(out / DISTANCES_JSON)]
+
+
+def _stream(ds, recipe: Recipe) -> batches.BatchStream:
+    return batches.eval_batches(ds, recipe.data, recipe.model.img_size, min(BATCH, recipe.data.eval_batch_size))
+
+
+def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], cell: float,
+                             device: torch.device) -> tuple[np.ndarray, int]:
+    """((layers, heads) mean attention distance in pixels over every image of `stream`, images seen)."""
+    model = model.to(device).eval()
+    distances = inspection.patch_distances(grid, cell).to(device)  # (N, N)
+    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    sums: dict[int, torch.Tensor] = {}
+
+    def add(layer: int, probs: torch.Tensor) -> None:  # (B, heads, T, T) -> summed over the batch (heads,)
+        total = inspection.attention_distance(probs, distances, prefix).sum(dim=0)
+        sums[layer] = sums[layer] + total if layer in sums else total
+
+    seen = 0
+    with attention_probabilities(model.blocks, add), torch.inference_mode():
+        for x, _ in stream:
+            model(x.to(device))
+            seen += len(x)
+    return torch.stack([sums[i] for i in sorted(sums)]).cpu().numpy() / max(seen, 1), seen
+
+
+@contextlib.contextmanager
+def attention_probabilities(blocks: nn.Module, receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T) to
+    `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off meanwhile and the
+    input of the attention dropout (the softmax output) is read."""
+    attns = [getattr(block, "attn", None) for block in blocks]
+    unusable = [i for i, a in enumerate(attns) if not hasattr(a, "fused_attn") or not hasattr(a, "attn_drop")]
+    if unusable:
+        raise ModelError(f"block {unusable[0]} has no timm Attention ({type(attns[unusable[0]]).__name__}); its "
+                         "attention probabilities cannot be read")
+    fused = [a.fused_attn for a in attns]
+    hooks = [a.attn_drop.register_forward_hook(lambda mod, args, res, i=i: receive(i, args[0]))
+             for i, a in enumerate(attns)]
+    for a in attns:
+        a.fused_attn = False
+    try:
+        yield
+    finally:
+        for a, was, hook in zip(attns, fused, hooks):
+            a.fused_attn = was
+            hook.remove()
+
+
+# ---------------------------------------------------------------- output
+
+
+def _print(report: Report, as_json: bool) -> None:
+    """The summary table and the files, or (--json) everything as JSON on stdout."""
+    if as_json:
+        stdout.out(json.dumps(report.as_dict(), indent=2), highlight=False)
+        return
+    table = Table(title="vit inspect", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    s = report.summary
+    rows = [("checkpoint", s["checkpoint"]), ("model", s["model"]), ("parameters", f"{s['parameters']:,}"),
+            ("width / depth / heads", f"{s['width']} / {s['depth']} / {s['heads']}"),
+            ("grid", f"{s['grid'][0]}x{s['grid'][1]}"), ("patch size", f"{s['patch_size']} px"),
+            ("pooling", s["pool"]), ("position embedding", s["pos_embed"]), ("image size", f"{s['img_size']} px")]
+    for what, detail in rows:
+        table.add_row(what, str(detail))
+    stdout.print(table)
+    for path in report.written:
+        stdout.print(f"wrote {path}", highlight=False)

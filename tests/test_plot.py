@@ -1,0 +1,79 @@
+"""`vit plot`: training curves of one or several workdirs in one PNG; bad workdirs are one-line errors."""
+
+import math
+
+import pytest
+from PIL import Image
+
+from clirun import run_vit
+from vitcli import curves
+from vitcli.metrics import MetricsLog
+
+
+def workdir(path, steps=20, lr=1e-3, fewshot=False):
+    """A workdir whose metrics.jsonl looks like the trainer's: train rows, periodic val, a final test."""
+    path.mkdir(parents=True)
+    log = MetricsLog(path / "metrics.jsonl")
+    for step in range(1, steps + 1):
+        log.write(step, {"train/loss": 2.0 * math.exp(-step / 10), "train/lr": lr * step / steps,
+                         "train/grad_norm": 1.0, "train/img_per_s": 100.0})
+        if step % 5 == 0:
+            log.write(step, {"val/top1": step / steps, "val/loss": 1.0 / step,
+                             **({"fewshot/cifar10/5shot": step / (2 * steps)} if fewshot else {})})
+    log.write(steps, {"test/top1": 0.9, "test/loss": 0.1})
+    return path
+
+
+def png_size(path):
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.size
+
+
+def test_panels_take_the_trainers_keys():
+    assert [curves.panel(k) for k in ("train/loss", "val/loss", "train/lr", "val/top1", "test/top1",
+                                      "fewshot/cifar10/5shot", "train/img_per_s", "train/grad_norm")] == [
+        "loss", "loss", "learning rate", "held-out accuracy", "held-out accuracy", "few-shot accuracy", None, None]
+
+
+def test_two_runs_in_one_png_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    a, b = workdir(tmp_path / "a", lr=1e-3), workdir(tmp_path / "b", lr=3e-3, fewshot=True)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_vit(monkeypatch, capsys, "plot", a, b)
+    assert code == 0, err
+    assert "curves.png" in out and not (a / "curves.png").exists()
+    width, height = png_size(tmp_path / "curves.png")
+    assert width > 3 * height > 600, (width, height)  # four panels side by side
+
+
+def test_empty_panels_are_left_out_and_every_run_is_labelled():
+    runs = {"a": [{"step": 1, "train/loss": 1.0, "train/lr": 0.1}, {"step": 2, "train/loss": 0.5, "train/lr": 0.2}],
+            "b": [{"step": 1, "train/loss": 2.0, "train/lr": 0.3}]}
+    fig = curves.curves_figure(runs)
+    assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate"]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+
+
+def test_one_run_goes_into_its_workdir(tmp_path, monkeypatch, capsys):
+    run = workdir(tmp_path / "run")
+    code, _, err = run_vit(monkeypatch, capsys, "plot", run)
+    assert code == 0, err
+    assert png_size(run / "curves.png")[0] > 200
+
+
+@pytest.mark.parametrize("make, named", [
+    (lambda p: p / "nowhere", "nowhere"),
+    (lambda p: (p / "w").mkdir() or p / "w", "metrics.jsonl"),
+    (lambda p: (p / "w").mkdir() or (p / "w" / "metrics.jsonl").write_text("") or p / "w", "metrics.jsonl"),
+])
+def test_a_missing_workdir_or_metrics_is_one_line(tmp_path, monkeypatch, capsys, make, named):
+    code, out, err = run_vit(monkeypatch, capsys, "plot", make(tmp_path), "--out", tmp_path / "c.png")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and named in err
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):
+    (tmp_path / "w").mkdir()
+    curves.write_run_curves(tmp_path / "w")  # no metrics.jsonl: a warning, no exception
+    assert "warning" in capsys.readouterr().err and not (tmp_path / "w" / "curves.png").exists()

@@ -21,7 +21,8 @@ def recipe(*extra):
 
 
 def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
-    one_run(recipe(), tmp_path)
+    one_run(recipe("run.loggers=jsonl,tensorboard"), tmp_path)
+    events = sorted(p.name for p in (tmp_path / "tensorboard").iterdir())
     finished = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     with pytest.raises(OutputError, match="holds a finished run"):
         one_run(recipe("run.seed=1"), tmp_path, resume=False)
@@ -29,8 +30,9 @@ def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
 
     one_run(recipe("run.seed=1"), tmp_path, resume=False, overwrite=True)
     (kept,) = tmp_path.glob("previous-*")
-    assert {p.name: p.read_bytes() for p in kept.iterdir()} == finished, "moved whole, byte for byte"
+    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == finished, "moved whole, byte for byte"
     assert (tmp_path / files.MODEL_FILE).read_bytes() != finished[files.MODEL_FILE]  # the new run's
+    assert sorted(p.name for p in (kept / "tensorboard").iterdir()) == events  # tracker folders move too
 
 
 def test_no_resume_sets_an_unfinished_run_aside_and_starts_at_step_0(tmp_path):

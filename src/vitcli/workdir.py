@@ -17,10 +17,12 @@ from vitcli.checkpoints import state
 from vitcli.checkpoints.files import MODEL_FILE
 from vitcli.errors import OutputError
 from vitcli.metrics import console
+from vitcli.trackers import WANDB_ID_FILE
 
 # What a training run writes at the top of its workdir besides its checkpoints (state.state_files); a
-# replaced run's copies are moved aside together.
-RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE)
+# replaced run's copies are moved aside together (tracker folders too, so a new run's curves start clean).
+RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE, "curves.png", "tensorboard", "wandb",
+               WANDB_ID_FILE)
 
 
 def existing_ancestor(path: Path) -> Path:

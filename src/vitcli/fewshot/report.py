@@ -62,9 +62,11 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skip
 
 def footnote(name: str, shots: int, draw: dict) -> str:
     """The table's note on a short (task, shots): which classes fell short and how big the shot set is."""
-    empty = f", {draw['empty_classes']} with none" if draw["empty_classes"] else ""
-    return (f"* {name} {shots}-shot: {draw['short_classes']} of {draw['classes']} classes had fewer than {shots} "
-            f"train examples{empty}; the shot set has {draw['examples']} of {shots * draw['classes']}")
+    short, empty, classes = draw["short_classes"], draw["empty_classes"], draw["classes"]
+    which = ("had no train example" if short == empty else
+             f"had fewer than {shots} train examples" + (f" ({empty} had none)" if empty else ""))
+    return f"* {name} {shots}-shot: {short} of {classes} classes {which}: {draw['examples']} examples, not " \
+           f"{shots * classes}"
 
 
 def _table(summary: dict, means: dict, short: dict) -> None:

@@ -65,8 +65,8 @@ def footnote(name: str, shots: int, draw: dict) -> str:
     short, empty, classes = draw["short_classes"], draw["empty_classes"], draw["classes"]
     which = ("had no train example" if short == empty else
              f"had fewer than {shots} train examples" + (f" ({empty} had none)" if empty else ""))
-    return f"* {name} {shots}-shot: {short} of {classes} classes {which}: {draw['examples']} examples, not " \
-           f"{shots * classes}"
+    size = f"{draw['examples']} examples, not {shots * classes}"
+    return f"* {name} {shots}-shot: {short} of {classes} classes {which}: {size}"
 
 
 def _table(summary: dict, means: dict, short: dict) -> None:

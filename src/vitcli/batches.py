@@ -249,9 +249,9 @@ def eval_batches(
     resize: int = 0, skipped: Skipped | None = None, resize_method: str = "big_vision",
 ) -> BatchStream:
     """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
-    selects the few-shot preprocessing (squash to resize x resize, centre crop img_size; resampled as
-    `resize_method` says). Images that do not
-    decode are left out and recorded in `skipped` (a caller's tally that outlives this pass, or a new one)."""
+    selects the few-shot preprocessing (squash to resize x resize with `resize_method`, centre crop img_size).
+    Images that do not decode are left out and recorded in `skipped` (a caller's tally that outlives this pass,
+    or a new one)."""
     rows = list(range(rank, len(ds), world_size))
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)

@@ -1,6 +1,7 @@
 """Bad input, as users type it, across every command: exit 2, one line naming the culprit, no traceback, and
 not one file created or changed (a finished run in the workdir included)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -143,14 +144,14 @@ def test_a_bare_vit_shows_the_help_and_exits_2(monkeypatch, capsys):
     assert code == 2 and "pretrain" in out and err.strip() == ""
 
 
-def test_shots_larger_than_every_class_write_no_results(tmp_path, root, monkeypatch, capsys):
-    """Only the features (reusable) may be cached; no results, which would be empty."""
+def test_shots_larger_than_every_class_take_what_there_is_and_say_so(tmp_path, root, monkeypatch, capsys):
+    """Not bad input: as big_vision, each class gives what it has; every row and the table say how short."""
     args = [a.format(root=root) for a in fewshot("--shots", "1000", "--workdir", str(tmp_path / "w"))]
-    code, _, err = run_vit(monkeypatch, capsys, *args)
-    lines = err.strip().splitlines()  # progress lines, then the error
-    assert code == 2 and lines[-1].startswith("error:") and "largest class has" in lines[-1], err
-    assert sum(line.startswith("error:") for line in lines) == 1 and "Traceback" not in err
-    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["features"]
+    code, out, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 0, err
+    runs = json.loads((tmp_path / "w" / "results.json").read_text())["runs"]
+    assert runs and all(r["short_classes"] == r["classes"] == 10 and r["examples"] == 40 for r in runs)
+    assert "* synthetic 1000-shot: 10 of 10 classes" in out and "examples, not 10000" in out
 
 
 def test_an_unwritable_location_is_named(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ import csv
 import json
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.numpy import load_file
@@ -11,7 +12,7 @@ from safetensors.numpy import load_file
 from vitcli import cli, models, tasks
 from vitcli.checkpoints import files
 from vitcli.fewshot import features, solver
-from vitcli.fewshot.evaluate import data_id
+from vitcli.fewshot.evaluate import data_id, load_task_split
 from vitcli.resolve import resolve
 from vitcli.stages.fewshot import eval_fewshot
 from vitcli.stages.run import one_run
@@ -82,6 +83,9 @@ def test_features_are_cached_and_keyed(pretrained, tmp_path, capsys):
     assert len(list(cache.glob("*.safetensors"))) == 4, "other preprocessing, other features"
     fewshot(pretrained / "random.safetensors", tmp_path / "4", f"fewshot.cache_dir={cache}")
     assert len(list(cache.glob("*.safetensors"))) == 6, "other weights, other features"
+    old = fewshot(pretrained / "pre", tmp_path / "5", f"fewshot.cache_dir={cache}", "fewshot.resize_method=pil_antialias")
+    assert len(list(cache.glob("*.safetensors"))) == 8, "other resampling, other features"
+    assert [r["accuracy"] for r in old] != [r["accuracy"] for r in first]
 
 
 def test_auto_l2_reports_the_chosen_lambda(pretrained, tmp_path):
@@ -89,10 +93,17 @@ def test_auto_l2_reports_the_chosen_lambda(pretrained, tmp_path):
     assert all(2.0**-10 <= r["l2_reg"] <= 2.0**20 for r in rows)
 
 
-def test_too_few_examples_skips_only_that_shot_count(pretrained, tmp_path):
-    # 120 train images over 6 classes = 20 per class: 25 shots cannot be drawn, 5 can
+def test_too_few_examples_takes_what_each_class_has(pretrained, tmp_path):
+    # 120 train images over 6 classes, ~20 per class: 25 shots takes each class's all, as big_vision does
     rows = fewshot(pretrained / "pre", tmp_path, "fewshot.shots=5,25")
-    assert {r["shots"] for r in rows} == {5}
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    counts = np.bincount(load_task_split(tasks.synthetic_task(6), r, "train")["label"], minlength=6)
+    assert {r["shots"] for r in rows} == {5, 25}
+    for r in rows:
+        short = int((counts < r["shots"]).sum())
+        assert (r["classes"], r["short_classes"]) == (6, short)
+        assert r["examples"] == int(np.minimum(counts, r["shots"]).sum())
+    assert any(r["short_classes"] for r in rows if r["shots"] == 25)
 
 
 def test_fewshot_inside_pretraining_lands_in_metrics(tmp_path):
@@ -138,7 +149,7 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
     direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
     rows = fewshot(pretrained / "pre", tmp_path)
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
-    pre = {"img_size": 32, "resize": round(32 * 256 / 224), "precision": "fp32"}
+    pre = {"img_size": 32, "resize": int(256 / 224 * 32), "resize_method": "big_vision", "precision": "fp32"}
     task = f"synthetic:{data_id(tasks.synthetic_task(6), r)}"
     weights = features.weights_id(pretrained / "pre")
     (x_tr, y_tr), (x_te, y_te) = [
@@ -146,5 +157,12 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
         (load_file(str(tmp_path / "features" / f"{features.cache_key(weights, task, split, pre)}.safetensors"))
          for split in ("train", "test"))]
     for row in rows:
-        idx = solver.sample_shots(y_tr, row["shots"], row["seed"], 6)
+        idx = solver.sample_shots(y_tr, row["shots"], row["seed"], 6).indices
         assert solver.score(x_tr[idx], y_tr[idx], x_te, y_te, 6, 1024.0) == (row["accuracy"], row["l2_reg"])
+
+
+def test_dry_run_shows_the_resize_method(monkeypatch, capsys, pretrained):
+    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--tasks", "synthetic", "--ckpt", str(pretrained / "pre"),
+                                      "--dry-run", "fewshot.resize_method=pil_antialias"])
+    cli.main()
+    assert "  resize_method: pil_antialias\n" in capsys.readouterr().out

@@ -265,14 +265,15 @@ def train_batches(
 
 def eval_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, batch_size: int, rank: int = 0, world_size: int = 1,
-    resize: int = 0, skipped: Skipped | None = None,
+    resize: int = 0, skipped: Skipped | None = None, resize_method: str = "big_vision",
 ) -> BatchStream:
     """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
-    selects the few-shot preprocessing (squash to resize x resize, centre crop img_size). Images that do not
-    decode are left out and recorded in `skipped` (a caller's tally that outlives this pass, or a new one)."""
+    selects the few-shot preprocessing (squash to resize x resize with `resize_method`, centre crop img_size).
+    Images that do not decode are left out and recorded in `skipped` (a caller's tally that outlives this pass,
+    or a new one)."""
     rows = list(range(rank, len(ds), world_size))
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
-    transform = build_transform(cfg, img_size, train=False, resize=resize)
+    transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)
     return BatchStream(_loader(ds, cfg, transform, keys, cache=False, replace=False), skipped)
 
 

@@ -20,7 +20,7 @@ from vitcli.mpp import CELLS, KINDS
 from vitcli.posemb import METHODS, grid_for
 from vitcli.recipe import Recipe
 from vitcli.trackers import check_loggers
-from vitcli.transforms import check_randaugment
+from vitcli.transforms import FEWSHOT_RESIZE_METHODS, check_randaugment
 
 STAGES = ("pretrain", "finetune", "eval-fewshot")
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
@@ -37,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "init.posemb_method": METHODS,
     "objective": ("supervised", "mpp"),
     "mpp.target": KINDS,
+    "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim",

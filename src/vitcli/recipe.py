@@ -162,6 +162,9 @@ class FewshotConfig:
     every: int = 0  # steps between few-shot runs inside training; 0 disables
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
     resize: int = 256  # big_vision: resize to resize x resize, centre crop img_size
+    # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare with its own;
+    # pil_antialias: PIL's antialiased bilinear and round()ed size, vitcli's earlier default (reproduces its results)
+    resize_method: str = "big_vision"
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
     custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)
 

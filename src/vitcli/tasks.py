@@ -106,7 +106,7 @@ def _standard(name, num_classes, source, train="train", test="test", **columns) 
 
 STANDARD = [
     # "The first 65000 ImageNet samples have at least 30 shots per any class" holds for TFDS order; the Hub
-    # copy (gated) may be ordered differently: sample_shots then names the short class.
+    # copy (gated) may be ordered differently: the results then mark the short classes.
     _standard("imagenet", 1000, "ILSVRC/imagenet-1k", "train[:65000]", "validation"),
     _standard("cifar10", 10, "uoft-cs/cifar10", image_column="img"),
     _standard("cifar100", 100, "uoft-cs/cifar100", image_column="img", label_column="fine_label"),

@@ -9,9 +9,11 @@ from __future__ import annotations
 import random
 import re
 from contextlib import contextmanager
+from functools import partial
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from timm.data import create_transform
 from timm.data.auto_augment import rand_augment_transform
@@ -23,6 +25,8 @@ from vitcli.recipe import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
 INTERPOLATION = "bilinear"  # big_vision's inception_crop and resize use bilinear
+# few-shot resize: big_vision's pp (tf bilinear, no antialias) or PIL's antialiased bilinear (vitcli before it)
+FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -68,12 +72,49 @@ def to_signed_tensor(img: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
 
 
-def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0) -> transforms.Compose:
+def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
+    """(top, left) of big_vision's `central_crop`: margins floored, (h - size) // 2. torchvision's CenterCrop
+    rounds half to even instead, one pixel further when the margin is 3 mod 4 (91 -> 80: 5 vs 6)."""
+    return (height - size) // 2, (width - size) // 2
+
+
+def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(3, H, W) float -> (3, size, size): tf.image.resize(method="bilinear", antialias=False), the TF2
+    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter."""
+    return F.interpolate(x[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
+
+
+def big_vision_resize_crop(img: Image.Image, resize: int, img_size: int) -> torch.Tensor:
+    """big_vision's few-shot pp `decode|resize(R)|central_crop(S)|value_range(-1,1)` on a PIL image."""
+    x = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.float32).transpose(2, 0, 1).copy())  # (3, H, W)
+    # its `resize` op casts back to the decoded dtype: clip to [0, 255], then tf.cast truncates to uint8
+    x = tf_bilinear(x, resize).clamp_(0.0, 255.0).floor_()  # (3, R, R)
+    top, left = central_crop_offsets(resize, resize, img_size)
+    x = x[:, top : top + img_size, left : left + img_size]  # (3, S, S)
+    return (x / np.float32(127.5) - np.float32(1.0)).contiguous()
+
+
+def _fewshot_transform(img_size: int, resize: int, method: str):
+    """Squash to resize x resize, centre crop img_size, [-1, 1]; `method` names whose resampling."""
+    if method not in FEWSHOT_RESIZE_METHODS:
+        raise DataError(f"fewshot.resize_method: '{method}' is not one of {', '.join(FEWSHOT_RESIZE_METHODS)}")
+    if resize < img_size:
+        raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
+    if method == "big_vision":
+        return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
+    interp = str_to_interp_mode(INTERPOLATION)
+    steps = [transforms.Resize((resize, resize), interpolation=interp), transforms.CenterCrop(img_size)]
+    return transforms.Compose([to_rgb, *steps, to_signed_tensor])
+
+
+def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,
+                    resize_method: str = "big_vision"):
     """PIL image -> float tensor (3, img_size, img_size) in [-1, 1]; random for train, deterministic for eval.
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and RandAugment. eval: resize the short side to img_size / eval_crop_pct,
-    centre crop. `resize` > 0 (few-shot): squash to resize x resize, centre crop img_size.
+    centre crop. `resize` > 0 (few-shot): squash to resize x resize, centre crop img_size, resampled as
+    `resize_method` says (FEWSHOT_RESIZE_METHODS).
     """
     interp = str_to_interp_mode(INTERPOLATION)
     if train:
@@ -89,10 +130,7 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
             steps.append(_randaugment(cfg.randaugment, img_size))
         return transforms.Compose([*steps, to_signed_tensor])
     if resize > 0:
-        if resize < img_size:
-            raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
-        steps = [transforms.Resize((resize, resize), interpolation=interp), transforms.CenterCrop(img_size)]
-        return transforms.Compose([to_rgb, *steps, to_signed_tensor])
+        return _fewshot_transform(img_size, resize, resize_method)
     # timm's eval resize: short side to floor(img_size / crop_pct), then CenterCrop(img_size)
     base = create_transform(img_size, crop_pct=cfg.eval_crop_pct, interpolation=INTERPOLATION)  # eval mode
     resize_crop = [t for t in base.transforms if isinstance(t, (transforms.Resize, transforms.CenterCrop))]

@@ -18,14 +18,17 @@ from vitcli import batches, data, tasks
 from vitcli.dist import Dist
 from vitcli.errors import DataError, RecipeError
 from vitcli.fewshot import features, solver
-from vitcli.metrics import console
 from vitcli.recipe import DataConfig, Recipe
 
 
-def preprocessing(recipe: Recipe) -> tuple[int, int]:
-    """(img_size, resize): big_vision resizes to 256 x 256 and centre-crops 224; scaled for other sizes."""
-    img_size = recipe.model.img_size
-    return img_size, round(img_size * recipe.fewshot.resize / 224)
+def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
+    """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales that
+    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36); pil_antialias keeps
+    vitcli's earlier round(res * 256 / 224) (384 -> 439), so features computed before are reproduced."""
+    img_size, f = recipe.model.img_size, recipe.fewshot
+    if f.resize_method == "big_vision":
+        return img_size, int(f.resize / 224 * img_size), f.resize_method
+    return img_size, round(img_size * f.resize / 224), f.resize_method
 
 
 def _custom_task(recipe: Recipe) -> tasks.Task:
@@ -75,20 +78,28 @@ def data_cfg(task: tasks.Task, recipe: Recipe) -> DataConfig:
 
 
 def evaluate_task(train, test, num_classes: int, recipe: Recipe, name: str) -> list[dict]:
-    """One row per (shots, seed): accuracy and the λ used. Shot counts a class cannot fill are skipped."""
+    """One row per (shots, seed): accuracy, the λ used, and the shot set's size and short classes
+    (ShotSet.record). A class with fewer than `shots` train examples gives what it has, as in big_vision."""
     (x_tr, y_tr), (x_te, y_te) = train, test
     f = recipe.fewshot
     rows = []
     for shots in sorted(f.shots):
         for seed in range(f.seeds):
             try:
-                idx = solver.sample_shots(y_tr, shots, seed, num_classes)
-            except DataError as e:
-                console.log(f"[yellow]{name}: skipping {shots}-shot: {e}")
-                break
+                drawn = solver.sample_shots(y_tr, shots, seed, num_classes)
+            except DataError as e:  # an empty train split: no shot count can be scored
+                raise DataError(f"{name}: {e}") from None
+            idx = drawn.indices
             acc, l2 = solver.score(x_tr[idx], y_tr[idx], x_te, y_te, num_classes, f.l2_reg)
-            rows.append({"task": name, "shots": shots, "seed": seed, "l2_reg": l2, "accuracy": acc})
+            rows.append({"task": name, "shots": shots, "seed": seed, "l2_reg": l2, "accuracy": acc,
+                         **drawn.record()})
     return rows
+
+
+def draws(rows: list[dict]) -> dict[tuple[str, int], dict]:
+    """(task, shots) -> its shot sets' record (solver.DRAW_FIELDS), the same for every seed: the class sizes
+    decide it. `short_classes` > 0 marks a (task, shots) scored on fewer than shots * classes examples."""
+    return {(r["task"], r["shots"]): {k: r[k] for k in solver.DRAW_FIELDS} for r in rows}
 
 
 def summarise(rows: list[dict]) -> dict[tuple[str, int], tuple[float, float]]:
@@ -111,11 +122,17 @@ class FewshotEvaluator:
         self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
-        img_size, resize = preprocessing(self.recipe)
+        """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also `.../<k>shot/short_classes`
+        and `.../<k>shot/examples` (the shot set's size, below k * classes)."""
+        img_size, resize, method = preprocessing(self.recipe)
         for task in self.tasks:
             cfg = data_cfg(task, self.recipe)
             sets = [features.extract(model, ds, cfg, img_size, resize, self.dist, self.recipe.run.precision,
-                                     skipped=self.skipped) for ds in self.splits[task.name]]
+                                     skipped=self.skipped, resize_method=method) for ds in self.splits[task.name]]
             rows = evaluate_task(sets[0], sets[1], task.num_classes, self.recipe, task.name)
+            drawn = draws(rows)
             for (name, shots), (mean, _) in summarise(rows).items():
                 yield f"fewshot/{name}/{shots}shot", mean
+                if drawn[(name, shots)]["short_classes"]:
+                    yield f"fewshot/{name}/{shots}shot/short_classes", drawn[(name, shots)]["short_classes"]
+                    yield f"fewshot/{name}/{shots}shot/examples", drawn[(name, shots)]["examples"]

@@ -32,13 +32,14 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
-            skipped: batches.Skipped | None = None):
+            skipped: batches.Skipped | None = None, resize_method: str = "big_vision"):
     """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order; rows whose image
-    does not decode are left out (and recorded in `skipped`)."""
+    does not decode are left out (and recorded in `skipped`). `resize_method`: fewshot.resize_method."""
     was_training = model.training
     model.eval()
     feats, labels = [], []
-    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped)
+    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped,
+                                  resize_method=resize_method)
     for x, y in stream:
         with autocast(dist.device, precision):
             f = pre_logits(model, x.to(dist.device, non_blocking=True))
@@ -67,7 +68,8 @@ def weights_id(path: str | Path) -> str:
 
 
 def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
-    """Key of one cached feature set: the four things that determine it."""
+    """Key of one cached feature set: the four things that determine it (`preprocessing` holds img_size,
+    resize, resize_method and precision)."""
     blob = json.dumps({"weights": weights, "task": task, "split": split, "pre": preprocessing}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

@@ -1,4 +1,10 @@
-"""Few-shot results: a table (task x shots, mean ± std over seeds, group and VTAB means), json, csv, png."""
+"""Few-shot results: a table (task x shots, mean ± std over seeds, group and VTAB means), json, csv, png.
+
+A (task, shots) whose shot set lacks examples (some class has fewer than `shots` train images, as SUN397's
+397 classes over VTAB-1k's 1,000) is scored on what there is, as big_vision does, and marked: `*` in the
+table with a footnote, and in results.json every run and summary row carries classes / short_classes /
+empty_classes / examples (the shot set's size; shots * classes when no class is short).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,8 @@ from rich.table import Table
 
 from vitcli import batches, tasks
 from vitcli.checkpoints.files import atomic_path, write_text
-from vitcli.fewshot.evaluate import summarise
+from vitcli.fewshot.evaluate import draws, summarise
+from vitcli.fewshot.solver import DRAW_FIELDS
 from vitcli.metrics import stdout
 from vitcli.recipe import Recipe, to_dict
 
@@ -31,13 +38,14 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
 def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skipped | None = None) -> None:
     """Print the table and write results.json, results.csv and fewshot.png into the workdir; results.json
     counts the images left out because they do not decode (`data/skipped_images`) when given the tally."""
-    summary = summarise(rows)
+    summary, drawn = summarise(rows), draws(rows)
     means = group_means(summary)
-    _table(summary, means)
+    _table(summary, means, {key: d for key, d in drawn.items() if d["short_classes"]})
     payload = {
         "checkpoint": recipe.init.checkpoint,
         "runs": rows,
-        "summary": [{"task": t, "shots": k, "mean": m, "std": s} for (t, k), (m, s) in summary.items()],
+        "summary": [{"task": t, "shots": k, "mean": m, "std": s, **drawn[(t, k)]}
+                    for (t, k), (m, s) in summary.items()],
         "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in means.items()],
         "recipe": to_dict(recipe),
     }
@@ -45,14 +53,23 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skip
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
     write_text(workdir / "results.json", json.dumps(payload, indent=2) + "\n")
     with atomic_path(workdir / "results.csv") as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy"])
+        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
         w.writeheader()
         w.writerows(rows)
     _plot(summary, workdir / "fewshot.png")
     stdout.print(f"results: {workdir / 'results.json'}, {workdir / 'results.csv'}, {workdir / 'fewshot.png'}")
 
 
-def _table(summary: dict, means: dict) -> None:
+def footnote(name: str, shots: int, draw: dict) -> str:
+    """The table's note on a short (task, shots): which classes fell short and how big the shot set is."""
+    short, empty, classes = draw["short_classes"], draw["empty_classes"], draw["classes"]
+    which = ("had no train example" if short == empty else
+             f"had fewer than {shots} train examples" + (f" ({empty} had none)" if empty else ""))
+    size = f"{draw['examples']} examples, not {shots * classes}"
+    return f"* {name} {shots}-shot: {short} of {classes} classes {which}: {size}"
+
+
+def _table(summary: dict, means: dict, short: dict) -> None:
     all_shots = sorted({k for _, k in summary} | {k for _, k in means})
     table = Table(title="linear few-shot accuracy (mean ± std over seeds)")
     table.add_column("task")
@@ -62,12 +79,15 @@ def _table(summary: dict, means: dict) -> None:
         cells = []
         for k in all_shots:
             mean_std = summary.get((name, k))
-            cells.append(f"{100 * mean_std[0]:.1f} ± {100 * mean_std[1]:.1f}" if mean_std else "-")
+            mark = "*" if (name, k) in short else ""
+            cells.append(f"{100 * mean_std[0]:.1f} ± {100 * mean_std[1]:.1f}{mark}" if mean_std else "-")
         table.add_row(name, *cells)
     for group in dict.fromkeys(g for g, _ in means):
         table.add_row(f"[bold]{group} mean", *[f"{100 * means[(group, k)]:.1f}" if (group, k) in means else "-"
                                                for k in all_shots])
     stdout.print(table)
+    for (name, k), draw in short.items():  # scored on what the classes have, as big_vision: say so
+        stdout.print(footnote(name, k, draw), soft_wrap=True, markup=False)
 
 
 def _plot(summary: dict, path: Path) -> None:

@@ -75,23 +75,47 @@ def targets(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return 2.0 * np.eye(num_classes)[labels] - 1.0
 
 
-def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int | None = None) -> np.ndarray:
-    """Indices of `shots` examples per class, drawn exactly as big_vision draws them (nested across shots).
+DRAW_FIELDS = ("classes", "short_classes", "empty_classes", "examples")  # ShotSet.record, a result row's
+
+
+@dataclass(frozen=True)
+class ShotSet:
+    """One seed's shot set, and how far it falls short of `shots` examples in each of the K classes."""
+
+    indices: np.ndarray  # (N,) train rows, class 0's first; N = shots * K unless a class is short
+    shots: int
+    per_class: np.ndarray  # (K,) examples taken from each class: min(shots, examples the class has)
+
+    @property
+    def short_classes(self) -> int:
+        """Classes with fewer than `shots` examples (empty ones included)."""
+        return int((self.per_class < self.shots).sum())
+
+    def record(self) -> dict[str, int]:
+        """What a result row says about the draw: classes, short and empty ones, examples (of shots * classes)."""
+        values = len(self.per_class), self.short_classes, int((self.per_class == 0).sum()), len(self.indices)
+        return dict(zip(DRAW_FIELDS, values, strict=True))
+
+
+def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int | None = None) -> ShotSet:
+    """Up to `shots` examples per class, drawn exactly as big_vision draws them (nested across shots).
 
     One `default_rng(seed)` permutes each class's indices, classes 0..num_classes-1 in order (all of them,
-    before any are cut), and the first `shots` of each are concatenated in class order. Unlike big_vision,
-    which silently takes fewer, a class with too few examples is an error: callers skip that shot count.
+    empty ones too, before any are cut), and the first `shots` of each are concatenated in class order. As in
+    big_vision a class with fewer examples gives what it has, possibly none (VTAB-1k's 1,000 train images
+    over SUN397's 397 classes); the ShotSet says how many classes fell short. Only an empty draw is an error.
     """
     labels = np.asarray(labels)
     if shots < 1:
         raise DataError(f"few-shot shots must be >= 1, got {shots}")
-    num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 0
     rng = np.random.default_rng(seed)
-    per_class = [rng.permutation(np.flatnonzero(labels == c)) for c in range(num_classes)]
-    for c, idx in enumerate(per_class):
-        if len(idx) < shots:
-            raise DataError(f"few-shot class {c} has {len(idx)} examples, fewer than shots={shots}")
-    return np.concatenate([idx[:shots] for idx in per_class])
+    per_class = [rng.permutation(np.flatnonzero(labels == c))[:shots] for c in range(num_classes)]
+    if not sum(len(idx) for idx in per_class):
+        raise DataError(f"the few-shot train split has no example of classes 0..{num_classes - 1} "
+                        f"({labels.size} labels): nothing to fit; check the task's train split and label column")
+    return ShotSet(np.concatenate(per_class), shots, np.array([len(idx) for idx in per_class]))
 
 
 def precompute(x_train: np.ndarray) -> LsrCache:

@@ -1,0 +1,111 @@
+"""Few-shot preprocessing is big_vision's `decode|resize(R)|central_crop(S)|value_range(-1,1)` by default.
+
+big_vision resizes with tf.image.resize(method="bilinear", antialias=False): half-pixel centres, no low-pass
+prefilter, cast back to the decoded uint8 (clip, truncate); R = int(256 / 224 * S); the crop margin is
+floored. `fewshot.resize_method=pil_antialias` keeps vitcli's earlier PIL path.
+"""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from vitcli.errors import RecipeError
+from vitcli.fewshot import features
+from vitcli.fewshot.evaluate import preprocessing
+from vitcli.recipe import DataConfig, to_yaml
+from vitcli.resolve import resolve
+from vitcli.transforms import big_vision_resize_crop, build_transform, central_crop_offsets, tf_bilinear
+
+TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation against a float64 reference
+
+
+def half_pixel_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """TF2 bilinear without antialias, written out in float64: output pixel i samples the input at
+    (i + 0.5) * in / out - 0.5; floor and ceil neighbours clamped into the image; linear weights between."""
+
+    def axis(out_n: int, in_n: int):
+        src = (np.arange(out_n) + 0.5) * (in_n / out_n) - 0.5
+        lo_f = np.floor(src)
+        lo = np.clip(lo_f, 0, in_n - 1).astype(int)
+        hi = np.clip(np.ceil(src), 0, in_n - 1).astype(int)
+        return lo, hi, src - lo_f
+
+    y0, y1, wy = axis(out_h, img.shape[0])
+    x0, x1, wx = axis(out_w, img.shape[1])
+    img = img.astype(np.float64)
+    rows = img[y0] * (1 - wy)[:, None, None] + img[y1] * wy[:, None, None]  # (out_h, W, C)
+    return rows[:, x0] * (1 - wx)[None, :, None] + rows[:, x1] * wx[None, :, None]  # (out_h, out_w, C)
+
+
+def checkerboard(h: int, w: int) -> np.ndarray:
+    """1-pixel black/white cells, coloured per channel: antialiasing averages it to grey, bilinear does not."""
+    cells = ((np.arange(h)[:, None] + np.arange(w)[None, :]) % 2).astype(np.float64)
+    return (np.stack([cells, 1 - cells, cells * 0.5], axis=-1) * 255).astype(np.uint8)  # (h, w, 3)
+
+
+@pytest.mark.parametrize("shape,size", [((40, 40), 36), ((30, 50), 36), ((17, 11), 36)],
+                         ids=["down", "down-non-square", "up"])
+def test_resize_is_tf_half_pixel_bilinear(shape, size):
+    img = checkerboard(*shape)
+    got = tf_bilinear(torch.from_numpy(img.transpose(2, 0, 1).astype(np.float32)), size).numpy()
+    want = half_pixel_bilinear(img, size, size).transpose(2, 0, 1)
+    np.testing.assert_allclose(got / 127.5, want / 127.5, rtol=0, atol=TOL)
+
+
+def test_big_vision_pipeline_matches_the_reference_and_differs_from_antialiasing():
+    img = checkerboard(45, 45)
+    got = big_vision_resize_crop(Image.fromarray(img), resize=36, img_size=32).numpy()  # (3, 32, 32)
+    resized = np.clip(half_pixel_bilinear(img, 36, 36), 0, 255)  # big_vision's cast back to uint8: truncate
+    want = (np.floor(resized) / 127.5 - 1.0)[2:34, 2:34].transpose(2, 0, 1)
+    # float32 one ulp under an integer would truncate a level lower; this image has no value near one
+    assert (np.abs(resized - np.round(resized)) > 1e-3).all()
+    np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
+    pil = build_transform(DataConfig(), 32, train=False, resize=36, resize_method="pil_antialias")
+    differs = np.abs(pil(Image.fromarray(img)).numpy() - got) > 0.1
+    assert differs.mean() > 0.5, "the image must tell antialiasing apart from plain bilinear"
+
+
+def test_central_crop_floors_the_margin():
+    assert [central_crop_offsets(n, n, 80) for n in (80, 81, 83, 91)] == [(0, 0), (0, 0), (1, 1), (5, 5)]
+    assert central_crop_offsets(438, 440, 384) == (27, 28)
+    # torchvision rounds half to even (91 - 80 = 11: 5.5 -> 6), one pixel off big_vision's 11 // 2 = 5
+    img = np.random.default_rng(0).integers(0, 256, (91, 91, 3), dtype=np.uint8)
+    tv = T.CenterCrop(80)(Image.fromarray(img))
+    np.testing.assert_array_equal(np.asarray(tv), img[6:86, 6:86])
+    got = big_vision_resize_crop(Image.fromarray(img), resize=91, img_size=80)  # same size: no resampling
+    np.testing.assert_allclose(got.numpy(), img[5:85, 5:85].transpose(2, 0, 1) / 127.5 - 1.0, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("img_size,big_vision,pil", [(32, 36, 37), (224, 256, 256), (384, 438, 439), (80, 91, 91)])
+def test_resize_side_follows_each_method(img_size, big_vision, pil):
+    base = ["model.patch_size=8", f"model.img_size={img_size}"]
+    assert preprocessing(resolve("pretrain", None, base)) == (img_size, big_vision, "big_vision")
+    assert int(256 / 224 * img_size) == big_vision  # big_vision configs/proj/cappa/pretrain.py
+    old = resolve("pretrain", None, [*base, "fewshot.resize_method=pil_antialias"])
+    assert preprocessing(old) == (img_size, round(img_size * 256 / 224), "pil_antialias") == (img_size, pil, "pil_antialias")
+
+
+def test_pil_antialias_is_the_previous_pipeline():
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8))
+    bilinear = T.InterpolationMode.BILINEAR
+    want = T.Compose([T.Resize((37, 37), bilinear), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
+    got = build_transform(DataConfig(), 32, train=False, resize=37, resize_method="pil_antialias")(img)
+    torch.testing.assert_close(got, want(img), rtol=0, atol=1e-6)
+
+
+def test_gray_and_rgba_images_become_three_equal_or_rgb_channels():
+    gray = Image.fromarray(np.arange(400, dtype=np.uint8).reshape(20, 20))
+    x = big_vision_resize_crop(gray, resize=36, img_size=32)
+    assert x.shape == (3, 32, 32) and torch.equal(x[0], x[2])
+    assert big_vision_resize_crop(gray.convert("RGBA"), resize=36, img_size=32).shape == (3, 32, 32)
+
+
+def test_the_method_is_checked_keyed_and_dumped():
+    with pytest.raises(RecipeError, match=r"^fewshot.resize_method: 'bicubic' is not one of big_vision, pil_antialias"):
+        resolve("pretrain", None, ["fewshot.resize_method=bicubic"])
+    assert "resize_method: big_vision" in to_yaml(resolve("pretrain", None, []))
+    pre = {"img_size": 32, "resize": 36, "precision": "fp32"}
+    keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m}) for m in ("big_vision", "pil_antialias")}
+    assert len(keys) == 2

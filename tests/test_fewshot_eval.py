@@ -149,7 +149,8 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
     direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
     rows = fewshot(pretrained / "pre", tmp_path)
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
-    pre = {"img_size": 32, "resize": int(256 / 224 * 32), "resize_method": "big_vision", "precision": "fp32"}
+    pre = {"img_size": 32, "resize": int(256 / 224 * 32), "resize_method": "big_vision", "precision": "fp32",
+           "binary_pixels": False}
     task = f"synthetic:{data_id(tasks.synthetic_task(6), r)}"
     weights = features.weights_id(pretrained / "pre")
     (x_tr, y_tr), (x_te, y_te) = [

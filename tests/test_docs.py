@@ -279,3 +279,18 @@ def test_recipes_page_lists_the_stage_and_vtab_defaults():
     assert documented_defaults("## Stage defaults") == flat(STAGE_DEFAULTS["finetune"])
     assert documented_defaults("## VTAB protocol (`--task`)") == flat(VTAB_PROTOCOL)
     assert not any(STAGE_DEFAULTS[s] for s in ("pretrain", "eval-fewshot")), "recipes.md says they add nothing"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip("# ").lower()).replace(" ", "-")
+
+
+def test_links_between_the_pages_reach_a_file_and_heading():
+    for page in PAGES:
+        for target, anchor in re.findall(r"\]\(([^)#:]*)(?:#([^)]*))?\)", page.read_text()):
+            path = (page.parent / target) if target else page
+            assert path.is_file(), f"{page.name}: link to missing {target}"
+            if anchor and path.suffix == ".md":
+                heads = [slug(h) for h in path.read_text().splitlines() if h.startswith("#")]
+                assert anchor in heads, f"{page.name}: no heading #{anchor} in {path.name}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The quickstart, end to end and offline: pretrain a tiny ViT at 32 px on the built-in dataset, fine-tune it
-# at 64 px (zero head, interpolated position embedding), then measure linear few-shot accuracy.
+# at 64 px (zero head, interpolated position embedding), measure linear few-shot accuracy, draw the paper's
+# Figure 7 for the pretrained model and both runs' training curves.
 # Re-running continues or reuses what is already in runs/quickstart (each stage resumes from its workdir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,3 +12,5 @@ RUNS=runs/quickstart
 $VIT pretrain --recipe recipes/quickstart/pretrain.yaml --workdir $RUNS/pretrain
 $VIT finetune --recipe recipes/quickstart/finetune.yaml --init $RUNS/pretrain --workdir $RUNS/finetune
 $VIT eval-fewshot --recipe recipes/quickstart/fewshot.yaml --ckpt $RUNS/pretrain --workdir $RUNS/fewshot
+$VIT inspect $RUNS/pretrain --out $RUNS/inspect
+$VIT plot $RUNS/pretrain $RUNS/finetune --out $RUNS/curves.png

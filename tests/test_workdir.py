@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from clirun import run_vit
 from vitcli.checkpoints import files, state
 from vitcli.errors import OutputError
 from vitcli.resolve import resolve
@@ -44,6 +45,18 @@ def test_no_resume_sets_an_unfinished_run_aside_and_starts_at_step_0(tmp_path):
     assert old and sorted(p.name for p in kept.iterdir() if p.name.startswith("state")) == old
     rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in r]
     assert len(rows) == 3, "a fresh run logs from step 1"
+
+
+def test_overwrite_alone_starts_over_where_the_run_could_resume(monkeypatch, capsys, tmp_path):
+    # the same command with --overwrite: a fresh run from step 0, not a resume of the finished one
+    one_run(recipe(), tmp_path)
+    one_run(recipe(), tmp_path, overwrite=True)
+    (kept,) = tmp_path.glob("previous-*")
+    assert (kept / files.MODEL_FILE).is_file()
+    rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in r]
+    assert len(rows) == 3, "trained again from step 1"
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, "--overwrite", "--resume", *TINY)
+    assert code == 2 and "--overwrite starts over and --resume continues the run there" in err
 
 
 def test_killed_writes_are_cleared_at_start_and_nothing_else(tmp_path):

@@ -41,8 +41,8 @@ ResumeOpt = Annotated[
                  "(default: when there is one)."),
 ]
 OverwriteOpt = Annotated[
-    bool, typer.Option("--overwrite", help="Start over in a workdir that holds a finished run (its files are kept "
-                       "in previous-<time>/).")
+    bool, typer.Option("--overwrite", help="Start over in a workdir that holds a run, finished or not (its files "
+                       "are moved to previous-<time>/, not deleted).")
 ]
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
@@ -104,8 +104,7 @@ def pretrain(
     json_out: JsonOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
-    """Pretrain a ViT (supervised or masked patch prediction) from a recipe, with a progress bar, metrics and
-    resumable checkpoints."""
+    """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""
     r = _resolve("pretrain", recipe, overrides, {})
     if dry_run:
         return _dry_run(r)

@@ -63,6 +63,13 @@ def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist)
     return found
 
 
+def starts_over(resume: bool | None, overwrite: bool) -> bool | None:
+    """--overwrite means a fresh run (resume False) even where a checkpoint could be resumed."""
+    if overwrite and resume:
+        raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")
+    return False if overwrite else resume
+
+
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
     # a key the saved recipe lacks was added to vitcli since: it trained with that key's default
     saved = {**_flatten(to_dict(Recipe(stage=recipe.stage))), **_flatten(saved_recipe)}
@@ -138,7 +145,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     with `overwrite`, and its files are moved aside (never deleted) once the new run has started cleanly.
     """
     check_workdir(workdir)
-    start = resume_point(recipe, workdir, resume, dist)
+    start = resume_point(recipe, workdir, starts_over(resume, overwrite), dist)
     if start is None:
         refuse_finished(workdir, overwrite)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe

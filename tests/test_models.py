@@ -32,13 +32,7 @@ def tiny(**overrides) -> ModelConfig:
     return ModelConfig(**{**TINY, **overrides})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the convolutional models run ~20x slower with 2 intra-op threads on a busy 2-core machine
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

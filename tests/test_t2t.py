@@ -29,12 +29,7 @@ K = 5
 TINY = {"img_size": 32, "num_classes": K, "embed_dim": 32, "depth": 2, "num_heads": 2, "token_dim": 16}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def shapes(model: torch.nn.Module) -> dict:

@@ -1,0 +1,14 @@
+"""Fixtures shared by several test files."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for the module: convolutional and T2T models run ~20x slower with 2 threads on a
+    busy 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -229,9 +229,11 @@ def inspect(
                                          "foreign file that does not tell, data.image_column=img")
     ] = None,
 ) -> None:
-    """The paper's Figure 7: patch-filter principal components, position-embedding similarity, attention
-    distance per head and layer; writes OUT/embedding_filters.png, position_similarity.png,
-    attention_distance.png and attention_distance.json."""
+    """The paper's Figure 7: patch-filter components, position-embedding similarity, attention distance.
+
+    Writes OUT/embedding_filters.png, position_similarity.png, attention_distance.png and
+    attention_distance.json, and prints a summary of the model (or everything as JSON with --json).
+    """
     from vitcli.stages.inspect import inspect as run
 
     run(ckpt, out, source=data, split=split, images=images, as_json=as_json, overrides=list(overrides or []))

@@ -136,10 +136,14 @@ def test_position_similarity_is_the_cosine_of_every_pair():
 
 
 def test_learned_2d_tables_concatenate_row_and_column():
-    rng = np.random.default_rng(0)
-    row, col = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
-    table = inspection.patch_table((3, 5), row=row, col=col)
-    assert table.shape == (15, 8)
+    model = build_model(ModelConfig(**TINY, pos_embed="learned_2d"), 0)
+    with torch.no_grad():  # a 3x5 grid: the row and column tables of other lengths
+        model.patch_embed.grid_size = (3, 5)
+        model.pos_embed_row = torch.nn.Parameter(torch.randn(1, 3, 16))
+        model.pos_embed_col = torch.nn.Parameter(torch.randn(1, 5, 16))
+    row, col = model.pos_embed_row[0].detach().numpy(), model.pos_embed_col[0].detach().numpy()
+    table = position_table(model, (3, 5))
+    assert table.shape == (15, 32)
     for y in range(3):
         for x in range(5):
             np.testing.assert_array_equal(table[y * 5 + x], np.concatenate([row[y], col[x]]))

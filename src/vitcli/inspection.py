@@ -42,21 +42,11 @@ def to_rgb(component: np.ndarray) -> np.ndarray:
     return np.transpose((component - lo) / max(hi - lo, 1e-12), (1, 2, 0))
 
 
-def patch_table(grid: tuple[int, int], pos_embed: np.ndarray | None = None, row: np.ndarray | None = None,
-                col: np.ndarray | None = None) -> np.ndarray:
-    """Each patch's position embedding (H*W, D), row-major, from a 1-D table or a learned 2-D pair.
-
-    1-D: `pos_embed` (T, D), learned or fixed sin-cos; its first T - H*W rows belong to prefix tokens (class,
-    registers; none for timm no_embed_class) and are dropped. 2-D (App. D.4): `row` (H, D/2) and `col`
-    (W, D/2); patch (y, x) gets concat(row[y], col[x]).
-    """
+def patch_table(grid: tuple[int, int], pos_embed: np.ndarray) -> np.ndarray:
+    """Each patch's position embedding (H*W, D), row-major, from a table (T, D) in timm's layout: learned,
+    fixed sin-cos, or a learned 2-D pair expanded by ViT.learned_2d_table. Its first T - H*W rows belong to
+    prefix tokens (class, registers; none for timm no_embed_class) and are dropped."""
     h, w = grid
-    if row is not None and col is not None:
-        rows = np.broadcast_to(row[:, None, :], (h, w, row.shape[-1]))  # (H, W, D/2)
-        cols = np.broadcast_to(col[None, :, :], (h, w, col.shape[-1]))  # (H, W, D/2)
-        return np.concatenate([rows, cols], axis=-1).reshape(h * w, -1)
-    if pos_embed is None:
-        raise ModelError("no position table: the model has neither pos_embed nor pos_embed_row/pos_embed_col")
     prefix = len(pos_embed) - h * w
     if prefix < 0:
         raise ModelError(f"pos_embed has {len(pos_embed)} rows, fewer than the {h}x{w} patch grid")

@@ -96,11 +96,15 @@ class ViT(VisionTransformer):
         if self.pos_embed is not None:
             return super()._pos_embed(x)
         if self.pos_embed_row is not None:
-            (gh, gw), half = self.patch_embed.grid_size, self.embed_dim // 2
-            rows = self.pos_embed_row[:, :, None].expand(-1, gh, gw, half)  # (1, H, W, D/2)
-            cols = self.pos_embed_col[:, None, :].expand(-1, gh, gw, half)  # (1, H, W, D/2)
-            x = x + torch.cat([rows, cols], dim=-1).flatten(1, 2)  # (B, H*W, D)
-        return self.pos_drop(super()._pos_embed(x))  # timm only prepends prefix tokens when pos_embed is None
+            x = x + self.learned_2d_table()  # (B, H*W, D)
+        return self.pos_drop(super()._pos_embed(x))
+
+    def learned_2d_table(self) -> torch.Tensor:
+        """(1, H*W, D) of the App. D.4 embedding: patch (y, x) gets concat(row table[y], column table[x])."""
+        (gh, gw), half = self.patch_embed.grid_size, self.embed_dim // 2
+        rows = self.pos_embed_row[:, :, None].expand(-1, gh, gw, half)  # (1, H, W, D/2)
+        cols = self.pos_embed_col[:, None, :].expand(-1, gh, gw, half)  # (1, H, W, D/2)
+        return torch.cat([rows, cols], dim=-1).flatten(1, 2)  # timm only prepends prefix tokens when pos_embed is None
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, N, D) -> pooled, normalised, pre-logits (B, num_features), or logits (B, K)."""

@@ -140,14 +140,13 @@ def _positions(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> N
 
 def position_table(model: nn.Module, grid: tuple[int, int]) -> np.ndarray | None:
     """Each patch's position embedding (H*W, D) as the model adds it; None when it adds none."""
-    def array(name: str) -> np.ndarray | None:
-        t = getattr(model, name, None)
-        return None if t is None else t.detach().float().cpu().numpy()[0]  # drop the leading 1
-
-    pos, row, col = array("pos_embed"), array("pos_embed_row"), array("pos_embed_col")
-    if pos is None and (row is None or col is None):
+    if getattr(model, "pos_embed_row", None) is not None:
+        table = model.learned_2d_table()  # (1, H*W, D): the App. D.4 pair as the model adds it
+    else:
+        table = getattr(model, "pos_embed", None)  # (1, prefix + H*W, D), or None
+    if table is None:
         return None
-    return inspection.patch_table(grid, pos, row, col)
+    return inspection.patch_table(grid, table.detach().float().cpu().numpy()[0])
 
 
 def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: Path, report: Report) -> None:

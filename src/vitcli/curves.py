@@ -12,10 +12,9 @@ from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
 from vitcli.inspection import save_figure
-from vitcli.metrics import console, read_metrics, stdout
+from vitcli.metrics import CURVES_FILE, METRICS_FILE, console, read_metrics, stdout
 from vitcli.workdir import check_output_file
 
-METRICS_FILE, CURVES_FILE = "metrics.jsonl", "curves.png"
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
 STYLES = ("-", "--", ":", "-.")
 

@@ -23,7 +23,7 @@ from vitcli.dist import Dist, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
 from vitcli.interrupt import StopRequest, agreed_stop, interrupted
-from vitcli.metrics import MetricsLog, console, progress_bar
+from vitcli.metrics import METRICS_FILE, MetricsLog, console, progress_bar
 from vitcli.objectives import exported, mpp_step
 from vitcli.optim import build_optimizer
 from vitcli.precision import autocast
@@ -118,7 +118,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
         job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum, dist.rank, dist.world_size
     )
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
-    metrics = MetricsLog(job.workdir / "metrics.jsonl", start, enabled=dist.is_main, trackers=trackers)
+    metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {})
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:

@@ -16,12 +16,12 @@ from pathlib import Path
 from vitcli.checkpoints import state
 from vitcli.checkpoints.files import MODEL_FILE
 from vitcli.errors import OutputError
-from vitcli.metrics import console
+from vitcli.metrics import CURVES_FILE, METRICS_FILE, console
 from vitcli.trackers import WANDB_ID_FILE
 
 # What a training run writes at the top of its workdir besides its checkpoints (state.state_files); a
 # replaced run's copies are moved aside together (tracker folders too, so a new run's curves start clean).
-RUN_OUTPUTS = ("recipe.yaml", "metrics.jsonl", "summary.json", MODEL_FILE, "curves.png", "tensorboard", "wandb",
+RUN_OUTPUTS = ("recipe.yaml", METRICS_FILE, "summary.json", MODEL_FILE, CURVES_FILE, "tensorboard", "wandb",
                WANDB_ID_FILE)
 
 

@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
-    "errors", "schedule", "posemb", "mpp", "fewshot.solver", "recipe", "precision", "synthetic",
+    "errors", "schedule", "posemb", "mpp", "fewshot.solver", "recipe", "precision", "rngs", "synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state; figures
     "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "workdir", "inspection", "curves",
     # models, data, checks on recipes, checkpoints of every source

@@ -1,8 +1,9 @@
 """The batch streams the trainer and evaluators read, built on the datasets of data.py.
 
-Training batches are a pure function of (seed, step, rank): the epoch order comes from (seed, epoch) and each
-micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step` batches by index
-arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is.
+Training batches are a pure function of (seed, optimizer step, global micro-batch): the epoch order comes from
+(seed, epoch) and each micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step`
+batches by index arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is, and
+one process sees what several see between them.
 
 An image that does not decode never ends a run: training puts the next row that decodes in its place, so
 batches keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such rows
@@ -11,6 +12,7 @@ batches keep their size and stay that pure function; evaluation leaves it out. E
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 from collections.abc import Iterable, Iterator
@@ -201,24 +203,33 @@ class BatchStream:
         raise StopIteration
 
 
-def _shard(n: int, seed: int, epoch: int, rank: int, world_size: int) -> np.ndarray:
-    """This rank's rows for an epoch: a (seed, epoch) permutation, strided by rank, equal length per rank."""
-    order = np.random.default_rng([seed, epoch]).permutation(n)
-    return order[rank::world_size][: n // world_size]
+def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int) -> Iterator:
+    """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch `start` on; no
+    image is touched.
 
-
-def _train_keys(n: int, batch: int, seed: int, start_step: int, rank: int, world_size: int) -> Iterator:
-    """Endless (augmentation seed, indices) keys from micro-batch `start_step` on; no image is touched."""
-    per_epoch = (n // world_size) // batch  # drop_last
-    step = start_step
-    epoch, shard = -1, None
-    while True:
+    Every optimizer step s takes one global batch of micro x accum x world_size rows of the (seed, epoch)
+    permutation (drop_last), cut into global micro-batches j = 0, 1, ...; rank r computes j = r * accum + i
+    for its i-th micro-batch. A micro-batch's rows and augmentation draws depend on (seed, s, j) only, so
+    one process accumulating 2k micro-batches sees exactly the images two processes see with k each: the
+    world size changes the float summation order of the gradient, nothing else.
+    """
+    global_batch = micro * accum * world_size
+    per_epoch = n // global_batch
+    epoch, order = -1, None
+    for k in itertools.count(start):
+        step, i = divmod(k, accum)
         e, b = divmod(step, per_epoch)
         if e != epoch:
-            epoch, shard = e, _shard(n, seed, e, rank, world_size)
-        aug_seed = int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
-        yield aug_seed, shard[b * batch : (b + 1) * batch].tolist()
-        step += 1
+            epoch, order = e, np.random.default_rng([seed, e]).permutation(n)
+        j = rank * accum + i
+        first = b * global_batch + j * micro
+        yield micro_seed(seed, step, j), order[first : first + micro].tolist()
+
+
+def micro_seed(seed: int, step: int, micro: int, purpose: int = 0) -> int:
+    """The seed of one global micro-batch's random draws (augmentation: purpose 0; the trainer's mixup,
+    dropout and masking use others), a function of (run seed, optimizer step, global micro-batch) alone."""
+    return int(np.random.SeedSequence([seed, step, micro, purpose]).generate_state(1)[0])
 
 
 def labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
@@ -248,17 +259,19 @@ def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, ca
 
 def train_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
-    start_step: int = 0, rank: int = 0, world_size: int = 1,
+    start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
 ) -> BatchStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) for this rank, starting at
-    micro-batch `start_step` of the uninterrupted stream (skipped batches are never loaded). The stream's
-    `skipped` counts the images that did not decode (each replaced by the next row that does)."""
-    if len(ds) // world_size < micro_batch_size:
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) for this rank, `accum` per
+    optimizer step, starting at this rank's micro-batch `start_step` of the uninterrupted stream (skipped
+    batches are never loaded). The stream's `skipped` counts the images that did not decode (each replaced
+    by the next row that does)."""
+    global_batch = micro_batch_size * accum * world_size
+    if len(ds) < global_batch:
         raise DataError(
-            f"train split has {len(ds)} images: fewer than one micro-batch of {micro_batch_size} on each of "
-            f"{world_size} process(es); lower data.batch_size or data.micro_batch_size"
+            f"train split has {len(ds)} images: fewer than one batch of {global_batch} ({micro_batch_size} x "
+            f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
-    keys = _train_keys(len(ds), micro_batch_size, seed, start_step, rank, world_size)
+    keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
     transform = build_transform(cfg, img_size, train=True)
     return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True))
 

@@ -23,6 +23,9 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
+    # Gloo group for small CPU-side agreements (stop flags, checkpoint due): on NCCL they would wait for the GPU
+    # stream every step. None: the default group (already Gloo, or a single process).
+    control: object = None
 
     @property
     def is_main(self) -> bool:
@@ -47,8 +50,9 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.cuda.set_device(device)
     if world > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
     console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
-    return Dist(rank, world, local_rank, device)
+    return Dist(rank, world, local_rank, device, control)
 
 
 def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
@@ -57,16 +61,26 @@ def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
 
 
 def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
-    """Element-wise maximum across processes (a flag any rank raised)."""
-    return _all_reduce(values, dist, torch_dist.ReduceOp.MAX)
+    """Element-wise maximum across processes (a flag any rank raised), on the CPU: no device sync."""
+    return _all_reduce(values, dist, torch_dist.ReduceOp.MAX, control=True)
 
 
-def _all_reduce(values: list[float], dist: Dist, op) -> list[float]:
+def _all_reduce(values: list[float], dist: Dist, op, control: bool = False) -> list[float]:
     if dist.world_size == 1:
         return values
-    t = torch.tensor(values, dtype=torch.float64, device=dist.device)
-    torch_dist.all_reduce(t, op=op)
+    device = torch.device("cpu") if control else dist.device
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    torch_dist.all_reduce(t, op=op, group=dist.control if control else None)
     return t.tolist()
+
+
+def all_gather(obj, dist: Dist) -> list:
+    """Every rank's `obj` (picklable: tensors, numbers, arrays), in rank order, on every rank."""
+    if dist.world_size == 1:
+        return [obj]
+    out = [None] * dist.world_size
+    torch_dist.all_gather_object(out, obj, group=dist.control)
+    return out
 
 
 def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:

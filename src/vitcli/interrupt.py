@@ -3,7 +3,7 @@
 A cluster scheduler sends SIGTERM before it pre-empts a job; losing up to `run.ckpt_every` steps to it is
 what this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
 no step is half-applied); a second Ctrl-C aborts at once, and the atomic writes still leave no partial file
-at a target path. Every rank must stop at the same step, so the flag is agreed by an all-reduce.
+at a target path. Every rank must stop at the same step: the trainer agrees on the flag by an all-reduce.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import signal
 import threading
 from typing import Self
 
-from vitcli.dist import Dist, all_reduce_max
 from vitcli.errors import Interrupted
 from vitcli.metrics import console
 
@@ -41,11 +40,6 @@ class StopRequest:
         self.signum = signum
         console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
                     "(Ctrl-C again aborts at once)")
-
-
-def agreed_stop(stop: StopRequest, dist: Dist) -> int:
-    """The signal any rank received (0: none), the same on every rank."""
-    return int(all_reduce_max([float(stop.signum)], dist)[0])
 
 
 def interrupted(signum: int, step: int, total: int, workdir) -> Interrupted:

@@ -122,6 +122,7 @@ class RunConfig:
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
+    ckpt_every_minutes: float = 30.0  # also checkpoint when this long has passed since the last one; 0: off
     keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an account)
     # are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'

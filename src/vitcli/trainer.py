@@ -13,16 +13,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcli import batches
+from vitcli import batches, rngs
 from vitcli.checkpoints import files, state
-from vitcli.dist import Dist, all_reduce_sum, wrap
+from vitcli.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
 from vitcli.evaluators import Evaluator
-from vitcli.interrupt import StopRequest, agreed_stop, interrupted
+from vitcli.interrupt import StopRequest, interrupted
 from vitcli.metrics import METRICS_FILE, MetricsLog, console, progress_bar
 from vitcli.objectives import exported, mpp_step
 from vitcli.optim import build_optimizer
@@ -33,7 +32,7 @@ from vitcli.trackers import open_trackers
 from vitcli.transforms import seeded
 
 log = logging.getLogger(__name__)
-MIXUP_STREAM, MPP_STREAM = 1, 2  # keep these seeds apart from the data augmentation's (seed, rank, step)
+MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_seed; 0 is the augmentation's
 
 
 @dataclass
@@ -81,22 +80,43 @@ def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
     path, saved = job.resume_from
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
-    torch.set_rng_state(saved["rng"])
+    _restore_rngs(saved["rng"], dist)
     if dist.is_main:
         console.log(f"resuming from {path} at step {saved['step']}")
     return int(saved["step"])
 
 
-def _save_state(job: Job, model, optimizer, step: int) -> None:
-    """A checkpoint of everything resuming needs (state.STATE_KEYS); the oldest beyond run.keep_checkpoints go."""
+def _restore_rngs(saved, dist: Dist) -> None:
+    """This rank's RNG states from a checkpoint: one entry per rank (an older vitcli saved rank 0's torch state).
+
+    On another world size the states cannot pair up with ranks; nothing is lost, since training draws every
+    random number from (seed, step, micro-batch) seeds (_objective, batches.micro_seed), not from these.
+    """
+    if isinstance(saved, torch.Tensor):
+        torch.set_rng_state(saved)
+    elif len(saved) == dist.world_size:
+        rngs.restore(saved[dist.rank])
+    elif dist.is_main:
+        console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
+                    f"{dist.world_size}: per-process RNG states are not restored (training's draws do not use them)")
+
+
+def _save_state(job: Job, model, optimizer, step: int, dist: Dist) -> None:
+    """A checkpoint of everything resuming needs (state.STATE_KEYS), with every rank's RNG states; the oldest
+    beyond run.keep_checkpoints go. Every rank must call it (the RNG states are gathered); rank 0 writes."""
+    every_rng = all_gather(rngs.capture(), dist)
+    if not dist.is_main:
+        return
+    r = job.recipe
     snapshot = {
         "step": step,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "rng": torch.get_rng_state(),
-        "recipe": to_dict(job.recipe),
+        "rng": every_rng,
+        "data": {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size},
+        "recipe": to_dict(r),
     }
-    state.save_checkpoint(job.workdir, snapshot, job.recipe.run.keep_checkpoints)
+    state.save_checkpoint(job.workdir, snapshot, r.run.keep_checkpoints)
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
@@ -114,35 +134,37 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     micro = r.data.batch_size // (accum * dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
-    stream = batches.train_batches(
-        job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum, dist.rank, dist.world_size
-    )
+    stream = batches.train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
+                                   dist.rank, dist.world_size, accum)
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {})
+    clock = _Clock(r.run.ckpt_every_minutes)
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
+            done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            objective = _objective(r, criterion, mixup, dist.rank, step)
-            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective, r, dist)
-            if not math.isfinite(loss):  # checked before the update, so no NaN reaches the weights
-                raise TrainingError(
-                    f"loss became {loss} at step {step}; the last good checkpoint is kept in {job.workdir} "
-                    f"(try a lower optim.lr or optim.clip_grad_norm=1)"
-                )
+            objective = _objective(r, criterion, mixup, step, dist.rank * accum)
+            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective, r.run.precision, dist)
+            signum, timed = _agree(stop, clock, dist)
+            save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
+            log = done % r.run.log_every == 0 or done == job.total_steps
+            # The loss is read (a host-device sync) only at log and checkpoint steps, before the update: a loss
+            # that became non-finite since is caught before any checkpoint could hold its weights.
+            values = _read([loss, accuracy], dist, step) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             optimizer.step()
-            done = step + 1
-            row = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm}
-            _log(window, metrics, bar, task, done, job, row if accuracy is None else
-                 {**row, "train/mpp_accuracy": accuracy})
-            saved = _periodic(job, model, optimizer, metrics, done, dist)
-            signum = agreed_stop(stop, dist)
+            window.images += r.data.batch_size
+            if log:
+                _log(window, metrics, bar, task, done, _row(values, lr, grad_norm))
+            bar.update(task, completed=done)
+            _periodic(job, model, metrics, done)
+            if save:
+                _save_state(job, model, optimizer, done, dist)
+                clock.reset()
             if signum:
-                if dist.is_main and not saved:
-                    _save_state(job, model, optimizer, done)
                 raise interrupted(signum, done, job.total_steps, job.workdir)
     final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
     if final:
@@ -154,6 +176,45 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             {"recipe": to_dict(r), "model": job.model_meta},
         )
     return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count
+
+
+class _Clock:
+    """Minutes since the last checkpoint, against run.ckpt_every_minutes (0: never due)."""
+
+    def __init__(self, minutes: float):
+        self.seconds = minutes * 60
+        self.reset()
+
+    def reset(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
+
+
+def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
+    """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on every rank:
+    one small all-reduce on the CPU per step, so every rank saves and stops at the same step."""
+    signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
+    return int(signum), bool(timed)
+
+
+def _read(values: list, dist: Dist, step: int) -> list[float | None]:
+    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError."""
+    numbers = [math.nan if v is None else float(v) for v in values]
+    mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
+    if not math.isfinite(mean[0]):
+        raise TrainingError(
+            f"loss became {mean[0]} at step {step} (it is read every run.log_every steps and at checkpoints); "
+            f"the last good checkpoint is kept (try a lower optim.lr or optim.clip_grad_norm=1)"
+        )
+    return [None if math.isnan(v) else v for v in mean]
+
+
+def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
+    loss, accuracy = values
+    row = {"train/loss": loss, "train/lr": lr, "train/grad_norm": float(grad_norm)}
+    return row if accuracy is None else {**row, "train/mpp_accuracy": accuracy}
 
 
 @dataclass
@@ -173,77 +234,76 @@ def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
     return lr
 
 
-def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, job: Job, row: dict) -> None:
+def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, row: dict) -> None:
     """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats."""
-    window.images += job.recipe.data.batch_size
-    if done % job.recipe.run.log_every == 0 or done == job.total_steps:
-        elapsed = time.perf_counter() - window.start
-        window.last = {**row, "train/img_per_s": window.images / max(elapsed, 1e-9)}
-        metrics.write(done, window.last)
-        window.start, window.images = time.perf_counter(), 0
-        stats = f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  {window.last['train/img_per_s']:.0f} img/s"
-        bar.update(task, stats=stats)
-    bar.update(task, completed=done)
+    elapsed = time.perf_counter() - window.start
+    window.last = {**row, "train/img_per_s": window.images / max(elapsed, 1e-9)}
+    metrics.write(done, window.last)
+    window.start, window.images = time.perf_counter(), 0
+    stats = f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  {window.last['train/img_per_s']:.0f} img/s"
+    bar.update(task, stats=stats)
 
 
-def _periodic(job: Job, model, optimizer, metrics: MetricsLog, done: int, dist: Dist) -> bool:
-    """Evaluators due at this step (the last step's run after the loop) and the resumable checkpoint; True
-    when a checkpoint was written."""
+def _periodic(job: Job, model, metrics: MetricsLog, done: int) -> None:
+    """Evaluators due at this step (the last step's run after the loop)."""
     due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
     if due:
         results = _evaluate(due, model)
         metrics.write(done, results)
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
-    due = done % job.recipe.run.ckpt_every == 0 or done == job.total_steps
-    if dist.is_main and due:
-        _save_state(job, model, optimizer, done)
-    return due
 
 
-def _objective(r: Recipe, criterion, mixup, rank: int, step: int):
-    """This step's loss(model, x, y, micro) -> (loss, accuracy or None): supervised or masked patch prediction.
+def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
+    """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch (global
+    micro-batch first_micro + i): supervised or masked patch prediction.
 
-    Random draws outside the data pipeline get their own stream per (seed, rank, step, micro-batch), as the
-    augmentation does: timm's Mixup would otherwise draw from numpy's global RNG, and the corruption of
-    masked patch prediction from torch's; so runs repeat and resume exactly.
+    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
+    augmentation does (batches.micro_seed): timm's Mixup draws from numpy's global RNG, dropout and drop-path
+    from torch's, the masking of masked patch prediction from its own generator. So a run repeats exactly,
+    resumes exactly, and trains the same with one process or several.
     """
 
-    def seed(micro: int, purpose: int) -> int:
-        return int(np.random.SeedSequence([r.run.seed, rank, step, micro, purpose]).generate_state(1)[0])
+    def seed(i: int, purpose: int) -> int:
+        return batches.micro_seed(r.run.seed, step, first_micro + i, purpose)
 
-    def supervised(model, x, y, micro):
+    def supervised(model, x, y, i):
         if mixup is not None:
-            with seeded(seed(micro, MIXUP_STREAM)):
+            with seeded(seed(i, MIXUP_STREAM)):
                 x, y = mixup(x, y)
-        return criterion(model(x).float(), y), None
+        with seeded(seed(i, MODEL_STREAM)):
+            return criterion(model(x).float(), y), None
 
-    def masked_patches(model, x, y, micro):
-        return mpp_step(model, x, seed(micro, MPP_STREAM), r.mpp.target)
+    def masked_patches(model, x, y, i):
+        with seeded(seed(i, MODEL_STREAM)):
+            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp.target)
 
     return masked_patches if r.objective == "mpp" else supervised
 
 
-def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, r: Recipe, dist: Dist):
-    """Gradients of one optimizer step over `accum` micro-batches; (loss, accuracy or None), averaged over
-    micro-batches and processes."""
+def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, precision: str, dist: Dist):
+    """Gradients of one optimizer step over `accum` micro-batches; (loss, accuracy or None) of this rank as
+    0-d tensors, averaged over its micro-batches, not read (no host-device sync)."""
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = accuracy_sum = 0.0
+    loss_sum = accuracy_sum = None
     for i in range(accum):
         x, y = next(stream)
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
         with ddp_model.no_sync() if not sync else contextlib.nullcontext():
-            with autocast(dist.device, r.run.precision):
+            with autocast(dist.device, precision):
                 loss, accuracy = objective(ddp_model, x, y, i)
             (loss / accum).backward()
-        loss_sum += loss.item() / accum
-        accuracy_sum += float(accuracy) / accum if accuracy is not None else math.nan
-    loss_mean, accuracy_mean = all_reduce_sum([loss_sum / dist.world_size, accuracy_sum / dist.world_size], dist)
-    return loss_mean, None if math.isnan(accuracy_mean) else accuracy_mean
+        loss_sum = _add(loss_sum, loss.detach() / accum)
+        accuracy_sum = _add(accuracy_sum, None if accuracy is None else torch.as_tensor(accuracy) / accum)
+    return loss_sum, accuracy_sum
 
 
-def _clip(model, max_norm: float) -> float:
+def _add(total, value):
+    return value if total is None else total + value
+
+
+def _clip(model, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d tensor."""
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    return float(norm)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))

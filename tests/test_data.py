@@ -327,3 +327,15 @@ def test_build_mixup():
     assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))
     lam = target[0, 0].item()  # row 0 is mixed with row 3 (timm pairs a batch with its reverse)
     assert torch.allclose(mixed[0], lam * x[0] + (1 - lam) * x[3], atol=1e-6)
+
+
+def test_one_process_accumulating_sees_what_two_processes_see():
+    """Global batch 16 of micro-batches of 4: one process with 4 per step, or two with 2 each, get the same
+    micro-batches (rows and augmentation), global micro-batch j on rank j // 2."""
+    ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.3)
+    one = _take(batches.train_batches(ds, cfg, 8, 4, seed=3, accum=4), 12)  # 3 steps: 2 per epoch of 40
+    two = [_take(batches.train_batches(ds, cfg, 8, 4, 3, rank=r, world_size=2, accum=2), 6) for r in (0, 1)]
+    for step in range(3):
+        interleaved = two[0][2 * step : 2 * step + 2] + two[1][2 * step : 2 * step + 2]
+        for (xa, ya), (xb, yb) in zip(one[4 * step : 4 * step + 4], interleaved, strict=True):
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)

@@ -1,12 +1,14 @@
 """The training loop as a user sees it: loss goes down, files appear, resume continues, failures are clean."""
 
 import json
+import random
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
 
-from vitcli import trainer
+from vitcli import rngs, trainer
 from vitcli.checkpoints import files, state
 from vitcli.errors import RecipeError, TrainingError
 from vitcli.metrics import read_metrics
@@ -145,3 +147,32 @@ def test_sigmoid_loss_with_head_bias_init(tmp_path):
     rows = [row for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row]
     # sigmoid xent summed over 4 classes with logits near -10: about 1 (the true class) + 3 * e^-10
     assert rows[0]["train/loss"] == pytest.approx(10.0, abs=1.0)
+
+
+def test_checkpoints_by_the_clock_as_well_as_by_steps(tmp_path):
+    base = ["schedule.steps=4", "run.ckpt_every=1000", "run.keep_checkpoints=10", "data.val_split=",
+            "data.test_split="]
+    one_run(recipe(*base, "run.ckpt_every_minutes=1e-9"), tmp_path / "clock")  # due after every step
+    assert [p.name for p in state.checkpoints(tmp_path / "clock")] == [f"state-{s}.pt" for s in (4, 3, 2, 1)]
+    one_run(recipe(*base, "run.ckpt_every_minutes=0"), tmp_path / "off")
+    assert [p.name for p in state.checkpoints(tmp_path / "off")] == ["state-4.pt"]  # the last step only
+
+
+def test_a_checkpoint_holds_each_ranks_rngs_and_the_data_position(tmp_path):
+    one_run(recipe("schedule.steps=2", "data.val_split=", "data.test_split="), tmp_path)
+    _, saved = state.latest_good_state(tmp_path)
+    assert len(saved["rng"]) == 1 and set(saved["rng"][0]) == {"torch", "cuda", "numpy", "python"}
+    assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1}
+
+
+def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
+    def draws():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), np.random.randn(1).tolist(), random.random()
+
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    np.random.randn(1)  # leaves a cached gaussian in numpy's state
+    torch.save(rngs.capture(), tmp_path / "rng.pt")
+    expected = draws()
+    draws()
+    rngs.restore(torch.load(tmp_path / "rng.pt", weights_only=True))
+    assert draws() == expected

@@ -1,5 +1,6 @@
 """Several processes: one run through torchrun (Gloo on CPU), one set of files, and only rank 0 writes or talks."""
 
+import json
 import os
 import signal
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.numpy import load_file
 
 from vitcli.checkpoints import files
 from vitcli.dist import setup
@@ -129,3 +131,26 @@ def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
     rows = [{r["step"]: r["train/loss"] for r in read_metrics(tmp_path / w / "metrics.jsonl") if "train/loss" in r}
             for w in ("straight", "killed")]
     assert rows[0] == rows[1]
+
+
+def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
+    """eval-fewshot under torchrun: each rank extracts every other image and the parts are gathered back in
+    dataset order, so the least-squares results equal one process's (to 1e-6: the solves see the same numbers)."""
+    init = tmp_path / "pre"
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    files.save_weights(init / files.MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
+    args = ["eval-fewshot", "--ckpt", str(init), "--tasks", "synthetic", "--shots", "1,5", "--seeds", "2",
+            "data.synthetic.train_size=101", "data.synthetic.test_size=51", "data.eval_batch_size=16",
+            "data.num_workers=0"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    run([sys.executable, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "one")])
+    run([*launcher, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "two")])
+    one, two = (json.loads((tmp_path / w / "results.json").read_text())["runs"] for w in ("one", "two"))
+    assert len(one) == len(two) == 4
+    for a, b in zip(one, two, strict=True):
+        assert {k: v for k, v in a.items() if k != "accuracy"} == {k: v for k, v in b.items() if k != "accuracy"}
+        assert abs(a["accuracy"] - b["accuracy"]) < 1e-6
+    cached = [sorted((tmp_path / w / "features").iterdir()) for w in ("one", "two")]
+    assert [p.name for p in cached[0]] == [p.name for p in cached[1]] and len(cached[0]) == 2
+    for p, q in zip(*cached):
+        assert (load_file(str(p))["features"] == load_file(str(q))["features"]).all()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from vitcli import cli, models, tasks
+from vitcli import batches, cli, models, tasks
 from vitcli.checkpoints import files
 from vitcli.fewshot import features, solver
 from vitcli.fewshot.evaluate import data_id, load_task_split
@@ -167,3 +167,19 @@ def test_dry_run_shows_the_resize_method(monkeypatch, capsys, pretrained):
                                       "--dry-run", "fewshot.resize_method=pil_antialias"])
     cli.main()
     assert "  resize_method: pil_antialias\n" in capsys.readouterr().out
+
+
+def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows():
+    """Rows 0..9 over 3 ranks (rank r holds r, r+3, ...), rows 4 and 9 undecodable (left out by rank 1 and 0):
+    the gathered result is rows 0..9 less 4 and 9, in order, and the tally names both."""
+    n, world, bad = 10, 3, {4: "broken", 9: "broken"}
+    parts = []
+    for rank in range(world):
+        rows = [i for i in range(rank, n, world) if i not in bad]
+        own = {"split": {i: bad[i] for i in range(rank, n, world) if i in bad}}
+        parts.append((np.array([[i, -i] for i in rows], np.float32) if rows else None, np.array(rows), own))
+    skipped = batches.Skipped()
+    feats, labels = features._in_dataset_order(parts, n, skipped)
+    kept = [i for i in range(n) if i not in bad]
+    assert labels.tolist() == kept and feats[:, 0].tolist() == kept and feats[:, 1].tolist() == [-i for i in kept]
+    assert skipped.as_dict() == {"split": [4, 9]}

@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from vitcli import batches
 from vitcli.checkpoints.files import MODEL_FILE, atomic_path
-from vitcli.dist import Dist
+from vitcli.dist import Dist, all_gather, all_reduce_max
 from vitcli.errors import DataError
 from vitcli.metrics import console
 from vitcli.precision import autocast
@@ -33,24 +33,46 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 @torch.inference_mode()
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
             skipped: batches.Skipped | None = None, resize_method: str = "big_vision"):
-    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order; rows whose image
-    does not decode are left out (and recorded in `skipped`). `resize_method`: fewshot.resize_method."""
+    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every rank; rows
+    whose image does not decode are left out (and recorded in `skipped`). `resize_method`: fewshot.resize_method.
+
+    Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
     was_training = model.training
     model.eval()
-    feats, labels = [], []
-    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, 0, 1, resize=resize, skipped=skipped,
-                                  resize_method=resize_method)
+    feats, labels, own = [], [], batches.Skipped()
+    share = dist.rank % dist.world_size  # the rank, or 0 for a lone process that torchrun did not start
+    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, share, dist.world_size,
+                                  resize=resize, skipped=own, resize_method=resize_method)
     for x, y in stream:
         with autocast(dist.device, precision):
             f = pre_logits(model, x.to(dist.device, non_blocking=True))
         feats.append(f.float().cpu())
         labels.append(y)
     model.train(was_training)
-    out = torch.cat(feats).numpy(), torch.cat(labels).numpy().astype(np.int64)
+    part = (torch.cat(feats).numpy() if feats else None,  # None: this rank had no rows that decode
+            torch.cat(labels).numpy() if labels else np.zeros(0, np.int64), own.rows)
+    out = _in_dataset_order(all_gather(part, dist), len(ds), skipped)
     if not np.isfinite(out[0]).all():
         raise DataError("features contain NaN or inf: the checkpoint's weights or activations overflow "
                         "(try run.precision=fp32)")
     return out
+
+
+def _in_dataset_order(parts: list, n: int, skipped: batches.Skipped | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's (features, labels, skipped rows) -> the split's features and labels in row order; the
+    skipped rows join `skipped`. Rank r held rows r, r + W, ... less its skipped ones."""
+    world = len(parts)
+    rows = []
+    for rank, (_, _, bad) in enumerate(parts):
+        gone = {row for reasons in bad.values() for row in reasons}
+        rows += [i for i in range(rank, n, world) if i not in gone]
+        for name, reasons in bad.items() if skipped is not None else ():
+            skipped.add(name, reasons)
+    feats = [f for f, _, _ in parts if f is not None]
+    if not feats:  # nothing decoded anywhere: eval_batches has already raised on each rank
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+    order = np.argsort(np.asarray(rows, dtype=np.int64))  # (N',): gathered position -> row order
+    return np.concatenate(feats)[order], np.concatenate([y for _, y, _ in parts]).astype(np.int64)[order]
 
 
 def weights_id(path: str | Path) -> str:
@@ -75,16 +97,20 @@ def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
 
 
 def cached(
-    cache_dir: Path, key: str, compute, write: bool = True, skipped: batches.Skipped | None = None
+    cache_dir: Path, key: str, compute, write: bool = True, skipped: batches.Skipped | None = None,
+    dist: Dist | None = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically.
 
     The rows the extraction skipped are stored with the features and recorded into `skipped` on a hit as on a
     miss (`compute` must extract into that same tally). A damaged file is recomputed, with a warning.
+    With `dist`, a miss on any rank is a miss on all, since `compute` (extract) is collective.
     """
     path = cache_dir / f"{key}.safetensors"
     skipped = skipped if skipped is not None else batches.Skipped()
     entry = _read_entry(path) if path.exists() else None
+    if dist is not None and all_reduce_max([float(entry is None)], dist)[0]:
+        entry = None
     if entry is not None:
         feats, labels, rows = entry
         for name, bad in rows.items():

@@ -62,7 +62,8 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
             return features.extract(model, ds, data_cfg(task, recipe), img_size, resize, dist,
                                     recipe.run.precision, skipped=skipped, resize_method=method)
 
-        feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main, skipped=skipped)
+        feats, labels, hit = features.cached(cache_dir, key, extract, write=dist.is_main, skipped=skipped,
+                                            dist=dist)
         console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
         sets.append((feats, labels))
     return evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)

@@ -123,6 +123,13 @@ class RunConfig:
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
     keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
+    # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt checkpoints). fsdp:
+    # FSDP2 shards them over the processes block by block (state-<step>/ directories, one file per process);
+    # with one process there is nothing to shard over, so it runs unsharded but writes the same directories
+    strategy: str = "ddp"
+    # recompute each transformer block's activations in the backward pass instead of keeping them: about a
+    # third more compute for far less activation memory; the gradients do not change
+    activation_checkpointing: bool = False
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an account)
     # are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])

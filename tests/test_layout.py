@@ -15,8 +15,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
     "errors", "schedule", "posemb", "mpp", "fewshot.solver", "recipe", "precision", "rngs", "synthetic",
-    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state; figures
-    "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "workdir", "inspection", "curves",
+    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
+    # too); figures
+    "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "sharding", "workdir", "inspection",
+    "curves",
     # models, data, checks on recipes, checkpoints of every source
     "t2t", "models", "transforms", "checks", "tasks", "data", "batches",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",

@@ -34,6 +34,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule.decay": ("linear", "cosine", "constant"),
     "run.precision": ("fp32", "bf16"),
     "run.device": ("auto", "cpu", "cuda"),
+    "run.strategy": ("ddp", "fsdp"),  # fsdp with one process is allowed: unsharded, same checkpoint format
     "init.posemb_method": METHODS,
     "objective": ("supervised", "mpp"),
     "mpp.target": KINDS,

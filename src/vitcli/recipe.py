@@ -124,6 +124,13 @@ class RunConfig:
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
     ckpt_every_minutes: float = 30.0  # also checkpoint when this long has passed since the last one; 0: off
     keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
+    # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt checkpoints). fsdp:
+    # FSDP2 shards them over the processes block by block (state-<step>/ directories, one file per process);
+    # with one process there is nothing to shard over, so it runs unsharded but writes the same directories
+    strategy: str = "ddp"
+    # recompute each transformer block's activations in the backward pass instead of keeping them: about a
+    # third more compute for far less activation memory; the gradients do not change
+    activation_checkpointing: bool = False
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an account)
     # are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])

@@ -2,7 +2,9 @@
 
 Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so neither a
 killed run nor a power cut leaves a half-written file where a later stage would read it. A training state
-also gets a sha256 checksum beside it (`sha256sum` format), checked before its bytes are read.
+also gets a sha256 checksum beside it (`sha256sum` format), checked before its bytes are read. A directory
+(a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name, sealed with a
+SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +29,7 @@ FORMAT = "vitcli/1"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"  # the one state file of vitcli before keep_checkpoints: no checksum, read unverified
 CHECKSUM_SUFFIX = ".sha256"
+MANIFEST = "SHA256SUMS"  # in a checkpoint directory; `sha256sum -c SHA256SUMS` inside it checks it by hand
 # atomic_path's temporaries: `.<name>.` + mkstemp's 8 random characters + `.tmp`, and nothing else
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
@@ -46,6 +50,39 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `path` (named as atomic_path's temporaries); if the block succeeds,
+    seal it with a MANIFEST of its files' sha256, make it durable and rename it onto `path` (which must not
+    exist: a directory cannot replace a non-empty one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        write_manifest(tmp)
+        mask = current_umask()
+        for inner in sorted(tmp.rglob("*"), reverse=True):  # every file's bytes, then the directories' entries
+            _fsync(inner)
+            os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)  # as atomic_path: what the umask allows
+        _fsync(tmp)
+        os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would hide the checkpoint from the group
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dir(path: str | Path) -> None:
+    """Delete a directory we wrote. It is first renamed to a temporary name, so that a kill midway leaves a
+    stale temporary, never a half-deleted directory under its real name."""
+    path = Path(path)
+    aside = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.replace(path, aside)  # onto the empty directory mkdtemp reserved
+    shutil.rmtree(aside)
 
 
 def _fsync(path: str | Path) -> None:
@@ -156,6 +193,35 @@ def sha256_of(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_manifest(directory: str | Path) -> None:
+    """MANIFEST in `directory`: `<sha256>  <relative path>` of every other file in it, in `sha256sum` format."""
+    directory = Path(directory)
+    names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    lines = [f"{sha256_of(directory / name)}  {name}\n" for name in names if name != MANIFEST]
+    (directory / MANIFEST).write_text("".join(lines))
+
+
+def verify_manifest(directory: str | Path) -> list[str]:
+    """The files MANIFEST lists in `directory`, once each has its recorded sha256; else a CheckpointError naming
+    the first one that is missing or differs (or the directory, when it has no manifest)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not found")
+    manifest = directory / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(f"{directory}: incomplete, no {MANIFEST} (its write was interrupted)")
+    listed = [line.split(maxsplit=1) for line in manifest.read_text(errors="replace").splitlines()]
+    if any(len(entry) != 2 for entry in listed):
+        raise CheckpointError(f"{manifest}: damaged, a line is not `<sha256>  <file>`")
+    for digest, name in listed:
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing, but listed in {MANIFEST}")
+        if sha256_of(path) != digest:
+            raise CheckpointError(f"{path}: damaged, its sha256 differs from the one in {MANIFEST}")
+    return [name for _, name in listed]
 
 
 def verify_checksum(path: str | Path) -> None:

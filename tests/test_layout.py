@@ -18,7 +18,7 @@ ORDER = [
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state; figures
     "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "workdir", "inspection", "curves",
     # models, data, checks on recipes, checkpoints of every source
-    "t2t", "models", "transforms", "checks", "tasks", "data", "batches",
+    "t2t", "models", "transforms", "checks", "tasks", "data", "batches", "streams",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
     # from the command line to a recipe
     "resolve",

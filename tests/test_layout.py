@@ -20,7 +20,7 @@ ORDER = [
     "checkpoints.files", "metrics", "trackers", "dist", "checkpoints.state", "sharding", "workdir", "inspection",
     "curves",
     # models, data, checks on recipes, checkpoints of every source
-    "t2t", "models", "transforms", "checks", "tasks", "data", "batches",
+    "t2t", "models", "transforms", "checks", "tasks", "data", "batches", "streams",
     "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
     # from the command line to a recipe
     "resolve",

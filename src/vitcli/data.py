@@ -115,16 +115,21 @@ def _hub(source: str, split: str) -> datasets.Dataset:
         raise DataError(f"cannot load '{source}' split '{split}' from the Hub: {reason}") from None
 
 
-def _check(ds: datasets.Dataset, source: str, split: str, image_column: str, label_column: str):
-    """Columns exist, labels are integer class ids, the split is not empty; images decode to PIL."""
-    columns = ", ".join(ds.column_names)
+def _check_columns(features: datasets.Features, source: str, image_column: str, label_column: str) -> None:
+    """The image and label columns exist and labels are integer class ids."""
+    columns = ", ".join(features)
     for role, col in (("image", image_column), ("label", label_column)):
-        if col and col not in ds.column_names:
+        if col and col not in features:
             raise DataError(f"{source}: no {role} column '{col}' (data.{role}_column); columns: {columns}")
-    label = ds.features.get(label_column)
+    label = features.get(label_column)
     integer = isinstance(label, datasets.Value) and label.dtype.startswith(("int", "uint"))
     if label_column and not (isinstance(label, datasets.ClassLabel) or integer):
         raise DataError(f"{source}: label column '{label_column}' holds {label}, not integer class ids")
+
+
+def _check(ds: datasets.Dataset, source: str, split: str, image_column: str, label_column: str):
+    """Columns exist, labels are integer class ids, the split is not empty; images decode to PIL."""
+    _check_columns(ds.features, source, image_column, label_column)
     if len(ds) == 0:
         raise DataError(f"{source}: split '{split}' is empty")
     if not isinstance(ds.features[image_column], datasets.Image):
@@ -193,3 +198,94 @@ def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
     if isinstance(feature, datasets.ClassLabel):
         return feature.num_classes
     raise DataError(f"label column '{cfg.label_column}' is not a ClassLabel; set data.num_classes")
+
+
+# --- data.streaming: the train split as a `datasets.IterableDataset` (batched by streams.py) ---------------
+
+STREAM_SHARDS = 64  # shards a saved or synthetic split is cut into: a multiple of the usual world sizes
+_STREAM_BUILDERS = {".parquet": "parquet", ".arrow": "arrow", ".json": "json", ".jsonl": "json"}
+
+
+def _file_stream(paths: list[str], source: str, split: str) -> datasets.IterableDataset:
+    """parquet/arrow/json file(s) as the split `train`, one shard per file."""
+    kinds = {Path(p).suffix for p in paths}
+    builders = {_STREAM_BUILDERS.get(k) for k in kinds}
+    if len(builders) != 1 or None in builders:
+        raise DataError(f"{source}: expected .parquet, .arrow or .json(l) files of one kind, found "
+                        f"{', '.join(sorted(kinds))}")
+    if split != "train":
+        raise DataError(f"{source}: files make one split, 'train'; data.train_split='{split}' names another")
+    return datasets.load_dataset(builders.pop(), data_files=paths, split="train", streaming=True)
+
+
+def _saved_stream(path: Path, source: str, split: str) -> datasets.IterableDataset:
+    """A split of a save_to_disk directory, streamed from its memory-mapped arrow files."""
+    saved = datasets.load_from_disk(str(path))
+    splits = dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+    if split not in splits:
+        raise DataError(f"{source}: no split '{split}'; available: {', '.join(splits)}")
+    ds = splits[split]
+    return ds.to_iterable_dataset(num_shards=max(1, min(STREAM_SHARDS, len(ds))))
+
+
+def _local_stream(source: str, split: str) -> datasets.IterableDataset:
+    path = Path(source).expanduser()
+    if any(c in source for c in "*?["):
+        matches = sorted(glob.glob(str(path)))
+        if not matches:
+            raise DataError(f"dataset path not found: {source} (the glob matches no file)")
+        return _file_stream(matches, source, split)
+    if path.is_file():
+        return _file_stream([str(path)], source, split)
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        return _saved_stream(path, source, split)
+    return datasets.load_dataset(str(path), split=split, streaming=True)  # imagefolder, parquet shards, ...
+
+
+def _hub_stream(source: str, split: str) -> datasets.IterableDataset:
+    if _offline():
+        raise DataError(f"dataset '{source}' is not a local path and the Hub is offline (HF_DATASETS_OFFLINE "
+                        "or HF_HUB_OFFLINE is set); give a local directory or file, or unset them")
+    try:
+        return datasets.load_dataset(source, split=split, streaming=True)
+    except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"cannot stream '{source}' split '{split}' from the Hub: {reason}") from None
+
+
+def _open_stream(cfg: DataConfig, split: str) -> datasets.IterableDataset:
+    source = cfg.source
+    if source == "synthetic":
+        ds = make_synthetic(cfg.synthetic, split)
+        return ds.to_iterable_dataset(num_shards=max(1, min(STREAM_SHARDS, len(ds))))
+    if Path(source).expanduser().exists() or any(c in source for c in "*?["):
+        try:
+            return _local_stream(source, split)
+        except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
+            raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+    if _looks_like_path(source):
+        raise DataError(f"dataset path not found: {source}")
+    return _hub_stream(source, split)
+
+
+def load_stream(cfg: DataConfig) -> datasets.IterableDataset:
+    """The train split (data.train_split, a whole split) as an IterableDataset whose images stay encoded
+    ({bytes, path}: streams.py decodes them in its workers), its image and label columns checked.
+
+    Only the train split streams: evaluation wants complete, exactly counted passes over small splits, which
+    `load_split` gives (it ignores data.streaming).
+    """
+    split = cfg.train_split
+    if "[" in split or "+" in split:
+        raise DataError(f"data.train_split='{split}': slices and '+' need random access, which "
+                        "data.streaming=true has not; give a whole split such as 'train', or set "
+                        "data.streaming=false")
+    if cfg.label_rule:
+        raise DataError(f"data.label_rule '{cfg.label_rule}' needs the whole split; set data.streaming=false")
+    ids = _open_stream(cfg, split)
+    if ids.features is None:  # json without a schema: read the first rows for the column types
+        ids = ids._resolve_features()
+    _check_columns(ids.features, cfg.source, cfg.image_column, cfg.label_column)
+    ids = ids.cast_column(cfg.image_column, datasets.Image(decode=False))
+    ids.info.description = f"{cfg.source} split '{split}'"  # for messages, as `origin` reads it
+    return ids

@@ -73,6 +73,10 @@ class DataConfig:
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
     eval_batch_size: int = 256
     num_workers: int = 2
+    # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
+    # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
+    streaming: bool = False
+    shuffle_buffer: int = 10_000  # streaming: examples mixed at once (HF IterableDataset.shuffle buffer_size)
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image
     crop_min_area: float = 0.05
     hflip: bool = True

@@ -1,0 +1,224 @@
+"""Training micro-batches streamed from a `datasets.IterableDataset` (data.streaming=true), the streaming twin
+of `batches.train_batches`.
+
+Design: one reader, many decoders. The main process reads the raw examples (images still encoded, as
+data.load_stream leaves them), groups B of them into a micro-batch key that carries their bytes, and the
+DataLoader deals the keys round-robin to `data.num_workers` workers, which only decode and augment. So the
+ORDER of examples is HF's alone, a function of (seed, rank, world_size, epoch), whatever num_workers is; the
+alternative, HF's own per-worker shard split, would change the order (and each worker's share) with
+num_workers and the shard count. "Split by worker" therefore means: micro-batch k is decoded by worker
+k % num_workers, each example by exactly one worker. The price: the reading (arrow, network for a Hub id, the
+shuffle buffer) happens in the main process, while the model computes; it is cheap next to decoding.
+
+The order: `IterableDataset.shuffle(seed, shuffle_buffer)` (shards in a new order every epoch, examples mixed
+through the buffer), `split_dataset_by_node` (whole shards per rank when their count is a multiple of
+world_size, else every world_size-th example), `set_epoch(e)` per pass. The stream is the concatenation of
+epochs 0, 1, 2, ... and micro-batch k holds its examples k*B .. k*B+B-1 (a micro-batch may span two epochs:
+nothing is dropped, and no epoch length needs to be known in advance).
+
+Resuming: the position of micro-batch k is (epoch, examples read in that epoch), `TrainStream.position()`. A
+stream started with `start=` that position (or, without it, by skipping k*B examples from the start) reads
+the epoch from its beginning and drops the examples before it: HF cannot restore a shuffle buffer, but it
+refills it identically. Skipped examples are never decoded. Augmentation is seeded per micro-batch from
+(seed, rank, k), as for map-style batches, so a resumed stream gives exactly the batches the uninterrupted one
+gives from k on.
+
+An image that does not decode is replaced by the next one in its micro-batch that does (cyclically), so the
+batch keeps its size; it is counted in the stream's `skipped` under its path, or a digest of its bytes, so it
+counts once however many epochs meet it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from collections.abc import Iterator
+from itertools import islice
+
+import datasets
+import numpy as np
+import torch
+from datasets.distributed import split_dataset_by_node
+from torch.utils.data import DataLoader
+
+from vitcli.batches import BatchStream, _ignore_interrupts, _reason, stretch_binary
+from vitcli.data import origin
+from vitcli.errors import DataError, VitcliError
+from vitcli.recipe import DataConfig
+from vitcli.transforms import build_transform, seeded
+
+Example = tuple[dict, int]  # (encoded image {bytes, path}, label)
+
+
+def augmentation_seed(seed: int, rank: int, step: int) -> int:
+    """The seed of micro-batch `step` of `rank`: the same rule as map-style training batches."""
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+def _image_id(raw: dict) -> str:
+    """A name for an encoded image that stays the same every epoch: its path, else a digest of its bytes."""
+    return raw.get("path") or "sha1:" + hashlib.sha1(raw.get("bytes") or b"").hexdigest()[:12]
+
+
+def _read(ids: datasets.IterableDataset, epoch: int, name: str) -> Iterator[dict]:
+    """The raw examples of one epoch; a reading error (a damaged shard, the network) as one line."""
+    ids.set_epoch(epoch)
+    try:
+        yield from ids
+    except Exception as e:  # arrow, fsspec and HTTP errors: name the stream and the epoch
+        if isinstance(e, VitcliError):
+            raise
+        raise DataError(f"{name}: cannot read epoch {epoch}: {_reason(e)}") from None
+
+
+def _epochs(ids: datasets.IterableDataset, epoch: int, skip: int, name: str) -> Iterator[tuple[dict, tuple]]:
+    """Endless raw examples from `skip` examples into `epoch`, each with the position just after it.
+
+    One example of look-ahead, so the position after an epoch's last example is (epoch + 1, 0): a resume
+    from there starts the next epoch instead of re-reading this one to its end.
+    """
+    while True:
+        examples = islice(_read(ids, epoch, name), skip, None)
+        current, read = next(examples, None), skip
+        if current is None and skip == 0:
+            raise DataError(f"{name}: an epoch of this process holds no example (fewer shards or examples "
+                            "than processes?); use more data or fewer processes")
+        for upcoming in examples:
+            read += 1
+            yield current, (epoch, read)
+            current = upcoming
+        epoch, skip = epoch + 1, 0
+        if current is not None:
+            yield current, (epoch, 0)
+
+
+def _position(step: int, at: tuple[int, int]) -> dict:
+    return {"step": step, "epoch": at[0], "examples": at[1]}
+
+
+def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, rank: int, step: int,
+          positions: deque) -> Iterator[tuple]:
+    """Endless micro-batch keys (step, augmentation seed, [(encoded image, label)] * B); the position after
+    each key goes to `positions`, for the stream to report once the key's batch is out."""
+    while True:
+        chunk = list(islice(examples, batch))
+        label = cfg.label_column
+        rows = [(ex[cfg.image_column], int(ex[label]) if label else 0) for ex, _ in chunk]
+        positions.append(_position(step + 1, chunk[-1][1]))
+        yield step, augmentation_seed(seed, rank, step), rows
+        step += 1
+
+
+class _Decode(torch.utils.data.Dataset):
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (x, y, bad)."""
+
+    def __init__(self, name: str, transform, binary: bool):
+        self.name, self.transform, self.binary = name, transform, binary
+        self.decoder = datasets.Image()
+
+    def _decode(self, raw: dict):
+        """The image as PIL (0/1 images stretched), or the exception that stopped it."""
+        try:
+            img = self.decoder.decode_example(raw)
+            img.load()  # PIL opens lazily: a truncated file fails here, not inside a transform
+        except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
+            return e
+        return stretch_binary(img) if self.binary else img
+
+    def _batch(self, step: int, seed: int, rows: list[Example]):
+        images = [self._decode(raw) for raw, _ in rows]
+        good = [i for i, img in enumerate(images) if not isinstance(img, Exception)]
+        bad = {_image_id(rows[i][0]): _reason(e) for i, e in enumerate(images) if isinstance(e, Exception)}
+        if not good:
+            ident, reason = next(iter(bad.items()))
+            raise DataError(f"{self.name}: no image of micro-batch {step} decodes ({len(rows)} tried; "
+                            f"{ident}: {reason}); repair the image files or use another copy of the data")
+        # the stand-in for a bad image is the next good one in the batch: a function of the key alone
+        use = [i if i in good else next((j for j in good if j > i), good[0]) for i in range(len(rows))]
+        with seeded(seed):
+            x = torch.stack([self.transform(images[i]) for i in use])  # (B, 3, H, W)
+        return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
+
+    def __getitem__(self, key: tuple[int, int, list[Example]]):
+        try:
+            return self._batch(*key)
+        except Exception as e:
+            if torch.utils.data.get_worker_info() is None:
+                raise
+            # returned, not raised, as batches._Batches does: BatchStream raises it in the reading process
+            return e if isinstance(e, VitcliError) else DataError(
+                f"{self.name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
+
+
+class TrainStream(BatchStream):
+    """BatchStream over streamed micro-batches that also knows where it is: `position()`."""
+
+    def __init__(self, loader: DataLoader, positions: deque, at: dict):
+        super().__init__(loader)
+        self.positions, self.at = positions, at
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().__next__()
+        self.at = self.positions.popleft()  # keys are dealt and their batches return in the same order
+        return x, y
+
+    def position(self) -> dict:
+        """Where the next micro-batch starts: {step, epoch, examples}, json-able; `start=` takes it back."""
+        return dict(self.at)
+
+
+def _start(ids, batch: int, start_step: int, start: dict | None, name: str) -> tuple[Iterator, dict]:
+    """The raw examples from micro-batch `start_step` on, and its position; skipping decodes nothing."""
+    if start is not None:
+        if not isinstance(start, dict) or sorted(start) != ["epoch", "examples", "step"]:
+            raise DataError(f"stream position {start!r} is not a {{step, epoch, examples}} dict")
+        if start["step"] != start_step:
+            raise DataError(f"stream position is for micro-batch {start['step']}, not start_step="
+                            f"{start_step}; the checkpoint's position and step disagree")
+        return _epochs(ids, start["epoch"], start["examples"], name), dict(start)
+    examples, at = _epochs(ids, 0, 0, name), (0, 0)
+    for _, at in islice(examples, start_step * batch):
+        pass
+    return examples, _position(start_step, at)
+
+
+def stream_train_batches(
+    ids: datasets.IterableDataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
+    start_step: int = 0, rank: int = 0, world_size: int = 1, start: dict | None = None,
+) -> TrainStream:
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) of this rank's share of a
+    streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream.
+
+    `start`: the stream's `position()` saved at that micro-batch; without it, the examples before are read
+    (not decoded) again from the first epoch on. `skipped` counts the images that did not decode.
+    """
+    if cfg.shuffle_buffer < 1:
+        raise DataError(f"data.shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
+    name = origin(ids)
+    # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a pass over
+    # parquet ends (apache/arrow#45214), at every epoch and every resume
+    shuffled = ids.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer, max_buffer_input_shards=1)
+    mine = split_dataset_by_node(shuffled, rank, world_size)
+    examples, at = _start(mine, micro_batch_size, start_step, start, name)
+    positions: deque = deque()
+    keys = _keys(examples, cfg, micro_batch_size, seed, rank, start_step, positions)
+    decode = _Decode(name, build_transform(cfg, img_size, train=True), cfg.binary_pixels)
+    workers = cfg.num_workers
+    loader = DataLoader(  # as batches._loader: keys name whole batches, workers persist, our own generator
+        decode, batch_size=None, sampler=keys, num_workers=workers,
+        generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if workers else None,
+        worker_init_fn=_ignore_interrupts if workers else None,
+    )
+    return TrainStream(loader, positions, at)
+
+
+def throughput(stream: Iterator, n_batches: int) -> float:
+    """Images/s a batch stream delivers on its own (reading, decoding, augmentation; no model), timed over
+    `n_batches` after one warm-up batch (worker start-up, the first shuffle buffer fill)."""
+    next(stream)
+    t0, images = time.perf_counter(), 0
+    for _ in range(n_batches):
+        images += len(next(stream)[1])
+    return images / (time.perf_counter() - t0)

@@ -1,0 +1,217 @@
+"""data.streaming=true: the train split streams from parquet files or a save_to_disk directory, split by rank,
+shuffled through a seeded buffer, and resumes at any micro-batch to exactly the batches the uninterrupted
+stream gives, whatever the worker count; corrupt images are replaced and counted; bad recipes are one line."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import datasets
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitcli import batches, data, streams
+from vitcli.errors import DataError
+from vitcli.recipe import DataConfig
+
+N, FILES = 200, 4  # the label of an example is its row, so the labels of a batch say which rows it holds
+B = 16  # 200 is no multiple of 16: micro-batch 12 spans epochs 0 and 1
+BAD = (5, 17)
+
+
+def _png(i: int) -> dict:
+    pixels = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "PNG")
+    return {"bytes": buf.getvalue(), "path": None}
+
+
+def _rows(bad=()) -> datasets.Dataset:
+    images = [{"bytes": b"not an image %d" % i, "path": None} if i in bad else _png(i) for i in range(N)]
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=N)})
+    return datasets.Dataset.from_dict({"image": images, "label": list(range(N))}, features=feats)
+
+
+def _parquet(tmp, bad=()) -> str:
+    ds = _rows(bad)
+    for k in range(FILES):  # several files: several shards, so ranks get whole shards
+        ds.shard(FILES, k, contiguous=True).to_parquet(str(tmp / f"part-{k}.parquet"))
+    return str(tmp / "part-*.parquet")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("streaming")
+    (root / "pq").mkdir()
+    (root / "bad").mkdir()
+    saved = str(root / "saved")
+    datasets.DatasetDict({"train": _rows(), "test": _rows().select(range(40))}).save_to_disk(saved)
+    return {"parquet": _parquet(root / "pq"), "saved": saved, "bad": _parquet(root / "bad", BAD)}
+
+
+def _cfg(source: str, **kw) -> DataConfig:
+    return DataConfig(**{"source": source, "streaming": True, "shuffle_buffer": 64, "num_workers": 0,
+                         "crop_min_area": 0.3, **kw})
+
+
+def _stream(source: str, seed=0, start_step=0, rank=0, world_size=1, batch=B, start=None, **kw):
+    """A fresh stream from a fresh load, as a restarted process builds it."""
+    cfg = _cfg(source, **kw)
+    ids = data.load_stream(cfg)
+    return streams.stream_train_batches(ids, cfg, 32, batch, seed, start_step, rank, world_size, start=start)
+
+
+def _take(stream, k: int) -> tuple[list, list[dict]]:
+    """k batches and the position before each."""
+    out, where = [], []
+    for _ in range(k):
+        where.append(stream.position())
+        out.append(next(stream))
+    return out, where
+
+
+def _same(a: list, b: list) -> bool:
+    """Two runs of (x, y) batches are bit-identical."""
+    same = [torch.equal(xa, xb) and torch.equal(ya, yb) for (xa, ya), (xb, yb) in zip(a, b)]
+    return len(a) == len(b) and all(same)
+
+
+@pytest.fixture(scope="module")
+def straight(sources) -> dict[str, tuple[list, list[dict]]]:
+    """24 micro-batches (almost two epochs) of each source, uninterrupted, in the main process."""
+    return {name: _take(_stream(sources[name]), 24) for name in ("parquet", "saved")}
+
+
+# ---------------------------------------------------------------- resuming
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", ["parquet", "saved"])
+def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(sources, straight, name, workers):
+    ref, where = straight[name]
+    assert [w["epoch"] for w in where[11:14]] == [0, 0, 1]  # batch 12 spans the boundary, 13 is in epoch 1
+    for k in (10, 17):  # before the boundary, and in epoch 1 (the recount walks through epoch 0)
+        recounted = _stream(sources[name], start_step=k, num_workers=workers)
+        assert recounted.position() == where[k]
+        assert _same(ref[k:], _take(recounted, 24 - k)[0]), f"recounted from micro-batch {k}"
+        saved = json.loads(json.dumps(where[k]))  # as a checkpoint stores it
+        assert _same(ref[k:], _take(_stream(sources[name], start_step=k, start=saved, num_workers=workers),
+                                    24 - k)[0]), f"resumed from position {saved}"
+
+
+def test_the_position_counts_examples_into_the_epoch(straight):
+    _, where = straight["parquet"]
+    expected = [{"step": k, "epoch": k * B // N, "examples": k * B % N} for k in range(24)]
+    assert where == expected
+
+
+def test_a_position_for_another_step_is_refused(sources, straight):
+    _, where = straight["parquet"]
+    with pytest.raises(DataError, match="micro-batch 5, not start_step=6"):
+        _stream(sources["parquet"], start_step=6, start=where[5])
+
+
+# ---------------------------------------------------------------- ranks and seeds
+
+
+def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> list[int]:
+    """The labels this rank sees in `epoch`, in order: micro-batches of one, each tagged by its position."""
+    stream, seen = _stream(source, rank=rank, world_size=world_size, batch=1, hflip=False), []
+    while (at := stream.position())["epoch"] <= epoch:
+        y = next(stream)[1]
+        if at["epoch"] == epoch:
+            seen += y.tolist()
+    return seen
+
+
+@pytest.mark.parametrize(("name", "world_size"), [("parquet", 2), ("parquet", 3), ("saved", 2)])
+def test_ranks_see_disjoint_shares_whose_union_is_the_epoch(sources, name, world_size):
+    # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards over 2
+    for epoch in (0, 1):
+        shares = [_epoch_labels(sources[name], r, world_size, epoch) for r in range(world_size)]
+        everything = [y for share in shares for y in share]
+        assert sorted(everything) == list(range(N)), f"epoch {epoch}: shares overlap or miss rows"
+        assert all(abs(len(s) - N / world_size) < N / 4 for s in shares), [len(s) for s in shares]
+
+
+def test_the_seed_decides_the_order(sources):
+    def first(seed: int) -> torch.Tensor:  # the labels of 13 micro-batches: epoch 0 and a little more
+        return torch.cat([y for _, y in _take(_stream(sources["parquet"], seed=seed), 13)[0]])
+
+    a, again, other = first(0), first(0), first(1)
+    assert torch.equal(a[:N], again[:N]) and sorted(a[:N].tolist()) == list(range(N))
+    assert not torch.equal(a[:N], other[:N])
+    epoch_1 = _epoch_labels(sources["parquet"], 0, 1, epoch=1)
+    assert epoch_1 != a[:N].tolist() and sorted(epoch_1) == list(range(N))  # a new order every epoch
+
+
+# ---------------------------------------------------------------- corrupt images, evaluation, sources
+
+
+def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped(sources):
+    ref = _stream(sources["bad"])
+    got, counts = [], []
+    for _ in range(26):  # two epochs: each bad image met twice
+        got.append(next(ref))
+        counts.append(ref.skipped.total)
+    assert counts[-1] == len(BAD) and set(ref.skipped.as_dict()) == {f"{sources['bad']} split 'train'"}
+    assert all(len(y) == B for _, y in got)
+    # the same rows with good images come in the same order (shuffling never looks at the bytes), so they say
+    # where each bad image was: the next good image of its micro-batch (cyclically) must stand in for it
+    truths = [truth for _, truth in _take(_stream(sources["parquet"]), 26)[0]]
+    for (_, y), truth in zip(got, truths):
+        good = [i for i, t in enumerate(truth.tolist()) if t not in BAD]
+        stand_in = [i if i in good else next((j for j in good if j > i), good[0]) for i in range(B)]
+        assert y.tolist() == truth[stand_in].tolist()
+    with_bad = [b for b, truth in enumerate(truths) if set(truth.tolist()) & set(BAD)]
+    k = max(b for b in with_bad if b < N // B) + 1  # past the bad images of epoch 0 ...
+    end = min(b for b in with_bad if b >= k)  # ... and before they come again in epoch 1
+    assert end > k, with_bad
+    resumed = _stream(sources["bad"], start_step=k, num_workers=2)
+    assert _same(got[k:end], _take(resumed, end - k)[0]) and resumed.skipped.total == 0  # skipped undecoded
+
+
+def test_evaluation_splits_load_whole_when_training_streams(sources):
+    cfg = _cfg(sources["saved"])
+    test = data.load_split(cfg, "test")
+    assert isinstance(test, datasets.Dataset) and len(test) == 40
+    ys = torch.cat([y for _, y in batches.eval_batches(test, cfg, 32, 16)])
+    assert ys.tolist() == list(range(40))
+
+
+def test_synthetic_streams_too():
+    cfg = DataConfig(source="synthetic", streaming=True, num_workers=0, shuffle_buffer=32)
+    cfg.synthetic.train_size = 48
+    ids = data.load_stream(cfg)
+    x, y = next(streams.stream_train_batches(ids, cfg, 32, 8, seed=0))
+    assert x.shape == (8, 3, 32, 32) and y.dtype == torch.int64 and -1 <= x.min() <= x.max() <= 1
+
+
+def _one_line(error: pytest.ExceptionInfo, *needles: str) -> None:
+    msg = str(error.value)
+    assert "\n" not in msg and all(n in msg for n in needles), msg
+
+
+def test_a_sliced_train_split_is_one_line_naming_the_key(sources):
+    with pytest.raises(DataError) as error:
+        data.load_stream(_cfg(sources["parquet"], train_split="train[:50%]"))
+    _one_line(error, "data.train_split", "train[:50%]", "data.streaming")
+
+
+def test_a_missing_file_is_one_line_naming_it(tmp_path):
+    missing = str(tmp_path / "nowhere" / "train.parquet")
+    with pytest.raises(DataError) as error:
+        data.load_stream(_cfg(missing))
+    _one_line(error, missing)
+    with pytest.raises(DataError) as error:
+        data.load_stream(_cfg(str(tmp_path / "*.parquet")))
+    _one_line(error, "*.parquet", "matches no file")
+
+
+def test_a_missing_split_of_a_saved_dataset_is_one_line(sources):
+    with pytest.raises(DataError) as error:
+        data.load_stream(_cfg(sources["saved"], train_split="training"))
+    _one_line(error, "no split 'training'", "train, test")

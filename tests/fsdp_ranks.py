@@ -50,7 +50,7 @@ def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1
         for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro), strict=True)):
             with sharding.gradient_sync(model, i == micro - 1):
                 (F.cross_entropy(model(xm), ym) / micro).backward()
-        norms.append(sharding.clip_grad_norm(model, OPTIM.clip_grad_norm))
+        norms.append(float(sharding.clip_grad_norm(model, OPTIM.clip_grad_norm)))
         optimizer.step()
     return norms
 

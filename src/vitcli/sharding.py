@@ -108,12 +108,36 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
         yield
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip the global gradient norm to `max_norm` (<= 0: only measure it); return it. Sharded gradients give a
-    DTensor norm whose local value is a partial result, so it is gathered to the global one first."""
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm to `max_norm` (<= 0: only measure it); return it as a 0-d tensor, not read
+    (no host-device sync). Sharded gradients give a DTensor norm whose local value is a partial result, so it is
+    gathered to the global one first."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-    return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+@contextlib.contextmanager
+def gathered(model: nn.Module) -> Iterator[None]:
+    """Inside, a sharded model holds its whole weights on every rank and its forward passes are local.
+
+    A sharded forward is collective (each block all-gathers its weights), so ranks with different numbers of
+    evaluation batches would wait on each other forever; unsharded once for the whole evaluation, each rank runs
+    its own rows. Costs one full copy of the weights per process for the duration. No-op on other models."""
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    fsdp_modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    model.set_reshard_after_forward(False)
+    for m in fsdp_modules:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in fsdp_modules:
+            m.reshard()
+        model.set_reshard_after_forward(True)  # fully_shard's defaults: blocks reshard after forward,
+        model.set_reshard_after_forward(False, recurse=False)  # the root keeps its weights for the backward
 
 
 def save(workdir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,

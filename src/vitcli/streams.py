@@ -52,7 +52,8 @@ Example = tuple[dict, int]  # (encoded image {bytes, path}, label)
 
 
 def augmentation_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of micro-batch `step` of `rank`: the same rule as map-style training batches."""
+    """The seed of micro-batch `step` of `rank`. Per rank, unlike map-style batches (batches.micro_seed): a
+    streamed rank's examples depend on its share of the shards, so the world size is part of the run anyway."""
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 

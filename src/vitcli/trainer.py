@@ -6,7 +6,6 @@ Each optimizer step sees `data.batch_size` images: `accumulation_steps` micro-ba
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitcli import batches, rngs
+from vitcli import batches, rngs, sharding
 from vitcli.checkpoints import files, state
 from vitcli.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
@@ -78,8 +77,11 @@ def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
     if job.resume_from is None:
         return 0
     path, saved = job.resume_from
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
+    if path.is_dir():  # a sharded checkpoint (run.strategy fsdp): `saved` is its non-tensor part
+        sharding.load(path, model, optimizer)
+    else:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
     _restore_rngs(saved["rng"], dist)
     if dist.is_main:
         console.log(f"resuming from {path} at step {saved['step']}")
@@ -104,32 +106,42 @@ def _restore_rngs(saved, dist: Dist) -> None:
 def _save_state(job: Job, model, optimizer, step: int, dist: Dist) -> None:
     """A checkpoint of everything resuming needs (state.STATE_KEYS), with every rank's RNG states; the oldest
     beyond run.keep_checkpoints go. Every rank must call it (the RNG states are gathered); rank 0 writes."""
-    every_rng = all_gather(rngs.capture(), dist)
-    if not dist.is_main:
-        return
     r = job.recipe
-    snapshot = {
+    extra = {
         "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng": every_rng,
+        "rng": all_gather(rngs.capture(), dist),
         "data": {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size},
         "recipe": to_dict(r),
     }
-    state.save_checkpoint(job.workdir, snapshot, r.run.keep_checkpoints)
+    if r.run.strategy == "fsdp":  # every rank writes its shard into state-<step>/
+        sharding.save(job.workdir, model, optimizer, extra, dist, r.run.keep_checkpoints)
+    elif dist.is_main:
+        snapshot = {**extra, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state.save_checkpoint(job.workdir, snapshot, r.run.keep_checkpoints)
+
+
+def _prepare(model: torch.nn.Module, r: Recipe, dist: Dist) -> torch.nn.Module:
+    """The model as it trains: sharded block by block (run.strategy fsdp), with activation checkpointing if
+    asked. Before the optimizer is built, since sharding replaces the parameters."""
+    if r.run.strategy == "fsdp":
+        return sharding.shard(model, dist, r.run.activation_checkpointing)
+    return sharding.checkpoint_blocks(model) if r.run.activation_checkpointing else model
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
-    return {name: value for ev in evaluators for name, value in ev.run(model)}
+    if not evaluators:
+        return {}
+    with sharding.gathered(model):  # sharded: each rank evaluates its rows with the whole weights
+        return {name: value for ev in evaluators for name, value in ev.run(model)}
 
 
 def train(job: Job, dist: Dist) -> dict[str, float]:
     """Run (or resume) training to job.total_steps; write state, metrics and final weights; return metrics."""
     r = job.recipe
-    model = job.model.to(dist.device)
+    model = _prepare(job.model.to(dist.device), r, dist)
     optimizer = build_optimizer(model, r.optim)
     start = _try_resume(job, model, optimizer, dist)
-    ddp_model = wrap(model, dist)
+    ddp_model = model if r.run.strategy == "fsdp" else wrap(model, dist)
     accum = accumulation_steps(r, dist.world_size)
     micro = r.data.batch_size // (accum * dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)
@@ -170,11 +182,10 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     if final:
         metrics.write(job.total_steps, final)
     metrics.close()
+    # the same file whatever the strategy: FSDP's shards are gathered (on every rank) into rank 0's full copy
+    weights = sharding.full_model_state(exported(model)) if r.run.strategy == "fsdp" else exported(model).state_dict()
     if dist.is_main:
-        files.save_weights(
-            job.workdir / files.MODEL_FILE, exported(model).state_dict(),
-            {"recipe": to_dict(r), "model": job.model_meta},
-        )
+        files.save_weights(job.workdir / files.MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
     return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count
 
 
@@ -290,7 +301,7 @@ def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, preci
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
-        with ddp_model.no_sync() if not sync else contextlib.nullcontext():
+        with sharding.gradient_sync(ddp_model, sync):
             with autocast(dist.device, precision):
                 loss, accuracy = objective(ddp_model, x, y, i)
             (loss / accum).backward()
@@ -305,5 +316,4 @@ def _add(total, value):
 
 def _clip(model, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d tensor."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    return torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+    return sharding.clip_grad_norm(model, max_norm)

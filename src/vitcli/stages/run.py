@@ -57,7 +57,7 @@ def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist)
         return None
     found = state.latest_good_state(workdir, verbose=dist.is_main)  # names any damaged one it skips
     if found is None and resume:
-        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt)")
+        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt, or a state-<step>/ directory with run.strategy=fsdp)")
     if found is not None:
         _check_same_training(recipe, found[1]["recipe"], workdir)
     return found
@@ -154,6 +154,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     if dist.is_main:
         workdir.mkdir(parents=True, exist_ok=True)
         files.remove_stale_temps(workdir)  # killed writes of an earlier run: ours only, by their pattern
+        state.remove_stale_dirs(workdir)  # and killed sharded saves (.state-<step>.*.tmp/ directories)
         if start is None:
             set_aside(workdir)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))

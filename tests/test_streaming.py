@@ -13,9 +13,12 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli import batches, data, streams
+from vitcli import batches, data, streams, trainer
+from vitcli.checkpoints import files, state
 from vitcli.errors import DataError
 from vitcli.recipe import DataConfig
+from vitcli.resolve import resolve
+from vitcli.stages.run import one_run
 
 N, FILES = 200, 4  # the label of an example is its row, so the labels of a batch say which rows it holds
 B = 16  # 200 is no multiple of 16: micro-batch 12 spans epochs 0 and 1
@@ -215,3 +218,34 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(sources):
     with pytest.raises(DataError) as error:
         data.load_stream(_cfg(sources["saved"], train_split="training"))
     _one_line(error, "no split 'training'", "train, test")
+
+
+def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(sources, tmp_path, monkeypatch):
+    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead): stopped after step 4 of 9
+    (its checkpoint holds the stream's position), then run again, it resumes from the position and ends with the
+    weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
+    r = resolve("pretrain", None, [
+        f"data.source={sources['saved']}", "data.streaming=true", "data.shuffle_buffer=64", "data.num_workers=2",
+        "data.val_split=", "data.test_split=", "data.batch_size=32", "data.micro_batch_size=16",
+        "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+        "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
+        "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
+    one_run(r, tmp_path / "straight")
+    real, calls = trainer._accumulate_grads, {"n": 0}
+
+    def stop_in_step_6(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_accumulate_grads", stop_in_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        one_run(r, tmp_path / "resumed")
+    saved = state.latest_good_state(tmp_path / "resumed")[1]
+    assert saved["step"] == 4  # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
+    assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
+    monkeypatch.setattr(trainer, "_accumulate_grads", real)
+    one_run(r, tmp_path / "resumed")
+    a, b = (files.load_weights(tmp_path / w / files.MODEL_FILE)[0] for w in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

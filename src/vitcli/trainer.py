@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from vitcli import batches, rngs, sharding
+from vitcli import batches, rngs, sharding, streams
 from vitcli.checkpoints import files, state
 from vitcli.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
 from vitcli.errors import TrainingError
@@ -103,16 +103,15 @@ def _restore_rngs(saved, dist: Dist) -> None:
                     f"{dist.world_size}: per-process RNG states are not restored (training's draws do not use them)")
 
 
-def _save_state(job: Job, model, optimizer, step: int, dist: Dist) -> None:
-    """A checkpoint of everything resuming needs (state.STATE_KEYS), with every rank's RNG states; the oldest
-    beyond run.keep_checkpoints go. Every rank must call it (the RNG states are gathered); rank 0 writes."""
+def _save_state(job: Job, model, optimizer, step: int, dist: Dist, stream) -> None:
+    """A checkpoint of everything resuming needs (state.STATE_KEYS), with every rank's RNG states and data
+    position; the oldest beyond run.keep_checkpoints go. Every rank must call it (the RNG states and stream
+    positions are gathered); rank 0 writes, or with FSDP every rank writes its shard."""
     r = job.recipe
-    extra = {
-        "step": step,
-        "rng": all_gather(rngs.capture(), dist),
-        "data": {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size},
-        "recipe": to_dict(r),
-    }
+    position = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size}
+    if r.data.streaming:  # where each rank's share of the stream goes on, so resuming need not re-read it
+        position["streams"] = all_gather(stream.position(), dist)
+    extra = {"step": step, "rng": all_gather(rngs.capture(), dist), "data": position, "recipe": to_dict(r)}
     if r.run.strategy == "fsdp":  # every rank writes its shard into state-<step>/
         sharding.save(job.workdir, model, optimizer, extra, dist, r.run.keep_checkpoints)
     elif dist.is_main:
@@ -126,6 +125,22 @@ def _prepare(model: torch.nn.Module, r: Recipe, dist: Dist) -> torch.nn.Module:
     if r.run.strategy == "fsdp":
         return sharding.shard(model, dist, r.run.activation_checkpointing)
     return sharding.checkpoint_blocks(model) if r.run.activation_checkpointing else model
+
+
+def _train_stream(job: Job, micro: int, accum: int, start: int, dist: Dist):
+    """This rank's micro-batches from step `start` on: map-style (batches.py) or streamed (streams.py; from
+    the positions the checkpoint saved, when the world size still pairs them with ranks)."""
+    r = job.recipe
+    if not r.data.streaming:
+        return batches.train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
+                                     dist.rank, dist.world_size, accum)
+    saved = job.resume_from[1].get("data", {}).get("streams") if job.resume_from else None
+    if saved and len(saved) != dist.world_size and dist.is_main:
+        console.log(f"[yellow]warning: the stream was split over {len(saved)} process(es), now {dist.world_size}: "
+                    "each rank re-reads its new share up to this step, and the example order differs from the run's")
+    position = saved[dist.rank] if saved and len(saved) == dist.world_size else None
+    return streams.stream_train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
+                                        dist.rank, dist.world_size, start=position)
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
@@ -146,8 +161,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     micro = r.data.batch_size // (accum * dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
-    stream = batches.train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                   dist.rank, dist.world_size, accum)
+    stream = _train_stream(job, micro, accum, start, dist)
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
@@ -174,7 +188,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             bar.update(task, completed=done)
             _periodic(job, model, metrics, done)
             if save:
-                _save_state(job, model, optimizer, done, dist)
+                _save_state(job, model, optimizer, done, dist, stream)
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)

@@ -101,11 +101,13 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
 
 
 def _num_classes(r: Recipe, train_ds) -> int:
-    """The head's width: the recipe's, else the data's (checked against the labels); 0 for mpp (no labels)."""
+    """The head's width: the recipe's, else the data's (checked against the labels); 0 for mpp (no labels).
+    A streamed split cannot be scanned for its largest label before training: its ClassLabel decides."""
     if r.objective == "mpp":
         return 0
     num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
-    check_labels(train_ds, r, num_classes)
+    if not r.data.streaming:
+        check_labels(train_ds, r, num_classes)
     return num_classes
 
 
@@ -122,9 +124,12 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | N
     """Data, model (with its starting weights), step count and evaluators for a training run."""
     if not r.schedule.steps and not r.schedule.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
-    train_ds = data.load_split(r.data, r.data.train_split)
+    if r.data.streaming and not r.schedule.steps:
+        raise RecipeError("data.streaming=true needs schedule.steps: a stream has no length to count "
+                          f"schedule.epochs={r.schedule.epochs} in")
+    train_ds = data.load_stream(r.data) if r.data.streaming else data.load_split(r.data, r.data.train_split)
     num_classes = _num_classes(r, train_ds)
-    steps = total_steps(r.schedule.steps, r.schedule.epochs, len(train_ds), r.data.batch_size)
+    steps = r.schedule.steps or total_steps(0, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
     model = models.build_model(r.model, num_classes)
     if r.init.checkpoint:
@@ -184,7 +189,7 @@ def _announce(job: Job, dist: Dist) -> None:
         console.log(f"[yellow]warning: {bf16_warning(dist.device.type)}")
     console.log(
         f"{r.stage}: {r.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
-        f"{len(job.train_ds)} train images, "
+        f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
         f"{f'masked patch prediction ({r.mpp.target})' if r.objective == 'mpp' else f'{job.num_classes} classes'}, "
         f"{job.total_steps} steps "
         f"of {r.data.batch_size} -> {job.workdir}"

@@ -32,7 +32,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.loss": ("softmax", "sigmoid"),
     "optim.weight_decay_convention": ("torch", "big_vision"),
     "schedule.decay": ("linear", "cosine", "constant"),
-    "run.precision": ("fp32", "bf16"),
+    "run.precision": ("auto", "fp32", "bf16"),
     "run.device": ("auto", "cpu", "cuda"),
     "init.posemb_method": METHODS,
     "objective": ("supervised", "mpp"),

@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo lint bench clean
+.PHONY: setup test demo lint bench bench-memory clean
 
 setup: $(VENV_STAMP)
 
@@ -23,8 +23,13 @@ demo: setup
 lint: setup
 	.venv/bin/ruff check src tests
 
+# One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~10 min.
 bench: setup
-	$(PY) bench/run.py
+	$(PY) bench/run.py > bench/last.json && cat bench/last.json
+
+# Peak RSS of one ViT-B/16 384 px fine-tuning step (recipes/finetune/imagenet.yaml's micro-batch). Minutes.
+bench-memory: setup
+	$(PY) bench/memory.py
 
 clean:
 	rm -rf .venv runs build *.egg-info

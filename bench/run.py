@@ -1,20 +1,32 @@
-"""`make bench`: speed targets as ratios measured in one run, never as timed tests.
+"""`make bench`: one JSON object on stdout (progress on stderr), every number measured in this one run.
 
-1. training:   our trainer (data stream, loss, clipping, schedule, logging) vs a bare PyTorch loop over the
-               same model on tensors already in memory, images/s.
-2. extraction: few-shot feature extraction (data decode + transform + forward) vs bare inference on tensors
-               already in memory, same model, batch and precision, images/s, for the quickstart model and
-               for ViT-S/16 at 224 px. Target >= 0.95.
-3. solves:     every closed-form solve of a VTAB run (19 tasks x 4 shot counts x 3 seeds, D = 768, real class
-               counts and test-set sizes) vs the time to extract those tasks' features at the rate measured
-               in 2 for a ViT-B/16. Target < 5%.
-Also reports bf16 autocast against fp32 for the same step (this CPU may lack bf16 instructions).
+For each model (`quickstart`: recipes/quickstart/pretrain.yaml's model and batch at 32 px; `vit_ti16_224`:
+ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak_rss_mb` is that model's:
+  ours_img_s          our trainer (stages.run.one_run on the synthetic data) after warm-up, from the
+                      trainer's own train/img_per_s rows in metrics.jsonl; ours_compile_img_s with run.compile
+  bare_img_s          a hand-written loop over the same model, batch and precision: data in memory, forward,
+                      cross-entropy, backward, torch.optim.AdamW with its defaults, no compile
+  loader_img_s        our training data stream alone (decode + augmentation) at that size and num_workers
+  mfu, mfu_compile    model FLOP/s over matmul_flops, the FLOP/s of a large matmul at the same precision
+                      measured in this run. Model FLOPs are analytic: 3x the forward pass's matmul FLOPs
+                      (backward = 2x forward), attention's two (N x N) products included, norms and softmax not
+  peak_rss_mb         getrusage ru_maxrss of the model's process; children_rss_mb: the largest of its children
+                      (data workers, inductor's compiler processes), each a process of its own
+The precision is what run.precision=auto chooses on this machine. `targets` holds the goals and whether met.
+
+    python bench/run.py           # the measurement (~10 min on 2 cores); make bench also writes bench/last.json
+    python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
+import platform
+import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,124 +38,219 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from vitcli import data, models, tasks  # noqa: E402
-from vitcli.dist import setup  # noqa: E402
-from vitcli.fewshot import features, solver  # noqa: E402
-from vitcli.metrics import read_metrics  # noqa: E402
-from vitcli.resolve import resolve  # noqa: E402
-from vitcli.stages.run import one_run  # noqa: E402
+from vitcli import batches, data, models
+from vitcli.dist import setup
+from vitcli.fewshot import features
+from vitcli.metrics import read_metrics
+from vitcli.precision import autocast, choose
+from vitcli.recipe import Recipe
+from vitcli.resolve import resolve
+from vitcli.stages.run import one_run
 
-QUICK = Path(__file__).resolve().parents[1] / "recipes/quickstart/pretrain.yaml"
-STEPS, BATCH = 120, 128
-# VTAB-1k test-set sizes (TFDS splits as task_adaptation uses them), for the cost of predicting.
-VTAB_TEST = {"caltech101": 6084, "cifar100": 10000, "dtd": 1880, "flowers102": 6149, "pets": 3669,
-             "sun397": 21750, "svhn": 26032, "camelyon": 32768, "eurosat": 5400, "resisc45": 6300,
-             "retinopathy": 42670, "clevr_count": 15000, "clevr_dist": 15000, "dmlab": 22735,
-             "dsprites_loc": 73728, "dsprites_ori": 73728, "kitti_dist": 711, "smallnorb_azi": 12150,
-             "smallnorb_ele": 12150}
-
-
-def bare_train(recipe, precision: str) -> float:
-    """Images/s of the plainest loop: forward, cross-entropy, backward, AdamW step; data already in memory."""
-    torch.manual_seed(0)
-    model = models.build_model(recipe.model, 10).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = torch.randn(BATCH, 3, 32, 32), torch.randint(0, 10, (BATCH,))
-    for i in range(STEPS + 10):
-        if i == 10:
-            t0 = time.perf_counter()
-        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
-            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return STEPS * BATCH / (time.perf_counter() - t0)
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
+VIT_TI16 = ["model.name=custom", "model.patch_size=16", "model.embed_dim=192", "model.depth=12",
+            "model.num_heads=3", "model.mlp_dim=768"]
+# name -> (recipe file, overrides, image size, batch, steps, log_every): the first logging window is warm-up
+# (and compilation) and is dropped; the others are the steady state
+MODELS = {
+    "quickstart": (QUICKSTART, [], 32, 128, 100, 20),
+    "vit_ti16_224": (None, VIT_TI16, 224, 64, 16, 4),
+}
+QUICK = {  # every code path, in seconds: tiny sizes and steps
+    "quickstart": (QUICKSTART, [], 32, 16, 4, 2),
+    "vit_ti16_224": (None, [*VIT_TI16[:1], "model.patch_size=16", "model.embed_dim=32", "model.depth=1",
+                            "model.num_heads=2", "model.mlp_dim=64"], 32, 8, 4, 2),
+}
+TARGETS = {  # name -> (model, key, goal)
+    "ratio_vit_ti16_224": ("vit_ti16_224", "best_ratio", 1.0),  # compile allowed on our side
+    "ratio_quickstart": ("quickstart", "ratio", 0.95),
+    "loader_vs_model_vit_ti16_224": ("vit_ti16_224", "loader_vs_model", 2.0),
+    "mfu_vit_ti16_224": ("vit_ti16_224", "best_mfu", 0.35),
+}
 
 
-def ours_train(recipe) -> float:
-    """Images/s of `vit pretrain` as logged in metrics.jsonl, after the first logging window."""
+def progress(msg: str) -> None:
+    """Progress goes to stderr: stdout carries only the JSON."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine() -> dict:
+    """CPU model, the bf16 instruction sets auto looks for, and the cores torch uses."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
+                platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    return {"cpu": name, "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags,
+            "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+
+
+def matmul_flops(precision: str, n: int, reps: int) -> float:
+    """FLOP/s of an (n x n) @ (n x n) matmul in `precision`: the machine's attainable peak for MFU."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm-up: oneDNN picks and caches its kernel
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0)
+
+
+def forward_flops(m, attention: bool = True) -> float:
+    """Matmul FLOPs of one image's forward pass through a ViT (2 FLOPs per multiply-add).
+
+    N tokens (patches + class token) of width D, MLP width M: patch embedding N_p P^2 3 D; per block qkv
+    3 N D^2, q k^T and attn v 2 N^2 D (`attention`), projection N D^2, MLP 2 N D M; then the head."""
+    patches = (m.img_size // m.patch_size) ** 2
+    n, d = patches + 1, m.embed_dim
+    block = 3 * n * d * d + (2 * n * n * d if attention else 0) + n * d * d + 2 * n * d * m.mlp_dim
+    return 2 * (patches * m.patch_size**2 * 3 * d + m.depth * block + d * m.num_classes)
+
+
+def train_flops_per_image(m) -> float:
+    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of weights)."""
+    return 3 * forward_flops(m)
+
+
+def recipe_for(spec: tuple, precision: str, workdir_size: int) -> Recipe:
+    """The pretraining recipe of a benchmark model on the synthetic data at its size, no evaluation."""
+    path, overrides, img, batch, steps, log_every = spec
+    return resolve("pretrain", path, [
+        *overrides, f"model.img_size={img}", f"data.synthetic.img_size={img}", f"data.batch_size={batch}",
+        "data.micro_batch_size=0", f"data.synthetic.train_size={workdir_size}", "data.val_split=",
+        "data.test_split=", "fewshot.every=0", f"schedule.steps={steps}", "schedule.epochs=0",
+        "schedule.warmup_steps=1", f"run.log_every={log_every}", f"run.ckpt_every={steps}",
+        f"run.precision={precision}", "data.synthetic.num_classes=10", "model.num_classes=10"])
+
+
+def ours(recipe: Recipe, compile_: bool) -> float:
+    """Images/s of `vit pretrain` as its trainer logs them, the first (warm-up) window dropped."""
     with tempfile.TemporaryDirectory() as d:
-        one_run(recipe, Path(d))
+        one_run(dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, compile=compile_)), Path(d))
         rows = [r["train/img_per_s"] for r in read_metrics(Path(d) / "metrics.jsonl") if "train/img_per_s" in r]
     return float(np.mean(rows[1:]))
 
 
-def extraction(recipe) -> tuple[float, float]:
-    """(ours, bare) images/s: features.extract over a dataset vs the same forward on in-memory tensors."""
-    dist = setup("cpu")
-    model = models.build_model(recipe.model, 10).eval()
-    ds = data.load_split(recipe.data, "test")
-    img, resize = recipe.model.img_size, round(recipe.model.img_size * 256 / 224)
-    features.extract(model, ds.select(range(64)), recipe.data, img, resize, dist, "fp32")  # warm up
+def bare(recipe: Recipe, steps: int, warmup: int) -> float:
+    """Images/s of the plainest loop on one batch kept in memory: what a user writes by hand."""
+    torch.manual_seed(0)
+    model = models.build_model(recipe.model, 10).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    img, batch = recipe.model.img_size, recipe.data.batch_size
+    x, y = torch.randn(batch, 3, img, img), torch.randint(0, 10, (batch,))
+    for i in range(warmup + steps):
+        if i == warmup:
+            t0 = time.perf_counter()
+        with autocast(torch.device("cpu"), recipe.run.precision):
+            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return steps * batch / (time.perf_counter() - t0)
+
+
+def loader(recipe: Recipe, batches_: int) -> float:
+    """Images/s of our training stream alone: decode + augmentation, the recipe's num_workers."""
+    ds = data.load_split(recipe.data, recipe.data.train_split)
+    stream = batches.train_batches(ds, recipe.data, recipe.model.img_size, recipe.data.batch_size, 0)
+    next(stream)  # worker start-up is not throughput
     t0 = time.perf_counter()
-    features.extract(model, ds, recipe.data, img, resize, dist, "fp32")
-    ours = len(ds) / (time.perf_counter() - t0)
-    x = torch.randn(recipe.data.eval_batch_size, 3, img, img)
-    n = 0
-    with torch.inference_mode():
+    for _ in range(batches_):
+        next(stream)
+    return batches_ * recipe.data.batch_size / (time.perf_counter() - t0)
+
+
+def extraction(recipe: Recipe, n: int) -> dict:
+    """Few-shot feature extraction (decode + transform + forward) vs the same forward on in-memory tensors."""
+    model = models.build_model(recipe.model, 10).eval()
+    cfg = dataclasses.replace(recipe.data, synthetic=dataclasses.replace(recipe.data.synthetic, test_size=n))
+    ds = data.load_split(cfg, "test")
+    dist = setup("cpu")
+    img, resize = recipe.model.img_size, round(recipe.model.img_size * 256 / 224)
+    features.extract(model, ds.select(range(min(64, n))), cfg, img, resize, dist, recipe.run.precision)
+    t0 = time.perf_counter()
+    features.extract(model, ds, cfg, img, resize, dist, recipe.run.precision)
+    ours_rate = n / (time.perf_counter() - t0)
+    x = torch.randn(cfg.eval_batch_size, 3, img, img)
+    with torch.inference_mode(), autocast(dist.device, recipe.run.precision):
         t0 = time.perf_counter()
-        while n < len(ds):
+        for _ in range(max(1, n // len(x))):
             features.pre_logits(model, x)
-            n += len(x)
-    return ours, n / (time.perf_counter() - t0)
+    bare_rate = max(1, n // len(x)) * len(x) / (time.perf_counter() - t0)
+    return {"extract_ours_img_s": ours_rate, "extract_bare_img_s": bare_rate, "extract_ratio": ours_rate / bare_rate}
 
 
-def vit_b16_rate() -> float:
-    """Images/s of ViT-B/16 pre-logits at 224 px on this machine (fp32, batch 32)."""
-    model = models.build_model(resolve("pretrain", None, ["model.name=ViT-B/16"]).model, 0).eval()
-    x = torch.randn(32, 3, 224, 224)
-    with torch.inference_mode():
-        features.pre_logits(model, x)
-        t0 = time.perf_counter()
-        for _ in range(2):
-            features.pre_logits(model, x)
-    return 64 / (time.perf_counter() - t0)
+def one_model(name: str, quick: bool, precision: str) -> dict:
+    """Every per-model number, measured in this process (the caller runs one process per model)."""
+    spec = (QUICK if quick else MODELS)[name]
+    batch, steps = spec[3], spec[4]
+    loader_batches = 2 if quick else 8
+    # the loader is timed within the first epoch: a small dataset's decoded images are cached after it
+    r = recipe_for(spec, precision, max((loader_batches + 1) * batch, 256))
+    progress(f"{name}: loader")
+    out = {"img_size": spec[2], "batch": batch, "steps": steps, "num_workers": r.data.num_workers,
+           "loader_img_s": loader(r, loader_batches)}
+    progress(f"{name}: bare loop")
+    out["bare_img_s"] = bare(r, 2 if quick else max(steps // 2, 4), 1 if quick else 3)
+    for key, compile_ in (("ours_img_s", False), ("ours_compile_img_s", True)):
+        progress(f"{name}: our trainer, compile={compile_}")
+        out[key] = ours(r, compile_)
+    out["train_flops_per_img"] = train_flops_per_image(r.model)
+    if name == "quickstart":
+        progress(f"{name}: few-shot extraction")
+        out["fewshot"] = extraction(r, 256 if quick else 4096)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    out["children_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return out
 
 
-def vtab_solves() -> tuple[float, int]:
-    """(seconds, images) for all VTAB few-shot solves at D = 768, and the images they need features of."""
-    rng = np.random.default_rng(0)
-    seconds, images = 0.0, 0
-    for task in tasks.get_tasks("vtab"):
-        k_cls, n_test = task.num_classes, VTAB_TEST[task.name.split("/")[1]]
-        x_test = rng.standard_normal((n_test, 768)).astype(np.float32)
-        images += 1000 + n_test  # train800val200 + test
-        for shots in (1, 5, 10, 25):
-            labels = np.repeat(np.arange(k_cls), shots)
-            x = rng.standard_normal((len(labels), 768)).astype(np.float32)
-            for _ in range(3):
-                t0 = time.perf_counter()
-                cache = solver.precompute(x)
-                w = solver.solve(cache, solver.targets(labels, k_cls), solver.DEFAULT_L2_REG)
-                solver.predict(cache, w, x_test).argmax(1)
-                seconds += time.perf_counter() - t0
-    return seconds, images
+def derived(m: dict, peak: float) -> dict:
+    """Ratios and MFU from a model's raw numbers and the matmul peak."""
+    mfu = {k: m[f"{k}_img_s"] * m["train_flops_per_img"] / peak for k in ("ours", "ours_compile")}
+    return {"ratio": m["ours_img_s"] / m["bare_img_s"], "ratio_compile": m["ours_compile_img_s"] / m["bare_img_s"],
+            "best_ratio": max(m["ours_img_s"], m["ours_compile_img_s"]) / m["bare_img_s"],
+            "loader_vs_model": m["loader_img_s"] / m["ours_img_s"], "mfu": mfu["ours"],
+            "mfu_compile": mfu["ours_compile"], "best_mfu": max(mfu.values())}
+
+
+def targets(results: dict) -> dict:
+    """Each goal with the value measured and whether it is met."""
+    out = {}
+    for name, (model, key, goal) in TARGETS.items():
+        value = results["models"][model][key]
+        out[name] = {"target": goal, "value": value, "met": bool(value >= goal)}
+    return out
+
+
+def spawn(name: str, quick: bool, precision: str) -> dict:
+    """One model's numbers from a fresh process, so its ru_maxrss is its own."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, __file__, "--model", name, "--precision", precision, "--out", f.name]
+        subprocess.run(cmd + (["--quick"] if quick else []), check=True, stdout=sys.stderr)
+        return json.loads(Path(f.name).read_text())
 
 
 def main() -> None:
-    r = resolve("pretrain", QUICK, [f"schedule.steps={STEPS}", "schedule.warmup_steps=10", "data.val_split=",
-                                    "data.test_split=", "run.log_every=20", f"data.batch_size={BATCH}",
-                                    "data.synthetic.train_size=4096"])
-    results = {"torch_threads": torch.get_num_threads()}
-    results["train_bare_img_s"] = bare_train(r, "fp32")
-    results["train_ours_img_s"] = ours_train(r)
-    results["train_ratio"] = results["train_ours_img_s"] / results["train_bare_img_s"]
-    results["train_bare_bf16_img_s"] = bare_train(r, "bf16")
-    results["bf16_over_fp32"] = results["train_bare_bf16_img_s"] / results["train_bare_img_s"]
-    ours, bare = extraction(resolve("pretrain", QUICK, ["data.eval_batch_size=256",
-                                                        "data.synthetic.test_size=4096"]))
-    results.update(extract_ours_img_s=ours, extract_bare_img_s=bare, extract_ratio=ours / bare)
-    # The same comparison where the model, not PNG decoding, is the cost: ViT-S/16 at 224 px.
-    vit_s = resolve("pretrain", None, ["model.name=ViT-S/16", "model.img_size=224",
-                                       "data.synthetic.img_size=224", "data.synthetic.test_size=256",
-                                       "data.eval_batch_size=64"])
-    ours, bare = extraction(vit_s)
-    results.update(extract_vit_s16_ours_img_s=ours, extract_vit_s16_bare_img_s=bare,
-                   extract_vit_s16_ratio=ours / bare)
-    solve_s, images = vtab_solves()
-    rate = vit_b16_rate()
-    results.update(vtab_solve_s=solve_s, vtab_images=images, vit_b16_img_s=rate,
-                   vtab_extract_s=images / rate, solve_fraction=solve_s / (images / rate))
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, not the machine")
+    p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
+    p.add_argument("--precision", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.model:
+        Path(a.out).write_text(json.dumps(one_model(a.model, a.quick, a.precision)))
+        return
+    t0 = time.perf_counter()
+    precision, why = choose("auto", torch.device("cpu"))
+    progress(f"precision {precision} ({why}); matmul peak")
+    peak = matmul_flops(precision, 512 if a.quick else 4096, 2 if a.quick else 10)
+    results = {"machine": machine(), "precision": precision, "precision_reason": why,
+               "torch": torch.__version__, "quick": a.quick, "matmul_flops": peak, "models": {}}
+    for name in MODELS:
+        m = spawn(name, a.quick, precision)
+        results["models"][name] = {**m, **derived(m, peak)}
+    results["targets"] = targets(results)
+    results["seconds"] = time.perf_counter() - t0
     json.dump(results, sys.stdout, indent=2)
     sys.stdout.write("\n")
 

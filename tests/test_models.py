@@ -269,3 +269,22 @@ def test_model_spec_is_resolved_so_the_recipe_is_truthful():
     spec = model_spec(ModelConfig(name="ViT-L/16"), 10)
     assert (spec["embed_dim"], spec["depth"], spec["num_heads"], spec["num_classes"]) == (1024, 24, 16, 10)
     assert dataclasses.asdict(ModelConfig()).keys() == spec.keys()
+
+
+def count_sdpa_calls(monkeypatch, model: torch.nn.Module, x: torch.Tensor) -> int:
+    """How often a forward pass calls PyTorch's fused attention (looked up at call time, so patchable)."""
+    real, calls = torch.nn.functional.scaled_dot_product_attention, []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        model(x)
+    return len(calls)
+
+
+def test_vit_attention_runs_pytorch_sdpa(monkeypatch, images):
+    # timm decides once at import (env TIMM_FUSED_ATTN=0 would turn it off); its per-block flag follows
+    assert timm.layers.use_fused_attn()
+    model = build_model(tiny(), K).eval()
+    attention = [m for m in model.modules() if isinstance(m, timm.layers.Attention)]
+    assert len(attention) == TINY["depth"] and all(m.fused_attn for m in attention)
+    assert count_sdpa_calls(monkeypatch, model, images) == TINY["depth"]  # one fused call per block

@@ -20,8 +20,8 @@ def model_and_grads(seed: int = 0):
     return model, grads
 
 
-def run_ours(cfg: OptimConfig, model, grads) -> dict[str, torch.Tensor]:
-    opt = build_optimizer(model, cfg)
+def run_ours(cfg: OptimConfig, model, grads, fast: bool = True) -> dict[str, torch.Tensor]:
+    opt = build_optimizer(model, cfg, fast)
     for s, g in zip(MULTIPLIERS, grads):
         for group in opt.param_groups:
             group["lr"] = cfg.lr * s  # what the trainer's schedule sets each step
@@ -83,3 +83,16 @@ def test_conventions_differ_by_the_peak_learning_rate():
     assert torch_weight_decay(OptimConfig(lr=1e-3, weight_decay=1e-4, weight_decay_convention="big_vision")) \
         == pytest.approx(0.1)  # big_vision's ViT configs: wd 1e-4 at lr 1e-3, the AugReg paper's "0.1"
     assert torch_weight_decay(OptimConfig(lr=1e-3, weight_decay=0.1)) == 0.1
+
+
+@pytest.mark.parametrize("convention", ["torch", "big_vision"])
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_fused_or_foreach_step_equals_the_per_tensor_loop(name, convention):
+    model, grads = model_and_grads(seed=1)
+    cfg = OptimConfig(name=name, lr=LR, weight_decay=WD, weight_decay_convention=convention)
+    fast_opt = build_optimizer(copy.deepcopy(model), cfg)
+    assert any(fast_opt.defaults.get(k) for k in ("fused", "foreach")), fast_opt.defaults  # not the loop
+    fast = run_ours(cfg, copy.deepcopy(model), grads)
+    loop = run_ours(cfg, copy.deepcopy(model), grads, fast=False)
+    for n in loop:  # the same float32 update, summed in another order: a few ulps apart at most
+        torch.testing.assert_close(fast[n], loop[n], rtol=1e-6, atol=1e-7)

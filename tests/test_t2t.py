@@ -328,3 +328,13 @@ def test_printed_conversion_of_an_official_checkpoint_loads_strictly_for_eval_an
     assert "T2T-ViT-7" in rows["architecture"]
     assert torch.equal(tuned.tokens_to_token.attention1.w, model.tokens_to_token.attention1.w)
     assert torch.equal(tuned.blocks[6].mlp.fc2.weight, model.blocks[6].mlp.fc2.weight)
+
+
+def test_every_attention_runs_pytorch_sdpa(monkeypatch):
+    # the two token transformers (tokens-to-token) and every backbone block: one fused call each
+    model = T2TViT(**TINY, mixer="transformer").eval()
+    real, calls = F.scaled_dot_product_attention, []
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    assert len(calls) == 2 + TINY["depth"]

@@ -18,6 +18,7 @@ from vitcli.errors import RecipeError
 from vitcli.models import HYBRID, T2T_VITS, is_vit_family
 from vitcli.mpp import CELLS, KINDS
 from vitcli.posemb import METHODS, grid_for
+from vitcli.precision import PRECISIONS
 from vitcli.recipe import Recipe
 from vitcli.trackers import check_loggers
 from vitcli.transforms import FEWSHOT_RESIZE_METHODS, check_randaugment
@@ -32,7 +33,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.loss": ("softmax", "sigmoid"),
     "optim.weight_decay_convention": ("torch", "big_vision"),
     "schedule.decay": ("linear", "cosine", "constant"),
-    "run.precision": ("fp32", "bf16"),
+    "run.precision": PRECISIONS,
     "run.device": ("auto", "cpu", "cuda"),
     "run.strategy": ("ddp", "fsdp"),  # fsdp with one process is allowed: unsharded, same checkpoint format
     "init.posemb_method": METHODS,

@@ -1,23 +1,85 @@
-"""Mixed precision: bf16 autocast for matmuls; weights, optimizer state and the loss stay fp32."""
+"""Mixed precision: bf16 autocast for matmuls; weights, optimizer state and the loss stay fp32.
+
+`run.precision: auto` is resolved once per run, when the device is known (`resolved`): bf16 where the
+device runs it natively, fp32 where bf16 would be emulated. Everything downstream (the trainer's autocast,
+the evaluators, few-shot extraction and its cache key, the resume check, the checkpoints' recipe) reads the
+resolved recipe, so it only ever sees `fp32` or `bf16`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import torch
+
+from vitcli.recipe import Recipe
+
+PRECISIONS = ("auto", "fp32", "bf16")
+Detect = Callable[[torch.device], tuple[bool, str]]  # device -> (runs bf16 natively, what was detected)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on CPU or CUDA when asked for, a no-op context for fp32."""
+    if precision not in ("fp32", "bf16"):  # `auto` reaching here would silently mean fp32: resolve it first
+        raise ValueError(f"precision {precision!r}: pass the resolved one (precision.resolved), fp32 or bf16")
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
+def _cpu_features() -> dict:
+    # torch's own cpuinfo read ({'avx512_bf16': True, 'amx_bf16': False, ...}); private, so tolerate its absence
+    probe = getattr(torch._C._cpu, "_get_cpu_capability", None)
+    features = dict(probe()) if probe else {}
+    tile = getattr(torch._C._cpu, "_is_amx_tile_supported", None)  # in some torch versions only
+    features["amx_bf16"] = bool(features.get("amx_bf16") or (tile and tile()))
+    return features
+
+
+def cpu_bf16(features: dict, onednn_bf16: bool, isa: str) -> tuple[bool, str]:
+    """(native bf16, what was detected) for a CPU with cpuinfo `features`, oneDNN's own bf16 test and the
+    vector ISA torch dispatches to (`AVX2`, `AVX512`, ...)."""
+    if features.get("amx_bf16"):
+        return True, "CPU has AMX"
+    if onednn_bf16:  # AVX-512 cores; the avx512_bf16 instructions make it fast, not only possible
+        return True, "CPU has AVX-512 bf16" if features.get("avx512_bf16") else "CPU has AVX-512 (oneDNN bf16)"
+    return False, f"CPU has only {isa}: bf16 would be emulated"
+
+
 @functools.cache
-def bf16_warning(device_type: str) -> str | None:
+def detect_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether `device` runs bf16 matmuls natively, and what was detected (for the run's announce line)."""
+    if device.type == "cuda":
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return native, f"{torch.cuda.get_device_name(device)} {'has' if native else 'lacks'} native bf16"
+    if device.type != "cpu":
+        return False, f"{device.type}: native bf16 not known"
+    return cpu_bf16(_cpu_features(), torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                    torch.backends.cpu.get_cpu_capability())
+
+
+def choose(pref: str, device: torch.device, detect: Detect | None = None) -> tuple[str, str]:
+    """(precision, why): `auto` takes bf16 where `device` runs it natively, else fp32; fp32/bf16 are kept.
+
+    `detect` defaults to detect_bf16, looked up at call time so tests can stand in for either machine."""
+    if pref != "auto":
+        return pref, "run.precision"
+    native, found = (detect or detect_bf16)(device)
+    return ("bf16" if native else "fp32"), f"auto: {found}"
+
+
+def resolved(recipe: Recipe, device: torch.device, detect: Detect | None = None) -> tuple[Recipe, str]:
+    """The recipe with run.precision chosen for `device` (never `auto`), and why."""
+    precision, why = choose(recipe.run.precision, device, detect)
+    return dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, precision=precision)), why
+
+
+def bf16_warning(device: torch.device, detect: Detect | None = None) -> str | None:
     """Why bf16 would be slow here, or None. A CPU without AVX-512 bf16 emulates it (we measured ~13x slower)."""
-    if device_type == "cpu" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "this CPU has no native bf16: run.precision=bf16 is emulated and much slower; use fp32"
+    native, found = (detect or detect_bf16)(device)
+    if device.type == "cpu" and not native:
+        return f"{found}: run.precision=bf16 is much slower here; use fp32 or auto"
     return None

@@ -121,7 +121,10 @@ class RunConfig:
     """Everything about running that does not change the maths."""
 
     seed: int = 0
-    precision: str = "fp32"  # fp32 | bf16 (autocast; weights and optimizer stay fp32)
+    # auto | fp32 | bf16 (autocast; weights and optimizer stay fp32). auto: bf16 where the device runs it
+    # natively (CUDA with bf16, a CPU with AVX-512 bf16 or AMX), fp32 where bf16 would be emulated
+    precision: str = "auto"
+    compile: bool = False  # torch.compile the model for training (minutes of compiling first; exports unchanged)
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end

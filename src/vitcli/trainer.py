@@ -157,6 +157,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     optimizer = build_optimizer(model, r.optim)
     start = _try_resume(job, model, optimizer, dist)
     ddp_model = model if r.run.strategy == "fsdp" else wrap(model, dist)
+    ddp_model = torch.compile(ddp_model) if r.run.compile else ddp_model  # `model` stays the one saved/exported
     accum = accumulation_steps(r, dist.world_size)
     micro = r.data.batch_size // (accum * dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)

@@ -20,6 +20,7 @@ from vitcli.fewshot.evaluate import (
     recipe_tasks,
 )
 from vitcli.metrics import console, stdout
+from vitcli.precision import resolved
 from vitcli.recipe import Recipe, to_yaml
 from vitcli.transfer import load_for_eval
 from vitcli.workdir import check_workdir
@@ -36,6 +37,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
         check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
+    recipe, why = resolved(recipe, dist.device)  # the cache key and the extraction see fp32 or bf16, never auto
+    console.log(f"features in {recipe.run.precision} ({why})")
     model = load_for_eval(recipe).to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
     weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task

@@ -22,7 +22,7 @@ from vitcli.evaluators import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.metrics import console, stdout
 from vitcli.objectives import MppModel
-from vitcli.precision import bf16_warning
+from vitcli.precision import bf16_warning, resolved
 from vitcli.recipe import Recipe, to_dict, to_yaml
 from vitcli.schedule import total_steps
 from vitcli.trainer import Job, train
@@ -33,7 +33,7 @@ from vitcli.workdir import check_space, check_workdir, refuse_finished, set_asid
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
 # weights and the summation order) must match.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
-             "data.num_workers", "data.eval_batch_size", "fewshot.")
+             "run.compile", "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
 def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:
@@ -48,10 +48,13 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist) -> tuple[Path, dict] | None:
+def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist,
+                 auto_precision: bool = False) -> tuple[Path, dict] | None:
     """The checkpoint to resume from (read once, handed to the trainer), or None for a fresh run.
 
-    Automatic when the workdir holds one; refused if the recipe changed what is trained.
+    Automatic when the workdir holds one; refused if the recipe changed what is trained. `recipe` has its
+    precision resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at the other
+    precision, on a machine that chose differently, is continued with a warning instead.
     """
     if resume is False:
         return None
@@ -59,8 +62,21 @@ def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist)
     if found is None and resume:
         raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt, or a state-<step>/ directory with run.strategy=fsdp)")
     if found is not None:
-        _check_same_training(recipe, found[1]["recipe"], workdir)
+        saved = found[1]["recipe"]
+        if auto_precision:
+            saved = _accept_precision(recipe, saved, workdir)
+        _check_same_training(recipe, saved, workdir)
     return found
+
+
+def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
+    """`saved` with this machine's precision, after a loud warning if the checkpoint trained at another."""
+    was = saved.get("run", {}).get("precision", "fp32")  # recipes before `auto` existed defaulted to fp32
+    if was != recipe.run.precision:
+        console.log(f"[bold yellow]warning: {workdir} trained at {was}; run.precision=auto chooses "
+                    f"{recipe.run.precision} on this machine, so the rest of the run continues at "
+                    f"{recipe.run.precision} (set run.precision={was} to keep it)")
+    return {**saved, "run": {**saved.get("run", {}), "precision": recipe.run.precision}}
 
 
 def starts_over(resume: bool | None, overwrite: bool) -> bool | None:
@@ -150,7 +166,9 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     with `overwrite`, and its files are moved aside (never deleted) once the new run has started cleanly.
     """
     check_workdir(workdir)
-    start = resume_point(recipe, workdir, starts_over(resume, overwrite), dist)
+    auto = recipe.run.precision == "auto"
+    recipe, why = resolved(recipe, dist.device)  # the one place `auto` becomes fp32 or bf16
+    start = resume_point(recipe, workdir, starts_over(resume, overwrite), dist, auto)
     if start is None:
         refuse_finished(workdir, overwrite)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
@@ -163,12 +181,12 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         if start is None:
             set_aside(workdir)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
-        _announce(job, dist)
+        _announce(job, dist, why)
     t0 = time.perf_counter()
     results = train(job, dist)
     if dist.is_main:
         summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
-                   **results}
+                   "run/precision": recipe.run.precision, **results}
         files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(workdir)  # warns rather than fails: the run is done
         report(summary, workdir)
@@ -183,16 +201,16 @@ def checkpoint_bytes(job: Job) -> int:
     return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
 
-def _announce(job: Job, dist: Dist) -> None:
+def _announce(job: Job, dist: Dist, why: str) -> None:
     r = job.recipe
-    if r.run.precision == "bf16" and bf16_warning(dist.device.type):
-        console.log(f"[yellow]warning: {bf16_warning(dist.device.type)}")
+    if r.run.precision == "bf16" and bf16_warning(dist.device):
+        console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
     console.log(
         f"{r.stage}: {r.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
         f"{f'masked patch prediction ({r.mpp.target})' if r.objective == 'mpp' else f'{job.num_classes} classes'}, "
         f"{job.total_steps} steps "
-        f"of {r.data.batch_size} -> {job.workdir}"
+        f"of {r.data.batch_size}, {r.run.precision} ({why}){', compiled' if r.run.compile else ''} -> {job.workdir}"
     )
 
 

@@ -20,7 +20,7 @@ bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-MODEL_KEYS = {"img_size", "batch", "steps", "num_workers", "loader_img_s", "bare_img_s", "ours_img_s",
+MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_img_s", "bare_img_s", "ours_img_s",
               "ours_compile_img_s", "train_flops_per_img", "peak_rss_mb", "children_rss_mb", "ratio",
               "ratio_compile", "best_ratio", "loader_vs_model", "mfu", "mfu_compile", "best_mfu"}
 
@@ -48,7 +48,7 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     out = subprocess.run([sys.executable, str(REPO / "bench/run.py"), "--quick"], env=env, check=True,
                          capture_output=True, text=True).stdout
     results = json.loads(out)  # the whole of stdout: progress went to stderr
-    assert {"machine", "precision", "torch", "matmul_flops", "models", "targets"} <= set(results)
+    assert {"machine", "auto_precision", "torch", "matmul_flops", "models", "targets"} <= set(results)
     assert set(results["models"]) == {"quickstart", "vit_ti16_224"}
     for m in results["models"].values():
         assert MODEL_KEYS <= set(m), MODEL_KEYS - set(m)

@@ -46,10 +46,26 @@ def test_the_cpu_verdict_names_what_it_found(features, onednn, isa, expected):
     assert precision.cpu_bf16(features, onednn, isa) == expected
 
 
-def test_this_machine_is_judged_by_onednn():
-    native, _ = precision.detect_bf16(CPU)
-    # oneDNN's own test decides unless the CPU has AMX (which implies it)
-    assert native == (torch.ops.mkldnn._is_mkldnn_bf16_supported() or precision._cpu_features()["amx_bf16"])
+def test_this_machine_is_judged_by_its_flags_then_by_a_measured_matmul():
+    native, found = precision.detect_bf16(CPU)
+    flags = torch.ops.mkldnn._is_mkldnn_bf16_supported() or precision._cpu_features()["amx_bf16"]
+    assert native <= flags  # never bf16 without the instructions
+    assert ("measured" in found) == flags  # with them, the probe had the last word and says so
+
+
+@pytest.mark.parametrize("speedup,expected", [
+    (None, (True, "CPU has AVX-512 bf16")),  # not measured: the flags stand
+    (0.54, (False, "CPU has AVX-512 bf16, but bf16 matmuls measured 0.54x fp32 here")),
+    (3.9, (True, "CPU has AVX-512 bf16 (bf16 matmuls measured 3.9x fp32)")),
+])
+def test_a_measured_bf16_slowdown_overrules_the_flags(speedup, expected):
+    assert precision.confirmed(True, "CPU has AVX-512 bf16", speedup) == expected
+    assert precision.confirmed(False, "CPU has only AVX2", speedup) == (False, "CPU has only AVX2")
+
+
+def test_the_matmul_probe_times_both_precisions():
+    ratio = precision.bf16_speedup(n=64, seconds=0.01)
+    assert 0.01 < ratio < 100  # a ratio of two positive rates, whatever this CPU is
 
 
 def test_explicit_bf16_warns_only_on_an_emulating_cpu():

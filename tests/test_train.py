@@ -98,7 +98,8 @@ def test_resume_refuses_a_change_to_what_is_trained(tmp_path, change):
 def test_resume_accepts_changes_to_how_a_run_is_watched(tmp_path):
     base = ["schedule.steps=3", "data.val_split=", "data.test_split="]
     one_run(recipe(*base, "run.ckpt_every=1"), tmp_path)
-    watched = ["run.log_every=2", "run.ckpt_every=2", "run.eval_every=5", "data.eval_batch_size=8"]
+    watched = ["run.log_every=2", "run.ckpt_every=2", "run.eval_every=5", "data.eval_batch_size=8",
+               "run.ckpt_every_minutes=5", "run.activation_checkpointing=true"]
     one_run(recipe(*base, *watched), tmp_path, resume=True)  # nothing left to train: it resumes at step 3
 
 

@@ -33,7 +33,7 @@ from vitcli.workdir import check_space, check_workdir, refuse_finished, set_asid
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
 # weights and the summation order) must match.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
-             "run.compile", "data.num_workers", "data.eval_batch_size", "fewshot.")
+             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
 def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from clirun import run_vit
+from vitcli import cli
+from vitcli.errors import Interrupted
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
@@ -78,3 +80,17 @@ def test_debug_env_shows_the_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "vitcli.cli", "pretrain", "--dry-run", "optim.lrr=1"],
                           capture_output=True, text=True, env=env, check=False)
     assert proc.returncode != 0 and "Traceback" in proc.stderr and "RecipeError" in proc.stderr
+
+
+@pytest.mark.parametrize("rank,says", [("0", True), ("1", False)])
+def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank, says):
+    """Every rank stops at the same agreed step with the same message: rank 0 prints it, the others only exit
+    with its code (torchrun would otherwise show it once per process)."""
+    def stopped(**kwargs):
+        raise Interrupted("SIGTERM at step 3/9: checkpoint written in w; run the same command again", exit_code=143)
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(cli, "app", stopped)
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain")
+    assert code == 143 and out == ""
+    assert ("SIGTERM at step 3/9" in err) == says

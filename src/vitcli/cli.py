@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from vitcli.errors import Terminated, VitcliError
+from vitcli.errors import Interrupted, Terminated, VitcliError
 
 # Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so show no type.
 _display_type = typer.core.TyperOption.display_type_rich
@@ -262,6 +262,8 @@ def main() -> None:
     except VitcliError as e:
         if debug:
             raise
+        if isinstance(e, Interrupted) and os.environ.get("RANK", "0") != "0":
+            sys.exit(e.exit_code)  # every rank stopped at the same agreed step: rank 0 alone says where
         _fail(str(e), e.exit_code)
     except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
         _usage_error(e)

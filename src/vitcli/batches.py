@@ -164,13 +164,20 @@ class _Batches(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int | None, list[int]]):
         try:
             return self._batch(*key)
-        except Exception as e:
-            if torch.utils.data.get_worker_info() is None:
-                raise  # in this process the traceback stays intact
-            # Returned, not raised: the loader would re-raise it with the worker's traceback in its message.
-            # BatchStream raises it in the reading process, as the one line the CLI shows.
-            return e if isinstance(e, VitcliError) else DataError(
-                f"{self.name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
+        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
+            return worker_error(e, self.name)
+
+
+def worker_error(e: Exception, name: str) -> Exception:
+    """What a keyed dataset's __getitem__ does with an error building a batch of split `name`: in this process,
+    re-raise it (the traceback stays intact); in a loader worker, return it as one line.
+
+    Returned, not raised: the loader would re-raise it with the worker's traceback in its message.
+    BatchStream raises it in the reading process, as the one line the CLI shows."""
+    if torch.utils.data.get_worker_info() is None:
+        raise e
+    return e if isinstance(e, VitcliError) else DataError(
+        f"{name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
 
 
 class BatchStream:
@@ -246,12 +253,17 @@ def _ignore_interrupts(worker_id: int) -> None:
 
 
 def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: bool, replace: bool):
-    # batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
-    # persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed
-    # from the global torch RNG and shift the trainer's dropout/init streams.
-    workers = cfg.num_workers
+    return keyed_loader(_Batches(ds, cfg, transform, cache, replace), keys, cfg.num_workers)
+
+
+def keyed_loader(dataset: torch.utils.data.Dataset, keys: Iterable, workers: int) -> DataLoader:
+    """A loader over a dataset whose keys name whole batches (this module's and streams.py's).
+
+    batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
+    persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed from the
+    global torch RNG and shift the trainer's dropout/init streams."""
     return DataLoader(
-        _Batches(ds, cfg, transform, cache, replace), batch_size=None, sampler=keys, num_workers=workers,
+        dataset, batch_size=None, sampler=keys, num_workers=workers,
         generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if workers else None, worker_init_fn=_ignore_interrupts if workers else None,
     )

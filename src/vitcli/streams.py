@@ -42,7 +42,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.batches import BatchStream, _ignore_interrupts, _reason, stretch_binary
+from vitcli.batches import BatchStream, _reason, keyed_loader, stretch_binary, worker_error
 from vitcli.data import origin
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe import DataConfig
@@ -144,12 +144,8 @@ class _Decode(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, int, list[Example]]):
         try:
             return self._batch(*key)
-        except Exception as e:
-            if torch.utils.data.get_worker_info() is None:
-                raise
-            # returned, not raised, as batches._Batches does: BatchStream raises it in the reading process
-            return e if isinstance(e, VitcliError) else DataError(
-                f"{self.name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
+        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
+            return worker_error(e, self.name)
 
 
 class TrainStream(BatchStream):
@@ -205,14 +201,7 @@ def stream_train_batches(
     positions: deque = deque()
     keys = _keys(examples, cfg, micro_batch_size, seed, rank, start_step, positions)
     decode = _Decode(name, build_transform(cfg, img_size, train=True), cfg.binary_pixels)
-    workers = cfg.num_workers
-    loader = DataLoader(  # as batches._loader: keys name whole batches, workers persist, our own generator
-        decode, batch_size=None, sampler=keys, num_workers=workers,
-        generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
-        prefetch_factor=4 if workers else None,
-        worker_init_fn=_ignore_interrupts if workers else None,
-    )
-    return TrainStream(loader, positions, at)
+    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at)
 
 
 def throughput(stream: Iterator, n_batches: int) -> float:

@@ -86,33 +86,51 @@ def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
     raise DataError(f"{source}: expected .parquet or .arrow files, found {', '.join(sorted(kinds))}")
 
 
-def _local(source: str) -> dict[str, datasets.Dataset]:
-    """All splits of a local source; a lone saved Dataset, a file or a glob is the split `train`."""
+def _local_kind(source: str) -> tuple[str, list[str] | Path]:
+    """What a local source is: ("files", the files of a file or glob), ("saved", a save_to_disk directory) or
+    ("folder", a directory HF infers the builder of: imagefolder, parquet shards, ...)."""
     path = Path(source).expanduser()
     if any(c in source for c in "*?["):
         matches = sorted(glob.glob(str(path)))
         if not matches:
             raise DataError(f"dataset path not found: {source} (the glob matches no file)")
-        return _files(matches, source)
+        return "files", matches
     if path.is_file():
-        return _files([str(path)], source)
+        return "files", [str(path)]
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        saved = datasets.load_from_disk(str(path))
-        return dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
-    return dict(datasets.load_dataset(str(path)))  # imagefolder, parquet shards, ...: HF infers the builder
+        return "saved", path
+    return "folder", path
 
 
-def _hub(source: str, split: str) -> datasets.Dataset:
+def _saved_splits(path: Path) -> dict[str, datasets.Dataset]:
+    """The splits of a save_to_disk directory; a lone saved Dataset is the split `train`."""
+    saved = datasets.load_from_disk(str(path))
+    return dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+
+
+def _local(source: str) -> dict[str, datasets.Dataset]:
+    """All splits of a local source; a lone saved Dataset, a file or a glob is the split `train`."""
+    kind, where = _local_kind(source)
+    if kind == "files":
+        return _files(where, source)
+    if kind == "saved":
+        return _saved_splits(where)
+    return dict(datasets.load_dataset(str(where)))
+
+
+def _hub(source: str, split: str, streaming: bool = False):
+    """One split from the Hub: a Dataset, or with `streaming` an IterableDataset."""
     if _offline():
         raise DataError(
             f"dataset '{source}' is not a local path and the Hub is offline (HF_DATASETS_OFFLINE or "
             "HF_HUB_OFFLINE is set); give a local directory or file, or unset them"
         )
     try:
-        return datasets.load_dataset(source, split=split)
+        return datasets.load_dataset(source, split=split, streaming=streaming)
     except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"cannot load '{source}' split '{split}' from the Hub: {reason}") from None
+        verb = "stream" if streaming else "load"
+        raise DataError(f"cannot {verb} '{source}' split '{split}' from the Hub: {reason}") from None
 
 
 def _check_columns(features: datasets.Features, source: str, image_column: str, label_column: str) -> None:
@@ -220,8 +238,7 @@ def _file_stream(paths: list[str], source: str, split: str) -> datasets.Iterable
 
 def _saved_stream(path: Path, source: str, split: str) -> datasets.IterableDataset:
     """A split of a save_to_disk directory, streamed from its memory-mapped arrow files."""
-    saved = datasets.load_from_disk(str(path))
-    splits = dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
+    splits = _saved_splits(path)
     if split not in splits:
         raise DataError(f"{source}: no split '{split}'; available: {', '.join(splits)}")
     ds = splits[split]
@@ -229,28 +246,12 @@ def _saved_stream(path: Path, source: str, split: str) -> datasets.IterableDatas
 
 
 def _local_stream(source: str, split: str) -> datasets.IterableDataset:
-    path = Path(source).expanduser()
-    if any(c in source for c in "*?["):
-        matches = sorted(glob.glob(str(path)))
-        if not matches:
-            raise DataError(f"dataset path not found: {source} (the glob matches no file)")
-        return _file_stream(matches, source, split)
-    if path.is_file():
-        return _file_stream([str(path)], source, split)
-    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
-        return _saved_stream(path, source, split)
-    return datasets.load_dataset(str(path), split=split, streaming=True)  # imagefolder, parquet shards, ...
-
-
-def _hub_stream(source: str, split: str) -> datasets.IterableDataset:
-    if _offline():
-        raise DataError(f"dataset '{source}' is not a local path and the Hub is offline (HF_DATASETS_OFFLINE "
-                        "or HF_HUB_OFFLINE is set); give a local directory or file, or unset them")
-    try:
-        return datasets.load_dataset(source, split=split, streaming=True)
-    except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"cannot stream '{source}' split '{split}' from the Hub: {reason}") from None
+    kind, where = _local_kind(source)
+    if kind == "files":
+        return _file_stream(where, source, split)
+    if kind == "saved":
+        return _saved_stream(where, source, split)
+    return datasets.load_dataset(str(where), split=split, streaming=True)
 
 
 def _open_stream(cfg: DataConfig, split: str) -> datasets.IterableDataset:
@@ -265,7 +266,7 @@ def _open_stream(cfg: DataConfig, split: str) -> datasets.IterableDataset:
             raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
     if _looks_like_path(source):
         raise DataError(f"dataset path not found: {source}")
-    return _hub_stream(source, split)
+    return _hub(source, split, streaming=True)
 
 
 def load_stream(cfg: DataConfig) -> datasets.IterableDataset:

@@ -16,6 +16,7 @@ from vitcli.fewshot.evaluate import data_id, load_task_split
 from vitcli.resolve import resolve
 from vitcli.stages.fewshot import eval_fewshot
 from vitcli.stages.run import one_run
+from vitcli.transfer import load_for_eval
 
 TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "model.depth=2",
               "model.num_heads=2", "model.mlp_dim=64"]
@@ -184,3 +185,55 @@ def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows(
     kept = [i for i in range(n) if i not in bad]
     assert labels.tolist() == kept and feats[:, 0].tolist() == kept and feats[:, 1].tolist() == [-i for i in kept]
     assert skipped.as_dict() == {"split": [4, 9]}
+
+
+def test_random_init_scores_the_checkpoints_network_with_fresh_weights(pretrained, tmp_path, monkeypatch, capsys):
+    """--random-init: the network --ckpt describes, drawn by its own initialiser from run.seed, never its weights.
+    The independent path: the same draw saved to a file and scored as an ordinary checkpoint."""
+    cache = f"fewshot.cache_dir={tmp_path / 'cache'}"
+    ours = fewshot(pretrained / "pre", tmp_path / "pre", cache)
+    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--ckpt", str(pretrained / "pre"), "--random-init",
+                                      "--workdir", str(tmp_path / "rand"), *TINY_MODEL, *DATA, *FEWSHOT, cache])
+    cli.main()
+    assert "extracted" in capsys.readouterr().err, "the pretrained weights' cached features must not be reused"
+    payload = json.loads((tmp_path / "rand" / "results.json").read_text())
+    rand = payload["runs"]
+    assert payload["random_init"] is True and payload["recipe"]["init"]["random"] is True
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    torch.manual_seed(r.run.seed)
+    drawn = models.build_model(r.model, 0)
+    files.save_weights(tmp_path / "drawn.safetensors", drawn.state_dict(), {"model": models.model_spec(r.model, 0)})
+    assert [x["accuracy"] for x in fewshot(tmp_path / "drawn.safetensors", tmp_path / "file")] == \
+        [x["accuracy"] for x in rand]
+    assert [x["accuracy"] for x in rand] != [x["accuracy"] for x in ours]
+    other = fewshot(pretrained / "pre", tmp_path / "seed1", cache, "init.random=true", "run.seed=1")
+    assert [x["accuracy"] for x in other] != [x["accuracy"] for x in rand], "run.seed draws other weights"
+
+
+def test_random_init_leaves_the_callers_rng_alone(pretrained):
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}",
+                                                                      "init.random=true"])
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_for_eval(r)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_random_init_is_refused_outside_eval_fewshot(monkeypatch, capsys, pretrained):
+    monkeypatch.setattr(sys, "argv", ["vit", "finetune", "--init", str(pretrained / "pre"), "--dry-run",
+                                      "init.random=true"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "init.random" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_state_id_follows_every_weight():
+    net = torch.nn.Linear(3, 2)
+    before = features.state_id(net)
+    assert features.state_id(net) == before
+    with torch.no_grad():
+        net.bias[1] += 1e-6
+    assert features.state_id(net) != before

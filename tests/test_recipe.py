@@ -140,6 +140,8 @@ def test_flags_are_the_top_layer_and_none_means_not_given():
     (["model.pos_embed=sincos_1d"], "model.pos_embed: 'sincos_1d' is not one of"),
     (["init.posemb_method=nearest"], "init.posemb_method: 'nearest' is not one of bilinear, bicubic"),
     (["fewshot.l2_reg=-1"], "fewshot.l2_reg"),
+    (["fewshot.resize=32"], "fewshot.resize=32 is below 224"),  # a size at 224 px, not in pixels of the model
+    (["init.random=true"], "init.random applies to eval-fewshot only"),
     (["optim.weight_decay_convention=optax"], "optim.weight_decay_convention: 'optax' is not one of torch, big_vision"),
 ])
 def test_impossible_architectures_and_values_are_refused_at_resolve_time(overrides, fragment):

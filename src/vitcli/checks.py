@@ -82,6 +82,7 @@ def check(recipe: Recipe, world_size: int = 1) -> None:
     _fewshot(recipe)
     _device(recipe.run.device)
     _objective(recipe)
+    _random_init(recipe)
     check_loggers(recipe.run.loggers)
 
 
@@ -186,6 +187,12 @@ def _objective(recipe: Recipe) -> None:
                           f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
 
 
+def _random_init(recipe: Recipe) -> None:
+    if recipe.init.random and recipe.stage != "eval-fewshot":
+        raise RecipeError(f"init.random applies to eval-fewshot only (its random-initialisation baseline); `vit "
+                          f"{recipe.stage}` without a checkpoint already trains from random initialisation")
+
+
 def _device(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
@@ -195,6 +202,9 @@ def _fewshot(recipe: Recipe) -> None:
     f = recipe.fewshot
     if f.tasks and not f.shots:
         raise RecipeError("fewshot.shots is empty: give the shot counts, e.g. fewshot.shots=1,5,10,25")
+    if f.resize < 224:  # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
+        raise RecipeError(f"fewshot.resize={f.resize} is below 224: it is the resize before a 224 px centre crop "
+                          "(big_vision's 256), scaled to the model's img_size; 224 means no crop")
     bad = [k for k in f.shots if k < 1]
     if bad:
         raise RecipeError(f"fewshot.shots must be >= 1 per class, got {bad[0]} in {f.shots}")

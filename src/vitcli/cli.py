@@ -166,6 +166,8 @@ def eval_fewshot(
     l2: Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")] = None,
     data_root: Annotated[str | None, typer.Option(help="One directory per task instead of the Hub.")] = None,
     list_tasks: Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")] = False,
+    random_init: Annotated[bool, typer.Option(
+        "--random-init", help="Score --ckpt's network with fresh weights (run.seed): the baseline.")] = False,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
     overrides: FewshotOverridesArg = None,
@@ -176,7 +178,7 @@ def eval_fewshot(
 
         return print_registry()
     flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots, "fewshot.seeds": seeds,
-             "fewshot.l2_reg": l2, "fewshot.data_root": data_root}
+             "fewshot.l2_reg": l2, "fewshot.data_root": data_root, "init.random": random_init or None}
     r = _resolve("eval-fewshot", recipe, overrides, flags)
     if dry_run:
         return _dry_run(r)

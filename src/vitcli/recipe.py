@@ -151,6 +151,7 @@ class InitConfig:
     keep_head: bool = False  # False: drop the pretrained head, attach a zero-initialised D x K head
     keep_representation: bool = False  # the paper drops the pre-logits layer when fine-tuning
     posemb_method: str = "bilinear"  # bilinear (big_vision / vit_jax) | bicubic (timm, antialiased)
+    random: bool = False  # eval-fewshot: the checkpoint's network with fresh weights (run.seed), the baseline
 
 
 @dataclass
@@ -176,7 +177,7 @@ class FewshotConfig:
     l2_reg: str = "1024"  # a number, or "auto" for leave-one-out choice on the shot set
     every: int = 0  # steps between few-shot runs inside training; 0 disables
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
-    resize: int = 256  # big_vision: resize to resize x resize, centre crop img_size
+    resize: int = 256  # at 224 px (big_vision: resize to 256, centre crop 224), scaled to img_size; >= 224
     # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare with its own;
     # pil_antialias: PIL's antialiased bilinear and round()ed size, vitcli's earlier default (reproduces its results)
     resize_method: str = "big_vision"

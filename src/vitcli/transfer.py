@@ -44,7 +44,12 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
 
 
 def load_for_eval(recipe: Recipe) -> torch.nn.Module:
-    """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode."""
+    """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode; with
+    init.random, the same network as the model's own initialiser draws it from run.seed (nothing is loaded)."""
+    if recipe.init.random:
+        with torch.random.fork_rng():  # the caller's RNG stream is left as it was
+            torch.manual_seed(recipe.run.seed)
+            return models.build_model(recipe.model, 0).eval()
     loaded = read_checkpoint(recipe.init.checkpoint)
     model = models.build_model(recipe.model, 0)
     sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=False,

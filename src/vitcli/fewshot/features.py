@@ -89,6 +89,15 @@ def weights_id(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+def state_id(model: torch.nn.Module) -> str:
+    """Content hash of a network's weights (names, dtypes, shapes, bytes): the id of weights no file holds."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
     """Key of one cached feature set: the four things that determine it (`preprocessing` holds img_size,
     resize, resize_method and precision)."""

@@ -43,6 +43,7 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skip
     _table(summary, means, {key: d for key, d in drawn.items() if d["short_classes"]})
     payload = {
         "checkpoint": recipe.init.checkpoint,
+        "random_init": recipe.init.random,  # true: the checkpoint's network with fresh weights (run.seed)
         "runs": rows,
         "summary": [{"task": t, "shots": k, "mean": m, "std": s, **drawn[(t, k)]}
                     for (t, k), (m, s) in summary.items()],

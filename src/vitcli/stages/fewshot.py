@@ -39,9 +39,15 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     dist = setup(recipe.run.device)
     recipe, why = resolved(recipe, dist.device)  # the cache key and the extraction see fp32 or bf16, never auto
     console.log(f"features in {recipe.run.precision} ({why})")
-    model = load_for_eval(recipe).to(dist.device)
+    model = load_for_eval(recipe)
+    if recipe.init.random:
+        console.log(f"weights: {recipe.init.checkpoint}'s network at random initialisation (run.seed="
+                    f"{recipe.run.seed}); nothing is loaded")
+        weights = features.state_id(model)
+    else:
+        weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
+    model = model.to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
-    weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
     rows = [row for task in chosen for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
     if dist.is_main:
         write_text(workdir / "recipe.yaml", to_yaml(recipe))

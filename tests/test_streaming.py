@@ -13,7 +13,8 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli import batches, data, streams, trainer
+from test_train import stopped_at_call
+from vitcli import batches, data, streams
 from vitcli.checkpoints import files, state
 from vitcli.errors import DataError
 from vitcli.recipe import DataConfig
@@ -231,21 +232,10 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(sources,
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
         "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
     one_run(r, tmp_path / "straight")
-    real, calls = trainer._accumulate_grads, {"n": 0}
-
-    def stop_in_step_6(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 6:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "_accumulate_grads", stop_in_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        one_run(r, tmp_path / "resumed")
+    stopped_at_call(monkeypatch, r, tmp_path / "resumed", 6)
     saved = state.latest_good_state(tmp_path / "resumed")[1]
     assert saved["step"] == 4  # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
     assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
-    monkeypatch.setattr(trainer, "_accumulate_grads", real)
     one_run(r, tmp_path / "resumed")
     a, b = (files.load_weights(tmp_path / w / files.MODEL_FILE)[0] for w in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -59,24 +59,29 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 32)  # pre-logits: eval-fewshot needs no head
 
 
+def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
+    """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the gradient step
+    (`trainer._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
+    real, calls = trainer._accumulate_grads, {"n": 0}
+
+    def interrupt_at_n(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "_accumulate_grads", interrupt_at_n)
+        with pytest.raises(KeyboardInterrupt):
+            one_run(r, workdir)
+
+
 def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeypatch):
     r = recipe("schedule.steps=8", "run.ckpt_every=3", "data.val_split=", "data.test_split=")
     one_run(r, tmp_path / "straight")
 
-    real = trainer._accumulate_grads
-    calls = {"n": 0}
-
-    def crash_at_step_5(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 5:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(trainer, "_accumulate_grads", crash_at_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        one_run(r, tmp_path / "resumed")
+    stopped_at_call(monkeypatch, r, tmp_path / "resumed", 5)
     assert state.latest_good_state(tmp_path / "resumed")[1]["step"] == 3
-    monkeypatch.setattr(trainer, "_accumulate_grads", real)
     one_run(r, tmp_path / "resumed")  # automatic: the workdir holds a checkpoint
 
     steps = [row["step"] for row in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]

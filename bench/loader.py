@@ -18,9 +18,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from vitcli import batches, data, streams
-from vitcli.recipe import DataConfig, SyntheticConfig
-from vitcli.synthetic import make_synthetic
+from vitcli.data import batches, sources, streams
+from vitcli.data.synthetic import make_synthetic
+from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 FILES = 4
 
@@ -37,9 +37,9 @@ def measure(source: str, streaming: bool, workers: int, n_batches: int, batch: i
     """Images/s of one loader, after one warm-up batch."""
     cfg = DataConfig(source=source, streaming=streaming, num_workers=workers)
     if streaming:
-        stream = streams.stream_train_batches(data.load_stream(cfg), cfg, 32, batch, seed=0)
+        stream = streams.stream_train_batches(sources.load_stream(cfg), cfg, 32, batch, seed=0)
     else:
-        stream = batches.train_batches(data.load_split(cfg, "train"), cfg, 32, batch, seed=0)
+        stream = batches.train_batches(sources.load_split(cfg, "train"), cfg, 32, batch, seed=0)
     return streams.throughput(stream, n_batches)
 
 

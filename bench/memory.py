@@ -29,8 +29,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from vitcli.recipe import accumulation_steps
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import accumulation_steps
 from vitcli.stages.run import one_run
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes/finetune/imagenet.yaml"

@@ -38,13 +38,14 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from vitcli import batches, data, models
-from vitcli.dist import setup
+from vitcli.data import batches, sources
 from vitcli.fewshot import features
-from vitcli.metrics import read_metrics
-from vitcli.precision import autocast, choose
-from vitcli.recipe import Recipe
-from vitcli.resolve import resolve
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import setup
+from vitcli.runtime.metrics import read_metrics
+from vitcli.runtime.precision import autocast, choose
 from vitcli.stages.run import one_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def ours(recipe: Recipe, compile_: bool) -> float:
 def bare(recipe: Recipe, steps: int, warmup: int) -> float:
     """Images/s of the plainest loop on one batch kept in memory: what a user writes by hand."""
     torch.manual_seed(0)
-    model = models.build_model(recipe.model, 10).train()
+    model = zoo.build_model(recipe.model, 10).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     img, batch = recipe.model.img_size, recipe.data.batch_size
     x, y = torch.randn(batch, 3, img, img), torch.randint(0, 10, (batch,))
@@ -151,7 +152,7 @@ def bare(recipe: Recipe, steps: int, warmup: int) -> float:
 
 def loader(recipe: Recipe, batches_: int) -> float:
     """Images/s of our training stream alone: decode + augmentation, the recipe's num_workers."""
-    ds = data.load_split(recipe.data, recipe.data.train_split)
+    ds = sources.load_split(recipe.data, recipe.data.train_split)
     stream = batches.train_batches(ds, recipe.data, recipe.model.img_size, recipe.data.batch_size, 0)
     next(stream)  # worker start-up is not throughput
     t0 = time.perf_counter()
@@ -162,9 +163,9 @@ def loader(recipe: Recipe, batches_: int) -> float:
 
 def extraction(recipe: Recipe, n: int) -> dict:
     """Few-shot feature extraction (decode + transform + forward) vs the same forward on in-memory tensors."""
-    model = models.build_model(recipe.model, 10).eval()
+    model = zoo.build_model(recipe.model, 10).eval()
     cfg = dataclasses.replace(recipe.data, synthetic=dataclasses.replace(recipe.data.synthetic, test_size=n))
-    ds = data.load_split(cfg, "test")
+    ds = sources.load_split(cfg, "test")
     dist = setup("cpu")
     img, resize = recipe.model.img_size, round(recipe.model.img_size * 256 / 224)
     features.extract(model, ds.select(range(min(64, n))), cfg, img, resize, dist, recipe.run.precision)

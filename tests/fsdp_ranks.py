@@ -11,12 +11,12 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from vitcli import sharding
-from vitcli.checkpoints import files
-from vitcli.dist import Dist, setup
-from vitcli.models import build_model
-from vitcli.optim import build_optimizer
-from vitcli.recipe import ModelConfig, OptimConfig
+from vitcli.checkpoints.weights import save_weights
+from vitcli.models.zoo import build_model
+from vitcli.recipe.schema import ModelConfig, OptimConfig
+from vitcli.runtime.dist import Dist, setup
+from vitcli.train import parallelize
+from vitcli.train.optim import build_optimizer
 
 TINY = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64)
 NUM_CLASSES, GLOBAL_BATCH, MICRO_BATCHES = 4, 8, 2  # per process: 2 micro-batches of 2 images
@@ -48,9 +48,9 @@ def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1
         x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
         optimizer.zero_grad(set_to_none=True)
         for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro), strict=True)):
-            with sharding.gradient_sync(model, i == micro - 1):
+            with parallelize.gradient_sync(model, i == micro - 1):
                 (F.cross_entropy(model(xm), ym) / micro).backward()
-        norms.append(float(sharding.clip_grad_norm(model, OPTIM.clip_grad_norm)))
+        norms.append(float(parallelize.clip_grad_norm(model, OPTIM.clip_grad_norm)))
         optimizer.step()
     return norms
 
@@ -62,7 +62,7 @@ def full_params(model) -> dict[str, torch.Tensor]:
 
 
 def sharded(seed: int, dist: Dist, activation_checkpointing: bool = False, cfg: ModelConfig = TINY):
-    model = sharding.shard(tiny_model(seed, cfg), dist, activation_checkpointing)
+    model = parallelize.shard(tiny_model(seed, cfg), dist, activation_checkpointing)
     return model, build_optimizer(model, OPTIM)
 
 
@@ -72,13 +72,13 @@ def straight_and_saved(out: Path, dist: Dist) -> None:
     norms = train(model, optimizer, 0, SAVE_AT, dist.rank, dist.world_size, MICRO_BATCHES)
     extra = {"step": SAVE_AT, "recipe": {"run": {"strategy": "fsdp"}}, "data": {"position": SAVE_AT * 4},
              "rng": [torch.full((3,), r, dtype=torch.uint8) for r in range(dist.world_size)]}
-    sharding.save(out / "run", model, optimizer, extra, dist, keep=2)
-    at_save = sharding.full_model_state(model)
+    parallelize.save(out / "run", model, optimizer, extra, dist, keep=2)
+    at_save = parallelize.full_model_state(model)
     norms += train(model, optimizer, SAVE_AT, STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
-    final, params = sharding.full_model_state(model), full_params(model)
+    final, params = parallelize.full_model_state(model), full_params(model)
     if dist.is_main:
-        files.save_weights(out / "at_save.safetensors", at_save, {})
-        files.save_weights(out / "straight.safetensors", final, {"model": "tiny"})
+        save_weights(out / "at_save.safetensors", at_save, {})
+        save_weights(out / "straight.safetensors", final, {"model": "tiny"})
         save_file(params, str(out / "params.safetensors"))
         (out / "norms.json").write_text(json.dumps(norms))
 
@@ -86,11 +86,11 @@ def straight_and_saved(out: Path, dist: Dist) -> None:
 def resumed(out: Path, dist: Dist) -> None:
     """A fresh model (other initial weights) and optimizer, the state of SAVE_AT loaded, then the rest."""
     model, optimizer = sharded(1, dist)
-    extra = sharding.load(out / "run" / f"state-{SAVE_AT}", model, optimizer)
+    extra = parallelize.load(out / "run" / f"state-{SAVE_AT}", model, optimizer)
     train(model, optimizer, extra["step"], STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
-    final = sharding.full_model_state(model)
+    final = parallelize.full_model_state(model)
     if dist.is_main:
-        files.save_weights(out / "resumed.safetensors", final, {})
+        save_weights(out / "resumed.safetensors", final, {})
 
 
 def checkpointed_grads(out: Path, dist: Dist) -> None:

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from clirun import run_vit
-from vitcli.checkpoints import files
+from vitcli.checkpoints.weights import MODEL_FILE, save_weights
 from vitcli.errors import OutputError
-from vitcli.models import build_model, model_spec
-from vitcli.recipe import ModelConfig, Recipe, to_dict
-from vitcli.workdir import check_writable
+from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.runtime import files
+from vitcli.runtime.workdir import check_writable
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
@@ -28,7 +29,7 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bad")
     cfg = ModelConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)}
-    files.save_weights(root / "done" / files.MODEL_FILE, build_model(cfg, 10).state_dict(), meta)
+    save_weights(root / "done" / MODEL_FILE, build_model(cfg, 10).state_dict(), meta)
     files.write_text(root / "done" / "recipe.yaml", "stage: pretrain\n")
     torch.save({"w": torch.zeros(1)}, root / "weights.pt")
     (root / "binary.yaml").write_bytes(bytes(range(256)))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vitcli import models
-from vitcli.resolve import resolve
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("bench_run", REPO / "bench/run.py")
@@ -31,7 +31,7 @@ def test_analytic_flops_match_pytorchs_counter(size):
     r = resolve("pretrain", None, [f"model.img_size={img}", f"model.patch_size={patch}",
                                    f"model.embed_dim={dim}", f"model.depth={depth}", "model.num_heads=2",
                                    f"model.mlp_dim={mlp}", "model.num_classes=7", "model.name=custom"])
-    model = models.build_model(r.model, 7)
+    model = zoo.build_model(r.model, 7)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(torch.randn(3, 3, img, img))
     # FlopCounterMode counts the patch convolution and the linear layers, but not CPU SDPA: compare those

@@ -7,10 +7,12 @@ import tempfile
 import pytest
 import torch
 
-from vitcli.checkpoints import files, state
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights
 from vitcli.errors import CheckpointError, TrainingError
-from vitcli.metrics import MetricsLog, console, read_metrics
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import files
+from vitcli.runtime.metrics import MetricsLog, console, read_metrics
 from vitcli.stages.run import one_run
 
 TINY = [
@@ -69,8 +71,8 @@ def finished_then_damaged(workdir, damage):
     """A 6-step run (checkpoints at 4 and 6) whose latest checkpoint is then damaged, as if killed at the end."""
     r = recipe("schedule.steps=6", "run.ckpt_every=2")
     one_run(r, workdir)
-    shutil.copy(workdir / files.MODEL_FILE, workdir / "straight.safetensors")
-    (workdir / files.MODEL_FILE).unlink()
+    shutil.copy(workdir / MODEL_FILE, workdir / "straight.safetensors")
+    (workdir / MODEL_FILE).unlink()
     damage(workdir / "state-6.pt")
     return r
 
@@ -83,7 +85,7 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumes(tmp_p
     assert "state-6.pt" in warning and REASON[damage] in warning and "resuming from state-4.pt" in warning
     assert "\n" not in warning
     assert any("at step 4" in m for m in logged), logged
-    assert (tmp_path / files.MODEL_FILE).is_file(), "training went on and finished"
+    assert (tmp_path / MODEL_FILE).is_file(), "training went on and finished"
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     path, saved = state.latest_good_state(tmp_path)
     assert path.name == "state-6.pt" and saved["step"] == 6, "step 6 written again, and good this time"
@@ -92,8 +94,8 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumes(tmp_p
 def test_resume_after_a_fallback_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     r = finished_then_damaged(tmp_path, flipped_bytes)
     one_run(r, tmp_path)
-    straight, _ = files.load_weights(tmp_path / "straight.safetensors")
-    resumed, _ = files.load_weights(tmp_path / files.MODEL_FILE)
+    straight, _ = load_weights(tmp_path / "straight.safetensors")
+    resumed, _ = load_weights(tmp_path / MODEL_FILE)
     assert sorted(straight) == sorted(resumed)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight), "dropout 0: every bit the same"
 
@@ -169,7 +171,7 @@ def test_a_torn_last_metrics_line_is_dropped_and_the_resumed_file_has_each_step_
     for path in state.state_files(tmp_path):  # killed while writing step 6's row: no checkpoint of it yet
         if "state-6" in path.name:
             path.unlink()
-    (tmp_path / files.MODEL_FILE).unlink()
+    (tmp_path / MODEL_FILE).unlink()
     text = (tmp_path / "metrics.jsonl").read_text()
     (tmp_path / "metrics.jsonl").write_text(text[: len(text) - 20])
 
@@ -199,5 +201,5 @@ def test_an_older_vitcli_workdir_resumes(tmp_path, logged):
 
     one_run(recipe("schedule.steps=6", "run.ckpt_every=3"), old)
     assert any("older vitcli" in w and "read unverified" in w for w in warnings(logged)), logged
-    a, b = (files.load_weights(d / files.MODEL_FILE)[0] for d in (tmp_path / "straight", old))
+    a, b = (load_weights(d / MODEL_FILE)[0] for d in (tmp_path / "straight", old))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -3,9 +3,10 @@
 import pytest
 import torch._dynamo
 
-from vitcli import models
-from vitcli.checkpoints import files, state
-from vitcli.resolve import resolve
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
 from vitcli.stages.run import one_run
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -22,7 +23,7 @@ def test_compiled_training_saves_and_exports_the_plain_keys(tmp_path):
     torch._dynamo.utils.counters.clear()
     one_run(r, tmp_path)  # inductor compiles with the system C compiler: ~1 min once, then cached
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "the model was not compiled"
-    plain = set(models.build_model(r.model, 4).state_dict())  # the names timm gives, no `_orig_mod.` prefix
-    exported, _ = files.load_weights(tmp_path / files.MODEL_FILE)
+    plain = set(zoo.build_model(r.model, 4).state_dict())  # the names timm gives, no `_orig_mod.` prefix
+    exported, _ = load_weights(tmp_path / MODEL_FILE)
     assert set(exported) == plain
     assert set(state.latest_good_state(tmp_path)[1]["model"]) == plain

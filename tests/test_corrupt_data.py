@@ -16,14 +16,15 @@ import torch
 from PIL import Image
 
 from clirun import run_vit
-from vitcli import batches, data, models
-from vitcli.dist import Dist
+from vitcli.data import batches, sources
 from vitcli.errors import DataError
-from vitcli.evaluators import ClassificationEvaluator
+from vitcli.evaluators.heldout import ClassificationEvaluator
 from vitcli.fewshot import features, report
-from vitcli.metrics import console, read_metrics
-from vitcli.recipe import DataConfig
-from vitcli.resolve import resolve
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.dist import Dist
+from vitcli.runtime.metrics import console, read_metrics
 from vitcli.stages.run import one_run
 
 N = 32  # rows per split; the label of a row is its index, so a batch's labels say which rows it holds
@@ -82,7 +83,7 @@ def _one_line(error: pytest.ExceptionInfo, *needles: str) -> str:
 
 
 def test_train_stream_replaces_corrupt_rows_the_same_way_in_workers_and_on_resume(source):
-    ds = data.load_source(source, "train")
+    ds = sources.load_source(source, "train")
 
     def stream(workers: int, start_step: int = 0) -> batches.BatchStream:
         cfg = DataConfig(num_workers=workers, crop_min_area=0.3)
@@ -131,7 +132,7 @@ def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path,
 
 
 def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged):
-    ds = data.load_source(source, "test")
+    ds = sources.load_source(source, "test")
     ys = [y for _, y in batches.eval_batches(ds, DataConfig(num_workers=0), 32, 8)]
     assert torch.cat(ys).tolist() == [i for i in range(N) if i not in BAD_TEST]
     logged.clear()
@@ -145,8 +146,8 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
 
 
 def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, tmp_path):
-    model = models.build_model(resolve("pretrain", None, TINY).model, 0).eval()
-    ds, cfg = data.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
+    model = zoo.build_model(resolve("pretrain", None, TINY).model, 0).eval()
+    ds, cfg = sources.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
     tally = batches.Skipped()
 
     def compute():
@@ -169,7 +170,7 @@ def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, t
 
 
 def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
-    ds = data.load_source(source, "broken")
+    ds = sources.load_source(source, "broken")
     with pytest.raises(DataError) as error:
         list(batches.eval_batches(ds, DataConfig(num_workers=0), 32, 8))
     _one_line(error, f"no image of {source} split 'broken' decodes", "UnidentifiedImageError")
@@ -179,7 +180,7 @@ def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
 
 
 def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):
-    broken = data.load_source(source, "broken")
+    broken = sources.load_source(source, "broken")
     with pytest.raises(DataError) as error:  # the worker's own DataError, not torch's re-wrapped copy
         next(batches.train_batches(broken, DataConfig(num_workers=2), 32, 8, seed=0))
     _one_line(error, f"no image of {source} split 'broken' decodes")
@@ -189,7 +190,7 @@ def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):
 
     monkeypatch.setattr(batches._Batches, "_batch", bug)  # workers fork after this, so they inherit it
     with pytest.raises(DataError) as error:
-        next(batches.train_batches(data.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
+        next(batches.train_batches(sources.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
     _one_line(error, "ValueError: augmentation exploded", "data.num_workers=0")
 
 

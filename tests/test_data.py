@@ -13,11 +13,11 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli import batches, data
+from vitcli.data import batches, sources
+from vitcli.data.synthetic import class_names, make_synthetic, render
+from vitcli.data.transforms import build_transform, to_signed_tensor
 from vitcli.errors import DataError
-from vitcli.recipe import DataConfig, SyntheticConfig
-from vitcli.synthetic import class_names, make_synthetic, render
-from vitcli.transforms import build_transform, to_signed_tensor
+from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 SMALL = SyntheticConfig(num_classes=10, train_size=200, val_size=40, test_size=60, img_size=16, seed=3)
 
@@ -102,10 +102,10 @@ def test_synthetic_rejects_bad_sizes():
 
 def test_synthetic_source_slices_like_hf():
     full = make_synthetic(SMALL, "train")
-    head = data.load_source("synthetic", "train[:10%]", synthetic=SMALL)
-    tail = data.load_source("synthetic", "train[-5:]", synthetic=SMALL)
+    head = sources.load_source("synthetic", "train[:10%]", synthetic=SMALL)
+    tail = sources.load_source("synthetic", "train[-5:]", synthetic=SMALL)
     assert head["label"][:] == full["label"][:20] and tail["label"][:] == full["label"][195:]
-    both = data.load_source("synthetic", "train[:3]+test[:2]", synthetic=SMALL)
+    both = sources.load_source("synthetic", "train[:3]+test[:2]", synthetic=SMALL)
     assert both["label"][:] == full["label"][:3] + make_synthetic(SMALL, "test")["label"][:2]
 
 
@@ -113,22 +113,22 @@ def test_save_to_disk_dict_and_single_dataset(tmp_path):
     ds = _indexed(50)
     datasets.DatasetDict({"train": ds, "test": ds.select(range(10))}).save_to_disk(tmp_path / "dict")
     ds.save_to_disk(tmp_path / "single")
-    assert data.load_source(str(tmp_path / "dict"), "train[:98%]")["label"][:] == list(range(49))
-    assert data.load_source(str(tmp_path / "dict"), "test[2:4]")["label"][:] == [2, 3]
-    assert data.load_source(str(tmp_path / "single"), "train[90%:]")["label"][:] == list(range(45, 50))
+    assert sources.load_source(str(tmp_path / "dict"), "train[:98%]")["label"][:] == list(range(49))
+    assert sources.load_source(str(tmp_path / "dict"), "test[2:4]")["label"][:] == [2, 3]
+    assert sources.load_source(str(tmp_path / "single"), "train[90%:]")["label"][:] == list(range(45, 50))
 
 
 def test_parquet_arrow_and_glob(tmp_path):
     ds = _indexed(30)
     ds.select(range(20)).to_parquet(tmp_path / "a.parquet")
     ds.select(range(20, 30)).to_parquet(tmp_path / "b.parquet")
-    assert data.load_source(str(tmp_path / "a.parquet"), "train[:5]")["label"][:] == list(range(5))
-    globbed = data.load_source(str(tmp_path / "*.parquet"), "train[18:22]")
+    assert sources.load_source(str(tmp_path / "a.parquet"), "train[:5]")["label"][:] == list(range(5))
+    globbed = sources.load_source(str(tmp_path / "*.parquet"), "train[18:22]")
     assert globbed["label"][:] == [18, 19, 20, 21]
     assert isinstance(globbed.features["image"], datasets.Image)
     ds.save_to_disk(tmp_path / "saved")
     arrow = next((tmp_path / "saved").glob("*.arrow"))
-    assert data.load_source(str(arrow), "train[-2:]")["label"][:] == [28, 29]
+    assert sources.load_source(str(arrow), "train[-2:]")["label"][:] == [28, 29]
 
 
 def test_imagefolder(tmp_path):
@@ -136,11 +136,11 @@ def test_imagefolder(tmp_path):
         (tmp_path / name).mkdir()
         for i in range(5):
             Image.fromarray(np.full((6, 6), value, np.uint8), mode="L").save(tmp_path / name / f"{i}.png")
-    ds = data.load_source(str(tmp_path), "train")
+    ds = sources.load_source(str(tmp_path), "train")
     assert ds.features["label"].names == ["cat", "dog"] and len(ds) == 10
     for row in ds:  # grayscale files keep their class: the folder name decides the label
         assert np.asarray(row["image"]).mean() == (40 if row["label"] == 0 else 200)
-    assert len(data.load_source(str(tmp_path), "train[:40%]")) == 4
+    assert len(sources.load_source(str(tmp_path), "train[:40%]")) == 4
 
 
 def test_errors_are_one_line_and_name_the_culprit(tmp_path, monkeypatch):
@@ -148,17 +148,17 @@ def test_errors_are_one_line_and_name_the_culprit(tmp_path, monkeypatch):
     ds.save_to_disk(tmp_path / "saved")
     saved = str(tmp_path / "saved")
     missing = str(tmp_path / "nope")
-    _one_line_error(lambda: data.load_source(missing, "train"), "dataset path not found", missing)
+    _one_line_error(lambda: sources.load_source(missing, "train"), "dataset path not found", missing)
     (tmp_path / "empty").mkdir()
-    _one_line_error(lambda: data.load_source(str(tmp_path / "empty"), "train"), "empty", "cannot read")
-    _one_line_error(lambda: data.load_source(saved, "validation"), "'validation'", "available: train")
-    _one_line_error(lambda: data.load_source(saved, "train", image_column="img"), "'img'", "image, label")
-    _one_line_error(lambda: data.load_source(saved, "train", label_column="y"), "'y'", "image, label")
-    _one_line_error(lambda: data.load_source(saved, "train[:0]"), "train[:0]", "empty")
-    _one_line_error(lambda: data.load_source("synthetic", "tset", synthetic=SMALL), "'tset'", "train")
+    _one_line_error(lambda: sources.load_source(str(tmp_path / "empty"), "train"), "empty", "cannot read")
+    _one_line_error(lambda: sources.load_source(saved, "validation"), "'validation'", "available: train")
+    _one_line_error(lambda: sources.load_source(saved, "train", image_column="img"), "'img'", "image, label")
+    _one_line_error(lambda: sources.load_source(saved, "train", label_column="y"), "'y'", "image, label")
+    _one_line_error(lambda: sources.load_source(saved, "train[:0]"), "train[:0]", "empty")
+    _one_line_error(lambda: sources.load_source("synthetic", "tset", synthetic=SMALL), "'tset'", "train")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     hub_id = "someone/some-dataset"
-    _one_line_error(lambda: data.load_source(hub_id, "train"), hub_id, "offline")
+    _one_line_error(lambda: sources.load_source(hub_id, "train"), hub_id, "offline")
 
 
 def test_a_slice_past_the_end_of_a_local_split_is_an_error_not_clamped(tmp_path):
@@ -170,26 +170,26 @@ def test_a_slice_past_the_end_of_a_local_split_is_an_error_not_clamped(tmp_path)
     for spec, expected in [("train[:10]", rows), ("train[3:7]", rows[3:7]), ("train[7:]", rows[7:]),
                            ("test[50%:]", rows[5:]), ("train[-3:]", rows[-3:]),
                            ("train[:8]+test[8:10]", rows[:8] + rows[8:10])]:
-        assert data.load_source(source, spec)["label"] == expected, spec
+        assert sources.load_source(source, spec)["label"] == expected, spec
     for spec, part in [("train[:800]", "train[:800]"), ("train[8:12]", "train[8:12]"),
                        ("train[12:]", "train[12:]"), ("train[-11:]", "train[-11:]"),
                        ("train[:8]+test[9:11]", "test[9:11]")]:
-        _one_line_error(lambda spec=spec: data.load_source(source, spec), source, f"'{part}'", "past the end",
+        _one_line_error(lambda spec=spec: sources.load_source(source, spec), source, f"'{part}'", "past the end",
                         "(10 rows)")
-    _one_line_error(lambda: data.load_source(source, "train[:8]+test[10:]"), "'test[10:]' is empty")
+    _one_line_error(lambda: sources.load_source(source, "train[:8]+test[10:]"), "'test[10:]' is empty")
 
 
 def test_label_column_may_be_skipped_for_derived_labels(tmp_path):
     ds = _indexed(4).rename_column("label", "raw")
     ds.save_to_disk(tmp_path / "d")
-    assert data.load_source(str(tmp_path / "d"), "train", label_column="").column_names == ["image", "raw"]
+    assert sources.load_source(str(tmp_path / "d"), "train", label_column="").column_names == ["image", "raw"]
 
 
 def test_num_classes():
     ds = make_synthetic(SMALL, "validation")
-    assert data.num_classes(DataConfig(), ds) == 10
-    assert data.num_classes(DataConfig(num_classes=7), _indexed(3)) == 7
-    _one_line_error(lambda: data.num_classes(DataConfig(), _indexed(3)), "data.num_classes")
+    assert sources.num_classes(DataConfig(), ds) == 10
+    assert sources.num_classes(DataConfig(num_classes=7), _indexed(3)) == 7
+    _one_line_error(lambda: sources.num_classes(DataConfig(), _indexed(3)), "data.num_classes")
 
 
 # ---------------------------------------------------------------- transforms

@@ -12,12 +12,12 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
-from vitcli.checkpoints import files
-from vitcli.dist import setup
-from vitcli.metrics import console, read_metrics, stdout
-from vitcli.models import build_model, model_spec
-from vitcli.recipe import ModelConfig
-from vitcli.resolve import resolve
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig
+from vitcli.runtime.dist import setup
+from vitcli.runtime.metrics import console, read_metrics, stdout
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages import vtab as vtab_mod
 from vitcli.stages.fewshot import eval_fewshot
@@ -42,7 +42,7 @@ def run(cmd: list[str]) -> subprocess.CompletedProcess:
 
 
 def weights(workdir: Path) -> dict:
-    return files.load_weights(workdir / files.MODEL_FILE)[0]
+    return load_weights(workdir / MODEL_FILE)[0]
 
 
 def test_torchrun_two_processes(tmp_path):
@@ -62,7 +62,7 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
     monkeypatch.setattr(stdout, "quiet", False)
     init = tmp_path / "pre"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
-    files.save_weights(init / files.MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
+    save_weights(init / MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
     before = sorted(tmp_path.rglob("*"))
 
     r = resolve("eval-fewshot", None, ["fewshot.tasks=synthetic", "fewshot.shots=1", "fewshot.seeds=1",
@@ -123,7 +123,7 @@ def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
     steps = ("schedule.steps=120", "run.ckpt_every=30", "run.log_every=10", *RANDOM)
     run(vit(2, tmp_path / "straight", *steps))
     _kill_when(vit(2, tmp_path / "killed", *steps), tmp_path / "killed" / "state-30.pt")
-    assert not (tmp_path / "killed" / files.MODEL_FILE).exists()
+    assert not (tmp_path / "killed" / MODEL_FILE).exists()
     proc = run(vit(2, tmp_path / "killed", *steps))
     assert "resuming from" in proc.stderr
     straight, resumed = weights(tmp_path / "straight"), weights(tmp_path / "killed")
@@ -138,7 +138,7 @@ def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
     dataset order, so the least-squares results equal one process's (to 1e-6: the solves see the same numbers)."""
     init = tmp_path / "pre"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
-    files.save_weights(init / files.MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
+    save_weights(init / MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
     args = ["eval-fewshot", "--ckpt", str(init), "--tasks", "synthetic", "--shots", "1,5", "--seeds", "2",
             "data.synthetic.train_size=101", "data.synthetic.test_size=51", "data.eval_batch_size=16",
             "data.num_workers=0"]

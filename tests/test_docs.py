@@ -33,8 +33,8 @@ from torch.distributed.run import get_args_parser
 
 from test_checkpoints import export_npz, tiny_vit
 from vitcli import cli
-from vitcli.recipe import Recipe
-from vitcli.resolve import STAGE_DEFAULTS, VTAB_PROTOCOL
+from vitcli.recipe.resolve import STAGE_DEFAULTS, VTAB_PROTOCOL
+from vitcli.recipe.schema import Recipe
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -9,14 +9,16 @@ import pytest
 import torch
 from safetensors.numpy import load_file
 
-from vitcli import batches, cli, models, tasks
-from vitcli.checkpoints import files
+from vitcli import cli
+from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.checkpoints.weights import save_weights
+from vitcli.data import batches, tasks
 from vitcli.fewshot import features, solver
 from vitcli.fewshot.evaluate import data_id, load_task_split
-from vitcli.resolve import resolve
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
 from vitcli.stages.fewshot import eval_fewshot
 from vitcli.stages.run import one_run
-from vitcli.transfer import load_for_eval
 
 TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "model.depth=2",
               "model.num_heads=2", "model.mlp_dim=64"]
@@ -40,9 +42,9 @@ def pretrained(tmp_path_factory):
         "model.head_zero_init=false"])
     one_run(r, root / "pre")
     torch.manual_seed(0)
-    rand = models.build_model(r.model, 6)
-    files.save_weights(root / "random.safetensors", rand.state_dict(),
-                            {"model": models.model_spec(r.model, 6)})
+    rand = zoo.build_model(r.model, 6)
+    save_weights(root / "random.safetensors", rand.state_dict(),
+                            {"model": zoo.model_spec(r.model, 6)})
     return root
 
 
@@ -201,8 +203,8 @@ def test_random_init_scores_the_checkpoints_network_with_fresh_weights(pretraine
     assert payload["random_init"] is True and payload["recipe"]["init"]["random"] is True
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
     torch.manual_seed(r.run.seed)
-    drawn = models.build_model(r.model, 0)
-    files.save_weights(tmp_path / "drawn.safetensors", drawn.state_dict(), {"model": models.model_spec(r.model, 0)})
+    drawn = zoo.build_model(r.model, 0)
+    save_weights(tmp_path / "drawn.safetensors", drawn.state_dict(), {"model": zoo.model_spec(r.model, 0)})
     assert [x["accuracy"] for x in fewshot(tmp_path / "drawn.safetensors", tmp_path / "file")] == \
         [x["accuracy"] for x in rand]
     assert [x["accuracy"] for x in rand] != [x["accuracy"] for x in ours]

@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
+from vitcli.data.transforms import big_vision_resize_crop, build_transform, central_crop_offsets, tf_bilinear
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing
-from vitcli.recipe import DataConfig, to_yaml
-from vitcli.resolve import resolve
-from vitcli.transforms import big_vision_resize_crop, build_transform, central_crop_offsets, tf_bilinear
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import DataConfig, to_yaml
 
 TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation against a float64 reference
 

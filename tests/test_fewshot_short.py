@@ -12,13 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli import models
-from vitcli.checkpoints import files
-from vitcli.dist import Dist
+from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import DataError
 from vitcli.fewshot import solver
 from vitcli.fewshot.evaluate import FewshotEvaluator, evaluate_task
-from vitcli.resolve import resolve
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime.dist import Dist
 from vitcli.stages.fewshot import eval_fewshot
 
 CPU = Dist(0, 1, 0, torch.device("cpu"))
@@ -112,8 +112,8 @@ def sun_like(tmp_path_factory):
     }).save_to_disk(str(root / "data" / "vtab" / "sun397"))
     r = resolve("pretrain", None, TINY_MODEL)
     torch.manual_seed(0)
-    files.save_weights(root / "random.safetensors", models.build_model(r.model, 0).state_dict(),
-                       {"model": models.model_spec(r.model, 0)})
+    save_weights(root / "random.safetensors", zoo.build_model(r.model, 0).state_dict(),
+                       {"model": zoo.model_spec(r.model, 0)})
     return root, np.bincount(labels, minlength=SUN_CLASSES)
 
 
@@ -149,7 +149,7 @@ def test_the_training_evaluator_logs_the_shortfall():
         "data.num_workers=0", "schedule.steps=2", "schedule.warmup_steps=1",
         "run.precision=fp32"])  # evaluators take a resolved precision (stages resolve auto; here we do)
     torch.manual_seed(0)
-    metrics = dict(FewshotEvaluator(r, CPU).run(models.build_model(r.model, 4)))
+    metrics = dict(FewshotEvaluator(r, CPU).run(zoo.build_model(r.model, 4)))
     labels = np.asarray(FewshotEvaluator(r, CPU).splits["synthetic"][0]["label"])
     counts = np.bincount(labels, minlength=4)
     assert counts.min() >= 5 and counts.max() < 50  # 5 shots is full, 50 is short everywhere

@@ -20,15 +20,16 @@ from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
-from vitcli import dist as dist_mod
-from vitcli.checkpoints import files, fit
-from vitcli.models import build_model, model_spec
-from vitcli.recipe import ModelConfig, Recipe, to_dict
-from vitcli.resolve import resolve
+from vitcli.checkpoints import fit
+from vitcli.checkpoints.transfer import load_for_eval, load_init
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.runtime import dist as dist_mod
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages.finetune import finetune
 from vitcli.stages.run import one_run
-from vitcli.transfer import load_for_eval, load_init
 
 TINY_MODEL = {"patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64}
 DATA = [
@@ -78,7 +79,7 @@ def save_tiny_checkpoint(workdir, *, img_size=32, num_classes=5, representation_
     model = build_model(cfg, num_classes)
     torch.nn.init.ones_(model.head.bias)  # so a zero head after loading is the loader's doing
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, num_classes)}
-    files.save_weights(workdir / files.MODEL_FILE, model.state_dict(), meta)
+    save_weights(workdir / MODEL_FILE, model.state_dict(), meta)
     return workdir
 
 
@@ -91,7 +92,7 @@ def assert_one_line_error(code, err, *fragments):
 
 
 def timm_vit(spec: dict) -> VisionTransformer:
-    """timm's own class at our recipe's sizes, built independently of vitcli.models."""
+    """timm's own class at our recipe's sizes, built independently of vitcli.models.zoo."""
     return VisionTransformer(
         img_size=spec["img_size"], patch_size=spec["patch_size"], embed_dim=spec["embed_dim"],
         depth=spec["depth"], num_heads=spec["num_heads"], mlp_ratio=spec["mlp_dim"] / spec["embed_dim"],
@@ -159,7 +160,7 @@ def test_zero_head_gives_exactly_zero_logits_at_step_0(tmp_path, keep_representa
     assert not model.head.weight.any() and not model.head.bias.any()
     features = model.forward_head(model.forward_features(x), pre_logits=True)
     assert features.abs().sum() > 0, "zero logits must come from the head, not from a dead network"
-    saved, _ = files.load_weights(init / files.MODEL_FILE)
+    saved, _ = load_weights(init / MODEL_FILE)
     assert torch.equal(model.state_dict()["blocks.0.attn.qkv.weight"], saved["blocks.0.attn.qkv.weight"])
     if keep_representation:
         assert torch.equal(model.pre_logits.fc.weight, saved["pre_logits.fc.weight"])
@@ -191,8 +192,8 @@ def reinitialised(posemb, old_grid, new_grid, num_prefix_tokens, method="bilinea
 def test_interpolated_posemb_beats_not_interpolated(tmp_path, monkeypatch, data, pretrained, finetuned,
                                                     baseline):
     workdir, results = finetuned
-    assert (workdir / files.MODEL_FILE).is_file()
-    sd, _ = files.load_weights(workdir / files.MODEL_FILE)
+    assert (workdir / MODEL_FILE).is_file()
+    sd, _ = load_weights(workdir / MODEL_FILE)
     assert sd["pos_embed"].shape == (1, 1 + 8 * 8, 32)
 
     monkeypatch.setattr(fit, "resample_posemb", baseline)
@@ -216,10 +217,10 @@ def test_load_table_reports_the_grid_resize(data, pretrained):
 
 def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetuned):
     workdir, _ = finetuned
-    sd, meta = files.load_weights(workdir / files.MODEL_FILE)
+    sd, meta = load_weights(workdir / MODEL_FILE)
     ours = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={workdir}"]))
     theirs = timm_vit(meta["model"]).eval()
-    theirs.load_state_dict(load_file(str(workdir / files.MODEL_FILE)), strict=True)
+    theirs.load_state_dict(load_file(str(workdir / MODEL_FILE)), strict=True)
     x = torch.randn(3, 3, 64, 64)
     with torch.no_grad():  # ours, as eval-fewshot loads it, stops at the pre-logits: apply the file's head
         logits = ours(x) @ sd["head.weight"].T + sd["head.bias"]
@@ -252,14 +253,14 @@ def test_resize_posemb_dry_run_shows_both_grids_and_writes_nothing(tmp_path, mon
 def test_resized_checkpoint_loads_in_timm_and_finetune_at_the_new_size(tmp_path, monkeypatch, capsys, data,
                                                                         resized):
     _, out = resized
-    sd, meta = files.load_weights(out)
+    sd, meta = load_weights(out)
     assert sd["pos_embed"].shape == (1, 1 + 8 * 8, 32) and meta["model"]["img_size"] == 64
     timm_vit(meta["model"]).load_state_dict(sd, strict=True)
 
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", out, "--workdir", tmp_path / "ft",
                            *finetune_args(data), "schedule.steps=2")
     assert code == 0, err
-    tuned, _ = files.load_weights(tmp_path / "ft" / files.MODEL_FILE)
+    tuned, _ = load_weights(tmp_path / "ft" / MODEL_FILE)
     assert tuned["pos_embed"].shape == (1, 65, 32)
     r = finetune_recipe(data[64], out)
     model = build_model(r.model, 4)
@@ -273,8 +274,8 @@ def test_resizing_back_with_grid_restores_the_original_shape(tmp_path, monkeypat
     back = tmp_path / "x32.safetensors"
     code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", out, "--grid", "4x4", "--out", back)
     assert code == 0, err
-    original, _ = files.load_weights(src / files.MODEL_FILE)
-    restored, meta = files.load_weights(back)
+    original, _ = load_weights(src / MODEL_FILE)
+    restored, meta = load_weights(back)
     assert restored["pos_embed"].shape == original["pos_embed"].shape and meta["model"]["img_size"] == 32
     # bilinear with aligned corners keeps the class row and the four corner positions through 4 -> 8 -> 4
     rows = [0, *(1 + i for i in (0, 3, 12, 15))]
@@ -305,16 +306,16 @@ def test_init_pickle_is_refused_with_the_conversion(tmp_path, monkeypatch, capsy
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", pickle, "--workdir", tmp_path / "w",
                            *finetune_args(data))
     assert_one_line_error(code, err, str(pickle), "pickle", "save_file", "x.safetensors")
-    assert not (tmp_path / "w" / files.MODEL_FILE).exists()
+    assert not (tmp_path / "w" / MODEL_FILE).exists()
 
 
 def mismatch_vitcli(tmp_path) -> tuple:
     """Our checkpoint with one tensor's shape tampered: the recipe in it says mlp_dim 64, fc1 has 48 rows."""
     init = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
-    sd, meta = files.load_weights(init / files.MODEL_FILE)
+    sd, meta = load_weights(init / MODEL_FILE)
     sd["blocks.0.mlp.fc1.weight"] = sd["blocks.0.mlp.fc1.weight"][:48]
     meta.pop("format")
-    files.save_weights(init / files.MODEL_FILE, sd, meta)
+    save_weights(init / MODEL_FILE, sd, meta)
     return init, [], sd, build_model(ModelConfig(img_size=64, **TINY_MODEL), 4)
 
 
@@ -362,7 +363,7 @@ def test_resolution_valid_for_the_checkpoints_patch_is_accepted(tmp_path, monkey
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
                            *args, "schedule.steps=2", "--res", 40)
     assert code == 0, err
-    sd, _ = files.load_weights(tmp_path / "w" / files.MODEL_FILE)
+    sd, _ = load_weights(tmp_path / "w" / MODEL_FILE)
     assert sd["pos_embed"].shape == (1, 1 + 5 * 5, 32)
 
 

@@ -18,17 +18,19 @@ from safetensors.torch import load_file
 
 from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
 from test_checkpoint_safety import flipped_bytes, logged, warnings  # noqa: F401 - logged is a fixture
-from vitcli import sharding
-from vitcli.checkpoints import files, state
-from vitcli.checks import check
-from vitcli.dist import Dist
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
-from vitcli.objectives import MppModel
-from vitcli.optim import build_optimizer
-from vitcli.recipe import ModelConfig, MppConfig
-from vitcli.resolve import resolve
-from vitcli.t2t import T2TViT
-from vitcli.workdir import set_aside
+from vitcli.models.t2t import T2TViT
+from vitcli.recipe.checks import check
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig, MppConfig
+from vitcli.runtime import files
+from vitcli.runtime.dist import Dist
+from vitcli.runtime.workdir import set_aside
+from vitcli.train import parallelize
+from vitcli.train.objectives import MppModel
+from vitcli.train.optim import build_optimizer
 
 HERE = Path(__file__).resolve().parent
 ONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
@@ -83,20 +85,20 @@ def test_resuming_a_sharded_checkpoint_ends_bit_identical_to_an_uninterrupted_ru
 
 
 def test_full_model_state_has_the_plain_models_keys_and_loads_strictly(ranks):
-    weights, meta = files.load_weights(ranks / "straight.safetensors")
+    weights, meta = load_weights(ranks / "straight.safetensors")
     plain = tiny_model(0)
     assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in plain.state_dict().items()}
     params = load_file(ranks / "params.safetensors")  # gathered from the parameters, not a state dict
     assert all(torch.equal(weights[k], params[k]) for k in params)
     plain.load_state_dict(weights, strict=True)
-    assert meta == {"format": files.FORMAT, "model": "tiny"}
+    assert meta == {"format": FORMAT, "model": "tiny"}
 
 
 def test_a_sharded_checkpoint_of_two_processes_loads_into_one_unsharded_process(ranks, one_process, tmp_path):
     """DCP reshards: the run may resume on another process count (here 1, without a process group)."""
     model = tiny_model(5)
     optimizer = build_optimizer(model, OPTIM)
-    extra = sharding.load(ranks / "run" / f"state-{SAVE_AT}", model, optimizer)
+    extra = parallelize.load(ranks / "run" / f"state-{SAVE_AT}", model, optimizer)
     at_save = load_file(ranks / "at_save.safetensors")
     assert all(torch.equal(model.state_dict()[k], at_save[k]) for k in at_save)
     train(model, optimizer, extra["step"], STEPS)
@@ -127,7 +129,7 @@ def test_a_flipped_byte_in_a_shard_is_a_checkpoint_error_naming_it(ranks, tmp_pa
     path = damaged_copy(ranks, tmp_path)
     model = tiny_model(0)
     with pytest.raises(CheckpointError) as err:
-        sharding.load(path, model, build_optimizer(model, OPTIM))
+        parallelize.load(path, model, build_optimizer(model, OPTIM))
     message = str(err.value)
     assert "__1_0.distcp" in message and "sha256 differs" in message and "\n" not in message
 
@@ -174,7 +176,7 @@ def grads(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
 def test_activation_checkpointing_alone_keeps_names_and_gradients(one_thread):
     cfg = ModelConfig(**{**TINY.__dict__, "dropout": 0.1, "drop_path": 0.1})
     plain = tiny_model(0, cfg)
-    checkpointed = sharding.shard(tiny_model(0, cfg), ONE, activation_checkpointing=True)
+    checkpointed = parallelize.shard(tiny_model(0, cfg), ONE, activation_checkpointing=True)
     assert list(checkpointed.state_dict()) == list(plain.state_dict()), "hooks, not wrappers: the same keys"
     expected, got = grads(plain, 3), grads(checkpointed, 3)
     assert all(torch.equal(expected[k], got[k]) for k in expected), "tolerance 0, as on two processes"
@@ -184,17 +186,17 @@ def test_activation_checkpointing_alone_keeps_names_and_gradients(one_thread):
 
 def test_the_blocks_are_found_in_every_model_family(one_thread):
     vit = tiny_model(0)
-    assert sharding.transformer_blocks(vit) == list(vit.blocks)
+    assert parallelize.transformer_blocks(vit) == list(vit.blocks)
     mpp = MppModel(tiny_model(0), MppConfig(), TINY.patch_size)
-    assert sharding.transformer_blocks(mpp) == list(mpp.backbone.blocks)
+    assert parallelize.transformer_blocks(mpp) == list(mpp.backbone.blocks)
     t2t = T2TViT(img_size=32, num_classes=4, embed_dim=32, depth=2, num_heads=2, token_dim=8, mixer="transformer")
-    assert sharding.transformer_blocks(t2t) == list(t2t.blocks) and len(t2t.blocks) == 2
+    assert parallelize.transformer_blocks(t2t) == list(t2t.blocks) and len(t2t.blocks) == 2
     with pytest.raises(ModelError, match="run.activation_checkpointing"):
-        sharding.checkpoint_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+        parallelize.checkpoint_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
 def fake_sharded(workdir: Path, step: int) -> Path:
-    """A sealed checkpoint directory as sharding.save leaves it, with a stand-in for DCP's files."""
+    """A sealed checkpoint directory as parallelize.save leaves it, with a stand-in for DCP's files."""
     with files.atomic_dir(state.checkpoint_dir(workdir, step)) as tmp:
         state.write_extra(tmp, {"step": step, "recipe": {}, "rng": [torch.arange(4, dtype=torch.uint8)]})
         (tmp / state.DCP_METADATA).write_bytes(b"index")
@@ -266,11 +268,11 @@ def tiny_linear():
 
 @pytest.mark.parametrize("keep", [1, 2])
 def test_sharded_saves_rotate_files_and_directories_alike(tmp_path, keep):
-    """sharding.save in one process (no process group: DCP writes one shard) keeps the `keep` newest steps."""
+    """parallelize.save in one process (no process group: DCP writes one shard) keeps the `keep` newest steps."""
     model, optimizer = tiny_linear()
     pt(tmp_path, 1)
     for step in (2, 3, 4):
-        sharding.save(tmp_path, model, optimizer, {"step": step, "recipe": {}}, ONE, keep)
+        parallelize.save(tmp_path, model, optimizer, {"step": step, "recipe": {}}, ONE, keep)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"state-{s}" for s in range(5 - keep, 5)]
 
 
@@ -279,7 +281,7 @@ def test_a_sharded_save_first_removes_checkpoints_of_later_steps(tmp_path):
     model, optimizer = tiny_linear()
     pt(tmp_path, 5)
     fake_sharded(tmp_path, 6)
-    sharding.save(tmp_path, model, optimizer, {"step": 3, "recipe": {}}, ONE, keep=5)
+    parallelize.save(tmp_path, model, optimizer, {"step": 3, "recipe": {}}, ONE, keep=5)
     assert [p.name for p in state.checkpoints(tmp_path)] == ["state-3"]
 
 
@@ -290,22 +292,22 @@ def test_one_process_save_and_load_round_trip_model_and_adam(tmp_path):
         optimizer.zero_grad()
         model(x).square().sum().backward()
         optimizer.step()
-    path = sharding.save(tmp_path, model, optimizer, {"step": 2, "recipe": {"a": 1}}, ONE, keep=1)
+    path = parallelize.save(tmp_path, model, optimizer, {"step": 2, "recipe": {"a": 1}}, ONE, keep=1)
     fresh = torch.nn.Linear(3, 2)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    assert sharding.load(path, fresh, fresh_optimizer) == {"step": 2, "recipe": {"a": 1}}
+    assert parallelize.load(path, fresh, fresh_optimizer) == {"step": 2, "recipe": {"a": 1}}
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
     saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
     assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in saved[i])
-    assert sharding.full_model_state(fresh).keys() == model.state_dict().keys()
+    assert parallelize.full_model_state(fresh).keys() == model.state_dict().keys()
 
 
 def test_a_checkpoint_of_another_model_is_one_line_naming_it(tmp_path):
     model, optimizer = tiny_linear()
-    path = sharding.save(tmp_path, model, optimizer, {"step": 1, "recipe": {}}, ONE, keep=1)
+    path = parallelize.save(tmp_path, model, optimizer, {"step": 1, "recipe": {}}, ONE, keep=1)
     other = torch.nn.Linear(3, 5)
     with pytest.raises(CheckpointError) as err:
-        sharding.load(path, other, torch.optim.AdamW(other.parameters()))
+        parallelize.load(path, other, torch.optim.AdamW(other.parameters()))
     message = str(err.value)
     assert message.startswith(f"{path}: does not fit") and "\n" not in message
     assert "torch.Size([2, 3])" in message and "torch.Size([5, 3])" in message and "model.weight" in message

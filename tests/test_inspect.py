@@ -21,17 +21,17 @@ from torch import nn
 
 from clirun import run_vit
 from test_checkpoints import export_npz, tiny_vit
-from vitcli import inspection
-from vitcli.checkpoints import files
-from vitcli.models import ViT, build_model, model_spec
-from vitcli.recipe import ModelConfig, Recipe, to_dict
+from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.figures import figure7
+from vitcli.models.t2t import T2TViT
+from vitcli.models.zoo import ViT, build_model, model_spec
+from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
 from vitcli.stages.inspect import (
     attention_probabilities,
     mean_attention_distances,
     pixel_filters,
     position_table,
 )
-from vitcli.t2t import T2TViT
 
 TINY = {"img_size": 32, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64}
 TOL = 1e-9  # float64 maths on both sides
@@ -64,7 +64,7 @@ def brute_force_distance(attn, grid, cell, prefix):
 def test_a_head_attending_only_to_itself_has_distance_zero():
     grid, prefix = (3, 4), 1
     attn = torch.eye(prefix + 12).expand(2, 3, -1, -1)  # (B, heads, T, T)
-    got = inspection.attention_distance(attn, inspection.patch_distances(grid, 8.0), prefix)
+    got = figure7.attention_distance(attn, figure7.patch_distances(grid, 8.0), prefix)
     assert got.shape == (2, 3)
     assert torch.allclose(got, torch.zeros(2, 3, dtype=torch.float64), atol=TOL)
 
@@ -73,7 +73,7 @@ def test_a_head_attending_only_to_itself_has_distance_zero():
 def test_uniform_attention_is_the_mean_pairwise_patch_distance(prefix):
     grid, cell = (3, 4), 8.0
     attn = torch.full((1, 2, prefix + 12, prefix + 12), 1 / (prefix + 12))  # the class token's share dropped
-    got = inspection.attention_distance(attn, inspection.patch_distances(grid, cell), prefix)
+    got = figure7.attention_distance(attn, figure7.patch_distances(grid, cell), prefix)
     c = centres(grid, cell)
     expected = sum(math.dist(p, q) for p in c for q in c) / len(c) ** 2
     assert torch.allclose(got, torch.full((1, 2), expected, dtype=torch.float64), atol=TOL)
@@ -82,7 +82,7 @@ def test_uniform_attention_is_the_mean_pairwise_patch_distance(prefix):
 def test_any_attention_matches_the_brute_force_weighted_sum():
     grid, cell, prefix = (2, 3), 16.0, 1
     attn = torch.randn(2, 3, prefix + 6, prefix + 6, generator=torch.Generator().manual_seed(0)).softmax(-1)
-    got = inspection.attention_distance(attn, inspection.patch_distances(grid, cell), prefix)
+    got = figure7.attention_distance(attn, figure7.patch_distances(grid, cell), prefix)
     np.testing.assert_allclose(got.numpy(), brute_force_distance(attn, grid, cell, prefix), atol=1e-6)
 
 
@@ -114,8 +114,8 @@ def test_mean_distances_over_a_stream_average_per_image_values():
     per_image = []
     with torch.no_grad(), attention_probabilities(model.blocks, lambda i, p: per_image.append((i, p.clone()))):
         model(torch.cat(xs))
-    distances = inspection.patch_distances((8, 8), 4.0)
-    expected = np.stack([inspection.attention_distance(p, distances, 1).mean(0).numpy()  # over all 6 images
+    distances = figure7.patch_distances((8, 8), 4.0)
+    expected = np.stack([figure7.attention_distance(p, distances, 1).mean(0).numpy()  # over all 6 images
                          for _, p in sorted(per_image, key=lambda t: t[0])])
     assert seen == 6 and got.shape == (2, 2)
     np.testing.assert_allclose(got, expected, atol=1e-6)
@@ -127,7 +127,7 @@ def test_mean_distances_over_a_stream_average_per_image_values():
 def test_position_similarity_is_the_cosine_of_every_pair():
     grid = (3, 4)
     table = np.random.default_rng(0).standard_normal((12, 10))
-    maps = inspection.cosine_maps(table, grid)
+    maps = figure7.cosine_maps(table, grid)
     assert maps.shape == (3, 4, 3, 4)
     for i in range(12):
         for j in range(12):
@@ -165,7 +165,7 @@ def test_a_model_without_a_position_table_has_none():
 
 def test_a_table_shorter_than_the_grid_is_an_error():
     with pytest.raises(Exception, match="fewer than the 3x3"):
-        inspection.patch_table((3, 3), np.zeros((5, 4)))
+        figure7.patch_table((3, 3), np.zeros((5, 4)))
 
 
 # ---------------------------------------------------------------- patch filters
@@ -173,7 +173,7 @@ def test_a_table_shorter_than_the_grid_is_an_error():
 
 def test_filter_components_are_the_covariance_eigenvectors():
     kernel = np.random.default_rng(0).standard_normal((40, 3, 2, 2))  # D=40 filters of 12 numbers
-    comps, explained = inspection.filter_components(kernel, k=5)
+    comps, explained = figure7.filter_components(kernel, k=5)
     flat = kernel.reshape(40, -1)
     eigvals, eigvecs = np.linalg.eigh(np.cov(flat, rowvar=False))  # ascending
     order = np.argsort(eigvals)[::-1][:5]
@@ -183,9 +183,9 @@ def test_filter_components_are_the_covariance_eigenvectors():
 
 
 def test_components_are_capped_by_the_filter_count_and_scaled_to_rgb():
-    comps, _ = inspection.filter_components(np.random.default_rng(1).standard_normal((6, 3, 4, 4)))
+    comps, _ = figure7.filter_components(np.random.default_rng(1).standard_normal((6, 3, 4, 4)))
     assert comps.shape == (6, 3, 4, 4)  # fewer filters than 28
-    image = inspection.to_rgb(comps[0])
+    image = figure7.to_rgb(comps[0])
     assert image.shape == (4, 4, 3) and image.min() == 0.0 and image.max() == pytest.approx(1.0)
 
 
@@ -212,7 +212,7 @@ def ckpts(tmp_path_factory):
     for kind in ("learned_1d", "learned_2d", "sincos_2d"):
         cfg = ModelConfig(**TINY, pos_embed=kind)
         torch.manual_seed(0)
-        files.save_weights(root / kind / files.MODEL_FILE, build_model(cfg, 10).state_dict(),
+        save_weights(root / kind / MODEL_FILE, build_model(cfg, 10).state_dict(),
                            {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)})
     export_npz(tiny_vit(), root / "google.npz")  # 32 px, patch 8, 2 heads (told by the query kernels)
     save_file(tiny_vit().state_dict(), str(root / "timm.safetensors"))

@@ -13,15 +13,15 @@ from timm.layers import GroupNormAct, HybridEmbed, StdConv2d, StdConv2dSame
 from timm.models.vision_transformer import VisionTransformer
 
 from vitcli.errors import ModelError
-from vitcli.models import (
+from vitcli.models.t2t import T2TViT
+from vitcli.models.zoo import (
     PAPER_VITS,
     build_model,
     model_spec,
     resolve_name,
     zero_head,
 )
-from vitcli.recipe import ModelConfig
-from vitcli.t2t import T2TViT
+from vitcli.recipe.schema import ModelConfig
 
 K = 5
 TINY = {"name": "custom", "img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from timm.layers import PatchEmbed
 
 from vitcli.errors import RecipeError
-from vitcli.mpp import (
+from vitcli.models.mpp import (
     KINDS,
     MASK,
     NUM_BINS,

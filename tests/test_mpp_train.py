@@ -10,13 +10,15 @@ from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
-from vitcli.checkpoints import files, state
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE
+from vitcli.data.synthetic import make_synthetic
 from vitcli.errors import RecipeError
-from vitcli.metrics import read_metrics
-from vitcli.recipe import SyntheticConfig
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import SyntheticConfig
+from vitcli.runtime import files
+from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
-from vitcli.synthetic import make_synthetic
 
 TINY = ["objective=mpp", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
         "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.train_size=128", "data.synthetic.val_size=64",
@@ -46,7 +48,7 @@ def test_mpp_pretraining_lowers_its_loss_and_reports_its_own_metrics(pretrained)
 
 def test_the_exported_file_is_a_plain_headless_vit_that_timm_loads(pretrained):
     workdir, _ = pretrained
-    sd = load_file(str(workdir / files.MODEL_FILE))
+    sd = load_file(str(workdir / MODEL_FILE))
     assert not any(k.startswith(("mask_token", "head.", "backbone.")) for k in sd), sorted(sd)[:5]
     timm_vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2.0,
                                  num_classes=0)
@@ -75,7 +77,7 @@ def test_two_mpp_runs_are_identical(tmp_path):
     for name in ("a", "b"):
         torch.manual_seed(len(name))  # the global stream differs; the run must not depend on it
         one_run(r, tmp_path / name)
-    a, b = (load_file(str(tmp_path / n / files.MODEL_FILE)) for n in ("a", "b"))
+    a, b = (load_file(str(tmp_path / n / MODEL_FILE)) for n in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
@@ -85,7 +87,7 @@ def test_mpp_pretrains_on_unlabeled_images(tmp_path):
     r = resolve("pretrain", None, TINY + [f"data.source={tmp_path / 'unlabeled'}", "data.label_column=",
                                           "data.val_split=", "data.test_split=", "schedule.steps=3"])
     one_run(r, tmp_path / "w")
-    assert (tmp_path / "w" / files.MODEL_FILE).is_file()
+    assert (tmp_path / "w" / MODEL_FILE).is_file()
 
 
 @pytest.mark.parametrize("stage, extra, fragment", [

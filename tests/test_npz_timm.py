@@ -17,13 +17,13 @@ import pytest
 import timm
 import torch
 
-from vitcli import dist as dist_mod
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import read_checkpoint
+from vitcli.checkpoints.transfer import load_for_eval, load_init
 from vitcli.errors import CheckpointError
-from vitcli.models import HYBRID, build_model
-from vitcli.resolve import resolve
-from vitcli.transfer import load_for_eval, load_init
+from vitcli.models.zoo import HYBRID, build_model
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import dist as dist_mod
 
 ATOL = 1e-5  # float32 on CPU; both sides run the same timm layers, so only summation order may differ
 K = 5  # classes of the checkpoint's head

@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 
-from vitcli.optim import build_optimizer, torch_weight_decay
-from vitcli.recipe import OptimConfig
+from vitcli.recipe.schema import OptimConfig
+from vitcli.train.optim import build_optimizer, torch_weight_decay
 
 LR, WD, STEPS = 1e-2, 1e-3, 6
 MULTIPLIERS = [0.2, 0.6, 1.0, 0.8, 0.4, 0.1]  # s_t: a warmup-then-decay schedule's factor on the peak lr

@@ -6,8 +6,8 @@ import pytest
 from PIL import Image
 
 from clirun import run_vit
-from vitcli import curves
-from vitcli.metrics import MetricsLog
+from vitcli.figures import curves
+from vitcli.runtime.metrics import MetricsLog
 
 
 def workdir(path, steps=20, lr=1e-3, fewshot=False):

@@ -7,10 +7,10 @@ import pytest
 import torch
 import yaml
 
-from vitcli import precision
 from vitcli.checkpoints import state
 from vitcli.errors import RecipeError
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import precision
 from vitcli.stages.run import one_run
 
 CPU = torch.device("cpu")

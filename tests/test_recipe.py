@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from vitcli.errors import RecipeError
-from vitcli.recipe import accumulation_steps, parse_overrides, to_dict, to_yaml
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import accumulation_steps, parse_overrides, to_dict, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 

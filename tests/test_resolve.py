@@ -11,12 +11,12 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
-from vitcli.checkpoints import files
-from vitcli.dist import setup
-from vitcli.models import build_model, model_spec
-from vitcli.recipe import ModelConfig, Recipe, to_dict, to_yaml
-from vitcli.resolve import resolve
-from vitcli.transfer import load_init
+from vitcli.checkpoints.transfer import load_init
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig, Recipe, to_dict, to_yaml
+from vitcli.runtime.dist import setup
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))
@@ -36,7 +36,7 @@ def ours(workdir: Path, num_classes: int = 5) -> Path:
     """A vitcli workdir: custom ViT at 32 px, patch 8, width 32, 2 heads (none of them the defaults)."""
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, num_classes)}
-    files.save_weights(workdir / files.MODEL_FILE, build_model(cfg, num_classes).state_dict(), meta)
+    save_weights(workdir / MODEL_FILE, build_model(cfg, num_classes).state_dict(), meta)
     return workdir
 
 
@@ -161,7 +161,7 @@ def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, cap
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "model.name=test_resnet",
                            "--workdir", tmp_path / "w", *SMALL_DATA)
     assert code == 0, err
-    tuned, _ = files.load_weights(tmp_path / "w" / files.MODEL_FILE)
+    tuned, _ = load_weights(tmp_path / "w" / MODEL_FILE)
     assert tuned["fc.weight"].shape == (10, theirs.num_features)
     assert "dropped (3 classes)" in err
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "--dry-run")

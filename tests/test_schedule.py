@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from vitcli.schedule import learning_rate, total_steps
+from vitcli.train.schedule import learning_rate, total_steps
 
 
 def test_warmup_is_linear_from_zero():

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from vitcli.checkpoints import files, state
-from vitcli.resolve import resolve
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import files
 from vitcli.stages.run import one_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,7 +54,7 @@ def straight(tmp_path_factory) -> dict:
     proc = vit(workdir)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
-    return files.load_weights(workdir / files.MODEL_FILE)[0]
+    return load_weights(workdir / MODEL_FILE)[0]
 
 
 @pytest.mark.parametrize("sig, code, workers", [(signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 0)],
@@ -72,7 +74,7 @@ def test_a_signal_checkpoints_and_resuming_ends_where_the_straight_run_ends(tmp_
     saved = state.checkpoints(tmp_path)
     assert len(saved) == 1, "the signal's checkpoint (ckpt_every is far away)"
     stopped = files.load_state(saved[0])["step"]
-    assert 10 <= stopped < STEPS and not (tmp_path / files.MODEL_FILE).exists()
+    assert 10 <= stopped < STEPS and not (tmp_path / MODEL_FILE).exists()
     assert [json.loads(ln)["step"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == \
         list(range(1, stopped + 1))
 
@@ -80,7 +82,7 @@ def test_a_signal_checkpoints_and_resuming_ends_where_the_straight_run_ends(tmp_
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert f"at step {stopped}" in " ".join(err.split())
-    resumed = files.load_weights(tmp_path / files.MODEL_FILE)[0]
+    resumed = load_weights(tmp_path / MODEL_FILE)[0]
     assert all(torch.equal(resumed[k], straight[k]) for k in straight), "resumed != uninterrupted"
 
 
@@ -107,5 +109,5 @@ def test_two_mixup_runs_are_identical(tmp_path):
         torch.manual_seed(len(name))
         np.random.seed(len(name) * 7)  # the global streams differ between the two runs
         one_run(resolve("pretrain", None, tiny), tmp_path / name)
-        weights.append(files.load_weights(tmp_path / name / files.MODEL_FILE)[0])
+        weights.append(load_weights(tmp_path / name / MODEL_FILE)[0])
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

@@ -14,11 +14,12 @@ import torch
 from PIL import Image
 
 from test_train import stopped_at_call
-from vitcli import batches, data, streams
-from vitcli.checkpoints import files, state
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.data import batches, sources, streams
 from vitcli.errors import DataError
-from vitcli.recipe import DataConfig
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import DataConfig
 from vitcli.stages.run import one_run
 
 N, FILES = 200, 4  # the label of an example is its row, so the labels of a batch say which rows it holds
@@ -47,7 +48,7 @@ def _parquet(tmp, bad=()) -> str:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, str]:
+def source_dirs(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("streaming")
     (root / "pq").mkdir()
     (root / "bad").mkdir()
@@ -64,7 +65,7 @@ def _cfg(source: str, **kw) -> DataConfig:
 def _stream(source: str, seed=0, start_step=0, rank=0, world_size=1, batch=B, start=None, **kw):
     """A fresh stream from a fresh load, as a restarted process builds it."""
     cfg = _cfg(source, **kw)
-    ids = data.load_stream(cfg)
+    ids = sources.load_stream(cfg)
     return streams.stream_train_batches(ids, cfg, 32, batch, seed, start_step, rank, world_size, start=start)
 
 
@@ -84,9 +85,9 @@ def _same(a: list, b: list) -> bool:
 
 
 @pytest.fixture(scope="module")
-def straight(sources) -> dict[str, tuple[list, list[dict]]]:
+def straight(source_dirs) -> dict[str, tuple[list, list[dict]]]:
     """24 micro-batches (almost two epochs) of each source, uninterrupted, in the main process."""
-    return {name: _take(_stream(sources[name]), 24) for name in ("parquet", "saved")}
+    return {name: _take(_stream(source_dirs[name]), 24) for name in ("parquet", "saved")}
 
 
 # ---------------------------------------------------------------- resuming
@@ -94,15 +95,15 @@ def straight(sources) -> dict[str, tuple[list, list[dict]]]:
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("name", ["parquet", "saved"])
-def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(sources, straight, name, workers):
+def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_dirs, straight, name, workers):
     ref, where = straight[name]
     assert [w["epoch"] for w in where[11:14]] == [0, 0, 1]  # batch 12 spans the boundary, 13 is in epoch 1
     for k in (10, 17):  # before the boundary, and in epoch 1 (the recount walks through epoch 0)
-        recounted = _stream(sources[name], start_step=k, num_workers=workers)
+        recounted = _stream(source_dirs[name], start_step=k, num_workers=workers)
         assert recounted.position() == where[k]
         assert _same(ref[k:], _take(recounted, 24 - k)[0]), f"recounted from micro-batch {k}"
         saved = json.loads(json.dumps(where[k]))  # as a checkpoint stores it
-        assert _same(ref[k:], _take(_stream(sources[name], start_step=k, start=saved, num_workers=workers),
+        assert _same(ref[k:], _take(_stream(source_dirs[name], start_step=k, start=saved, num_workers=workers),
                                     24 - k)[0]), f"resumed from position {saved}"
 
 
@@ -112,10 +113,10 @@ def test_the_position_counts_examples_into_the_epoch(straight):
     assert where == expected
 
 
-def test_a_position_for_another_step_is_refused(sources, straight):
+def test_a_position_for_another_step_is_refused(source_dirs, straight):
     _, where = straight["parquet"]
     with pytest.raises(DataError, match="micro-batch 5, not start_step=6"):
-        _stream(sources["parquet"], start_step=6, start=where[5])
+        _stream(source_dirs["parquet"], start_step=6, start=where[5])
 
 
 # ---------------------------------------------------------------- ranks and seeds
@@ -132,40 +133,40 @@ def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> li
 
 
 @pytest.mark.parametrize(("name", "world_size"), [("parquet", 2), ("parquet", 3), ("saved", 2)])
-def test_ranks_see_disjoint_shares_whose_union_is_the_epoch(sources, name, world_size):
+def test_ranks_see_disjoint_shares_whose_union_is_the_epoch(source_dirs, name, world_size):
     # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards over 2
     for epoch in (0, 1):
-        shares = [_epoch_labels(sources[name], r, world_size, epoch) for r in range(world_size)]
+        shares = [_epoch_labels(source_dirs[name], r, world_size, epoch) for r in range(world_size)]
         everything = [y for share in shares for y in share]
         assert sorted(everything) == list(range(N)), f"epoch {epoch}: shares overlap or miss rows"
         assert all(abs(len(s) - N / world_size) < N / 4 for s in shares), [len(s) for s in shares]
 
 
-def test_the_seed_decides_the_order(sources):
+def test_the_seed_decides_the_order(source_dirs):
     def first(seed: int) -> torch.Tensor:  # the labels of 13 micro-batches: epoch 0 and a little more
-        return torch.cat([y for _, y in _take(_stream(sources["parquet"], seed=seed), 13)[0]])
+        return torch.cat([y for _, y in _take(_stream(source_dirs["parquet"], seed=seed), 13)[0]])
 
     a, again, other = first(0), first(0), first(1)
     assert torch.equal(a[:N], again[:N]) and sorted(a[:N].tolist()) == list(range(N))
     assert not torch.equal(a[:N], other[:N])
-    epoch_1 = _epoch_labels(sources["parquet"], 0, 1, epoch=1)
+    epoch_1 = _epoch_labels(source_dirs["parquet"], 0, 1, epoch=1)
     assert epoch_1 != a[:N].tolist() and sorted(epoch_1) == list(range(N))  # a new order every epoch
 
 
 # ---------------------------------------------------------------- corrupt images, evaluation, sources
 
 
-def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped(sources):
-    ref = _stream(sources["bad"])
+def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped(source_dirs):
+    ref = _stream(source_dirs["bad"])
     got, counts = [], []
     for _ in range(26):  # two epochs: each bad image met twice
         got.append(next(ref))
         counts.append(ref.skipped.total)
-    assert counts[-1] == len(BAD) and set(ref.skipped.as_dict()) == {f"{sources['bad']} split 'train'"}
+    assert counts[-1] == len(BAD) and set(ref.skipped.as_dict()) == {f"{source_dirs['bad']} split 'train'"}
     assert all(len(y) == B for _, y in got)
     # the same rows with good images come in the same order (shuffling never looks at the bytes), so they say
     # where each bad image was: the next good image of its micro-batch (cyclically) must stand in for it
-    truths = [truth for _, truth in _take(_stream(sources["parquet"]), 26)[0]]
+    truths = [truth for _, truth in _take(_stream(source_dirs["parquet"]), 26)[0]]
     for (_, y), truth in zip(got, truths):
         good = [i for i, t in enumerate(truth.tolist()) if t not in BAD]
         stand_in = [i if i in good else next((j for j in good if j > i), good[0]) for i in range(B)]
@@ -174,13 +175,13 @@ def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped
     k = max(b for b in with_bad if b < N // B) + 1  # past the bad images of epoch 0 ...
     end = min(b for b in with_bad if b >= k)  # ... and before they come again in epoch 1
     assert end > k, with_bad
-    resumed = _stream(sources["bad"], start_step=k, num_workers=2)
+    resumed = _stream(source_dirs["bad"], start_step=k, num_workers=2)
     assert _same(got[k:end], _take(resumed, end - k)[0]) and resumed.skipped.total == 0  # skipped undecoded
 
 
-def test_evaluation_splits_load_whole_when_training_streams(sources):
-    cfg = _cfg(sources["saved"])
-    test = data.load_split(cfg, "test")
+def test_evaluation_splits_load_whole_when_training_streams(source_dirs):
+    cfg = _cfg(source_dirs["saved"])
+    test = sources.load_split(cfg, "test")
     assert isinstance(test, datasets.Dataset) and len(test) == 40
     ys = torch.cat([y for _, y in batches.eval_batches(test, cfg, 32, 16)])
     assert ys.tolist() == list(range(40))
@@ -189,7 +190,7 @@ def test_evaluation_splits_load_whole_when_training_streams(sources):
 def test_synthetic_streams_too():
     cfg = DataConfig(source="synthetic", streaming=True, num_workers=0, shuffle_buffer=32)
     cfg.synthetic.train_size = 48
-    ids = data.load_stream(cfg)
+    ids = sources.load_stream(cfg)
     x, y = next(streams.stream_train_batches(ids, cfg, 32, 8, seed=0))
     assert x.shape == (8, 3, 32, 32) and y.dtype == torch.int64 and -1 <= x.min() <= x.max() <= 1
 
@@ -199,34 +200,34 @@ def _one_line(error: pytest.ExceptionInfo, *needles: str) -> None:
     assert "\n" not in msg and all(n in msg for n in needles), msg
 
 
-def test_a_sliced_train_split_is_one_line_naming_the_key(sources):
+def test_a_sliced_train_split_is_one_line_naming_the_key(source_dirs):
     with pytest.raises(DataError) as error:
-        data.load_stream(_cfg(sources["parquet"], train_split="train[:50%]"))
+        sources.load_stream(_cfg(source_dirs["parquet"], train_split="train[:50%]"))
     _one_line(error, "data.train_split", "train[:50%]", "data.streaming")
 
 
 def test_a_missing_file_is_one_line_naming_it(tmp_path):
     missing = str(tmp_path / "nowhere" / "train.parquet")
     with pytest.raises(DataError) as error:
-        data.load_stream(_cfg(missing))
+        sources.load_stream(_cfg(missing))
     _one_line(error, missing)
     with pytest.raises(DataError) as error:
-        data.load_stream(_cfg(str(tmp_path / "*.parquet")))
+        sources.load_stream(_cfg(str(tmp_path / "*.parquet")))
     _one_line(error, "*.parquet", "matches no file")
 
 
-def test_a_missing_split_of_a_saved_dataset_is_one_line(sources):
+def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
     with pytest.raises(DataError) as error:
-        data.load_stream(_cfg(sources["saved"], train_split="training"))
+        sources.load_stream(_cfg(source_dirs["saved"], train_split="training"))
     _one_line(error, "no split 'training'", "train, test")
 
 
-def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(sources, tmp_path, monkeypatch):
+def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch):
     """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead): stopped after step 4 of 9
     (its checkpoint holds the stream's position), then run again, it resumes from the position and ends with the
     weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
     r = resolve("pretrain", None, [
-        f"data.source={sources['saved']}", "data.streaming=true", "data.shuffle_buffer=64", "data.num_workers=2",
+        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64", "data.num_workers=2",
         "data.val_split=", "data.test_split=", "data.batch_size=32", "data.micro_batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
@@ -237,5 +238,5 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(sources,
     assert saved["step"] == 4  # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
     assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
     one_run(r, tmp_path / "resumed")
-    a, b = (files.load_weights(tmp_path / w / files.MODEL_FILE)[0] for w in ("straight", "resumed"))
+    a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -14,16 +14,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitcli import dist as dist_mod
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.checkpoints.transfer import load_for_eval, load_init
 from vitcli.errors import CheckpointError
-from vitcli.models import T2T_VITS, build_model, count_params, model_spec, resolve_name
-from vitcli.optim import build_optimizer
-from vitcli.recipe import ModelConfig, OptimConfig
-from vitcli.resolve import resolve
-from vitcli.t2t import T2TViT, sincos_1d_table
-from vitcli.transfer import load_for_eval, load_init
+from vitcli.models.t2t import T2TViT, sincos_1d_table
+from vitcli.models.zoo import T2T_VITS, build_model, count_params, model_spec, resolve_name
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig, OptimConfig
+from vitcli.runtime import dist as dist_mod
+from vitcli.train.optim import build_optimizer
 
 K = 5
 TINY = {"img_size": 32, "num_classes": K, "embed_dim": 32, "depth": 2, "num_heads": 2, "token_dim": 16}

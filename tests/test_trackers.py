@@ -6,10 +6,10 @@ import importlib.util
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from vitcli import trackers
 from vitcli.errors import RecipeError
-from vitcli.metrics import read_metrics
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import trackers
+from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
 
 TINY = [

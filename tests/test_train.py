@@ -8,13 +8,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vitcli import rngs, trainer
-from vitcli.checkpoints import files, state
+from vitcli.checkpoints import state
+from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import RecipeError, TrainingError
-from vitcli.metrics import read_metrics
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import rngs
+from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
-from vitcli.transfer import load_for_eval
+from vitcli.train import loop
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -53,7 +55,7 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
     """A later stage needs nothing but the file: its metadata resolves to the network, every weight loads."""
     one_run(recipe("schedule.steps=3"), tmp_path)
     model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"]))
-    sd, _ = files.load_weights(tmp_path / "model.safetensors")
+    sd, _ = load_weights(tmp_path / "model.safetensors")
     assert sorted(model.state_dict()) == sorted(k for k in sd if not k.startswith("head."))
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 32)  # pre-logits: eval-fewshot needs no head
@@ -61,8 +63,8 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
 
 def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
     """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the gradient step
-    (`trainer._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
-    real, calls = trainer._accumulate_grads, {"n": 0}
+    (`loop._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
+    real, calls = loop._accumulate_grads, {"n": 0}
 
     def interrupt_at_n(*args, **kwargs):
         calls["n"] += 1
@@ -71,7 +73,7 @@ def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
         return real(*args, **kwargs)
 
     with monkeypatch.context() as m:
-        m.setattr(trainer, "_accumulate_grads", interrupt_at_n)
+        m.setattr(loop, "_accumulate_grads", interrupt_at_n)
         with pytest.raises(KeyboardInterrupt):
             one_run(r, workdir)
 
@@ -86,8 +88,8 @@ def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeyp
 
     steps = [row["step"] for row in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
     assert steps == list(range(1, 9)), "each step logged once, none lost or repeated"
-    a, _ = files.load_weights(tmp_path / "straight" / "model.safetensors")
-    b, _ = files.load_weights(tmp_path / "resumed" / "model.safetensors")
+    a, _ = load_weights(tmp_path / "straight" / "model.safetensors")
+    b, _ = load_weights(tmp_path / "resumed" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
@@ -113,14 +115,14 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
              "data.test_split="]
     one_run(recipe(*plain), tmp_path / "big")
     one_run(recipe(*plain, "data.micro_batch_size=8"), tmp_path / "accum")
-    a, _ = files.load_weights(tmp_path / "big" / "model.safetensors")
-    b, _ = files.load_weights(tmp_path / "accum" / "model.safetensors")
+    a, _ = load_weights(tmp_path / "big" / "model.safetensors")
+    b, _ = load_weights(tmp_path / "accum" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real = trainer.loss_fn
+    real = loop.loss_fn
 
     def poisoned(cfg, num_classes):
         fn, calls = real(cfg, num_classes), {"n": 0}
@@ -132,7 +134,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
 
         return loss
 
-    monkeypatch.setattr(trainer, "loss_fn", poisoned)
+    monkeypatch.setattr(loop, "loss_fn", poisoned)
     with pytest.raises(TrainingError, match="at step 2"):
         one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
     _, saved = state.latest_good_state(tmp_path)
@@ -143,7 +145,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
 
 def test_bf16_autocast_trains(tmp_path):
     one_run(recipe("schedule.steps=3", "run.precision=bf16", "data.val_split="), tmp_path)
-    sd, _ = files.load_weights(tmp_path / "model.safetensors")
+    sd, _ = load_weights(tmp_path / "model.safetensors")
     assert all(v.dtype == torch.float32 for v in sd.values()), "weights stay fp32 under autocast"
 
 

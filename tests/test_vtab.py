@@ -8,8 +8,8 @@ import numpy as np
 from PIL import Image
 
 from vitcli import cli
-from vitcli.data import load_split
-from vitcli.recipe import DataConfig
+from vitcli.data.sources import load_split
+from vitcli.recipe.schema import DataConfig
 
 
 def images(n, seed, size=32):

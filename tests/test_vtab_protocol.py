@@ -11,10 +11,10 @@ import yaml
 from PIL import Image
 
 from clirun import run_vit
-from vitcli import batches, data, tasks
+from vitcli.data import batches, sources, tasks
 from vitcli.fewshot.evaluate import data_cfg
-from vitcli.metrics import read_metrics
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.vtab import task_recipe
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -114,7 +114,7 @@ def test_lr_sweep_retrains_the_chosen_lr_on_1000_images_and_tests_only_that(tmp_
     assert result["test/top1"] == final_summary["test/top1"]
     assert final["optim"]["lr"] == chosen and final["data"]["val_split"] == ""
     assert final["data"]["train_split"] == "train[:800]+validation[:200]"
-    assert len(data.load_source(final["data"]["source"], final["data"]["train_split"])) == 1000
+    assert len(sources.load_source(final["data"]["source"], final["data"]["train_split"])) == 1000
     for lr in lrs:  # the sweep's runs train on train800 and are never tested
         swept = yaml.safe_load((task_dir / f"lr_{lr:g}" / "recipe.yaml").read_text())["data"]
         splits = (swept["train_split"], swept["val_split"], swept["test_split"])

@@ -5,11 +5,12 @@ import shutil
 import pytest
 
 from clirun import run_vit
-from vitcli.checkpoints import files, state
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.errors import OutputError
-from vitcli.resolve import resolve
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime.workdir import set_aside
 from vitcli.stages.run import one_run
-from vitcli.workdir import set_aside
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -32,13 +33,13 @@ def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
     one_run(recipe("run.seed=1"), tmp_path, resume=False, overwrite=True)
     (kept,) = tmp_path.glob("previous-*")
     assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == finished, "moved whole, byte for byte"
-    assert (tmp_path / files.MODEL_FILE).read_bytes() != finished[files.MODEL_FILE]  # the new run's
+    assert (tmp_path / MODEL_FILE).read_bytes() != finished[MODEL_FILE]  # the new run's
     assert sorted(p.name for p in (kept / "tensorboard").iterdir()) == events  # tracker folders move too
 
 
 def test_no_resume_sets_an_unfinished_run_aside_and_starts_at_step_0(tmp_path):
     one_run(recipe(), tmp_path)
-    (tmp_path / files.MODEL_FILE).unlink()  # as if killed before the end: only checkpoints remain
+    (tmp_path / MODEL_FILE).unlink()  # as if killed before the end: only checkpoints remain
     old = sorted(p.name for p in state.state_files(tmp_path))
     one_run(recipe(), tmp_path, resume=False)
     (kept,) = tmp_path.glob("previous-*")
@@ -52,7 +53,7 @@ def test_overwrite_alone_starts_over_where_the_run_could_resume(monkeypatch, cap
     one_run(recipe(), tmp_path)
     one_run(recipe(), tmp_path, overwrite=True)
     (kept,) = tmp_path.glob("previous-*")
-    assert (kept / files.MODEL_FILE).is_file()
+    assert (kept / MODEL_FILE).is_file()
     rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in r]
     assert len(rows) == 3, "trained again from step 1"
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, "--overwrite", "--resume", *TINY)
@@ -72,10 +73,10 @@ def test_killed_writes_are_cleared_at_start_and_nothing_else(tmp_path):
 def test_two_replacements_in_the_same_second_keep_both(tmp_path):
     kept = []
     for content in ("first", "second"):
-        (tmp_path / files.MODEL_FILE).write_text(content)
+        (tmp_path / MODEL_FILE).write_text(content)
         kept.append(set_aside(tmp_path))
     assert kept[0] != kept[1]
-    assert [(k / files.MODEL_FILE).read_text() for k in kept] == ["first", "second"]
+    assert [(k / MODEL_FILE).read_text() for k in kept] == ["first", "second"]
 
 
 def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, monkeypatch):

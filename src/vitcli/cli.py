@@ -60,14 +60,14 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
 
 
 def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False):
-    from vitcli.resolve import resolve
+    from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
     return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size)
 
 
 def _dry_run(r) -> None:
-    from vitcli.recipe import to_yaml
+    from vitcli.recipe.schema import to_yaml
 
     sys.stdout.write(to_yaml(r))
 
@@ -78,7 +78,7 @@ def _tables_off(json_out: bool):
     if not json_out:
         yield
         return
-    from vitcli.metrics import stdout
+    from vitcli.runtime.metrics import stdout
 
     with open(os.devnull, "w") as sink:
         stdout.file = sink  # a file, not `quiet`: dist.setup sets quiet per rank
@@ -250,7 +250,7 @@ def plot(
     ] = None,
 ) -> None:
     """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""
-    from vitcli.curves import plot as run
+    from vitcli.figures.curves import plot as run
 
     run(workdirs, out)
 

@@ -15,7 +15,7 @@ from torch import nn
 
 from vitcli.checkpoints.describe import CheckpointSpec
 from vitcli.errors import CheckpointError
-from vitcli.posemb import resample_axis, resample_posemb
+from vitcli.models.posemb import resample_axis, resample_posemb
 
 HEAD = "head."
 REPRESENTATION = "pre_logits."  # the i21k Dense+tanh before the head, `pre_logits.fc.*`

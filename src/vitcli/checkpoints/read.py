@@ -22,8 +22,8 @@ import timm
 import torch
 from torch import nn
 
-from vitcli.checkpoints.files import MODEL_FILE, load_weights
 from vitcli.checkpoints.npz import npz_to_timm
+from vitcli.checkpoints.weights import MODEL_FILE, load_weights
 from vitcli.errors import CheckpointError
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")

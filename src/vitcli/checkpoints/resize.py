@@ -16,13 +16,14 @@ from rich.table import Table
 from safetensors.torch import save_file
 
 from vitcli.checkpoints.describe import CheckpointSpec, describe
-from vitcli.checkpoints.files import atomic_path, save_weights
 from vitcli.checkpoints.fit import AXIS_TABLES
 from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import CheckpointError
-from vitcli.metrics import stdout
-from vitcli.posemb import check_method, grid_for, resample_axis, resample_posemb, sincos_2d
-from vitcli.workdir import check_output_file
+from vitcli.models.posemb import check_method, grid_for, resample_axis, resample_posemb, sincos_2d
+from vitcli.runtime.files import atomic_path
+from vitcli.runtime.metrics import stdout
+from vitcli.runtime.workdir import check_output_file
 
 RESIZED = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
 

@@ -24,9 +24,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from vitcli.checkpoints import files
 from vitcli.errors import CheckpointError
-from vitcli.metrics import console
+from vitcli.runtime import files
+from vitcli.runtime.metrics import console
 
 STATE_KEYS = ("step", "model", "optimizer", "rng", "recipe")  # what the trainer saves and needs back
 SHARDED_KEYS = ("step", "recipe")  # what a sharded checkpoint's extra part must hold; its tensors are DCP's

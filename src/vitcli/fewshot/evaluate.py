@@ -14,11 +14,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcli import batches, data, tasks
-from vitcli.dist import Dist
+from vitcli.data import batches, sources, tasks
 from vitcli.errors import DataError, RecipeError
 from vitcli.fewshot import features, solver
-from vitcli.recipe import DataConfig, Recipe
+from vitcli.recipe.schema import DataConfig, Recipe
+from vitcli.runtime.dist import Dist
 
 
 def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
@@ -35,9 +35,9 @@ def _custom_task(recipe: Recipe) -> tasks.Task:
     c = recipe.fewshot.custom
     if not c.source:
         raise RecipeError(f"fewshot.custom.source is empty: say where task '{c.name}' reads its data")
-    num_classes = c.num_classes or data.num_classes(
+    num_classes = c.num_classes or sources.num_classes(
         DataConfig(label_column=c.label_column),
-        data.load_source(c.source, c.train_split, image_column=c.image_column, label_column=c.label_column,
+        sources.load_source(c.source, c.train_split, image_column=c.image_column, label_column=c.label_column,
                          synthetic=recipe.data.synthetic),
     )
     return tasks.Task(c.name, "custom", num_classes, c.source, {"train": c.train_split, "test": c.test_split},
@@ -56,7 +56,7 @@ def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
     """One split of a task, labels derived where the task says, from the Hub or --data-root."""
     source = tasks.task_source(task, recipe.fewshot.data_root)
     label_column = "" if task.label_rule else task.label_column  # a rule builds `label` from raw fields
-    ds = data.load_source(source, split, image_column=task.image_column, label_column=label_column,
+    ds = sources.load_source(source, split, image_column=task.image_column, label_column=label_column,
                           synthetic=recipe.data.synthetic)
     return tasks.apply_label_rule(task, ds) if task.label_rule else ds
 

@@ -16,13 +16,14 @@ from rich.markup import escape
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vitcli import batches
-from vitcli.checkpoints.files import MODEL_FILE, atomic_path
-from vitcli.dist import Dist, all_gather, all_reduce_max
+from vitcli.checkpoints.weights import MODEL_FILE
+from vitcli.data import batches
 from vitcli.errors import DataError
-from vitcli.metrics import console
-from vitcli.precision import autocast
-from vitcli.recipe import DataConfig
+from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.dist import Dist, all_gather, all_reduce_max
+from vitcli.runtime.files import atomic_path
+from vitcli.runtime.metrics import console
+from vitcli.runtime.precision import autocast
 
 
 def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

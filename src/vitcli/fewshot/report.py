@@ -16,12 +16,12 @@ import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from vitcli import batches, tasks
-from vitcli.checkpoints.files import atomic_path, write_text
+from vitcli.data import batches, tasks
 from vitcli.fewshot.evaluate import draws, summarise
 from vitcli.fewshot.solver import DRAW_FIELDS
-from vitcli.metrics import stdout
-from vitcli.recipe import Recipe, to_dict
+from vitcli.recipe.schema import Recipe, to_dict
+from vitcli.runtime.files import atomic_path, write_text
+from vitcli.runtime.metrics import stdout
 
 
 def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], float]:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli import batches, tasks
-from vitcli.checkpoints.files import write_text
-from vitcli.dist import Dist, setup
+from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.data import batches, tasks
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features, report
 from vitcli.fewshot.evaluate import (
@@ -19,11 +18,12 @@ from vitcli.fewshot.evaluate import (
     preprocessing,
     recipe_tasks,
 )
-from vitcli.metrics import console, stdout
-from vitcli.precision import resolved
-from vitcli.recipe import Recipe, to_yaml
-from vitcli.transfer import load_for_eval
-from vitcli.workdir import check_workdir
+from vitcli.recipe.schema import Recipe, to_yaml
+from vitcli.runtime.dist import Dist, setup
+from vitcli.runtime.files import write_text
+from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.precision import resolved
+from vitcli.runtime.workdir import check_workdir
 
 
 def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:

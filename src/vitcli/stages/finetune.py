@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitcli.checks import parse_lrs
-from vitcli.dist import setup
-from vitcli.metrics import console
-from vitcli.recipe import Recipe
+from vitcli.recipe.checks import parse_lrs
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import setup
+from vitcli.runtime.metrics import console
 from vitcli.stages.run import run_training
 from vitcli.stages.sweep import sweep
 from vitcli.stages.vtab import run_vtab, vtab_tasks

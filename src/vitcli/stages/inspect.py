@@ -19,17 +19,19 @@ import torch
 from rich.table import Table
 from torch import nn
 
-from vitcli import batches, data, inspection, models
-from vitcli.checkpoints.files import write_text
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.dist import pick_device
+from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.data import batches, sources
 from vitcli.errors import DataError, ModelError
-from vitcli.metrics import console, stdout
-from vitcli.recipe import Recipe
-from vitcli.resolve import resolve
-from vitcli.t2t import TokensToToken
-from vitcli.transfer import load_for_eval
-from vitcli.workdir import check_workdir
+from vitcli.figures import figure7
+from vitcli.models import zoo
+from vitcli.models.t2t import TokensToToken
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import pick_device
+from vitcli.runtime.files import write_text
+from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.workdir import check_workdir
 
 FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.png", "attention_distance.png"
 DISTANCES_JSON = "attention_distance.json"
@@ -85,7 +87,7 @@ def _check_vit(loaded: Loaded, ckpt: str) -> None:
 def _summary(recipe: Recipe, model: nn.Module) -> dict:
     """The rows of the summary table: which network, at which resolution, with which tables."""
     m, grid = recipe.model, tuple(model.patch_embed.grid_size)
-    return {"checkpoint": recipe.init.checkpoint, "model": m.name, "parameters": models.count_params(model),
+    return {"checkpoint": recipe.init.checkpoint, "model": m.name, "parameters": zoo.count_params(model),
             "width": m.embed_dim, "depth": len(model.blocks), "heads": m.num_heads, "grid": list(grid),
             "patch_size": m.img_size // grid[0], "pool": m.pool, "pos_embed": m.pos_embed,
             "img_size": m.img_size}
@@ -104,9 +106,9 @@ def _filters(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> Non
     kernel, why = pixel_filters(model)
     if kernel is None:
         return _skip(report, FILTERS, why)
-    components, explained = inspection.filter_components(kernel)
+    components, explained = figure7.filter_components(kernel)
     title = f"{recipe.model.name}: top {len(components)} principal components of the patch filters"
-    inspection.save_figure(inspection.filters_figure(components, title), out / FILTERS)
+    figure7.save_figure(figure7.filters_figure(components, title), out / FILTERS)
     report.explained_variance = [float(v) for v in explained]
     report.written.append(str(out / FILTERS))
 
@@ -132,9 +134,9 @@ def _positions(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> N
     table = position_table(model, grid)
     if table is None:
         return _skip(report, POSITIONS, f"the model has no position table (pos_embed: {recipe.model.pos_embed})")
-    maps = inspection.cosine_maps(table, grid)
+    maps = figure7.cosine_maps(table, grid)
     title = f"{recipe.model.name}: position embedding similarity ({recipe.model.pos_embed})"
-    inspection.save_figure(inspection.position_figure(maps, title), out / POSITIONS)
+    figure7.save_figure(figure7.position_figure(maps, title), out / POSITIONS)
     report.written.append(str(out / POSITIONS))
 
 
@@ -146,21 +148,21 @@ def position_table(model: nn.Module, grid: tuple[int, int]) -> np.ndarray | None
         table = getattr(model, "pos_embed", None)  # (1, prefix + H*W, D), or None
     if table is None:
         return None
-    return inspection.patch_table(grid, table.detach().float().cpu().numpy()[0])
+    return figure7.patch_table(grid, table.detach().float().cpu().numpy()[0])
 
 
 def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: Path, report: Report) -> None:
     """Figure 7 right and its numbers, from `images` images of the data source."""
     grid, img_size = tuple(model.patch_embed.grid_size), recipe.model.img_size
-    ds = data.load_split(recipe.data, split)
+    ds = sources.load_split(recipe.data, split)
     ds = ds.select(range(min(images, len(ds))))
     cell = img_size / grid[1]  # pixels between patch centres (the hybrid's: its ResNet stride)
     per_head, seen = mean_attention_distances(model, _stream(ds, recipe), grid, cell,
                                               pick_device(recipe.run.device))
     title = f"{recipe.model.name}: attention distance ({seen} images)"
-    inspection.save_figure(inspection.distance_figure(per_head, img_size, title), out / DISTANCES)
+    figure7.save_figure(figure7.distance_figure(per_head, img_size, title), out / DISTANCES)
     report.attention = {
-        "checkpoint": recipe.init.checkpoint, "data": data.origin(ds), "images": seen, "img_size": img_size,
+        "checkpoint": recipe.init.checkpoint, "data": sources.origin(ds), "images": seen, "img_size": img_size,
         "grid": list(grid), "pixels_between_patches": cell,
         "definition": "per head: mean over images and query patches of the sum over key patches of attention "
                       "x pixel distance between patch centres; class/prefix tokens dropped, weights renormalised",
@@ -178,12 +180,12 @@ def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], ce
                              device: torch.device) -> tuple[np.ndarray, int]:
     """((layers, heads) mean attention distance in pixels over every image of `stream`, images seen)."""
     model = model.to(device).eval()
-    distances = inspection.patch_distances(grid, cell).to(device)  # (N, N)
+    distances = figure7.patch_distances(grid, cell).to(device)  # (N, N)
     prefix = int(getattr(model, "num_prefix_tokens", 0))
     sums: dict[int, torch.Tensor] = {}
 
     def add(layer: int, probs: torch.Tensor) -> None:  # (B, heads, T, T) -> summed over the batch (heads,)
-        total = inspection.attention_distance(probs, distances, prefix).sum(dim=0)
+        total = figure7.attention_distance(probs, distances, prefix).sum(dim=0)
         sums[layer] = sums[layer] + total if layer in sums else total
 
     seen = 0

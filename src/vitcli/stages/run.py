@@ -1,6 +1,6 @@
 """One training run: a resolved recipe -> a Job for the one loop, then the report. `vit pretrain` is this.
 
-Fine-tuning is the same run with starting weights (vitcli.transfer); the sweep and VTAB drivers call it
+Fine-tuning is the same run with starting weights (vitcli.checkpoints.transfer); the sweep and VTAB drivers call it
 once per setting with the Dist their command created.
 """
 
@@ -13,21 +13,25 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from vitcli import batches, curves, data, models
-from vitcli.checkpoints import files, state
-from vitcli.checks import check_schedule
-from vitcli.dist import Dist, setup
+from vitcli.checkpoints import state
+from vitcli.checkpoints.transfer import load_init
+from vitcli.checkpoints.weights import MODEL_FILE
+from vitcli.data import batches, sources
 from vitcli.errors import RecipeError
-from vitcli.evaluators import ClassificationEvaluator, MppEvaluator
+from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
-from vitcli.metrics import console, stdout
-from vitcli.objectives import MppModel
-from vitcli.precision import bf16_warning, resolved
-from vitcli.recipe import Recipe, to_dict, to_yaml
-from vitcli.schedule import total_steps
-from vitcli.trainer import Job, train
-from vitcli.transfer import load_init
-from vitcli.workdir import check_space, check_workdir, refuse_finished, set_aside
+from vitcli.figures import curves
+from vitcli.models import zoo
+from vitcli.recipe.checks import check_schedule
+from vitcli.recipe.schema import Recipe, to_dict, to_yaml
+from vitcli.runtime import files
+from vitcli.runtime.dist import Dist, setup
+from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.precision import bf16_warning, resolved
+from vitcli.runtime.workdir import check_space, check_workdir, refuse_finished, set_aside
+from vitcli.train.loop import Job, train
+from vitcli.train.objectives import MppModel
+from vitcli.train.schedule import total_steps
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
@@ -104,7 +108,7 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
     run.eval_every, on test at the end; few-shot every fewshot.every."""
 
     def held_out(name: str, split: str):
-        ds = data.load_split(r.data, split)
+        ds = sources.load_split(r.data, split)
         if r.objective == "mpp":
             return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp.target)
         return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision)
@@ -121,7 +125,7 @@ def _num_classes(r: Recipe, train_ds) -> int:
     A streamed split cannot be scanned for its largest label before training: its ClassLabel decides."""
     if r.objective == "mpp":
         return 0
-    num_classes = r.model.num_classes or data.num_classes(r.data, train_ds)
+    num_classes = r.model.num_classes or sources.num_classes(r.data, train_ds)
     if not r.data.streaming:
         check_labels(train_ds, r, num_classes)
     return num_classes
@@ -143,17 +147,17 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | N
     if r.data.streaming and not r.schedule.steps:
         raise RecipeError("data.streaming=true needs schedule.steps: a stream has no length to count "
                           f"schedule.epochs={r.schedule.epochs} in")
-    train_ds = data.load_stream(r.data) if r.data.streaming else data.load_split(r.data, r.data.train_split)
+    train_ds = sources.load_stream(r.data) if r.data.streaming else sources.load_split(r.data, r.data.train_split)
     num_classes = _num_classes(r, train_ds)
     steps = r.schedule.steps or total_steps(0, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
-    model = models.build_model(r.model, num_classes)
+    model = zoo.build_model(r.model, num_classes)
     if r.init.checkpoint:
         load_init(model, r, num_classes, dist)
     if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
         model = MppModel(model, r.mpp, r.model.patch_size)
     periodic, final = _evaluators(r, dist)
-    meta = models.model_spec(r.model, num_classes)
+    meta = zoo.model_spec(r.model, num_classes)
     return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final, start)
 
 
@@ -196,7 +200,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
 def checkpoint_bytes(job: Job) -> int:
     """Disk a run needs at most: run.keep_checkpoints states and one being written (weights plus the
     optimizer's slots: Adam keeps two per weight, SGD momentum one), and the final model, all fp32."""
-    weights = 4 * models.count_params(job.model)
+    weights = 4 * zoo.count_params(job.model)
     slots = 2 if job.recipe.optim.name == "adamw" else 1
     return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
@@ -206,7 +210,7 @@ def _announce(job: Job, dist: Dist, why: str) -> None:
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
     console.log(
-        f"{r.stage}: {r.model.name} ({models.count_params(job.model) / 1e6:.2f}M params), "
+        f"{r.stage}: {r.model.name} ({zoo.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
         f"{f'masked patch prediction ({r.mpp.target})' if r.objective == 'mpp' else f'{job.num_classes} classes'}, "
         f"{job.total_steps} steps "
@@ -223,7 +227,7 @@ def report(summary: dict, workdir: Path) -> None:
         if "/" in k:
             table.add_row(k, number(v) if isinstance(v, float) else str(v))
     stdout.print(table)
-    stdout.print(f"weights: {workdir / files.MODEL_FILE}")
+    stdout.print(f"weights: {workdir / MODEL_FILE}")
 
 
 def number(v: float) -> str:

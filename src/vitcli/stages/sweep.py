@@ -11,12 +11,12 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.checkpoints.files import atomic_path, write_text
-from vitcli.dist import Dist
 from vitcli.errors import RecipeError
-from vitcli.metrics import stdout
-from vitcli.recipe import Recipe
-from vitcli.resolve import derive
+from vitcli.recipe.resolve import derive
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import Dist
+from vitcli.runtime.files import atomic_path, write_text
+from vitcli.runtime.metrics import stdout
 from vitcli.stages.run import run_training
 
 COLUMNS = ["lr", "dev/top1", "test/top1"]

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli import tasks
-from vitcli.checkpoints.files import write_text
-from vitcli.dist import Dist
+from vitcli.data import tasks
 from vitcli.errors import DataError, RecipeError
-from vitcli.metrics import stdout
-from vitcli.recipe import Recipe
-from vitcli.resolve import derive
+from vitcli.recipe.resolve import derive
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import Dist
+from vitcli.runtime.files import write_text
+from vitcli.runtime.metrics import stdout
 from vitcli.stages.run import run_training
 from vitcli.stages.sweep import sweep
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import datasets
 
-from vitcli import tasks
+from vitcli.data import tasks
+from vitcli.data.synthetic import SPLIT_IDS, make_synthetic
 from vitcli.errors import DataError
-from vitcli.recipe import DataConfig, SyntheticConfig
-from vitcli.synthetic import SPLIT_IDS, make_synthetic
+from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 _TRUE = ("1", "on", "yes", "true")
 

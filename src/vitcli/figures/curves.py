@@ -11,9 +11,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
-from vitcli.inspection import save_figure
-from vitcli.metrics import CURVES_FILE, METRICS_FILE, console, read_metrics, stdout
-from vitcli.workdir import check_output_file
+from vitcli.figures.figure7 import save_figure
+from vitcli.runtime.metrics import CURVES_FILE, METRICS_FILE, console, read_metrics, stdout
+from vitcli.runtime.workdir import check_output_file
 
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
 STYLES = ("-", "--", ":", "-.")

@@ -25,11 +25,11 @@ from rich.markup import escape
 from timm.data import Mixup
 from torch.utils.data import DataLoader
 
-from vitcli.data import origin
+from vitcli.data.sources import origin
+from vitcli.data.transforms import build_transform, seeded
 from vitcli.errors import DataError, VitcliError
-from vitcli.metrics import console
-from vitcli.recipe import DataConfig
-from vitcli.transforms import build_transform, seeded
+from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.metrics import console
 
 DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
 

@@ -9,29 +9,39 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from vitcli import batches, rngs, sharding, streams
-from vitcli.checkpoints import files, state
-from vitcli.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
+from vitcli.checkpoints import state
+from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.data import batches, streams
+from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
-from vitcli.evaluators import Evaluator
-from vitcli.interrupt import StopRequest, interrupted
-from vitcli.metrics import METRICS_FILE, MetricsLog, console, progress_bar
-from vitcli.objectives import exported, mpp_step
-from vitcli.optim import build_optimizer
-from vitcli.precision import autocast
-from vitcli.recipe import OptimConfig, Recipe, accumulation_steps, to_dict
-from vitcli.schedule import learning_rate
-from vitcli.trackers import open_trackers
-from vitcli.transforms import seeded
+from vitcli.recipe.schema import OptimConfig, Recipe, accumulation_steps, to_dict
+from vitcli.runtime import rngs
+from vitcli.runtime.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
+from vitcli.runtime.metrics import METRICS_FILE, MetricsLog, console, progress_bar
+from vitcli.runtime.precision import autocast
+from vitcli.runtime.trackers import open_trackers
+from vitcli.train import parallelize
+from vitcli.train.interrupt import StopRequest, interrupted
+from vitcli.train.objectives import exported, mpp_step
+from vitcli.train.optim import build_optimizer
+from vitcli.train.schedule import learning_rate
 
 log = logging.getLogger(__name__)
 MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_seed; 0 is the augmentation's
+
+
+class Evaluator(Protocol):
+    """What the loop runs when due (the evaluators package holds them): something that measures a model and names what it measured (`val/top1`, `fewshot/x/5shot`)."""
+
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
 
 
 @dataclass
@@ -78,7 +88,7 @@ def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
         return 0
     path, saved = job.resume_from
     if path.is_dir():  # a sharded checkpoint (run.strategy fsdp): `saved` is its non-tensor part
-        sharding.load(path, model, optimizer)
+        parallelize.load(path, model, optimizer)
     else:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -113,7 +123,7 @@ def _save_state(job: Job, model, optimizer, step: int, dist: Dist, stream) -> No
         position["streams"] = all_gather(stream.position(), dist)
     extra = {"step": step, "rng": all_gather(rngs.capture(), dist), "data": position, "recipe": to_dict(r)}
     if r.run.strategy == "fsdp":  # every rank writes its shard into state-<step>/
-        sharding.save(job.workdir, model, optimizer, extra, dist, r.run.keep_checkpoints)
+        parallelize.save(job.workdir, model, optimizer, extra, dist, r.run.keep_checkpoints)
     elif dist.is_main:
         snapshot = {**extra, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
         state.save_checkpoint(job.workdir, snapshot, r.run.keep_checkpoints)
@@ -123,8 +133,8 @@ def _prepare(model: torch.nn.Module, r: Recipe, dist: Dist) -> torch.nn.Module:
     """The model as it trains: sharded block by block (run.strategy fsdp), with activation checkpointing if
     asked. Before the optimizer is built, since sharding replaces the parameters."""
     if r.run.strategy == "fsdp":
-        return sharding.shard(model, dist, r.run.activation_checkpointing)
-    return sharding.checkpoint_blocks(model) if r.run.activation_checkpointing else model
+        return parallelize.shard(model, dist, r.run.activation_checkpointing)
+    return parallelize.checkpoint_blocks(model) if r.run.activation_checkpointing else model
 
 
 def _train_stream(job: Job, micro: int, accum: int, start: int, dist: Dist):
@@ -146,7 +156,7 @@ def _train_stream(job: Job, micro: int, accum: int, start: int, dist: Dist):
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
     if not evaluators:
         return {}
-    with sharding.gathered(model):  # sharded: each rank evaluates its rows with the whole weights
+    with parallelize.gathered(model):  # sharded: each rank evaluates its rows with the whole weights
         return {name: value for ev in evaluators for name, value in ev.run(model)}
 
 
@@ -198,9 +208,9 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
         metrics.write(job.total_steps, final)
     metrics.close()
     # the same file whatever the strategy: FSDP's shards are gathered (on every rank) into rank 0's full copy
-    weights = sharding.full_model_state(exported(model)) if r.run.strategy == "fsdp" else exported(model).state_dict()
+    weights = parallelize.full_model_state(exported(model)) if r.run.strategy == "fsdp" else exported(model).state_dict()
     if dist.is_main:
-        files.save_weights(job.workdir / files.MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
+        save_weights(job.workdir / MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
     return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count
 
 
@@ -316,7 +326,7 @@ def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, preci
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
-        with sharding.gradient_sync(ddp_model, sync):
+        with parallelize.gradient_sync(ddp_model, sync):
             with autocast(dist.device, precision):
                 loss, accuracy = objective(ddp_model, x, y, i)
             (loss / accum).backward()
@@ -331,4 +341,4 @@ def _add(total, value):
 
 def _clip(model, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d tensor."""
-    return sharding.clip_grad_norm(model, max_norm)
+    return parallelize.clip_grad_norm(model, max_norm)

@@ -14,14 +14,14 @@ from typing import Any
 
 import torch
 
+from vitcli.data.transforms import FEWSHOT_RESIZE_METHODS, check_randaugment
 from vitcli.errors import RecipeError
-from vitcli.models import HYBRID, T2T_VITS, is_vit_family
-from vitcli.mpp import CELLS, KINDS
-from vitcli.posemb import METHODS, grid_for
-from vitcli.precision import PRECISIONS
-from vitcli.recipe import Recipe
-from vitcli.trackers import check_loggers
-from vitcli.transforms import FEWSHOT_RESIZE_METHODS, check_randaugment
+from vitcli.models.mpp import CELLS, KINDS
+from vitcli.models.posemb import METHODS, grid_for
+from vitcli.models.zoo import HYBRID, T2T_VITS, is_vit_family
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.precision import PRECISIONS
+from vitcli.runtime.trackers import check_loggers
 
 STAGES = ("pretrain", "finetune", "eval-fewshot")
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")

@@ -21,7 +21,7 @@ from timm.data.transforms import RandomResizedCropAndInterpolation, str_to_inter
 from torchvision import transforms
 
 from vitcli.errors import DataError
-from vitcli.recipe import DataConfig
+from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
 INTERPOLATION = "bilinear"  # big_vision's inception_crop and resize use bilinear

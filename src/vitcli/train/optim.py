@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
 
-from vitcli.recipe import OptimConfig
+from vitcli.recipe.schema import OptimConfig
 
 # Position tables and tokens carry no decay (the paper; timm's ViT.no_weight_decay() lists the same for its
 # own names). The row/col tables of learned_2d and T2T's tables are ours, so we match by substring.

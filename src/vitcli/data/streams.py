@@ -42,11 +42,11 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.batches import BatchStream, _reason, keyed_loader, stretch_binary, worker_error
-from vitcli.data import origin
+from vitcli.data.batches import BatchStream, _reason, keyed_loader, stretch_binary, worker_error
+from vitcli.data.sources import origin
+from vitcli.data.transforms import build_transform, seeded
 from vitcli.errors import DataError, VitcliError
-from vitcli.recipe import DataConfig
-from vitcli.transforms import build_transform, seeded
+from vitcli.recipe.schema import DataConfig
 
 Example = tuple[dict, int]  # (encoded image {bytes, path}, label)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from vitcli.checkpoints.files import write_text
 from vitcli.errors import RecipeError
-from vitcli.metrics import console
+from vitcli.runtime.files import write_text
+from vitcli.runtime.metrics import console
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the package it needs (= the extra)

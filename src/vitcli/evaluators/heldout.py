@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
 
 import torch
 
-from vitcli import batches
-from vitcli.dist import Dist, all_reduce_sum
-from vitcli.objectives import mpp_step
-from vitcli.precision import autocast
-from vitcli.recipe import DataConfig
-
-
-class Evaluator(Protocol):
-    """Something that measures a model and names what it measured (`val/top1`, `fewshot/x/5shot`)."""
-
-    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
+from vitcli.data import batches
+from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.dist import Dist, all_reduce_sum
+from vitcli.runtime.precision import autocast
+from vitcli.train.objectives import mpp_step
 
 
 class SplitEvaluator:

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from vitcli.checkpoints.files import write_text
 from vitcli.errors import TrainingError
+from vitcli.runtime.files import write_text
 
 # A training workdir's metrics log, and the curves drawn from it at the end (curves.py)
 METRICS_FILE, CURVES_FILE = "metrics.jsonl", "curves.png"

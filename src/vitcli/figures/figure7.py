@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from vitcli.checkpoints.files import atomic_path
 from vitcli.errors import ModelError
+from vitcli.runtime.files import atomic_path
 
 NUM_COMPONENTS = 28  # Figure 7 (left) shows 28 components in a 4 x 7 grid
 

@@ -36,9 +36,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from vitcli.checkpoints import files, state
-from vitcli.dist import Dist, barrier
+from vitcli.checkpoints import state
 from vitcli.errors import CheckpointError, ModelError
+from vitcli.runtime import files
+from vitcli.runtime.dist import Dist, barrier
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:

@@ -1,6 +1,6 @@
 """Starting weights into a built model: the paper's transfer protocol for fine-tuning, the body for evaluation.
 
-The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.resolve), so
+The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.recipe.resolve), so
 the model built from the recipe is the checkpoint's network. Here the pretrained head (and by default the
 representation layer) is replaced by a zero-initialised D x K head and the position embedding is resized
 once, in 2-D, to the model's grid; a table says what was loaded, dropped and resized.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 from rich.table import Table
 
-from vitcli import models
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.dist import Dist
-from vitcli.metrics import console
-from vitcli.recipe import Recipe
+from vitcli.models import zoo
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import Dist
+from vitcli.runtime.metrics import console
 
 
 def _spec(loaded: Loaded, recipe: Recipe) -> CheckpointSpec:
@@ -32,7 +32,7 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
     loaded = read_checkpoint(init.checkpoint)
     spec = _spec(loaded, recipe)
     if not init.keep_head:
-        models.zero_head(model, num_classes)
+        zoo.zero_head(model, num_classes)
     sd, rows = adapt_state_dict(loaded.state_dict, model, spec, keep_head=init.keep_head,
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
@@ -49,9 +49,9 @@ def load_for_eval(recipe: Recipe) -> torch.nn.Module:
     if recipe.init.random:
         with torch.random.fork_rng():  # the caller's RNG stream is left as it was
             torch.manual_seed(recipe.run.seed)
-            return models.build_model(recipe.model, 0).eval()
+            return zoo.build_model(recipe.model, 0).eval()
     loaded = read_checkpoint(recipe.init.checkpoint)
-    model = models.build_model(recipe.model, 0)
+    model = zoo.build_model(recipe.model, 0)
     sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=False,
                              keep_representation=recipe.model.representation_size > 0,
                              method=recipe.init.posemb_method)

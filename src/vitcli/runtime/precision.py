@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from vitcli.recipe import Recipe
+from vitcli.recipe.schema import Recipe
 
 PRECISIONS = ("auto", "fp32", "bf16")
 Detect = Callable[[torch.device], tuple[bool, str]]  # device -> (runs bf16 natively, what was detected)

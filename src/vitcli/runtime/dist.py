@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as torch_dist
 
-from vitcli.metrics import console, stdout
+from vitcli.runtime.metrics import console, stdout
 
 
 @dataclass(frozen=True)

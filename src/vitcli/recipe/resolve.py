@@ -3,7 +3,7 @@
 Layers, later wins: defaults < the stage's defaults < the VTAB protocol (`--task`) < the recipe file <
 `KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in:
 a model name's sizes, and for `finetune` / `eval-fewshot` the starting checkpoint's architecture (and, to
-evaluate it, its native resolution and head). Then every value is checked once (vitcli.checks). Nothing
+evaluate it, its native resolution and head). Then every value is checked once (vitcli.recipe.checks). Nothing
 downstream edits the result: `--dry-run` prints it and the run writes exactly it to WORKDIR/recipe.yaml.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checks import STAGES, check
 from vitcli.errors import RecipeError
-from vitcli.models import resolve_name
-from vitcli.recipe import ModelConfig, Recipe, merge, nest, parse_overrides, read_yaml
+from vitcli.models.zoo import resolve_name
+from vitcli.recipe.checks import STAGES, check
+from vitcli.recipe.schema import ModelConfig, Recipe, merge, nest, parse_overrides, read_yaml
 
 # The paper's transfer protocol (Sec. 4.1, App. B.1.1) is the finetune stage's default, below the recipe file:
 # SGD momentum 0.9, global batch 512, global-norm clip 1, no weight decay, dropout 0, cosine decay after a

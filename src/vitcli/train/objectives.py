@@ -14,8 +14,8 @@ import torch
 from timm.layers import trunc_normal_
 from torch import nn
 
-from vitcli import mpp
-from vitcli.recipe import MppConfig
+from vitcli.models import mpp
+from vitcli.recipe.schema import MppConfig
 
 
 class MppModel(nn.Module):

@@ -26,9 +26,9 @@ from timm.models.vision_transformer import VisionTransformer, init_weights_vit_t
 from torch import nn
 
 from vitcli.errors import ModelError
-from vitcli.posemb import sincos_2d
-from vitcli.recipe import ModelConfig
-from vitcli.t2t import T2TViT
+from vitcli.models.posemb import sincos_2d
+from vitcli.models.t2t import T2TViT
+from vitcli.recipe.schema import ModelConfig
 
 # Table 1 of the paper, (patch_size, embed_dim, depth, num_heads, mlp_dim); Ti and S are the DeiT/AugReg sizes
 PAPER_VITS = {
@@ -163,7 +163,7 @@ def resolve_name(cfg: ModelConfig) -> ModelConfig:
     token mixer is in the name); BiT and other non-ViT timm models have no class token or position table
     (pool `gap`, pos_embed `none`; their ViT size fields are unused); other timm ViTs are described as timm
     registers them. Official T2T-ViT code names (t2t_vit_t_14) become ours. Values are checked by
-    vitcli.checks, not here.
+    vitcli.recipe.checks, not here.
     """
     key = cfg.name.lower()
     name = next((n for n in NAMED if n.lower() == key), ALIASES.get(key, cfg.name))

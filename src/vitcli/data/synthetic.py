@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from vitcli.errors import DataError
-from vitcli.recipe import SyntheticConfig
+from vitcli.recipe.schema import SyntheticConfig
 
 SHAPES = ("disk", "square", "triangle", "ring", "plus", "diamond")
 TEXTURES = ("solid", "hstripes", "vstripes", "checker", "dots")

@@ -13,7 +13,7 @@ import threading
 from typing import Self
 
 from vitcli.errors import Interrupted
-from vitcli.metrics import console
+from vitcli.runtime.metrics import console
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -1,0 +1,2 @@
+"""The networks: posemb.py (position tables, resampling), mpp.py (masked patch prediction maths), t2t.py
+(T2T-ViT), zoo.py (names -> architectures, one builder for every family)."""

@@ -2,6 +2,7 @@
 not repeat steps, and a logger that cannot run is refused before training."""
 
 import importlib.util
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -64,6 +65,7 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
     assert repr(last["test/top1"]).encode() in data
     for stale in tmp_path.glob("state-2.pt*"):
         stale.unlink()
+    time.sleep(1.1)  # W&B names an offline segment by the second it starts: two in one second share a folder
     one_run(r, tmp_path, resume=True)  # resumes at step 1: the same W&B run id, a second offline segment
     assert (tmp_path / trackers.WANDB_ID_FILE).read_text().strip() == run_id
     assert len(list(tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))) == 2

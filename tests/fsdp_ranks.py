@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
+from vitcli.checkpoints import manager
+from vitcli.checkpoints import sharded as sharded_format
 from vitcli.checkpoints.weights import save_weights
 from vitcli.models.zoo import build_model
 from vitcli.recipe.schema import ModelConfig, OptimConfig
@@ -72,7 +74,7 @@ def straight_and_saved(out: Path, dist: Dist) -> None:
     norms = train(model, optimizer, 0, SAVE_AT, dist.rank, dist.world_size, MICRO_BATCHES)
     extra = {"step": SAVE_AT, "recipe": {"run": {"strategy": "fsdp"}}, "data": {"position": SAVE_AT * 4},
              "rng": [torch.full((3,), r, dtype=torch.uint8) for r in range(dist.world_size)]}
-    parallelize.save(out / "run", model, optimizer, extra, dist, keep=2)
+    manager.save(out / "run", extra, model, optimizer, dist, keep=2, sharded=True)
     at_save = parallelize.full_model_state(model)
     norms += train(model, optimizer, SAVE_AT, STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
     final, params = parallelize.full_model_state(model), full_params(model)
@@ -86,7 +88,7 @@ def straight_and_saved(out: Path, dist: Dist) -> None:
 def resumed(out: Path, dist: Dist) -> None:
     """A fresh model (other initial weights) and optimizer, the state of SAVE_AT loaded, then the rest."""
     model, optimizer = sharded(1, dist)
-    extra = parallelize.load(out / "run" / f"state-{SAVE_AT}", model, optimizer)
+    extra = sharded_format.load(out / "run" / f"state-{SAVE_AT}", model, optimizer)
     train(model, optimizer, extra["step"], STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
     final = parallelize.full_model_state(model)
     if dist.is_main:

@@ -7,11 +7,13 @@ import tempfile
 import pytest
 import torch
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.weights import MODEL_FILE, load_weights
-from vitcli.errors import CheckpointError, TrainingError
+from vitcli.errors import CheckpointError, RecipeError, TrainingError
 from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import to_dict
 from vitcli.runtime import files
+from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import MetricsLog, console, read_metrics
 from vitcli.stages.run import one_run
 
@@ -54,7 +56,7 @@ def flipped_bytes(path):
 
 
 def missing_keys(path):
-    files.save_state(path, {"step": 6, "model": {}})
+    state.save_state(path, {"step": 6, "model": {}})
 
 
 def no_checksum(path):
@@ -87,7 +89,7 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumes(tmp_p
     assert any("at step 4" in m for m in logged), logged
     assert (tmp_path / MODEL_FILE).is_file(), "training went on and finished"
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
-    path, saved = state.latest_good_state(tmp_path)
+    path, saved = manager.latest_good_state(tmp_path)
     assert path.name == "state-6.pt" and saved["step"] == 6, "step 6 written again, and good this time"
 
 
@@ -187,19 +189,17 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error(tmp_path):
         MetricsLog(path, resume_step=3)
 
 
-def test_an_older_vitcli_workdir_resumes(tmp_path, logged):
-    """Upgrading must not strand a run: its state.pt has no checksum (the old writer renamed atomically too, so
-    it is whole) and its recipe lacks keys added since, which count as their defaults."""
-    one_run(recipe("schedule.steps=6", "run.ckpt_every=3"), tmp_path / "straight")
-    saved = files.load_state(state.checkpoint_path(tmp_path / "straight", 3))
-    for key in ("objective", "mpp"):
-        del saved["recipe"][key]
-    del saved["recipe"]["run"]["keep_checkpoints"]
-    old = tmp_path / "old"
-    old.mkdir()
-    torch.save(saved, old / files.STATE_FILE)  # as an older vitcli left it at step 3: no checksum beside it
-
-    one_run(recipe("schedule.steps=6", "run.ckpt_every=3"), old)
-    assert any("older vitcli" in w and "read unverified" in w for w in warnings(logged)), logged
-    a, b = (load_weights(d / MODEL_FILE)[0] for d in (tmp_path / "straight", old))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+def test_only_state_step_checkpoints_resume_and_their_recipe_must_be_whole(tmp_path):
+    """No compatibility reading: a `state.pt` without a checksum is no checkpoint, and a key the saved recipe
+    lacks is not filled with its default (vitcli 0.1.0 is the first release: no older checkpoints exist)."""
+    r, one = recipe("schedule.steps=6"), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    torch.save({"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": to_dict(r)}, tmp_path / "state.pt")
+    assert state.checkpoints(tmp_path) == []
+    with pytest.raises(RecipeError, match="--resume: no checkpoint"):
+        manager.resume_point(r, tmp_path, one, resume=True)
+    saved = to_dict(r)
+    del saved["mpp"]
+    state.save_state(state.checkpoint_path(tmp_path, 3),
+                     {"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": saved})
+    with pytest.raises(RecipeError, match=r"different recipe \(mpp\.\w+: None there"):
+        manager.resume_point(r, tmp_path, one)

@@ -3,7 +3,7 @@
 import pytest
 import torch._dynamo
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import MODEL_FILE, load_weights
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
@@ -26,4 +26,4 @@ def test_compiled_training_saves_and_exports_the_plain_keys(tmp_path):
     plain = set(zoo.build_model(r.model, 4).state_dict())  # the names timm gives, no `_orig_mod.` prefix
     exported, _ = load_weights(tmp_path / MODEL_FILE)
     assert set(exported) == plain
-    assert set(state.latest_good_state(tmp_path)[1]["model"]) == plain
+    assert set(manager.latest_good_state(tmp_path)[1]["model"]) == plain

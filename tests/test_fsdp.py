@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
 from test_checkpoint_safety import flipped_bytes, logged, warnings  # noqa: F401 - logged is a fixture
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager, sharded, state
 from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
 from vitcli.models.t2t import T2TViT
@@ -27,7 +27,6 @@ from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import ModelConfig, MppConfig
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
-from vitcli.runtime.workdir import set_aside
 from vitcli.train import parallelize
 from vitcli.train.objectives import MppModel
 from vitcli.train.optim import build_optimizer
@@ -98,7 +97,7 @@ def test_a_sharded_checkpoint_of_two_processes_loads_into_one_unsharded_process(
     """DCP reshards: the run may resume on another process count (here 1, without a process group)."""
     model = tiny_model(5)
     optimizer = build_optimizer(model, OPTIM)
-    extra = parallelize.load(ranks / "run" / f"state-{SAVE_AT}", model, optimizer)
+    extra = sharded.load(ranks / "run" / f"state-{SAVE_AT}", model, optimizer)
     at_save = load_file(ranks / "at_save.safetensors")
     assert all(torch.equal(model.state_dict()[k], at_save[k]) for k in at_save)
     train(model, optimizer, extra["step"], STEPS)
@@ -108,7 +107,7 @@ def test_a_sharded_checkpoint_of_two_processes_loads_into_one_unsharded_process(
 
 def test_the_extra_part_comes_back_as_saved_without_pickle(ranks):
     path = ranks / "run" / f"state-{SAVE_AT}"
-    extra = state.verified_extra(path)
+    extra = sharded.verified_extra(path)
     assert extra["step"] == SAVE_AT and extra["data"] == {"position": SAVE_AT * 4}
     assert extra["recipe"] == {"run": {"strategy": "fsdp"}}
     assert [r.tolist() for r in extra["rng"]] == [[0, 0, 0], [1, 1, 1]]
@@ -129,7 +128,7 @@ def test_a_flipped_byte_in_a_shard_is_a_checkpoint_error_naming_it(ranks, tmp_pa
     path = damaged_copy(ranks, tmp_path)
     model = tiny_model(0)
     with pytest.raises(CheckpointError) as err:
-        parallelize.load(path, model, build_optimizer(model, OPTIM))
+        sharded.load(path, model, build_optimizer(model, OPTIM))
     message = str(err.value)
     assert "__1_0.distcp" in message and "sha256 differs" in message and "\n" not in message
 
@@ -137,7 +136,7 @@ def test_a_flipped_byte_in_a_shard_is_a_checkpoint_error_naming_it(ranks, tmp_pa
 def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one(ranks, tmp_path, logged):  # noqa: F811
     older = fake_sharded(tmp_path, 1)
     damaged_copy(ranks, tmp_path)
-    path, extra = state.latest_good_state(tmp_path)
+    path, extra = manager.latest_good_state(tmp_path)
     assert path == older and extra["step"] == 1
     (warning,) = warnings(logged)
     assert "__1_0.distcp" in warning and f"resuming from {older.name} instead" in warning
@@ -148,7 +147,7 @@ def test_a_leftover_temporary_directory_is_never_taken_for_a_checkpoint(ranks, t
     leftover = tmp_path / ".state-9.abcd1234.tmp"  # a whole, verifiable copy, but a save that never finished
     shutil.copytree(tmp_path / f"state-{SAVE_AT}", leftover)
     assert state.checkpoints(tmp_path) == [tmp_path / f"state-{SAVE_AT}"]
-    assert state.latest_good_state(tmp_path)[1]["step"] == SAVE_AT
+    assert manager.latest_good_state(tmp_path)[1]["step"] == SAVE_AT
     assert leftover in state.state_files(tmp_path), "a fresh run sets it aside with the rest"
     assert state.remove_stale_dirs(tmp_path) == [leftover] and not leftover.exists()
     assert (tmp_path / f"state-{SAVE_AT}").is_dir()
@@ -196,17 +195,18 @@ def test_the_blocks_are_found_in_every_model_family(one_thread):
 
 
 def fake_sharded(workdir: Path, step: int) -> Path:
-    """A sealed checkpoint directory as parallelize.save leaves it, with a stand-in for DCP's files."""
+    """A sealed checkpoint directory as manager.save leaves it, with a stand-in for DCP's files."""
     with files.atomic_dir(state.checkpoint_dir(workdir, step)) as tmp:
-        state.write_extra(tmp, {"step": step, "recipe": {}, "rng": [torch.arange(4, dtype=torch.uint8)]})
-        (tmp / state.DCP_METADATA).write_bytes(b"index")
+        sharded.write_extra(tmp, {"step": step, "recipe": {}, "rng": [torch.arange(4, dtype=torch.uint8)]})
+        (tmp / sharded.DCP_METADATA).write_bytes(b"index")
         (tmp / "__0_0.distcp").write_bytes(os.urandom(64))
     return state.checkpoint_dir(workdir, step)
 
 
 def pt(workdir: Path, step: int) -> Path:
-    return state.save_checkpoint(workdir, {"step": step, "model": {}, "optimizer": {}, "rng": torch.zeros(1),
-                                           "recipe": {}}, keep=99)
+    path = state.checkpoint_path(workdir, step)
+    state.save_state(path, {"step": step, "model": {}, "optimizer": {}, "rng": [], "recipe": {}})
+    return path
 
 
 def test_directories_and_files_are_found_together_newest_first(tmp_path):
@@ -216,7 +216,7 @@ def test_directories_and_files_are_found_together_newest_first(tmp_path):
         fake_sharded(tmp_path, step)
     (tmp_path / "state-7").write_text("a file named like a directory checkpoint is not one")
     assert [p.name for p in state.checkpoints(tmp_path)] == ["state-10", "state-3.pt", "state-2", "state-1.pt"]
-    path, extra = state.latest_good_state(tmp_path)
+    path, extra = manager.latest_good_state(tmp_path)
     assert path == tmp_path / "state-10" and extra["step"] == 10
     assert torch.equal(extra["rng"][0], torch.arange(4, dtype=torch.uint8))
 
@@ -226,16 +226,16 @@ def no_manifest(path):
 
 
 def flipped_extra(path):
-    flipped_bytes(path / state.EXTRA_JSON)
+    flipped_bytes(path / sharded.EXTRA_JSON)
 
 
 def no_metadata(path):  # a manifest that vouches for a directory without DCP's index
-    (path / state.DCP_METADATA).unlink()
+    (path / sharded.DCP_METADATA).unlink()
     files.write_manifest(path)
 
 
 def no_recipe(path):
-    state.write_extra(path, {"step": 6})
+    sharded.write_extra(path, {"step": 6})
     files.write_manifest(path)
 
 
@@ -247,7 +247,7 @@ DAMAGE = {no_manifest: "no SHA256SUMS", flipped_extra: "extra.json: damaged", no
 def test_a_damaged_directory_is_named_and_the_previous_checkpoint_resumes(tmp_path, logged, damage):  # noqa: F811
     pt(tmp_path, 4)
     damage(fake_sharded(tmp_path, 6))
-    path, saved = state.latest_good_state(tmp_path)
+    path, saved = manager.latest_good_state(tmp_path)
     assert path.name == "state-4.pt" and saved["step"] == 4
     (warning,) = warnings(logged)
     assert "state-6" in warning and DAMAGE[damage] in warning and "\n" not in warning
@@ -257,7 +257,7 @@ def test_no_usable_checkpoint_names_the_directories(tmp_path):
     flipped_extra(fake_sharded(tmp_path, 2))
     no_manifest(fake_sharded(tmp_path, 4))
     with pytest.raises(CheckpointError, match="state-4.*state-2.*--no-resume"):
-        state.latest_good_state(tmp_path)
+        manager.latest_good_state(tmp_path)
 
 
 def tiny_linear():
@@ -268,11 +268,11 @@ def tiny_linear():
 
 @pytest.mark.parametrize("keep", [1, 2])
 def test_sharded_saves_rotate_files_and_directories_alike(tmp_path, keep):
-    """parallelize.save in one process (no process group: DCP writes one shard) keeps the `keep` newest steps."""
+    """manager.save of a sharded model in one process (no process group: DCP writes one shard) keeps the `keep` newest steps."""
     model, optimizer = tiny_linear()
     pt(tmp_path, 1)
     for step in (2, 3, 4):
-        parallelize.save(tmp_path, model, optimizer, {"step": step, "recipe": {}}, ONE, keep)
+        manager.save(tmp_path, {"step": step, "recipe": {}}, model, optimizer, ONE, keep, sharded=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"state-{s}" for s in range(5 - keep, 5)]
 
 
@@ -281,7 +281,7 @@ def test_a_sharded_save_first_removes_checkpoints_of_later_steps(tmp_path):
     model, optimizer = tiny_linear()
     pt(tmp_path, 5)
     fake_sharded(tmp_path, 6)
-    parallelize.save(tmp_path, model, optimizer, {"step": 3, "recipe": {}}, ONE, keep=5)
+    manager.save(tmp_path, {"step": 3, "recipe": {}}, model, optimizer, ONE, keep=5, sharded=True)
     assert [p.name for p in state.checkpoints(tmp_path)] == ["state-3"]
 
 
@@ -292,10 +292,10 @@ def test_one_process_save_and_load_round_trip_model_and_adam(tmp_path):
         optimizer.zero_grad()
         model(x).square().sum().backward()
         optimizer.step()
-    path = parallelize.save(tmp_path, model, optimizer, {"step": 2, "recipe": {"a": 1}}, ONE, keep=1)
+    path = manager.save(tmp_path, {"step": 2, "recipe": {"a": 1}}, model, optimizer, ONE, keep=1, sharded=True)
     fresh = torch.nn.Linear(3, 2)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
-    assert parallelize.load(path, fresh, fresh_optimizer) == {"step": 2, "recipe": {"a": 1}}
+    assert sharded.load(path, fresh, fresh_optimizer) == {"step": 2, "recipe": {"a": 1}}
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
     saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
     assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in saved[i])
@@ -304,10 +304,10 @@ def test_one_process_save_and_load_round_trip_model_and_adam(tmp_path):
 
 def test_a_checkpoint_of_another_model_is_one_line_naming_it(tmp_path):
     model, optimizer = tiny_linear()
-    path = parallelize.save(tmp_path, model, optimizer, {"step": 1, "recipe": {}}, ONE, keep=1)
+    path = manager.save(tmp_path, {"step": 1, "recipe": {}}, model, optimizer, ONE, keep=1, sharded=True)
     other = torch.nn.Linear(3, 5)
     with pytest.raises(CheckpointError) as err:
-        parallelize.load(path, other, torch.optim.AdamW(other.parameters()))
+        sharded.load(path, other, torch.optim.AdamW(other.parameters()))
     message = str(err.value)
     assert message.startswith(f"{path}: does not fit") and "\n" not in message
     assert "torch.Size([2, 3])" in message and "torch.Size([5, 3])" in message and "model.weight" in message
@@ -326,7 +326,7 @@ def test_a_checkpoint_directory_has_the_modes_the_umask_allows(tmp_path):
 def test_a_fresh_run_sets_sharded_checkpoints_aside(tmp_path):
     fake_sharded(tmp_path, 2)
     pt(tmp_path, 3)
-    kept = set_aside(tmp_path)
+    kept = manager.prepare_workdir(tmp_path, fresh=True)
     assert sorted(p.name for p in kept.iterdir()) == ["state-2", "state-3.pt", "state-3.pt.sha256"]
     assert state.checkpoints(tmp_path) == []
 

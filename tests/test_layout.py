@@ -17,7 +17,7 @@ ORDER = [
     "errors", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
     # too); figures
-    "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "train.parallelize", "runtime.workdir", "figures.figure7",
+    "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "checkpoints.sharded", "train.parallelize", "runtime.workdir", "checkpoints.manager", "figures.figure7",
     "figures.curves",
     # models, data, checks on recipes, checkpoints of every source
     "models.t2t", "models.zoo", "data.transforms", "recipe.checks", "data.tasks", "data.sources", "data.batches", "data.streams",
@@ -99,3 +99,21 @@ def test_functions_are_short():
     assert statistics.median(lengths.values()) <= 12, statistics.median(lengths.values())
     long = {k: n for k, n in lengths.items() if n > 60}
     assert not long, long
+
+
+def test_the_loop_never_asks_which_strategy_or_data_kind_it_runs_under():
+    """Parallelism is applied before the loop (train.parallelize.apply) and the stage picks the batches: the
+    loop reads no run.strategy, no data.streaming, and never tells a checkpoint file from a directory."""
+    tree = ast.parse(modules()["train.loop"].read_text())
+    names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert not names & {"strategy", "streaming", "is_dir", "is_file"}, names & {"strategy", "streaming", "is_dir"}
+
+
+def test_one_module_owns_resume():
+    """checkpoints.manager alone decides, saves and loads training state: nothing else imports the formats it
+    writes (checkpoints.state, checkpoints.sharded) or the RNG states it restores (runtime.rngs)."""
+    parts = {"checkpoints.state", "checkpoints.sharded", "runtime.rngs"}
+    users = {name for name, path in modules().items()
+             for m, _ in vitcli_imports(ast.parse(path.read_text())) if m in parts}
+    assert users == {"checkpoints.manager"}, users

@@ -16,7 +16,6 @@ from vitcli.data.synthetic import make_synthetic
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SyntheticConfig
-from vitcli.runtime import files
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
 
@@ -53,7 +52,7 @@ def test_the_exported_file_is_a_plain_headless_vit_that_timm_loads(pretrained):
     timm_vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_ratio=2.0,
                                  num_classes=0)
     timm_vit.load_state_dict(sd, strict=True)
-    saved = files.load_state(state.checkpoints(workdir)[0])["model"]  # the newest
+    saved = state.load_state(state.checkpoints(workdir)[0])["model"]  # the newest
     assert "mask_token" in saved and "head.weight" in saved, "the resumable state keeps the pretext parts"
 
 

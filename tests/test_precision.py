@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import precision
@@ -84,7 +84,7 @@ def test_a_run_announces_and_records_its_choice(tmp_path, monkeypatch, capsys, n
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=2"]), tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["run/precision"] == expected
     assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["run"]["precision"] == expected
-    assert state.latest_good_state(tmp_path)[1]["recipe"]["run"]["precision"] == expected
+    assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["precision"] == expected
     assert f"{expected} (auto: CPU has" in capsys.readouterr().err.replace("\n", " ")
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import accumulation_steps, parse_overrides, to_dict, to_yaml
+from vitcli.recipe.schema import micro_batches, parse_overrides, to_dict, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,8 +86,10 @@ def test_bad_override_syntax():
 def test_accumulation_steps():
     r = resolve("pretrain", None, ["data.batch_size=4096", "data.micro_batch_size=64", "schedule.steps=10",
                            "schedule.warmup_steps=1"])
-    assert accumulation_steps(r) == 64
-    assert accumulation_steps(r, world_size=4) == 16
+    assert micro_batches(r) == (64, 64)
+    assert micro_batches(r, world_size=4) == (64, 16)
+    r = resolve("pretrain", None, ["data.batch_size=4096", "schedule.steps=10", "schedule.warmup_steps=1"])
+    assert micro_batches(r, world_size=4) == (1024, 1), "micro_batch_size 0: the batch split over processes"
 
 
 def test_round_trip_through_dict_and_yaml():

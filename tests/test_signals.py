@@ -16,7 +16,6 @@ import torch
 from vitcli.checkpoints import state
 from vitcli.checkpoints.weights import MODEL_FILE, load_weights
 from vitcli.recipe.resolve import resolve
-from vitcli.runtime import files
 from vitcli.stages.run import one_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +72,7 @@ def test_a_signal_checkpoints_and_resuming_ends_where_the_straight_run_ends(tmp_
     assert last.startswith("error:") and "run the same command again to resume" in last, err[-2000:]
     saved = state.checkpoints(tmp_path)
     assert len(saved) == 1, "the signal's checkpoint (ckpt_every is far away)"
-    stopped = files.load_state(saved[0])["step"]
+    stopped = state.load_state(saved[0])["step"]
     assert 10 <= stopped < STEPS and not (tmp_path / MODEL_FILE).exists()
     assert [json.loads(ln)["step"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == \
         list(range(1, stopped + 1))
@@ -95,7 +94,7 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_file(tmp_path):
     assert proc.returncode == 130 and err.strip().splitlines()[-1].startswith("error:"), err[-2000:]
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file left at the target's side"
     for path in state.checkpoints(tmp_path):  # any checkpoint that exists is whole (checksum verified)
-        files.load_state(path)
+        state.load_state(path)
 
 
 def test_two_mixup_runs_are_identical(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 
 from test_train import stopped_at_call
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import MODEL_FILE, load_weights
 from vitcli.data import batches, sources, streams
 from vitcli.errors import DataError
@@ -234,7 +234,7 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_d
         "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
     one_run(r, tmp_path / "straight")
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 6)
-    saved = state.latest_good_state(tmp_path / "resumed")[1]
+    saved = manager.latest_good_state(tmp_path / "resumed")[1]
     assert saved["step"] == 4  # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
     assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
     one_run(r, tmp_path / "resumed")

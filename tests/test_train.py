@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import RecipeError, TrainingError
@@ -83,7 +83,7 @@ def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeyp
     one_run(r, tmp_path / "straight")
 
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 5)
-    assert state.latest_good_state(tmp_path / "resumed")[1]["step"] == 3
+    assert manager.latest_good_state(tmp_path / "resumed")[1]["step"] == 3
     one_run(r, tmp_path / "resumed")  # automatic: the workdir holds a checkpoint
 
     steps = [row["step"] for row in read_metrics(tmp_path / "resumed" / "metrics.jsonl")]
@@ -137,7 +137,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     monkeypatch.setattr(loop, "loss_fn", poisoned)
     with pytest.raises(TrainingError, match="at step 2"):
         one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
-    _, saved = state.latest_good_state(tmp_path)
+    _, saved = manager.latest_good_state(tmp_path)
     assert saved["step"] == 2
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
     assert not (tmp_path / "model.safetensors").exists()
@@ -169,7 +169,7 @@ def test_checkpoints_by_the_clock_as_well_as_by_steps(tmp_path):
 
 def test_a_checkpoint_holds_each_ranks_rngs_and_the_data_position(tmp_path):
     one_run(recipe("schedule.steps=2", "data.val_split=", "data.test_split="), tmp_path)
-    _, saved = state.latest_good_state(tmp_path)
+    _, saved = manager.latest_good_state(tmp_path)
     assert len(saved["rng"]) == 1 and set(saved["rng"][0]) == {"torch", "cuda", "numpy", "python"}
     assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1}
 

@@ -2,8 +2,11 @@
 
 One concept per file, in the order a checkpoint travels:
 
-- `files.py`: our own files (safetensors with the recipe in metadata, the resumable state) written atomically.
-- `state.py`: the workdir's last `run.keep_checkpoints` training states and the latest good one, for resuming.
+- `weights.py`: our own final weights (safetensors with the recipe in metadata).
+- `state.py`: the layout of a workdir's training states (`state-<step>.pt`, `state-<step>/`): names,
+  discovery, rotation, and the whole-file format; `sharded.py`: the sharded (DCP) format.
+- `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving (whole or
+  sharded) with rotation, loading model, optimizer, RNG states and data position back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
   are refused.

@@ -209,6 +209,10 @@ class BatchStream:
                             "repair the image files or use another copy of the data")
         raise StopIteration
 
+    def position(self) -> dict | None:
+        """None: where a map-style stream goes on follows from the step alone (streams.TrainStream says more)."""
+        return None
+
 
 def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int) -> Iterator:
     """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch `start` on; no

@@ -19,7 +19,7 @@ from vitcli.errors import RecipeError
 from vitcli.models.mpp import CELLS, KINDS
 from vitcli.models.posemb import METHODS, grid_for
 from vitcli.models.zoo import HYBRID, T2T_VITS, is_vit_family
-from vitcli.recipe.schema import Recipe
+from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime.precision import PRECISIONS
 from vitcli.runtime.trackers import check_loggers
 
@@ -148,7 +148,7 @@ def check_schedule(warmup_steps: int, steps: int, derived: bool = False) -> None
 
 def _batch(recipe: Recipe, world_size: int) -> None:
     d = recipe.data
-    micro = d.micro_batch_size or d.batch_size // world_size
+    micro, _ = micro_batches(recipe, world_size)
     if micro <= 0 or d.batch_size % (micro * world_size):
         raise RecipeError(
             f"data.batch_size={d.batch_size} is not divisible by data.micro_batch_size={micro} x "
@@ -160,7 +160,7 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     d = recipe.data
     if d.randaugment:
         check_randaugment(d.randaugment, "data.randaugment")
-    micro = d.micro_batch_size or d.batch_size // world_size
+    micro, _ = micro_batches(recipe, world_size)
     if d.mixup_alpha and micro % 2:  # timm's Mixup pairs each image with its mirror in the micro-batch
         raise RecipeError(f"data.mixup_alpha={d.mixup_alpha} needs an even micro-batch, got {micro}; "
                           "set data.micro_batch_size (or data.batch_size) to an even number")

@@ -335,8 +335,11 @@ def to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(to_dict(recipe), sort_keys=False, default_flow_style=False)
 
 
-def accumulation_steps(recipe: Recipe, world_size: int = 1) -> int:
-    """Micro-batches per optimizer step on each process: batch_size / (micro_batch_size x world_size)."""
+def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:
+    """(micro-batch, accumulation): each process's forward/backward batch (data.micro_batch_size, or 0 for
+    data.batch_size / world_size) and how many of them it sums per optimizer step, batch_size / (micro x
+    world_size). Accumulation is 0 when the micro-batch is not positive (recipe.checks refuses that, and a
+    micro-batch x world size that does not divide data.batch_size)."""
     d = recipe.data
     micro = d.micro_batch_size or d.batch_size // world_size
-    return d.batch_size // (micro * world_size)
+    return micro, d.batch_size // (micro * world_size) if micro > 0 else 0

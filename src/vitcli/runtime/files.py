@@ -1,10 +1,10 @@
-"""Our own files: final weights as safetensors with the recipe in metadata, resumable training state.
+"""Our own files, written so that no reader ever sees half of one.
 
 Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so neither a
-killed run nor a power cut leaves a half-written file where a later stage would read it. A training state
-also gets a sha256 checksum beside it (`sha256sum` format), checked before its bytes are read. A directory
-(a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name, sealed with a
-SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
+killed run nor a power cut leaves a half-written file where a later stage would read it. A checksum can sit
+beside a file (`<name>.sha256`, `sha256sum` format; checkpoints.state writes one for each training state). A
+directory (a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name, sealed
+with a SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from vitcli.errors import CheckpointError
 
-STATE_FILE = "state.pt"  # the one state file of vitcli before keep_checkpoints: no checksum, read unverified
 CHECKSUM_SUFFIX = ".sha256"
 MANIFEST = "SHA256SUMS"  # in a checkpoint directory; `sha256sum -c SHA256SUMS` inside it checks it by hand
 # atomic_path's temporaries: `.<name>.` + mkstemp's 8 random characters + `.tmp`, and nothing else
@@ -118,33 +115,6 @@ def write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
-def save_state(path: str | Path, state: dict) -> None:
-    """Write the resumable training state (tensors, numbers, strings only, so it loads with weights_only), then
-    its checksum beside it as `<name>.sha256`."""
-    path = Path(path)
-    # Gone first and written last: a kill at any point leaves a state without a checksum (read as incomplete),
-    # never a state beside the checksum of another.
-    checksum_path(path).unlink(missing_ok=True)
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-        digest = sha256_of(tmp)
-    write_text(checksum_path(path), f"{digest}  {path.name}\n")
-
-
-def load_state(path: str | Path, verify: bool = True) -> dict:
-    """Read a training state written by `save_state`: the checksum is checked first (unless `verify` is off,
-    for an older vitcli's state.pt, which had none), and the bytes are read with weights_only, so neither
-    damaged bytes nor arbitrary objects are ever unpickled."""
-    path = Path(path)
-    if verify:
-        verify_checksum(path)
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or EOFError
-        first = (str(e).strip().splitlines() or [""])[0]  # torch's messages run to many lines
-        raise CheckpointError(f"{path}: cannot read training state ({type(e).__name__}: {first})") from None
-
-
 def checksum_path(path: str | Path) -> Path:
     """Where the sha256 of `path` is kept: `<name>.sha256` beside it, checkable with `sha256sum -c`."""
     path = Path(path)
@@ -187,16 +157,3 @@ def verify_manifest(directory: str | Path) -> list[str]:
         if sha256_of(path) != digest:
             raise CheckpointError(f"{path}: damaged, its sha256 differs from the one in {MANIFEST}")
     return [name for _, name in listed]
-
-
-def verify_checksum(path: str | Path) -> None:
-    """Raise CheckpointError unless `path` exists and its bytes match the sha256 recorded beside it."""
-    path, sidecar = Path(path), checksum_path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: not found")
-    if not sidecar.is_file():
-        raise CheckpointError(f"{path}: incomplete, no {sidecar.name} (its write was interrupted, or an older "
-                              f"vitcli wrote it)")
-    recorded = sidecar.read_text(errors="replace").split()[:1]
-    if recorded != [sha256_of(path)]:
-        raise CheckpointError(f"{path}: damaged, its sha256 differs from the one in {sidecar.name}")

@@ -11,9 +11,9 @@ import itertools
 import os
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
-from vitcli.checkpoints import state
 from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.errors import OutputError
 from vitcli.runtime.metrics import CURVES_FILE, METRICS_FILE, console
@@ -65,9 +65,10 @@ def refuse_finished(workdir: Path, overwrite: bool) -> None:
         )
 
 
-def set_aside(workdir: Path) -> Path | None:
-    """Move a previous run's outputs into WORKDIR/previous-<time>/ and say so; None when there were none."""
-    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + state.state_files(workdir)
+def set_aside(workdir: Path, also: Iterable[Path] = ()) -> Path | None:
+    """Move a previous run's outputs (RUN_OUTPUTS, and the paths `also` names: its checkpoints) into
+    WORKDIR/previous-<time>/ and say so; None when there were none."""
+    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + list(also)
     if not found:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")

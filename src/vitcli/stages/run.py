@@ -13,94 +13,31 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import manager
+from vitcli.checkpoints.manager import Checkpoint
 from vitcli.checkpoints.transfer import load_init
 from vitcli.checkpoints.weights import MODEL_FILE
-from vitcli.data import batches, sources
+from vitcli.data import batches, sources, streams
 from vitcli.errors import RecipeError
 from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.figures import curves
 from vitcli.models import zoo
 from vitcli.recipe.checks import check_schedule
-from vitcli.recipe.schema import Recipe, to_dict, to_yaml
+from vitcli.recipe.schema import Recipe, to_yaml
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import bf16_warning, resolved
-from vitcli.runtime.workdir import check_space, check_workdir, refuse_finished, set_aside
-from vitcli.train.loop import Job, train
+from vitcli.runtime.workdir import check_space, check_workdir
+from vitcli.train.loop import Feed, Job, train
 from vitcli.train.objectives import MppModel
 from vitcli.train.schedule import total_steps
-
-# Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
-# it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
-# weights and the summation order) must match.
-RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
-             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
 def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:
     """`vit pretrain`: join the process group, then one training run."""
     return run_training(recipe, workdir, setup(recipe.run.device), resume, overwrite)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
-def resume_point(recipe: Recipe, workdir: Path, resume: bool | None, dist: Dist,
-                 auto_precision: bool = False) -> tuple[Path, dict] | None:
-    """The checkpoint to resume from (read once, handed to the trainer), or None for a fresh run.
-
-    Automatic when the workdir holds one; refused if the recipe changed what is trained. `recipe` has its
-    precision resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at the other
-    precision, on a machine that chose differently, is continued with a warning instead.
-    """
-    if resume is False:
-        return None
-    found = state.latest_good_state(workdir, verbose=dist.is_main)  # names any damaged one it skips
-    if found is None and resume:
-        raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt, or a state-<step>/ directory with run.strategy=fsdp)")
-    if found is not None:
-        saved = found[1]["recipe"]
-        if auto_precision:
-            saved = _accept_precision(recipe, saved, workdir)
-        _check_same_training(recipe, saved, workdir)
-    return found
-
-
-def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
-    """`saved` with this machine's precision, after a loud warning if the checkpoint trained at another."""
-    was = saved.get("run", {}).get("precision", "fp32")  # recipes before `auto` existed defaulted to fp32
-    if was != recipe.run.precision:
-        console.log(f"[bold yellow]warning: {workdir} trained at {was}; run.precision=auto chooses "
-                    f"{recipe.run.precision} on this machine, so the rest of the run continues at "
-                    f"{recipe.run.precision} (set run.precision={was} to keep it)")
-    return {**saved, "run": {**saved.get("run", {}), "precision": recipe.run.precision}}
-
-
-def starts_over(resume: bool | None, overwrite: bool) -> bool | None:
-    """--overwrite means a fresh run (resume False) even where a checkpoint could be resumed."""
-    if overwrite and resume:
-        raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")
-    return False if overwrite else resume
-
-
-def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
-    # a key the saved recipe lacks was added to vitcli since: it trained with that key's default
-    saved = {**_flatten(to_dict(Recipe(stage=recipe.stage))), **_flatten(saved_recipe)}
-    now = _flatten(to_dict(recipe))
-    diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
-    if diffs:
-        k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
-        raise RecipeError(
-            f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, {now[k]!r} now{more});"
-            " use a new --workdir or --no-resume"
-        )
 
 
 def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
@@ -140,7 +77,7 @@ def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
                           "more (model.num_classes=0 takes the data's own count)")
 
 
-def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | None = None) -> Job:
+def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
     """Data, model (with its starting weights), step count and evaluators for a training run."""
     if not r.schedule.steps and not r.schedule.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
@@ -158,7 +95,23 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | N
         model = MppModel(model, r.mpp, r.model.patch_size)
     periodic, final = _evaluators(r, dist)
     meta = zoo.model_spec(r.model, num_classes)
-    return Job(r, workdir, model, train_ds, num_classes, steps, meta, periodic, final, start)
+    return Job(r, workdir, model, train_ds, train_feed(r, train_ds), num_classes, steps, meta, periodic, final,
+               start)
+
+
+def train_feed(r: Recipe, train_ds) -> Feed:
+    """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, which goes on from
+    the position a checkpoint saved), as data.streaming says; both start at micro-batch start x accum."""
+
+    def mapped(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
+        return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
+                                     dist.rank, dist.world_size, accum)
+
+    def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
+        return streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
+                                            dist.rank, dist.world_size, start=position)
+
+    return streamed if r.data.streaming else mapped
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
@@ -172,18 +125,12 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     check_workdir(workdir)
     auto = recipe.run.precision == "auto"
     recipe, why = resolved(recipe, dist.device)  # the one place `auto` becomes fp32 or bf16
-    start = resume_point(recipe, workdir, starts_over(resume, overwrite), dist, auto)
-    if start is None:
-        refuse_finished(workdir, overwrite)
+    start = manager.resume_point(recipe, workdir, dist, resume, overwrite, auto)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
     job = build_job(recipe, workdir, dist, start)
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
-        workdir.mkdir(parents=True, exist_ok=True)
-        files.remove_stale_temps(workdir)  # killed writes of an earlier run: ours only, by their pattern
-        state.remove_stale_dirs(workdir)  # and killed sharded saves (.state-<step>.*.tmp/ directories)
-        if start is None:
-            set_aside(workdir)
+        manager.prepare_workdir(workdir, fresh=start is None)
         files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
         _announce(job, dist, why)
     t0 = time.perf_counter()

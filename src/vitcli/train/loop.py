@@ -1,7 +1,9 @@
 """The one training loop. Pretrain and finetune differ in their recipes and starting weights, not here.
 
-Each optimizer step sees `data.batch_size` images: `accumulation_steps` micro-batches per process, summed
-(not averaged twice) across processes by DDP, so the paper's batch of 4096 runs on a single small machine.
+Each optimizer step sees `data.batch_size` images: each process accumulates micro-batches (their size and count
+from recipe.schema.micro_batches), summed (not averaged twice) across processes by DDP, so the paper's batch
+of 4096 runs on a single small machine. Parallelism is applied before the loop (train.parallelize.apply), and
+one CheckpointManager saves and resumes; the loop asks neither which strategy nor which data kind it runs.
 """
 
 from __future__ import annotations
@@ -17,14 +19,13 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import MODEL_FILE, save_weights
-from vitcli.data import batches, streams
+from vitcli.data import batches
 from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
-from vitcli.recipe.schema import OptimConfig, Recipe, accumulation_steps, to_dict
-from vitcli.runtime import rngs
-from vitcli.runtime.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
+from vitcli.recipe.schema import OptimConfig, Recipe, micro_batches, to_dict
+from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
 from vitcli.runtime.metrics import METRICS_FILE, MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
 from vitcli.runtime.trackers import open_trackers
@@ -44,6 +45,14 @@ class Evaluator(Protocol):
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
 
 
+class Feed(Protocol):
+    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from step
+    `start` on; `position`: where a streamed split went on (CheckpointManager.stream_position), else None. The
+    stream it returns counts undecodable images in `skipped` and says where it is with `position()`."""
+
+    def __call__(self, micro: int, accum: int, start: int, dist: Dist, position: dict | None) -> Iterator: ...
+
+
 @dataclass
 class Job:
     """Everything a stage hands the loop."""
@@ -51,13 +60,14 @@ class Job:
     recipe: Recipe
     workdir: Path
     model: torch.nn.Module
-    train_ds: object  # datasets.Dataset
+    train_ds: object  # datasets.Dataset, or datasets.IterableDataset when streamed
+    feed: Feed  # this rank's train micro-batches, map-style or streamed: the stage chose
     num_classes: int
     total_steps: int
     model_meta: dict  # model spec stored with the weights so later stages rebuild the model
     evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)  # (every N steps; 0 = end only)
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
-    resume_from: tuple[Path, dict] | None = None  # (checkpoint path, its state) to continue from
+    resume_from: Checkpoint | None = None  # (checkpoint path, its state) to continue from: checkpoints.manager
 
 
 def loss_fn(cfg: OptimConfig, num_classes: int):
@@ -82,77 +92,6 @@ def loss_fn(cfg: OptimConfig, num_classes: int):
     return softmax_xent if cfg.loss == "softmax" else sigmoid_xent
 
 
-def _try_resume(job: Job, model, optimizer, dist: Dist) -> int:
-    """Load the checkpoint the job resumes from, if any; return the step to continue from (0: a fresh run)."""
-    if job.resume_from is None:
-        return 0
-    path, saved = job.resume_from
-    if path.is_dir():  # a sharded checkpoint (run.strategy fsdp): `saved` is its non-tensor part
-        parallelize.load(path, model, optimizer)
-    else:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-    _restore_rngs(saved["rng"], dist)
-    if dist.is_main:
-        console.log(f"resuming from {path} at step {saved['step']}")
-    return int(saved["step"])
-
-
-def _restore_rngs(saved, dist: Dist) -> None:
-    """This rank's RNG states from a checkpoint: one entry per rank (an older vitcli saved rank 0's torch state).
-
-    On another world size the states cannot pair up with ranks; nothing is lost, since training draws every
-    random number from (seed, step, micro-batch) seeds (_objective, batches.micro_seed), not from these.
-    """
-    if isinstance(saved, torch.Tensor):
-        torch.set_rng_state(saved)
-    elif len(saved) == dist.world_size:
-        rngs.restore(saved[dist.rank])
-    elif dist.is_main:
-        console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
-                    f"{dist.world_size}: per-process RNG states are not restored (training's draws do not use them)")
-
-
-def _save_state(job: Job, model, optimizer, step: int, dist: Dist, stream) -> None:
-    """A checkpoint of everything resuming needs (state.STATE_KEYS), with every rank's RNG states and data
-    position; the oldest beyond run.keep_checkpoints go. Every rank must call it (the RNG states and stream
-    positions are gathered); rank 0 writes, or with FSDP every rank writes its shard."""
-    r = job.recipe
-    position = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size}
-    if r.data.streaming:  # where each rank's share of the stream goes on, so resuming need not re-read it
-        position["streams"] = all_gather(stream.position(), dist)
-    extra = {"step": step, "rng": all_gather(rngs.capture(), dist), "data": position, "recipe": to_dict(r)}
-    if r.run.strategy == "fsdp":  # every rank writes its shard into state-<step>/
-        parallelize.save(job.workdir, model, optimizer, extra, dist, r.run.keep_checkpoints)
-    elif dist.is_main:
-        snapshot = {**extra, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
-        state.save_checkpoint(job.workdir, snapshot, r.run.keep_checkpoints)
-
-
-def _prepare(model: torch.nn.Module, r: Recipe, dist: Dist) -> torch.nn.Module:
-    """The model as it trains: sharded block by block (run.strategy fsdp), with activation checkpointing if
-    asked. Before the optimizer is built, since sharding replaces the parameters."""
-    if r.run.strategy == "fsdp":
-        return parallelize.shard(model, dist, r.run.activation_checkpointing)
-    return parallelize.checkpoint_blocks(model) if r.run.activation_checkpointing else model
-
-
-def _train_stream(job: Job, micro: int, accum: int, start: int, dist: Dist):
-    """This rank's micro-batches from step `start` on: map-style (batches.py) or streamed (streams.py; from
-    the positions the checkpoint saved, when the world size still pairs them with ranks)."""
-    r = job.recipe
-    if not r.data.streaming:
-        return batches.train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                     dist.rank, dist.world_size, accum)
-    saved = job.resume_from[1].get("data", {}).get("streams") if job.resume_from else None
-    if saved and len(saved) != dist.world_size and dist.is_main:
-        console.log(f"[yellow]warning: the stream was split over {len(saved)} process(es), now {dist.world_size}: "
-                    "each rank re-reads its new share up to this step, and the example order differs from the run's")
-    position = saved[dist.rank] if saved and len(saved) == dist.world_size else None
-    return streams.stream_train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                        dist.rank, dist.world_size, start=position)
-
-
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
     if not evaluators:
         return {}
@@ -163,16 +102,15 @@ def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
 def train(job: Job, dist: Dist) -> dict[str, float]:
     """Run (or resume) training to job.total_steps; write state, metrics and final weights; return metrics."""
     r = job.recipe
-    model = _prepare(job.model.to(dist.device), r, dist)
+    parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
+    model, ddp_model = parallel.model, parallel.train  # `model` is the one saved, evaluated and exported
     optimizer = build_optimizer(model, r.optim)
-    start = _try_resume(job, model, optimizer, dist)
-    ddp_model = model if r.run.strategy == "fsdp" else wrap(model, dist)
-    ddp_model = torch.compile(ddp_model) if r.run.compile else ddp_model  # `model` stays the one saved/exported
-    accum = accumulation_steps(r, dist.world_size)
-    micro = r.data.batch_size // (accum * dist.world_size)
+    checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, parallel.sharded, job.resume_from)
+    start = checkpoints.load()
+    micro, accum = micro_batches(r, dist.world_size)
     criterion = loss_fn(r.optim, job.num_classes)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
-    stream = _train_stream(job, micro, accum, start, dist)
+    stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
@@ -199,7 +137,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             bar.update(task, completed=done)
             _periodic(job, model, metrics, done)
             if save:
-                _save_state(job, model, optimizer, done, dist, stream)
+                checkpoints.save(done, stream.position())
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
@@ -207,8 +145,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     if final:
         metrics.write(job.total_steps, final)
     metrics.close()
-    # the same file whatever the strategy: FSDP's shards are gathered (on every rank) into rank 0's full copy
-    weights = parallelize.full_model_state(exported(model)) if r.run.strategy == "fsdp" else exported(model).state_dict()
+    weights = parallel.full_state(exported(model))  # every rank takes part: sharded weights are gathered
     if dist.is_main:
         save_weights(job.workdir / MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
     return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count

@@ -1,5 +1,6 @@
-"""FSDP2 for the one loop (run.strategy: fsdp): shard a model block by block, checkpoint activations, and save
-and load sharded training state.
+"""Parallelism, applied once before the loop (`apply`, torchtitan's parallelize): DDP or FSDP2 (run.strategy),
+activation checkpointing, torch.compile; and the few operations that differ between them, behind one call each
+(gradient sync, clipping, evaluation, the full weights), so the loop never asks which strategy it runs under.
 
 `fully_shard` turns each parameter into a DTensor split on dim 0 over the processes; a block's full weights are
 all-gathered just before its forward (and again before its backward) and freed after, and its gradients are
@@ -7,39 +8,59 @@ reduce-scattered, averaged over processes as DDP averages them. So a process kee
 gradients and Adam slots plus one block at full size. The root is sharded last and owns what no block does
 (patch embedding, position tables, class token, head).
 
-A sharded checkpoint is the directory `WORKDIR/state-<step>/` (layout and discovery in checkpoints.state).
-Each process writes its own shard with torch.distributed.checkpoint (DCP), which also reads them back into any
-number of processes, sharded or not, so a run may resume on another process count.
+A sharded model is checkpointed as shards (checkpoints.sharded, through checkpoints.manager).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Iterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
-import torch.distributed as torch_dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed._composable import checkpoint as checkpoint_activations
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from vitcli.checkpoints import state
-from vitcli.errors import CheckpointError, ModelError
-from vitcli.runtime import files
-from vitcli.runtime.dist import Dist, barrier
+from vitcli.errors import ModelError
+from vitcli.recipe.schema import RunConfig
+from vitcli.runtime.dist import Dist, wrap
+
+
+@dataclass
+class Parallel:
+    """A model as the loop trains it (`apply`).
+
+    `train`: what runs forward and backward (DDP-wrapped, and compiled if asked); `model`: the module whose
+    parameters the optimizer holds and whose state is saved, evaluated and exported (sharded with FSDP, never
+    compiled, so its state dict has the plain names); `sharded`: its state is sharded over the processes, so
+    it is checkpointed as shards (checkpoints.sharded)."""
+
+    train: nn.Module
+    model: nn.Module
+    sharded: bool
+
+    def full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole state dict of `module` (self.model or a part of it), the same whatever the strategy: a
+        sharded one's shards are gathered onto rank 0's CPU ({} on other ranks). Every process calls it."""
+        return full_model_state(module) if self.sharded else module.state_dict()
+
+
+def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
+    """The model (already on dist.device) as it trains: activation checkpointing (run.activation_checkpointing),
+    then FSDP2 (run.strategy fsdp) or DDP, then torch.compile (run.compile). Call it before building the
+    optimizer, on `.model`: sharding replaces the parameters."""
+    sharded = run.strategy == "fsdp"
+    if sharded:
+        model = shard(model, dist, run.activation_checkpointing)
+    elif run.activation_checkpointing:
+        model = checkpoint_blocks(model)
+    trained = model if sharded else wrap(model, dist)
+    return Parallel(torch.compile(trained) if run.compile else trained, model, sharded)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
@@ -76,7 +97,7 @@ def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) 
 
     Call it after model.to(dist.device) and before building the optimizer: fully_shard replaces the parameters
     by sharded DTensors, which the optimizer must hold. With one process there is nothing to shard over, and
-    the model comes back unsharded (checkpoints are still directories: sharding.save works on any model).
+    the model comes back unsharded (checkpoints are still directories: checkpoints.sharded works on any model).
     A model without blocks (a ResNet) is sharded as one unit at the root.
     """
     if activation_checkpointing:
@@ -139,79 +160,6 @@ def gathered(model: nn.Module) -> Iterator[None]:
             m.reshard()
         model.set_reshard_after_forward(True)  # fully_shard's defaults: blocks reshard after forward,
         model.set_reshard_after_forward(False, recurse=False)  # the root keeps its weights for the backward
-
-
-def save(workdir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,
-         keep: int) -> Path:
-    """Write WORKDIR/state-<extra["step"]>/ and keep the `keep` newest checkpoints; return its path. Every
-    process calls it (each writes its shard); `extra` is the non-tensor part, rank 0's copy is written.
-
-    Into a temporary directory first; after a barrier (every shard written) rank 0 adds `extra` and seals it
-    (SHA256SUMS, fsync, one rename, files.atomic_dir), so `state-<step>/` exists only whole. Save after an
-    optimizer step: an optimizer without state would get one from torch's step at lr 0 (Adam's count at 1).
-    """
-    step = int(extra["step"])
-    if dist.is_main:
-        state.discard_from(workdir, step)
-    sealing = files.atomic_dir(state.checkpoint_dir(workdir, step)) if dist.is_main else contextlib.nullcontext()
-    with sealing as tmp:
-        tmp = _rank0_path(tmp, dist)
-        model_state, optim_state = get_state_dict(model, optimizer)
-        with _single_process_is_intended():
-            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, no_dist=dist.world_size == 1)
-        barrier(dist)
-        if dist.is_main:
-            state.write_extra(tmp, extra)
-    if dist.is_main:
-        state.keep_newest(workdir, keep)
-    barrier(dist)  # no process moves on (or reads it) before the checkpoint is in place
-    return state.checkpoint_dir(workdir, step)
-
-
-@contextlib.contextmanager
-def _single_process_is_intended() -> Iterator[None]:
-    """Without DCP's warning on each save and load of a one-process run ("assuming the intent is to save in a
-    single process"): it is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
-
-
-def _rank0_path(path: Path | None, dist: Dist) -> Path:
-    """Rank 0's temporary directory, made known to every process."""
-    if dist.world_size == 1:
-        return path
-    box = [str(path) if dist.is_main else None]
-    torch_dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
-
-
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Read the checkpoint directory `path` into the live model and optimizer (already sharded as they will
-    train, on any number of processes); return its extra part. Every process calls it.
-
-    The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a pickle, read
-    only once its checksum matches. The tensors load in place through DCP, which reshards them as needed.
-    """
-    extra = state.verified_extra(path)
-    # the layout to fill; an optimizer without state (a fresh one) first gets it from a step at lr 0
-    model_state, optim_state = get_state_dict(model, optimizer)
-    loaded = {"model": model_state, "optimizer": optim_state}
-    try:
-        with _single_process_is_intended():
-            dcp.load(loaded, checkpoint_id=path, no_dist=not torch_dist.is_initialized())
-    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
-        raise CheckpointError(f"{path}: does not fit this model and optimizer ({_first_failure(e)})") from None
-    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
-    return extra
-
-
-def _first_failure(error: BaseException) -> str:
-    """`Type: message` of the first rank's error that a CheckpointException carries (its str is a traceback
-    per rank), or of the error itself; first line only."""
-    if isinstance(error, CheckpointException) and error.failures:
-        error = error.failures[min(error.failures)][0]
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,213 @@
+"""The one owner of a run's training state (torchtitan's CheckpointManager): whether a run resumes and from
+which checkpoint, writing one (whole or sharded) and rotating, and loading one back into the model, the
+optimizer, every rank's RNGs and the data position.
+
+What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; the train state, `step` and
+`recipe`; `rng`, every rank's RNG states (runtime.rngs); and `data`, the position in the data (examples seen,
+the world size and, for a streamed split, every rank's stream position). A whole checkpoint
+(`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one (`state-<step>/`,
+checkpoints.sharded) keeps the model and optimizer as shards and the rest beside them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from vitcli.checkpoints import state
+from vitcli.checkpoints.sharded import load as load_shards
+from vitcli.checkpoints.sharded import verified_extra
+from vitcli.checkpoints.sharded import write as write_shards
+from vitcli.errors import CheckpointError, RecipeError
+from vitcli.recipe.schema import Recipe, to_dict
+from vitcli.runtime import files, rngs
+from vitcli.runtime.dist import Dist, all_gather, barrier
+from vitcli.runtime.metrics import console
+from vitcli.runtime.workdir import refuse_finished, set_aside
+
+# Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
+# it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
+# weights and the summation order) must match.
+RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
+             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size", "fewshot.")
+
+Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
+
+
+def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
+    """The newest checkpoint that verifies and is complete, as (path, state); None when there is none at all.
+
+    For a file `state-<step>.pt`, state is all of it (state.STATE_KEYS). For a directory `state-<step>/` (a
+    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least, RNG byte tensors as tensors),
+    read without unpickling; the model and optimizer tensors stay on disk until CheckpointManager.load reads
+    them into the live, already sharded model. Either is checked against its checksums first.
+
+    Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names them.
+    """
+    failures = []
+    for path in state.checkpoints(workdir):
+        try:
+            saved = verified_extra(path) if path.is_dir() else state.complete_state(path)
+        except CheckpointError as e:
+            failures.append(str(e))
+            continue
+        for failure in failures if verbose else []:
+            console.log(f"[yellow]warning: {failure}; resuming from {path.name} instead")
+        return path, saved
+    if failures:
+        raise CheckpointError(f"no usable checkpoint in {workdir}: {'; '.join(failures)}; --no-resume starts over")
+    return None
+
+
+def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
+                 overwrite: bool = False, auto_precision: bool = False) -> Checkpoint | None:
+    """The checkpoint to resume from (read once, handed to the loop), or None for a fresh run.
+
+    `resume`: --resume (True), --no-resume (False) or neither (None: resume when the workdir holds a
+    checkpoint); `overwrite` starts over even where a checkpoint could be resumed, and lets a fresh run
+    replace a finished one. Refused if the recipe changed what is trained. `recipe` has its precision
+    resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at the other
+    precision, on a machine that chose differently, is continued with a warning instead.
+    """
+    if overwrite and resume:
+        raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")
+    found = None if overwrite or resume is False else latest_good_state(workdir, verbose=dist.is_main)
+    if found is None:
+        if resume:
+            raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt, or "
+                              "a state-<step>/ directory with run.strategy=fsdp)")
+        refuse_finished(workdir, overwrite)
+        return None
+    saved = found[1]["recipe"]
+    if auto_precision:
+        saved = _accept_precision(recipe, saved, workdir)
+    _check_same_training(recipe, saved, workdir)
+    return found
+
+
+def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
+    """`saved` with this machine's precision, after a loud warning if the checkpoint trained at another."""
+    was = saved["run"]["precision"]
+    if was != recipe.run.precision:
+        console.log(f"[bold yellow]warning: {workdir} trained at {was}; run.precision=auto chooses "
+                    f"{recipe.run.precision} on this machine, so the rest of the run continues at "
+                    f"{recipe.run.precision} (set run.precision={was} to keep it)")
+    return {**saved, "run": {**saved["run"], "precision": recipe.run.precision}}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
+    saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
+    diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
+    if diffs:
+        k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
+        raise RecipeError(
+            f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, {now[k]!r} now{more});"
+            " use a new --workdir or --no-resume"
+        )
+
+
+def prepare_workdir(workdir: Path, fresh: bool) -> Path | None:
+    """Before a run writes anything (rank 0): the killed writes of an earlier run go (ours only, by their
+    pattern: files.remove_stale_temps, state.remove_stale_dirs); a `fresh` run first sets the previous run's
+    files aside, its checkpoints with them, so that nothing old looks resumable. Returns where they went."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    files.remove_stale_temps(workdir)
+    state.remove_stale_dirs(workdir)
+    return set_aside(workdir, state.state_files(workdir)) if fresh else None
+
+
+def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
+         keep: int, sharded: bool) -> Path:
+    """Write the checkpoint of parts["step"]: `parts` with the model and optimizer, as one file by rank 0 or
+    (`sharded`) as a directory every rank writes its shard into; then keep the `keep` newest. Every rank calls
+    it; it returns once the checkpoint is in place. Any checkpoint of that step or later goes first (an
+    abandoned run's), so that whatever a kill leaves behind, the newest checkpoint is from this run."""
+    step = int(parts["step"])
+    if dist.is_main:
+        state.discard_from(workdir, step)
+    if sharded:
+        path = write_shards(state.checkpoint_dir(workdir, step), model, optimizer, parts, dist)
+    else:
+        path = state.checkpoint_path(workdir, step)
+        if dist.is_main:
+            whole = {**parts, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            state.save_state(path, whole)
+    if dist.is_main:
+        state.keep_newest(workdir, keep)
+    barrier(dist)  # no process moves on (or reads it) before the checkpoint is in place
+    return path
+
+
+class CheckpointManager:
+    """Saves, rotates and loads the training state of one run, for the loop. `model` is the module as
+    parallelized (not compiled: its state dict has the plain names); `sharded`: parallelize sharded it, so its
+    parts are saved as shards in `state-<step>/`, else as one `state-<step>.pt`."""
+
+    def __init__(self, workdir: Path, recipe: Recipe, dist: Dist, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, sharded: bool, resume_from: Checkpoint | None = None):
+        self.workdir, self.recipe, self.dist = workdir, recipe, dist
+        self.model, self.optimizer, self.sharded = model, optimizer, sharded
+        self.resume_from = resume_from
+
+    def load(self) -> int:
+        """The model, optimizer and this rank's RNGs as the checkpoint left them; the step to continue from
+        (0: a fresh run, nothing loaded)."""
+        if self.resume_from is None:
+            return 0
+        path, saved = self.resume_from
+        if path.is_dir():  # `saved` is the part beside the shards
+            load_shards(path, self.model, self.optimizer)
+        else:
+            self.model.load_state_dict(saved["model"])
+            self.optimizer.load_state_dict(saved["optimizer"])
+        _restore_rngs(saved["rng"], self.dist)
+        if self.dist.is_main:
+            console.log(f"resuming from {path} at step {saved['step']}")
+        return int(saved["step"])
+
+    def stream_position(self) -> dict | None:
+        """Where this rank's share of a streamed split went on at the resumed step, so that resuming need not
+        re-read it; None for a fresh run, a map-style split, or another world size (which re-reads)."""
+        saved = self.resume_from[1].get("data", {}).get("streams") if self.resume_from else None
+        if not saved:
+            return None
+        if len(saved) == self.dist.world_size:
+            return saved[self.dist.rank]
+        if self.dist.is_main:
+            console.log(f"[yellow]warning: the stream was split over {len(saved)} process(es), now "
+                        f"{self.dist.world_size}: each rank re-reads its new share up to this step, and the "
+                        "example order differs from the run's")
+        return None
+
+    def save(self, step: int, stream_position: dict | None) -> Path:
+        """A checkpoint of everything resuming needs after `step`, with every rank's RNG states and
+        `stream_position` (None: the step alone says where the data goes on); the oldest beyond
+        run.keep_checkpoints go. Every rank calls it."""
+        r, dist = self.recipe, self.dist
+        gathered = all_gather({"rng": rngs.capture(), "stream": stream_position}, dist)
+        data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size}
+        if stream_position is not None:
+            data["streams"] = [g["stream"] for g in gathered]
+        parts = {"step": step, "rng": [g["rng"] for g in gathered], "data": data, "recipe": to_dict(r)}
+        return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints, self.sharded)
+
+
+def _restore_rngs(saved: list, dist: Dist) -> None:
+    """This rank's RNG states from the checkpoint's one entry per rank.
+
+    On another world size the states cannot pair up with ranks; nothing is lost, since training draws every
+    random number from (seed, step, micro-batch) seeds (loop._objective, batches.micro_seed), not from these.
+    """
+    if len(saved) == dist.world_size:
+        rngs.restore(saved[dist.rank])
+    elif dist.is_main:
+        console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
+                    f"{dist.world_size}: per-process RNG states are not restored (training's draws do not use them)")

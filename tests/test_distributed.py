@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import ModelConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console, read_metrics, stdout
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages import vtab as vtab_mod
 from vitcli.stages.fewshot import eval_fewshot

@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
-    "errors", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
+    "errors", "runtime.run_files", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
     # too); figures
     "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "train.parallelize", "runtime.workdir", "figures.figure7",

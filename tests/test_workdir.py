@@ -6,9 +6,9 @@ import pytest
 
 from clirun import run_vit
 from vitcli.checkpoints import state
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.errors import OutputError
 from vitcli.recipe.resolve import resolve
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import set_aside
 from vitcli.stages.run import one_run
 
@@ -85,3 +85,4 @@ def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, mon
     with pytest.raises(OutputError, match=r"needs about .* GiB, but only 0.00 GiB is free"):
         one_run(recipe(), tmp_path / "w")
     assert not (tmp_path / "w").exists()
+

@@ -22,6 +22,7 @@ from vitcli.fewshot.solver import DRAW_FIELDS
 from vitcli.recipe.schema import Recipe, to_dict
 from vitcli.runtime.files import atomic_path, write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_files import FEWSHOT_CSV, FEWSHOT_FILE, FEWSHOT_PLOT
 
 
 def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], float]:
@@ -52,13 +53,13 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skip
     }
     if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
-    write_text(workdir / "results.json", json.dumps(payload, indent=2) + "\n")
-    with atomic_path(workdir / "results.csv") as tmp, tmp.open("w", newline="") as f:
+    write_text(workdir / FEWSHOT_FILE, json.dumps(payload, indent=2) + "\n")
+    with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
         w.writeheader()
         w.writerows(rows)
-    _plot(summary, workdir / "fewshot.png")
-    stdout.print(f"results: {workdir / 'results.json'}, {workdir / 'results.csv'}, {workdir / 'fewshot.png'}")
+    _plot(summary, workdir / FEWSHOT_PLOT)
+    stdout.print(f"results: {workdir / FEWSHOT_FILE}, {workdir / FEWSHOT_CSV}, {workdir / FEWSHOT_PLOT}")
 
 
 def footnote(name: str, shots: int, draw: dict) -> str:

@@ -12,7 +12,8 @@ from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
 from vitcli.figures.figure7 import save_figure
-from vitcli.runtime.metrics import CURVES_FILE, METRICS_FILE, console, read_metrics, stdout
+from vitcli.runtime.metrics import console, read_metrics, stdout
+from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE
 from vitcli.runtime.workdir import check_output_file
 
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")

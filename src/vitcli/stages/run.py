@@ -15,7 +15,6 @@ from rich.table import Table
 
 from vitcli.checkpoints import state
 from vitcli.checkpoints.transfer import load_init
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.data import batches, sources
 from vitcli.errors import RecipeError
 from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
@@ -28,6 +27,7 @@ from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import bf16_warning, resolved
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir, refuse_finished, set_aside
 from vitcli.train.loop import Job, train
 from vitcli.train.objectives import MppModel
@@ -184,14 +184,14 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         state.remove_stale_dirs(workdir)  # and killed sharded saves (.state-<step>.*.tmp/ directories)
         if start is None:
             set_aside(workdir)
-        files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
+        files.write_text(workdir / RECIPE_FILE, to_yaml(recipe))
         _announce(job, dist, why)
     t0 = time.perf_counter()
     results = train(job, dist)
     if dist.is_main:
         summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
                    "run/precision": recipe.run.precision, **results}
-        files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        files.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(workdir)  # warns rather than fails: the run is done
         report(summary, workdir)
     return results

@@ -18,15 +18,16 @@ import torch
 import torch.nn.functional as F
 
 from vitcli.checkpoints import state
-from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, streams
 from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import OptimConfig, Recipe, accumulation_steps, to_dict
 from vitcli.runtime import rngs
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_max, all_reduce_sum, wrap
-from vitcli.runtime.metrics import METRICS_FILE, MetricsLog, console, progress_bar
+from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
+from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
 from vitcli.runtime.trackers import open_trackers
 from vitcli.train import parallelize
 from vitcli.train.interrupt import StopRequest, interrupted

@@ -30,7 +30,7 @@ from vitcli.runtime.precision import bf16_warning, resolved
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir, refuse_finished, set_aside
 from vitcli.train.loop import Job, train
-from vitcli.train.objectives import MppModel
+from vitcli.train.objectives import MppModel, loss_fn
 from vitcli.train.schedule import total_steps
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
@@ -111,7 +111,8 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
         ds = sources.load_split(r.data, split)
         if r.objective == "mpp":
             return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp.target)
-        return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision)
+        return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
+                                       loss=loss_fn(r.optim))
 
     periodic = [(r.run.eval_every, held_out("val", r.data.val_split))] if r.data.val_split else []
     final = [held_out("test", r.data.test_split)] if r.data.test_split else []

@@ -27,8 +27,9 @@ from vitcli.runtime.run_files import FEATURES_DIR, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir
 
 
-def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
-    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache."""
+def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
+    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache.
+    Returns what results.json holds (every run under `runs`), on every rank."""
     if not recipe.init.checkpoint:
         raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
     if not recipe.fewshot.tasks:
@@ -50,10 +51,10 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     model = model.to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
     rows = [row for task in chosen for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
-    if dist.is_main:
-        write_text(workdir / RECIPE_FILE, to_yaml(recipe))
-        report.write(rows, workdir, recipe, skipped)
-    return rows
+    if not dist.is_main:
+        return report.results(rows, recipe, skipped)
+    write_text(workdir / RECIPE_FILE, to_yaml(recipe))
+    return report.write(rows, workdir, recipe, skipped)
 
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,

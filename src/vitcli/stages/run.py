@@ -40,8 +40,8 @@ RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_chec
              "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size", "fewshot.")
 
 
-def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:
-    """`vit pretrain`: join the process group, then one training run."""
+def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict:
+    """`vit pretrain`: join the process group, then one training run; returns what summary.json holds."""
     return run_training(recipe, workdir, setup(recipe.run.device), resume, overwrite)
 
 
@@ -163,8 +163,9 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: tuple[Path, dict] | N
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
-                 overwrite: bool = False) -> dict[str, float]:
-    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors (rank 0).
+                 overwrite: bool = False) -> dict:
+    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors, summary.json
+    (rank 0), and returns what summary.json holds (the final metrics, the step count, the time taken).
 
     Everything is checked before the first file is touched: the workdir, the resume decision, the data,
     the model and its starting weights, the free space. A finished run in the workdir is replaced only
@@ -189,13 +190,13 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         _announce(job, dist, why)
     t0 = time.perf_counter()
     results = train(job, dist)
+    summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
+               "run/precision": recipe.run.precision, **results}
     if dist.is_main:
-        summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
-                   "run/precision": recipe.run.precision, **results}
         files.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(workdir)  # warns rather than fails: the run is done
         report(summary, workdir)
-    return results
+    return summary
 
 
 def checkpoint_bytes(job: Job) -> int:

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from clirun import run_vit
-from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import OutputError
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
 from vitcli.runtime import files
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_writable
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from vitcli.checkpoints import manager, state
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError, RecipeError, TrainingError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import to_dict
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import MetricsLog, console, read_metrics
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 TINY = [

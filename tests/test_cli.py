@@ -1,5 +1,6 @@
 """The command line: instant help, dry runs, and bad input as one red line with exit code 2."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,12 @@ import yaml
 
 from clirun import run_vit
 from vitcli import cli
+from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import Interrupted
+from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.runtime.run_files import SUMMARY_FILE
+from vitcli.stages import finetune as finetune_stage
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
@@ -94,3 +100,45 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     code, out, err = run_vit(monkeypatch, capsys, "pretrain")
     assert code == 143 and out == ""
     assert ("SIGTERM at step 3/9" in err) == says
+
+
+def tiny_checkpoint(path: Path) -> Path:
+    """Weights with our metadata, so a recipe resolves from them without a network."""
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    save_weights(path, build_model(cfg, 4).state_dict(), {"recipe": to_dict(Recipe(model=cfg)),
+                                                         "model": model_spec(cfg, 4)})
+    return path
+
+
+@pytest.mark.parametrize("command, driver, extra, handed", [
+    (["pretrain"], "vitcli.stages.run.one_run", [], {"resume": None, "overwrite": False}),
+    (["finetune", "--lr-sweep", "0.01,0.03", "--no-resume"], "vitcli.stages.finetune.finetune", [],
+     {"resume": False, "overwrite": False, "lrs": [0.01, 0.03], "chosen": None}),
+    (["eval-fewshot", "--tasks", "synthetic"], "vitcli.stages.fewshot.eval_fewshot", ["--ckpt", "{ckpt}"], {}),
+])
+def test_a_command_hands_its_stage_the_parsed_flags_and_prints_what_it_returns(
+        monkeypatch, capsys, tmp_path, command, driver, extra, handed):
+    """The thin CLI: parse, call the stage once, print its return value as JSON (rank 0 only), name no file."""
+    calls, checks = [], []
+    monkeypatch.setattr(driver, lambda recipe, workdir, **flags: calls.append((workdir, flags)) or {"x/top1": 0.5})
+    check = finetune_stage.check_flags
+    monkeypatch.setattr(finetune_stage, "check_flags", lambda *a: checks.append(a) or check(*a))
+    extra = [a.format(ckpt=tiny_checkpoint(tmp_path / "c.safetensors")) for a in extra]
+    code, out, err = run_vit(monkeypatch, capsys, *command, "--workdir", tmp_path, "--json", *extra)
+    assert code == 0, err
+    assert calls == [(tmp_path, handed)]
+    assert yaml.safe_load(out) == {"x/top1": 0.5}
+    assert len(checks) == (command[0] == "finetune")  # the flags are checked once, before the dry run
+    monkeypatch.setenv("RANK", "1")
+    code, out, err = run_vit(monkeypatch, capsys, *command, "--workdir", tmp_path, "--json", *extra)
+    assert code == 0 and out == "", err
+
+
+def test_json_is_what_the_run_wrote_in_summary_json(monkeypatch, capsys, tmp_path):
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir", tmp_path, "--json",
+                             "schedule.epochs=0", "schedule.steps=2", "schedule.warmup_steps=1",
+                             "data.synthetic.train_size=64", "data.synthetic.val_size=32",
+                             "data.synthetic.test_size=32", "data.batch_size=32", "data.num_workers=0")
+    assert code == 0, err
+    assert out == (tmp_path / SUMMARY_FILE).read_text()
+    assert json.loads(out)["steps"] == 2 and "test/top1" in json.loads(out)

@@ -4,9 +4,10 @@ import pytest
 import torch._dynamo
 
 from vitcli.checkpoints import manager
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.checkpoints.weights import load_weights
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",

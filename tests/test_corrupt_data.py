@@ -22,10 +22,11 @@ from vitcli.evaluators.heldout import ClassificationEvaluator
 from vitcli.fewshot import features, report
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig
+from vitcli.recipe.schema import DataConfig, OptimConfig
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.stages.run import one_run
+from vitcli.train.objectives import loss_fn
 
 N = 32  # rows per split; the label of a row is its index, so a batch's labels say which rows it holds
 BAD_TRAIN, BAD_TEST = (5, 17), (3,)
@@ -138,7 +139,7 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
     logged.clear()
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N))
     cfg = DataConfig(num_workers=0, eval_batch_size=8)
-    evaluator = ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32")
+    evaluator = ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32", loss=loss_fn(OptimConfig()))
     for _ in range(2):
         results = dict(evaluator.run(model))
         assert results["test/skipped_images"] == 1 and 0 <= results["test/top1"] <= 1

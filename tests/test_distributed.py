@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import ModelConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console, read_metrics, stdout
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages import vtab as vtab_mod
 from vitcli.stages.fewshot import eval_fewshot
@@ -68,7 +69,7 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
     r = resolve("eval-fewshot", None, ["fewshot.tasks=synthetic", "fewshot.shots=1", "fewshot.seeds=1",
                                        f"init.checkpoint={init}", "data.synthetic.train_size=40",
                                        "data.synthetic.test_size=40", "data.num_workers=0"])
-    assert len(eval_fewshot(r, tmp_path / "fewshot")) == 1
+    assert len(eval_fewshot(r, tmp_path / "fewshot")["runs"]) == 1
 
     monkeypatch.setattr(sweep_mod, "run_training", lambda recipe, *a, **k: {"val/top1": recipe.optim.lr})
     monkeypatch.setattr(vtab_mod, "run_training", lambda recipe, *a, **k: {"test/top1": 0.5})

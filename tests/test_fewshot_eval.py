@@ -50,7 +50,7 @@ def pretrained(tmp_path_factory):
 
 def fewshot(ckpt, workdir, *extra):
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra])
-    return eval_fewshot(r, workdir)
+    return eval_fewshot(r, workdir)["runs"]
 
 
 def mean_acc(rows, shots):

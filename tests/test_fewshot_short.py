@@ -122,7 +122,7 @@ def test_every_shot_count_is_scored_and_marked(sun_like, tmp_path, capsys):
     r = resolve("eval-fewshot", None, TINY_MODEL + [
         f"init.checkpoint={root / 'random.safetensors'}", "fewshot.tasks=vtab/sun397", "fewshot.shots=1,5,10,25",
         "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0", "data.eval_batch_size=500"])
-    rows = eval_fewshot(r, tmp_path)
+    rows = eval_fewshot(r, tmp_path)["runs"]
     assert sorted({(row["shots"], row["seed"]) for row in rows}) == [(k, s) for k in (1, 5, 10, 25) for s in (0, 1)]
     payload = json.loads((tmp_path / "results.json").read_text())
     out = capsys.readouterr().out

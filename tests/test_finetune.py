@@ -22,11 +22,12 @@ from timm.models.vision_transformer import VisionTransformer
 from clirun import run_vit
 from vitcli.checkpoints import fit
 from vitcli.checkpoints.transfer import load_for_eval, load_init
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
 from vitcli.runtime import dist as dist_mod
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages import sweep as sweep_mod
 from vitcli.stages.finetune import finetune
 from vitcli.stages.run import one_run

@@ -21,11 +21,12 @@ from torch import nn
 
 from clirun import run_vit
 from test_checkpoints import export_npz, tiny_vit
-from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.checkpoints.weights import save_weights
 from vitcli.figures import figure7
 from vitcli.models.t2t import T2TViT
 from vitcli.models.zoo import ViT, build_model, model_spec
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.inspect import (
     attention_probabilities,
     mean_attention_distances,

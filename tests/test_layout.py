@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
-    "errors", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
+    "errors", "runtime.run_files", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
     # too); figures
     "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "checkpoints.sharded", "train.parallelize", "runtime.workdir", "checkpoints.manager", "figures.figure7",
@@ -27,7 +27,7 @@ ORDER = [
     # evaluators, starting weights, the loop
     "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
     # stage drivers, then the command line
-    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "cli",
+    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "stages.plot", "cli",
 ]
 PACKAGES = ("checkpoints", "fewshot", "recipe", "runtime", "models", "data", "train", "evaluators", "figures", "stages")
 CLI_LAZY = {"cli"}  # keeps `vit --help` instant: its vitcli imports happen inside the commands

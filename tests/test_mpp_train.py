@@ -11,12 +11,12 @@ from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
 from vitcli.checkpoints import state
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.data.synthetic import make_synthetic
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SyntheticConfig
 from vitcli.runtime.metrics import read_metrics
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 TINY = ["objective=mpp", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import yaml
 from PIL import Image
 
 from clirun import run_vit
@@ -77,3 +78,22 @@ def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):
     (tmp_path / "w").mkdir()
     curves.write_run_curves(tmp_path / "w")  # no metrics.jsonl: a warning, no exception
     assert "warning" in capsys.readouterr().err and not (tmp_path / "w" / "curves.png").exists()
+
+
+def test_losses_share_a_panel_only_when_they_are_one_quantity(tmp_path):
+    """train/loss and val/loss of a run come from one loss definition: one panel. Runs trained with different
+    losses (softmax vs sigmoid cross-entropy, or label smoothing) get a loss panel each, titled by the loss."""
+    runs = {}
+    for name, optim in (("soft", {"loss": "softmax"}), ("sig", {"loss": "sigmoid"}), ("sig2", {"loss": "sigmoid"}),
+                        ("smooth", {"loss": "softmax", "label_smoothing": 0.1})):
+        (workdir(tmp_path / name) / "recipe.yaml").write_text(yaml.safe_dump({"optim": optim}))
+        runs[name] = curves.loss_name(tmp_path / name)
+    assert runs == {"soft": "softmax xent", "sig": "sigmoid xent", "sig2": "sigmoid xent",
+                    "smooth": "softmax xent, smoothing 0.1"}
+    fig = curves.curves_figure({n: curves.read_run(tmp_path / n) for n in runs}, runs)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[:3] == ["loss (softmax xent)", "loss (sigmoid xent)", "loss (softmax xent, smoothing 0.1)"]
+    legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
+    assert legend == ["sig: train/loss", "sig: val/loss", "sig: test/loss", "sig2: train/loss", "sig2: val/loss",
+                      "sig2: test/loss"]
+    assert curves.loss_name(tmp_path) == ""  # no recipe.yaml: a plain "loss" panel, as before

@@ -12,11 +12,12 @@ from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
 from vitcli.checkpoints.transfer import load_init
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights, save_weights
+from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict, to_yaml
 from vitcli.runtime.dist import setup
+from vitcli.runtime.run_files import MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from vitcli.checkpoints import state
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.checkpoints.weights import load_weights
 from vitcli.recipe.resolve import resolve
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,11 +15,12 @@ from PIL import Image
 
 from test_train import stopped_at_call
 from vitcli.checkpoints import manager
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.checkpoints.weights import load_weights
 from vitcli.data import batches, sources, streams
 from vitcli.errors import DataError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 N, FILES = 200, 4  # the label of an example is its row, so the labels of a batch say which rows it holds

@@ -11,6 +11,7 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import trackers
 from vitcli.runtime.metrics import read_metrics
+from vitcli.runtime.run_files import WANDB_ID_FILE
 from vitcli.stages.run import one_run
 
 TINY = [
@@ -57,7 +58,7 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
     monkeypatch.setenv("WANDB_SILENT", "true")
     r = resolve("pretrain", None, [*TINY, "schedule.steps=2", "run.loggers=jsonl,wandb", "run.ckpt_every=1"])
     one_run(r, tmp_path)
-    run_id = (tmp_path / trackers.WANDB_ID_FILE).read_text().strip()
+    run_id = (tmp_path / WANDB_ID_FILE).read_text().strip()
     (record,) = tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
     data = record.read_bytes()  # W&B's record log stores each history row's keys and JSON values as text
     last = read_metrics(tmp_path / "metrics.jsonl")[-1]
@@ -67,7 +68,7 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
         stale.unlink()
     time.sleep(1.1)  # W&B names an offline segment by the second it starts: two in one second share a folder
     one_run(r, tmp_path, resume=True)  # resumes at step 1: the same W&B run id, a second offline segment
-    assert (tmp_path / trackers.WANDB_ID_FILE).read_text().strip() == run_id
+    assert (tmp_path / WANDB_ID_FILE).read_text().strip() == run_id
     assert len(list(tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))) == 2
 
 

@@ -124,8 +124,8 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real = loop.loss_fn
 
-    def poisoned(cfg, num_classes):
-        fn, calls = real(cfg, num_classes), {"n": 0}
+    def poisoned(cfg):
+        fn, calls = real(cfg), {"n": 0}
 
         def loss(logits, target):
             calls["n"] += 1

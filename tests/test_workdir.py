@@ -1,15 +1,17 @@
 """A workdir with someone's work in it: a fresh run replaces a finished one only when told, and keeps it."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from clirun import run_vit
-from vitcli.checkpoints import state
-from vitcli.checkpoints.weights import MODEL_FILE
+from vitcli.checkpoints import state, weights
 from vitcli.errors import OutputError
 from vitcli.recipe.resolve import resolve
-from vitcli.runtime.workdir import set_aside
+from vitcli.runtime import metrics, run_files
+from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.runtime.workdir import RUN_OUTPUTS, set_aside
 from vitcli.stages.run import one_run
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -85,3 +87,17 @@ def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, mon
     with pytest.raises(OutputError, match=r"needs about .* GiB, but only 0.00 GiB is free"):
         one_run(recipe(), tmp_path / "w")
     assert not (tmp_path / "w").exists()
+
+
+def test_run_file_names_are_written_once_in_run_files():
+    """Every file name of a run directory is a run_files constant: no other module spells it, or defines it."""
+    names = {v for k, v in vars(run_files).items() if k.isupper() and isinstance(v, str) and "." in v}
+    assert {"recipe.yaml", "metrics.jsonl", "summary.json", "model.safetensors", "curves.png", "sweep.json",
+            "vtab.json", "results.json"} <= names
+    src = Path(run_files.__file__).parents[1]
+    for path in src.rglob("*.py"):
+        if path.name != "run_files.py":
+            text = path.read_text()
+            assert not [n for n in names if f'"{n}"' in text or f"'{n}'" in text], path
+    assert not hasattr(weights, "MODEL_FILE") and not hasattr(metrics, "METRICS_FILE")
+    assert set(RUN_OUTPUTS) >= {run_files.MODEL_FILE, run_files.METRICS_FILE, run_files.WANDB_ID_FILE}

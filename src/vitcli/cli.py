@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -53,6 +54,7 @@ FewshotOverridesArg = Annotated[
 
 
 COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb", "inspect", "plot")
+WORKDIR_NAMES = {"eval-fewshot": "fewshot"}  # default workdirs are runs/<name>-<time>; the stage's name otherwise
 
 
 def _workdir(workdir: Path | None, stage: str) -> Path:
@@ -88,10 +90,24 @@ def _tables_off(json_out: bool):
             stdout.file = None  # back to whatever sys.stdout is
 
 
-def _emit_json(path: Path) -> None:
-    """The results file a stage wrote, on stdout (rank 0 only: the others write nothing)."""
+def _stage(driver: str, r, dry_run: bool, workdir: Path | None, json_out: bool, **flags) -> None:
+    """What every training and evaluation command does once it has its recipe: --dry-run prints it; else the
+    stage (`module.function`, imported only now: the dry run needs no torch) runs into the workdir, and with
+    --json what it returns (its results file's content) is printed, by rank 0 alone."""
+    if dry_run:
+        return _dry_run(r)
+    module, name = driver.rsplit(".", 1)
+    run = getattr(importlib.import_module(module), name)
+    with _tables_off(json_out):
+        results = run(r, _workdir(workdir, WORKDIR_NAMES.get(r.stage, r.stage)), **flags)
+    if json_out:
+        _emit_json(results)
+
+
+def _emit_json(results: dict) -> None:
+    """What a stage returned, as JSON on stdout (rank 0 only: every rank returns it, one prints it)."""
     if int(os.environ.get("RANK", "0")) == 0:
-        sys.stdout.write(path.read_text())
+        sys.stdout.write(json.dumps(results, indent=2) + "\n")
 
 
 @app.command()
@@ -106,15 +122,7 @@ def pretrain(
 ) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""
     r = _resolve("pretrain", recipe, overrides, {})
-    if dry_run:
-        return _dry_run(r)
-    from vitcli.stages.run import one_run as run
-
-    out = _workdir(workdir, "pretrain")
-    with _tables_off(json_out):
-        run(r, out, resume, overwrite)
-    if json_out:
-        _emit_json(out / "summary.json")
+    _stage("vitcli.stages.run.one_run", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite)
 
 
 @app.command()
@@ -143,16 +151,10 @@ def finetune(
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
     r = _resolve("finetune", recipe, overrides, flags, vtab=bool(task))
     from vitcli.stages.finetune import check_flags
-    from vitcli.stages.finetune import finetune as run
 
-    check_flags(lr_sweep, task)
-    if dry_run:
-        return _dry_run(r)
-    out = _workdir(workdir, "finetune")
-    with _tables_off(json_out):
-        run(r, out, resume=resume, overwrite=overwrite, lr_sweep=lr_sweep, task=task)
-    if json_out:
-        _emit_json(out / ("vtab.json" if task else "sweep.json" if lr_sweep else "summary.json"))
+    lrs, chosen = check_flags(lr_sweep, task)  # here, so that --dry-run refuses what the run would
+    _stage("vitcli.stages.finetune.finetune", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite,
+           lrs=lrs, chosen=chosen)
 
 
 @app.command("eval-fewshot")
@@ -180,15 +182,7 @@ def eval_fewshot(
     flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots, "fewshot.seeds": seeds,
              "fewshot.l2_reg": l2, "fewshot.data_root": data_root, "init.random": random_init or None}
     r = _resolve("eval-fewshot", recipe, overrides, flags)
-    if dry_run:
-        return _dry_run(r)
-    from vitcli.stages.fewshot import eval_fewshot as run
-
-    out = _workdir(workdir, "fewshot")
-    with _tables_off(json_out):
-        run(r, out)
-    if json_out:
-        _emit_json(out / "results.json")
+    _stage("vitcli.stages.fewshot.eval_fewshot", r, dry_run, workdir, json_out)
 
 
 @app.command("resize-posemb")
@@ -238,7 +232,10 @@ def inspect(
     """
     from vitcli.stages.inspect import inspect as run
 
-    run(ckpt, out, source=data, split=split, images=images, as_json=as_json, overrides=list(overrides or []))
+    with _tables_off(as_json):
+        report = run(ckpt, out, source=data, split=split, images=images, overrides=list(overrides or []))
+    if as_json:
+        _emit_json(report.as_dict())
 
 
 @app.command()
@@ -250,7 +247,7 @@ def plot(
     ] = None,
 ) -> None:
     """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""
-    from vitcli.figures.curves import plot as run
+    from vitcli.stages.plot import plot as run
 
     run(workdirs, out)
 

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from vitcli.checkpoints.npz import npz_to_timm
-from vitcli.checkpoints.weights import MODEL_FILE, load_weights
+from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError
+from vitcli.runtime.run_files import MODEL_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")

@@ -13,7 +13,6 @@ from vitcli.errors import CheckpointError
 from vitcli.runtime.files import atomic_path
 
 FORMAT = "vitcli/1"
-MODEL_FILE = "model.safetensors"
 
 
 def save_weights(path: str | Path, state_dict: dict[str, torch.Tensor], meta: dict[str, object]) -> None:

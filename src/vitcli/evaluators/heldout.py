@@ -49,12 +49,17 @@ class SplitEvaluator:
 
 
 class ClassificationEvaluator(SplitEvaluator):
-    """Top-1 accuracy and mean cross-entropy of the model's own head on one split."""
+    """Top-1 accuracy and mean loss of the model's own head on one split; the loss is the one the run trains
+    with (objectives.loss_fn of the recipe), so val/loss and train/loss are one quantity."""
+
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, *, loss):
+        super().__init__(prefix, ds, cfg, img_size, dist, precision)
+        self.loss = loss  # loss(logits (B, K), labels (B,)) -> mean over the batch
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         def per_batch(model, i, x, y):
             logits = model(x).float()  # (B, K)
-            loss = torch.nn.functional.cross_entropy(logits, y, reduction="sum")
+            loss = self.loss(logits, y) * y.numel()  # a sum, so batches of any size average right
             return [y.numel(), (logits.argmax(-1) == y).sum().item(), loss.item()]
 
         (total, correct, loss_sum), skipped = self.sums(model, per_batch, 3)

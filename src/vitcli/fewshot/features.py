@@ -16,7 +16,6 @@ from rich.markup import escape
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.data import batches
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
@@ -24,6 +23,7 @@ from vitcli.runtime.dist import Dist, all_gather, all_reduce_max
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
 from vitcli.runtime.precision import autocast
+from vitcli.runtime.run_files import MODEL_FILE
 
 
 def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

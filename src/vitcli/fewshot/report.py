@@ -22,6 +22,7 @@ from vitcli.fewshot.solver import DRAW_FIELDS
 from vitcli.recipe.schema import Recipe, to_dict
 from vitcli.runtime.files import atomic_path, write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_files import FEWSHOT_CSV, FEWSHOT_FILE, FEWSHOT_PLOT
 
 
 def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], float]:
@@ -35,30 +36,38 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skipped | None = None) -> None:
-    """Print the table and write results.json, results.csv and fewshot.png into the workdir; results.json
-    counts the images left out because they do not decode (`data/skipped_images`) when given the tally."""
+def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skipped | None = None) -> dict:
+    """Print the table and write results.json, results.csv and fewshot.png into the workdir; returns what
+    results.json holds."""
     summary, drawn = summarise(rows), draws(rows)
-    means = group_means(summary)
-    _table(summary, means, {key: d for key, d in drawn.items() if d["short_classes"]})
+    _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
+    payload = results(rows, recipe, skipped)
+    write_text(workdir / FEWSHOT_FILE, json.dumps(payload, indent=2) + "\n")
+    with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
+        w.writeheader()
+        w.writerows(rows)
+    _plot(summary, workdir / FEWSHOT_PLOT)
+    stdout.print(f"results: {workdir / FEWSHOT_FILE}, {workdir / FEWSHOT_CSV}, {workdir / FEWSHOT_PLOT}")
+    return payload
+
+
+def results(rows: list[dict], recipe: Recipe, skipped: batches.Skipped | None = None) -> dict:
+    """results.json: every run, the mean ± std per (task, shots), the group means and the recipe; with the
+    tally, the images left out because they do not decode (`data/skipped_images`) and where they are."""
+    summary, drawn = summarise(rows), draws(rows)
     payload = {
         "checkpoint": recipe.init.checkpoint,
         "random_init": recipe.init.random,  # true: the checkpoint's network with fresh weights (run.seed)
         "runs": rows,
         "summary": [{"task": t, "shots": k, "mean": m, "std": s, **drawn[(t, k)]}
                     for (t, k), (m, s) in summary.items()],
-        "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in means.items()],
+        "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in group_means(summary).items()],
         "recipe": to_dict(recipe),
     }
     if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
-    write_text(workdir / "results.json", json.dumps(payload, indent=2) + "\n")
-    with atomic_path(workdir / "results.csv") as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
-        w.writeheader()
-        w.writerows(rows)
-    _plot(summary, workdir / "fewshot.png")
-    stdout.print(f"results: {workdir / 'results.json'}, {workdir / 'results.csv'}, {workdir / 'fewshot.png'}")
+    return payload
 
 
 def footnote(name: str, shots: int, draw: dict) -> str:

@@ -1,6 +1,6 @@
 """Training curves from metrics.jsonl: loss, learning rate, held-out and few-shot accuracy, several runs overlaid.
 
-`vit plot` draws them for any workdirs; every training run draws its own WORKDIR/curves.png at its end.
+`vit plot` (stages/plot.py) draws them for any workdirs; every training run draws its own WORKDIR/curves.png at its end.
 """
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import yaml
 from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
 from vitcli.figures.figure7 import save_figure
-from vitcli.runtime.metrics import CURVES_FILE, METRICS_FILE, console, read_metrics, stdout
-from vitcli.runtime.workdir import check_output_file
+from vitcli.runtime.metrics import console, read_metrics
+from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE, RECIPE_FILE
 
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
 STYLES = ("-", "--", ":", "-.")
@@ -40,24 +41,56 @@ def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
 
 
-def curves_figure(runs: dict[str, list[dict]]) -> Figure:
+def curves_figure(runs: dict[str, list[dict]], losses: dict[str, str] | None = None) -> Figure:
     """One panel per kind of metric any run logged (empty ones left out); a colour per run, a line style per
-    metric (train/loss solid, val/loss dashed, ...)."""
-    keys = {p: sorted({k for rows in runs.values() for k in rows_keys(rows) if panel(k) == p}, key=_key_order)
-            for p in PANELS}
-    shown = [p for p in PANELS if keys[p]]
+    metric (train/loss solid, val/loss dashed, ...). `losses` names each run's loss (loss_name): runs whose
+    losses differ get a loss panel each, since their numbers measure different things."""
+    shown = _panels(runs, losses or {})
+    colours = {label: f"C{i % 10}" for i, label in enumerate(runs)}
     fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.6))
     axes = np.atleast_1d(fig.subplots(1, max(len(shown), 1), squeeze=False)).ravel()
-    for ax, title in zip(axes, shown):
-        for colour, (label, rows) in enumerate(runs.items()):
-            for i, key in enumerate(keys[title]):
-                _draw(ax, *series(rows, key), f"C{colour % 10}", STYLES[i % len(STYLES)],
-                      label if len(keys[title]) == 1 else f"{label}: {key}")
+    for ax, (title, group, keys) in zip(axes, shown):
+        for label, rows in group.items():
+            for i, key in enumerate(keys):
+                _draw(ax, *series(rows, key), colours[label], STYLES[i % len(STYLES)],
+                      label if len(keys) == 1 else f"{label}: {key}")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small")
     return fig
+
+
+def _panels(runs: dict[str, list[dict]], losses: dict[str, str]) -> list[tuple[str, dict, list[str]]]:
+    """(title, the runs drawn, the keys drawn) of every panel with something to draw, in PANELS order.
+
+    Within one run, train/loss and val/loss are one quantity (both come from objectives.loss_fn); across
+    runs the loss panel is split by loss definition, titled with it when it is known.
+    """
+    out = []
+    for kind in PANELS:
+        groups: dict[str, dict] = {}
+        for label, rows in runs.items():
+            groups.setdefault(losses.get(label, "") if kind == "loss" else "", {})[label] = rows
+        for name, group in groups.items():
+            keys = sorted({k for rows in group.values() for k in rows_keys(rows) if panel(k) == kind},
+                          key=_key_order)
+            if keys:
+                out.append((f"{kind} ({name})" if name else kind, group, keys))
+    return out
+
+
+def loss_name(workdir: Path) -> str:
+    """What a run's train/loss and val/loss measure, from its recipe.yaml; "" when it has none."""
+    path = Path(workdir) / RECIPE_FILE
+    if not path.is_file():
+        return ""
+    recipe = yaml.safe_load(path.read_text()) or {}
+    if recipe.get("objective") == "mpp":
+        return f"masked patches, {recipe.get('mpp', {}).get('target', '')}"
+    optim = recipe.get("optim", {})
+    smoothing = optim.get("label_smoothing") or 0
+    return f"{optim.get('loss', 'softmax')} xent" + (f", smoothing {smoothing:g}" if smoothing else "")
 
 
 def _key_order(key: str) -> tuple[int, str]:
@@ -97,21 +130,11 @@ def read_run(workdir: Path) -> list[dict]:
     return rows
 
 
-def plot(workdirs: list[Path], out: Path | None = None) -> Path:
-    """`vit plot`: all runs' curves in one PNG, by default WORKDIR/curves.png for one run, ./curves.png else."""
-    if not workdirs:
-        raise OutputError("name at least one workdir")
-    out = out or (Path(workdirs[0]) / CURVES_FILE if len(workdirs) == 1 else Path(CURVES_FILE))
-    check_output_file(out, "--out")
-    runs = dict(zip(run_labels(workdirs), (read_run(w) for w in workdirs)))
-    save_figure(curves_figure(runs), out)
-    stdout.print(f"wrote {out}", highlight=False)
-    return out
-
-
 def write_run_curves(workdir: Path) -> None:
     """WORKDIR/curves.png at the end of a run; a failure to draw is a warning, never a failed run."""
     try:
-        save_figure(curves_figure({run_labels([workdir])[0]: read_run(workdir)}), workdir / CURVES_FILE)
+        label = run_labels([workdir])[0]
+        figure = curves_figure({label: read_run(workdir)}, {label: loss_name(workdir)})
+        save_figure(figure, workdir / CURVES_FILE)
     except Exception as e:  # noqa: BLE001 - the run finished and its weights are written; a plot is a bonus
         console.log(f"[yellow]warning: {workdir / CURVES_FILE} not written ({type(e).__name__}: {e})")

@@ -13,8 +13,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from vitcli.errors import TrainingError
 from vitcli.runtime.files import write_text
 
-# A training workdir's metrics log, and the curves drawn from it at the end (curves.py)
-METRICS_FILE, CURVES_FILE = "metrics.jsonl", "curves.png"
 console = Console(stderr=True, log_path=False)  # progress and log lines (no source locations: users read these)
 # Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
 stdout = Console(width=None if sys.stdout.isatty() else 160)

@@ -17,10 +17,10 @@ from rich.markup import escape
 from vitcli.errors import RecipeError
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console
+from vitcli.runtime.run_files import TENSORBOARD_DIR, WANDB_DIR, WANDB_ID_FILE
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the package it needs (= the extra)
-WANDB_ID_FILE = "wandb_id"  # the run id, so a resumed run appends to the same W&B run
 
 
 def check_loggers(names: list[str]) -> None:
@@ -40,7 +40,7 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
 
         # like metrics.jsonl on resume: events past the resumed step are purged, so no step repeats
-        self.writer = SummaryWriter(str(workdir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Add one scalar per metric and flush: a killed run keeps every row it logged."""
@@ -68,7 +68,7 @@ class WandB:
                               settings=wandb.Settings(console="off"))  # leave our progress bar unwrapped
         if mode == "offline":
             console.log(f"W&B offline (no account configured): sync later with `wandb sync "
-                        f"{escape(str(workdir))}/wandb/offline-run-*`")
+                        f"{escape(str(workdir / WANDB_DIR))}/offline-run-*`")
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Log one row at `step`."""

@@ -14,15 +14,9 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.errors import OutputError
-from vitcli.runtime.metrics import CURVES_FILE, METRICS_FILE, console
-from vitcli.runtime.trackers import WANDB_ID_FILE
-
-# What a training run writes at the top of its workdir besides its checkpoints (state.state_files); a
-# replaced run's copies are moved aside together (tracker folders too, so a new run's curves start clean).
-RUN_OUTPUTS = ("recipe.yaml", METRICS_FILE, "summary.json", MODEL_FILE, CURVES_FILE, "tensorboard", "wandb",
-               WANDB_ID_FILE)
+from vitcli.runtime.metrics import console
+from vitcli.runtime.run_files import MODEL_FILE, RUN_OUTPUTS
 
 
 def existing_ancestor(path: Path) -> Path:

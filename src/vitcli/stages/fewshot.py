@@ -23,11 +23,13 @@ from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import resolved
+from vitcli.runtime.run_files import FEATURES_DIR, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir
 
 
-def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
-    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache."""
+def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
+    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache.
+    Returns what results.json holds (every run under `runs`), on every rank."""
     if not recipe.init.checkpoint:
         raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
     if not recipe.fewshot.tasks:
@@ -49,16 +51,16 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> list[dict]:
     model = model.to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
     rows = [row for task in chosen for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
-    if dist.is_main:
-        write_text(workdir / "recipe.yaml", to_yaml(recipe))
-        report.write(rows, workdir, recipe, skipped)
-    return rows
+    if not dist.is_main:
+        return report.results(rows, recipe, skipped)
+    write_text(workdir / RECIPE_FILE, to_yaml(recipe))
+    return report.write(rows, workdir, recipe, skipped)
 
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,
                skipped: batches.Skipped) -> list[dict]:
     """Features of the task's train and test splits (from the cache when there), then its score rows."""
-    cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / "features"
+    cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / FEATURES_DIR
     img_size, resize, method = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
            "binary_pixels": task.binary_pixels}  # dSprites' 0/1 pixels decode differently since they are scaled

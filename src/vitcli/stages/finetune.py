@@ -19,9 +19,10 @@ def check_flags(lr_sweep: str | None, task: str | None) -> tuple[list[float] | N
 
 
 def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overwrite: bool = False,
-             lr_sweep: str | None = None, task: str | None = None) -> dict:
-    """Check the flags, join the process group once, and run what they ask for."""
-    lrs, chosen = check_flags(lr_sweep, task)
+             lrs: list[float] | None = None, chosen: list | None = None) -> dict:
+    """Join the process group once and run what the flags (as check_flags read them) ask for: the VTAB
+    tasks `chosen`, a sweep over `lrs`, or one run. Returns what its results file (vtab.json, sweep.json or
+    summary.json) holds."""
     dist = setup(recipe.run.device)
     if not recipe.init.checkpoint and dist.is_main:
         console.log("no --init: fine-tuning from random initialisation (a baseline, not transfer)")

@@ -55,8 +55,8 @@ class Report:
 
 
 def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test", images: int = 128,
-            as_json: bool = False, overrides: list[str] = ()) -> Report:
-    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary or JSON."""
+            overrides: list[str] = ()) -> Report:
+    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary; return it all."""
     if images < 1:
         raise DataError(f"--images {images}: need at least one image to measure attention distances")
     _check_vit(read_checkpoint(ckpt), ckpt)
@@ -71,7 +71,7 @@ def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test"
     _filters(model, recipe, out, report)
     _positions(model, recipe, out, report)
     _distances(model, recipe, split, images, out, report)
-    _print(report, as_json)
+    _print(report)
     return report
 
 
@@ -222,11 +222,8 @@ def attention_probabilities(blocks: nn.Module, receive: Callable[[int, torch.Ten
 # ---------------------------------------------------------------- output
 
 
-def _print(report: Report, as_json: bool) -> None:
-    """The summary table and the files, or (--json) everything as JSON on stdout."""
-    if as_json:
-        stdout.out(json.dumps(report.as_dict(), indent=2), highlight=False)
-        return
+def _print(report: Report) -> None:
+    """The summary table and the files written."""
     table = Table(title="vit inspect", show_header=False)
     table.add_column(style="bold")
     table.add_column()

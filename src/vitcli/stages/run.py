@@ -16,7 +16,6 @@ from rich.table import Table
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.manager import Checkpoint
 from vitcli.checkpoints.transfer import load_init
-from vitcli.checkpoints.weights import MODEL_FILE
 from vitcli.data import batches, sources, streams
 from vitcli.errors import RecipeError
 from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
@@ -29,14 +28,15 @@ from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import bf16_warning, resolved
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir
 from vitcli.train.loop import Feed, Job, train
-from vitcli.train.objectives import MppModel
+from vitcli.train.objectives import MppModel, loss_fn
 from vitcli.train.schedule import total_steps
 
 
-def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict[str, float]:
-    """`vit pretrain`: join the process group, then one training run."""
+def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite: bool = False) -> dict:
+    """`vit pretrain`: join the process group, then one training run; returns what summary.json holds."""
     return run_training(recipe, workdir, setup(recipe.run.device), resume, overwrite)
 
 
@@ -48,7 +48,8 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
         ds = sources.load_split(r.data, split)
         if r.objective == "mpp":
             return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp.target)
-        return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision)
+        return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
+                                       loss=loss_fn(r.optim))
 
     periodic = [(r.run.eval_every, held_out("val", r.data.val_split))] if r.data.val_split else []
     final = [held_out("test", r.data.test_split)] if r.data.test_split else []
@@ -115,8 +116,9 @@ def train_feed(r: Recipe, train_ds) -> Feed:
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
-                 overwrite: bool = False) -> dict[str, float]:
-    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors (rank 0).
+                 overwrite: bool = False) -> dict:
+    """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors, summary.json
+    (rank 0), and returns what summary.json holds (the final metrics, the step count, the time taken).
 
     Everything is checked before the first file is touched: the workdir, the resume decision, the data,
     the model and its starting weights, the free space. A finished run in the workdir is replaced only
@@ -131,17 +133,17 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
         manager.prepare_workdir(workdir, fresh=start is None)
-        files.write_text(workdir / "recipe.yaml", to_yaml(recipe))
+        files.write_text(workdir / RECIPE_FILE, to_yaml(recipe))
         _announce(job, dist, why)
     t0 = time.perf_counter()
     results = train(job, dist)
+    summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
+               "run/precision": recipe.run.precision, **results}
     if dist.is_main:
-        summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
-                   "run/precision": recipe.run.precision, **results}
-        files.write_text(workdir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        files.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(workdir)  # warns rather than fails: the run is done
         report(summary, workdir)
-    return results
+    return summary
 
 
 def checkpoint_bytes(job: Job) -> int:

@@ -17,6 +17,7 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.files import atomic_path, write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_files import SWEEP_CSV, SWEEP_FILE, sweep_run
 from vitcli.stages.run import run_training
 
 COLUMNS = ["lr", "dev/top1", "test/top1"]
@@ -30,7 +31,7 @@ def sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume: b
     rows = []
     for lr in lrs:
         r = derive(recipe, {"optim": {"lr": lr}}, dist.world_size)
-        results = run_training(r, workdir / f"lr_{lr:g}", dist, resume, overwrite)
+        results = run_training(r, workdir / sweep_run(lr), dist, resume, overwrite)
         rows.append({"lr": lr, "dev/top1": results.get("val/top1"), "test/top1": results.get("test/top1")})
     best = max(rows, key=lambda row: row["dev/top1"])
     summary = {"best_lr": best["lr"], "dev/top1": best["dev/top1"], "test/top1": best["test/top1"], "runs": rows}
@@ -41,8 +42,8 @@ def sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume: b
 
 
 def _write(workdir: Path, summary: dict) -> None:
-    write_text(workdir / "sweep.json", json.dumps(summary, indent=2) + "\n")
-    with atomic_path(workdir / "sweep.csv") as tmp, tmp.open("w", newline="") as f:
+    write_text(workdir / SWEEP_FILE, json.dumps(summary, indent=2) + "\n")
+    with atomic_path(workdir / SWEEP_CSV) as tmp, tmp.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(summary["runs"])

@@ -21,6 +21,7 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_files import VTAB_FILE, VTAB_FINAL_RUN
 from vitcli.stages.run import run_training
 from vitcli.stages.sweep import sweep
 
@@ -65,7 +66,7 @@ def run_vtab(recipe: Recipe, workdir: Path, chosen: list[tasks.Task], dist: Dist
             raise DataError(f"{task.name}: {e}") from None
         results[task.name] = {"group": task.group, **found}
     if dist.is_main:
-        write_text(workdir / "vtab.json", json.dumps(results, indent=2) + "\n")
+        write_text(workdir / VTAB_FILE, json.dumps(results, indent=2) + "\n")
         _table(results)
     return results
 
@@ -79,7 +80,7 @@ def _run_task(recipe: Recipe, task: tasks.Task, r: Recipe, out: Path, lrs: list[
     summary = sweep(r, out, lrs, dist, resume, overwrite)
     final = derive(task_recipe(recipe, task, False, dist.world_size), {"optim": {"lr": summary["best_lr"]}},
                    dist.world_size)
-    results = run_training(final, out / "final", dist, resume, overwrite)
+    results = run_training(final, out / VTAB_FINAL_RUN, dist, resume, overwrite)
     return {"lr": summary["best_lr"], "val/top1": summary["dev/top1"], "test/top1": results.get("test/top1")}
 
 

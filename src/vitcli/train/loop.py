@@ -17,21 +17,21 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
-from vitcli.checkpoints.weights import MODEL_FILE, save_weights
+from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches
 from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
-from vitcli.recipe.schema import OptimConfig, Recipe, micro_batches, to_dict
+from vitcli.recipe.schema import Recipe, micro_batches, to_dict
 from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
-from vitcli.runtime.metrics import METRICS_FILE, MetricsLog, console, progress_bar
+from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
+from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
 from vitcli.runtime.trackers import open_trackers
 from vitcli.train import parallelize
 from vitcli.train.interrupt import StopRequest, interrupted
-from vitcli.train.objectives import exported, mpp_step
+from vitcli.train.objectives import exported, loss_fn, mpp_step
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
 
@@ -70,26 +70,6 @@ class Job:
     resume_from: Checkpoint | None = None  # (checkpoint path, its state) to continue from: checkpoints.manager
 
 
-def loss_fn(cfg: OptimConfig, num_classes: int):
-    """Softmax or sigmoid cross-entropy on integer labels or soft (mixup) targets."""
-
-    def soft_targets(target: torch.Tensor) -> torch.Tensor:
-        if target.ndim == 2:  # mixup already smoothed them
-            return target
-        onehot = F.one_hot(target, num_classes).float()
-        return onehot * (1 - cfg.label_smoothing) + cfg.label_smoothing / num_classes
-
-    def softmax_xent(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if target.ndim == 1:
-            return F.cross_entropy(logits, target, label_smoothing=cfg.label_smoothing)
-        return torch.sum(-target * F.log_softmax(logits, dim=-1), dim=-1).mean()
-
-    def sigmoid_xent(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # Summed over classes, averaged over the batch (big_vision's sigmoid_xent).
-        per_class = F.binary_cross_entropy_with_logits(logits, soft_targets(target), reduction="none")
-        return per_class.sum(-1).mean()
-
-    return softmax_xent if cfg.loss == "softmax" else sigmoid_xent
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
@@ -108,7 +88,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, parallel.sharded, job.resume_from)
     start = checkpoints.load()
     micro, accum = micro_batches(r, dist.world_size)
-    criterion = loss_fn(r.optim, job.num_classes)
+    criterion = loss_fn(r.optim)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []

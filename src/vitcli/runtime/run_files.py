@@ -1,0 +1,34 @@
+"""The files of a run directory, named once: the stages write them, resume, `vit plot` and the CLI read them.
+
+Torch-free and import-free, so anything (the CLI included) may ask what a workdir holds. Checkpoints
+(`state-<step>.pt`, `state-<step>/`) are named by the checkpoint layer, which also finds and rotates them.
+"""
+
+from __future__ import annotations
+
+# Every training run (pretrain, finetune, each run of a sweep or of a VTAB task)
+RECIPE_FILE = "recipe.yaml"  # the resolved recipe, as `--dry-run` prints it (dinov2: saved with the run)
+METRICS_FILE = "metrics.jsonl"  # one JSON row per logged step: `step` plus slash-named metrics
+SUMMARY_FILE = "summary.json"  # the run's final numbers: what `vit pretrain --json` prints
+MODEL_FILE = "model.safetensors"  # the final weights, recipe and model spec in the metadata
+CURVES_FILE = "curves.png"  # drawn from metrics.jsonl at the end of the run
+TENSORBOARD_DIR = "tensorboard"  # run.loggers=[tensorboard]: event files
+WANDB_DIR = "wandb"  # run.loggers=[wandb]: W&B's own folder (offline runs sync from it)
+WANDB_ID_FILE = "wandb_id"  # the W&B run id, so a resumed run appends to the same W&B run
+
+# What a training run writes at the top of its workdir besides its checkpoints; a replaced run's copies are
+# moved aside together (tracker folders too, so a new run's curves start clean).
+RUN_OUTPUTS = (RECIPE_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CURVES_FILE, TENSORBOARD_DIR, WANDB_DIR,
+               WANDB_ID_FILE)
+
+# Results of the drivers that run several trainings, and of `vit eval-fewshot`
+SWEEP_FILE, SWEEP_CSV = "sweep.json", "sweep.csv"  # `--lr-sweep`: every rate's dev and test top-1
+VTAB_FILE = "vtab.json"  # `--task vtab...`: every task's lr and test top-1
+FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewshot.png"
+VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it
+FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_dir says where
+
+
+def sweep_run(lr: float) -> str:
+    """The workdir of one learning rate of a sweep, below the sweep's own: `lr_0.003`."""
+    return f"lr_{lr:g}"

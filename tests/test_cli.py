@@ -60,7 +60,8 @@ def test_dry_run_fills_paper_model_sizes(monkeypatch, capsys):
 def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, tmp_path, args, fragment):
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir",
                            str(tmp_path / "w"), "schedule.epochs=0", "schedule.steps=3",
-                           "schedule.warmup_steps=1", "data.synthetic.train_size=64", *args)
+                           "schedule.warmup_steps=1", "data.synthetic.train_size=64",
+                           "data.batch_size=32", *args)
     assert code == 2, err
     assert fragment in err
     assert "Traceback" not in err

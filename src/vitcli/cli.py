@@ -60,10 +60,18 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
 
 
 def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False):
+    """The checked recipe; torch is imported only if the recipe needs it (after every torch-free check)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
-    return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size)
+    return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size,
+                   complete=_complete)
+
+
+def _complete(recipe, user_heads: bool):
+    from vitcli.checkpoints.complete import complete
+
+    return complete(recipe, user_heads)
 
 
 def _dry_run(r) -> None:
@@ -145,7 +153,7 @@ def finetune(
     from vitcli.stages.finetune import check_flags
     from vitcli.stages.finetune import finetune as run
 
-    check_flags(lr_sweep, task)
+    check_flags(lr_sweep, task, r)
     if dry_run:
         return _dry_run(r)
     out = _workdir(workdir, "finetune")

@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from vitcli.errors import RecipeError
+from vitcli.recipe.choices import MPP_CELLS, MPP_TARGETS
 
-KINDS = ("mean_color", "color_4x4", "pixels_l2")
+KINDS = MPP_TARGETS
 BITS = 3  # per channel, as in the paper: 8 levels, 512 colours
 NUM_BINS = 2 ** (3 * BITS)
-CELLS = 4  # color_4x4 pools each patch to CELLS x CELLS cells
+CELLS = MPP_CELLS
 UNTOUCHED, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3
 
 

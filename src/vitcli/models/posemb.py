@@ -20,22 +20,10 @@ import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
-from vitcli.errors import CheckpointError, ModelError, RecipeError
+from vitcli.errors import CheckpointError, ModelError
+from vitcli.recipe.choices import POSEMB_METHODS
 
-METHODS = ("bilinear", "bicubic")
-
-
-def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int], name: str = "image size",
-             patch_name: str = "the patch size") -> tuple[int, int]:
-    """The patch grid (gh, gw) for an image size: the one place image size vs patch is checked. A
-    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the patch."""
-    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
-    if h % ph or w % pw or h <= 0 or w <= 0:
-        size, patch = (f"{h}", f"{ph}") if (h, ph) == (w, pw) else (f"{h}x{w}", f"{ph}x{pw}")
-        near = f"{max(round(h / ph), 1) * ph}" + ("" if h == w else f"x{max(round(w / pw), 1) * pw}")
-        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple such as {near}")
-    return h // ph, w // pw
+METHODS = POSEMB_METHODS
 
 
 def check_method(method: str, name: str = "position-embedding resampling method") -> None:

@@ -7,30 +7,16 @@ when a recipe asks for them, so a plain install carries neither.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 from pathlib import Path
 
 from rich.markup import escape
 
-from vitcli.errors import RecipeError
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console
 
-LOGGERS = ("jsonl", "tensorboard", "wandb")
-MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the package it needs (= the extra)
 WANDB_ID_FILE = "wandb_id"  # the run id, so a resumed run appends to the same W&B run
-
-
-def check_loggers(names: list[str]) -> None:
-    """A RecipeError naming run.loggers for an unknown logger or one whose package is not installed."""
-    for name in names:
-        if name not in LOGGERS:
-            raise RecipeError(f"run.loggers: '{name}' is not one of {', '.join(LOGGERS)}")
-        module = MODULES.get(name)
-        if module and importlib.util.find_spec(module) is None:
-            raise RecipeError(f"run.loggers: {name} needs the {module} package: pip install 'vitcli[{module}]'")
 
 
 class TensorBoard:

@@ -116,7 +116,7 @@ def test_too_few_examples_takes_what_each_class_has(pretrained, tmp_path):
 def test_fewshot_inside_pretraining_lands_in_metrics(tmp_path):
     r = resolve("pretrain", None, TINY_MODEL + DATA + FEWSHOT + [
         "data.val_split=", "data.test_split=", "data.batch_size=32", "schedule.steps=4",
-        "schedule.warmup_steps=1", "fewshot.every=2"])
+        "schedule.warmup_steps=1", "fewshot.every=2"], complete=complete)
     one_run(r, tmp_path)
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "fewshot/synthetic/5shot" in row]

@@ -2,6 +2,8 @@
 for stages that start from a checkpoint; the command decides the stage; a checkpoint's heads come from evidence.
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from vitcli.recipe.schema import ModelConfig, Recipe, to_dict, to_yaml
 from vitcli.runtime.dist import setup
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "recipes/quickstart/pretrain.yaml"
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))
 DRIVERS = {"pretrain": "vitcli.stages.run.one_run", "finetune": "vitcli.stages.finetune.finetune",
            "eval-fewshot": "vitcli.stages.fewshot.eval_fewshot"}
@@ -54,6 +57,32 @@ def dry_run(monkeypatch, capsys, *args) -> dict:
     code, out, err = run_vit(monkeypatch, capsys, *args, "--dry-run")
     assert code == 0, err
     return yaml.safe_load(out)
+
+
+# ---------------------------------------------------------------- checked before torch is imported
+
+HEAVY = ("torch", "timm", "datasets", "torchvision")
+
+
+def imported_after(code: str) -> list[str]:
+    """The heavy modules a fresh interpreter holds after running `code`."""
+    probe = f"import sys\n{code}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_the_recipe_package_imports_no_torch():
+    assert imported_after("import vitcli.recipe.resolve") == []
+
+
+def test_a_recipe_is_resolved_and_checked_without_torch():
+    """Every key and value of a shipped recipe, overrides included, is checked with torch never imported;
+    a misspelt key is reported the same way."""
+    resolved = f"from vitcli.recipe.resolve import resolve; resolve('pretrain', {str(QUICK)!r}, ['optim.lr=3e-3'])"
+    assert imported_after(resolved) == []
+    misspelt = ("from vitcli.errors import RecipeError\nfrom vitcli.recipe.resolve import resolve\n"
+                "try:\n    resolve('pretrain', None, ['model.nmae=x'])\nexcept RecipeError:\n    pass")
+    assert imported_after(misspelt) == []
 
 
 # ---------------------------------------------------------------- dry run == what runs

@@ -2,7 +2,7 @@
 
 A timm model name is described as timm registers it; for `finetune` and `eval-fewshot` the starting
 checkpoint's architecture fills the model (and, to evaluate it, its native resolution and head);
-run.device=cuda is checked against this machine.
+run.device=cuda is checked against this machine, and few-shot task names against the task registry.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import read_checkpoint
+from vitcli.data import tasks
 from vitcli.errors import RecipeError
 from vitcli.models.zoo import resolve_name
 from vitcli.recipe.schema import ModelConfig, Recipe
@@ -23,7 +24,16 @@ def complete(recipe: Recipe, user_heads: bool) -> Recipe:
     model.num_heads (evidence for a foreign checkpoint that does not say)."""
     if recipe.run.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
+    _check_task_names(recipe)
     return dataclasses.replace(recipe, model=_model(recipe, user_heads))
+
+
+def _check_task_names(recipe: Recipe) -> None:
+    """Every name in fewshot.tasks is a registry name, a group, `synthetic` or fewshot.custom.name."""
+    own = {"synthetic", recipe.fewshot.custom.name} - {""}
+    stand_ins = {name: tasks.synthetic_task(name=name) for name in own}  # only their names matter here
+    for spec in recipe.fewshot.tasks:
+        tasks.get_tasks(spec, stand_ins)
 
 
 def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:

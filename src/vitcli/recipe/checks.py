@@ -229,6 +229,8 @@ def _fewshot(recipe: Recipe) -> None:
     if f.resize < 224:  # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
         raise RecipeError(f"fewshot.resize={f.resize} is below 224: it is the resize before a 224 px centre crop "
                           "(big_vision's 256), scaled to the model's img_size; 224 means no crop")
+    if f.custom.name and not f.custom.source:
+        raise RecipeError(f"fewshot.custom.source is empty: say where task '{f.custom.name}' reads its data")
     bad = [k for k in f.shots if k < 1]
     if bad:
         raise RecipeError(f"fewshot.shots must be >= 1 per class, got {bad[0]} in {f.shots}")

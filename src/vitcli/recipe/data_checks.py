@@ -14,8 +14,10 @@ from vitcli.recipe.choices import SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
-# timm skips a section it cannot split and so silently ignores a typo (`rand-mag9`); we refuse it instead.
-RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p|w)\d[\d.]*")
+# timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a section
+# without a number (`rand-m`) silently; we refuse both at resolve time. tests/test_recipe.py holds this grammar
+# against timm's own parser.
+RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
 
 
 def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
@@ -25,7 +27,7 @@ def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
     if head != "rand" or bad:
         culprit = f"section '{bad[0]}'" if head == "rand" else f"'{head}' (must start with rand)"
         raise DataError(f"{name}: cannot parse '{spec}': {culprit}; use a timm spec like rand-m9-mstd0.5 "
-                        "(sections m, n, mstd, mmax, inc, p, w, each with a number)")
+                        "(sections m, n, mstd, mmax, inc, p, each with a number)")
 
 
 def check_data(recipe: Recipe) -> None:

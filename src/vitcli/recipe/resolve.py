@@ -91,10 +91,12 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
 
 
 def needs_torch(recipe: Recipe) -> bool:
-    """True when completing the recipe needs torch: a timm model name (timm describes it), a starting
-    checkpoint to describe, or run.device=cuda (only torch knows whether this machine has one)."""
+    """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm describes it),
+    a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one), or
+    few-shot task names (their registry, vitcli.data.tasks, imports datasets)."""
     from_checkpoint = recipe.stage != "pretrain" and bool(recipe.init.checkpoint)
-    return recipe.model.name not in NAMED or from_checkpoint or recipe.run.device == "cuda"
+    heavy = from_checkpoint or recipe.run.device == "cuda" or bool(recipe.fewshot.tasks)
+    return recipe.model.name not in NAMED or heavy
 
 
 def derive(recipe: Recipe, changes: dict, world_size: int = 1) -> Recipe:

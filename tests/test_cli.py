@@ -1,5 +1,6 @@
 """The command line: instant help, dry runs, and bad input as one red line with exit code 2."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,13 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     code, out, err = run_vit(monkeypatch, capsys, "pretrain")
     assert code == 143 and out == ""
     assert ("SIGTERM at step 3/9" in err) == says
+
+
+def test_the_startup_benchmark_reports_each_command():
+    """bench/startup.py (make bench-startup) times whole `vit` processes; here only its schema, not the time."""
+    done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"], capture_output=True,
+                          text=True, check=True)
+    report = json.loads(done.stdout)
+    assert {"help", "misspelt_key", "dry_run_quickstart", "targets"} <= set(report)
+    assert report["misspelt_key"]["command"] == "vit pretrain --dry-run model.nmae=x"
+    assert all(report[k]["median_s"] > 0 and report[k]["peak_rss_mb"] > 0 for k in ("help", "misspelt_key"))

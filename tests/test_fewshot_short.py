@@ -149,7 +149,7 @@ def test_the_training_evaluator_logs_the_shortfall():
         "fewshot.tasks=synthetic", "fewshot.shots=5,50", "fewshot.seeds=1", "data.synthetic.num_classes=4",
         "data.synthetic.train_size=100", "data.synthetic.test_size=40", "data.synthetic.img_size=32",
         "data.num_workers=0", "schedule.steps=2", "schedule.warmup_steps=1",
-        "run.precision=fp32"], complete=complete)  # evaluators take a resolved precision (stages resolve auto)
+        "run.precision=fp32"], complete=complete, inputs=False)  # evaluators take a resolved precision; no run
     torch.manual_seed(0)
     metrics = dict(FewshotEvaluator(r, CPU).run(zoo.build_model(r.model, 4)))
     labels = np.asarray(FewshotEvaluator(r, CPU).splits["synthetic"][0]["label"])

@@ -25,7 +25,7 @@ from vitcli.recipe.choices import (
     STAGES,
     VIT_POS_EMBEDS,
 )
-from vitcli.recipe.data_checks import check_data, check_randaugment
+from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe
 
@@ -82,7 +82,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 
     `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
     (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length; eval-fewshot's checkpoint and tasks), for a recipe read on its
+    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a recipe read on its
     own or one that only loads a network (`vit inspect`).
     """
     _choices(recipe)
@@ -99,6 +99,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_loggers(recipe.run.loggers)
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
+        check_train_batch(recipe)
         _fewshot_inputs(recipe)
 
 

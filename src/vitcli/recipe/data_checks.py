@@ -37,9 +37,18 @@ def check_data(recipe: Recipe) -> None:
         raise RecipeError("data.source is empty: name a dataset (a Hub id, a save_to_disk directory, parquet "
                           "or arrow files, an image folder), or 'synthetic' for the built-in data")
     if d.source == "synthetic":
-        _synthetic(d, trains=recipe.stage != "eval-fewshot")
+        _synthetic(d)
     if d.streaming:
-        _streaming(d)
+        check_stream(d)
+
+
+def check_train_batch(recipe: Recipe) -> None:
+    """A training step needs a whole batch: known now for a plain split of the built-in data; any other
+    split is counted when loaded (vitcli.stages.run.build_job), still before the run writes a file."""
+    d, sizes = recipe.data, _synthetic_sizes(recipe.data)
+    if recipe.stage != "eval-fewshot" and d.source == "synthetic" and d.train_split in sizes:
+        key, size = sizes[d.train_split]
+        check_batch_fits(size, d.batch_size, f"data.synthetic.{key}")
 
 
 def split_names(split: str) -> list[str]:
@@ -47,7 +56,14 @@ def split_names(split: str) -> list[str]:
     return [part.split("[")[0].strip() for part in split.split("+")]
 
 
-def _synthetic(d: DataConfig, trains: bool) -> None:
+def _synthetic_sizes(d: DataConfig) -> dict[str, tuple[str, int]]:
+    """Split of the built-in data -> (its data.synthetic size key, its size)."""
+    s = d.synthetic
+    return {"train": ("train_size", s.train_size), "validation": ("val_size", s.val_size),
+            "test": ("test_size", s.test_size)}
+
+
+def _synthetic(d: DataConfig) -> None:
     """The built-in data: what it can draw, and splits the recipe reads that exist and hold images."""
     s = d.synthetic
     if not 2 <= s.num_classes <= SYNTHETIC_MAX_CLASSES:
@@ -55,8 +71,7 @@ def _synthetic(d: DataConfig, trains: bool) -> None:
                         f"{SYNTHETIC_MAX_CLASSES}")
     if s.img_size < 8:
         raise DataError(f"data.synthetic.img_size={s.img_size} is too small to draw shapes; use >= 8")
-    sizes = {"train": ("train_size", s.train_size), "validation": ("val_size", s.val_size),
-             "test": ("test_size", s.test_size)}
+    sizes = _synthetic_sizes(d)
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
             if name not in sizes:
@@ -64,9 +79,6 @@ def _synthetic(d: DataConfig, trains: bool) -> None:
             if not sizes[name][1]:
                 raise RecipeError(f"data.synthetic.{sizes[name][0]}=0 leaves split '{name}' (data.{role}) empty; "
                                   "give it images")
-    if trains and d.train_split in sizes:  # a plain split: its size is known now; a slice is counted at load
-        key, size = sizes[d.train_split]
-        check_batch_fits(size, d.batch_size, f"data.synthetic.{key}")
 
 
 def check_batch_fits(rows: int, batch_size: int, where: str) -> None:
@@ -76,7 +88,7 @@ def check_batch_fits(rows: int, batch_size: int, where: str) -> None:
                           f"{where}); lower data.batch_size")
 
 
-def _streaming(d: DataConfig) -> None:
+def check_stream(d: DataConfig) -> None:
     """A stream reads a whole split once, in order of its shards: no slices, nothing that needs the split."""
     split = d.train_split
     if "[" in split or "+" in split:

@@ -23,13 +23,11 @@ from timm.layers import resample_abs_pos_embed
 from vitcli.errors import CheckpointError, ModelError
 from vitcli.recipe.choices import POSEMB_METHODS
 
-METHODS = POSEMB_METHODS
-
 
 def check_method(method: str, name: str = "position-embedding resampling method") -> None:
-    """A CheckpointError naming `name` (e.g. the flag) unless `method` is one of METHODS."""
-    if method not in METHODS:
-        raise CheckpointError(f"{name} '{method}': expected one of {', '.join(METHODS)}")
+    """A CheckpointError naming `name` (e.g. the flag) unless `method` is one of POSEMB_METHODS."""
+    if method not in POSEMB_METHODS:
+        raise CheckpointError(f"{name} '{method}': expected one of {', '.join(POSEMB_METHODS)}")
 
 
 def _square_grid(num_tokens: int) -> tuple[int, int]:

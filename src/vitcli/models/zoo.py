@@ -28,16 +28,7 @@ from torch import nn
 from vitcli.errors import ModelError
 from vitcli.models.posemb import sincos_2d
 from vitcli.models.t2t import T2TViT
-from vitcli.recipe.names import (  # noqa: F401  PAPER_VITS: re-exported, the zoo's names
-    BIT,
-    HYBRID,
-    NAMED,
-    PAPER_VITS,
-    T2T_VITS,
-    is_vit_family,
-    resolve_known,
-    with_sizes,
-)
+from vitcli.recipe.names import BIT, HYBRID, NAMED, T2T_VITS, is_vit_family, resolve_known, with_sizes
 from vitcli.recipe.schema import ModelConfig
 
 

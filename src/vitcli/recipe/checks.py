@@ -1,9 +1,12 @@
 """Every value check of a recipe, in one place, run once at resolve time: one RecipeError naming the key.
 
-Types and unknown keys are recipe.py's job (while merging); here are the values: choices, ranges, and the
+Types and unknown keys are schema.py's job (while merging); here are the values: choices, ranges, and the
 cross-field rules (image size vs patch, width vs heads, warmup vs steps, batch vs micro-batch x processes,
-which position embeddings a model family takes). `vit --dry-run` runs them too, so a recipe that dry-runs
-also starts.
+which position embeddings a model family takes), the data keys (data_checks.py), and last what the command
+needs to run (a length, a batch, eval-fewshot's checkpoint and tasks). No torch: they run before it is
+imported. `vit --dry-run` runs them too, so what a dry run accepts the run accepts; what needs a library
+(a timm model, a checkpoint, the task registry) is vitcli.checkpoints.complete's, also before the dry run
+prints.
 """
 
 from __future__ import annotations
@@ -82,8 +85,8 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 
     `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
     (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a recipe read on its
-    own or one that only loads a network (`vit inspect`).
+    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a
+    recipe read on its own or one that only loads a network (`vit inspect`).
     """
     _choices(recipe)
     _ranges(recipe)
@@ -139,7 +142,8 @@ def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int],
     if h % ph or w % pw or h <= 0 or w <= 0:
         size, patch = (f"{h}", f"{ph}") if (h, ph) == (w, pw) else (f"{h}x{w}", f"{ph}x{pw}")
         near = f"{max(round(h / ph), 1) * ph}" + ("" if h == w else f"x{max(round(w / pw), 1) * pw}")
-        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple such as {near}")
+        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple such as "
+                          f"{near}")
     return h // ph, w // pw
 
 

@@ -92,7 +92,8 @@ CASES = {
     "missing data": (pretrain("data.source=/no/such/dataset"), "/no/such/dataset"),
     # the four that slipped past the recipe check (issue 19), and the checks that ran late
     "key given twice": (["pretrain", "-r", "{root}/twice.yaml"], "twice.yaml: line 3: 'lr' is given twice"),
-    "negative synthetic size": (pretrain("data.synthetic.train_size=-5"), "data.synthetic.train_size must be >= 0"),
+    "negative synthetic size": (pretrain("data.synthetic.train_size=-5"),
+                                "data.synthetic.train_size must be >= 0"),
     "empty source": (pretrain("data.source="), "data.source is empty"),
     "batch larger than the split": (pretrain("data.synthetic.train_size=16"),
                                     "data.batch_size=32 is larger than the train split (16 images"),
@@ -100,7 +101,8 @@ CASES = {
     "stream without steps": (pretrain("data.streaming=true", "schedule.steps=0", "schedule.epochs=1"),
                              "data.streaming=true needs schedule.steps"),
     "stream of a slice": (pretrain("data.streaming=true", "data.train_split=train[:50%]"), "slices and '+'"),
-    "lr sweep without a dev split": (finetune("--lr-sweep", "0.1,0.2", "data.val_split="), "needs a dev split"),
+    "lr sweep without a dev split": (finetune("--lr-sweep", "0.1,0.2", "data.val_split="),
+                                     "needs a dev split"),
     "few-shot without weights": (["eval-fewshot", "--tasks", "synthetic"], "eval-fewshot needs weights"),
     "few-shot without tasks": (["eval-fewshot", "--ckpt", "{root}/done"], "no tasks: pass --tasks"),
     "unknown task inside pretraining": (pretrain("fewshot.tasks=vtab/cifar10O", "fewshot.every=1"),
@@ -167,7 +169,8 @@ BOTH_WAYS = [c for c, (args, _) in CASES.items()
 
 
 @pytest.mark.parametrize("case", BOTH_WAYS)
-def test_the_dry_run_refuses_what_the_run_refuses_with_the_same_line(case, root, tmp_path, monkeypatch, capsys):
+def test_the_dry_run_refuses_what_the_run_refuses_with_the_same_line(case, root, tmp_path, monkeypatch,
+                                                                       capsys):
     """What `--dry-run` accepts, the run accepts: each bad input is refused both ways, exit 2, the same
     line, and the run's workdir holds nothing after."""
     command, *rest = [a.format(root=root) for a in CASES[case][0]]
@@ -181,7 +184,8 @@ def test_the_dry_run_refuses_what_the_run_refuses_with_the_same_line(case, root,
     assert sorted(tmp_path.iterdir()) == ([workdir] if workdir.exists() else [])
 
 
-def test_a_batch_larger_than_a_loaded_split_is_refused_before_the_workdir_is_written(tmp_path, monkeypatch, capsys):
+def test_a_batch_larger_than_a_loaded_split_is_refused_before_the_workdir_is_written(tmp_path, monkeypatch,
+                                                                                     capsys):
     """Files on disk: the split is counted when loaded, still before recipe.yaml is written."""
     data = tmp_path / "eight"
     images = [Image.new("RGB", (8, 8), (i, 0, 0)) for i in range(8)]

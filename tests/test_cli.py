@@ -99,9 +99,9 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
 
 
 def test_the_startup_benchmark_reports_each_command():
-    """bench/startup.py (make bench-startup) times whole `vit` processes; here only its schema, not the time."""
-    done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"], capture_output=True,
-                          text=True, check=True)
+    """bench/startup.py (make bench-startup) times whole `vit` processes; here its schema, not the time."""
+    done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"],
+                          capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)
     assert {"help", "misspelt_key", "dry_run_quickstart", "targets"} <= set(report)
     assert report["misspelt_key"]["command"] == "vit pretrain --dry-run model.nmae=x"

@@ -94,7 +94,7 @@ def test_synthetic_colour_statistics_do_not_reveal_the_class():
 
 
 def test_synthetic_rejects_bad_sizes():
-    num_classes = Recipe(data=DataConfig(synthetic=SyntheticConfig(num_classes=31)))  # checked at resolve time
+    num_classes = Recipe(data=DataConfig(synthetic=SyntheticConfig(num_classes=31)))  # checked when resolved
     _one_line_error(lambda: check_data(num_classes), "num_classes=31", "30")
     _one_line_error(lambda: make_synthetic(SMALL, "val"), "'val'", "validation")
 

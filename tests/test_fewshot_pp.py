@@ -81,7 +81,8 @@ def test_central_crop_floors_the_margin():
 @pytest.mark.parametrize("img_size,big_vision,pil", [(32, 36, 37), (224, 256, 256), (384, 438, 439), (80, 91, 91)])
 def test_resize_side_follows_each_method(img_size, big_vision, pil):
     base = ["model.patch_size=8", f"model.img_size={img_size}"]
-    assert preprocessing(resolve("pretrain", None, base, inputs=False)) == (img_size, big_vision, "big_vision")
+    recipe = resolve("pretrain", None, base, inputs=False)
+    assert preprocessing(recipe) == (img_size, big_vision, "big_vision")
     assert int(256 / 224 * img_size) == big_vision  # big_vision configs/proj/cappa/pretrain.py
     old = resolve("pretrain", None, [*base, "fewshot.resize_method=pil_antialias"], inputs=False)
     assert preprocessing(old) == (img_size, round(img_size * 256 / 224), "pil_antialias") == (img_size, pil, "pil_antialias")

@@ -122,8 +122,8 @@ def test_every_shot_count_is_scored_and_marked(sun_like, tmp_path, capsys):
     root, counts = sun_like
     r = resolve("eval-fewshot", None, TINY_MODEL + [
         f"init.checkpoint={root / 'random.safetensors'}", "fewshot.tasks=vtab/sun397", "fewshot.shots=1,5,10,25",
-        "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0", "data.eval_batch_size=500"],
-        complete=complete)
+        "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0",
+        "data.eval_batch_size=500"], complete=complete)
     rows = eval_fewshot(r, tmp_path)
     assert sorted({(row["shots"], row["seed"]) for row in rows}) == [(k, s) for k in (1, 5, 10, 25) for s in (0, 1)]
     payload = json.loads((tmp_path / "results.json").read_text())
@@ -149,7 +149,8 @@ def test_the_training_evaluator_logs_the_shortfall():
         "fewshot.tasks=synthetic", "fewshot.shots=5,50", "fewshot.seeds=1", "data.synthetic.num_classes=4",
         "data.synthetic.train_size=100", "data.synthetic.test_size=40", "data.synthetic.img_size=32",
         "data.num_workers=0", "schedule.steps=2", "schedule.warmup_steps=1",
-        "run.precision=fp32"], complete=complete, inputs=False)  # evaluators take a resolved precision; no run
+        "run.precision=fp32"],  # evaluators take a resolved precision (stages resolve auto; here we do)
+        complete=complete, inputs=False)  # evaluators only: no run needs a length or a batch
     torch.manual_seed(0)
     metrics = dict(FewshotEvaluator(r, CPU).run(zoo.build_model(r.model, 4)))
     labels = np.asarray(FewshotEvaluator(r, CPU).splits["synthetic"][0]["label"])

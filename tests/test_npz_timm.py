@@ -162,7 +162,8 @@ def test_hybrid_npz_is_described_as_the_hybrid_at_its_native_resolution(hybrid):
     spec = describe(read_checkpoint(str(path)))
     assert (spec.name, spec.patch_size, spec.grid, spec.img_size) == (HYBRID, 16, (2, 2), IMG)
     assert (spec.num_heads, spec.heads_from, spec.num_classes) == (12, "attention kernels", K)
-    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"], complete=complete)
+    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"],
+                complete=complete)
     assert (r.model.name, r.model.img_size, r.model.num_classes) == (HYBRID, IMG, 0)
 
 
@@ -230,7 +231,8 @@ def test_plain_npz_gives_timms_logits(tmp_path, layout, scan, gap):
     path = tmp_path / "vit.npz"
     np.savez(path, **arrays)
     theirs = timm_loaded(path, model)
-    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"], complete=complete)
+    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"],
+                complete=complete)
     assert (r.model.name, r.model.embed_dim, r.model.depth, r.model.num_heads) == ("custom", 64, 2, 4)
     assert r.model.pool == ("gap" if gap else "token")
     features = load_for_eval(r)

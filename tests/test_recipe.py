@@ -167,7 +167,7 @@ def flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-# ---------------------------------------------------------------- the four bad inputs, and checks that need no data
+# ---------------------------------------------------------------- the four bad inputs, checks needing no data
 
 
 @pytest.mark.parametrize("text, line, key", [
@@ -188,7 +188,8 @@ def test_yaml_merge_keys_are_not_keys_given_twice(tmp_path):
 @pytest.mark.parametrize("overrides, fragment", [
     (["data.synthetic.train_size=-5"], "data.synthetic.train_size must be >= 0, got -5"),
     (["data.synthetic.val_size=-1"], "data.synthetic.val_size must be >= 0, got -1"),
-    (["data.synthetic.test_size=0"], "data.synthetic.test_size=0 leaves split 'test' (data.test_split) empty"),
+    (["data.synthetic.test_size=0"],
+     "data.synthetic.test_size=0 leaves split 'test' (data.test_split) empty"),
     (["data.synthetic.num_classes=31"], "data.synthetic.num_classes=31 must be between 2 and 30"),
     (["data.synthetic.img_size=4"], "data.synthetic.img_size=4 is too small"),
     (["data.val_split=dev"], "synthetic: no split 'dev'; available: train, validation, test"),
@@ -199,12 +200,14 @@ def test_yaml_merge_keys_are_not_keys_given_twice(tmp_path):
     (["data.streaming=true", "data.label_rule=clevr_count"], "needs the whole split"),
     (["data.shuffle_buffer=0"], "data.shuffle_buffer must be positive"),
     (["schedule.steps=0", "schedule.epochs=0"], "set schedule.steps or schedule.epochs (both are 0)"),
-    (["schedule.steps=0", "schedule.epochs=1", "data.streaming=true"], "data.streaming=true needs schedule.steps"),
+    (["schedule.steps=0", "schedule.epochs=1", "data.streaming=true"],
+     "data.streaming=true needs schedule.steps"),
     (["fewshot.custom.name=mine"], "fewshot.custom.source is empty: say where task 'mine' reads its data"),
 ])
 def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
     with pytest.raises(VitcliError, match=re.escape(fragment)):
-        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8", *overrides])
+        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8",
+                                   *overrides])
 
 
 def test_a_sliced_train_split_of_the_built_in_data_is_counted_when_loaded():
@@ -225,7 +228,8 @@ def test_eval_fewshot_needs_a_checkpoint_and_tasks():
 
 def test_a_recipe_that_needs_torch_to_complete_asks_for_the_step():
     with pytest.raises(TypeError, match="complete="):
-        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "model.name=vit_tiny_patch16_224"])
+        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1",
+                                   "model.name=vit_tiny_patch16_224"])
 
 
 def test_the_built_in_data_draws_as_many_classes_as_the_checks_allow():
@@ -234,7 +238,8 @@ def test_the_built_in_data_draws_as_many_classes_as_the_checks_allow():
 
 def augment_signature(spec: str) -> tuple:
     ra = rand_augment_transform(spec, {})
-    return ra.num_layers, [(op.name, op.magnitude, op.magnitude_std, op.magnitude_max, op.prob) for op in ra.ops]
+    ops = [(op.name, op.magnitude, op.magnitude_std, op.magnitude_max, op.prob) for op in ra.ops]
+    return ra.num_layers, ops
 
 
 @pytest.mark.parametrize("section", ["m9", "n3", "mstd0.5", "mmax20", "inc1", "p0.3"])
@@ -254,6 +259,6 @@ def test_a_randaugment_section_timm_refuses_when_it_builds_is_refused_at_resolve
 
 
 def test_a_randaugment_section_timm_would_skip_is_refused():
-    assert augment_signature("rand-m") == augment_signature("rand")  # timm: a section without a number is skipped
+    assert augment_signature("rand-m") == augment_signature("rand")  # timm skips a section without a number
     with pytest.raises(VitcliError, match="section 'm'"):
         check_randaugment("rand-m")

@@ -78,7 +78,8 @@ def test_the_recipe_package_imports_no_torch():
 def test_a_recipe_is_resolved_and_checked_without_torch():
     """Every key and value of a shipped recipe, overrides included, is checked with torch never imported;
     a misspelt key is reported the same way."""
-    resolved = f"from vitcli.recipe.resolve import resolve; resolve('pretrain', {str(QUICK)!r}, ['optim.lr=3e-3'])"
+    resolved = ("from vitcli.recipe.resolve import resolve\n"
+                f"resolve('pretrain', {str(QUICK)!r}, ['optim.lr=3e-3'])")
     assert imported_after(resolved) == []
     misspelt = ("from vitcli.errors import RecipeError\nfrom vitcli.recipe.resolve import resolve\n"
                 "try:\n    resolve('pretrain', None, ['model.nmae=x'])\nexcept RecipeError:\n    pass")

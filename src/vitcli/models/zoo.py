@@ -131,7 +131,8 @@ def resolve_name(cfg: ModelConfig) -> ModelConfig:
     if not sizes:
         return cfg
     old = (cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim)
-    return with_sizes(cfg, *(new or was for new, was in zip(sizes, old)))  # a size timm hides (0) keeps the recipe's
+    # a size timm hides (0) keeps the recipe's
+    return with_sizes(cfg, *(new or was for new, was in zip(sizes, old)))
 
 
 # ---------------------------------------------------------------- building

@@ -136,14 +136,15 @@ def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
 def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int], name: str = "image size",
              patch_name: str = "the patch size") -> tuple[int, int]:
     """The patch grid (gh, gw) for an image size: the one place image size vs patch is checked. A
-    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the patch."""
+    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the
+    patch."""
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     if h % ph or w % pw or h <= 0 or w <= 0:
         size, patch = (f"{h}", f"{ph}") if (h, ph) == (w, pw) else (f"{h}x{w}", f"{ph}x{pw}")
         near = f"{max(round(h / ph), 1) * ph}" + ("" if h == w else f"x{max(round(w / pw), 1) * pw}")
-        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple such as "
-                          f"{near}")
+        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple "
+                          f"such as {near}")
     return h // ph, w // pw
 
 
@@ -265,7 +266,8 @@ def _fewshot_inputs(recipe: Recipe) -> None:
     if recipe.stage != "eval-fewshot":
         return
     if not recipe.init.checkpoint:
-        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
+        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
+                          "name)")
     if not recipe.fewshot.tasks:
         raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
 
@@ -277,7 +279,8 @@ def check_loggers(names: list[str]) -> None:
             raise RecipeError(f"run.loggers: '{name}' is not one of {', '.join(LOGGERS)}")
         package = LOGGER_PACKAGES.get(name)
         if package and importlib.util.find_spec(package) is None:
-            raise RecipeError(f"run.loggers: {name} needs the {package} package: pip install 'vitcli[{package}]'")
+            raise RecipeError(f"run.loggers: {name} needs the {package} package: "
+                              f"pip install 'vitcli[{package}]'")
 
 
 def check_sweep(recipe: Recipe) -> None:

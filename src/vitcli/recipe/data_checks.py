@@ -14,9 +14,9 @@ from vitcli.recipe.choices import SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
-# timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a section
-# without a number (`rand-m`) silently; we refuse both at resolve time. tests/test_recipe.py holds this grammar
-# against timm's own parser.
+# timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a
+# section without a number (`rand-m`) silently; we refuse both at resolve time. tests/test_recipe.py holds
+# this grammar against timm's own parser.
 RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
 
 
@@ -77,8 +77,8 @@ def _synthetic(d: DataConfig) -> None:
             if name not in sizes:
                 raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")
             if not sizes[name][1]:
-                raise RecipeError(f"data.synthetic.{sizes[name][0]}=0 leaves split '{name}' (data.{role}) empty; "
-                                  "give it images")
+                key = f"data.synthetic.{sizes[name][0]}"
+                raise RecipeError(f"{key}=0 leaves split '{name}' (data.{role}) empty; give it images")
 
 
 def check_batch_fits(rows: int, batch_size: int, where: str) -> None:

@@ -32,12 +32,14 @@ T2T_VITS = {
 }
 HYBRID, BIT = "R50+ViT-B/16", "BiT-R50x1"
 NAMED = ["custom", *PAPER_VITS, HYBRID, BIT, *T2T_VITS]
-# the official code's own names, lower-case with underscores: t2t_vit_14 -> T2T-ViT-14, t2t_vit_t_14 -> T2T-ViT_t-14
+# the official code's own names, lower-case with underscores: t2t_vit_14 -> T2T-ViT-14,
+# t2t_vit_t_14 -> T2T-ViT_t-14
 ALIASES = {name.lower().replace("-", "_"): name for name in T2T_VITS}
 
 
 def is_vit_family(name: str) -> bool:
-    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding option applies."""
+    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding option
+    applies."""
     return name in ("custom", *PAPER_VITS, HYBRID)
 
 

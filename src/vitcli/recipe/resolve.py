@@ -4,8 +4,9 @@ Layers, later wins: defaults < the stage's defaults < the VTAB protocol (`--task
 `KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in: a
 known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without torch, so a
 misspelt key costs no import of torch. Only then, and only for a timm model name, a starting checkpoint
-(`finetune` / `eval-fewshot`: its architecture, and to evaluate it its native resolution and head) or
-run.device=cuda, the caller's `complete` step runs (it needs torch) and everything is checked again.
+(`finetune` / `eval-fewshot`: its architecture, and to evaluate it its native resolution and head),
+run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
+datasets) and everything is checked again.
 Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
 WORKDIR/recipe.yaml.
 """

@@ -309,7 +309,7 @@ class _StrictLoader(yaml.SafeLoader):
     """safe_load, but a key given twice in one mapping is an error: PyYAML would keep the last silently."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        """The mapping of `node`, once every explicit key in it is known to be new (`<<` merges may repeat)."""
+        """The mapping of `node`, once each explicit key in it is new (`<<` merges may repeat one)."""
         first: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":

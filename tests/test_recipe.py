@@ -7,9 +7,9 @@ import pytest
 from timm.data.auto_augment import rand_augment_transform
 
 from vitcli.checkpoints.complete import complete
-from vitcli.data import synthetic
+from vitcli.data import synthetic, tasks
 from vitcli.errors import RecipeError, VitcliError
-from vitcli.recipe.choices import SYNTHETIC_MAX_CLASSES
+from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import accumulation_steps, parse_overrides, read_yaml, to_dict, to_yaml
@@ -203,6 +203,7 @@ def test_yaml_merge_keys_are_not_keys_given_twice(tmp_path):
     (["schedule.steps=0", "schedule.epochs=1", "data.streaming=true"],
      "data.streaming=true needs schedule.steps"),
     (["fewshot.custom.name=mine"], "fewshot.custom.source is empty: say where task 'mine' reads its data"),
+    (["data.label_rule=clevr_counts"], "data.label_rule 'clevr_counts' is not one of clevr_count"),
 ])
 def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
     with pytest.raises(VitcliError, match=re.escape(fragment)):
@@ -232,8 +233,9 @@ def test_a_recipe_that_needs_torch_to_complete_asks_for_the_step():
                                    "model.name=vit_tiny_patch16_224"])
 
 
-def test_the_built_in_data_draws_as_many_classes_as_the_checks_allow():
+def test_the_values_checked_at_resolve_time_are_those_the_data_layer_knows():
     assert SYNTHETIC_MAX_CLASSES == len(synthetic.SHAPES) * len(synthetic.TEXTURES)
+    assert LABEL_RULES == tuple(tasks.LABEL_RULES)
 
 
 def augment_signature(spec: str) -> tuple:

@@ -16,5 +16,8 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
+# data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
+LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
+               "dsprites_orientation")
 # data.source=synthetic, the built-in data: 6 shapes x 5 textures (vitcli.data.synthetic draws them)
 SYNTHETIC_MAX_CLASSES = 30

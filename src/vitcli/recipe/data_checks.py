@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from vitcli.errors import DataError, RecipeError
-from vitcli.recipe.choices import SYNTHETIC_MAX_CLASSES
+from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
@@ -36,6 +36,8 @@ def check_data(recipe: Recipe) -> None:
     if not d.source.strip():
         raise RecipeError("data.source is empty: name a dataset (a Hub id, a save_to_disk directory, parquet "
                           "or arrow files, an image folder), or 'synthetic' for the built-in data")
+    if d.label_rule and d.label_rule not in LABEL_RULES:
+        raise DataError(f"data.label_rule '{d.label_rule}' is not one of {', '.join(LABEL_RULES)}")
     if d.source == "synthetic":
         _synthetic(d)
     if d.streaming:

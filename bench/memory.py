@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import accumulation_steps
+from vitcli.recipe.schema import micro_batches
 from vitcli.stages.run import one_run
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes/finetune/imagenet.yaml"
@@ -38,15 +38,15 @@ TINY = ["model.name=custom", "model.img_size=32", "model.patch_size=8", "model.e
         "model.num_heads=2", "model.mlp_dim=64", "data.micro_batch_size=4"]
 
 
-def finetune_recipe(micro_batches: int, quick: bool, precision: str | None):
-    """The ImageNet fine-tuning recipe, one optimizer step over `micro_batches` micro-batches, synthetic data."""
+def finetune_recipe(count: int, quick: bool, precision: str | None):
+    """The ImageNet fine-tuning recipe, one optimizer step over `count` micro-batches, synthetic data."""
     base = resolve("finetune", RECIPE, ["model.name=ViT-B/16", *(TINY if quick else [])])
-    micro = base.data.micro_batch_size or base.data.batch_size
+    micro, _ = micro_batches(base)
     img = base.model.img_size
     return resolve("finetune", RECIPE, [
         "model.name=ViT-B/16", *(TINY if quick else []), "data.source=synthetic",
-        f"data.synthetic.img_size={img}", f"data.synthetic.train_size={micro * micro_batches}",
-        "data.synthetic.num_classes=10", "model.num_classes=1000", f"data.batch_size={micro * micro_batches}",
+        f"data.synthetic.img_size={img}", f"data.synthetic.train_size={micro * count}",
+        "data.synthetic.num_classes=10", "model.num_classes=1000", f"data.batch_size={micro * count}",
         "data.train_split=train", "data.val_split=", "data.test_split=", "schedule.steps=1",
         "schedule.warmup_steps=0", "init.checkpoint=", *([f"run.precision={precision}"] if precision else [])])
 
@@ -63,7 +63,7 @@ def main() -> None:
         precision = json.loads((Path(d) / "summary.json").read_text())["run/precision"]
     out = {"model": r.model.name, "img_size": r.model.img_size, "precision": precision,
            "recipe_batch_size": resolve("finetune", RECIPE, []).data.batch_size,
-           "micro_batch_size": r.data.batch_size // accumulation_steps(r), "micro_batches_run": accumulation_steps(r),
+           **dict(zip(("micro_batch_size", "micro_batches_run"), micro_batches(r))),
            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux: KiB
            "children_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
            "train_loss": summary.get("train/loss")}

@@ -5,8 +5,10 @@ import json
 import os
 from pathlib import Path
 
+import datasets
 import pytest
 import torch
+from PIL import Image
 
 from clirun import run_vit
 from vitcli.checkpoints.weights import save_weights
@@ -36,6 +38,7 @@ def root(tmp_path_factory) -> Path:
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "afile").write_text("not a directory")
     (root / "adir.safetensors").mkdir()
+    (root / "twice.yaml").write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
     return root
 
 
@@ -88,6 +91,23 @@ CASES = {
     "warmup past the end": (pretrain("schedule.warmup_steps=5"), "schedule.warmup_steps=5"),
     "fewer classes than labels": (pretrain("model.num_classes=3"), "model.num_classes=3"),
     "missing data": (pretrain("data.source=/no/such/dataset"), "/no/such/dataset"),
+    # the four that slipped past the recipe check (issue 19), and the checks that ran late
+    "key given twice": (["pretrain", "-r", "{root}/twice.yaml"], "twice.yaml: line 3: 'lr' is given twice"),
+    "negative synthetic size": (pretrain("data.synthetic.train_size=-5"),
+                                "data.synthetic.train_size must be >= 0"),
+    "empty source": (pretrain("data.source="), "data.source is empty"),
+    "batch larger than the split": (pretrain("data.synthetic.train_size=16"),
+                                    "data.batch_size=32 is larger than the train split (16 images"),
+    "no recipe, no length": (["pretrain"], "set schedule.steps or schedule.epochs (both are 0)"),
+    "stream without steps": (pretrain("data.streaming=true", "schedule.steps=0", "schedule.epochs=1"),
+                             "data.streaming=true needs schedule.steps"),
+    "stream of a slice": (pretrain("data.streaming=true", "data.train_split=train[:50%]"), "slices and '+'"),
+    "lr sweep without a dev split": (finetune("--lr-sweep", "0.1,0.2", "data.val_split="),
+                                     "needs a dev split"),
+    "few-shot without weights": (["eval-fewshot", "--tasks", "synthetic"], "eval-fewshot needs weights"),
+    "few-shot without tasks": (["eval-fewshot", "--ckpt", "{root}/done"], "no tasks: pass --tasks"),
+    "unknown task inside pretraining": (pretrain("fewshot.tasks=vtab/cifar10O", "fewshot.every=1"),
+                                        "did you mean 'vtab/cifar100'"),
     "no such column": (pretrain("data.image_column=pixels"), "pixels"),
     # fine-tuning flags and starting weights
     "init missing": (finetune("--init", "{root}/nowhere"), "checkpoint not found"),
@@ -139,6 +159,42 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatc
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert fragment in err, err
     assert snapshot(root) == before, "a bad input created or changed a file"
+
+
+# Refused only by the run: these need the data read (dry runs read none) or a workdir (dry runs name none)
+RUN_ONLY = {"fewer classes than labels", "missing data", "no such column", "workdir is a file",
+            "workdir below a file", "fewshot workdir is a file", "finished run, --no-resume",
+            "finished run, typo after --no-resume"}
+BOTH_WAYS = [c for c, (args, _) in CASES.items()
+             if args[0] in ("pretrain", "finetune", "eval-fewshot") and c not in RUN_ONLY]
+
+
+@pytest.mark.parametrize("case", BOTH_WAYS)
+def test_the_dry_run_refuses_what_the_run_refuses_with_the_same_line(case, root, tmp_path, monkeypatch,
+                                                                       capsys):
+    """What `--dry-run` accepts, the run accepts: each bad input is refused both ways, exit 2, the same
+    line, and the run's workdir holds nothing after."""
+    command, *rest = [a.format(root=root) for a in CASES[case][0]]
+    monkeypatch.chdir(tmp_path)
+    dry = run_vit(monkeypatch, capsys, command, "--dry-run", *rest)
+    workdir = tmp_path / "w"
+    run = run_vit(monkeypatch, capsys, command, "--workdir", workdir, *rest)
+    assert dry[0] == run[0] == 2 and dry[2] == run[2], (dry, run)
+    assert CASES[case][1] in run[2] and not dry[1], run
+    assert not workdir.exists() or not any(workdir.iterdir()), "a refused run wrote into its workdir"
+    assert sorted(tmp_path.iterdir()) == ([workdir] if workdir.exists() else [])
+
+
+def test_a_batch_larger_than_a_loaded_split_is_refused_before_the_workdir_is_written(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Files on disk: the split is counted when loaded, still before recipe.yaml is written."""
+    data = tmp_path / "eight"
+    images = [Image.new("RGB", (8, 8), (i, 0, 0)) for i in range(8)]
+    datasets.Dataset.from_dict({"image": images, "label": list(range(8))}).save_to_disk(str(data))
+    args = [a for a in pretrain(f"data.source={data}", "data.val_split=", "data.test_split=")]
+    code, _, err = run_vit(monkeypatch, capsys, *args, "--workdir", tmp_path / "w")
+    assert code == 2 and "data.batch_size=32 is larger than the train split (8 images" in err, err
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_bare_vit_shows_the_help_and_exits_2(monkeypatch, capsys):

@@ -66,7 +66,8 @@ def test_dry_run_fills_paper_model_sizes(monkeypatch, capsys):
 def test_bad_input_is_one_line_exit_2(monkeypatch, capsys, tmp_path, args, fragment):
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir",
                            str(tmp_path / "w"), "schedule.epochs=0", "schedule.steps=3",
-                           "schedule.warmup_steps=1", "data.synthetic.train_size=64", *args)
+                           "schedule.warmup_steps=1", "data.synthetic.train_size=64",
+                           "data.batch_size=32", *args)
     assert code == 2, err
     assert fragment in err
     assert "Traceback" not in err
@@ -111,8 +112,8 @@ def tiny_checkpoint(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command, driver, extra, handed", [
-    (["pretrain"], "vitcli.stages.run.one_run", [], {"resume": None, "overwrite": False}),
-    (["finetune", "--lr-sweep", "0.01,0.03", "--no-resume"], "vitcli.stages.finetune.finetune", [],
+    (["pretrain"], "vitcli.stages.run.one_run", ["schedule.steps=10", "schedule.warmup_steps=1"], {"resume": None, "overwrite": False}),
+    (["finetune", "--lr-sweep", "0.01,0.03", "--no-resume"], "vitcli.stages.finetune.finetune", ["schedule.steps=10", "schedule.warmup_steps=1"],
      {"resume": False, "overwrite": False, "lrs": [0.01, 0.03], "chosen": None}),
     (["eval-fewshot", "--tasks", "synthetic"], "vitcli.stages.fewshot.eval_fewshot", ["--ckpt", "{ckpt}"], {}),
 ])
@@ -142,3 +143,11 @@ def test_json_is_what_the_run_wrote_in_summary_json(monkeypatch, capsys, tmp_pat
     assert code == 0, err
     assert out == (tmp_path / SUMMARY_FILE).read_text()
     assert json.loads(out)["steps"] == 2 and "test/top1" in json.loads(out)
+def test_the_startup_benchmark_reports_each_command():
+    """bench/startup.py (make bench-startup) times whole `vit` processes; here its schema, not the time."""
+    done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"],
+                          capture_output=True, text=True, check=True)
+    report = json.loads(done.stdout)
+    assert {"help", "misspelt_key", "dry_run_quickstart", "targets"} <= set(report)
+    assert report["misspelt_key"]["command"] == "vit pretrain --dry-run model.nmae=x"
+    assert all(report[k]["median_s"] > 0 and report[k]["peak_rss_mb"] > 0 for k in ("help", "misspelt_key"))

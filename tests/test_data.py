@@ -17,7 +17,8 @@ from vitcli.data import batches, sources
 from vitcli.data.synthetic import class_names, make_synthetic, render
 from vitcli.data.transforms import build_transform, to_signed_tensor
 from vitcli.errors import DataError
-from vitcli.recipe.schema import DataConfig, SyntheticConfig
+from vitcli.recipe.data_checks import check_data
+from vitcli.recipe.schema import DataConfig, Recipe, SyntheticConfig
 
 SMALL = SyntheticConfig(num_classes=10, train_size=200, val_size=40, test_size=60, img_size=16, seed=3)
 
@@ -93,7 +94,8 @@ def test_synthetic_colour_statistics_do_not_reveal_the_class():
 
 
 def test_synthetic_rejects_bad_sizes():
-    _one_line_error(lambda: make_synthetic(SyntheticConfig(num_classes=31), "train"), "num_classes=31", "30")
+    num_classes = Recipe(data=DataConfig(synthetic=SyntheticConfig(num_classes=31)))  # checked when resolved
+    _one_line_error(lambda: check_data(num_classes), "num_classes=31", "30")
     _one_line_error(lambda: make_synthetic(SMALL, "val"), "'val'", "validation")
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
@@ -68,7 +69,8 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
 
     r = resolve("eval-fewshot", None, ["fewshot.tasks=synthetic", "fewshot.shots=1", "fewshot.seeds=1",
                                        f"init.checkpoint={init}", "data.synthetic.train_size=40",
-                                       "data.synthetic.test_size=40", "data.num_workers=0"])
+                                       "data.synthetic.test_size=40", "data.num_workers=0"],
+                complete=complete)
     assert len(eval_fewshot(r, tmp_path / "fewshot")["runs"]) == 1
 
     monkeypatch.setattr(sweep_mod, "run_training", lambda recipe, *a, **k: {"val/top1": recipe.optim.lr})

@@ -10,6 +10,7 @@ import torch
 from safetensors.numpy import load_file
 
 from vitcli import cli
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, tasks
@@ -49,7 +50,8 @@ def pretrained(tmp_path_factory):
 
 
 def fewshot(ckpt, workdir, *extra):
-    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra])
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={ckpt}", *extra],
+                complete=complete)
     return eval_fewshot(r, workdir)["runs"]
 
 
@@ -100,7 +102,8 @@ def test_auto_l2_reports_the_chosen_lambda(pretrained, tmp_path):
 def test_too_few_examples_takes_what_each_class_has(pretrained, tmp_path):
     # 120 train images over 6 classes, ~20 per class: 25 shots takes each class's all, as big_vision does
     rows = fewshot(pretrained / "pre", tmp_path, "fewshot.shots=5,25")
-    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],
+                complete=complete)
     counts = np.bincount(load_task_split(tasks.synthetic_task(6), r, "train")["label"], minlength=6)
     assert {r["shots"] for r in rows} == {5, 25}
     for r in rows:
@@ -113,7 +116,7 @@ def test_too_few_examples_takes_what_each_class_has(pretrained, tmp_path):
 def test_fewshot_inside_pretraining_lands_in_metrics(tmp_path):
     r = resolve("pretrain", None, TINY_MODEL + DATA + FEWSHOT + [
         "data.val_split=", "data.test_split=", "data.batch_size=32", "schedule.steps=4",
-        "schedule.warmup_steps=1", "fewshot.every=2"])
+        "schedule.warmup_steps=1", "fewshot.every=2"], complete=complete)
     one_run(r, tmp_path)
     rows = [json.loads(ln) for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [row["step"] for row in rows if "fewshot/synthetic/5shot" in row]
@@ -152,7 +155,8 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
     """The production path scores with solver.score, the function tests/test_fewshot.py holds against a
     direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
     rows = fewshot(pretrained / "pre", tmp_path)
-    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],
+                complete=complete)
     pre = {"img_size": 32, "resize": int(256 / 224 * 32), "resize_method": "big_vision", "precision": "fp32",
            "binary_pixels": False}
     task = f"synthetic:{data_id(tasks.synthetic_task(6), r)}"
@@ -201,7 +205,8 @@ def test_random_init_scores_the_checkpoints_network_with_fresh_weights(pretraine
     payload = json.loads((tmp_path / "rand" / "results.json").read_text())
     rand = payload["runs"]
     assert payload["random_init"] is True and payload["recipe"]["init"]["random"] is True
-    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"])
+    r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],
+                complete=complete)
     torch.manual_seed(r.run.seed)
     drawn = zoo.build_model(r.model, 0)
     save_weights(tmp_path / "drawn.safetensors", drawn.state_dict(), {"model": zoo.model_spec(r.model, 0)})
@@ -214,7 +219,7 @@ def test_random_init_scores_the_checkpoints_network_with_fresh_weights(pretraine
 
 def test_random_init_leaves_the_callers_rng_alone(pretrained):
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}",
-                                                                      "init.random=true"])
+                                                                      "init.random=true"], complete=complete)
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import DataError
 from vitcli.fewshot import solver
@@ -82,7 +83,7 @@ def test_solver_fits_k_columns_when_classes_are_empty():
 
 
 def test_an_empty_train_split_is_an_error_naming_the_task():
-    recipe = resolve("pretrain", None, [])
+    recipe = resolve("pretrain", None, [], inputs=False)
     empty = (np.zeros((0, 4)), np.zeros(0, dtype=np.int64))
     test = (np.ones((3, 4)), np.zeros(3, dtype=np.int64))
     with pytest.raises(DataError, match="^vtab/sun397: the few-shot train split has no example"):
@@ -110,7 +111,7 @@ def sun_like(tmp_path_factory):
         name: datasets.Dataset.from_dict({"image": _images(n, rng), "label": y}, features=features)
         for name, (y, n) in splits.items()
     }).save_to_disk(str(root / "data" / "vtab" / "sun397"))
-    r = resolve("pretrain", None, TINY_MODEL)
+    r = resolve("pretrain", None, TINY_MODEL, inputs=False)
     torch.manual_seed(0)
     save_weights(root / "random.safetensors", zoo.build_model(r.model, 0).state_dict(),
                        {"model": zoo.model_spec(r.model, 0)})
@@ -121,7 +122,8 @@ def test_every_shot_count_is_scored_and_marked(sun_like, tmp_path, capsys):
     root, counts = sun_like
     r = resolve("eval-fewshot", None, TINY_MODEL + [
         f"init.checkpoint={root / 'random.safetensors'}", "fewshot.tasks=vtab/sun397", "fewshot.shots=1,5,10,25",
-        "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0", "data.eval_batch_size=500"])
+        "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0",
+        "data.eval_batch_size=500"], complete=complete)
     rows = eval_fewshot(r, tmp_path)["runs"]
     assert sorted({(row["shots"], row["seed"]) for row in rows}) == [(k, s) for k in (1, 5, 10, 25) for s in (0, 1)]
     payload = json.loads((tmp_path / "results.json").read_text())
@@ -147,7 +149,8 @@ def test_the_training_evaluator_logs_the_shortfall():
         "fewshot.tasks=synthetic", "fewshot.shots=5,50", "fewshot.seeds=1", "data.synthetic.num_classes=4",
         "data.synthetic.train_size=100", "data.synthetic.test_size=40", "data.synthetic.img_size=32",
         "data.num_workers=0", "schedule.steps=2", "schedule.warmup_steps=1",
-        "run.precision=fp32"])  # evaluators take a resolved precision (stages resolve auto; here we do)
+        "run.precision=fp32"],  # evaluators take a resolved precision (stages resolve auto; here we do)
+        complete=complete, inputs=False)  # evaluators only: no run needs a length or a batch
     torch.manual_seed(0)
     metrics = dict(FewshotEvaluator(r, CPU).run(zoo.build_model(r.model, 4)))
     labels = np.asarray(FewshotEvaluator(r, CPU).splits["synthetic"][0]["label"])

@@ -21,6 +21,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
 from vitcli.checkpoints import fit
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval, load_init
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
@@ -136,7 +137,7 @@ def finetune_recipe(source, init, *extra):
     return resolve("finetune", None, COMMON + [
         f"data.source={source}", "model.img_size=64", "data.batch_size=32", "schedule.steps=20",
         "schedule.warmup_steps=2", f"init.checkpoint={init}", *extra,
-    ])
+    ], complete=complete)
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +220,8 @@ def test_load_table_reports_the_grid_resize(data, pretrained):
 def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetuned):
     workdir, _ = finetuned
     sd, meta = load_weights(workdir / MODEL_FILE)
-    ours = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={workdir}"]))
+    ours = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={workdir}"], complete=complete,
+                                     inputs=False))
     theirs = timm_vit(meta["model"]).eval()
     theirs.load_state_dict(load_file(str(workdir / MODEL_FILE)), strict=True)
     x = torch.randn(3, 3, 64, 64)

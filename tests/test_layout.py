@@ -14,14 +14,14 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
 ORDER = [
     # pure maths and the recipe schema
-    "errors", "runtime.run_files", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "runtime.precision", "runtime.rngs", "data.synthetic",
+    "errors", "recipe.choices", "runtime.run_files", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "recipe.names", "recipe.data_checks", "recipe.checks", "runtime.precision", "runtime.rngs", "data.synthetic",
     # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
     # too); figures
     "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "checkpoints.sharded", "train.parallelize", "runtime.workdir", "checkpoints.manager", "figures.figure7",
     "figures.curves",
     # models, data, checks on recipes, checkpoints of every source
-    "models.t2t", "models.zoo", "data.transforms", "recipe.checks", "data.tasks", "data.sources", "data.batches", "data.streams",
-    "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.fit", "checkpoints.resize",
+    "models.t2t", "models.zoo", "data.transforms", "data.tasks", "data.sources", "data.batches", "data.streams",
+    "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.complete", "checkpoints.fit", "checkpoints.resize",
     # from the command line to a recipe
     "recipe.resolve",
     # evaluators, starting weights, the loop

@@ -15,12 +15,12 @@ from timm.models.vision_transformer import VisionTransformer
 from vitcli.errors import ModelError
 from vitcli.models.t2t import T2TViT
 from vitcli.models.zoo import (
-    PAPER_VITS,
     build_model,
     model_spec,
     resolve_name,
     zero_head,
 )
+from vitcli.recipe.names import PAPER_VITS
 from vitcli.recipe.schema import ModelConfig
 
 K = 5

@@ -10,7 +10,6 @@ from timm.layers import PatchEmbed
 
 from vitcli.errors import RecipeError
 from vitcli.models.mpp import (
-    KINDS,
     MASK,
     NUM_BINS,
     RANDOM,
@@ -29,6 +28,7 @@ from vitcli.models.mpp import (
     pred_shape,
     quantise,
 )
+from vitcli.recipe.choices import MPP_TARGETS
 
 BATCH, PATCHES = 2000, 64  # 128,000 patches, 64,000 of them corrupted
 # Among the 64,000 corrupted patches a fraction p has binomial standard deviation sqrt(p (1-p) / 64000):
@@ -275,7 +275,7 @@ def test_pixels_loss_is_the_squared_error_of_the_corrupted_patches():
     assert loss.item() == pytest.approx(0.25, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", MPP_TARGETS)
 def test_the_loss_ignores_uncorrupted_patches(kind):
     g = torch.Generator().manual_seed(7)
     patches = torch.rand(3, 8, 3, 8, 8, generator=g) * 2 - 1

@@ -11,6 +11,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
 from vitcli.checkpoints import state
+from vitcli.checkpoints.complete import complete
 from vitcli.data.synthetic import make_synthetic
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
@@ -103,7 +104,8 @@ def test_impossible_mpp_recipes_are_refused(stage, extra, fragment):
 def test_few_shot_runs_during_mpp_pretraining(tmp_path):
     r = resolve("pretrain", None, TINY + ["schedule.steps=4", "data.val_split=", "data.test_split=",
                                           "fewshot.tasks=synthetic", "fewshot.shots=1", "fewshot.seeds=1",
-                                          "fewshot.every=2", "data.synthetic.test_size=40"])
+                                          "fewshot.every=2", "data.synthetic.test_size=40"],
+                complete=complete)
     one_run(r, tmp_path)
     steps = [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "fewshot/synthetic/1shot" in row]
     assert steps == [2, 4]

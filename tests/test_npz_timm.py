@@ -17,6 +17,7 @@ import pytest
 import timm
 import torch
 
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval, load_init
@@ -142,7 +143,8 @@ def logits_gap(ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) 
 def test_hybrid_npz_finetunes_from_timms_logits(hybrid):
     """`vit finetune --init x.npz` with the head kept: the network timm's loader builds, logit for logit."""
     path, theirs = hybrid
-    r = resolve("finetune", None, [f"init.checkpoint={path}", f"model.img_size={IMG}", "init.keep_head=true"])
+    r = resolve("finetune", None, [f"init.checkpoint={path}", f"model.img_size={IMG}", "init.keep_head=true"],
+                complete=complete, inputs=False)
     assert (r.model.name, r.model.img_size, r.model.num_heads) == (HYBRID, IMG, 12)  # nobody named it
     ours = build_model(r.model, K).eval()
     x = torch.randn(3, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
@@ -160,7 +162,8 @@ def test_hybrid_npz_is_described_as_the_hybrid_at_its_native_resolution(hybrid):
     spec = describe(read_checkpoint(str(path)))
     assert (spec.name, spec.patch_size, spec.grid, spec.img_size) == (HYBRID, 16, (2, 2), IMG)
     assert (spec.num_heads, spec.heads_from, spec.num_classes) == (12, "attention kernels", K)
-    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"])
+    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"],
+                complete=complete)
     assert (r.model.name, r.model.img_size, r.model.num_classes) == (HYBRID, IMG, 0)
 
 
@@ -228,7 +231,8 @@ def test_plain_npz_gives_timms_logits(tmp_path, layout, scan, gap):
     path = tmp_path / "vit.npz"
     np.savez(path, **arrays)
     theirs = timm_loaded(path, model)
-    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"])
+    r = resolve("eval-fewshot", None, [f"init.checkpoint={path}", "fewshot.tasks=synthetic"],
+                complete=complete)
     assert (r.model.name, r.model.embed_dim, r.model.depth, r.model.num_heads) == ("custom", 64, 2, 4)
     assert r.model.pool == ("gap" if gap else "token")
     features = load_for_eval(r)

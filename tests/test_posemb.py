@@ -7,7 +7,8 @@ import torch
 from timm.layers import resample_abs_pos_embed, resample_abs_pos_embed_nhwc
 
 from vitcli.errors import CheckpointError, ModelError, RecipeError
-from vitcli.models.posemb import grid_for, resample_axis, resample_posemb, sincos_2d
+from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
+from vitcli.recipe.checks import grid_for
 
 TOL = 1e-5
 # (old grid, new grid): upsampling, downsampling, non-square both ways, one axis unchanged

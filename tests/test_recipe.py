@@ -4,10 +4,15 @@ import re
 from pathlib import Path
 
 import pytest
+from timm.data.auto_augment import rand_augment_transform
 
-from vitcli.errors import RecipeError
+from vitcli.checkpoints.complete import complete
+from vitcli.data import synthetic, tasks
+from vitcli.errors import RecipeError, VitcliError
+from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
+from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import micro_batches, parse_overrides, to_dict, to_yaml
+from vitcli.recipe.schema import micro_batches, parse_overrides, read_yaml, to_dict, to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,9 +100,11 @@ def test_accumulation_steps():
 def test_round_trip_through_dict_and_yaml():
     import yaml
 
-    r = resolve("pretrain", None, ["optim.lr=0.02", "fewshot.tasks=a,b", "schedule.steps=10", "schedule.warmup_steps=1"])
+    r = resolve("pretrain", None, ["optim.lr=0.02", "fewshot.tasks=vtab/dtd,synthetic", "schedule.steps=10",
+                                   "schedule.warmup_steps=1"], complete=complete)
     assert yaml.safe_load(to_yaml(r)) == to_dict(r)
-    assert resolve("pretrain", None, [f"{k}={v}" for k, v in flat(to_dict(r)).items() if k != "stage"]) == r
+    flat_overrides = [f"{k}={v}" for k, v in flat(to_dict(r)).items() if k != "stage"]
+    assert resolve("pretrain", None, flat_overrides, complete=complete) == r
 
 
 @pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml")),
@@ -106,7 +113,7 @@ def test_every_shipped_recipe_resolves(path):
     """Each shipped recipe resolves for the stage it says (checks passed, model named), nothing is built."""
     text = (REPO / path).read_text()
     stage = next((s for s in ("finetune", "pretrain") if f"stage: {s}" in text), "eval-fewshot")
-    r = resolve(stage, REPO / path)
+    r = resolve(stage, REPO / path, complete=complete, inputs=False)  # eval-fewshot's --ckpt: the command's
     assert r.stage == stage
     assert text.lstrip().startswith("#"), "a shipped recipe starts with a header: what, command, expected result"
 
@@ -122,7 +129,7 @@ def test_a_recipe_for_another_stage_is_refused_naming_both(tmp_path, command, sa
 
 def test_the_command_decides_the_stage_and_its_defaults(tmp_path):
     p = write(tmp_path, "schedule:\n  steps: 10\n  warmup_steps: 1\n")  # no stage: line
-    assert resolve("eval-fewshot", p).stage == "eval-fewshot"
+    assert resolve("eval-fewshot", p, inputs=False).stage == "eval-fewshot"
     finetune = resolve("finetune", p)
     assert (finetune.stage, finetune.optim.name, finetune.model.img_size) == ("finetune", "sgd", 384)
 
@@ -160,3 +167,102 @@ def flat(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = ",".join(map(str, v)) if isinstance(v, list) else v
     return out
+
+
+# ---------------------------------------------------------------- the four bad inputs, checks needing no data
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("optim:\n  lr: 0.1\n  name: sgd\n  lr: 0.2\n", 4, "lr"),  # yaml.safe_load would keep 0.2
+    ("optim:\n  lr: 0.1\nschedule:\n  steps: 10\noptim:\n  name: sgd\n", 5, "optim"),
+])
+def test_a_key_given_twice_in_a_recipe_file_names_the_file_line_and_key(tmp_path, text, line, key):
+    p = write(tmp_path, text)
+    with pytest.raises(RecipeError, match=re.escape(f"{p}: line {line}: '{key}' is given twice")):
+        resolve("pretrain", p)
+
+
+def test_yaml_merge_keys_are_not_keys_given_twice(tmp_path):
+    text = "a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n"  # a merge that the mapping overrides
+    assert read_yaml(write(tmp_path, text))["b"] == {"x": 3, "y": 2}
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["data.synthetic.train_size=-5"], "data.synthetic.train_size must be >= 0, got -5"),
+    (["data.synthetic.val_size=-1"], "data.synthetic.val_size must be >= 0, got -1"),
+    (["data.synthetic.test_size=0"],
+     "data.synthetic.test_size=0 leaves split 'test' (data.test_split) empty"),
+    (["data.synthetic.num_classes=31"], "data.synthetic.num_classes=31 must be between 2 and 30"),
+    (["data.synthetic.img_size=4"], "data.synthetic.img_size=4 is too small"),
+    (["data.val_split=dev"], "synthetic: no split 'dev'; available: train, validation, test"),
+    (["data.source="], "data.source is empty"),
+    (["data.synthetic.train_size=16", "data.batch_size=32"],
+     "data.batch_size=32 is larger than the train split (16 images, data.synthetic.train_size)"),
+    (["data.streaming=true", "data.train_split=train[:50%]"], "slices and '+' need random access"),
+    (["data.streaming=true", "data.label_rule=clevr_count"], "needs the whole split"),
+    (["data.shuffle_buffer=0"], "data.shuffle_buffer must be positive"),
+    (["schedule.steps=0", "schedule.epochs=0"], "set schedule.steps or schedule.epochs (both are 0)"),
+    (["schedule.steps=0", "schedule.epochs=1", "data.streaming=true"],
+     "data.streaming=true needs schedule.steps"),
+    (["fewshot.custom.name=mine"], "fewshot.custom.source is empty: say where task 'mine' reads its data"),
+    (["data.label_rule=clevr_counts"], "data.label_rule 'clevr_counts' is not one of clevr_count"),
+])
+def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
+    with pytest.raises(VitcliError, match=re.escape(fragment)):
+        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8",
+                                   *overrides])
+
+
+def test_a_sliced_train_split_of_the_built_in_data_is_counted_when_loaded():
+    """train[:10%] of 64 images holds 6: known only once sliced, so stages.run.build_job refuses it (before
+    it writes anything); resolve lets it through."""
+    r = resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8",
+                                   "data.synthetic.train_size=64", "data.train_split=train[:10%]"])
+    assert r.data.train_split == "train[:10%]"
+
+
+def test_eval_fewshot_needs_a_checkpoint_and_tasks():
+    with pytest.raises(RecipeError, match="eval-fewshot needs weights: pass --ckpt"):
+        resolve("eval-fewshot", None, ["fewshot.tasks=synthetic"])
+    with pytest.raises(RecipeError, match="no tasks: pass --tasks"):
+        resolve("eval-fewshot", None, ["init.checkpoint=somewhere"])  # refused before the checkpoint is read
+    assert resolve("eval-fewshot", None, [], inputs=False).stage == "eval-fewshot"
+
+
+def test_a_recipe_that_needs_torch_to_complete_asks_for_the_step():
+    with pytest.raises(TypeError, match="complete="):
+        resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1",
+                                   "model.name=vit_tiny_patch16_224"])
+
+
+def test_the_values_checked_at_resolve_time_are_those_the_data_layer_knows():
+    assert SYNTHETIC_MAX_CLASSES == len(synthetic.SHAPES) * len(synthetic.TEXTURES)
+    assert LABEL_RULES == tuple(tasks.LABEL_RULES)
+
+
+def augment_signature(spec: str) -> tuple:
+    ra = rand_augment_transform(spec, {})
+    ops = [(op.name, op.magnitude, op.magnitude_std, op.magnitude_max, op.prob) for op in ra.ops]
+    return ra.num_layers, ops
+
+
+@pytest.mark.parametrize("section", ["m9", "n3", "mstd0.5", "mmax20", "inc1", "p0.3"])
+def test_each_randaugment_section_we_accept_is_one_timm_parses_and_uses(section):
+    """Our grammar (vitcli.recipe.data_checks), held against timm's own parser: each section we accept
+    changes the transform timm builds, so none is ignored."""
+    check_randaugment(f"rand-{section}")
+    assert augment_signature(f"rand-{section}") != augment_signature("rand")
+
+
+@pytest.mark.parametrize("spec", ["rand-mag9", "rand-m9-mst0.5", "rand-w0", "rand-x3"])
+def test_a_randaugment_section_timm_refuses_when_it_builds_is_refused_at_resolve_time(spec):
+    with pytest.raises(AssertionError):
+        rand_augment_transform(spec, {})  # timm: only when the run builds its transforms
+    with pytest.raises(VitcliError, match=re.escape(f"data.randaugment: cannot parse '{spec}'")):
+        check_randaugment(spec)
+
+
+def test_a_randaugment_section_timm_would_skip_is_refused():
+    assert augment_signature("rand-m") == augment_signature("rand")  # timm skips a section without a number
+    with pytest.raises(VitcliError, match="section 'm'"):
+        check_randaugment("rand-m")

@@ -2,6 +2,8 @@
 for stages that start from a checkpoint; the command decides the stage; a checkpoint's heads come from evidence.
 """
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
 from clirun import run_vit
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_init
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
@@ -20,12 +23,14 @@ from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "recipes/quickstart/pretrain.yaml"
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))
 DRIVERS = {"pretrain": "vitcli.stages.run.one_run", "finetune": "vitcli.stages.finetune.finetune",
            "eval-fewshot": "vitcli.stages.fewshot.eval_fewshot"}
 SMALL_DATA = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
               "data.batch_size=32", "data.num_workers=0", "schedule.epochs=0", "schedule.steps=2",
               "schedule.warmup_steps=1"]
+LENGTH = "schedule.steps=1000"  # a finetune command must say how long to train (its warmup is 500 steps)
 
 
 def stage_of(path: Path) -> str:
@@ -55,6 +60,33 @@ def dry_run(monkeypatch, capsys, *args) -> dict:
     return yaml.safe_load(out)
 
 
+# ---------------------------------------------------------------- checked before torch is imported
+
+HEAVY = ("torch", "timm", "datasets", "torchvision")
+
+
+def imported_after(code: str) -> list[str]:
+    """The heavy modules a fresh interpreter holds after running `code`."""
+    probe = f"import sys\n{code}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_the_recipe_package_imports_no_torch():
+    assert imported_after("import vitcli.recipe.resolve") == []
+
+
+def test_a_recipe_is_resolved_and_checked_without_torch():
+    """Every key and value of a shipped recipe, overrides included, is checked with torch never imported;
+    a misspelt key is reported the same way."""
+    resolved = ("from vitcli.recipe.resolve import resolve\n"
+                f"resolve('pretrain', {str(QUICK)!r}, ['optim.lr=3e-3'])")
+    assert imported_after(resolved) == []
+    misspelt = ("from vitcli.errors import RecipeError\nfrom vitcli.recipe.resolve import resolve\n"
+                "try:\n    resolve('pretrain', None, ['model.nmae=x'])\nexcept RecipeError:\n    pass")
+    assert imported_after(misspelt) == []
+
+
 # ---------------------------------------------------------------- dry run == what runs
 
 
@@ -62,11 +94,14 @@ def dry_run(monkeypatch, capsys, *args) -> dict:
 def test_every_shipped_recipe_hands_its_driver_exactly_what_its_dry_run_prints(path, monkeypatch, capsys,
                                                                                tmp_path):
     stage = stage_of(path)
-    code, printed, err = run_vit(monkeypatch, capsys, stage, "--recipe", REPO / path, "--dry-run")
+    # as its header's command: eval-fewshot scores the weights --ckpt names
+    ckpt = ["--ckpt", ours(tmp_path / "pre")] if stage == "eval-fewshot" else []
+    code, printed, err = run_vit(monkeypatch, capsys, stage, "--recipe", REPO / path, *ckpt, "--dry-run")
     assert code == 0, err
     handed = []
     monkeypatch.setattr(DRIVERS[stage], lambda recipe, *a, **k: handed.append(recipe))
-    code, _, err = run_vit(monkeypatch, capsys, stage, "--recipe", REPO / path, "--workdir", tmp_path)
+    code, _, err = run_vit(monkeypatch, capsys, stage, "--recipe", REPO / path, *ckpt,
+                           "--workdir", tmp_path / "w")
     assert code == 0, err
     assert to_yaml(handed[0]) == printed
 
@@ -134,22 +169,24 @@ def test_finetune_task_outside_vtab_is_one_line_exit_2(monkeypatch, capsys, tmp_
 def test_a_vit_h_width_timm_file_gets_the_papers_16_heads(monkeypatch, capsys, tmp_path):
     """ViT-H/14 is width 1280 with 16 heads; width // 64 said 20, and strict loading could not notice."""
     init = timm_file(tmp_path / "h14.safetensors", width=1280, heads=16, patch=14, img_size=56)
-    m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 56)["model"]
+    m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 56, LENGTH)["model"]
     assert (m["embed_dim"], m["num_heads"], m["patch_size"]) == (1280, 16, 14)
 
 
 def test_a_width_outside_table_1_without_evidence_asks_for_the_heads(monkeypatch, capsys, tmp_path):
     init = timm_file(tmp_path / "w96.safetensors", width=96, heads=4, patch=8, img_size=32)
-    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "--dry-run")
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, LENGTH, "--dry-run")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "model.num_heads" in err and "96" in err
-    m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "model.num_heads=4")["model"]
+    m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, LENGTH,
+                "model.num_heads=4")["model"]
     assert (m["embed_dim"], m["num_heads"]) == (96, 4)
 
 
 def test_the_load_table_says_where_the_heads_came_from(tmp_path):
     init = timm_file(tmp_path / "t192.safetensors", width=192, heads=3, patch=8, img_size=32)
-    r = resolve("finetune", None, [f"init.checkpoint={init}", "model.img_size=32", *SMALL_DATA])
+    r = resolve("finetune", None, [f"init.checkpoint={init}", "model.img_size=32", *SMALL_DATA],
+                complete=complete)
     rows = dict(load_init(build_model(r.model, 10), r, 10, setup("cpu")))
     assert "3 heads (paper Table 1 (width 192))" in rows["architecture"], rows
 
@@ -165,7 +202,7 @@ def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, cap
     tuned, _ = load_weights(tmp_path / "w" / MODEL_FILE)
     assert tuned["fc.weight"].shape == (10, theirs.num_features)
     assert "dropped (3 classes)" in err
-    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "--dry-run")
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, LENGTH, "--dry-run")
     assert code == 2 and "cannot infer the architecture" in err and "model.name" in err
 
 

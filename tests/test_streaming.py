@@ -18,6 +18,7 @@ from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.data import batches, sources, streams
 from vitcli.errors import DataError
+from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.run_files import MODEL_FILE
@@ -202,8 +203,8 @@ def _one_line(error: pytest.ExceptionInfo, *needles: str) -> None:
 
 
 def test_a_sliced_train_split_is_one_line_naming_the_key(source_dirs):
-    with pytest.raises(DataError) as error:
-        sources.load_stream(_cfg(source_dirs["parquet"], train_split="train[:50%]"))
+    with pytest.raises(DataError) as error:  # at resolve time, before any file is read
+        check_stream(_cfg(source_dirs["parquet"], train_split="train[:50%]"))
     _one_line(error, "data.train_split", "train[:50%]", "data.streaming")
 
 

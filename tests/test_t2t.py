@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval, load_init
@@ -315,14 +316,15 @@ def test_printed_conversion_of_an_official_checkpoint_loads_strictly_for_eval_an
     out = run_printed_conversion(path)  # ~3 s: a fresh interpreter imports torch
     images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
 
-    recipe = resolve("eval-fewshot", None, [f"init.checkpoint={out}"])
+    recipe = resolve("eval-fewshot", None, [f"init.checkpoint={out}"], complete=complete, inputs=False)
     assert (recipe.model.name, recipe.model.img_size) == ("T2T-ViT-7", 32)  # read off the official tensors
     ours = load_for_eval(recipe)  # strict load inside
     with torch.no_grad():
         expected = model.forward_head(model.forward_features(images), pre_logits=True)
         torch.testing.assert_close(ours(images), expected, rtol=0, atol=0)
 
-    recipe = resolve("finetune", None, [f"init.checkpoint={out}", "model.img_size=32"])
+    recipe = resolve("finetune", None, [f"init.checkpoint={out}", "model.img_size=32"], complete=complete,
+                     inputs=False)
     tuned = build_model(recipe.model, 3)
     rows = dict(load_init(tuned, recipe, 3, dist_mod.setup("cpu")))  # strict load inside
     assert "T2T-ViT-7" in rows["architecture"]

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from vitcli.checkpoints import manager, state
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import RecipeError, TrainingError
@@ -54,7 +55,8 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
 def test_final_weights_rebuild_the_model_alone(tmp_path):
     """A later stage needs nothing but the file: its metadata resolves to the network, every weight loads."""
     one_run(recipe("schedule.steps=3"), tmp_path)
-    model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"]))
+    model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"], complete=complete,
+                                      inputs=False))
     sd, _ = load_weights(tmp_path / "model.safetensors")
     assert sorted(model.state_dict()) == sorted(k for k in sd if not k.startswith("head."))
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())

@@ -62,10 +62,18 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
 
 
 def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False):
+    """The checked recipe; torch is imported only if the recipe needs it (after every torch-free check)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
-    return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size)
+    return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size,
+                   complete=_complete)
+
+
+def _complete(recipe, user_heads: bool):
+    from vitcli.checkpoints.complete import complete
+
+    return complete(recipe, user_heads)
 
 
 def _dry_run(r) -> None:
@@ -152,7 +160,7 @@ def finetune(
     r = _resolve("finetune", recipe, overrides, flags, vtab=bool(task))
     from vitcli.stages.finetune import check_flags
 
-    lrs, chosen = check_flags(lr_sweep, task)  # here, so that --dry-run refuses what the run would
+    lrs, chosen = check_flags(lr_sweep, task, r)  # here, so that --dry-run refuses what the run would
     _stage("vitcli.stages.finetune.finetune", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite,
            lrs=lrs, chosen=chosen)
 

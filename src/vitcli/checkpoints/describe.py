@@ -19,7 +19,7 @@ import torch
 
 from vitcli.checkpoints.read import Loaded
 from vitcli.errors import CheckpointError
-from vitcli.models.zoo import HYBRID, PAPER_VITS, T2T_VITS, t2t_name
+from vitcli.recipe.names import HYBRID, PAPER_VITS, T2T_VITS, t2t_name
 
 # width -> heads: {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}

@@ -20,7 +20,8 @@ from vitcli.checkpoints.fit import AXIS_TABLES
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import CheckpointError
-from vitcli.models.posemb import check_method, grid_for, resample_axis, resample_posemb, sincos_2d
+from vitcli.models.posemb import check_method, resample_axis, resample_posemb, sincos_2d
+from vitcli.recipe.checks import grid_for
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import stdout
 from vitcli.runtime.workdir import check_output_file

@@ -190,8 +190,6 @@ def stream_train_batches(
     `start`: the stream's `position()` saved at that micro-batch; without it, the examples before are read
     (not decoded) again from the first epoch on. `skipped` counts the images that did not decode.
     """
-    if cfg.shuffle_buffer < 1:
-        raise DataError(f"data.shuffle_buffer={cfg.shuffle_buffer} must be >= 1")
     name = origin(ids)
     # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a pass over
     # parquet ends (apache/arrow#45214), at every epoch and every resume

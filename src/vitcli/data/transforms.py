@@ -7,7 +7,6 @@ Built from timm's pieces so the semantics (crop sampling, RandAugment hyper-para
 from __future__ import annotations
 
 import random
-import re
 from contextlib import contextmanager
 from functools import partial
 
@@ -21,32 +20,17 @@ from timm.data.transforms import RandomResizedCropAndInterpolation, str_to_inter
 from torchvision import transforms
 
 from vitcli.errors import DataError
+from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
+from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
 INTERPOLATION = "bilinear"  # big_vision's inception_crop and resize use bilinear
-# few-shot resize: big_vision's pp (tf bilinear, no antialias) or PIL's antialiased bilinear (vitcli before it)
-FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """Grayscale, palette and RGBA images become 3-channel RGB; RGB passes through untouched."""
     return img if img.mode == "RGB" else img.convert("RGB")
-
-
-# timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
-# timm skips a section it cannot split and so silently ignores a typo (`rand-mag9`); we refuse it instead.
-RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p|w)\d[\d.]*")
-
-
-def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
-    """A DataError naming `name` unless `spec` is `rand` followed by sections timm understands."""
-    head, *sections = spec.split("-")
-    bad = [s for s in sections if not RANDAUGMENT_SECTION.fullmatch(s)]
-    if head != "rand" or bad:
-        culprit = f"section '{bad[0]}'" if head == "rand" else f"'{head}' (must start with rand)"
-        raise DataError(f"{name}: cannot parse '{spec}': {culprit}; use a timm spec like rand-m9-mstd0.5 "
-                        "(sections m, n, mstd, mmax, inc, p, w, each with a number)")
 
 
 def _randaugment(spec: str, img_size: int):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from vitcli.data import batches, sources, tasks
-from vitcli.errors import DataError, RecipeError
+from vitcli.errors import DataError
 from vitcli.fewshot import features, solver
 from vitcli.recipe.schema import DataConfig, Recipe
 from vitcli.runtime.dist import Dist
@@ -32,9 +32,7 @@ def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
 
 
 def _custom_task(recipe: Recipe) -> tasks.Task:
-    c = recipe.fewshot.custom
-    if not c.source:
-        raise RecipeError(f"fewshot.custom.source is empty: say where task '{c.name}' reads its data")
+    c = recipe.fewshot.custom  # its source is given: vitcli.recipe.checks
     num_classes = c.num_classes or sources.num_classes(
         DataConfig(label_column=c.label_column),
         sources.load_source(c.source, c.train_split, image_column=c.image_column, label_column=c.label_column,

@@ -3,7 +3,7 @@
 Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80% are
 replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10% are
 left as they are (BERT's recipe). The loss is computed on the corrupted patches only, against one of three
-targets (`KINDS`):
+targets (`MPP_TARGETS`, vitcli.recipe.choices):
 
 - `mean_color` (the paper's final choice): the patch's mean colour at 3 bits per channel, one 512-way softmax;
 - `color_4x4`: that mean colour plus the 4x4 average-pooled patch, 1 + 16 softmaxes of 512 classes each;
@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from vitcli.errors import RecipeError
+from vitcli.recipe.choices import MPP_CELLS, MPP_TARGETS
 
-KINDS = ("mean_color", "color_4x4", "pixels_l2")
 BITS = 3  # per channel, as in the paper: 8 levels, 512 colours
 NUM_BINS = 2 ** (3 * BITS)
-CELLS = 4  # color_4x4 pools each patch to CELLS x CELLS cells
 UNTOUCHED, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3
 
 
@@ -63,7 +62,7 @@ def mean_color_target(patches: torch.Tensor) -> torch.Tensor:
     return color_bins(to_unit(patches.mean(dim=(-2, -1))))
 
 
-def pooled_cells(patches: torch.Tensor, cells: int = CELLS) -> torch.Tensor:
+def pooled_cells(patches: torch.Tensor, cells: int = MPP_CELLS) -> torch.Tensor:
     """(B, N, 3, P, P) -> (B, N, cells * cells, 3): the patch average-pooled to a cells x cells grid, row-major."""
     b, n, c, p = patches.shape[:4]
     if p % cells:
@@ -96,13 +95,14 @@ def pred_shape(kind: str, patch: int) -> tuple[int, ...]:
     check_kind(kind)
     if kind == "pixels_l2":
         return (3 * patch * patch,)
-    return (1 + CELLS * CELLS, NUM_BINS) if kind == "color_4x4" else (NUM_BINS,)
+    return (1 + MPP_CELLS * MPP_CELLS, NUM_BINS) if kind == "color_4x4" else (NUM_BINS,)
 
 
 def check_kind(kind: str) -> None:
-    """A RecipeError unless `kind` is one of KINDS."""
-    if kind not in KINDS:
-        raise RecipeError(f"masked-patch-prediction target '{kind}': expected one of {', '.join(KINDS)}")
+    """A RecipeError unless `kind` is one of MPP_TARGETS."""
+    if kind not in MPP_TARGETS:
+        raise RecipeError(f"masked-patch-prediction target '{kind}': expected one of "
+                          f"{', '.join(MPP_TARGETS)}")
 
 
 def _check_fractions(ratio: float, mask: float, random: float) -> None:

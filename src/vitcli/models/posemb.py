@@ -20,28 +20,14 @@ import torch
 import torch.nn.functional as F
 from timm.layers import resample_abs_pos_embed
 
-from vitcli.errors import CheckpointError, ModelError, RecipeError
-
-METHODS = ("bilinear", "bicubic")
-
-
-def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int], name: str = "image size",
-             patch_name: str = "the patch size") -> tuple[int, int]:
-    """The patch grid (gh, gw) for an image size: the one place image size vs patch is checked. A
-    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the patch."""
-    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
-    if h % ph or w % pw or h <= 0 or w <= 0:
-        size, patch = (f"{h}", f"{ph}") if (h, ph) == (w, pw) else (f"{h}x{w}", f"{ph}x{pw}")
-        near = f"{max(round(h / ph), 1) * ph}" + ("" if h == w else f"x{max(round(w / pw), 1) * pw}")
-        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple such as {near}")
-    return h // ph, w // pw
+from vitcli.errors import CheckpointError, ModelError
+from vitcli.recipe.choices import POSEMB_METHODS
 
 
 def check_method(method: str, name: str = "position-embedding resampling method") -> None:
-    """A CheckpointError naming `name` (e.g. the flag) unless `method` is one of METHODS."""
-    if method not in METHODS:
-        raise CheckpointError(f"{name} '{method}': expected one of {', '.join(METHODS)}")
+    """A CheckpointError naming `name` (e.g. the flag) unless `method` is one of POSEMB_METHODS."""
+    if method not in POSEMB_METHODS:
+        raise CheckpointError(f"{name} '{method}': expected one of {', '.join(POSEMB_METHODS)}")
 
 
 def _square_grid(num_tokens: int) -> tuple[int, int]:

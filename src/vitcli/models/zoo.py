@@ -28,31 +28,8 @@ from torch import nn
 from vitcli.errors import ModelError
 from vitcli.models.posemb import sincos_2d
 from vitcli.models.t2t import T2TViT
+from vitcli.recipe.names import BIT, HYBRID, NAMED, T2T_VITS, is_vit_family, resolve_known, with_sizes
 from vitcli.recipe.schema import ModelConfig
-
-# Table 1 of the paper, (patch_size, embed_dim, depth, num_heads, mlp_dim); Ti and S are the DeiT/AugReg sizes
-PAPER_VITS = {
-    "ViT-Ti/16": (16, 192, 12, 3, 768),
-    "ViT-S/16": (16, 384, 12, 6, 1536),
-    "ViT-B/32": (32, 768, 12, 12, 3072),
-    "ViT-B/16": (16, 768, 12, 12, 3072),
-    "ViT-L/32": (32, 1024, 24, 16, 4096),
-    "ViT-L/16": (16, 1024, 24, 16, 4096),
-    "ViT-H/14": (14, 1280, 32, 16, 5120),
-}
-# Official t2t_vit.py factories: name -> (embed_dim, depth, num_heads, mlp_dim, token mixer); token_dim 64
-T2T_VITS = {
-    "T2T-ViT-7": (256, 7, 4, 512, "performer"),
-    "T2T-ViT-10": (256, 10, 4, 512, "performer"),
-    "T2T-ViT-12": (256, 12, 4, 512, "performer"),
-    **{f"T2T-ViT{kind}-{depth}": (dim, depth, heads, 3 * dim, mixer)
-       for kind, mixer in (("", "performer"), ("_t", "transformer"))
-       for dim, depth, heads in ((384, 14, 6), (448, 19, 7), (512, 24, 8))},
-}
-HYBRID, BIT = "R50+ViT-B/16", "BiT-R50x1"
-NAMED = ["custom", *PAPER_VITS, HYBRID, BIT, *T2T_VITS]
-# the official code's own names, lower-case with underscores: t2t_vit_14 -> T2T-ViT-14, t2t_vit_t_14 -> T2T-ViT_t-14
-ALIASES = {name.lower().replace("-", "_"): name for name in T2T_VITS}
 
 
 class ViT(VisionTransformer):
@@ -115,12 +92,6 @@ class ViT(VisionTransformer):
 # ---------------------------------------------------------------- names
 
 
-def _sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_dim: int,
-           **extra) -> ModelConfig:
-    return dataclasses.replace(cfg, patch_size=patch_size, embed_dim=embed_dim, depth=depth,
-                               num_heads=num_heads, mlp_dim=mlp_dim, **extra)
-
-
 def _unknown(name: str) -> ModelError:
     close = difflib.get_close_matches(name, NAMED + timm.list_models(), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
@@ -145,45 +116,23 @@ def _timm_probe(name: str) -> tuple:
     return True, True, sizes, pool, "learned_1d" if probe.pos_embed is not None else "none"
 
 
-def is_vit_family(name: str) -> bool:
-    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding option applies."""
-    return name in ("custom", *PAPER_VITS, HYBRID)
-
-
-def t2t_name(mixer: str, embed_dim: int, depth: int) -> str:
-    """The T2T-ViT name with this token mixer, width and depth; "" when none has them."""
-    return next((name for name, (dim, layers, _, _, kind) in T2T_VITS.items()
-                 if (kind, dim, layers) == (mixer, embed_dim, depth)), "")
-
-
 def resolve_name(cfg: ModelConfig) -> ModelConfig:
     """A copy of cfg with the architecture fields its name defines filled in, so a recipe says what is built.
 
-    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`; its
-    token mixer is in the name); BiT and other non-ViT timm models have no class token or position table
-    (pool `gap`, pos_embed `none`; their ViT size fields are unused); other timm ViTs are described as timm
-    registers them. Official T2T-ViT code names (t2t_vit_t_14) become ours. Values are checked by
-    vitcli.recipe.checks, not here.
+    Known names as vitcli.recipe.names.resolve_known fills them; other timm models as timm registers them:
+    non-ViTs have no class token or position table (pool `gap`, pos_embed `none`; their ViT size fields are
+    unused). Values are checked by vitcli.recipe.checks, not here.
     """
-    key = cfg.name.lower()
-    name = next((n for n in NAMED if n.lower() == key), ALIASES.get(key, cfg.name))
-    cfg = dataclasses.replace(cfg, name=name)
-    if name in PAPER_VITS:
-        return _sizes(cfg, *PAPER_VITS[name])
-    if name == HYBRID:
-        return _sizes(cfg, 16, *PAPER_VITS["ViT-B/16"][1:])
-    if name in T2T_VITS:  # the soft splits make an effective patch of 16
-        return _sizes(cfg, 16, *T2T_VITS[name][:4], pos_embed="sincos_1d")
-    if name == "custom":
+    cfg = resolve_known(cfg)
+    if cfg.name in NAMED:
         return cfg
-    if name == BIT:
-        return dataclasses.replace(cfg, pool="gap", pos_embed="none")
-    _, _, sizes, pool, pos_embed = _timm_probe(name)
+    _, _, sizes, pool, pos_embed = _timm_probe(cfg.name)
     cfg = dataclasses.replace(cfg, pool=pool, pos_embed=pos_embed)
     if not sizes:
         return cfg
     old = (cfg.patch_size, cfg.embed_dim, cfg.depth, cfg.num_heads, cfg.mlp_dim)
-    return _sizes(cfg, *(new or was for new, was in zip(sizes, old)))  # a size timm hides (0) keeps the recipe's
+    # a size timm hides (0) keeps the recipe's
+    return with_sizes(cfg, *(new or was for new, was in zip(sizes, old)))
 
 
 # ---------------------------------------------------------------- building

@@ -1,30 +1,38 @@
 """Every value check of a recipe, in one place, run once at resolve time: one RecipeError naming the key.
 
-Types and unknown keys are recipe.py's job (while merging); here are the values: choices, ranges, and the
+Types and unknown keys are schema.py's job (while merging); here are the values: choices, ranges, and the
 cross-field rules (image size vs patch, width vs heads, warmup vs steps, batch vs micro-batch x processes,
-which position embeddings a model family takes). `vit --dry-run` runs them too, so a recipe that dry-runs
-also starts.
+which position embeddings a model family takes), the data keys (data_checks.py), and last what the command
+needs to run (a length, a batch, eval-fewshot's checkpoint and tasks). No torch: they run before it is
+imported. `vit --dry-run` runs them too, so what a dry run accepts the run accepts; what needs a library
+(a timm model, a checkpoint, the task registry) is vitcli.checkpoints.complete's, also before the dry run
+prints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 from typing import Any
 
-import torch
-
-from vitcli.data.transforms import FEWSHOT_RESIZE_METHODS, check_randaugment
 from vitcli.errors import RecipeError
-from vitcli.models.mpp import CELLS, KINDS
-from vitcli.models.posemb import METHODS, grid_for
-from vitcli.models.zoo import HYBRID, T2T_VITS, is_vit_family
+from vitcli.recipe.choices import (
+    FEWSHOT_RESIZE_METHODS,
+    LOGGER_PACKAGES,
+    LOGGERS,
+    MPP_CELLS,
+    MPP_TARGETS,
+    POSEMB_METHODS,
+    PRECISIONS,
+    STAGES,
+    VIT_POS_EMBEDS,
+)
+from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
+from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
-from vitcli.runtime.precision import PRECISIONS
-from vitcli.runtime.trackers import check_loggers
 
-STAGES = ("pretrain", "finetune", "eval-fewshot")
-VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
+TRAINS = ("pretrain", "finetune")  # the stages that train, and so need a length
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": STAGES,
     "model.pool": ("token", "gap"),
@@ -36,21 +44,22 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.precision": PRECISIONS,
     "run.device": ("auto", "cpu", "cuda"),
     "run.strategy": ("ddp", "fsdp"),  # fsdp with one process is allowed: unsharded, same checkpoint format
-    "init.posemb_method": METHODS,
+    "init.posemb_method": POSEMB_METHODS,
     "objective": ("supervised", "mpp"),
-    "mpp.target": KINDS,
+    "mpp.target": MPP_TARGETS,
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
-    "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize",
+    "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size", "data.num_classes", "data.mixup_alpha",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes",
+    "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
              "optim.momentum", "mpp.mask_prob", "mpp.random_prob")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
@@ -71,19 +80,30 @@ def get(recipe: Recipe, path: str) -> Any:
     return obj
 
 
-def check(recipe: Recipe, world_size: int = 1) -> None:
-    """Every check below; the first failure is a RecipeError naming the keys involved."""
+def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bool = True) -> None:
+    """Every check below; the first failure is a RecipeError naming the keys involved.
+
+    `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
+    (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
+    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a
+    recipe read on its own or one that only loads a network (`vit inspect`).
+    """
     _choices(recipe)
     _ranges(recipe)
-    check_model(recipe)
+    if model:
+        check_model(recipe)
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
     _batch(recipe, world_size)
     _augment(recipe, world_size)
+    check_data(recipe)
     _fewshot(recipe)
-    _device(recipe.run.device)
     _objective(recipe)
     _random_init(recipe)
     check_loggers(recipe.run.loggers)
+    if inputs:  # last, the values being right: what the command needs in order to run
+        _length(recipe)
+        check_train_batch(recipe)
+        _fewshot_inputs(recipe)
 
 
 def _choices(recipe: Recipe) -> None:
@@ -111,6 +131,21 @@ def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
         return [pair for i, v in enumerate(obj) for pair in _numbers(v, f"{prefix[:-1]}[{i}].")]
     is_number = isinstance(obj, int | float) and not isinstance(obj, bool)
     return [(prefix[:-1], float(obj))] if is_number else []
+
+
+def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int], name: str = "image size",
+             patch_name: str = "the patch size") -> tuple[int, int]:
+    """The patch grid (gh, gw) for an image size: the one place image size vs patch is checked. A
+    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the
+    patch."""
+    h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+    ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
+    if h % ph or w % pw or h <= 0 or w <= 0:
+        size, patch = (f"{h}", f"{ph}") if (h, ph) == (w, pw) else (f"{h}x{w}", f"{ph}x{pw}")
+        near = f"{max(round(h / ph), 1) * ph}" + ("" if h == w else f"x{max(round(w / pw), 1) * pw}")
+        raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple "
+                          f"such as {near}")
+    return h // ph, w // pw
 
 
 def check_model(recipe: Recipe) -> None:
@@ -179,7 +214,7 @@ def _objective(recipe: Recipe) -> None:
                           "trains with labels (objective: supervised)")
     if not is_vit_family(m.name) or m.name == HYBRID:
         raise RecipeError(f"objective: mpp needs a plain ViT (a paper ViT name or custom), not model.name={m.name}")
-    if p.target == "color_4x4" and m.patch_size % CELLS:
+    if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
         raise RecipeError(f"mpp.target=color_4x4 pools each patch to 4x4 cells: model.patch_size={m.patch_size} "
                           "must be a multiple of 4")
     if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
@@ -193,11 +228,6 @@ def _random_init(recipe: Recipe) -> None:
                           f"{recipe.stage}` without a checkpoint already trains from random initialisation")
 
 
-def _device(device: str) -> None:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
-
-
 def _fewshot(recipe: Recipe) -> None:
     f = recipe.fewshot
     if f.tasks and not f.shots:
@@ -205,6 +235,8 @@ def _fewshot(recipe: Recipe) -> None:
     if f.resize < 224:  # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
         raise RecipeError(f"fewshot.resize={f.resize} is below 224: it is the resize before a 224 px centre crop "
                           "(big_vision's 256), scaled to the model's img_size; 224 means no crop")
+    if f.custom.name and not f.custom.source:
+        raise RecipeError(f"fewshot.custom.source is empty: say where task '{f.custom.name}' reads its data")
     bad = [k for k in f.shots if k < 1]
     if bad:
         raise RecipeError(f"fewshot.shots must be >= 1 per class, got {bad[0]} in {f.shots}")
@@ -215,6 +247,46 @@ def _fewshot(recipe: Recipe) -> None:
             ok = False
         if not ok:
             raise RecipeError(f"fewshot.l2_reg: expected a positive number or 'auto', got {f.l2_reg!r}")
+
+
+def _length(recipe: Recipe) -> None:
+    """A training stage needs a length, and a stream cannot count epochs."""
+    s = recipe.schedule
+    if recipe.stage not in TRAINS:
+        return
+    if not s.steps and not s.epochs:
+        raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
+    if recipe.data.streaming and not s.steps:
+        raise RecipeError("data.streaming=true needs schedule.steps: a stream has no length to count "
+                          f"schedule.epochs={s.epochs} in")
+
+
+def _fewshot_inputs(recipe: Recipe) -> None:
+    """eval-fewshot scores a checkpoint's features on tasks: both must be named."""
+    if recipe.stage != "eval-fewshot":
+        return
+    if not recipe.init.checkpoint:
+        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
+                          "name)")
+    if not recipe.fewshot.tasks:
+        raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
+
+
+def check_loggers(names: list[str]) -> None:
+    """A RecipeError naming run.loggers for an unknown logger or one whose package is not installed."""
+    for name in names:
+        if name not in LOGGERS:
+            raise RecipeError(f"run.loggers: '{name}' is not one of {', '.join(LOGGERS)}")
+        package = LOGGER_PACKAGES.get(name)
+        if package and importlib.util.find_spec(package) is None:
+            raise RecipeError(f"run.loggers: {name} needs the {package} package: "
+                              f"pip install 'vitcli[{package}]'")
+
+
+def check_sweep(recipe: Recipe) -> None:
+    """A learning-rate sweep picks on the dev split, so there must be one."""
+    if not recipe.data.val_split:
+        raise RecipeError("--lr-sweep needs a dev split to choose on: set data.val_split (e.g. train[98%:])")
 
 
 def parse_lrs(text: str) -> list[float]:

@@ -1,24 +1,32 @@
 """One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) -> Recipe.
 
 Layers, later wins: defaults < the stage's defaults < the VTAB protocol (`--task`) < the recipe file <
-`KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in:
-a model name's sizes, and for `finetune` / `eval-fewshot` the starting checkpoint's architecture (and, to
-evaluate it, its native resolution and head). Then every value is checked once (vitcli.recipe.checks). Nothing
-downstream edits the result: `--dry-run` prints it and the run writes exactly it to WORKDIR/recipe.yaml.
+`KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in: a
+known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without torch, so a
+misspelt key costs no import of torch. Only then, and only for a timm model name, a starting checkpoint
+(`finetune` / `eval-fewshot`: its architecture, and to evaluate it its native resolution and head),
+run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
+datasets) and everything is checked again.
+Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
+WORKDIR/recipe.yaml.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
-from vitcli.checkpoints.describe import describe
-from vitcli.checkpoints.read import read_checkpoint
 from vitcli.errors import RecipeError
-from vitcli.models.zoo import resolve_name
-from vitcli.recipe.checks import STAGES, check
-from vitcli.recipe.schema import ModelConfig, Recipe, merge, nest, parse_overrides, read_yaml
+from vitcli.recipe.checks import check
+from vitcli.recipe.choices import STAGES
+from vitcli.recipe.names import NAMED, resolve_known
+from vitcli.recipe.schema import Recipe, merge, nest, parse_overrides, read_yaml
+
+# (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and checked:
+# vitcli.checkpoints.complete.complete. This package imports no torch, so the caller hands it in.
+Complete = Callable[[Recipe, bool], Recipe]
 
 # The paper's transfer protocol (Sec. 4.1, App. B.1.1) is the finetune stage's default, below the recipe file:
 # SGD momentum 0.9, global batch 512, global-norm clip 1, no weight decay, dropout 0, cosine decay after a
@@ -46,8 +54,31 @@ def resolve(
     *,
     vtab: bool = False,
     world_size: int = 1,
+    complete: Complete | None = None,
+    inputs: bool = True,
 ) -> Recipe:
-    """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given)."""
+    """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given).
+
+    `complete` is required when the recipe needs torch to be complete (`needs_torch`); `inputs=False` skips
+    the check that the command's inputs are named (vitcli.recipe.checks.check).
+    """
+    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab)
+    late = needs_torch(recipe)
+    check(recipe, world_size, model=not late, inputs=inputs)  # a model to fill in: checked once it is
+    if not late:
+        return recipe
+    if complete is None:
+        raise TypeError("resolve: this recipe needs torch to complete; pass complete= "
+                        "(vitcli.checkpoints.complete.complete)")
+    recipe = complete(recipe, user_heads)
+    check(recipe, world_size, inputs=inputs)
+    return recipe
+
+
+def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
+             vtab: bool) -> tuple[Recipe, bool]:
+    """The layers merged in order, a known model name's sizes filled in; and whether the user set
+    model.num_heads (evidence for a checkpoint that has none)."""
     if stage not in STAGES:
         raise RecipeError(f"stage: '{stage}' is not one of {', '.join(STAGES)}")
     file_layer = read_yaml(recipe_file) if recipe_file else {}
@@ -57,9 +88,16 @@ def resolve(
     recipe = Recipe(stage=stage)
     for layer in [STAGE_DEFAULTS[stage], *user]:
         merge(recipe, layer)
-    recipe = dataclasses.replace(recipe, model=_model(recipe, _says_num_heads(user)))
-    check(recipe, world_size)
-    return recipe
+    return dataclasses.replace(recipe, model=resolve_known(recipe.model)), _says_num_heads(user)
+
+
+def needs_torch(recipe: Recipe) -> bool:
+    """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm describes it),
+    a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one), or
+    few-shot task names (their registry, vitcli.data.tasks, imports datasets)."""
+    from_checkpoint = recipe.stage != "pretrain" and bool(recipe.init.checkpoint)
+    heavy = from_checkpoint or recipe.run.device == "cuda" or bool(recipe.fewshot.tasks)
+    return recipe.model.name not in NAMED or heavy
 
 
 def derive(recipe: Recipe, changes: dict, world_size: int = 1) -> Recipe:
@@ -81,22 +119,3 @@ def _check_stage(stage: str, file_layer: dict, path) -> None:
 def _says_num_heads(layers: list[dict]) -> bool:
     """True when the user set model.num_heads themselves (evidence for a checkpoint that has none)."""
     return any(isinstance(layer.get("model"), dict) and "num_heads" in layer["model"] for layer in layers)
-
-
-def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
-    """recipe.model with its name's sizes, and for a stage that starts from a checkpoint, that network."""
-    model = resolve_name(recipe.model)
-    if recipe.stage == "pretrain" or not recipe.init.checkpoint:
-        return model
-    loaded = read_checkpoint(recipe.init.checkpoint)
-    named = loaded.kind != "vitcli" and model.name != "custom"  # the recipe names a foreign file's network
-    foreign_heads = user_heads and loaded.kind != "vitcli" and not named  # ours: metadata wins, as for sizes
-    spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
-    if not named:
-        model = resolve_name(dataclasses.replace(model, **spec.architecture()))
-    if recipe.stage == "eval-fewshot":  # few-shot reads pre-logits: the representation stays, the head goes
-        return dataclasses.replace(model, img_size=spec.img_size or model.img_size, num_classes=0,
-                                   representation_size=spec.representation_size)
-    # the paper drops the pre-logits layer for transfer
-    keep = recipe.init.keep_representation
-    return dataclasses.replace(model, representation_size=spec.representation_size if keep else 0)

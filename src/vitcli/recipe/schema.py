@@ -301,8 +301,30 @@ def parse_overrides(pairs: list[str]) -> dict:
     return nest(dotted)
 
 
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping that gives one key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error: PyYAML would keep the last silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """The mapping of `node`, once each explicit key in it is new (`<<` merges may repeat one)."""
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in first:
+                raise _DuplicateKey(problem=f"'{key}' is given twice (first at line {first[key] + 1})",
+                                    problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict:
-    """Read a recipe file with safe_load; malformed YAML is a one-line error with the line number."""
+    """Read a recipe file as safe_load does; malformed YAML or a key given twice is a one-line error with the
+    line number."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
@@ -311,7 +333,10 @@ def read_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not a text file (not UTF-8), so not a YAML recipe") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # safe: a SafeLoader subclass
+    except _DuplicateKey as e:
+        line = e.problem_mark.line + 1
+        raise RecipeError(f"{path}: line {line}: {e.problem}; a recipe says each key once") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

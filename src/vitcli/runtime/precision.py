@@ -18,7 +18,6 @@ import torch
 
 from vitcli.recipe.schema import Recipe
 
-PRECISIONS = ("auto", "fp32", "bf16")
 Detect = Callable[[torch.device], tuple[bool, str]]  # device -> (runs bf16 natively, what was detected)
 
 

@@ -7,30 +7,15 @@ when a recipe asks for them, so a plain install carries neither.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 from pathlib import Path
 
 from rich.markup import escape
 
-from vitcli.errors import RecipeError
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import TENSORBOARD_DIR, WANDB_DIR, WANDB_ID_FILE
-
-LOGGERS = ("jsonl", "tensorboard", "wandb")
-MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}  # logger -> the package it needs (= the extra)
-
-
-def check_loggers(names: list[str]) -> None:
-    """A RecipeError naming run.loggers for an unknown logger or one whose package is not installed."""
-    for name in names:
-        if name not in LOGGERS:
-            raise RecipeError(f"run.loggers: '{name}' is not one of {', '.join(LOGGERS)}")
-        module = MODULES.get(name)
-        if module and importlib.util.find_spec(module) is None:
-            raise RecipeError(f"run.loggers: {name} needs the {module} package: pip install 'vitcli[{module}]'")
 
 
 class TensorBoard:

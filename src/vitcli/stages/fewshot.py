@@ -8,7 +8,6 @@ from rich.table import Table
 
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data import batches, tasks
-from vitcli.errors import RecipeError
 from vitcli.fewshot import features, report
 from vitcli.fewshot.evaluate import (
     data_cfg,
@@ -30,10 +29,6 @@ from vitcli.runtime.workdir import check_workdir
 def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
     """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache.
     Returns what results.json holds (every run under `runs`), on every rank."""
-    if not recipe.init.checkpoint:
-        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub name)")
-    if not recipe.fewshot.tasks:
-        raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
     check_workdir(workdir)
     if recipe.fewshot.cache_dir:
         check_workdir(Path(recipe.fewshot.cache_dir))

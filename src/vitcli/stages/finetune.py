@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vitcli.recipe.checks import parse_lrs
+from vitcli.recipe.checks import check_sweep, parse_lrs
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console
@@ -13,9 +13,14 @@ from vitcli.stages.sweep import sweep
 from vitcli.stages.vtab import run_vtab, vtab_tasks
 
 
-def check_flags(lr_sweep: str | None, task: str | None) -> tuple[list[float] | None, list | None]:
-    """(learning rates, VTAB tasks) the flags name, or a one-line error; None where a flag is not given."""
-    return parse_lrs(lr_sweep) if lr_sweep else None, vtab_tasks(task) if task else None
+def check_flags(lr_sweep: str | None, task: str | None,
+                recipe: Recipe) -> tuple[list[float] | None, list | None]:
+    """(learning rates, VTAB tasks) the flags name for this recipe, or a one-line error; None where a flag is
+    not given."""
+    lrs = parse_lrs(lr_sweep) if lr_sweep else None
+    if lrs:
+        check_sweep(recipe)
+    return lrs, vtab_tasks(task) if task else None
 
 
 def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overwrite: bool = False,

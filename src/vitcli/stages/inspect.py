@@ -19,6 +19,7 @@ import torch
 from rich.table import Table
 from torch import nn
 
+from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data import batches, sources
@@ -64,7 +65,7 @@ def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test"
     # label_column "": any image dataset will do, labelled or not; eval-fewshot resolution: the checkpoint's
     # own network at its native resolution, without its head
     flags = {"init.checkpoint": ckpt, "data.source": source, "data.label_column": ""}
-    recipe = resolve("eval-fewshot", None, list(overrides), flags)
+    recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
     model = load_for_eval(recipe)
     report = Report(_summary(recipe, model))
     out.mkdir(parents=True, exist_ok=True)

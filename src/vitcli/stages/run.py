@@ -23,6 +23,7 @@ from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.figures import curves
 from vitcli.models import zoo
 from vitcli.recipe.checks import check_schedule
+from vitcli.recipe.data_checks import check_batch_fits
 from vitcli.recipe.schema import Recipe, to_yaml
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
@@ -80,12 +81,9 @@ def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
 
 def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
     """Data, model (with its starting weights), step count and evaluators for a training run."""
-    if not r.schedule.steps and not r.schedule.epochs:
-        raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
-    if r.data.streaming and not r.schedule.steps:
-        raise RecipeError("data.streaming=true needs schedule.steps: a stream has no length to count "
-                          f"schedule.epochs={r.schedule.epochs} in")
     train_ds = sources.load_stream(r.data) if r.data.streaming else sources.load_split(r.data, r.data.train_split)
+    if not r.data.streaming:  # before anything is written: the split's size is known only now
+        check_batch_fits(len(train_ds), r.data.batch_size, f"{r.data.source} split '{r.data.train_split}'")
     num_classes = _num_classes(r, train_ds)
     steps = r.schedule.steps or total_steps(0, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)

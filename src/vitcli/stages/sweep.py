@@ -11,7 +11,6 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import derive
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
@@ -26,8 +25,6 @@ COLUMNS = ["lr", "dev/top1", "test/top1"]
 def sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume: bool | None = None,
           overwrite: bool = False) -> dict:
     """Fine-tune once per learning rate into WORKDIR/lr_<lr>; pick on data.val_split; rank 0 writes sweep.*."""
-    if not recipe.data.val_split:
-        raise RecipeError("--lr-sweep needs a dev split to choose on: set data.val_split (e.g. train[98%:])")
     rows = []
     for lr in lrs:
         r = derive(recipe, {"optim": {"lr": lr}}, dist.world_size)

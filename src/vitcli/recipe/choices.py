@@ -1,0 +1,23 @@
+"""The closed sets of values recipe keys take, defined once and torch-free.
+
+The checks read them at resolve time (before torch is imported); the modules that act on a value (position
+tables, masked patch prediction, precision, trackers, few-shot preprocessing) import them from here.
+"""
+
+from __future__ import annotations
+
+STAGES = ("pretrain", "finetune", "eval-fewshot")
+VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
+POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
+MPP_TARGETS = ("mean_color", "color_4x4", "pixels_l2")
+MPP_CELLS = 4  # color_4x4 pools each patch to MPP_CELLS x MPP_CELLS cells
+PRECISIONS = ("auto", "fp32", "bf16")
+LOGGERS = ("jsonl", "tensorboard", "wandb")
+# logger -> the package it needs (= the pip extra)
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
+# data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
+LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
+               "dsprites_orientation")
+# data.source=synthetic, the built-in data: 6 shapes x 5 textures (vitcli.data.synthetic draws them)
+SYNTHETIC_MAX_CLASSES = 30

@@ -1,0 +1,101 @@
+"""Checks of the data keys that need no data: the source named, the built-in data's sizes and splits, what a
+stream can read, a RandAugment spec, a batch larger than a split whose size the recipe already gives.
+
+What only the data can say (a missing file, a column, the labels) is checked when the split is loaded, which
+the run does before it writes anything into its workdir.
+"""
+
+from __future__ import annotations
+
+import re
+
+from vitcli.errors import DataError, RecipeError
+from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
+from vitcli.recipe.schema import DataConfig, Recipe
+
+# timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
+# timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a
+# section without a number (`rand-m`) silently; we refuse both at resolve time. tests/test_recipe.py holds
+# this grammar against timm's own parser.
+RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
+
+
+def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
+    """A DataError naming `name` unless `spec` is `rand` followed by sections timm understands."""
+    head, *sections = spec.split("-")
+    bad = [s for s in sections if not RANDAUGMENT_SECTION.fullmatch(s)]
+    if head != "rand" or bad:
+        culprit = f"section '{bad[0]}'" if head == "rand" else f"'{head}' (must start with rand)"
+        raise DataError(f"{name}: cannot parse '{spec}': {culprit}; use a timm spec like rand-m9-mstd0.5 "
+                        "(sections m, n, mstd, mmax, inc, p, each with a number)")
+
+
+def check_data(recipe: Recipe) -> None:
+    """The source, the built-in data's splits and sizes, and what streaming can read."""
+    d = recipe.data
+    if not d.source.strip():
+        raise RecipeError("data.source is empty: name a dataset (a Hub id, a save_to_disk directory, parquet "
+                          "or arrow files, an image folder), or 'synthetic' for the built-in data")
+    if d.label_rule and d.label_rule not in LABEL_RULES:
+        raise DataError(f"data.label_rule '{d.label_rule}' is not one of {', '.join(LABEL_RULES)}")
+    if d.source == "synthetic":
+        _synthetic(d)
+    if d.streaming:
+        check_stream(d)
+
+
+def check_train_batch(recipe: Recipe) -> None:
+    """A training step needs a whole batch: known now for a plain split of the built-in data; any other
+    split is counted when loaded (vitcli.stages.run.build_job), still before the run writes a file."""
+    d, sizes = recipe.data, _synthetic_sizes(recipe.data)
+    if recipe.stage != "eval-fewshot" and d.source == "synthetic" and d.train_split in sizes:
+        key, size = sizes[d.train_split]
+        check_batch_fits(size, d.batch_size, f"data.synthetic.{key}")
+
+
+def split_names(split: str) -> list[str]:
+    """Base split names in an HF split spec: `train[:98%]+test` -> [train, test]."""
+    return [part.split("[")[0].strip() for part in split.split("+")]
+
+
+def _synthetic_sizes(d: DataConfig) -> dict[str, tuple[str, int]]:
+    """Split of the built-in data -> (its data.synthetic size key, its size)."""
+    s = d.synthetic
+    return {"train": ("train_size", s.train_size), "validation": ("val_size", s.val_size),
+            "test": ("test_size", s.test_size)}
+
+
+def _synthetic(d: DataConfig) -> None:
+    """The built-in data: what it can draw, and splits the recipe reads that exist and hold images."""
+    s = d.synthetic
+    if not 2 <= s.num_classes <= SYNTHETIC_MAX_CLASSES:
+        raise DataError(f"data.synthetic.num_classes={s.num_classes} must be between 2 and "
+                        f"{SYNTHETIC_MAX_CLASSES}")
+    if s.img_size < 8:
+        raise DataError(f"data.synthetic.img_size={s.img_size} is too small to draw shapes; use >= 8")
+    sizes = _synthetic_sizes(d)
+    for role in ("train_split", "val_split", "test_split"):
+        for name in split_names(getattr(d, role)) if getattr(d, role) else []:
+            if name not in sizes:
+                raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")
+            if not sizes[name][1]:
+                key = f"data.synthetic.{sizes[name][0]}"
+                raise RecipeError(f"{key}=0 leaves split '{name}' (data.{role}) empty; give it images")
+
+
+def check_batch_fits(rows: int, batch_size: int, where: str) -> None:
+    """One optimizer step must find a whole batch in the train split."""
+    if rows < batch_size:
+        raise RecipeError(f"data.batch_size={batch_size} is larger than the train split ({rows} images, "
+                          f"{where}); lower data.batch_size")
+
+
+def check_stream(d: DataConfig) -> None:
+    """A stream reads a whole split once, in order of its shards: no slices, nothing that needs the split."""
+    split = d.train_split
+    if "[" in split or "+" in split:
+        raise DataError(f"data.train_split='{split}': slices and '+' need random access, which "
+                        "data.streaming=true has not; give a whole split such as 'train', or set "
+                        "data.streaming=false")
+    if d.label_rule:
+        raise DataError(f"data.label_rule '{d.label_rule}' needs the whole split; set data.streaming=false")

@@ -25,8 +25,8 @@ from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
 INTERPOLATION = "bilinear"  # big_vision's inception_crop and resize use bilinear
-# few-shot resize: big_vision's pp (tf bilinear, no antialias) or PIL's antialiased bilinear (vitcli before it)
-FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
+# few-shot resize: big_vision's pp (tf bilinear, no antialias), so the numbers compare with big_vision's
+FEWSHOT_RESIZE_METHODS = ("big_vision",)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -100,11 +100,7 @@ def _fewshot_transform(img_size: int, resize: int, method: str):
         raise DataError(f"fewshot.resize_method: '{method}' is not one of {', '.join(FEWSHOT_RESIZE_METHODS)}")
     if resize < img_size:
         raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
-    if method == "big_vision":
-        return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
-    interp = str_to_interp_mode(INTERPOLATION)
-    steps = [transforms.Resize((resize, resize), interpolation=interp), transforms.CenterCrop(img_size)]
-    return transforms.Compose([to_rgb, *steps, to_signed_tensor])
+    return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,

@@ -23,12 +23,9 @@ from vitcli.runtime.dist import Dist
 
 def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
     """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales that
-    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36); pil_antialias keeps
-    vitcli's earlier round(res * 256 / 224) (384 -> 439), so features computed before are reproduced."""
+    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
     img_size, f = recipe.model.img_size, recipe.fewshot
-    if f.resize_method == "big_vision":
-        return img_size, int(f.resize / 224 * img_size), f.resize_method
-    return img_size, round(img_size * f.resize / 224), f.resize_method
+    return img_size, int(f.resize / 224 * img_size), f.resize_method
 
 
 def _custom_task(recipe: Recipe) -> tasks.Task:

@@ -221,6 +221,18 @@ def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     return load_source(cfg.source, split, **columns, synthetic=cfg.synthetic)
 
 
+def task_data(task: tasks.Task, data_root: str = "") -> dict:
+    """The data.* settings that read `task`'s labelled images (VTAB fine-tuning and few-shot alike): its
+    source (the local copy under `data_root`, else its Hub id), columns, label rule (it writes `label`),
+    classes and pixel scale. Splits are the caller's."""
+    return {
+        "source": tasks.task_source(task, data_root),
+        "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
+        "label_column": "label" if task.label_rule else task.label_column,  # a rule writes `label`
+        "num_classes": task.num_classes,
+    }
+
+
 def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
     """data.num_classes if set, else the number of names in the label column's ClassLabel."""
     if cfg.num_classes > 0:

@@ -25,7 +25,7 @@ ORDER = [
     # from the command line to a recipe
     "recipe.resolve",
     # evaluators, starting weights, the loop
-    "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
+    "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "evaluators.inference", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
     # stage drivers, then the command line
     "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "stages.resize", "cli",
 ]

@@ -109,7 +109,8 @@ def _fit_table(sd: dict, target: dict, new_grid: tuple[int, int], spec: Checkpoi
     [(_, before, after)] = move_posemb(sd, "learned_1d", spec.grid, new_grid, spec.num_prefix_tokens, method)
     # resample_posemb took a missing old grid as square, and raised if it was not
     was = spec.grid or (math.isqrt(old.shape[1] - spec.num_prefix_tokens),) * 2
-    return [("position embedding", f"{before} -> {after}, grid {_grid_str(was)} -> {_grid_str(new_grid)} ({method})")]
+    grids = f"grid {_grid_str(was)} -> {_grid_str(new_grid)}"
+    return [("position embedding", f"{before} -> {after}, {grids} ({method})")]
 
 
 def _fit_axis_tables(sd: dict, new_grid: tuple[int, int], method: str) -> list[tuple[str, str]]:

@@ -89,7 +89,7 @@ def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
 def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
     """What a data.source names, decided once for loading and streaming: ("synthetic", None), ("hub", None),
     or a local ("files", the files of a file or glob), ("saved", a save_to_disk directory) or ("folder", a
-    directory HF infers the builder of: imagefolder, parquet shards, ...). A path that is not there is an error."""
+    directory HF infers the builder of: imagefolder, parquet shards, ...). A missing path is an error."""
     if source == "synthetic":
         return "synthetic", None
     path, pattern = Path(source).expanduser(), any(c in source for c in "*?[")
@@ -173,7 +173,8 @@ def load_source(
 
     All columns are kept; `label_column=""` skips the label checks for callers that derive labels themselves.
     """
-    ds = _check(_open(source, split, synthetic or SyntheticConfig()), source, split, image_column, label_column)
+    ds = _open(source, split, synthetic or SyntheticConfig())
+    ds = _check(ds, source, split, image_column, label_column)
     # HF copies `info` through select, map, casts and into worker processes, so a row that fails to decode
     # deep in a batch stream can still be named with its split (see `origin`)
     ds.info.description = f"{source} split '{split}'"
@@ -279,7 +280,7 @@ def _synthetic_stream(synthetic: SyntheticConfig, split: str) -> datasets.Iterab
 
 
 def _local_stream(kind: str, where, source: str, split: str) -> datasets.IterableDataset:
-    """One split of a local source, streamed: files one shard each, a saved directory's arrow, a folder by HF."""
+    """One split of a local source, streamed: a shard per file, a saved directory's arrow, a folder by HF."""
     if kind == "files":
         return _file_stream(where, source, split)
     if kind == "saved":

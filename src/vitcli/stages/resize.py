@@ -1,4 +1,4 @@
-"""`vit resize-posemb`: the flags to a request, checkpoints.resize.resize_checkpoint, and what changed as a table."""
+"""`vit resize-posemb`: the flags to a request for checkpoints.resize, and what changed as a table."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def _train_stream(job: Job, micro: int, accum: int, start: int, dist: Dist):
                     "each rank re-reads its new share up to this step, and the example order differs from the run's")
     position = saved[dist.rank] if saved and len(saved) == dist.world_size else None
     return streams.stream_train_batches(job.train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                        dist.rank, dist.world_size, start=position)
+                                        dist.rank, dist.world_size, start=position, accum=accum)
 
 
 def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:

@@ -91,7 +91,20 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-class _Batches(torch.utils.data.Dataset):
+class KeyedBatches(torch.utils.data.Dataset):
+    """A map-style dataset whose keys name whole batches (keyed_loader): `_batch(*key)` -> (x, y, bad), where
+    an error building a batch in a loader worker comes back as one line (worker_error)."""
+
+    name = "the dataset"
+
+    def __getitem__(self, key: tuple):
+        try:
+            return self._batch(*key)
+        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
+            return worker_error(e, self.name)
+
+
+class _Batches(KeyedBatches):
     """Map-style dataset whose keys are whole batches: (augmentation seed or None, rows) -> (x, y, bad).
 
     `bad` maps each row of the key whose image does not decode to the reason; with `replace` (training) the
@@ -164,12 +177,6 @@ class _Batches(torch.utils.data.Dataset):
         with seeded(seed):
             x = torch.stack([self.transform(images[i]) for i in rows]) if rows else torch.empty(0)
         return x, self.labels[rows], bad  # (B, 3, H, W), (B,)
-
-    def __getitem__(self, key: tuple[int | None, list[int]]):
-        try:
-            return self._batch(*key)
-        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
-            return worker_error(e, self.name)
 
 
 def stand_in(i: int, n: int, decodes) -> int | None:
@@ -279,7 +286,7 @@ def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, ca
     return keyed_loader(_Batches(ds, cfg, transform, cache, replace), keys, cfg.num_workers)
 
 
-def keyed_loader(dataset: torch.utils.data.Dataset, keys: Iterable, workers: int) -> DataLoader:
+def keyed_loader(dataset: KeyedBatches, keys: Iterable, workers: int) -> DataLoader:
     """A loader over a dataset whose keys name whole batches (this module's and streams.py's).
 
     batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from vitcli.data.batches import (
     BatchStream,
+    KeyedBatches,
     _reason,
     keyed_loader,
     micro_batch,
@@ -51,7 +52,6 @@ from vitcli.data.batches import (
     none_decode,
     stand_in,
     stretch_binary,
-    worker_error,
 )
 from vitcli.data.sources import origin
 from vitcli.data.transforms import build_transform, seeded
@@ -117,7 +117,7 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
         k += 1
 
 
-class _Decode(torch.utils.data.Dataset):
+class _Decode(KeyedBatches):
     """Map-style dataset whose keys are whole micro-batches of encoded images -> (x, y, bad)."""
 
     def __init__(self, name: str, transform, binary: bool):
@@ -144,12 +144,6 @@ class _Decode(torch.utils.data.Dataset):
         with seeded(seed):
             x = torch.stack([self.transform(images[i]) for i in use])  # (B, 3, H, W)
         return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
-
-    def __getitem__(self, key: tuple[int, int, list[Example]]):
-        try:
-            return self._batch(*key)
-        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
-            return worker_error(e, self.name)
 
 
 class TrainStream(BatchStream):

@@ -24,13 +24,14 @@ from torch import nn
 from vitcli.checkpoints.describe import PAPER_HEADS, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.checkpoints.resize import parse_grid, resize_checkpoint, run_resize
+from vitcli.checkpoints.resize import resize_checkpoint
 from vitcli.checkpoints.state import load_state, save_state
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.errors import CheckpointError, VitcliError
 from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
 from vitcli.runtime.files import atomic_path, checksum_path, sha256_of, write_text
 from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.stages.resize import parse_grid, run_resize
 
 D, HEADS, MLP, PATCH = 32, 2, 64, 8
 

@@ -18,6 +18,7 @@ from PIL import Image
 from clirun import run_vit
 from vitcli.data import batches, sources
 from vitcli.errors import DataError
+from vitcli.evaluators import heldout, inference
 from vitcli.evaluators.heldout import ClassificationEvaluator
 from vitcli.fewshot import features, report
 from vitcli.models import zoo
@@ -144,6 +145,30 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
         results = dict(evaluator.run(model))
         assert results["test/skipped_images"] == 1 and 0 <= results["test/top1"] <= 1
     assert len([m for m in logged if "undecodable" in m]) == 1  # warned once, not once per evaluation
+
+
+def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
+    """Each rank runs its rows rank, rank + W, ... in eval mode, leaves corrupt images out and counts them;
+    the held-out evaluator and the feature extraction both run through that pass."""
+    ds, cfg = sources.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N)).train()
+    modes, seen = [], []
+    for rank in range(2):
+        tally = batches.Skipped()
+        ys = inference.sharded_pass(model, ds, cfg, 32, Dist(rank, 2, 0, torch.device("cpu")), "fp32",
+                                    lambda m, i, x, y: modes.append(m.training) or y, tally)
+        seen.append(torch.cat(ys).tolist())
+        assert tally.total == len([r for r in BAD_TEST if r % 2 == rank])
+    assert seen == [[i for i in range(r, N, 2) if i not in BAD_TEST] for r in range(2)]
+    assert modes and not any(modes) and model.training  # eval inside, the mode restored after
+    calls = []
+    real = inference.sharded_pass
+    monkeypatch.setattr(inference, "sharded_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(heldout, "sharded_pass", inference.sharded_pass)
+    monkeypatch.setattr(features, "sharded_pass", inference.sharded_pass)
+    dict(ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32").run(model))
+    features.extract(zoo.build_model(resolve("pretrain", None, TINY).model, 0), ds, cfg, 32, 0, CPU, "fp32")
+    assert len(calls) == 2
 
 
 def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, tmp_path):

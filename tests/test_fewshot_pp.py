@@ -2,7 +2,7 @@
 
 big_vision resizes with tf.image.resize(method="bilinear", antialias=False): half-pixel centres, no low-pass
 prefilter, cast back to the decoded uint8 (clip, truncate); R = int(256 / 224 * S); the crop margin is
-floored. `fewshot.resize_method=pil_antialias` keeps vitcli's earlier PIL path.
+floored; it is the one few-shot resize (`fewshot.resize_method=big_vision`).
 """
 
 import numpy as np
@@ -11,12 +11,12 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data.transforms import big_vision_resize_crop, build_transform, central_crop_offsets, tf_bilinear
+from vitcli.data.transforms import big_vision_resize_crop, central_crop_offsets, tf_bilinear
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig, to_yaml
+from vitcli.recipe.schema import to_yaml
 
 TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation against a float64 reference
 
@@ -62,7 +62,8 @@ def test_big_vision_pipeline_matches_the_reference_and_differs_from_antialiasing
     # float32 one ulp under an integer would truncate a level lower; this image has no value near one
     assert (np.abs(resized - np.round(resized)) > 1e-3).all()
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
-    pil = build_transform(DataConfig(), 32, train=False, resize=36, resize_method="pil_antialias")
+    pil = T.Compose([T.Resize((36, 36), T.InterpolationMode.BILINEAR), T.CenterCrop(32), T.ToTensor(),
+                     T.Normalize((0.5,) * 3, (0.5,) * 3)])  # PIL's antialiased resize
     differs = np.abs(pil(Image.fromarray(img)).numpy() - got) > 0.1
     assert differs.mean() > 0.5, "the image must tell antialiasing apart from plain bilinear"
 
@@ -78,22 +79,12 @@ def test_central_crop_floors_the_margin():
     np.testing.assert_allclose(got.numpy(), img[5:85, 5:85].transpose(2, 0, 1) / 127.5 - 1.0, rtol=0, atol=TOL)
 
 
-@pytest.mark.parametrize("img_size,big_vision,pil", [(32, 36, 37), (224, 256, 256), (384, 438, 439), (80, 91, 91)])
-def test_resize_side_follows_each_method(img_size, big_vision, pil):
+@pytest.mark.parametrize("img_size,big_vision", [(32, 36), (224, 256), (384, 438), (80, 91)])
+def test_resize_side_is_big_visions(img_size, big_vision):
     base = ["model.patch_size=8", f"model.img_size={img_size}"]
     recipe = resolve("pretrain", None, base, inputs=False)
     assert preprocessing(recipe) == (img_size, big_vision, "big_vision")
     assert int(256 / 224 * img_size) == big_vision  # big_vision configs/proj/cappa/pretrain.py
-    old = resolve("pretrain", None, [*base, "fewshot.resize_method=pil_antialias"], inputs=False)
-    assert preprocessing(old) == (img_size, round(img_size * 256 / 224), "pil_antialias") == (img_size, pil, "pil_antialias")
-
-
-def test_pil_antialias_is_the_previous_pipeline():
-    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8))
-    bilinear = T.InterpolationMode.BILINEAR
-    want = T.Compose([T.Resize((37, 37), bilinear), T.CenterCrop(32), T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
-    got = build_transform(DataConfig(), 32, train=False, resize=37, resize_method="pil_antialias")(img)
-    torch.testing.assert_close(got, want(img), rtol=0, atol=1e-6)
 
 
 def test_gray_and_rgba_images_become_three_equal_or_rgb_channels():
@@ -104,9 +95,10 @@ def test_gray_and_rgba_images_become_three_equal_or_rgb_channels():
 
 
 def test_the_method_is_checked_keyed_and_dumped():
-    with pytest.raises(RecipeError, match=r"^fewshot.resize_method: 'bicubic' is not one of big_vision, pil_antialias"):
-        resolve("pretrain", None, ["fewshot.resize_method=bicubic"])
+    for gone in ("bicubic", "pil_antialias"):  # pil_antialias, vitcli's pre-0.1.0 resize, is gone
+        with pytest.raises(RecipeError, match=rf"^fewshot.resize_method: '{gone}' is not one of big_vision$"):
+            resolve("pretrain", None, [f"fewshot.resize_method={gone}"])
     assert "resize_method: big_vision" in to_yaml(resolve("pretrain", None, [], inputs=False))
     pre = {"img_size": 32, "resize": 36, "precision": "fp32"}
-    keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m}) for m in ("big_vision", "pil_antialias")}
+    keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m}) for m in ("big_vision", "another")}
     assert len(keys) == 2

@@ -10,11 +10,13 @@ pair here learns *where* a bright square is (its quadrant): without position inf
 import csv
 import json
 import re
+from pathlib import Path
 
 import datasets
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
@@ -413,3 +415,31 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "sweep.json").read_text()) == summary
     with open(tmp_path / "sweep.csv") as f:
         assert [float(row["lr"]) for row in csv.DictReader(f)] == list(outcomes)
+
+
+# ---------------------------------------------------------------- the finetune recipes
+
+FINETUNE_RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes" / "finetune").glob("*.yaml"))
+# What every finetune recipe restated before it said only what differs: the stage defaults' own values
+PROTOCOL = {"model.img_size": 384, "data.batch_size": 512, "data.inception_crop": True, "data.crop_min_area": 0.05,
+            "data.hflip": True, "schedule.decay": "cosine", "optim.name": "sgd", "optim.lr": 0.01,
+            "optim.momentum": 0.9, "optim.weight_decay": 0.0, "optim.clip_grad_norm": 1.0, "run.precision": "auto"}
+RESTATED = {
+    "cifar10": {"data.label_column": "label", "data.test_split": "test", "schedule.warmup_steps": 500},
+    "cifar100": {"data.test_split": "test", "schedule.warmup_steps": 500},
+    "flowers102": {"data.image_column": "image", "data.label_column": "label", "data.test_split": "test"},
+    "imagenet": {"data.image_column": "image", "data.label_column": "label", "schedule.warmup_steps": 500},
+    "pets": {"data.image_column": "image", "data.label_column": "label", "data.test_split": "test"},
+}
+
+
+@pytest.mark.parametrize("path", FINETUNE_RECIPES, ids=lambda p: p.stem)
+def test_a_finetune_recipe_states_only_what_differs_from_the_protocol(path):
+    defaults = resolve("finetune", None, [])
+    layer = yaml.safe_load(path.read_text())
+    sections = {s: keys for s, keys in layer.items() if isinstance(keys, dict)}
+    restated = [f"{s}.{k}" for s, keys in sections.items() for k, v in keys.items()
+                if getattr(getattr(defaults, s), k) == v]
+    assert not restated, f"{path.name} restates the finetune defaults: {restated}"
+    before = [f"{k}={json.dumps(v)}" for k, v in {**PROTOCOL, **RESTATED[path.stem]}.items()]
+    assert resolve("finetune", path, []) == resolve("finetune", path, before), "it resolves as it did"

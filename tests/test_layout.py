@@ -25,9 +25,9 @@ ORDER = [
     # from the command line to a recipe
     "recipe.resolve",
     # evaluators, starting weights, the loop
-    "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
+    "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "evaluators.inference", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
     # stage drivers, then the command line
-    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "stages.plot", "cli",
+    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "stages.plot", "stages.resize", "cli",
 ]
 PACKAGES = ("checkpoints", "fewshot", "recipe", "runtime", "models", "data", "train", "evaluators", "figures", "stages")
 CLI_LAZY = {"cli"}  # keeps `vit --help` instant: its vitcli imports happen inside the commands

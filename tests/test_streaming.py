@@ -5,7 +5,9 @@ stream gives, whatever the worker count; corrupt images are replaced and counted
 from __future__ import annotations
 
 import io
+import itertools
 import json
+from collections import deque
 
 import datasets
 import numpy as np
@@ -153,6 +155,23 @@ def test_the_seed_decides_the_order(source_dirs):
     assert not torch.equal(a[:N], other[:N])
     epoch_1 = _epoch_labels(source_dirs["parquet"], 0, 1, epoch=1)
     assert epoch_1 != a[:N].tolist() and sorted(epoch_1) == list(range(N))  # a new order every epoch
+
+
+def test_streamed_augmentation_is_seeded_as_map_style_batches():
+    """Rank 1's micro-batches 5, 6, 7 with 2 per step: seeds of (seed, step, global micro-batch), the family
+    map-style batches and the trainer's mixup, dropout and masking draw from."""
+    examples = (({"image": {"bytes": b"", "path": f"{i}.png"}}, (0, i + 1)) for i in itertools.count())
+    cfg = DataConfig(image_column="image", label_column="")
+    streamed = [seed for _, seed, _ in itertools.islice(streams._keys(examples, cfg, 2, 7, (5, 2, 1), deque()), 3)]
+    expected = [batches.micro_seed(7, step, j) for step, j in ((2, 3), (3, 2), (3, 3))]
+    mapped = [seed for seed, _ in itertools.islice(batches._train_keys(64, 2, 2, 7, 5, 1, 2), 3)]
+    assert streamed == expected == mapped
+
+
+def test_one_stand_in_rule_for_a_corrupt_training_image():
+    good = {0, 3}
+    assert [batches.stand_in(i, 5, good.__contains__) for i in (1, 2, 4)] == [3, 3, 0]  # next, cyclically
+    assert batches.stand_in(2, 5, lambda j: False) is None
 
 
 # ---------------------------------------------------------------- corrupt images, evaluation, sources

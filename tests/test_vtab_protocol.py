@@ -70,6 +70,16 @@ def test_zero_one_images_reach_the_model_in_full_range_for_fewshot_and_finetunin
     assert unscaled.max() <= -1 + 1 / 127.5 + 1e-6, "without the flag 0/1 pixels stay at 1/255 contrast"
 
 
+def test_fewshot_and_finetuning_read_a_task_with_the_same_data_settings():
+    recipe = resolve("finetune", None, TINY, vtab=True)
+    for task in tasks.VTAB:  # VTAB tasks fine-tune (task_recipe); every task reads through task_data
+        fewshot_cfg, finetune_cfg = data_cfg(task, recipe), task_recipe(recipe, task, False).data
+        for key, value in sources.task_data(task).items():
+            assert getattr(fewshot_cfg, key) == getattr(finetune_cfg, key) == value, (task.name, key)
+    rule = tasks.REGISTRY["vtab/clevr_count"]
+    assert sources.task_data(rule)["label_column"] == "label" and sources.task_data(rule)["label_rule"]
+
+
 def test_a_copy_already_stored_0_to_255_passes_unchanged():
     task = tasks.REGISTRY["vtab/dsprites_ori"]
     recipe = resolve("finetune", None, TINY, vtab=True)

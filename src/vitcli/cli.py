@@ -209,7 +209,7 @@ def resize_posemb(
     json_out: JsonOpt = False,
 ) -> None:
     """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
-    from vitcli.checkpoints.resize import run_resize
+    from vitcli.stages.resize import run_resize
 
     with _tables_off(json_out):
         rows = run_resize(ckpt, out=out, res=res, grid=grid, patch=patch, method=method, dry_run=dry_run)

@@ -15,12 +15,13 @@ from torch import nn
 
 from vitcli.checkpoints.describe import CheckpointSpec
 from vitcli.errors import CheckpointError
-from vitcli.models.posemb import resample_axis, resample_posemb
+from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
 
 HEAD = "head."
 REPRESENTATION = "pre_logits."  # the i21k Dense+tanh before the head, `pre_logits.fc.*`
 AXIS_TABLES = {"pos_embed_row": 0, "pos_embed_col": 1}  # learned_2d: which grid axis each table spans
 FIXED_TABLES = ("sincos_2d", "sincos_1d")  # functions of the grid, rebuilt by the model at its own size
+TABLES = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
 
 
 def adapt_state_dict(
@@ -94,7 +95,7 @@ def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, 
             sd["pos_embed"] = target["pos_embed"]
         return [("position embedding", f"{spec.pos_embed} for grid {_grid_str(model.patch_embed.grid_size)}")]
     if spec.pos_embed == "learned_2d":
-        return _fit_axis_tables(sd, target, method)
+        return _fit_axis_tables(sd, tuple(model.patch_embed.grid_size), method)
     if spec.pos_embed == "learned_1d" and "pos_embed" in sd and "pos_embed" in target:
         return _fit_table(sd, target, tuple(model.patch_embed.grid_size), spec, method)
     return []  # none: BiT and other models without a position table
@@ -105,25 +106,36 @@ def _fit_table(sd: dict, target: dict, new_grid: tuple[int, int], spec: Checkpoi
     old = sd["pos_embed"]
     if old.shape == target["pos_embed"].shape and spec.grid in (None, new_grid):
         return []
-    sd["pos_embed"] = resample_posemb(old, spec.grid, new_grid, spec.num_prefix_tokens, method)
+    [(_, before, after)] = move_posemb(sd, "learned_1d", spec.grid, new_grid, spec.num_prefix_tokens, method)
     # resample_posemb took a missing old grid as square, and raised if it was not
     was = spec.grid or (math.isqrt(old.shape[1] - spec.num_prefix_tokens),) * 2
-    detail = (
-        f"{tuple(old.shape)} -> {tuple(sd['pos_embed'].shape)}, "
-        f"grid {_grid_str(was)} -> {_grid_str(new_grid)} ({method})"
-    )
-    return [("position embedding", detail)]
+    grids = f"grid {_grid_str(was)} -> {_grid_str(new_grid)}"
+    return [("position embedding", f"{before} -> {after}, {grids} ({method})")]
 
 
-def _fit_axis_tables(sd: dict, target: dict, method: str) -> list[tuple[str, str]]:
-    """learned_2d: the row (1, H, D/2) and column (1, W, D/2) tables, each resized along its own axis."""
-    rows = []
-    for key in AXIS_TABLES:
-        if key in sd and key in target and sd[key].shape[1] != target[key].shape[1]:
-            old = sd[key]
-            sd[key] = resample_axis(old, target[key].shape[1], method)
-            rows.append((key, f"{tuple(old.shape)} -> {tuple(sd[key].shape)} ({method})"))
-    return rows
+def _fit_axis_tables(sd: dict, new_grid: tuple[int, int], method: str) -> list[tuple[str, str]]:
+    """learned_2d: report rows for the axis tables whose length changed."""
+    moved = move_posemb(sd, "learned_2d", None, new_grid, 0, method)
+    return [(key, f"{before} -> {after} ({method})") for key, before, after in moved if before != after]
+
+
+def move_posemb(sd: dict, kind: str, old_grid: tuple[int, int] | None, new_grid: tuple[int, int], prefix: int,
+                method: str) -> list[tuple[str, tuple, tuple]]:
+    """A checkpoint's position tables onto `new_grid`, in `sd` (entries replaced, tensors never changed):
+    learned_1d `pos_embed` (1, P+N, D) resampled over the grid (`old_grid` None: square), learned_2d's row
+    (1, H, D/2) and column (1, W, D/2) tables each along its own axis, sincos_2d recomputed at the new grid
+    with its P prefix rows kept. (key, shape before, shape after) for each table of the kind."""
+    keys = TABLES.get(kind, ())
+    before = {k: tuple(sd[k].shape) for k in keys}
+    if kind == "learned_1d":
+        sd["pos_embed"] = resample_posemb(sd["pos_embed"], old_grid, new_grid, prefix, method)
+    elif kind == "sincos_2d" and old_grid != new_grid:  # a function of the grid: rebuilt, not resampled
+        pe = sd["pos_embed"]  # (1, P+N, D)
+        sd["pos_embed"] = torch.cat([pe[:, :prefix], sincos_2d(new_grid, pe.shape[-1]).to(pe.dtype)], dim=1)
+    elif kind == "learned_2d":
+        for key, axis in AXIS_TABLES.items():
+            sd[key] = resample_axis(sd[key], new_grid[axis], method)
+    return [(k, before[k], tuple(sd[k].shape)) for k in keys]
 
 
 def _grid_str(grid: tuple[int, int]) -> str:

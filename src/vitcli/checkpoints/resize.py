@@ -1,4 +1,5 @@
-"""Checkpoint surgery: resize a checkpoint's position embedding to a new resolution, offline, once.
+"""Checkpoint surgery: resize a checkpoint's position embedding to a new resolution, offline, once (the
+command, `vit resize-posemb`, is stages/resize.py; the tables move as fit.move_posemb moves them).
 
 Reads anything `read_checkpoint` reads; `describe` says its patch size, grid, table kind and prefix rows
 (the heads are not needed, so a file whose heads are unknown resizes too). Our own checkpoints keep their
@@ -11,22 +12,17 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import torch
-from rich.table import Table
 from safetensors.torch import save_file
 
 from vitcli.checkpoints.describe import CheckpointSpec, describe
-from vitcli.checkpoints.fit import AXIS_TABLES
+from vitcli.checkpoints.fit import move_posemb
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import CheckpointError
-from vitcli.models.posemb import check_method, resample_axis, resample_posemb, sincos_2d
+from vitcli.models.posemb import check_method
 from vitcli.recipe.checks import grid_for
 from vitcli.runtime.files import atomic_path
-from vitcli.runtime.metrics import stdout
 from vitcli.runtime.workdir import check_output_file
-
-RESIZED = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
 
 
 def resize_checkpoint(
@@ -55,7 +51,8 @@ def resize_checkpoint(
         ("img_size", f"{old[0] * patch}x{old[1] * patch} -> {new[0] * patch}x{new[1] * patch}"),
     ]
     sd = dict(loaded.state_dict)  # the read is cached and shared: replace entries, never change them
-    rows += _resize(sd, spec, old, new, method)
+    moved = move_posemb(sd, spec.pos_embed, old, new, spec.num_prefix_tokens, method)
+    rows += [(key, f"{before} -> {after}") for key, before, after in moved]
     meta = _new_meta(loaded, new, patch)
     target = Path(out) if out else _default_out(loaded, new)
     check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)")
@@ -107,22 +104,6 @@ def _old_grid(sd: dict, spec: CheckpointSpec) -> tuple[int, int]:
     )
 
 
-def _resize(sd: dict, spec: CheckpointSpec, old: tuple[int, int], new: tuple[int, int], method: str) -> list:
-    """Replace the position tensors of `sd`; report rows (tensor, old shape -> new shape)."""
-    keys = RESIZED.get(spec.pos_embed, ())
-    before = {k: tuple(sd[k].shape) for k in keys}
-    prefix = spec.num_prefix_tokens
-    if spec.pos_embed == "learned_1d":
-        sd["pos_embed"] = resample_posemb(sd["pos_embed"], old, new, prefix, method)
-    elif spec.pos_embed == "sincos_2d" and old != new:  # fixed: recompute at the new grid, keep prefix
-        pe = sd["pos_embed"]  # (1, P+N, D)
-        sd["pos_embed"] = torch.cat([pe[:, :prefix], sincos_2d(new, pe.shape[-1]).to(pe.dtype)], dim=1)
-    elif spec.pos_embed == "learned_2d":
-        for key, axis in AXIS_TABLES.items():
-            sd[key] = resample_axis(sd[key], new[axis], method)
-    return [(k, f"{before[k]} -> {tuple(sd[k].shape)}") for k in keys]
-
-
 def _new_meta(loaded: Loaded, new: tuple[int, int], patch: int) -> dict:
     """Our metadata with model.img_size (spec and recipe) at the new size; foreign files carry none."""
     if loaded.kind != "vitcli":
@@ -156,23 +137,3 @@ def _write(path: Path, sd: dict, meta: dict, ours: bool) -> None:
         return
     with atomic_path(path) as tmp:  # timm's own safetensors metadata, so it reads back as a timm file
         save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(tmp), metadata={"format": "pt"})
-
-
-def parse_grid(text: str) -> tuple[int, int]:
-    """`24x16` -> (24, 16); a one-line error for anything that is not a rectangle of positive sides."""
-    parts = text.lower().split("x")
-    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
-        raise CheckpointError(f"--grid {text!r}: expected HxW with positive integers, e.g. 24x24")
-    return int(parts[0]), int(parts[1])
-
-
-def run_resize(src: str, *, out, res, grid, patch, method: str, dry_run: bool) -> list[tuple[str, str]]:
-    """`vit resize-posemb`: validate the flags, resize, and show what changed as a table."""
-    new_grid = parse_grid(grid) if grid else None
-    rows = resize_checkpoint(src, new_grid=new_grid, res=res, patch_size=patch, method=method,
-                             out=str(out) if out else None, dry_run=dry_run)
-    table = Table(title="resize-posemb", show_header=False)
-    for what, detail in rows:
-        table.add_row(what, detail)
-    stdout.print(table)
-    return rows

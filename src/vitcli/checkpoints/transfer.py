@@ -9,7 +9,6 @@ once, in 2-D, to the model's grid; a table says what was loaded, dropped and res
 from __future__ import annotations
 
 import torch
-from rich.table import Table
 
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
@@ -17,7 +16,7 @@ from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.models import zoo
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
-from vitcli.runtime.metrics import console
+from vitcli.runtime.metrics import console, pairs_table
 
 
 def _spec(loaded: Loaded, recipe: Recipe) -> CheckpointSpec:
@@ -39,7 +38,7 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
     arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
     rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows]
     if dist.is_main:
-        print_rows("starting weights", rows)
+        console.print(pairs_table("starting weights", rows))
     return rows
 
 
@@ -64,13 +63,3 @@ def architecture_row(spec: CheckpointSpec) -> str:
     grid = f", grid {spec.grid[0]}x{spec.grid[1]}" if spec.grid else ""
     return (f"{spec.name} patch {spec.patch_size}, width {spec.embed_dim}, depth {spec.depth}, "
             f"{spec.num_heads} heads ({spec.heads_from}){grid}")
-
-
-def print_rows(title: str, rows: list[tuple[str, str]]) -> None:
-    """A two-column (what, detail) table on the console."""
-    table = Table(title=title, show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for what, detail in rows:
-        table.add_row(what, detail)
-    console.print(table)

@@ -5,9 +5,12 @@ Training batches are a pure function of (seed, optimizer step, global micro-batc
 batches by index arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is, and
 one process sees what several see between them.
 
-An image that does not decode never ends a run: training puts the next row that decodes in its place, so
-batches keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such rows
-(`Skipped`), the rows coming back with their batch from whichever worker process decoded it.
+An image that does not decode never ends a run: training puts the next one that decodes in its place
+(`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
+keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such images
+(`Skipped`), coming back with their batch from whichever worker process decoded it. Every random draw of a
+micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
+`micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
 """
 
 from __future__ import annotations
@@ -88,7 +91,20 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
-class _Batches(torch.utils.data.Dataset):
+class KeyedBatches(torch.utils.data.Dataset):
+    """A map-style dataset whose keys name whole batches (keyed_loader): `_batch(*key)` -> (x, y, bad), where
+    an error building a batch in a loader worker comes back as one line (worker_error)."""
+
+    name = "the dataset"
+
+    def __getitem__(self, key: tuple):
+        try:
+            return self._batch(*key)
+        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
+            return worker_error(e, self.name)
+
+
+class _Batches(KeyedBatches):
     """Map-style dataset whose keys are whole batches: (augmentation seed or None, rows) -> (x, y, bad).
 
     `bad` maps each row of the key whose image does not decode to the reason; with `replace` (training) the
@@ -134,19 +150,20 @@ class _Batches(torch.utils.data.Dataset):
         return {i: self.cache[i] for i in rows if i in self.cache}
 
     def _substitute(self, row: int, images: dict) -> int:
-        """The first row after `row` (cyclically) that decodes; its image joins `images`.
+        """The row standing in for `row` over the whole split (stand_in); its image joins `images`. The walk is
+        cheap: rows found bad are never decoded again."""
 
-        A function of the dataset alone, so the batch stays a pure function of its key whichever process
-        builds it; and a walk (cheap: rows found bad are never decoded again) knows when no row decodes.
-        """
-        n = len(self.labels)
-        for j in (k % n for k in range(row + 1, row + n)):
+        def decodes(j: int) -> bool:
             found = images[j] if j in images else self._decoded([j]).get(j)
             if found is not None:
                 images[j] = found
-                return j
-        raise DataError(f"no image of {self.name} decodes ({n} rows tried; row {row}: {self.bad[row]}); "
-                        "repair the image files or use another copy of the data")
+            return found is not None
+
+        n = len(self.labels)
+        j = stand_in(row, n, decodes)
+        if j is None:
+            raise none_decode(self.name, f"{n} rows", f"row {row}", self.bad[row])
+        return j
 
     def _batch(self, seed: int | None, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict[int, str]]:
         images = self._decoded(rows)
@@ -161,11 +178,19 @@ class _Batches(torch.utils.data.Dataset):
             x = torch.stack([self.transform(images[i]) for i in rows]) if rows else torch.empty(0)
         return x, self.labels[rows], bad  # (B, 3, H, W), (B,)
 
-    def __getitem__(self, key: tuple[int | None, list[int]]):
-        try:
-            return self._batch(*key)
-        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
-            return worker_error(e, self.name)
+
+def stand_in(i: int, n: int, decodes) -> int | None:
+    """The one rule for a training image that does not decode: the first position after `i`, cyclically among
+    the `n` the stream can reach (map-style: the split's rows; streamed: the micro-batch's examples), whose
+    image decodes (`decodes(j)`); None when none does. A function of the data alone, so a batch stays a pure
+    function of its key whichever process builds it."""
+    return next((j for j in (k % n for k in range(i + 1, i + n)) if decodes(j)), None)
+
+
+def none_decode(what: str, tried: str, culprit: str, reason: str) -> DataError:
+    """The error for images none of which decodes (there is no stand-in), naming one of them and why."""
+    return DataError(f"no image of {what} decodes ({tried} tried; {culprit}: {reason}); repair the image files "
+                     "or use another copy of the data")
 
 
 def worker_error(e: Exception, name: str) -> Exception:
@@ -205,8 +230,7 @@ class BatchStream:
                 return x, y
         if self.failed and not self.decoded:
             row, reason = next(iter(self.skipped.rows[self.name].items()))
-            raise DataError(f"no image of {self.name} decodes ({self.failed} tried; row {row}: {reason}); "
-                            "repair the image files or use another copy of the data")
+            raise none_decode(self.name, str(self.failed), f"row {row}", reason)
         raise StopIteration
 
     def position(self) -> dict | None:
@@ -228,13 +252,19 @@ def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int
     per_epoch = n // global_batch
     epoch, order = -1, None
     for k in itertools.count(start):
-        step, i = divmod(k, accum)
+        step, j = micro_batch(k, accum, rank)
         e, b = divmod(step, per_epoch)
         if e != epoch:
             epoch, order = e, np.random.default_rng([seed, e]).permutation(n)
-        j = rank * accum + i
         first = b * global_batch + j * micro
         yield micro_seed(seed, step, j), order[first : first + micro].tolist()
+
+
+def micro_batch(k: int, accum: int, rank: int) -> tuple[int, int]:
+    """A rank's k-th micro-batch as (optimizer step, global micro-batch j): its i-th of a step is
+    j = rank * accum + i, for map-style and streamed batches alike."""
+    step, i = divmod(k, accum)
+    return step, rank * accum + i
 
 
 def micro_seed(seed: int, step: int, micro: int, purpose: int = 0) -> int:
@@ -260,7 +290,7 @@ def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, ca
     return keyed_loader(_Batches(ds, cfg, transform, cache, replace), keys, cfg.num_workers)
 
 
-def keyed_loader(dataset: torch.utils.data.Dataset, keys: Iterable, workers: int) -> DataLoader:
+def keyed_loader(dataset: KeyedBatches, keys: Iterable, workers: int) -> DataLoader:
     """A loader over a dataset whose keys name whole batches (this module's and streams.py's).
 
     batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers

@@ -86,11 +86,18 @@ def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
     raise DataError(f"{source}: expected .parquet or .arrow files, found {', '.join(sorted(kinds))}")
 
 
-def _local_kind(source: str) -> tuple[str, list[str] | Path]:
-    """What a local source is: ("files", the files of a file or glob), ("saved", a save_to_disk directory) or
-    ("folder", a directory HF infers the builder of: imagefolder, parquet shards, ...)."""
-    path = Path(source).expanduser()
-    if any(c in source for c in "*?["):
+def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
+    """What a data.source names, decided once for loading and streaming: ("synthetic", None), ("hub", None),
+    or a local ("files", the files of a file or glob), ("saved", a save_to_disk directory) or ("folder", a
+    directory HF infers the builder of: imagefolder, parquet shards, ...). A missing path is an error."""
+    if source == "synthetic":
+        return "synthetic", None
+    path, pattern = Path(source).expanduser(), any(c in source for c in "*?[")
+    if not pattern and not path.exists():
+        if _looks_like_path(source):
+            raise DataError(f"dataset path not found: {source}")
+        return "hub", None
+    if pattern:
         matches = sorted(glob.glob(str(path)))
         if not matches:
             raise DataError(f"dataset path not found: {source} (the glob matches no file)")
@@ -108,9 +115,8 @@ def _saved_splits(path: Path) -> dict[str, datasets.Dataset]:
     return dict(saved) if isinstance(saved, datasets.DatasetDict) else {"train": saved}
 
 
-def _local(source: str) -> dict[str, datasets.Dataset]:
+def _local(kind: str, where, source: str) -> dict[str, datasets.Dataset]:
     """All splits of a local source; a lone saved Dataset, a file or a glob is the split `train`."""
-    kind, where = _local_kind(source)
     if kind == "files":
         return _files(where, source)
     if kind == "saved":
@@ -167,27 +173,35 @@ def load_source(
 
     All columns are kept; `label_column=""` skips the label checks for callers that derive labels themselves.
     """
-    if source == "synthetic":
-        names = list(dict.fromkeys(_split_names(split)))
-        unknown = [n for n in names if n not in SPLIT_IDS]
-        if unknown:
-            raise DataError(f"synthetic: no split '{unknown[0]}'; available: {', '.join(SPLIT_IDS)}")
-        ds = _select({n: make_synthetic(synthetic or SyntheticConfig(), n) for n in names}, split, source)
-    elif Path(source).expanduser().exists() or any(c in source for c in "*?["):
-        try:
-            splits = _local(source)
-        except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
-            raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
-        ds = _select(splits, split, source)
-    elif _looks_like_path(source):
-        raise DataError(f"dataset path not found: {source}")
-    else:
-        ds = _hub(source, split)
+    ds = _open(source, split, synthetic or SyntheticConfig())
     ds = _check(ds, source, split, image_column, label_column)
     # HF copies `info` through select, map, casts and into worker processes, so a row that fails to decode
     # deep in a batch stream can still be named with its split (see `origin`)
     ds.info.description = f"{source} split '{split}'"
     return ds
+
+
+def _open(source: str, split: str, synthetic: SyntheticConfig, streaming: bool = False):
+    """One split of any source as source_kind names it: a Dataset, or with `streaming` an IterableDataset."""
+    kind, where = source_kind(source)
+    if kind == "hub":
+        return _hub(source, split, streaming)
+    if kind == "synthetic":
+        return _synthetic_stream(synthetic, split) if streaming else _synthetic(synthetic, split)
+    try:
+        found = _local_stream(kind, where, source, split) if streaming else _local(kind, where, source)
+    except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
+        raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+    return found if streaming else _select(found, split, source)
+
+
+def _synthetic(synthetic: SyntheticConfig, split: str) -> datasets.Dataset:
+    """The built-in data's splits that `split` names (slices and `+` allowed)."""
+    names = list(dict.fromkeys(_split_names(split)))
+    unknown = [n for n in names if n not in SPLIT_IDS]
+    if unknown:
+        raise DataError(f"synthetic: no split '{unknown[0]}'; available: {', '.join(SPLIT_IDS)}")
+    return _select({n: make_synthetic(synthetic, n) for n in names}, split, "synthetic")
 
 
 def origin(ds: datasets.Dataset) -> str:
@@ -204,6 +218,18 @@ def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
         return tasks.apply_label_rule(task, ds)  # writes the derived labels to a `label` column
     columns = {"image_column": cfg.image_column, "label_column": cfg.label_column}
     return load_source(cfg.source, split, **columns, synthetic=cfg.synthetic)
+
+
+def task_data(task: tasks.Task, data_root: str = "") -> dict:
+    """The data.* settings that read `task`'s labelled images (VTAB fine-tuning and few-shot alike): its
+    source (the local copy under `data_root`, else its Hub id), columns, label rule (it writes `label`),
+    classes and pixel scale. Splits are the caller's."""
+    return {
+        "source": tasks.task_source(task, data_root),
+        "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
+        "label_column": "label" if task.label_rule else task.label_column,  # a rule writes `label`
+        "num_classes": task.num_classes,
+    }
 
 
 def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
@@ -239,32 +265,25 @@ def _saved_stream(path: Path, source: str, split: str) -> datasets.IterableDatas
     splits = _saved_splits(path)
     if split not in splits:
         raise DataError(f"{source}: no split '{split}'; available: {', '.join(splits)}")
-    ds = splits[split]
+    return _sharded(splits[split])
+
+
+def _sharded(ds: datasets.Dataset) -> datasets.IterableDataset:
+    """A loaded split streamed from its memory-mapped arrow, cut into STREAM_SHARDS shards."""
     return ds.to_iterable_dataset(num_shards=max(1, min(STREAM_SHARDS, len(ds))))
 
 
-def _local_stream(source: str, split: str) -> datasets.IterableDataset:
-    kind, where = _local_kind(source)
+def _synthetic_stream(synthetic: SyntheticConfig, split: str) -> datasets.IterableDataset:
+    return _sharded(make_synthetic(synthetic, split))
+
+
+def _local_stream(kind: str, where, source: str, split: str) -> datasets.IterableDataset:
+    """One split of a local source, streamed: a shard per file, a saved directory's arrow, a folder by HF."""
     if kind == "files":
         return _file_stream(where, source, split)
     if kind == "saved":
         return _saved_stream(where, source, split)
     return datasets.load_dataset(str(where), split=split, streaming=True)
-
-
-def _open_stream(cfg: DataConfig, split: str) -> datasets.IterableDataset:
-    source = cfg.source
-    if source == "synthetic":
-        ds = make_synthetic(cfg.synthetic, split)
-        return ds.to_iterable_dataset(num_shards=max(1, min(STREAM_SHARDS, len(ds))))
-    if Path(source).expanduser().exists() or any(c in source for c in "*?["):
-        try:
-            return _local_stream(source, split)
-        except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
-            raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
-    if _looks_like_path(source):
-        raise DataError(f"dataset path not found: {source}")
-    return _hub(source, split, streaming=True)
 
 
 def load_stream(cfg: DataConfig) -> datasets.IterableDataset:
@@ -275,7 +294,7 @@ def load_stream(cfg: DataConfig) -> datasets.IterableDataset:
     `load_split` gives (it ignores data.streaming).
     """
     split = cfg.train_split  # a whole split, no label rule: vitcli.recipe.data_checks says so at resolve time
-    ids = _open_stream(cfg, split)
+    ids = _open(cfg.source, split, cfg.synthetic, streaming=True)
     if ids.features is None:  # json without a schema: read the first rows for the column types
         ids = ids._resolve_features()
     _check_columns(ids.features, cfg.source, cfg.image_column, cfg.label_column)

@@ -19,12 +19,13 @@ nothing is dropped, and no epoch length needs to be known in advance).
 Resuming: the position of micro-batch k is (epoch, examples read in that epoch), `TrainStream.position()`. A
 stream started with `start=` that position (or, without it, by skipping k*B examples from the start) reads
 the epoch from its beginning and drops the examples before it: HF cannot restore a shuffle buffer, but it
-refills it identically. Skipped examples are never decoded. Augmentation is seeded per micro-batch from
-(seed, rank, k), as for map-style batches, so a resumed stream gives exactly the batches the uninterrupted one
-gives from k on.
+refills it identically. Skipped examples are never decoded. Augmentation is seeded per micro-batch as for
+map-style batches (batches.micro_seed of the optimizer step and global micro-batch, batches.micro_batch), so a
+resumed stream gives exactly the batches the uninterrupted one gives from k on.
 
-An image that does not decode is replaced by the next one in its micro-batch that does (cyclically), so the
-batch keeps its size; it is counted in the stream's `skipped` under its path, or a digest of its bytes, so it
+An image that does not decode is replaced as map-style batches replace it (batches.stand_in), by the next one
+that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has no random
+access to the rest). It is counted in the stream's `skipped` under its path, or a digest of its bytes, so it
 counts once however many epochs meet it.
 """
 
@@ -37,24 +38,27 @@ from collections.abc import Iterator
 from itertools import islice
 
 import datasets
-import numpy as np
 import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.data.batches import BatchStream, _reason, keyed_loader, stretch_binary, worker_error
+from vitcli.data.batches import (
+    BatchStream,
+    KeyedBatches,
+    _reason,
+    keyed_loader,
+    micro_batch,
+    micro_seed,
+    none_decode,
+    stand_in,
+    stretch_binary,
+)
 from vitcli.data.sources import origin
 from vitcli.data.transforms import build_transform, seeded
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 
 Example = tuple[dict, int]  # (encoded image {bytes, path}, label)
-
-
-def augmentation_seed(seed: int, rank: int, step: int) -> int:
-    """The seed of micro-batch `step` of `rank`. Per rank, unlike map-style batches (batches.micro_seed): a
-    streamed rank's examples depend on its share of the shards, so the world size is part of the run anyway."""
-    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
 def _image_id(raw: dict) -> str:
@@ -98,20 +102,22 @@ def _position(step: int, at: tuple[int, int]) -> dict:
     return {"step": step, "epoch": at[0], "examples": at[1]}
 
 
-def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, rank: int, step: int,
+def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[int, int, int],
           positions: deque) -> Iterator[tuple]:
-    """Endless micro-batch keys (step, augmentation seed, [(encoded image, label)] * B); the position after
-    each key goes to `positions`, for the stream to report once the key's batch is out."""
+    """Endless micro-batch keys (k, augmentation seed, [(encoded image, label)] * B) from this rank's
+    micro-batch k, `at` = (k, accum, rank); the position after each key goes to `positions`, for the stream to
+    report once the key's batch is out."""
+    k, accum, rank = at
     while True:
         chunk = list(islice(examples, batch))
         label = cfg.label_column
         rows = [(ex[cfg.image_column], int(ex[label]) if label else 0) for ex, _ in chunk]
-        positions.append(_position(step + 1, chunk[-1][1]))
-        yield step, augmentation_seed(seed, rank, step), rows
-        step += 1
+        positions.append(_position(k + 1, chunk[-1][1]))
+        yield k, micro_seed(seed, *micro_batch(k, accum, rank)), rows
+        k += 1
 
 
-class _Decode(torch.utils.data.Dataset):
+class _Decode(KeyedBatches):
     """Map-style dataset whose keys are whole micro-batches of encoded images -> (x, y, bad)."""
 
     def __init__(self, name: str, transform, binary: bool):
@@ -133,19 +139,11 @@ class _Decode(torch.utils.data.Dataset):
         bad = {_image_id(rows[i][0]): _reason(e) for i, e in enumerate(images) if isinstance(e, Exception)}
         if not good:
             ident, reason = next(iter(bad.items()))
-            raise DataError(f"{self.name}: no image of micro-batch {step} decodes ({len(rows)} tried; "
-                            f"{ident}: {reason}); repair the image files or use another copy of the data")
-        # the stand-in for a bad image is the next good one in the batch: a function of the key alone
-        use = [i if i in good else next((j for j in good if j > i), good[0]) for i in range(len(rows))]
+            raise none_decode(f"micro-batch {step} of {self.name}", str(len(rows)), ident, reason)
+        use = [i if i in good else stand_in(i, len(rows), good.__contains__) for i in range(len(rows))]
         with seeded(seed):
             x = torch.stack([self.transform(images[i]) for i in use])  # (B, 3, H, W)
         return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
-
-    def __getitem__(self, key: tuple[int, int, list[Example]]):
-        try:
-            return self._batch(*key)
-        except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
-            return worker_error(e, self.name)
 
 
 class TrainStream(BatchStream):
@@ -182,13 +180,14 @@ def _start(ids, batch: int, start_step: int, start: dict | None, name: str) -> t
 
 def stream_train_batches(
     ids: datasets.IterableDataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
-    start_step: int = 0, rank: int = 0, world_size: int = 1, start: dict | None = None,
+    start_step: int = 0, rank: int = 0, world_size: int = 1, start: dict | None = None, accum: int = 1,
 ) -> TrainStream:
     """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) of this rank's share of a
     streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream.
 
     `start`: the stream's `position()` saved at that micro-batch; without it, the examples before are read
-    (not decoded) again from the first epoch on. `skipped` counts the images that did not decode.
+    (not decoded) again from the first epoch on. `accum` micro-batches make an optimizer step (they seed the
+    augmentation as map-style batches do). `skipped` counts the images that did not decode.
     """
     name = origin(ids)
     # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a pass over
@@ -197,7 +196,7 @@ def stream_train_batches(
     mine = split_dataset_by_node(shuffled, rank, world_size)
     examples, at = _start(mine, micro_batch_size, start_step, start, name)
     positions: deque = deque()
-    keys = _keys(examples, cfg, micro_batch_size, seed, rank, start_step, positions)
+    keys = _keys(examples, cfg, micro_batch_size, seed, (start_step, accum, rank), positions)
     decode = _Decode(name, build_transform(cfg, img_size, train=True), cfg.binary_pixels)
     return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at)
 

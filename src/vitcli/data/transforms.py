@@ -84,11 +84,7 @@ def _fewshot_transform(img_size: int, resize: int, method: str):
         raise DataError(f"fewshot.resize_method: '{method}' is not one of {', '.join(FEWSHOT_RESIZE_METHODS)}")
     if resize < img_size:
         raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
-    if method == "big_vision":
-        return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
-    interp = str_to_interp_mode(INTERPOLATION)
-    steps = [transforms.Resize((resize, resize), interpolation=interp), transforms.CenterCrop(img_size)]
-    return transforms.Compose([to_rgb, *steps, to_signed_tensor])
+    return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,

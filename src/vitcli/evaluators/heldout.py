@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import torch
 
 from vitcli.data import batches
+from vitcli.evaluators.inference import sharded_pass
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_reduce_sum
-from vitcli.runtime.precision import autocast
 from vitcli.train.objectives import mpp_step
 
 
@@ -22,23 +22,16 @@ class SplitEvaluator:
         self.dist, self.precision = dist, precision
         self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
 
-    @torch.inference_mode()
     def sums(self, model: torch.nn.Module, per_batch, width: int) -> tuple[list[float], int]:
         """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
         (a rank may have no rows at all), and the skipped images)."""
-        was_training = model.training
-        model.eval()
-        stream = batches.eval_batches(self.ds, self.cfg, self.img_size, self.cfg.eval_batch_size,
-                                      self.dist.rank, self.dist.world_size, skipped=self.skipped)
+        values = sharded_pass(model, self.ds, self.cfg, self.img_size, self.dist, self.precision, per_batch,
+                              self.skipped)
         totals = [0.0] * width
-        for i, (x, y) in enumerate(stream):
-            x, y = x.to(self.dist.device, non_blocking=True), y.to(self.dist.device, non_blocking=True)
-            with autocast(self.dist.device, self.precision):
-                values = per_batch(model, i, x, y)
-            totals = [a + b for a, b in zip(totals, values, strict=True)]
+        for batch in values:
+            totals = [a + b for a, b in zip(totals, batch, strict=True)]
         # ranks read disjoint rows, so their skipped counts add up too
         *totals, skipped = all_reduce_sum([*totals, self.skipped.total], self.dist)
-        model.train(was_training)
         return totals, int(skipped)
 
     def named(self, metrics: dict[str, float], skipped: int) -> Iterator[tuple[str, float]]:

@@ -6,7 +6,6 @@ below (no cache: the weights change between calls). Both score through `solver.s
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 from collections.abc import Iterator
@@ -23,12 +22,9 @@ from vitcli.runtime.dist import Dist
 
 def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
     """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales that
-    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36); pil_antialias keeps
-    vitcli's earlier round(res * 256 / 224) (384 -> 439), so features computed before are reproduced."""
+    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
     img_size, f = recipe.model.img_size, recipe.fewshot
-    if f.resize_method == "big_vision":
-        return img_size, int(f.resize / 224 * img_size), f.resize_method
-    return img_size, round(img_size * f.resize / 224), f.resize_method
+    return img_size, int(f.resize / 224 * img_size), f.resize_method
 
 
 def _custom_task(recipe: Recipe) -> tasks.Task:
@@ -52,11 +48,7 @@ def recipe_tasks(recipe: Recipe) -> list[tasks.Task]:
 
 def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
     """One split of a task, labels derived where the task says, from the Hub or --data-root."""
-    source = tasks.task_source(task, recipe.fewshot.data_root)
-    label_column = "" if task.label_rule else task.label_column  # a rule builds `label` from raw fields
-    ds = sources.load_source(source, split, image_column=task.image_column, label_column=label_column,
-                          synthetic=recipe.data.synthetic)
-    return tasks.apply_label_rule(task, ds) if task.label_rule else ds
+    return sources.load_split(data_cfg(task, recipe), split)
 
 
 def data_id(task: tasks.Task, recipe: Recipe) -> str:
@@ -68,11 +60,8 @@ def data_id(task: tasks.Task, recipe: Recipe) -> str:
 
 
 def data_cfg(task: tasks.Task, recipe: Recipe) -> DataConfig:
-    """The recipe's data settings with the task's columns (a label rule writes `label`)."""
-    cfg = copy.deepcopy(recipe.data)
-    cfg.image_column, cfg.label_column = task.image_column, "label" if task.label_rule else task.label_column
-    cfg.binary_pixels = task.binary_pixels
-    return cfg
+    """The recipe's data settings reading the task (sources.task_data, as VTAB fine-tuning reads it)."""
+    return dataclasses.replace(recipe.data, **sources.task_data(task, recipe.fewshot.data_root))
 
 
 def evaluate_task(train, test, num_classes: int, recipe: Recipe, name: str) -> list[dict]:

@@ -18,11 +18,11 @@ from safetensors.numpy import save_file
 
 from vitcli.data import batches
 from vitcli.errors import DataError
+from vitcli.evaluators.inference import sharded_pass
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_max
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
-from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import MODEL_FILE
 
 
@@ -31,27 +31,21 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
-@torch.inference_mode()
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
             skipped: batches.Skipped | None = None, resize_method: str = "big_vision"):
     """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every rank; rows
     whose image does not decode are left out (and recorded in `skipped`). `resize_method`: fewshot.resize_method.
 
     Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
-    was_training = model.training
-    model.eval()
-    feats, labels, own = [], [], batches.Skipped()
-    share = dist.rank % dist.world_size  # the rank, or 0 for a lone process that torchrun did not start
-    stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, share, dist.world_size,
-                                  resize=resize, skipped=own, resize_method=resize_method)
-    for x, y in stream:
-        with autocast(dist.device, precision):
-            f = pre_logits(model, x.to(dist.device, non_blocking=True))
-        feats.append(f.float().cpu())
-        labels.append(y)
-    model.train(was_training)
-    part = (torch.cat(feats).numpy() if feats else None,  # None: this rank had no rows that decode
-            torch.cat(labels).numpy() if labels else np.zeros(0, np.int64), own.rows)
+    own = batches.Skipped()
+
+    def per_batch(model, i, x, y):
+        return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
+
+    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method)
+    # features None: this rank had no rows that decode
+    part = (torch.cat([f for f, _ in parts]).numpy() if parts else None,
+            torch.cat([y for _, y in parts]).numpy() if parts else np.zeros(0, np.int64), own.rows)
     out = _in_dataset_order(all_gather(part, dist), len(ds), skipped)
     if not np.isfinite(out[0]).all():
         raise DataError("features contain NaN or inf: the checkpoint's weights or activations overflow "

@@ -15,7 +15,7 @@ PRECISIONS = ("auto", "fp32", "bf16")
 LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
-FEWSHOT_RESIZE_METHODS = ("big_vision", "pil_antialias")
+FEWSHOT_RESIZE_METHODS = ("big_vision",)
 # data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
 LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
                "dsprites_orientation")

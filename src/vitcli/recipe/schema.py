@@ -179,7 +179,6 @@ class FewshotConfig:
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
     resize: int = 256  # at 224 px (big_vision: resize to 256, centre crop 224), scaled to img_size; >= 224
     # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare with its own;
-    # pil_antialias: PIL's antialiased bilinear and round()ed size, vitcli's earlier default (reproduces its results)
     resize_method: str = "big_vision"
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
     custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)

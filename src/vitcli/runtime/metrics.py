@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
 
 from vitcli.errors import TrainingError
 from vitcli.runtime.files import write_text
@@ -80,3 +81,14 @@ def progress_bar(enabled: bool) -> Progress:
         disable=not enabled,
         transient=False,
     )
+
+
+def pairs_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A two-column (what, detail) table, no header, for a command's report of what it did (print it on
+    `console` for a log, on `stdout` for a result)."""
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for what, detail in rows:
+        table.add_row(what, detail)
+    return table

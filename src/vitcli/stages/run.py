@@ -108,7 +108,7 @@ def train_feed(r: Recipe, train_ds) -> Feed:
 
     def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
         return streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                            dist.rank, dist.world_size, start=position)
+                                            dist.rank, dist.world_size, start=position, accum=accum)
 
     return streamed if r.data.streaming else mapped
 

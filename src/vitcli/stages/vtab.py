@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.data import tasks
+from vitcli.data import sources, tasks
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.resolve import derive
 from vitcli.recipe.schema import Recipe
@@ -42,10 +42,7 @@ def task_recipe(recipe: Recipe, task: tasks.Task, sweep_lr: bool, world_size: in
     """The recipe for one VTAB task: its data, its classes, its splits (a sweep's runs: train800, scored on
     val200 and never tested; otherwise train800val200, tested)."""
     data = {
-        "source": tasks.task_source(task, recipe.fewshot.data_root),
-        "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
-        "label_column": "label" if task.label_rule else task.label_column,  # a rule writes `label`
-        "num_classes": task.num_classes,
+        **sources.task_data(task, recipe.fewshot.data_root),
         "train_split": task.splits["train800"] if sweep_lr else task.splits["train800val200"],
         "val_split": task.splits["val200"] if sweep_lr else "",
         "test_split": "" if sweep_lr else task.splits["test"],

@@ -1,8 +1,9 @@
-"""The package reads as the pipeline: layers without cycles, imports at the top, short functions.
+"""The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
 
-The order below is the architecture: cli -> stage drivers -> the trainer -> evaluators, data, models,
-checkpoints -> pure maths. A module may import only modules listed before it, so a cycle cannot form; a
-new module has to be given its place here.
+LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime < models <
+data < checkpoints < train < evaluators < fewshot < figures < stages < cli. A module may import only packages
+below its own and, inside its package, modules listed before it: so no import runs back up and no cycle can
+form. A new module has to be given its place here.
 """
 
 import ast
@@ -12,24 +13,36 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
-ORDER = [
-    # pure maths and the recipe schema
-    "errors", "recipe.choices", "runtime.run_files", "train.schedule", "models.posemb", "models.mpp", "fewshot.solver", "recipe.schema", "recipe.names", "recipe.data_checks", "recipe.checks", "runtime.precision", "runtime.rngs", "data.synthetic",
-    # our files (atomic writes, which metrics.jsonl uses too), processes, console, the resumable state (sharded
-    # too); figures
-    "runtime.files", "checkpoints.weights", "runtime.metrics", "runtime.trackers", "runtime.dist", "checkpoints.state", "checkpoints.sharded", "train.parallelize", "runtime.workdir", "checkpoints.manager", "figures.figure7",
-    "figures.curves",
-    # models, data, checks on recipes, checkpoints of every source
-    "models.t2t", "models.zoo", "data.transforms", "data.tasks", "data.sources", "data.batches", "data.streams",
-    "checkpoints.npz", "checkpoints.read", "checkpoints.describe", "checkpoints.complete", "checkpoints.fit", "checkpoints.resize",
-    # from the command line to a recipe
-    "recipe.resolve",
-    # evaluators, starting weights, the loop
-    "train.optim", "train.objectives", "train.interrupt", "checkpoints.transfer", "evaluators.inference", "fewshot.features", "fewshot.evaluate", "fewshot.report", "train.loop", "evaluators.heldout",
-    # stage drivers, then the command line
-    "stages.run", "stages.sweep", "stages.vtab", "stages.finetune", "stages.fewshot", "stages.inspect", "stages.plot", "stages.resize", "cli",
+LAYERS = [  # (package, its modules in order), lowest first: the tree read as the pipeline, bottom up
+    # typed errors, imported by every layer
+    ("errors", []),
+    # the experiment as data: choices and names, schema, checks, resolution (no torch)
+    ("recipe", ["choices", "schema", "names", "data_checks", "checks", "resolve"]),
+    # what every stage runs on: run file names, atomic files, precision, RNGs, console and metrics, trackers,
+    # processes, output locations
+    ("runtime", ["run_files", "precision", "rngs", "files", "metrics", "trackers", "dist", "workdir"]),
+    # the networks and their pure maths
+    ("models", ["posemb", "mpp", "t2t", "zoo"]),
+    # images into batches
+    ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams"]),
+    # weights in and out: our files, training state and its one owner, foreign formats, fitting
+    ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
+                     "resize", "transfer"]),
+    # the one loop and what it is made of
+    ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "loop"]),
+    # what the loop runs when due
+    ("evaluators", ["inference", "heldout"]),
+    # linear few-shot evaluation in its steps
+    ("fewshot", ["solver", "features", "evaluate", "report"]),
+    # pictures: Figure 7, training curves
+    ("figures", ["figure7", "curves"]),
+    # one driver per command
+    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize"]),
+    # the command line
+    ("cli", []),
 ]
-PACKAGES = ("checkpoints", "fewshot", "recipe", "runtime", "models", "data", "train", "evaluators", "figures", "stages")
+ORDER = [m for package, names in LAYERS for m in ([f"{package}.{n}" for n in names] or [package])]
+PACKAGES = tuple(package for package, names in LAYERS if names)
 CLI_LAZY = {"cli"}  # keeps `vit --help` instant: its vitcli imports happen inside the commands
 
 
@@ -58,6 +71,18 @@ def vitcli_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
 
 def test_every_module_has_a_place_in_the_order():
     assert sorted(modules()) == sorted(ORDER)
+
+
+def test_only_the_command_line_and_the_errors_sit_at_the_top_level():
+    assert sorted(m for m in modules() if "." not in m) == ["cli", "errors"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_package_says_what_it_holds(package):
+    doc = ast.get_docstring(ast.parse((SRC / package / "__init__.py").read_text()))
+    assert doc, f"{package}/__init__.py has no docstring naming its modules"
+    missing = [n for n in dict(LAYERS)[package] if f"{n}.py" not in doc]
+    assert not missing, f"{package}/__init__.py does not name {missing}"
 
 
 @pytest.mark.parametrize("name", ORDER)

@@ -11,8 +11,10 @@ One concept per file, in the order a checkpoint travels:
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
   are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).
+- `complete.py`: the torch step of recipe resolution: the starting checkpoint's network fills the model.
 - `fit.py`: `adapt_state_dict`, a checkpoint fitted to a model (head, pre-logits, position embedding).
-- `resize.py`: `vit resize-posemb`, the position embedding of a file resized once, offline.
+- `resize.py`: a file's position embedding resized to a new grid (`vit resize-posemb`'s maths).
+- `transfer.py`: starting weights into a built model: the transfer protocol, or the body for evaluation.
 
 Callers import from the modules; nothing is re-exported here.
 """

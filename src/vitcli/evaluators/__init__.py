@@ -1,2 +1,3 @@
-"""Evaluators the loop runs when due, small and uniform: each yields (metric name, value). heldout.py:
-held-out top-1 and masked patch prediction on a split."""
+"""Evaluators the loop runs when due, small and uniform: each yields (metric name, value). inference.py: the
+one sharded inference pass over a split (also few-shot's feature extraction); heldout.py: held-out top-1 and
+masked patch prediction on a split."""

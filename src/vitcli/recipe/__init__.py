@@ -1,3 +1,4 @@
-"""Recipes, from the command line to the checked experiment: schema.py (typed dataclasses, YAML, overrides) <
-checks.py (every value check, one RecipeError naming the key) < resolve.py (defaults < file < overrides <
-flags, then checked)."""
+"""Recipes, from the command line to the checked experiment, without torch: choices.py (the closed sets of
+values) < schema.py (typed dataclasses, YAML, overrides) < names.py (model names -> sizes) < data_checks.py
+(the data keys, checked without data) < checks.py (every value check, one RecipeError naming the key) <
+resolve.py (defaults < file < overrides < flags, then checked)."""

@@ -166,7 +166,7 @@ def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
     monkeypatch.setattr(inference, "sharded_pass", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(heldout, "sharded_pass", inference.sharded_pass)
     monkeypatch.setattr(features, "sharded_pass", inference.sharded_pass)
-    dict(ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32").run(model))
+    dict(ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32", loss=loss_fn(OptimConfig())).run(model))
     features.extract(zoo.build_model(resolve("pretrain", None, TINY).model, 0), ds, cfg, 32, 0, CPU, "fp32")
     assert len(calls) == 2
 

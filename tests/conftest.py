@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from vitcli.runtime.metrics import console
+
 
 @pytest.fixture(scope="module")
 def one_thread():
@@ -12,3 +14,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def logged(monkeypatch):
+    """Every console.log message, as given (before rich wraps it to the terminal)."""
+    messages = []
+    monkeypatch.setattr(console, "log", lambda *args, **kwargs: messages.append(" ".join(map(str, args))))
+    return messages

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
 from safetensors.torch import load_file
 
-from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
-from test_checkpoint_safety import flipped_bytes, logged, warnings  # noqa: F401 - logged is a fixture
+from helpers import flipped_bytes, warnings
 from vitcli.checkpoints import manager, sharded, state
 from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
@@ -133,7 +133,7 @@ def test_a_flipped_byte_in_a_shard_is_a_checkpoint_error_naming_it(ranks, tmp_pa
     assert "__1_0.distcp" in message and "sha256 differs" in message and "\n" not in message
 
 
-def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one(ranks, tmp_path, logged):  # noqa: F811
+def test_a_damaged_sharded_checkpoint_falls_back_to_the_previous_one(ranks, tmp_path, logged):
     older = fake_sharded(tmp_path, 1)
     damaged_copy(ranks, tmp_path)
     path, extra = manager.latest_good_state(tmp_path)
@@ -244,7 +244,7 @@ DAMAGE = {no_manifest: "no SHA256SUMS", flipped_extra: "extra.json: damaged", no
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__)
-def test_a_damaged_directory_is_named_and_the_previous_checkpoint_resumes(tmp_path, logged, damage):  # noqa: F811
+def test_a_damaged_directory_is_named_and_the_previous_checkpoint_resumes(tmp_path, logged, damage):
     pt(tmp_path, 4)
     damage(fake_sharded(tmp_path, 6))
     path, saved = manager.latest_good_state(tmp_path)

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from clirun import run_vit
+from helpers import run_vit
 from vitcli.figures import curves
 from vitcli.runtime.metrics import MetricsLog
 

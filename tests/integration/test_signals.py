@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import REPO
 from vitcli.checkpoints import state
 from vitcli.checkpoints.weights import load_weights
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 300
 ARGS = ["pretrain", "-r", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0",
         f"schedule.steps={STEPS}", "schedule.warmup_steps=5", "run.log_every=1", "run.ckpt_every=100000",

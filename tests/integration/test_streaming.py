@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from test_train import stopped_at_call
+from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.data import batches, sources, streams

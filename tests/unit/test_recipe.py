@@ -1,11 +1,11 @@
 """Recipes: precedence, coercion, strictness, cross-field checks, and every shipped recipe resolving."""
 
 import re
-from pathlib import Path
 
 import pytest
 from timm.data.auto_augment import rand_augment_transform
 
+from helpers import REPO
 from vitcli.checkpoints.complete import complete
 from vitcli.data import synthetic, tasks
 from vitcli.errors import RecipeError, VitcliError
@@ -13,8 +13,6 @@ from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import micro_batches, parse_overrides, read_yaml, to_dict, to_yaml
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def write(tmp_path, text, name="r.yaml"):

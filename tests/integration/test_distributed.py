@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file
 
+from helpers import REPO
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
@@ -24,7 +25,6 @@ from vitcli.stages import sweep as sweep_mod
 from vitcli.stages import vtab as vtab_mod
 from vitcli.stages.fewshot import eval_fewshot
 
-REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 SMALL = ["--recipe", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0", "schedule.warmup_steps=1",
          "data.synthetic.train_size=256", "data.synthetic.val_size=64", "data.synthetic.test_size=64",

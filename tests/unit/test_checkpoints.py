@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from helpers import HEADS, MLP, PATCH, D, export_npz, tiny_vit
 from vitcli.checkpoints.describe import PAPER_HEADS, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
@@ -33,75 +34,10 @@ from vitcli.runtime.files import atomic_path, checksum_path, sha256_of, write_te
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.resize import parse_grid, run_resize
 
-D, HEADS, MLP, PATCH = 32, 2, 64, 8
-
-
-def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
-    """A 2-block ViT with every parameter random (timm zero-inits some, which would hide mix-ups)."""
-    torch.manual_seed(seed)
-    kw = {"embed_dim": D, "depth": 2, "num_heads": HEADS, "mlp_ratio": MLP / D, **kw}
-    model = VisionTransformer(img_size=img_size, patch_size=PATCH, num_classes=num_classes, **kw)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    return model.eval()
-
 
 def gap_vit(**kw) -> VisionTransformer:
     """The paper's GAP variant: no class token, LayerNorm before the average (as big_vision)."""
     return tiny_vit(class_token=False, global_pool="avg", fc_norm=False, **kw)
-
-
-def export_npz(model, path, layout="vit_jax", prefix="", scan=False, extra=None):
-    """Write `model` as flattened Flax params, the inverse of timm's _load_weights mapping."""
-    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-    w = {
-        "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
-        "embedding/bias": sd["patch_embed.proj.bias"],
-        "Transformer/encoder_norm/scale": sd["norm.weight"],
-        "Transformer/encoder_norm/bias": sd["norm.bias"],
-        "head/kernel": sd["head.weight"].T,
-        "head/bias": sd["head.bias"],
-    }
-    pos = sd["pos_embed"]
-    if layout == "vit_jax":
-        w["Transformer/posembed_input/pos_embedding"] = pos
-        if "cls_token" in sd:
-            w["cls"] = sd["cls_token"]
-    else:  # big_vision adds posemb to the patches only: fold the class row into the class token
-        if "cls_token" in sd:
-            w["cls"], pos = sd["cls_token"] + pos[:, :1], pos[:, 1:]
-        w["pos_embedding"] = pos
-    attn, ln2, mlp = (1, 2, 3) if layout == "vit_jax" else (0, 1, 0)
-    blocks = []
-    for i in range(len(model.blocks)):
-        b = {k[len(f"blocks.{i}.") :]: v for k, v in sd.items() if k.startswith(f"blocks.{i}.")}
-        a = f"MultiHeadDotProductAttention_{attn}/"
-        q, k, v = np.split(b["attn.qkv.weight"], 3)  # each (D_out, D_in)
-        qb, kb, vb = np.split(b["attn.qkv.bias"], 3)
-        blk = {
-            "LayerNorm_0/scale": b["norm1.weight"],
-            "LayerNorm_0/bias": b["norm1.bias"],
-            f"LayerNorm_{ln2}/scale": b["norm2.weight"],
-            f"LayerNorm_{ln2}/bias": b["norm2.bias"],
-            a + "out/kernel": b["attn.proj.weight"].T.reshape(HEADS, D // HEADS, D),
-            a + "out/bias": b["attn.proj.bias"],
-        }
-        for name, kern, bias in (("query", q, qb), ("key", k, kb), ("value", v, vb)):
-            blk[f"{a}{name}/kernel"] = kern.T.reshape(D, HEADS, D // HEADS)
-            blk[f"{a}{name}/bias"] = bias.reshape(HEADS, D // HEADS)
-        for j in range(2):
-            blk[f"MlpBlock_{mlp}/Dense_{j}/kernel"] = b[f"mlp.fc{j + 1}.weight"].T
-            blk[f"MlpBlock_{mlp}/Dense_{j}/bias"] = b[f"mlp.fc{j + 1}.bias"]
-        blocks.append(blk)
-    for key in blocks[0]:
-        if scan:
-            w[f"Transformer/encoderblock/{key}"] = np.stack([blk[key] for blk in blocks])
-        else:
-            w.update({f"Transformer/encoderblock_{i}/{key}": blk[key] for i, blk in enumerate(blocks)})
-    w.update(extra or {})
-    np.savez(path, **{prefix + k: v for k, v in w.items()})
-    return path
 
 
 def vit_h14_npz(path, classes=10):

@@ -10,7 +10,7 @@ import torch
 import yaml
 from PIL import Image
 
-from clirun import run_vit
+from helpers import run_vit
 from vitcli.data import batches, sources, tasks
 from vitcli.fewshot.evaluate import data_cfg
 from vitcli.recipe.resolve import resolve

@@ -7,6 +7,7 @@ import tempfile
 import pytest
 import torch
 
+from helpers import flipped_bytes, warnings
 from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError, RecipeError, TrainingError
@@ -14,7 +15,7 @@ from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import to_dict
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
-from vitcli.runtime.metrics import MetricsLog, console, read_metrics
+from vitcli.runtime.metrics import MetricsLog, read_metrics
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
@@ -31,29 +32,10 @@ def recipe(*extra):
     return resolve("pretrain", None, TINY + list(extra))
 
 
-@pytest.fixture
-def logged(monkeypatch):
-    """Every console.log message, as given (before rich wraps it to the terminal)."""
-    messages = []
-    monkeypatch.setattr(console, "log", lambda *args, **kwargs: messages.append(" ".join(map(str, args))))
-    return messages
-
-
-def warnings(messages):
-    return [m for m in messages if m.startswith("[yellow]warning:")]
-
-
 def random_bytes(path):
     """Garbage that its checksum vouches for: only reading the bytes can tell."""
     path.write_bytes(os.urandom(path.stat().st_size))
     files.checksum_path(path).write_text(f"{files.sha256_of(path)}  {path.name}\n")
-
-
-def flipped_bytes(path):
-    """Bit rot: still a loadable file, but no longer the one the checksum was taken of."""
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
 
 
 def missing_keys(path):

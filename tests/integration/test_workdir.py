@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from clirun import run_vit
+from helpers import run_vit
 from vitcli.checkpoints import state, weights
 from vitcli.errors import OutputError
 from vitcli.recipe.resolve import resolve

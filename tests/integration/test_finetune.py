@@ -10,7 +10,6 @@ pair here learns *where* a bright square is (its quadrant): without position inf
 import csv
 import json
 import re
-from pathlib import Path
 
 import datasets
 import numpy as np
@@ -21,7 +20,7 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from clirun import run_vit
+from helpers import REPO, run_vit
 from vitcli.checkpoints import fit
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval, load_init
@@ -419,7 +418,7 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- the finetune recipes
 
-FINETUNE_RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes" / "finetune").glob("*.yaml"))
+FINETUNE_RECIPES = sorted((REPO / "recipes" / "finetune").glob("*.yaml"))
 # What every finetune recipe restated before it said only what differs: the stage defaults' own values
 PROTOCOL = {"model.img_size": 384, "data.batch_size": 512, "data.inception_crop": True, "data.crop_min_area": 0.05,
             "data.hflip": True, "schedule.decay": "cosine", "optim.name": "sgd", "optim.lr": 0.01,

@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import save_file
 from timm.models.vision_transformer import VisionTransformer
 
-from clirun import run_vit
+from helpers import REPO, run_vit
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_init
 from vitcli.checkpoints.weights import load_weights, save_weights
@@ -22,7 +22,6 @@ from vitcli.recipe.schema import ModelConfig, Recipe, to_dict, to_yaml
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import MODEL_FILE
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "recipes/quickstart/pretrain.yaml"
 SHIPPED = sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml"))
 DRIVERS = {"pretrain": "vitcli.stages.run.one_run", "finetune": "vitcli.stages.finetune.finetune",

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from clirun import run_vit
+from helpers import run_vit
 from vitcli.data import batches, sources
 from vitcli.errors import DataError
 from vitcli.evaluators import heldout, inference

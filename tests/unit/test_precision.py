@@ -1,17 +1,12 @@
 """run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be emulated,
 once per run; the run says which, records it, and resuming on a machine that chooses differently warns."""
 
-import json
 
 import pytest
 import torch
-import yaml
 
-from vitcli.checkpoints import manager
-from vitcli.errors import RecipeError
-from vitcli.recipe.resolve import resolve
+from helpers import machine
 from vitcli.runtime import precision
-from vitcli.stages.run import one_run
 
 CPU = torch.device("cpu")
 AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
@@ -22,11 +17,6 @@ TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.
         "data.val_split=", "data.test_split=", "run.ckpt_every=1"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def machine(native: bool):
-    """A stand-in for detect_bf16: this machine runs bf16 natively, or emulates it."""
-    return lambda device: (native, "CPU has AVX-512 bf16" if native else "CPU has only AVX2: bf16 would be emulated")
 
 
 @pytest.mark.parametrize("native,expected", [(True, "bf16"), (False, "fp32")])
@@ -76,25 +66,3 @@ def test_explicit_bf16_warns_only_on_an_emulating_cpu():
 def test_unresolved_auto_cannot_reach_autocast():
     with pytest.raises(ValueError, match="resolved"):
         precision.autocast(CPU, "auto")
-
-
-@pytest.mark.parametrize("native,expected", [(True, "bf16"), (False, "fp32")])
-def test_a_run_announces_and_records_its_choice(tmp_path, monkeypatch, capsys, native, expected):
-    monkeypatch.setattr(precision, "detect_bf16", machine(native))
-    one_run(resolve("pretrain", None, TINY + ["schedule.steps=2"]), tmp_path)
-    assert json.loads((tmp_path / "summary.json").read_text())["run/precision"] == expected
-    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["run"]["precision"] == expected
-    assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["precision"] == expected
-    assert f"{expected} (auto: CPU has" in capsys.readouterr().err.replace("\n", " ")
-
-
-def test_resuming_auto_on_a_machine_that_chooses_differently_warns_and_continues(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(precision, "detect_bf16", machine(True))
-    one_run(resolve("pretrain", None, TINY + ["schedule.steps=3"]), tmp_path)  # trained at bf16 to step 3
-    monkeypatch.setattr(precision, "detect_bf16", machine(False))
-    capsys.readouterr()
-    one_run(resolve("pretrain", None, TINY + ["schedule.steps=3"]), tmp_path, resume=True)
-    assert "trained at bf16" in capsys.readouterr().err
-    # an explicit precision other than the checkpoint's is a change to what is trained: refused
-    with pytest.raises(RecipeError, match="run.precision"):
-        one_run(resolve("pretrain", None, TINY + ["schedule.steps=3", "run.precision=fp32"]), tmp_path)

@@ -31,12 +31,11 @@ import typer.main
 import yaml
 from torch.distributed.run import get_args_parser
 
-from test_checkpoints import export_npz, tiny_vit
+from helpers import REPO, export_npz, tiny_vit
 from vitcli import cli
 from vitcli.recipe.resolve import STAGE_DEFAULTS, VTAB_PROTOCOL
 from vitcli.recipe.schema import Recipe
 
-REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHELL_BLOCKS = ("bash", "sh", "shell", "console")
 COMMAND_ENDS = (">", ">>", "|", "&&", ";")

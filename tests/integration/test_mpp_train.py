@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer
 
-from clirun import run_vit
+from helpers import run_vit
 from vitcli.checkpoints import state
 from vitcli.checkpoints.complete import complete
 from vitcli.data.synthetic import make_synthetic

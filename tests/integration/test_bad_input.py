@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from clirun import run_vit
+from helpers import REPO, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import OutputError
 from vitcli.models.zoo import build_model, model_spec
@@ -19,7 +19,6 @@ from vitcli.runtime import files
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_writable
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
 SMALL = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
          "data.batch_size=32", "data.num_workers=0", "schedule.epochs=0", "schedule.steps=2",

@@ -19,8 +19,7 @@ from timm.layers import HybridEmbed
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from clirun import run_vit
-from test_checkpoints import export_npz, tiny_vit
+from helpers import export_npz, run_vit, tiny_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.figures import figure7
 from vitcli.models.t2t import T2TViT

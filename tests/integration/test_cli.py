@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from clirun import run_vit
+from helpers import REPO, run_vit
 from vitcli import cli
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import Interrupted
@@ -17,7 +17,6 @@ from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
 from vitcli.runtime.run_files import SUMMARY_FILE
 from vitcli.stages import finetune as finetune_stage
 
-REPO = Path(__file__).resolve().parents[1]
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
 
 

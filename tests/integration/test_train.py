@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from helpers import stopped_at_call
 from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
@@ -61,23 +62,6 @@ def test_final_weights_rebuild_the_model_alone(tmp_path):
     assert sorted(model.state_dict()) == sorted(k for k in sd if not k.startswith("head."))
     assert all(torch.equal(v, sd[k]) for k, v in model.state_dict().items())
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 32)  # pre-logits: eval-fewshot needs no head
-
-
-def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
-    """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the gradient step
-    (`loop._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
-    real, calls = loop._accumulate_grads, {"n": 0}
-
-    def interrupt_at_n(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    with monkeypatch.context() as m:
-        m.setattr(loop, "_accumulate_grads", interrupt_at_n)
-        with pytest.raises(KeyboardInterrupt):
-            one_run(r, workdir)
 
 
 def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeypatch):

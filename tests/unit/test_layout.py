@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "vitcli"
+from helpers import REPO
+
+SRC = REPO / "src" / "vitcli"
 LAYERS = [  # (package, its modules in order), lowest first: the tree read as the pipeline, bottom up
     # typed errors, imported by every layer
     ("errors", []),

@@ -1,0 +1,145 @@
+"""What several test modules share: the repository root, the `vit` entry point run in-process, tiny models
+and their Google `.npz` export, a run stopped as Ctrl-C stops it, damaged files, warnings read off the console.
+Fixtures live in conftest.py."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from timm.models.vision_transformer import VisionTransformer
+
+from vitcli import cli
+from vitcli.stages.run import one_run
+from vitcli.train import loop
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_vit(monkeypatch, capsys, *args):
+    """Run `vit ARGS...` through cli.main(); return (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["vit", *map(str, args)])
+    monkeypatch.delenv("VITCLI_DEBUG", raising=False)
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+D, HEADS, MLP, PATCH = 32, 2, 64, 8
+
+
+def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
+    """A 2-block ViT with every parameter random (timm zero-inits some, which would hide mix-ups)."""
+    torch.manual_seed(seed)
+    kw = {"embed_dim": D, "depth": 2, "num_heads": HEADS, "mlp_ratio": MLP / D, **kw}
+    model = VisionTransformer(img_size=img_size, patch_size=PATCH, num_classes=num_classes, **kw)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return model.eval()
+
+
+def export_npz(model, path, layout="vit_jax", prefix="", scan=False, extra=None):
+    """Write `model` as flattened Flax params, the inverse of timm's _load_weights mapping."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    w = {
+        "embedding/kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0),  # OIHW -> HWIO
+        "embedding/bias": sd["patch_embed.proj.bias"],
+        "Transformer/encoder_norm/scale": sd["norm.weight"],
+        "Transformer/encoder_norm/bias": sd["norm.bias"],
+        "head/kernel": sd["head.weight"].T,
+        "head/bias": sd["head.bias"],
+    }
+    pos = sd["pos_embed"]
+    if layout == "vit_jax":
+        w["Transformer/posembed_input/pos_embedding"] = pos
+        if "cls_token" in sd:
+            w["cls"] = sd["cls_token"]
+    else:  # big_vision adds posemb to the patches only: fold the class row into the class token
+        if "cls_token" in sd:
+            w["cls"], pos = sd["cls_token"] + pos[:, :1], pos[:, 1:]
+        w["pos_embedding"] = pos
+    attn, ln2, mlp = (1, 2, 3) if layout == "vit_jax" else (0, 1, 0)
+    blocks = []
+    for i in range(len(model.blocks)):
+        b = {k[len(f"blocks.{i}.") :]: v for k, v in sd.items() if k.startswith(f"blocks.{i}.")}
+        a = f"MultiHeadDotProductAttention_{attn}/"
+        q, k, v = np.split(b["attn.qkv.weight"], 3)  # each (D_out, D_in)
+        qb, kb, vb = np.split(b["attn.qkv.bias"], 3)
+        blk = {
+            "LayerNorm_0/scale": b["norm1.weight"],
+            "LayerNorm_0/bias": b["norm1.bias"],
+            f"LayerNorm_{ln2}/scale": b["norm2.weight"],
+            f"LayerNorm_{ln2}/bias": b["norm2.bias"],
+            a + "out/kernel": b["attn.proj.weight"].T.reshape(HEADS, D // HEADS, D),
+            a + "out/bias": b["attn.proj.bias"],
+        }
+        for name, kern, bias in (("query", q, qb), ("key", k, kb), ("value", v, vb)):
+            blk[f"{a}{name}/kernel"] = kern.T.reshape(D, HEADS, D // HEADS)
+            blk[f"{a}{name}/bias"] = bias.reshape(HEADS, D // HEADS)
+        for j in range(2):
+            blk[f"MlpBlock_{mlp}/Dense_{j}/kernel"] = b[f"mlp.fc{j + 1}.weight"].T
+            blk[f"MlpBlock_{mlp}/Dense_{j}/bias"] = b[f"mlp.fc{j + 1}.bias"]
+        blocks.append(blk)
+    for key in blocks[0]:
+        if scan:
+            w[f"Transformer/encoderblock/{key}"] = np.stack([blk[key] for blk in blocks])
+        else:
+            w.update({f"Transformer/encoderblock_{i}/{key}": blk[key] for i, blk in enumerate(blocks)})
+    w.update(extra or {})
+    np.savez(path, **{prefix + k: v for k, v in w.items()})
+    return path
+
+
+def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
+    """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the gradient step
+    (`loop._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
+    real, calls = loop._accumulate_grads, {"n": 0}
+
+    def interrupt_at_n(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "_accumulate_grads", interrupt_at_n)
+        with pytest.raises(KeyboardInterrupt):
+            one_run(r, workdir)
+
+
+def warnings(messages):
+    return [m for m in messages if m.startswith("[yellow]warning:")]
+
+
+def flipped_bytes(path):
+    """Bit rot: still a loadable file, but no longer the one the checksum was taken of."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def machine(native: bool):
+    """A stand-in for detect_bf16: this machine runs bf16 natively, or emulates it."""
+    return lambda device: (native, "CPU has AVX-512 bf16" if native else "CPU has only AVX2: bf16 would be emulated")
+
+
+def log_sigmoid(z: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -z)
+
+
+def bv_sigmoid_xent(logits: np.ndarray, labels: np.ndarray) -> float:
+    """big_vision.utils.sigmoid_xent: -sum over classes of the per-class log-likelihood, mean over the batch."""
+    nll = -np.sum(labels * log_sigmoid(logits) + (1 - labels) * log_sigmoid(-logits), axis=-1)
+    return float(np.mean(nll))
+
+
+def bv_softmax_xent(logits: np.ndarray, labels: np.ndarray) -> float:
+    """big_vision.utils.softmax_xent, mean over the batch."""
+    log_p = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)
+    return float(np.mean(-np.sum(labels * log_p, axis=-1)))

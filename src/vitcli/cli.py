@@ -1,4 +1,5 @@
-"""`vit`: the command line. Commands parse and hand over; nothing here imports torch, so `--help` is instant."""
+"""`vit`: the command line. Commands parse and hand over; nothing here imports torch, so
+`--help` is instant."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ import typer
 
 from vitcli.errors import Interrupted, Terminated, VitcliError
 
-# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so show no type.
+# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`);
+# a flag takes none, so show no type.
 _display_type = typer.core.TyperOption.display_type_rich
-typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type(self, ctx)
+typer.core.TyperOption.display_type_rich = lambda self, ctx: (
+    None if self.is_flag else _display_type(self, ctx)
+)
 
 app = typer.Typer(
     name="vit",
@@ -29,32 +33,37 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-RecipeOpt = Annotated[Path | None, typer.Option("--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")]
+RecipeOpt = Annotated[
+    Path | None, typer.Option("--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")
+]
 WorkdirOpt = Annotated[
     Path | None, typer.Option("--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the resolved recipe as YAML and exit.")]
 JsonOpt = Annotated[bool, typer.Option(
-    "--json", help="Print the results as JSON on stdout instead of tables (logs and progress stay on stderr).")]
+    "--json", help="Print the results as JSON on stdout instead of tables "
+                   "(logs and progress stay on stderr).")]
 ResumeOpt = Annotated[
     bool | None,
     typer.Option("--resume/--no-resume", help="Resume from the latest good WORKDIR/state-<step>.pt "
                  "(default: when there is one)."),
 ]
 OverwriteOpt = Annotated[
-    bool, typer.Option("--overwrite", help="Start over in a workdir that holds a run, finished or not (its files "
-                       "are moved to previous-<time>/, not deleted).")
+    bool, typer.Option("--overwrite", help="Start over in a workdir that holds a run, finished or not "
+                       "(its files are moved to previous-<time>/, not deleted).")
 ]
 OverridesArg = Annotated[
     list[str] | None, typer.Argument(help="Recipe overrides by dotted path: optim.lr=1e-3 data.batch_size=64")
 ]
 FewshotOverridesArg = Annotated[
-    list[str] | None, typer.Argument(help="Recipe overrides by dotted path: fewshot.l2_reg=auto data.eval_batch_size=256")
+    list[str] | None,
+    typer.Argument(help="Recipe overrides by dotted path: fewshot.l2_reg=auto data.eval_batch_size=256")
 ]
 
 
 COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb", "inspect", "plot")
-WORKDIR_NAMES = {"eval-fewshot": "fewshot"}  # default workdirs are runs/<name>-<time>; the stage's name otherwise
+# default workdirs are runs/<name>-<time>; the stage's name otherwise
+WORKDIR_NAMES = {"eval-fewshot": "fewshot"}
 
 
 def _workdir(workdir: Path | None, stage: str) -> Path:
@@ -128,7 +137,7 @@ def pretrain(
     json_out: JsonOpt = False,
     overrides: OverridesArg = None,
 ) -> None:
-    """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""
+    """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = _resolve("pretrain", recipe, overrides, {})
     _stage("vitcli.stages.run.one_run", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite)
 
@@ -140,7 +149,9 @@ def finetune(
     init: Annotated[
         str | None, typer.Option(help="Starting weights: workdir, .safetensors, Google .npz or Hub name.")
     ] = None,
-    res: Annotated[int | None, typer.Option(help="Fine-tuning resolution (position embedding resized).")] = None,
+    res: Annotated[
+        int | None, typer.Option(help="Fine-tuning resolution (position embedding resized).")
+    ] = None,
     lr_sweep: Annotated[
         str | None, typer.Option(help="Comma-separated learning rates; best on the dev split wins.")
     ] = None,
@@ -148,7 +159,8 @@ def finetune(
         help="VTAB-1k protocol, VTAB names only: vtab (all 19), vtab/natural|specialized|structured or "
              "vtab/<name>, e.g. vtab/cifar100. Other datasets fine-tune with data.source.")] = None,
     data_root: Annotated[str | None, typer.Option(
-        help="With --task: a local VTAB root, DIR/<task> per task (e.g. DIR/svhn) instead of the Hub.")] = None,
+        help="With --task: a local VTAB root, DIR/<task> per task (e.g. DIR/svhn) "
+             "instead of the Hub.")] = None,
     dry_run: DryRunOpt = False,
     resume: ResumeOpt = None,
     overwrite: OverwriteOpt = False,
@@ -161,21 +173,25 @@ def finetune(
     from vitcli.stages.finetune import check_flags
 
     lrs, chosen = check_flags(lr_sweep, task, r)  # here, so that --dry-run refuses what the run would
-    _stage("vitcli.stages.finetune.finetune", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite,
-           lrs=lrs, chosen=chosen)
+    _stage("vitcli.stages.finetune.finetune", r, dry_run, workdir, json_out, resume=resume,
+           overwrite=overwrite, lrs=lrs, chosen=chosen)
 
 
 @app.command("eval-fewshot")
 def eval_fewshot(
     recipe: RecipeOpt = None,
     workdir: WorkdirOpt = None,
-    ckpt: Annotated[str | None, typer.Option(help="Weights: workdir, .safetensors, .npz or Hub name.")] = None,
+    ckpt: Annotated[
+        str | None, typer.Option(help="Weights: workdir, .safetensors, .npz or Hub name.")
+    ] = None,
     tasks: Annotated[str | None, typer.Option(help="vtab, vtab/natural, vtab/cifar100,vtab/dtd, ...")] = None,
     shots: Annotated[str | None, typer.Option(help="Shot counts, e.g. 1,5,10,25.")] = None,
     seeds: Annotated[int | None, typer.Option(help="Shot-set draws per shot count.")] = None,
     l2: Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")] = None,
     data_root: Annotated[str | None, typer.Option(help="One directory per task instead of the Hub.")] = None,
-    list_tasks: Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")] = False,
+    list_tasks: Annotated[
+        bool, typer.Option("--list-tasks", help="Print the task registry and exit.")
+    ] = False,
     random_init: Annotated[bool, typer.Option(
         "--random-init", help="Score --ckpt's network with fresh weights (run.seed): the baseline.")] = False,
     dry_run: DryRunOpt = False,
@@ -195,16 +211,19 @@ def eval_fewshot(
 
 @app.command("resize-posemb")
 def resize_posemb(
-    ckpt: Annotated[str, typer.Argument(help="Checkpoint: vitcli workdir or file, timm .safetensors, Google .npz.")],
+    ckpt: Annotated[
+        str, typer.Argument(help="Checkpoint: vitcli workdir or file, timm .safetensors, Google .npz.")
+    ],
     out: Annotated[Path | None, typer.Option(
-        help="Output .safetensors; default: beside the source as <name>_<H>x<W>.safetensors (a Hub model: in the "
-             "current directory).")] = None,
+        help="Output .safetensors; default: beside the source as <name>_<H>x<W>.safetensors "
+             "(a Hub model: in the current directory).")] = None,
     res: Annotated[int | None, typer.Option(help="New resolution (grid = res / patch).")] = None,
     grid: Annotated[str | None, typer.Option(help="New grid as HxW, e.g. 24x24.")] = None,
     patch: Annotated[int | None, typer.Option(help="Patch size, if the checkpoint does not say.")] = None,
     method: Annotated[str, typer.Option(help="bilinear (big_vision) or bicubic (timm).")] = "bilinear",
     dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Check everything and print what would change and where it would go; write nothing.")
+        "--dry-run",
+        help="Check everything and print what would change and where it would go; write nothing.")
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -226,8 +245,12 @@ def inspect(
                                  "dir, parquet files, Hub id); default: the built-in synthetic data.")
     ] = None,
     split: Annotated[str, typer.Option(help="Split of the --data source to read.")] = "test",
-    images: Annotated[int, typer.Option(min=1, help="Images averaged over for the attention distances.")] = 128,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the numbers as JSON instead of a table.")] = False,
+    images: Annotated[
+        int, typer.Option(min=1, help="Images averaged over for the attention distances.")
+    ] = 128,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the numbers as JSON instead of a table.")
+    ] = False,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Recipe overrides by dotted path, e.g. model.num_heads=3 for a "
                                          "foreign file that does not tell, data.image_column=img")
@@ -254,7 +277,7 @@ def plot(
                                   "workdir, ./curves.png for several.")
     ] = None,
 ) -> None:
-    """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""
+    """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""  # noqa: E501
     from vitcli.stages.plot import plot as run
 
     run(workdirs, out)

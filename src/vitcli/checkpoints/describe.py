@@ -40,7 +40,8 @@ BACKBONE = "patch_embed.backbone."
 class CheckpointSpec:
     """A checkpoint's network, as far as the checkpoint tells it."""
 
-    name: str  # model.name that builds it: ours as recorded; foreign plain ViTs "custom"; "" = not a ViT we read
+    # model.name that builds it: ours as recorded; foreign plain ViTs "custom"; "" = not a ViT we read
+    name: str
     patch_size: int
     grid: tuple[int, int] | None  # patch grid (H, W) of the position table; None when nothing tells
     num_prefix_tokens: int  # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
@@ -57,7 +58,8 @@ class CheckpointSpec:
     path: str = ""  # the file or Hub name it was read from, for messages
 
     def architecture(self) -> dict:
-        """The ModelConfig fields that rebuild this network; a CheckpointError when the file cannot tell them."""
+        """The ModelConfig fields that rebuild this network; a CheckpointError when the
+        file cannot tell them."""
         if not self.name:
             raise CheckpointError(
                 f"cannot infer the architecture of {self.path or 'the checkpoint'} (no patch_embed/blocks "

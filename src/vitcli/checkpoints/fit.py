@@ -49,7 +49,8 @@ def adapt_state_dict(
 
 
 def head_prefix(model: nn.Module) -> str:
-    """State-dict prefix of the model's classifier: `head.` for ViTs, `fc.` for timm ResNets, `head.fc.` BiT."""
+    """State-dict prefix of the model's classifier: `head.` for ViTs, `fc.` for timm ResNets,
+    `head.fc.` BiT."""
     head = model.get_classifier() if hasattr(model, "get_classifier") else None
     return next((f"{name}." for name, module in model.named_modules() if name and module is head), HEAD)
 

@@ -30,7 +30,8 @@ from vitcli.runtime.workdir import refuse_finished, set_aside
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
 # weights and the summation order) must match.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
-             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size", "fewshot.")
+             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size",
+             "fewshot.")
 
 Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
 
@@ -43,7 +44,8 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
     read without unpickling; the model and optimizer tensors stay on disk until CheckpointManager.load reads
     them into the live, already sharded model. Either is checked against its checksums first.
 
-    Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names them.
+    Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names
+    them.
     """
     failures = []
     for path in state.checkpoints(workdir):
@@ -56,7 +58,8 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
             console.log(f"[yellow]warning: {failure}; resuming from {path.name} instead")
         return path, saved
     if failures:
-        raise CheckpointError(f"no usable checkpoint in {workdir}: {'; '.join(failures)}; --no-resume starts over")
+        raise CheckpointError(f"no usable checkpoint in {workdir}: {'; '.join(failures)}; "
+                              "--no-resume starts over")
     return None
 
 
@@ -109,7 +112,8 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
         raise RecipeError(
-            f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, {now[k]!r} now{more});"
+            f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, "
+            f"{now[k]!r} now{more});"
             " use a new --workdir or --no-resume"
         )
 
@@ -197,7 +201,8 @@ class CheckpointManager:
         if stream_position is not None:
             data["streams"] = [g["stream"] for g in gathered]
         parts = {"step": step, "rng": [g["rng"] for g in gathered], "data": data, "recipe": to_dict(r)}
-        return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints, self.sharded)
+        return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
+                    self.sharded)
 
 
 def _restore_rngs(saved: list, dist: Dist) -> None:
@@ -210,4 +215,5 @@ def _restore_rngs(saved: list, dist: Dist) -> None:
         rngs.restore(saved[dist.rank])
     elif dist.is_main:
         console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
-                    f"{dist.world_size}: per-process RNG states are not restored (training's draws do not use them)")
+                    f"{dist.world_size}: per-process RNG states are not restored "
+                    "(training's draws do not use them)")

@@ -59,7 +59,8 @@ class _Arrays:
         return sorted(k for k in self.w if k.startswith(self.prefix) and k not in self.used)
 
     def count(self, pattern: str) -> int:
-        """How many of pattern.format(1), pattern.format(2), ... exist; a gap ends the count (and is left over)."""
+        """How many of pattern.format(1), pattern.format(2), ... exist; a gap ends the count
+        (and is left over)."""
         n = 0
         while self.has(pattern.format(n + 1)):
             n += 1
@@ -81,7 +82,8 @@ def npz_to_timm(arrays: dict[str, np.ndarray], name: str = "npz") -> tuple[dict[
     sd.update(blocks)
     leftover = a.leftover()
     if leftover:
-        raise CheckpointError(f"{name}: arrays outside a ViT and its hybrid ResNet: {', '.join(leftover[:3])}")
+        raise CheckpointError(f"{name}: arrays outside a ViT and its hybrid ResNet: "
+                              f"{', '.join(leftover[:3])}")
     return {k: v.contiguous() for k, v in sd.items()}, num_heads
 
 

@@ -31,9 +31,9 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 ZIP_MAGIC = b"PK\x03\x04"
 PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")  # a pickle starts with PROTO (0x80) and its version
-# where training checkpoints keep their weights, first found wins: timm's (and official T2T-ViT's) EMA weights,
-# which the official transfer code loads, then the raw ones; DDP's `module.` prefix is stripped. Their `args`
-# entry is an argparse.Namespace, a plain attribute bag the conversion allows.
+# where training checkpoints keep their weights, first found wins: timm's (and official T2T-ViT's) EMA
+# weights, which the official transfer code loads, then the raw ones; DDP's `module.` prefix is stripped.
+# Their `args` entry is an argparse.Namespace, a plain attribute bag the conversion allows.
 STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
 
 

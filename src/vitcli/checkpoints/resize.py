@@ -44,7 +44,8 @@ def resize_checkpoint(
     loaded = read_checkpoint(src)
     spec = describe(loaded)
     patch = _patch_size(spec, patch_size)
-    new = tuple(new_grid) if new_grid is not None else grid_for(res, patch, "--res", "the checkpoint's patch size")
+    new = (tuple(new_grid) if new_grid is not None
+           else grid_for(res, patch, "--res", "the checkpoint's patch size"))
     old = _old_grid(loaded.state_dict, spec)
     rows = [
         ("grid", f"{old[0]}x{old[1]} -> {new[0]}x{new[1]} (patch {patch}, {spec.pos_embed}, {method})"),

@@ -48,7 +48,8 @@ def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra:
         tmp = _rank0_path(tmp, dist)
         model_state, optim_state = get_state_dict(model, optimizer)
         with _single_process_is_intended():
-            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp, no_dist=dist.world_size == 1)
+            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp,
+                     no_dist=dist.world_size == 1)
         barrier(dist)
         if dist.is_main:
             write_extra(tmp, extra)
@@ -88,7 +89,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
         with _single_process_is_intended():
             dcp.load(loaded, checkpoint_id=path, no_dist=not torch_dist.is_initialized())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
-        raise CheckpointError(f"{path}: does not fit this model and optimizer ({_first_failure(e)})") from None
+        raise CheckpointError(f"{path}: does not fit this model and optimizer "
+                              f"({_first_failure(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
     return extra
 
@@ -102,8 +104,9 @@ def _first_failure(error: BaseException) -> str:
 
 
 def write_extra(directory: Path, extra: dict) -> None:
-    """The non-tensor part of a sharded checkpoint (step, recipe, RNG states, data position), so that reading it
-    never unpickles: plain data as extra.json, the tensors in it (RNG byte tensors) in extra.safetensors."""
+    """The non-tensor part of a sharded checkpoint (step, recipe, RNG states, data position), so that reading
+    it never unpickles: plain data as extra.json, the tensors in it (RNG byte tensors) in
+    extra.safetensors."""
     tensors: dict[str, torch.Tensor] = {}
     plain = _split_tensors(extra, tensors)
     save_file(tensors, str(Path(directory) / EXTRA_TENSORS))
@@ -140,7 +143,8 @@ def read_extra(directory: Path) -> dict:
 def _join_tensors(obj, tensors: dict[str, torch.Tensor], directory: Path):
     if isinstance(obj, dict) and set(obj) == {_TENSOR}:
         if obj[_TENSOR] not in tensors:
-            raise CheckpointError(f"{directory / EXTRA_TENSORS}: no tensor {obj[_TENSOR]}, which {EXTRA_JSON} names")
+            raise CheckpointError(f"{directory / EXTRA_TENSORS}: no tensor {obj[_TENSOR]}, "
+                                  f"which {EXTRA_JSON} names")
         return tensors[obj[_TENSOR]]
     if isinstance(obj, dict):
         return {k: _join_tensors(v, tensors, directory) for k, v in obj.items()}
@@ -158,5 +162,6 @@ def verified_extra(path: Path) -> dict:
     extra = read_extra(path)
     missing = [k for k in SHARDED_KEYS if k not in extra]
     if missing:
-        raise CheckpointError(f"{path}: not a complete training state (no {', '.join(missing)} in {EXTRA_JSON})")
+        raise CheckpointError(f"{path}: not a complete training state "
+                              f"(no {', '.join(missing)} in {EXTRA_JSON})")
     return extra

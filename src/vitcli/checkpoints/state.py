@@ -10,7 +10,8 @@ here alike; checkpoints.manager decides which one a run resumes from.
 Why files named by their step rather than `state.pt` plus renamed older copies: a checkpoint is never renamed
 once written, so a kill at any moment leaves every earlier checkpoint and its checksum intact. Rotating names
 would move a good file and its checksum in two renames, and a kill between them would make it look damaged.
-A directory appears under its name in one rename, already sealed, and leaves it the same way (files.remove_dir).
+A directory appears under its name in one rename, already sealed, and leaves it the same way
+(files.remove_dir).
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def stale_dirs(workdir: Path) -> list[Path]:
 
 
 def remove_stale_dirs(workdir: Path) -> list[Path]:
-    """Delete stale_dirs; return them. Call it before the run writes anything (as files.remove_stale_temps)."""
+    """Delete stale_dirs; return them. Call it before the run writes anything
+    (as files.remove_stale_temps)."""
     stale = stale_dirs(workdir)
     for path in stale:
         files.remove_dir(path)

@@ -1,9 +1,10 @@
-"""Starting weights into a built model: the paper's transfer protocol for fine-tuning, the body for evaluation.
+"""Starting weights into a built model: the paper's transfer protocol for fine-tuning, the body for
+evaluation.
 
-The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.recipe.resolve), so
-the model built from the recipe is the checkpoint's network. Here the pretrained head (and by default the
-representation layer) is replaced by a zero-initialised D x K head and the position embedding is resized
-once, in 2-D, to the model's grid; a table says what was loaded, dropped and resized.
+The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.recipe.resolve),
+so the model built from the recipe is the checkpoint's network. Here the pretrained head (and by default the
+representation layer) is replaced by a zero-initialised D x K head and the position embedding is resized once,
+in 2-D, to the model's grid; a table says what was loaded, dropped and resized.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from vitcli.runtime.metrics import console, pairs_table
 
 
 def _spec(loaded: Loaded, recipe: Recipe) -> CheckpointSpec:
-    """The checkpoint's spec, its heads labelled by their evidence (Table 1, kernels) when the recipe's agree."""
+    """The checkpoint's spec, its heads labelled by their evidence (Table 1, kernels) when the
+    recipe's agree."""
     spec = describe(loaded)
     return spec if spec.num_heads == recipe.model.num_heads else describe(loaded, recipe.model.num_heads)
 
@@ -44,7 +46,8 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
 
 def load_for_eval(recipe: Recipe) -> torch.nn.Module:
     """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode; with
-    init.random, the same network as the model's own initialiser draws it from run.seed (nothing is loaded)."""
+    init.random, the same network as the model's own initialiser draws it from run.seed
+    (nothing is loaded)."""
     if recipe.init.random:
         with torch.random.fork_rng():  # the caller's RNG stream is left as it was
             torch.manual_seed(recipe.run.seed)

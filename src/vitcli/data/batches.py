@@ -150,8 +150,8 @@ class _Batches(KeyedBatches):
         return {i: self.cache[i] for i in rows if i in self.cache}
 
     def _substitute(self, row: int, images: dict) -> int:
-        """The row standing in for `row` over the whole split (stand_in); its image joins `images`. The walk is
-        cheap: rows found bad are never decoded again."""
+        """The row standing in for `row` over the whole split (stand_in); its image joins `images`. The walk
+        is cheap: rows found bad are never decoded again."""
 
         def decodes(j: int) -> bool:
             found = images[j] if j in images else self._decoded([j]).get(j)
@@ -189,13 +189,13 @@ def stand_in(i: int, n: int, decodes) -> int | None:
 
 def none_decode(what: str, tried: str, culprit: str, reason: str) -> DataError:
     """The error for images none of which decodes (there is no stand-in), naming one of them and why."""
-    return DataError(f"no image of {what} decodes ({tried} tried; {culprit}: {reason}); repair the image files "
-                     "or use another copy of the data")
+    return DataError(f"no image of {what} decodes ({tried} tried; {culprit}: {reason}); "
+                     "repair the image files or use another copy of the data")
 
 
 def worker_error(e: Exception, name: str) -> Exception:
-    """What a keyed dataset's __getitem__ does with an error building a batch of split `name`: in this process,
-    re-raise it (the traceback stays intact); in a loader worker, return it as one line.
+    """What a keyed dataset's __getitem__ does with an error building a batch of split `name`: in this
+    process, re-raise it (the traceback stays intact); in a loader worker, return it as one line.
 
     Returned, not raised: the loader would re-raise it with the worker's traceback in its message.
     BatchStream raises it in the reading process, as the one line the CLI shows."""
@@ -234,13 +234,15 @@ class BatchStream:
         raise StopIteration
 
     def position(self) -> dict | None:
-        """None: where a map-style stream goes on follows from the step alone (streams.TrainStream says more)."""
+        """None: where a map-style stream goes on follows from the step alone
+        (streams.TrainStream says more)."""
         return None
 
 
-def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int) -> Iterator:
-    """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch `start` on; no
-    image is touched.
+def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int,
+                world_size: int) -> Iterator:
+    """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch `start` on;
+    no image is touched.
 
     Every optimizer step s takes one global batch of micro x accum x world_size rows of the (seed, epoch)
     permutation (drop_last), cut into global micro-batches j = 0, 1, ...; rank r computes j = r * accum + i
@@ -294,8 +296,8 @@ def keyed_loader(dataset: KeyedBatches, keys: Iterable, workers: int) -> DataLoa
     """A loader over a dataset whose keys name whole batches (this module's and streams.py's).
 
     batch_size=None: each key already names a whole batch; one iterator spans all epochs, so the workers
-    persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed from the
-    global torch RNG and shift the trainer's dropout/init streams."""
+    persist for the whole run. Our own generator: the loader would otherwise draw its worker base seed from
+    the global torch RNG and shift the trainer's dropout/init streams."""
     return DataLoader(
         dataset, batch_size=None, sampler=keys, num_workers=workers,
         generator=torch.Generator().manual_seed(0), pin_memory=torch.cuda.is_available(),
@@ -328,8 +330,8 @@ def eval_batches(
 ) -> BatchStream:
     """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
     selects the few-shot preprocessing (squash to resize x resize with `resize_method`, centre crop img_size).
-    Images that do not decode are left out and recorded in `skipped` (a caller's tally that outlives this pass,
-    or a new one)."""
+    Images that do not decode are left out and recorded in `skipped` (a caller's tally that outlives this
+    pass, or a new one)."""
     rows = list(range(rank, len(ds), world_size))
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)

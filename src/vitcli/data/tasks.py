@@ -80,18 +80,22 @@ VTAB = [
     _vtab("sun397", "natural", 397, "dpdl-benchmark/sun397", _VAL),
     _vtab("svhn", "natural", 10, "dpdl-benchmark/svhn_cropped", "train[65931:66131]"),
     _vtab("camelyon", "specialized", 2, "dpdl-benchmark/patch_camelyon", _VAL),
-    _vtab("eurosat", "specialized", 10, "dpdl-benchmark/eurosat", "train[16200:16400]", "train[21600:]"),  # UNVERIFIED
+    _vtab("eurosat", "specialized", 10, "dpdl-benchmark/eurosat", "train[16200:16400]",
+          "train[21600:]"),  # UNVERIFIED
     _vtab("resisc45", "specialized", 45, "dpdl-benchmark/resisc45", "train[18900:19100]", "train[25200:]"),
-    _vtab("retinopathy", "specialized", 5, "dpdl-benchmark/diabetic_retinopathy_detection", _VAL),  # UNVERIFIED
+    _vtab("retinopathy", "specialized", 5, "dpdl-benchmark/diabetic_retinopathy_detection",
+          _VAL),  # UNVERIFIED
     # CLEVR: task_adaptation tests on TFDS `validation` (TFDS `test` has no scenes); this mirror ships only
     # the 15k labelled held-out images, as `test`.
-    _vtab("clevr_count", "structured", 8, "dpdl-benchmark/clevr", "train[63000:63200]", label_rule="clevr_count"),
-    _vtab("clevr_dist", "structured", 6, "dpdl-benchmark/clevr", "train[63000:63200]", label_rule="clevr_distance"),
+    _vtab("clevr_count", "structured", 8, "dpdl-benchmark/clevr", "train[63000:63200]",
+          label_rule="clevr_count"),
+    _vtab("clevr_dist", "structured", 6, "dpdl-benchmark/clevr", "train[63000:63200]",
+          label_rule="clevr_distance"),
     _vtab("dmlab", "structured", 6, "dpdl-benchmark/dmlab", _VAL),
-    _vtab("dsprites_loc", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]", "train[663552:]",
-          label_rule="dsprites_location", binary_pixels=True),
-    _vtab("dsprites_ori", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]", "train[663552:]",
-          label_rule="dsprites_orientation", binary_pixels=True),
+    _vtab("dsprites_loc", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]",
+          "train[663552:]", label_rule="dsprites_location", binary_pixels=True),
+    _vtab("dsprites_ori", "structured", 16, "dpdl-benchmark/dsprites", "train[589824:590024]",
+          "train[663552:]", label_rule="dsprites_orientation", binary_pixels=True),
     _vtab("kitti_dist", "structured", 4, "dpdl-benchmark/kitti", _VAL, label_rule="kitti_closest_vehicle"),
     _vtab("smallnorb_azi", "structured", 18, "dpdl-benchmark/smallnorb", "test[:200]", "test[50%:]",
           label_column="label_azimuth"),
@@ -221,7 +225,8 @@ def _expand(item: str, custom: dict[str, Task]) -> list[Task]:
 
 
 def get_tasks(spec: str, custom: dict[str, Task] | None = None) -> list[Task]:
-    """Tasks named by a comma-separated spec (`vtab`, `vtab/natural`, `standard`, names), first mention first."""
+    """Tasks named by a comma-separated spec (`vtab`, `vtab/natural`, `standard`, names),
+    first mention first."""
     items = [s.strip() for s in spec.split(",") if s.strip()]
     if not items:
         raise DataError("no few-shot tasks given; use vtab, vtab/<group>, standard or task names")

@@ -81,7 +81,8 @@ def big_vision_resize_crop(img: Image.Image, resize: int, img_size: int) -> torc
 def _fewshot_transform(img_size: int, resize: int, method: str):
     """Squash to resize x resize, centre crop img_size, [-1, 1]; `method` names whose resampling."""
     if method not in FEWSHOT_RESIZE_METHODS:
-        raise DataError(f"fewshot.resize_method: '{method}' is not one of {', '.join(FEWSHOT_RESIZE_METHODS)}")
+        raise DataError(f"fewshot.resize_method: '{method}' is not one of "
+                        f"{', '.join(FEWSHOT_RESIZE_METHODS)}")
     if resize < img_size:
         raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
     return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers

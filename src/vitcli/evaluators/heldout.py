@@ -20,7 +20,8 @@ class SplitEvaluator:
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
         self.dist, self.precision = dist, precision
-        self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once, not per eval
+        # kept across runs: a corrupt image is warned about once, not per eval
+        self.skipped = batches.Skipped()
 
     def sums(self, model: torch.nn.Module, per_batch, width: int) -> tuple[list[float], int]:
         """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
@@ -35,7 +36,8 @@ class SplitEvaluator:
         return totals, int(skipped)
 
     def named(self, metrics: dict[str, float], skipped: int) -> Iterator[tuple[str, float]]:
-        """PREFIX/name pairs, and the skipped count only when it happened (zeros in every report are noise)."""
+        """PREFIX/name pairs, and the skipped count only when it happened
+        (zeros in every report are noise)."""
         yield from ((f"{self.prefix}/{name}", value) for name, value in metrics.items())
         if skipped:
             yield f"{self.prefix}/skipped_images", skipped
@@ -64,7 +66,8 @@ class MppEvaluator(SplitEvaluator):
     """Held-out masked patch prediction: mean loss and mean-colour accuracy on one split, with the same
     corruption draws every run (batch i uses seed i), so runs are comparable step to step."""
 
-    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, target: str):
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str,
+                 target: str):
         super().__init__(prefix, ds, cfg, img_size, dist, precision)
         self.target = target
 

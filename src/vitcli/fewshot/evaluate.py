@@ -21,8 +21,8 @@ from vitcli.runtime.dist import Dist
 
 
 def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
-    """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales that
-    as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
+    """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales
+    that as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
     img_size, f = recipe.model.img_size, recipe.fewshot
     return img_size, int(f.resize / 224 * img_size), f.resize_method
 
@@ -52,7 +52,8 @@ def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
 
 
 def data_id(task: tasks.Task, recipe: Recipe) -> str:
-    """Where a task's images come from, for the feature-cache key; the built-in data is defined by its config."""
+    """Where a task's images come from, for the feature-cache key; the built-in data is
+    defined by its config."""
     source = tasks.task_source(task, recipe.fewshot.data_root)
     if source == "synthetic":
         return f"synthetic:{json.dumps(dataclasses.asdict(recipe.data.synthetic), sort_keys=True)}"
@@ -115,7 +116,8 @@ class FewshotEvaluator:
         for task in self.tasks:
             cfg = data_cfg(task, self.recipe)
             sets = [features.extract(model, ds, cfg, img_size, resize, self.dist, self.recipe.run.precision,
-                                     skipped=self.skipped, resize_method=method) for ds in self.splits[task.name]]
+                                     skipped=self.skipped, resize_method=method)
+                    for ds in self.splits[task.name]]
             rows = evaluate_task(sets[0], sets[1], task.num_classes, self.recipe, task.name)
             drawn = draws(rows)
             for (name, shots), (mean, _) in summarise(rows).items():

@@ -34,7 +34,8 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
             skipped: batches.Skipped | None = None, resize_method: str = "big_vision"):
     """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every rank; rows
-    whose image does not decode are left out (and recorded in `skipped`). `resize_method`: fewshot.resize_method.
+    whose image does not decode are left out (and recorded in `skipped`).
+    `resize_method`: fewshot.resize_method.
 
     Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
     own = batches.Skipped()
@@ -71,7 +72,8 @@ def _in_dataset_order(parts: list, n: int, skipped: batches.Skipped | None) -> t
 
 
 def weights_id(path: str | Path) -> str:
-    """Content hash of a checkpoint file (a Hub name hashes as its name): the cache must not outlive a rewrite."""
+    """Content hash of a checkpoint file (a Hub name hashes as its name): the cache must not
+    outlive a rewrite."""
     p = Path(path)
     if p.is_dir():
         p = p / MODEL_FILE
@@ -96,7 +98,8 @@ def state_id(model: torch.nn.Module) -> str:
 def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
     """Key of one cached feature set: the four things that determine it (`preprocessing` holds img_size,
     resize, resize_method and precision)."""
-    blob = json.dumps({"weights": weights, "task": task, "split": split, "pre": preprocessing}, sort_keys=True)
+    blob = json.dumps({"weights": weights, "task": task, "split": split, "pre": preprocessing},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
@@ -104,7 +107,8 @@ def cached(
     cache_dir: Path, key: str, compute, write: bool = True, skipped: batches.Skipped | None = None,
     dist: Dist | None = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
-    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and (if `write`) store it atomically.
+    """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and
+    (if `write`) store it atomically.
 
     The rows the extraction skipped are stored with the features and recorded into `skipped` on a hit as on a
     miss (`compute` must extract into that same tally). A damaged file is recomputed, with a warning.

@@ -93,8 +93,8 @@ def _table(summary: dict, means: dict, short: dict) -> None:
             cells.append(f"{100 * mean_std[0]:.1f} ± {100 * mean_std[1]:.1f}{mark}" if mean_std else "-")
         table.add_row(name, *cells)
     for group in dict.fromkeys(g for g, _ in means):
-        table.add_row(f"[bold]{group} mean", *[f"{100 * means[(group, k)]:.1f}" if (group, k) in means else "-"
-                                               for k in all_shots])
+        table.add_row(f"[bold]{group} mean",
+                      *[f"{100 * means[(group, k)]:.1f}" if (group, k) in means else "-" for k in all_shots])
     stdout.print(table)
     for (name, k), draw in short.items():  # scored on what the classes have, as big_vision: say so
         stdout.print(footnote(name, k, draw), soft_wrap=True, markup=False)

@@ -92,7 +92,8 @@ class ShotSet:
         return int((self.per_class < self.shots).sum())
 
     def record(self) -> dict[str, int]:
-        """What a result row says about the draw: classes, short and empty ones, examples (of shots * classes)."""
+        """What a result row says about the draw: classes, short and empty ones, examples
+        (of shots * classes)."""
         values = len(self.per_class), self.short_classes, int((self.per_class == 0).sum()), len(self.indices)
         return dict(zip(DRAW_FIELDS, values, strict=True))
 
@@ -114,7 +115,8 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int | N
     per_class = [rng.permutation(np.flatnonzero(labels == c))[:shots] for c in range(num_classes)]
     if not sum(len(idx) for idx in per_class):
         raise DataError(f"the few-shot train split has no example of classes 0..{num_classes - 1} "
-                        f"({labels.size} labels): nothing to fit; check the task's train split and label column")
+                        f"({labels.size} labels): nothing to fit; "
+                        "check the task's train split and label column")
     return ShotSet(np.concatenate(per_class), shots, np.array([len(idx) for idx in per_class]))
 
 
@@ -144,7 +146,8 @@ def predict(cache: LsrCache, w: np.ndarray, x_test: np.ndarray) -> np.ndarray:
     """Logits (M, K) of test features (M, D), standardised with the shot set's statistics."""
     x_test = _check_features(x_test, "test")
     if x_test.shape[1] != cache.mean.shape[1]:
-        raise DataError(f"few-shot test features have D={x_test.shape[1]}, train features D={cache.mean.shape[1]}")
+        raise DataError(f"few-shot test features have D={x_test.shape[1]}, "
+                        f"train features D={cache.mean.shape[1]}")
     return _augment(x_test, cache.mean, cache.std) @ w
 
 

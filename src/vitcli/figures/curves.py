@@ -1,6 +1,8 @@
-"""Training curves from metrics.jsonl: loss, learning rate, held-out and few-shot accuracy, several runs overlaid.
+"""Training curves from metrics.jsonl: loss, learning rate, held-out and few-shot accuracy, several
+runs overlaid.
 
-`vit plot` (stages/plot.py) draws them for any workdirs; every training run draws its own WORKDIR/curves.png at its end.
+`vit plot` (stages/plot.py) draws them for any workdirs; every training run draws its own WORKDIR/curves.png
+at its end.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ STYLES = ("-", "--", ":", "-.")
 
 
 def panel(key: str) -> str | None:
-    """Which panel a metrics.jsonl key belongs to (train/loss, val/top1, fewshot/x/5shot...), None: not drawn."""
+    """Which panel a metrics.jsonl key belongs to (train/loss, val/top1, fewshot/x/5shot...),
+    None: not drawn."""
     split, _, name = key.partition("/")
     if split == "fewshot":
         return "few-shot accuracy"

@@ -80,7 +80,8 @@ def patch_distances(grid: tuple[int, int], cell: float) -> torch.Tensor:
 
 
 def attention_distance(attn: torch.Tensor, distances: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Mean attention distance (B, heads) of attention probabilities (B, heads, T, T) over T = prefix + N tokens.
+    """Mean attention distance (B, heads) of attention probabilities (B, heads, T, T)
+    over T = prefix + N tokens.
 
     Per query patch: sum over key patches of weight x distance between the patch centres; then the mean over
     query patches. Prefix tokens (class, registers) have no place in the image, so they are dropped as
@@ -91,7 +92,8 @@ def attention_distance(attn: torch.Tensor, distances: torch.Tensor, prefix: int)
     """
     n = distances.shape[0]
     if attn.shape[-1] != prefix + n:
-        raise ModelError(f"attention over {attn.shape[-1]} tokens, but {prefix} prefix + {n} patches expected")
+        raise ModelError(f"attention over {attn.shape[-1]} tokens, "
+                         f"but {prefix} prefix + {n} patches expected")
     patches = attn[..., prefix:, prefix:].double()  # (B, heads, N, N)
     patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-30)
     return (patches * distances.to(patches.device)).sum(dim=-1).mean(dim=-1)
@@ -152,7 +154,8 @@ def distance_figure(distances: np.ndarray, img_size: int, title: str) -> Figure:
         ax.scatter(layers, distances[:, head], s=14, label=f"head {head + 1}")
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
-    ax.set_ylim(0, max(img_size / 2, 1.05 * float(distances.max())))  # the paper's scale: up to ~half the image
+    # the paper's scale: up to ~half the image
+    ax.set_ylim(0, max(img_size / 2, 1.05 * float(distances.max())))
     ax.set_xticks(layers if depth <= 16 else layers[:: max(1, depth // 12)])
     ax.grid(alpha=0.3)
     if heads <= 16:

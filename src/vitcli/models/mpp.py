@@ -1,8 +1,8 @@
 """Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the pure maths.
 
-Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80% are
-replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10% are
-left as they are (BERT's recipe). The loss is computed on the corrupted patches only, against one of three
+Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80%
+are replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10%
+are left as they are (BERT's recipe). The loss is computed on the corrupted patches only, against one of three
 targets (`MPP_TARGETS`, vitcli.recipe.choices):
 
 - `mean_color` (the paper's final choice): the patch's mean colour at 3 bits per channel, one 512-way softmax;
@@ -63,7 +63,8 @@ def mean_color_target(patches: torch.Tensor) -> torch.Tensor:
 
 
 def pooled_cells(patches: torch.Tensor, cells: int = MPP_CELLS) -> torch.Tensor:
-    """(B, N, 3, P, P) -> (B, N, cells * cells, 3): the patch average-pooled to a cells x cells grid, row-major."""
+    """(B, N, 3, P, P) -> (B, N, cells * cells, 3): the patch
+    average-pooled to a cells x cells grid, row-major."""
     b, n, c, p = patches.shape[:4]
     if p % cells:
         raise RecipeError(f"the color_4x4 target needs a patch size divisible by {cells}, got patch size {p}")
@@ -73,7 +74,8 @@ def pooled_cells(patches: torch.Tensor, cells: int = MPP_CELLS) -> torch.Tensor:
 
 
 def color_4x4_target(patches: torch.Tensor) -> torch.Tensor:
-    """(B, N, 3, P, P) -> (B, N, 17) int64: [mean-colour bin, bins of the 16 cells of the 4x4 pooled patch]."""
+    """(B, N, 3, P, P) -> (B, N, 17) int64: [mean-colour bin,
+    bins of the 16 cells of the 4x4 pooled patch]."""
     cells = color_bins(to_unit(pooled_cells(patches)))  # (B, N, 16)
     return torch.cat([mean_color_target(patches)[..., None], cells], dim=-1)
 
@@ -109,7 +111,8 @@ def _check_fractions(ratio: float, mask: float, random: float) -> None:
     if not 0.0 < ratio <= 1.0:
         raise RecipeError(f"corruption ratio {ratio}: expected a fraction in (0, 1]")
     if mask < 0 or random < 0 or mask + random > 1:
-        raise RecipeError(f"mask {mask} + random {random}: expected non-negative fractions summing to at most 1")
+        raise RecipeError(f"mask {mask} + random {random}: "
+                          "expected non-negative fractions summing to at most 1")
 
 
 def corruption(
@@ -130,7 +133,8 @@ def corruption(
     _check_fractions(ratio, mask, random)
     k, device = round(ratio * num_patches), generator.device
     # the k smallest of N iid uniforms sit at a uniformly random k-subset; float64 makes ties negligible
-    order = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device).argsort(dim=1)
+    order = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64,
+                       device=device).argsort(dim=1)
     corrupted = torch.zeros(batch, num_patches, dtype=torch.bool, device=device)
     corrupted.scatter_(1, order[:, :k], True)
     u = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device)
@@ -143,7 +147,8 @@ def corruption(
 def corrupt(
     tokens: torch.Tensor, mode: torch.Tensor, mask_token: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
-    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,), 2 -> another patch's embedding.
+    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,),
+    2 -> another patch's embedding.
 
     A mode-2 patch takes the embedding of a uniformly drawn other patch of the batch (any image, never
     itself). That replacement is detached: it is input noise, so every token's gradient comes only through
@@ -163,7 +168,8 @@ def corrupt(
 
 
 def mean_color_of_pixels(pixels: torch.Tensor) -> torch.Tensor:
-    """(..., 3*P*P) flattened patches in [-1, 1] (`pixels_target`'s layout) -> (...) bins of their mean colour."""
+    """(..., 3*P*P) flattened patches in [-1, 1] (`pixels_target`'s layout) -> (...) bins of their
+    mean colour."""
     return color_bins(to_unit(pixels.unflatten(-1, (3, -1)).mean(dim=-1)))
 
 

@@ -52,7 +52,8 @@ def at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def positive_random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """(B, T, d) x (m, d) -> (B, T, m): exp(w.x - |x|^2/2) / sqrt(m), whose inner products estimate exp(q.k)."""
+    """(B, T, d) x (m, d) -> (B, T, m): exp(w.x - |x|^2/2) / sqrt(m), whose inner products
+    estimate exp(q.k)."""
     half_sq = (x * x).sum(dim=-1, keepdim=True) / 2  # (B, T, 1)
     x = at_least_fp32(x)
     return torch.exp(x @ w.to(x.dtype).t() - half_sq) / math.sqrt(w.shape[0])
@@ -70,7 +71,8 @@ class TokenPerformer(nn.Module):
         self.proj = nn.Linear(in_dim, in_dim)
         self.norm1 = nn.LayerNorm(dim)
         self.norm2 = nn.LayerNorm(in_dim)
-        self.mlp = nn.Sequential(nn.Linear(in_dim, in_dim), nn.GELU(), nn.Linear(in_dim, in_dim), nn.Dropout(dropout))
+        self.mlp = nn.Sequential(nn.Linear(in_dim, in_dim), nn.GELU(), nn.Linear(in_dim, in_dim),
+                                 nn.Dropout(dropout))
         m = int(in_dim * kernel_ratio)
         # fixed, never trained: orthogonal rows scaled by sqrt(m), as the official code draws them
         self.w = nn.Parameter(nn.init.orthogonal_(torch.empty(m, in_dim)) * math.sqrt(m), requires_grad=False)
@@ -90,7 +92,8 @@ class TokenPerformer(nn.Module):
 
 
 class TokenAttention(nn.Module):
-    """Official token_transformer.Attention with its one head: (B, T, dim) -> (B, T, in_dim), `v` as residual."""
+    """Official token_transformer.Attention with its one head: (B, T, dim) -> (B, T, in_dim),
+    `v` as residual."""
 
     def __init__(self, dim: int, in_dim: int):
         super().__init__()

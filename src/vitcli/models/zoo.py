@@ -47,12 +47,14 @@ class ViT(VisionTransformer):
                 self.pos_embed.copy_(table)  # (1, prefix + H*W, D)
             self.pos_embed.requires_grad_(False)
         elif pos_embed_type == "learned_2d":
-            # App. D.4: per patch, concat(row table[y], column table[x]), each D/2 wide; prefix tokens get none
+            # App. D.4: per patch, concat(row table[y], column table[x]), each D/2 wide;
+            # prefix tokens get none
             self.pos_embed_row = nn.Parameter(trunc_normal_(torch.empty(1, gh, dim // 2), std=0.02))
             self.pos_embed_col = nn.Parameter(trunc_normal_(torch.empty(1, gw, dim // 2), std=0.02))
         self.pre_logits = nn.Identity()
         if representation_size:
-            self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(dim, representation_size), act=nn.Tanh()))
+            self.pre_logits = nn.Sequential(OrderedDict(fc=nn.Linear(dim, representation_size),
+                                                        act=nn.Tanh()))
             init_weights_vit_timm(self.pre_logits.fc)
             self.num_features = self.head_hidden_size = representation_size
             self.reset_classifier(self.num_classes)
@@ -81,7 +83,8 @@ class ViT(VisionTransformer):
         (gh, gw), half = self.patch_embed.grid_size, self.embed_dim // 2
         rows = self.pos_embed_row[:, :, None].expand(-1, gh, gw, half)  # (1, H, W, D/2)
         cols = self.pos_embed_col[:, None, :].expand(-1, gh, gw, half)  # (1, H, W, D/2)
-        return torch.cat([rows, cols], dim=-1).flatten(1, 2)  # timm only prepends prefix tokens when pos_embed is None
+        # timm only prepends prefix tokens when pos_embed is None
+        return torch.cat([rows, cols], dim=-1).flatten(1, 2)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, N, D) -> pooled, normalised, pre-logits (B, num_features), or logits (B, K)."""
@@ -95,7 +98,8 @@ class ViT(VisionTransformer):
 def _unknown(name: str) -> ModelError:
     close = difflib.get_close_matches(name, NAMED + timm.list_models(), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    return ModelError(f"model.name: unknown model '{name}'{hint} (use a paper name, T2T-ViT-N, T2T-ViT_t-N, {BIT}, "
+    return ModelError(f"model.name: unknown model '{name}'{hint} "
+                      f"(use a paper name, T2T-ViT-N, T2T-ViT_t-N, {BIT}, "
                       f"{HYBRID}, a timm.list_models() name, or 'custom')")
 
 

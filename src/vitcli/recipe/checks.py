@@ -50,19 +50,22 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
 }
 POSITIVE = (
-    "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim",
+    "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
+    "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
-    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size", "data.num_classes", "data.mixup_alpha",
+    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size",
+    "data.num_classes", "data.mixup_alpha",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )
+# [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
-             "optim.momentum", "mpp.mask_prob", "mpp.random_prob")  # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
+             "optim.momentum", "mpp.mask_prob", "mpp.random_prob")
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
@@ -126,7 +129,8 @@ def _ranges(recipe: Recipe) -> None:
 def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
     """(dotted path, value) of every number in the recipe, lists included."""
     if dataclasses.is_dataclass(obj):
-        return [pair for f in dataclasses.fields(obj) for pair in _numbers(getattr(obj, f.name), f"{prefix}{f.name}.")]
+        return [pair for f in dataclasses.fields(obj)
+                for pair in _numbers(getattr(obj, f.name), f"{prefix}{f.name}.")]
     if isinstance(obj, list):
         return [pair for i, v in enumerate(obj) for pair in _numbers(v, f"{prefix[:-1]}[{i}].")]
     is_number = isinstance(obj, int | float) and not isinstance(obj, bool)
@@ -169,7 +173,8 @@ def _vit_pos_embed(kind: str, width: int) -> None:
     if kind not in VIT_POS_EMBEDS:
         raise RecipeError(f"model.pos_embed: '{kind}' is not one of {', '.join(VIT_POS_EMBEDS)} for a ViT")
     if kind == "sincos_2d" and (width % 4 or width < 8):
-        raise RecipeError(f"model.pos_embed=sincos_2d needs model.embed_dim a multiple of 4 and >= 8, got {width}")
+        raise RecipeError("model.pos_embed=sincos_2d needs model.embed_dim a multiple of 4 and >= 8, "
+                          f"got {width}")
     if kind == "learned_2d" and width % 2:
         raise RecipeError(f"model.pos_embed=learned_2d needs an even model.embed_dim, got {width}")
 
@@ -213,10 +218,11 @@ def _objective(recipe: Recipe) -> None:
         raise RecipeError(f"objective: {recipe.objective} is a pretraining objective; `vit {recipe.stage}` "
                           "trains with labels (objective: supervised)")
     if not is_vit_family(m.name) or m.name == HYBRID:
-        raise RecipeError(f"objective: mpp needs a plain ViT (a paper ViT name or custom), not model.name={m.name}")
+        raise RecipeError("objective: mpp needs a plain ViT (a paper ViT name or custom), "
+                          f"not model.name={m.name}")
     if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
-        raise RecipeError(f"mpp.target=color_4x4 pools each patch to 4x4 cells: model.patch_size={m.patch_size} "
-                          "must be a multiple of 4")
+        raise RecipeError("mpp.target=color_4x4 pools each patch to 4x4 cells: "
+                          f"model.patch_size={m.patch_size} must be a multiple of 4")
     if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
         raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
                           f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
@@ -224,8 +230,9 @@ def _objective(recipe: Recipe) -> None:
 
 def _random_init(recipe: Recipe) -> None:
     if recipe.init.random and recipe.stage != "eval-fewshot":
-        raise RecipeError(f"init.random applies to eval-fewshot only (its random-initialisation baseline); `vit "
-                          f"{recipe.stage}` without a checkpoint already trains from random initialisation")
+        raise RecipeError("init.random applies to eval-fewshot only (its random-initialisation baseline); "
+                          f"`vit {recipe.stage}` without a checkpoint already trains "
+                          "from random initialisation")
 
 
 def _fewshot(recipe: Recipe) -> None:
@@ -233,7 +240,8 @@ def _fewshot(recipe: Recipe) -> None:
     if f.tasks and not f.shots:
         raise RecipeError("fewshot.shots is empty: give the shot counts, e.g. fewshot.shots=1,5,10,25")
     if f.resize < 224:  # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
-        raise RecipeError(f"fewshot.resize={f.resize} is below 224: it is the resize before a 224 px centre crop "
+        raise RecipeError(f"fewshot.resize={f.resize} is below 224: "
+                          "it is the resize before a 224 px centre crop "
                           "(big_vision's 256), scaled to the model's img_size; 224 means no crop")
     if f.custom.name and not f.custom.source:
         raise RecipeError(f"fewshot.custom.source is empty: say where task '{f.custom.name}' reads its data")

@@ -101,7 +101,8 @@ def needs_torch(recipe: Recipe) -> bool:
 
 
 def derive(recipe: Recipe, changes: dict, world_size: int = 1) -> Recipe:
-    """A resolved recipe with nested `changes` merged on a copy and checked again (a sweep's lr, a VTAB task)."""
+    """A resolved recipe with nested `changes` merged on a copy and checked again
+    (a sweep's lr, a VTAB task)."""
     derived = copy.deepcopy(recipe)
     merge(derived, changes)
     check(derived, world_size)

@@ -33,7 +33,8 @@ class ModelConfig:
     num_heads: int = 12
     mlp_dim: int = 3072
     pool: str = "token"  # token (class token, the paper's default) | gap (global average pool)
-    pos_embed: str = "learned_1d"  # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
+    # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
+    pos_embed: str = "learned_1d"
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints
     dropout: float = 0.0
     drop_path: float = 0.0
@@ -94,8 +95,8 @@ class OptimConfig:
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.03  # not applied to biases, norms, position embedding, class token
     # torch: decay each step by lr_t * weight_decay (torch AdamW; flax.optim.Adam, so the paper's Table 3).
-    # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before the
-    # schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
+    # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before
+    # the schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
     weight_decay_convention: str = "torch"  # torch | big_vision
     beta1: float = 0.9
     beta2: float = 0.999
@@ -124,7 +125,8 @@ class RunConfig:
     # auto | fp32 | bf16 (autocast; weights and optimizer stay fp32). auto: bf16 where the device runs it
     # natively (CUDA with bf16, a CPU with AVX-512 bf16 or AMX), fp32 where bf16 would be emulated
     precision: str = "auto"
-    compile: bool = False  # torch.compile the model for training (minutes of compiling first; exports unchanged)
+    # torch.compile the model for training (minutes of compiling first; exports unchanged)
+    compile: bool = False
     device: str = "auto"  # auto | cpu | cuda
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
@@ -138,8 +140,8 @@ class RunConfig:
     # recompute each transformer block's activations in the backward pass instead of keeping them: about a
     # third more compute for far less activation memory; the gradients do not change
     activation_checkpointing: bool = False
-    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an account)
-    # are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
+    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an
+    # account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
 
 
@@ -198,7 +200,8 @@ class MppConfig:
 class Recipe:
     """One experiment."""
 
-    stage: str = "pretrain"  # pretrain | finetune | eval-fewshot: set by the command, checked against the file
+    # pretrain | finetune | eval-fewshot: set by the command, checked against the file
+    stage: str = "pretrain"
     objective: str = "supervised"  # supervised (labels) | mpp (masked patch prediction, pretrain only)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -273,7 +276,8 @@ def merge(obj: Any, updates: dict, prefix: str = "") -> None:
 
 
 def nest(dotted: dict[str, Any]) -> dict:
-    """`{"optim.lr": 1e-3, "data.batch_size": 64}` -> `{"optim": {"lr": 1e-3}, "data": {"batch_size": 64}}`."""
+    """`{"optim.lr": 1e-3, "data.batch_size": 64}` ->
+    `{"optim": {"lr": 1e-3}, "data": {"batch_size": 64}}`."""
     nested: dict = {}
     for key, value in dotted.items():
         node = nested

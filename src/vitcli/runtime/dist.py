@@ -23,8 +23,8 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    # Gloo group for small CPU-side agreements (stop flags, checkpoint due): on NCCL they would wait for the GPU
-    # stream every step. None: the default group (already Gloo, or a single process).
+    # Gloo group for small CPU-side agreements (stop flags, checkpoint due): on NCCL they would wait for the
+    # GPU stream every step. None: the default group (already Gloo, or a single process).
     control: object = None
 
     @property

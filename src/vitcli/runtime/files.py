@@ -3,8 +3,8 @@
 Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so neither a
 killed run nor a power cut leaves a half-written file where a later stage would read it. A checksum can sit
 beside a file (`<name>.sha256`, `sha256sum` format; checkpoints.state writes one for each training state). A
-directory (a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name, sealed
-with a SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
+directory (a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name,
+sealed with a SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; if the block succeeds, make it durable and rename it onto `path`."""
+    """Yield a temporary path beside `path`; if the block succeeds, make it durable and rename it
+    onto `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -56,9 +57,11 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         yield tmp
         write_manifest(tmp)
         mask = current_umask()
-        for inner in sorted(tmp.rglob("*"), reverse=True):  # every file's bytes, then the directories' entries
+        # every file's bytes, then the directories' entries
+        for inner in sorted(tmp.rglob("*"), reverse=True):
             _fsync(inner)
-            os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)  # as atomic_path: what the umask allows
+            # as atomic_path: what the umask allows
+            os.chmod(inner, (0o777 if inner.is_dir() else 0o666) & ~mask)
         _fsync(tmp)
         os.chmod(tmp, 0o777 & ~mask)  # mkdtemp's 0700 would hide the checkpoint from the group
         os.replace(tmp, path)
@@ -98,7 +101,8 @@ def current_umask() -> int:
 
 
 def remove_stale_temps(workdir: str | Path) -> list[Path]:
-    """Delete the temporaries that killed writes left in `workdir` (atomic_path's own names only); return them.
+    """Delete the temporaries that killed writes left in `workdir` (atomic_path's own names only);
+    return them.
 
     Call it before the run writes anything: a temporary of a write in progress looks the same.
     """
@@ -131,7 +135,8 @@ def sha256_of(path: str | Path) -> str:
 
 
 def write_manifest(directory: str | Path) -> None:
-    """MANIFEST in `directory`: `<sha256>  <relative path>` of every other file in it, in `sha256sum` format."""
+    """MANIFEST in `directory`: `<sha256>  <relative path>` of every other file in it,
+    in `sha256sum` format."""
     directory = Path(directory)
     names = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
     lines = [f"{sha256_of(directory / name)}  {name}\n" for name in names if name != MANIFEST]
@@ -139,8 +144,8 @@ def write_manifest(directory: str | Path) -> None:
 
 
 def verify_manifest(directory: str | Path) -> list[str]:
-    """The files MANIFEST lists in `directory`, once each has its recorded sha256; else a CheckpointError naming
-    the first one that is missing or differs (or the directory, when it has no manifest)."""
+    """The files MANIFEST lists in `directory`, once each has its recorded sha256; else a CheckpointError
+    naming the first one that is missing or differs (or the directory, when it has no manifest)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not found")

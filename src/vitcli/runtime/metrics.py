@@ -14,7 +14,8 @@ from rich.table import Table
 from vitcli.errors import TrainingError
 from vitcli.runtime.files import write_text
 
-console = Console(stderr=True, log_path=False)  # progress and log lines (no source locations: users read these)
+# progress and log lines (no source locations: users read these)
+console = Console(stderr=True, log_path=False)
 # Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
 stdout = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -55,7 +56,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
-    """(line, row) for each line; a torn last line (the run was killed mid-write) is dropped with a warning."""
+    """(line, row) for each line; a torn last line (the run was killed mid-write) is dropped
+    with a warning."""
     lines = [(n, ln) for n, ln in enumerate(path.read_text(errors="replace").splitlines(), 1) if ln.strip()]
     out = []
     for i, (n, ln) in enumerate(lines):
@@ -63,8 +65,8 @@ def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
             out.append((ln, json.loads(ln)))
         except json.JSONDecodeError:
             if i < len(lines) - 1:  # only the last line can be cut short by a kill; this is damage
-                raise TrainingError(f"{path} line {n} is not JSON; repair or delete that line, or start over with "
-                                    f"--no-resume") from None
+                raise TrainingError(f"{path} line {n} is not JSON; repair or delete that line, "
+                                    f"or start over with --no-resume") from None
             console.log(f"[yellow]warning: {path}: dropped its torn last line {n} (a write was cut short)")
     return out
 

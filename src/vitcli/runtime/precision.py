@@ -31,7 +31,8 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def _cpu_features() -> dict:
-    # torch's own cpuinfo read ({'avx512_bf16': True, 'amx_bf16': False, ...}); private, so tolerate its absence
+    # torch's own cpuinfo read ({'avx512_bf16': True, 'amx_bf16': False, ...}); private,
+    # so tolerate its absence
     probe = getattr(torch._C._cpu, "_get_cpu_capability", None)
     features = dict(probe()) if probe else {}
     tile = getattr(torch._C._cpu, "_is_amx_tile_supported", None)  # in some torch versions only
@@ -45,14 +46,16 @@ def cpu_bf16(features: dict, onednn_bf16: bool, isa: str) -> tuple[bool, str]:
     if features.get("amx_bf16"):
         return True, "CPU has AMX"
     if onednn_bf16:  # AVX-512 cores; the avx512_bf16 instructions make it fast, not only possible
-        return True, "CPU has AVX-512 bf16" if features.get("avx512_bf16") else "CPU has AVX-512 (oneDNN bf16)"
+        return True, ("CPU has AVX-512 bf16" if features.get("avx512_bf16")
+                      else "CPU has AVX-512 (oneDNN bf16)")
     return False, f"CPU has only {isa}: bf16 would be emulated"
 
 
 def confirmed(native: bool, found: str, speedup: float | None) -> tuple[bool, str]:
-    """A CPU's flags say bf16 is native; `speedup` (bf16 matmul FLOP/s over fp32's, measured here) says whether
-    it pays. Measured because the flags are not enough: a 2-core AVX-512 bf16 Xeon of ours ran bf16 matmuls
-    at 0.54x fp32 (163 vs 303 GFLOP/s) and ViT-Ti training at 0.6x, since oneDNN takes no bf16 fast path there."""
+    """A CPU's flags say bf16 is native; `speedup` (bf16 matmul FLOP/s over fp32's, measured here) says
+    whether it pays. Measured because the flags are not enough: a 2-core AVX-512 bf16 Xeon of ours ran bf16
+    matmuls at 0.54x fp32 (163 vs 303 GFLOP/s) and ViT-Ti training at 0.6x, since oneDNN takes no bf16 fast
+    path there."""
     if not native or speedup is None:
         return native, found
     if speedup < 1.0:
@@ -108,7 +111,8 @@ def resolved(recipe: Recipe, device: torch.device, detect: Detect | None = None)
 
 
 def bf16_warning(device: torch.device, detect: Detect | None = None) -> str | None:
-    """Why bf16 would be slow here, or None. A CPU without AVX-512 bf16 emulates it (we measured ~13x slower)."""
+    """Why bf16 would be slow here, or None. A CPU without AVX-512 bf16 emulates it
+    (we measured ~13x slower)."""
     native, found = (detect or detect_bf16)(device)
     if device.type == "cpu" and not native:
         return f"{found}: run.precision=bf16 is much slower here; use fp32 or auto"

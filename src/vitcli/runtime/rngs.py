@@ -33,6 +33,7 @@ def restore(states: dict) -> None:
     if states["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
     n = states["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached"]))
     p = states["python"]
     random.setstate((p["version"], tuple(p["internal"].tolist()), p["gauss_next"]))

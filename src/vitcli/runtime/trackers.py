@@ -25,7 +25,8 @@ class TensorBoard:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
 
         # like metrics.jsonl on resume: events past the resumed step are purged, so no step repeats
-        self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR), purge_step=resume_step + 1 if resume_step else None)
+        self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR),
+                                    purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Add one scalar per metric and flush: a killed run keeps every row it logged."""
@@ -65,7 +66,8 @@ class WandB:
 
 
 def wandb_mode() -> str:
-    """WANDB_MODE if set; online with an API key (env or ~/.netrc), else offline: never an interactive login."""
+    """WANDB_MODE if set; online with an API key (env or ~/.netrc), else offline: never an
+    interactive login."""
     if os.environ.get("WANDB_MODE"):
         return os.environ["WANDB_MODE"]
     netrc = Path.home() / ".netrc"

@@ -66,7 +66,8 @@ def set_aside(workdir: Path, also: Iterable[Path] = ()) -> Path | None:
     if not found:
         return None
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    kept = next(p for n in itertools.count() if not (p := workdir / f"previous-{stamp}{f'-{n}' if n else ''}").exists())
+    kept = next(p for n in itertools.count()
+                if not (p := workdir / f"previous-{stamp}{f'-{n}' if n else ''}").exists())
     kept.mkdir()
     for path in found:
         path.rename(kept / path.name)

@@ -34,7 +34,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
         check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
-    recipe, why = resolved(recipe, dist.device)  # the cache key and the extraction see fp32 or bf16, never auto
+    # the cache key and the extraction see fp32 or bf16, never auto
+    recipe, why = resolved(recipe, dist.device)
     console.log(f"features in {recipe.run.precision} ({why})")
     model = load_for_eval(recipe)
     if recipe.init.random:
@@ -45,7 +46,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
         weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
     model = model.to(dist.device)
     skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
-    rows = [row for task in chosen for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
+    rows = [row for task in chosen
+            for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
     if not dist.is_main:
         return report.results(rows, recipe, skipped)
     write_text(workdir / RECIPE_FILE, to_yaml(recipe))
@@ -58,7 +60,8 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / FEATURES_DIR
     img_size, resize, method = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
-           "binary_pixels": task.binary_pixels}  # dSprites' 0/1 pixels decode differently since they are scaled
+           # dSprites' 0/1 pixels decode differently since they are scaled
+           "binary_pixels": task.binary_pixels}
     sets = []
     for split in (task.train_split, task.test_split):
         key = features.cache_key(weights, f"{task.name}:{data_id(task, recipe)}", split, pre)

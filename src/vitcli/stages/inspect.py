@@ -57,7 +57,8 @@ class Report:
 
 def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test", images: int = 128,
             overrides: list[str] = ()) -> Report:
-    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary; return it all."""
+    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary;
+    return it all."""
     if images < 1:
         raise DataError(f"--images {images}: need at least one image to measure attention distances")
     _check_vit(read_checkpoint(ckpt), ckpt)
@@ -124,8 +125,8 @@ def pixel_filters(model: nn.Module) -> tuple[np.ndarray | None, str]:
     if isinstance(proj, nn.Conv2d) and proj.in_channels == 3:
         return proj.weight.detach().float().cpu().numpy(), ""
     if isinstance(proj, nn.Conv2d):
-        return None, (f"the patch embedding projects {proj.in_channels}-channel features (the hybrid's ResNet "
-                      "map), not RGB pixels: there are no pixel patch filters")
+        return None, (f"the patch embedding projects {proj.in_channels}-channel features "
+                      "(the hybrid's ResNet map), not RGB pixels: there are no pixel patch filters")
     return None, f"the patch embedding ({type(embed).__name__}) has no convolution over pixels"
 
 
@@ -134,7 +135,8 @@ def _positions(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> N
     grid = tuple(model.patch_embed.grid_size)
     table = position_table(model, grid)
     if table is None:
-        return _skip(report, POSITIONS, f"the model has no position table (pos_embed: {recipe.model.pos_embed})")
+        return _skip(report, POSITIONS, "the model has no position table "
+                     f"(pos_embed: {recipe.model.pos_embed})")
     maps = figure7.cosine_maps(table, grid)
     title = f"{recipe.model.name}: position embedding similarity ({recipe.model.pos_embed})"
     figure7.save_figure(figure7.position_figure(maps, title), out / POSITIONS)
@@ -163,10 +165,11 @@ def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: P
     title = f"{recipe.model.name}: attention distance ({seen} images)"
     figure7.save_figure(figure7.distance_figure(per_head, img_size, title), out / DISTANCES)
     report.attention = {
-        "checkpoint": recipe.init.checkpoint, "data": sources.origin(ds), "images": seen, "img_size": img_size,
-        "grid": list(grid), "pixels_between_patches": cell,
+        "checkpoint": recipe.init.checkpoint, "data": sources.origin(ds), "images": seen,
+        "img_size": img_size, "grid": list(grid), "pixels_between_patches": cell,
         "definition": "per head: mean over images and query patches of the sum over key patches of attention "
-                      "x pixel distance between patch centres; class/prefix tokens dropped, weights renormalised",
+                      "x pixel distance between patch centres; class/prefix tokens dropped, "
+                      "weights renormalised",
         "mean_distance_px": per_head.tolist(),  # [layer][head]
     }
     write_text(out / DISTANCES_JSON, json.dumps(report.attention, indent=2) + "\n")
@@ -174,7 +177,8 @@ def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: P
 
 
 def _stream(ds, recipe: Recipe) -> batches.BatchStream:
-    return batches.eval_batches(ds, recipe.data, recipe.model.img_size, min(BATCH, recipe.data.eval_batch_size))
+    return batches.eval_batches(ds, recipe.data, recipe.model.img_size,
+                                min(BATCH, recipe.data.eval_batch_size))
 
 
 def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], cell: float,
@@ -198,15 +202,16 @@ def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], ce
 
 
 @contextlib.contextmanager
-def attention_probabilities(blocks: nn.Module, receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+def attention_probabilities(blocks: nn.Module,
+                            receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
     """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T) to
     `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off meanwhile and the
     input of the attention dropout (the softmax output) is read."""
     attns = [getattr(block, "attn", None) for block in blocks]
     unusable = [i for i, a in enumerate(attns) if not hasattr(a, "fused_attn") or not hasattr(a, "attn_drop")]
     if unusable:
-        raise ModelError(f"block {unusable[0]} has no timm Attention ({type(attns[unusable[0]]).__name__}); its "
-                         "attention probabilities cannot be read")
+        raise ModelError(f"block {unusable[0]} has no timm Attention ({type(attns[unusable[0]]).__name__}); "
+                         "its attention probabilities cannot be read")
     fused = [a.fused_attn for a in attns]
     hooks = [a.attn_drop.register_forward_hook(lambda mod, args, res, i=i: receive(i, args[0]))
              for i, a in enumerate(attns)]
@@ -232,7 +237,8 @@ def _print(report: Report) -> None:
     rows = [("checkpoint", s["checkpoint"]), ("model", s["model"]), ("parameters", f"{s['parameters']:,}"),
             ("width / depth / heads", f"{s['width']} / {s['depth']} / {s['heads']}"),
             ("grid", f"{s['grid'][0]}x{s['grid'][1]}"), ("patch size", f"{s['patch_size']} px"),
-            ("pooling", s["pool"]), ("position embedding", s["pos_embed"]), ("image size", f"{s['img_size']} px")]
+            ("pooling", s["pool"]), ("position embedding", s["pos_embed"]),
+            ("image size", f"{s['img_size']} px")]
     for what, detail in rows:
         table.add_row(what, str(detail))
     stdout.print(table)

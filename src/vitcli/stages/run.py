@@ -1,7 +1,7 @@
 """One training run: a resolved recipe -> a Job for the one loop, then the report. `vit pretrain` is this.
 
-Fine-tuning is the same run with starting weights (vitcli.checkpoints.transfer); the sweep and VTAB drivers call it
-once per setting with the Dist their command created.
+Fine-tuning is the same run with starting weights (vitcli.checkpoints.transfer); the sweep and VTAB drivers
+call it once per setting with the Dist their command created.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
 
 def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
     """Data, model (with its starting weights), step count and evaluators for a training run."""
-    train_ds = sources.load_stream(r.data) if r.data.streaming else sources.load_split(r.data, r.data.train_split)
+    train_ds = (sources.load_stream(r.data) if r.data.streaming
+                else sources.load_split(r.data, r.data.train_split))
     if not r.data.streaming:  # before anything is written: the split's size is known only now
         check_batch_fits(len(train_ds), r.data.batch_size, f"{r.data.source} split '{r.data.train_split}'")
     num_classes = _num_classes(r, train_ds)
@@ -94,8 +95,8 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
         model = MppModel(model, r.mpp, r.model.patch_size)
     periodic, final = _evaluators(r, dist)
     meta = zoo.model_spec(r.model, num_classes)
-    return Job(r, workdir, model, train_ds, train_feed(r, train_ds), num_classes, steps, meta, periodic, final,
-               start)
+    return Job(r, workdir, model, train_ds, train_feed(r, train_ds), num_classes, steps, meta, periodic,
+               final, start)
 
 
 def train_feed(r: Recipe, train_ds) -> Feed:
@@ -107,8 +108,9 @@ def train_feed(r: Recipe, train_ds) -> Feed:
                                      dist.rank, dist.world_size, accum)
 
     def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
-        return streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                            dist.rank, dist.world_size, start=position, accum=accum)
+        return streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed,
+                                            start * accum, dist.rank, dist.world_size, start=position,
+                                            accum=accum)
 
     return streamed if r.data.streaming else mapped
 
@@ -156,12 +158,15 @@ def _announce(job: Job, dist: Dist, why: str) -> None:
     r = job.recipe
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
+    learns = (f"masked patch prediction ({r.mpp.target})" if r.objective == "mpp"
+              else f"{job.num_classes} classes")
     console.log(
         f"{r.stage}: {r.model.name} ({zoo.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
-        f"{f'masked patch prediction ({r.mpp.target})' if r.objective == 'mpp' else f'{job.num_classes} classes'}, "
+        f"{learns}, "
         f"{job.total_steps} steps "
-        f"of {r.data.batch_size}, {r.run.precision} ({why}){', compiled' if r.run.compile else ''} -> {job.workdir}"
+        f"of {r.data.batch_size}, {r.run.precision} ({why})"
+        f"{', compiled' if r.run.compile else ''} -> {job.workdir}"
     )
 
 

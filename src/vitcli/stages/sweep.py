@@ -24,14 +24,16 @@ COLUMNS = ["lr", "dev/top1", "test/top1"]
 
 def sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume: bool | None = None,
           overwrite: bool = False) -> dict:
-    """Fine-tune once per learning rate into WORKDIR/lr_<lr>; pick on data.val_split; rank 0 writes sweep.*."""
+    """Fine-tune once per learning rate into WORKDIR/lr_<lr>; pick on data.val_split;
+    rank 0 writes sweep.*."""
     rows = []
     for lr in lrs:
         r = derive(recipe, {"optim": {"lr": lr}}, dist.world_size)
         results = run_training(r, workdir / sweep_run(lr), dist, resume, overwrite)
         rows.append({"lr": lr, "dev/top1": results.get("val/top1"), "test/top1": results.get("test/top1")})
     best = max(rows, key=lambda row: row["dev/top1"])
-    summary = {"best_lr": best["lr"], "dev/top1": best["dev/top1"], "test/top1": best["test/top1"], "runs": rows}
+    summary = {"best_lr": best["lr"], "dev/top1": best["dev/top1"], "test/top1": best["test/top1"],
+               "runs": rows}
     if dist.is_main:
         _write(workdir, summary)
         _print(rows, best)

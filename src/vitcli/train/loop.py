@@ -1,9 +1,10 @@
 """The one training loop. Pretrain and finetune differ in their recipes and starting weights, not here.
 
-Each optimizer step sees `data.batch_size` images: each process accumulates micro-batches (their size and count
-from recipe.schema.micro_batches), summed (not averaged twice) across processes by DDP, so the paper's batch
-of 4096 runs on a single small machine. Parallelism is applied before the loop (train.parallelize.apply), and
-one CheckpointManager saves and resumes; the loop asks neither which strategy nor which data kind it runs.
+Each optimizer step sees `data.batch_size` images: each process accumulates micro-batches (their size and
+count from recipe.schema.micro_batches), summed (not averaged twice) across processes by DDP, so the paper's
+batch of 4096 runs on a single small machine. Parallelism is applied before the loop
+(train.parallelize.apply), and one CheckpointManager saves and resumes; the loop asks neither which strategy
+nor which data kind it runs.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_se
 
 
 class Evaluator(Protocol):
-    """What the loop runs when due (the evaluators package holds them): something that measures a model and names what it measured (`val/top1`, `fewshot/x/5shot`)."""
+    """What the loop runs when due (the evaluators package holds them): something that measures a model and
+    names what it measured (`val/top1`, `fewshot/x/5shot`)."""
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
 
@@ -67,7 +69,8 @@ class Job:
     model_meta: dict  # model spec stored with the weights so later stages rebuild the model
     evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)  # (every N steps; 0 = end only)
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
-    resume_from: Checkpoint | None = None  # (checkpoint path, its state) to continue from: checkpoints.manager
+    # (checkpoint path, its state) to continue from: checkpoints.manager
+    resume_from: Checkpoint | None = None
 
 
 
@@ -102,12 +105,13 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(r, criterion, mixup, step, dist.rank * accum)
-            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective, r.run.precision, dist)
+            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective,
+                                               r.run.precision, dist)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
-            # The loss is read (a host-device sync) only at log and checkpoint steps, before the update: a loss
-            # that became non-finite since is caught before any checkpoint could hold its weights.
+            # The loss is read (a host-device sync) only at log and checkpoint steps, before the update: a
+            # loss that became non-finite since is caught before any checkpoint could hold its weights.
             values = _read([loss, accuracy], dist, step) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             optimizer.step()
@@ -146,8 +150,8 @@ class _Clock:
 
 
 def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
-    """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on every rank:
-    one small all-reduce on the CPU per step, so every rank saves and stops at the same step."""
+    """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on every
+    rank: one small all-reduce on the CPU per step, so every rank saves and stops at the same step."""
     signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
     return int(signum), bool(timed)
 
@@ -158,7 +162,8 @@ def _read(values: list, dist: Dist, step: int) -> list[float | None]:
     mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
     if not math.isfinite(mean[0]):
         raise TrainingError(
-            f"loss became {mean[0]} at step {step} (it is read every run.log_every steps and at checkpoints); "
+            f"loss became {mean[0]} at step {step} "
+            "(it is read every run.log_every steps and at checkpoints); "
             f"the last good checkpoint is kept (try a lower optim.lr or optim.clip_grad_norm=1)"
         )
     return [None if math.isnan(v) else v for v in mean]
@@ -180,8 +185,8 @@ class _Window:
 
 
 def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
-    lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps, warmup_steps=r.schedule.warmup_steps,
-                       decay=r.schedule.decay, end_lr=r.schedule.end_lr)
+    lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps,
+                       warmup_steps=r.schedule.warmup_steps, decay=r.schedule.decay, end_lr=r.schedule.end_lr)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -193,7 +198,8 @@ def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, row: dict) 
     window.last = {**row, "train/img_per_s": window.images / max(elapsed, 1e-9)}
     metrics.write(done, window.last)
     window.start, window.images = time.perf_counter(), 0
-    stats = f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  {window.last['train/img_per_s']:.0f} img/s"
+    stats = (f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  "
+             f"{window.last['train/img_per_s']:.0f} img/s")
     bar.update(task, stats=stats)
 
 

@@ -23,8 +23,8 @@ from vitcli.recipe.schema import MppConfig, OptimConfig
 
 def loss_fn(cfg: OptimConfig):
     """The recipe's loss(logits (B, K), target) -> mean over the batch: softmax or sigmoid cross-entropy
-    (optim.loss) on integer labels (B,), with optim.label_smoothing, or on soft targets (B, K) (mixup's, already
-    smoothed).
+    (optim.loss) on integer labels (B,), with optim.label_smoothing, or on soft targets (B, K) (mixup's,
+    already smoothed).
 
     The held-out evaluators call this same function on their labels, label smoothing included: `val/loss` is
     then the very quantity `train/loss` is, on other images, so the two share a panel of curves.png (mixup
@@ -34,7 +34,8 @@ def loss_fn(cfg: OptimConfig):
 
 
 def _soft_targets(target: torch.Tensor, logits: torch.Tensor, smoothing: float) -> torch.Tensor:
-    """(B, K) targets in the logits' dtype: integer labels one-hot and smoothed; soft (mixup) ones as they are."""
+    """(B, K) targets in the logits' dtype: integer labels one-hot and smoothed;
+    soft (mixup) ones as they are."""
     if target.ndim == 2:  # mixup already smoothed them
         return target
     num_classes = logits.shape[-1]
@@ -98,7 +99,8 @@ def exported(model: nn.Module) -> nn.Module:
 
 
 def mpp_step(model: nn.Module, images: torch.Tensor, seed: int, target: str):
-    """(loss, mean-colour accuracy) of one masked-patch-prediction batch; `seed` fixes the corruption draws."""
+    """(loss, mean-colour accuracy) of one masked-patch-prediction batch;
+    `seed` fixes the corruption draws."""
     generator = torch.Generator(device=images.device).manual_seed(seed)
     pred, tgt, corrupted = model(images, generator)
     return mpp.mpp_loss(pred.float(), tgt, corrupted, target)

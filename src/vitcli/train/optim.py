@@ -46,12 +46,14 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fast: bool = True)
     convention; big_vision decouples it from the momentum, so that convention takes timm's SGDW. The step runs
     fused or foreach on the parameters' device; `fast=False` is torch's per-tensor loop, the same update.
     """
-    groups = param_groups_weight_decay(model, torch_weight_decay(cfg), no_weight_decay_list=no_decay_names(model))
+    groups = param_groups_weight_decay(model, torch_weight_decay(cfg),
+                                       no_weight_decay_list=no_decay_names(model))
     if cfg.name == "adamw":
         opt, kwargs = "adamw", {"betas": (cfg.beta1, cfg.beta2)}
     elif cfg.weight_decay_convention == "big_vision":
         opt, kwargs = "sgdw", {"momentum": cfg.momentum, "nesterov": False}
-    else:  # timm's "sgd" is Nesterov; the paper's fine-tuning uses plain momentum, which timm calls "momentum"
+    else:
+        # timm's "sgd" is Nesterov; the paper's fine-tuning uses plain momentum, which timm calls "momentum"
         opt, kwargs = "momentum", {"momentum": cfg.momentum}
     device = next(model.parameters()).device
     kernel = step_kernel(opt, device) if fast else {"foreach": False}

@@ -2,9 +2,9 @@
 activation checkpointing, torch.compile; and the few operations that differ between them, behind one call each
 (gradient sync, clipping, evaluation, the full weights), so the loop never asks which strategy it runs under.
 
-`fully_shard` turns each parameter into a DTensor split on dim 0 over the processes; a block's full weights are
-all-gathered just before its forward (and again before its backward) and freed after, and its gradients are
-reduce-scattered, averaged over processes as DDP averages them. So a process keeps 1/N of the weights,
+`fully_shard` turns each parameter into a DTensor split on dim 0 over the processes; a block's full weights
+are all-gathered just before its forward (and again before its backward) and freed after, and its gradients
+are reduce-scattered, averaged over processes as DDP averages them. So a process keeps 1/N of the weights,
 gradients and Adam slots plus one block at full size. The root is sharded last and owns what no block does
 (patch embedding, position tables, class token, head).
 
@@ -51,9 +51,9 @@ class Parallel:
 
 
 def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
-    """The model (already on dist.device) as it trains: activation checkpointing (run.activation_checkpointing),
-    then FSDP2 (run.strategy fsdp) or DDP, then torch.compile (run.compile). Call it before building the
-    optimizer, on `.model`: sharding replaces the parameters."""
+    """The model (already on dist.device) as it trains: activation checkpointing
+    (run.activation_checkpointing), then FSDP2 (run.strategy fsdp) or DDP, then torch.compile (run.compile).
+    Call it before building the optimizer, on `.model`: sharding replaces the parameters."""
     sharded = run.strategy == "fsdp"
     if sharded:
         model = shard(model, dist, run.activation_checkpointing)
@@ -64,9 +64,9 @@ def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of any of our models, in order: the children of each nn.Sequential named `blocks`
-    whose children have an `attn` (timm's and our ViT, T2T-ViT, an MppModel's backbone). The `attn` test leaves
-    out the bottleneck `blocks` of a hybrid's ResNet stages."""
+    """The transformer blocks of any of our models, in order: the children of each nn.Sequential named
+    `blocks` whose children have an `attn` (timm's and our ViT, T2T-ViT, an MppModel's backbone). The `attn`
+    test leaves out the bottleneck `blocks` of a hybrid's ResNet stages."""
     found = []
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] == "blocks" and isinstance(module, nn.Sequential):
@@ -76,17 +76,19 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
     """Activation checkpointing on every transformer block: its inputs are kept, its activations recomputed in
-    the backward pass (same gradients; dropout and drop-path replay the same draws, the RNG state is restored).
+    the backward pass (same gradients; dropout and drop-path replay the same draws,
+    the RNG state is restored).
 
     The composable `torch.distributed._composable.checkpoint` rather than `checkpoint_wrapper` or timm's
     `set_grad_checkpointing`: it works through hooks, so parameter names and state-dict keys stay those of the
-    plain model (checkpoints, no-decay names and model.safetensors are unchanged); it composes with fully_shard
-    applied after it on the same module (torch's own FSDP2 tests do exactly that); and timm's flag would miss
-    the blocks that MppModel and T2T-ViT run themselves."""
+    plain model (checkpoints, no-decay names and model.safetensors are unchanged); it composes with
+    fully_shard applied after it on the same module (torch's own FSDP2 tests do exactly that); and timm's flag
+    would miss the blocks that MppModel and T2T-ViT run themselves."""
     blocks = transformer_blocks(model)
     if not blocks:
-        raise ModelError(f"run.activation_checkpointing: {type(model).__name__} has no transformer blocks (no "
-                         "nn.Sequential `blocks` of attention blocks); set run.activation_checkpointing=false")
+        raise ModelError(f"run.activation_checkpointing: {type(model).__name__} has no transformer blocks "
+                         "(no nn.Sequential `blocks` of attention blocks); "
+                         "set run.activation_checkpointing=false")
     for block in blocks:
         checkpoint_activations(block)
     return model
@@ -97,8 +99,8 @@ def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) 
 
     Call it after model.to(dist.device) and before building the optimizer: fully_shard replaces the parameters
     by sharded DTensors, which the optimizer must hold. With one process there is nothing to shard over, and
-    the model comes back unsharded (checkpoints are still directories: checkpoints.sharded works on any model).
-    A model without blocks (a ResNet) is sharded as one unit at the root.
+    the model comes back unsharded (checkpoints are still directories: checkpoints.sharded works on any
+    model). A model without blocks (a ResNet) is sharded as one unit at the root.
     """
     if activation_checkpointing:
         checkpoint_blocks(model)
@@ -131,9 +133,9 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip the global gradient norm to `max_norm` (<= 0: only measure it); return it as a 0-d tensor, not read
-    (no host-device sync). Sharded gradients give a DTensor norm whose local value is a partial result, so it is
-    gathered to the global one first."""
+    """Clip the global gradient norm to `max_norm` (<= 0: only measure it); return it as a 0-d tensor, not
+    read (no host-device sync). Sharded gradients give a DTensor norm whose local value is a partial result,
+    so it is gathered to the global one first."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
@@ -144,8 +146,9 @@ def gathered(model: nn.Module) -> Iterator[None]:
     """Inside, a sharded model holds its whole weights on every rank and its forward passes are local.
 
     A sharded forward is collective (each block all-gathers its weights), so ranks with different numbers of
-    evaluation batches would wait on each other forever; unsharded once for the whole evaluation, each rank runs
-    its own rows. Costs one full copy of the weights per process for the duration. No-op on other models."""
+    evaluation batches would wait on each other forever; unsharded once for the whole evaluation, each rank
+    runs its own rows. Costs one full copy of the weights per process for the duration. No-op on
+    other models."""
     if not isinstance(model, FSDPModule):
         yield
         return

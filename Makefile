@@ -14,14 +14,15 @@ $(VENV_STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(VENV_STAMP)
 
-test: setup
+# The lint first: ruff enforces the line length and import order (pyproject.toml), in seconds.
+test: lint
 	$(PY) -m pytest
 
 demo: setup
 	bash scripts/quickstart.sh
 
 lint: setup
-	.venv/bin/ruff check src tests
+	.venv/bin/ruff check src tests bench scripts
 
 # One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~10 min.
 bench: setup

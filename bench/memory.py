@@ -48,7 +48,8 @@ def finetune_recipe(count: int, quick: bool, precision: str | None):
         f"data.synthetic.img_size={img}", f"data.synthetic.train_size={micro * count}",
         "data.synthetic.num_classes=10", "model.num_classes=1000", f"data.batch_size={micro * count}",
         "data.train_split=train", "data.val_split=", "data.test_split=", "schedule.steps=1",
-        "schedule.warmup_steps=0", "init.checkpoint=", *([f"run.precision={precision}"] if precision else [])])
+        "schedule.warmup_steps=0", "init.checkpoint=",
+        *([f"run.precision={precision}"] if precision else [])])
 
 
 def main() -> None:

@@ -9,12 +9,14 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
   loader_img_s        our training data stream alone (decode + augmentation) at that size and num_workers
   mfu, mfu_compile    model FLOP/s over matmul_flops, the FLOP/s of a large matmul at the same precision
                       measured in this run. Model FLOPs are analytic: 3x the forward pass's matmul FLOPs
-                      (backward = 2x forward), attention's two (N x N) products included, norms and softmax not
+                      (backward = 2x forward), attention's two (N x N) products included, norms and
+                      softmax not
   peak_rss_mb         getrusage ru_maxrss of the model's process; children_rss_mb: the largest of its children
                       (data workers, inductor's compiler processes), each a process of its own
 The precision is what run.precision=auto chooses on this machine. `targets` holds the goals and whether met.
 
-    python bench/run.py           # the measurement (~10 min on 2 cores); make bench also writes bench/last.json
+    python bench/run.py           # the measurement (~10 min on 2 cores);
+                                  # make bench also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
 """
 
@@ -79,9 +81,10 @@ def progress(msg: str) -> None:
 def machine() -> dict:
     """CPU model, the bf16 instruction sets auto looks for, and the cores torch uses."""
     info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")),
-                platform.processor())
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
     return {"cpu": name, "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags,
             "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
@@ -128,7 +131,8 @@ def ours(recipe: Recipe, compile_: bool) -> float:
     """Images/s of `vit pretrain` as its trainer logs them, the first (warm-up) window dropped."""
     with tempfile.TemporaryDirectory() as d:
         one_run(dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, compile=compile_)), Path(d))
-        rows = [r["train/img_per_s"] for r in read_metrics(Path(d) / "metrics.jsonl") if "train/img_per_s" in r]
+        rows = [r["train/img_per_s"] for r in read_metrics(Path(d) / "metrics.jsonl")
+                if "train/img_per_s" in r]
     return float(np.mean(rows[1:]))
 
 
@@ -178,7 +182,8 @@ def extraction(recipe: Recipe, n: int) -> dict:
         for _ in range(max(1, n // len(x))):
             features.pre_logits(model, x)
     bare_rate = max(1, n // len(x)) * len(x) / (time.perf_counter() - t0)
-    return {"extract_ours_img_s": ours_rate, "extract_bare_img_s": bare_rate, "extract_ratio": ours_rate / bare_rate}
+    return {"extract_ours_img_s": ours_rate, "extract_bare_img_s": bare_rate,
+            "extract_ratio": ours_rate / bare_rate}
 
 
 def one_model(name: str, quick: bool, precision: str) -> dict:
@@ -208,7 +213,8 @@ def one_model(name: str, quick: bool, precision: str) -> dict:
 def derived(m: dict, peak: float) -> dict:
     """Ratios and MFU from a model's raw numbers and the matmul peak."""
     mfu = {k: m[f"{k}_img_s"] * m["train_flops_per_img"] / peak for k in ("ours", "ours_compile")}
-    return {"ratio": m["ours_img_s"] / m["bare_img_s"], "ratio_compile": m["ours_compile_img_s"] / m["bare_img_s"],
+    return {"ratio": m["ours_img_s"] / m["bare_img_s"],
+            "ratio_compile": m["ours_compile_img_s"] / m["bare_img_s"],
             "best_ratio": max(m["ours_img_s"], m["ours_compile_img_s"]) / m["bare_img_s"],
             "loader_vs_model": m["loader_img_s"] / m["ours_img_s"], "mfu": mfu["ours"],
             "mfu_compile": mfu["ours_compile"], "best_mfu": max(mfu.values())}

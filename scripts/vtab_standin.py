@@ -3,9 +3,9 @@
 Each stand-in has the task's own columns and class count and splits long enough for its VTAB slices
 (train800 = `train[:800]`, val200 = `validation[:200]`), so `vit eval-fewshot --tasks vtab/<task>
 --data-root OUT_DIR` exercises the real protocol end to end: 1,000 shot-pool images whose labels are drawn
-uniformly, as a class-balanced dataset's first 1,000 would be, so SUN397's 397 classes leave about 30 empty and
-most short of 5 examples. The images are random 32 px noise: the accuracies are chance; the point is the
-protocol (every shot count filled, short classes marked), not the numbers.
+uniformly, as a class-balanced dataset's first 1,000 would be, so SUN397's 397 classes leave about 30 empty
+and most short of 5 examples. The images are random 32 px noise: the accuracies are chance; the point is
+the protocol (every shot count filled, short classes marked), not the numbers.
 
     python scripts/vtab_standin.py /tmp/vtab --tasks sun397,dtd,flowers102,dmlab
 """
@@ -27,7 +27,8 @@ TRAIN, VAL = 800, 200  # what train800val200 reads: train[:800] + validation[:20
 def standin(task: tasks.Task, test_size: int, seed: int) -> datasets.DatasetDict:
     """Random images with uniformly drawn labels in the task's columns and splits."""
     if task.splits["val200"] != "validation[:200]" or task.label_rule:
-        raise SystemExit(f"{task.name}: only tasks with a validation split and a plain label column are supported")
+        raise SystemExit(f"{task.name}: only tasks with a validation split and a plain label column "
+                         "are supported")
     rng = np.random.default_rng(seed)
     features = datasets.Features({task.image_column: datasets.Image(),
                                   task.label_column: datasets.Value("int64")})
@@ -35,7 +36,8 @@ def standin(task: tasks.Task, test_size: int, seed: int) -> datasets.DatasetDict
     def split(n: int) -> datasets.Dataset:
         images = [Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
         labels = rng.integers(0, task.num_classes, n).tolist()
-        return datasets.Dataset.from_dict({task.image_column: images, task.label_column: labels}, features=features)
+        return datasets.Dataset.from_dict({task.image_column: images, task.label_column: labels},
+                                          features=features)
 
     return datasets.DatasetDict({"train": split(TRAIN), "validation": split(VAL), "test": split(test_size)})
 

@@ -1,6 +1,6 @@
 """What several test modules share: the repository root, the `vit` entry point run in-process, tiny models
-and their Google `.npz` export, a run stopped as Ctrl-C stops it, damaged files, warnings read off the console.
-Fixtures live in conftest.py."""
+and their Google `.npz` export, a run stopped as Ctrl-C stops it, damaged files, warnings read off the
+console. Fixtures live in conftest.py."""
 
 import sys
 from pathlib import Path
@@ -126,7 +126,8 @@ def flipped_bytes(path):
 
 def machine(native: bool):
     """A stand-in for detect_bf16: this machine runs bf16 natively, or emulates it."""
-    return lambda device: (native, "CPU has AVX-512 bf16" if native else "CPU has only AVX2: bf16 would be emulated")
+    return lambda device: (native, "CPU has AVX-512 bf16" if native
+                           else "CPU has only AVX2: bf16 would be emulated")
 
 
 def log_sigmoid(z: np.ndarray) -> np.ndarray:
@@ -134,7 +135,8 @@ def log_sigmoid(z: np.ndarray) -> np.ndarray:
 
 
 def bv_sigmoid_xent(logits: np.ndarray, labels: np.ndarray) -> float:
-    """big_vision.utils.sigmoid_xent: -sum over classes of the per-class log-likelihood, mean over the batch."""
+    """big_vision.utils.sigmoid_xent: -sum over classes of the per-class log-likelihood,
+    mean over the batch."""
     nll = -np.sum(labels * log_sigmoid(logits) + (1 - labels) * log_sigmoid(-logits), axis=-1)
     return float(np.mean(nll))
 

@@ -1,6 +1,6 @@
 """What tests/test_fsdp.py runs on 2 processes (torchrun, Gloo, CPU), in one launch: `python -m
-torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_ranks.py OUTDIR`. Rank 0 writes what the tests
-compare into OUTDIR; the helpers here also give the tests their one-process reference."""
+torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_ranks.py OUTDIR`. Rank 0 writes what the
+tests compare into OUTDIR; the helpers here also give the tests their one-process reference."""
 
 import json
 import sys
@@ -29,7 +29,8 @@ OPTIM = OptimConfig(lr=1e-3, clip_grad_norm=0.05)  # a clip this low binds, so c
 def tiny_model(seed: int, cfg: ModelConfig = TINY) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = build_model(cfg, NUM_CLASSES)
-    with torch.no_grad():  # the head starts at zero; give it weights so every parameter gets gradients at once
+    # the head starts at zero; give it weights so every parameter gets gradients at once
+    with torch.no_grad():
         model.head.weight.normal_(0, 0.02, generator=torch.Generator().manual_seed(seed))
     return model
 
@@ -37,12 +38,14 @@ def tiny_model(seed: int, cfg: ModelConfig = TINY) -> torch.nn.Module:
 def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same fixed (images (8, 3, 32, 32), labels (8,)) of `step` everywhere."""
     g = torch.Generator().manual_seed(1000 + step)
-    return torch.randn(GLOBAL_BATCH, 3, 32, 32, generator=g), torch.randint(0, NUM_CLASSES, (GLOBAL_BATCH,), generator=g)
+    return (torch.randn(GLOBAL_BATCH, 3, 32, 32, generator=g),
+            torch.randint(0, NUM_CLASSES, (GLOBAL_BATCH,), generator=g))
 
 
-def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1, micro: int = 1) -> list[float]:
-    """Steps start..stop-1 on this process's share of each global batch, in `micro` micro-batches (the mean loss
-    over the global batch, as the trainer's); the gradient norm of each step."""
+def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1,
+          micro: int = 1) -> list[float]:
+    """Steps start..stop-1 on this process's share of each global batch, in `micro` micro-batches (the
+    mean loss over the global batch, as the trainer's); the gradient norm of each step."""
     norms = []
     for step in range(start, stop):
         x, y = global_batch(step)

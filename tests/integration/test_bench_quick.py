@@ -10,9 +10,9 @@ import pytest
 
 from helpers import REPO
 
-MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_img_s", "bare_img_s", "ours_img_s",
-              "ours_compile_img_s", "train_flops_per_img", "peak_rss_mb", "children_rss_mb", "ratio",
-              "ratio_compile", "best_ratio", "loader_vs_model", "mfu", "mfu_compile", "best_mfu"}
+MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_img_s", "bare_img_s",
+              "ours_img_s", "ours_compile_img_s", "train_flops_per_img", "peak_rss_mb", "children_rss_mb",
+              "ratio", "ratio_compile", "best_ratio", "loader_vs_model", "mfu", "mfu_compile", "best_mfu"}
 
 SPEC = importlib.util.spec_from_file_location("bench_run", REPO / "bench/run.py")
 bench = importlib.util.module_from_spec(SPEC)

@@ -1,4 +1,5 @@
-"""Never lose work: checkpoints survive damage, kills and shared machines; metrics.jsonl survives a torn line."""
+"""Never lose work: checkpoints survive damage, kills and shared machines; metrics.jsonl survives a torn
+line."""
 
 import os
 import shutil
@@ -53,7 +54,8 @@ REASON = {random_bytes: "cannot read training state", flipped_bytes: "sha256 dif
 
 
 def finished_then_damaged(workdir, damage):
-    """A 6-step run (checkpoints at 4 and 6) whose latest checkpoint is then damaged, as if killed at the end."""
+    """A 6-step run (checkpoints at 4 and 6) whose latest checkpoint is then damaged,
+    as if killed at the end."""
     r = recipe("schedule.steps=6", "run.ckpt_every=2")
     one_run(r, workdir)
     shutil.copy(workdir / MODEL_FILE, workdir / "straight.safetensors")
@@ -108,7 +110,8 @@ def test_only_the_newest_keep_checkpoints_remain(tmp_path, keep):
 
 def test_remove_stale_temps_removes_killed_writes_and_nothing_else(tmp_path):
     ours = [tmp_path / ".state-3.pt.abcd_123.tmp", tmp_path / ".model.safetensors.x9y8z7w6.tmp"]
-    fd, made = tempfile.mkstemp(prefix=".state-4.pt.", suffix=".tmp", dir=tmp_path)  # as atomic_path makes them
+    # as atomic_path makes them
+    fd, made = tempfile.mkstemp(prefix=".state-4.pt.", suffix=".tmp", dir=tmp_path)
     os.close(fd)
     ours.append(tmp_path / os.path.basename(made))
     others = [tmp_path / n for n in (".hidden.tmp", "notes.tmp", ".state.pt.abc.tmp", ".x.ABCDEFGH.tmp",
@@ -176,7 +179,8 @@ def test_only_state_step_checkpoints_resume_and_their_recipe_must_be_whole(tmp_p
     """No compatibility reading: a `state.pt` without a checksum is no checkpoint, and a key the saved recipe
     lacks is not filled with its default (vitcli 0.1.0 is the first release: no older checkpoints exist)."""
     r, one = recipe("schedule.steps=6"), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    torch.save({"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": to_dict(r)}, tmp_path / "state.pt")
+    torch.save({"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": to_dict(r)},
+               tmp_path / "state.pt")
     assert state.checkpoints(tmp_path) == []
     with pytest.raises(RecipeError, match="--resume: no checkpoint"):
         manager.resume_point(r, tmp_path, one, resume=True)

@@ -48,7 +48,8 @@ def test_dry_run_fills_paper_model_sizes(monkeypatch, capsys):
                            "schedule.steps=100", "schedule.warmup_steps=10")
     assert code == 0
     m = yaml.safe_load(out)["model"]
-    assert (m["embed_dim"], m["depth"], m["num_heads"], m["mlp_dim"], m["patch_size"]) == (1024, 24, 16, 4096, 16)
+    assert ((m["embed_dim"], m["depth"], m["num_heads"], m["mlp_dim"], m["patch_size"])
+            == (1024, 24, 16, 4096, 16))
 
 
 @pytest.mark.parametrize(
@@ -93,7 +94,8 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     """Every rank stops at the same agreed step with the same message: rank 0 prints it, the others only exit
     with its code (torchrun would otherwise show it once per process)."""
     def stopped(**kwargs):
-        raise Interrupted("SIGTERM at step 3/9: checkpoint written in w; run the same command again", exit_code=143)
+        raise Interrupted("SIGTERM at step 3/9: checkpoint written in w; run the same command again",
+                          exit_code=143)
 
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(cli, "app", stopped)
@@ -111,16 +113,21 @@ def tiny_checkpoint(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command, driver, extra, handed", [
-    (["pretrain"], "vitcli.stages.run.one_run", ["schedule.steps=10", "schedule.warmup_steps=1"], {"resume": None, "overwrite": False}),
-    (["finetune", "--lr-sweep", "0.01,0.03", "--no-resume"], "vitcli.stages.finetune.finetune", ["schedule.steps=10", "schedule.warmup_steps=1"],
+    (["pretrain"], "vitcli.stages.run.one_run", ["schedule.steps=10", "schedule.warmup_steps=1"],
+     {"resume": None, "overwrite": False}),
+    (["finetune", "--lr-sweep", "0.01,0.03", "--no-resume"], "vitcli.stages.finetune.finetune",
+     ["schedule.steps=10", "schedule.warmup_steps=1"],
      {"resume": False, "overwrite": False, "lrs": [0.01, 0.03], "chosen": None}),
-    (["eval-fewshot", "--tasks", "synthetic"], "vitcli.stages.fewshot.eval_fewshot", ["--ckpt", "{ckpt}"], {}),
+    (["eval-fewshot", "--tasks", "synthetic"], "vitcli.stages.fewshot.eval_fewshot",
+     ["--ckpt", "{ckpt}"], {}),
 ])
 def test_a_command_hands_its_stage_the_parsed_flags_and_prints_what_it_returns(
         monkeypatch, capsys, tmp_path, command, driver, extra, handed):
-    """The thin CLI: parse, call the stage once, print its return value as JSON (rank 0 only), name no file."""
+    """The thin CLI: parse, call the stage once, print its return value as JSON (rank 0 only),
+    name no file."""
     calls, checks = [], []
-    monkeypatch.setattr(driver, lambda recipe, workdir, **flags: calls.append((workdir, flags)) or {"x/top1": 0.5})
+    monkeypatch.setattr(driver,
+                        lambda recipe, workdir, **flags: calls.append((workdir, flags)) or {"x/top1": 0.5})
     check = finetune_stage.check_flags
     monkeypatch.setattr(finetune_stage, "check_flags", lambda *a: checks.append(a) or check(*a))
     extra = [a.format(ckpt=tiny_checkpoint(tmp_path / "c.safetensors")) for a in extra]
@@ -135,8 +142,8 @@ def test_a_command_hands_its_stage_the_parsed_flags_and_prints_what_it_returns(
 
 
 def test_json_is_what_the_run_wrote_in_summary_json(monkeypatch, capsys, tmp_path):
-    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir", tmp_path, "--json",
-                             "schedule.epochs=0", "schedule.steps=2", "schedule.warmup_steps=1",
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--workdir", tmp_path,
+                             "--json", "schedule.epochs=0", "schedule.steps=2", "schedule.warmup_steps=1",
                              "data.synthetic.train_size=64", "data.synthetic.val_size=32",
                              "data.synthetic.test_size=32", "data.batch_size=32", "data.num_workers=0")
     assert code == 0, err

@@ -185,8 +185,8 @@ def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, t
     again = batches.Skipped()
     _, _, hit = features.cached(tmp_path, "key", lambda: pytest.fail("recomputed a good entry"), True, again)
     assert hit and again.as_dict() == {f"{source} split 'test'": list(BAD_TEST)}
-    row = {"task": "t", "shots": 1, "seed": 0, "l2_reg": 1.0, "accuracy": 0.5, "classes": 2, "short_classes": 0,
-           "empty_classes": 0, "examples": 2}  # as evaluate_task writes it
+    row = {"task": "t", "shots": 1, "seed": 0, "l2_reg": 1.0, "accuracy": 0.5, "classes": 2,
+           "short_classes": 0, "empty_classes": 0, "examples": 2}  # as evaluate_task writes it
     report.write([row], tmp_path, resolve("pretrain", None, TINY), again)
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["data/skipped_images"] == 1 and results["skipped_rows"] == again.as_dict()
@@ -216,7 +216,8 @@ def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):
 
     monkeypatch.setattr(batches._Batches, "_batch", bug)  # workers fork after this, so they inherit it
     with pytest.raises(DataError) as error:
-        next(batches.train_batches(sources.load_source(source, "train"), DataConfig(num_workers=2), 32, 8, seed=0))
+        next(batches.train_batches(sources.load_source(source, "train"), DataConfig(num_workers=2), 32, 8,
+                                   seed=0))
     _one_line(error, "ValueError: augmentation exploded", "data.num_workers=0")
 
 

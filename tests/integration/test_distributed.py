@@ -1,4 +1,5 @@
-"""Several processes: one run through torchrun (Gloo on CPU), one set of files, and only rank 0 writes or talks."""
+"""Several processes: one run through torchrun (Gloo on CPU), one set of files, and only rank 0 writes or
+talks."""
 
 import json
 import os
@@ -26,15 +27,18 @@ from vitcli.stages import vtab as vtab_mod
 from vitcli.stages.fewshot import eval_fewshot
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-SMALL = ["--recipe", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0", "schedule.warmup_steps=1",
-         "data.synthetic.train_size=256", "data.synthetic.val_size=64", "data.synthetic.test_size=64",
-         "data.batch_size=32", "data.micro_batch_size=8", "data.num_workers=0"]
+SMALL = ["--recipe", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0",
+         "schedule.warmup_steps=1", "data.synthetic.train_size=256", "data.synthetic.val_size=64",
+         "data.synthetic.test_size=64", "data.batch_size=32", "data.micro_batch_size=8", "data.num_workers=0"]
 
 
 def vit(nproc: int, workdir: Path, *overrides: str) -> list[str]:
-    """`vit pretrain` on the quickstart recipe made small, under torchrun with `nproc` processes (or plain)."""
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
-    return [sys.executable, *launcher, "-m", "vitcli.cli", "pretrain", "--workdir", str(workdir), *SMALL, *overrides]
+    """`vit pretrain` on the quickstart recipe made small, under torchrun with `nproc` processes
+    (or plain)."""
+    launcher = (["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+                if nproc > 1 else [])
+    return [sys.executable, *launcher, "-m", "vitcli.cli", "pretrain", "--workdir", str(workdir),
+            *SMALL, *overrides]
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -75,10 +79,12 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
 
     monkeypatch.setattr(sweep_mod, "run_training", lambda recipe, *a, **k: {"val/top1": recipe.optim.lr})
     monkeypatch.setattr(vtab_mod, "run_training", lambda recipe, *a, **k: {"test/top1": 0.5})
-    ft = resolve("finetune", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.val_split=validation"])
+    ft = resolve("finetune", None,
+                 ["schedule.steps=10", "schedule.warmup_steps=1", "data.val_split=validation"])
     dist = setup("cpu")
     assert sweep_mod.sweep(ft, tmp_path / "sweep", [0.1, 0.2], dist)["best_lr"] == 0.2
-    assert list(vtab_mod.run_vtab(ft, tmp_path / "vtab", vtab_mod.vtab_tasks("vtab/dmlab"), dist)) == ["vtab/dmlab"]
+    assert (list(vtab_mod.run_vtab(ft, tmp_path / "vtab", vtab_mod.vtab_tasks("vtab/dmlab"), dist))
+            == ["vtab/dmlab"])
 
     assert sorted(tmp_path.rglob("*")) == before
     out = capsys.readouterr()
@@ -110,7 +116,8 @@ def test_one_and_two_processes_train_the_same(tmp_path):
 def _kill_when(cmd: list[str], path: Path) -> None:
     """Start `cmd` in its own process group and SIGKILL the whole group (torchrun and both ranks) as soon as
     `path` exists, as a pre-empted node dies: no signal handler, no final checkpoint."""
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     deadline = time.monotonic() + 240
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -131,14 +138,16 @@ def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
     assert "resuming from" in proc.stderr
     straight, resumed = weights(tmp_path / "straight"), weights(tmp_path / "killed")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    rows = [{r["step"]: r["train/loss"] for r in read_metrics(tmp_path / w / "metrics.jsonl") if "train/loss" in r}
+    rows = [{r["step"]: r["train/loss"] for r in read_metrics(tmp_path / w / "metrics.jsonl")
+             if "train/loss" in r}
             for w in ("straight", "killed")]
     assert rows[0] == rows[1]
 
 
 def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
     """eval-fewshot under torchrun: each rank extracts every other image and the parts are gathered back in
-    dataset order, so the least-squares results equal one process's (to 1e-6: the solves see the same numbers)."""
+    dataset order, so the least-squares results equal one process's (to 1e-6: the solves see the same
+    numbers)."""
     init = tmp_path / "pre"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     save_weights(init / MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
@@ -151,7 +160,8 @@ def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
     one, two = (json.loads((tmp_path / w / "results.json").read_text())["runs"] for w in ("one", "two"))
     assert len(one) == len(two) == 4
     for a, b in zip(one, two, strict=True):
-        assert {k: v for k, v in a.items() if k != "accuracy"} == {k: v for k, v in b.items() if k != "accuracy"}
+        assert ({k: v for k, v in a.items() if k != "accuracy"}
+                == {k: v for k, v in b.items() if k != "accuracy"})
         assert abs(a["accuracy"] - b["accuracy"]) < 1e-6
     cached = [sorted((tmp_path / w / "features").iterdir()) for w in ("one", "two")]
     assert [p.name for p in cached[0]] == [p.name for p in cached[1]] and len(cached[0]) == 2
@@ -160,9 +170,9 @@ def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
 
 
 def test_a_two_process_run_resumes_on_one_process(tmp_path):
-    """Killed on 2 processes, resumed on 1 with the same global and micro batch: it continues the same training,
-    ending where one process alone ends, up to float summation order amplified by 60 Adam steps (5e-4;
-    measured 7.6e-5, where another run.seed is about 0.3 away)."""
+    """Killed on 2 processes, resumed on 1 with the same global and micro batch: it continues the same
+    training, ending where one process alone ends, up to float summation order amplified by 60 Adam steps
+    (5e-4; measured 7.6e-5, where another run.seed is about 0.3 away)."""
     steps = ("schedule.steps=60", "run.ckpt_every=20", "run.log_every=10", *RANDOM)
     _kill_when(vit(2, tmp_path / "moved", *steps), tmp_path / "moved" / "state-20.pt")
     proc = run(vit(1, tmp_path / "moved", *steps))

@@ -52,11 +52,12 @@ STAND_INS = {
     "runs/quickstart/pretrain_mpp": ("3 steps of the quickstart masked patch prediction",
                                      ["pretrain", "-r", f"{QUICK}/pretrain_mpp.yaml", *TINY]),
     "runs/quickstart/finetune": ("3 steps of the quickstart fine-tune from the pretraining above",
-                                 ["finetune", "-r", f"{QUICK}/finetune.yaml", "--init", "runs/quickstart/pretrain",
-                                  *TINY]),
+                                 ["finetune", "-r", f"{QUICK}/finetune.yaml", "--init",
+                                  "runs/quickstart/pretrain", *TINY]),
     "runs/quickstart/finetune_scratch": ("the same from random initialisation",
                                          ["finetune", "-r", f"{QUICK}/finetune.yaml", *TINY]),
-    "ViT-B_16.npz": ("a random 2-block ViT (width 32, 2 heads, patch 8, 32 px) in vit_jax's .npz layout", None),
+    "ViT-B_16.npz": ("a random 2-block ViT (width 32, 2 heads, patch 8, 32 px) in vit_jax's .npz layout",
+                     None),
 }
 
 
@@ -195,7 +196,8 @@ def test_the_extraction_rule():
              "vit pretrain -r r.yaml  # needs: the Hub"]
     got = [parse_command(text) for _, text in logical_lines(block)]
     assert got == [(("vit", "plot", "a", "b", "--out", "c.png"), ""), None,
-                   (("vit", "inspect", "x", "--out", "y"), ""), (("vit", "pretrain", "-r", "r.yaml"), "the Hub")]
+                   (("vit", "inspect", "x", "--out", "y"), ""),
+                   (("vit", "pretrain", "-r", "r.yaml"), "the Hub")]
 
 
 # ---------------------------------------------------------------- options and keys, listed exactly
@@ -231,7 +233,8 @@ def test_each_command_page_lists_exactly_its_options(name):
     rows = table(text, "## Options")
     listed = {opt for row in rows for opt in re.findall(r"`(--?[\w-]+)`", row[0])}
     assert listed == {o for p in options for o in p.opts + p.secondary_opts} | set(help_names)
-    listed_args = {a.lower() for row in table(text, "## Arguments") for a in re.findall(r"`([A-Z_]+)(?:\.\.\.)?`", row[0])}
+    listed_args = {a.lower() for row in table(text, "## Arguments")
+                   for a in re.findall(r"`([A-Z_]+)(?:\.\.\.)?`", row[0])}
     assert listed_args == {p.name for p in arguments}
     for p in options:
         if p.default not in (None, False):
@@ -274,7 +277,8 @@ def test_recipes_page_lists_every_key_with_its_default():
 def test_recipes_page_lists_the_stage_and_vtab_defaults():
     assert documented_defaults("## Stage defaults") == flat(STAGE_DEFAULTS["finetune"])
     assert documented_defaults("## VTAB protocol (`--task`)") == flat(VTAB_PROTOCOL)
-    assert not any(STAGE_DEFAULTS[s] for s in ("pretrain", "eval-fewshot")), "recipes.md says they add nothing"
+    assert not any(STAGE_DEFAULTS[s] for s in ("pretrain", "eval-fewshot")), (
+        "recipes.md says they add nothing")
 
 
 def slug(heading: str) -> str:

@@ -25,7 +25,8 @@ TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "
               "model.num_heads=2", "model.mlp_dim=64"]
 DATA = ["data.synthetic.img_size=32", "data.num_workers=0", "data.eval_batch_size=256",
         "data.crop_min_area=1.0",
-        "run.precision=fp32"]  # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+        # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+        "run.precision=fp32"]
 FEWSHOT = ["fewshot.tasks=synthetic", "fewshot.shots=1,5", "fewshot.seeds=2", "data.synthetic.num_classes=6",
            "data.synthetic.train_size=120", "data.synthetic.test_size=300", "data.synthetic.seed=5"]
 
@@ -35,11 +36,12 @@ def pretrained(tmp_path_factory):
     """A tiny ViT pretrained for a few hundred steps on the built-in data (6 classes), and its random twin."""
     root = tmp_path_factory.mktemp("fewshot")
     r = resolve("pretrain", None, TINY_MODEL + DATA + [
-        "data.synthetic.num_classes=6", "data.synthetic.train_size=1200", "data.val_split=", "data.test_split=",
-        "data.batch_size=64", "optim.lr=3e-3", "optim.weight_decay=0.0", "schedule.steps=300",
-        "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50",
+        "data.synthetic.num_classes=6", "data.synthetic.train_size=1200", "data.val_split=",
+        "data.test_split=", "data.batch_size=64", "optim.lr=3e-3", "optim.weight_decay=0.0",
+        "schedule.steps=300", "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50",
         # timm's random head kernel: in 300 steps this tiny run's features then separate the classes better
-        # (5-shot 0.32 vs 0.21 with big_vision's zero kernel, measured); this file tests eval-fewshot, not init
+        # (5-shot 0.32 vs 0.21 with big_vision's zero kernel, measured); this file tests eval-fewshot,
+        # not init
         "model.head_zero_init=false"])
     one_run(r, root / "pre")
     torch.manual_seed(0)
@@ -160,7 +162,8 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
     weights = features.weights_id(pretrained / "pre")
     (x_tr, y_tr), (x_te, y_te) = [
         (a["features"], a["labels"]) for a in
-        (load_file(str(tmp_path / "features" / f"{features.cache_key(weights, task, split, pre)}.safetensors"))
+        (load_file(str(tmp_path / "features"
+                       / f"{features.cache_key(weights, task, split, pre)}.safetensors"))
          for split in ("train", "test"))]
     for row in rows:
         idx = solver.sample_shots(y_tr, row["shots"], row["seed"], 6).indices
@@ -168,8 +171,8 @@ def test_every_row_is_the_tested_score_function_on_the_cached_features(pretraine
 
 
 def test_dry_run_shows_the_resize_method(monkeypatch, capsys, pretrained):
-    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--tasks", "synthetic", "--ckpt", str(pretrained / "pre"),
-                                      "--dry-run"])
+    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--tasks", "synthetic", "--ckpt",
+                                      str(pretrained / "pre"), "--dry-run"])
     cli.main()
     assert "  resize_method: big_vision\n" in capsys.readouterr().out
 
@@ -186,19 +189,23 @@ def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows(
     skipped = batches.Skipped()
     feats, labels = features._in_dataset_order(parts, n, skipped)
     kept = [i for i in range(n) if i not in bad]
-    assert labels.tolist() == kept and feats[:, 0].tolist() == kept and feats[:, 1].tolist() == [-i for i in kept]
+    assert (labels.tolist() == kept and feats[:, 0].tolist() == kept
+            and feats[:, 1].tolist() == [-i for i in kept])
     assert skipped.as_dict() == {"split": [4, 9]}
 
 
-def test_random_init_scores_the_checkpoints_network_with_fresh_weights(pretrained, tmp_path, monkeypatch, capsys):
-    """--random-init: the network --ckpt describes, drawn by its own initialiser from run.seed, never its weights.
-    The independent path: the same draw saved to a file and scored as an ordinary checkpoint."""
+def test_random_init_scores_the_checkpoints_network_with_fresh_weights(
+        pretrained, tmp_path, monkeypatch, capsys):
+    """--random-init: the network --ckpt describes, drawn by its own initialiser from run.seed, never its
+    weights. The independent path: the same draw saved to a file and scored as an ordinary checkpoint."""
     cache = f"fewshot.cache_dir={tmp_path / 'cache'}"
     ours = fewshot(pretrained / "pre", tmp_path / "pre", cache)
-    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--ckpt", str(pretrained / "pre"), "--random-init",
-                                      "--workdir", str(tmp_path / "rand"), *TINY_MODEL, *DATA, *FEWSHOT, cache])
+    monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--ckpt", str(pretrained / "pre"),
+                                      "--random-init", "--workdir", str(tmp_path / "rand"), *TINY_MODEL,
+                                      *DATA, *FEWSHOT, cache])
     cli.main()
-    assert "extracted" in capsys.readouterr().err, "the pretrained weights' cached features must not be reused"
+    assert "extracted" in capsys.readouterr().err, (
+        "the pretrained weights' cached features must not be reused")
     payload = json.loads((tmp_path / "rand" / "results.json").read_text())
     rand = payload["runs"]
     assert payload["random_init"] is True and payload["recipe"]["init"]["random"] is True

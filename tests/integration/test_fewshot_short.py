@@ -1,4 +1,5 @@
-"""Short classes: a shot set takes what each class has (big_vision's draw), and every row says how short it is.
+"""Short classes: a shot set takes what each class has (big_vision's draw), and every row says how short
+it is.
 
 VTAB-1k draws its shot sets from 1,000 images (train800val200); SUN397 has 397 classes, so some are empty and
 most have fewer than 25. big_vision scores those shot counts on what there is; so do we, and we mark them.
@@ -78,7 +79,8 @@ def test_solver_fits_k_columns_when_classes_are_empty():
     big = np.hstack([(x - mean) / std, np.full((len(x), 1), 100.0)])
     w = np.linalg.solve(big.T @ big + 1024.0 * np.eye(6), big.T @ (2.0 * np.eye(5)[labels] - 1.0))
     logits = np.hstack([(x_test - mean) / std, np.full((40, 1), 100.0)]) @ w
-    assert solver.score(x, labels, x_test, y_test, 5, 1024.0)[0] == pytest.approx(np.mean(logits.argmax(1) == y_test))
+    assert solver.score(x, labels, x_test, y_test, 5, 1024.0)[0] == pytest.approx(
+        np.mean(logits.argmax(1) == y_test))
     assert not np.isin(logits.argmax(1), [1, 4]).any()
 
 
@@ -121,11 +123,12 @@ def sun_like(tmp_path_factory):
 def test_every_shot_count_is_scored_and_marked(sun_like, tmp_path, capsys):
     root, counts = sun_like
     r = resolve("eval-fewshot", None, TINY_MODEL + [
-        f"init.checkpoint={root / 'random.safetensors'}", "fewshot.tasks=vtab/sun397", "fewshot.shots=1,5,10,25",
-        "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}", "data.num_workers=0",
-        "data.eval_batch_size=500"], complete=complete)
+        f"init.checkpoint={root / 'random.safetensors'}", "fewshot.tasks=vtab/sun397",
+        "fewshot.shots=1,5,10,25", "fewshot.seeds=2", f"fewshot.data_root={root / 'data'}",
+        "data.num_workers=0", "data.eval_batch_size=500"], complete=complete)
     rows = eval_fewshot(r, tmp_path)["runs"]
-    assert sorted({(row["shots"], row["seed"]) for row in rows}) == [(k, s) for k in (1, 5, 10, 25) for s in (0, 1)]
+    assert sorted({(row["shots"], row["seed"]) for row in rows}) == [
+        (k, s) for k in (1, 5, 10, 25) for s in (0, 1)]
     payload = json.loads((tmp_path / "results.json").read_text())
     out = capsys.readouterr().out
     for k in (1, 5, 10, 25):

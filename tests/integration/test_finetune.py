@@ -39,7 +39,8 @@ DATA = [
     "data.num_workers=0", "data.eval_batch_size=256", "data.inception_crop=false",
     "data.hflip=false",  # a flip would move the square to the other quadrant, i.e. change the label
     "data.val_split=", "run.log_every=10", "run.device=cpu",
-    "run.precision=fp32",  # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    "run.precision=fp32",
 ]
 COMMON = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + DATA
 
@@ -420,9 +421,10 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
 
 FINETUNE_RECIPES = sorted((REPO / "recipes" / "finetune").glob("*.yaml"))
 # What every finetune recipe restated before it said only what differs: the stage defaults' own values
-PROTOCOL = {"model.img_size": 384, "data.batch_size": 512, "data.inception_crop": True, "data.crop_min_area": 0.05,
-            "data.hflip": True, "schedule.decay": "cosine", "optim.name": "sgd", "optim.lr": 0.01,
-            "optim.momentum": 0.9, "optim.weight_decay": 0.0, "optim.clip_grad_norm": 1.0, "run.precision": "auto"}
+PROTOCOL = {"model.img_size": 384, "data.batch_size": 512, "data.inception_crop": True,
+            "data.crop_min_area": 0.05, "data.hflip": True, "schedule.decay": "cosine", "optim.name": "sgd",
+            "optim.lr": 0.01, "optim.momentum": 0.9, "optim.weight_decay": 0.0, "optim.clip_grad_norm": 1.0,
+            "run.precision": "auto"}
 RESTATED = {
     "cifar10": {"data.label_column": "label", "data.test_split": "test", "schedule.warmup_steps": 500},
     "cifar100": {"data.test_split": "test", "schedule.warmup_steps": 500},

@@ -1,5 +1,6 @@
-"""run.strategy: fsdp. FSDP2 on 2 processes (Gloo, CPU) trains what one process trains; its sharded checkpoints
-resume bit-exactly, reshard, refuse damage, and live beside the .pt checkpoints in one discovery and rotation.
+"""run.strategy: fsdp. FSDP2 on 2 processes (Gloo, CPU) trains what one process trains; its sharded
+checkpoints resume bit-exactly, reshard, refuse damage, and live beside the .pt checkpoints in one discovery
+and rotation.
 
 The 2-process scenarios run once, in one torchrun launch (tests/fsdp_ranks.py, ~15 s, most of it importing
 torch in three processes); the tests below read what rank 0 wrote and compare it with a one-process run.
@@ -33,10 +34,10 @@ from vitcli.train.optim import build_optimizer
 
 HERE = Path(__file__).resolve().parent
 ONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-# FSDP reduce-scatters the two processes' gradients (each a mean of 2 micro-batch means) where one process takes
-# one mean over all 8 images: the same sum in another order, ~1e-7 apart in float32 (measured 1.8e-7 on the
-# weights after 4 steps). Adam's update is at most ~lr = 1e-3 per step, so 1e-5 is 1% of one step: a wrong
-# average (a sum, or one process's gradient) or a missed clip moves weights by far more.
+# FSDP reduce-scatters the two processes' gradients (each a mean of 2 micro-batch means) where one process
+# takes one mean over all 8 images: the same sum in another order, ~1e-7 apart in float32 (measured 1.8e-7
+# on the weights after 4 steps). Adam's update is at most ~lr = 1e-3 per step, so 1e-5 is 1% of one step: a
+# wrong average (a sum, or one process's gradient) or a missed clip moves weights by far more.
 ATOL = 1e-5
 
 
@@ -44,7 +45,8 @@ ATOL = 1e-5
 def ranks(tmp_path_factory):
     """The directory rank 0 of the 2-process run filled."""
     out = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "fsdp_ranks.py"), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
@@ -156,7 +158,8 @@ def test_a_leftover_temporary_directory_is_never_taken_for_a_checkpoint(ranks, t
 def test_activation_checkpointing_on_two_processes_gives_the_same_gradients(ranks):
     """Exactly the same (tolerance 0): the recomputation runs the same kernels on the same inputs, and the
     dropout and drop-path draws are replayed from the restored RNG state."""
-    plain, checkpointed = load_file(ranks / "grads_ac_False.safetensors"), load_file(ranks / "grads_ac_True.safetensors")
+    plain, checkpointed = (load_file(ranks / "grads_ac_False.safetensors"),
+                           load_file(ranks / "grads_ac_True.safetensors"))
     assert sorted(plain) == sorted(checkpointed) and len(plain) == len(list(tiny_model(0).parameters()))
     assert all(torch.equal(plain[k], checkpointed[k]) for k in plain)
     assert all(v.abs().max() > 0 for v in plain.values())
@@ -179,7 +182,8 @@ def test_activation_checkpointing_alone_keeps_names_and_gradients(one_thread):
     assert list(checkpointed.state_dict()) == list(plain.state_dict()), "hooks, not wrappers: the same keys"
     expected, got = grads(plain, 3), grads(checkpointed, 3)
     assert all(torch.equal(expected[k], got[k]) for k in expected), "tolerance 0, as on two processes"
-    assert not torch.equal(grads(tiny_model(0, cfg), 4)["blocks.0.mlp.fc1.weight"], expected["blocks.0.mlp.fc1.weight"]), (
+    assert not torch.equal(grads(tiny_model(0, cfg), 4)["blocks.0.mlp.fc1.weight"],
+                           expected["blocks.0.mlp.fc1.weight"]), (
         "another dropout draw changes them: the test sees the draws")
 
 
@@ -188,7 +192,8 @@ def test_the_blocks_are_found_in_every_model_family(one_thread):
     assert parallelize.transformer_blocks(vit) == list(vit.blocks)
     mpp = MppModel(tiny_model(0), MppConfig(), TINY.patch_size)
     assert parallelize.transformer_blocks(mpp) == list(mpp.backbone.blocks)
-    t2t = T2TViT(img_size=32, num_classes=4, embed_dim=32, depth=2, num_heads=2, token_dim=8, mixer="transformer")
+    t2t = T2TViT(img_size=32, num_classes=4, embed_dim=32, depth=2, num_heads=2, token_dim=8,
+                 mixer="transformer")
     assert parallelize.transformer_blocks(t2t) == list(t2t.blocks) and len(t2t.blocks) == 2
     with pytest.raises(ModelError, match="run.activation_checkpointing"):
         parallelize.checkpoint_blocks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -215,7 +220,8 @@ def test_directories_and_files_are_found_together_newest_first(tmp_path):
     for step in (2, 10):
         fake_sharded(tmp_path, step)
     (tmp_path / "state-7").write_text("a file named like a directory checkpoint is not one")
-    assert [p.name for p in state.checkpoints(tmp_path)] == ["state-10", "state-3.pt", "state-2", "state-1.pt"]
+    assert [p.name for p in state.checkpoints(tmp_path)] == [
+        "state-10", "state-3.pt", "state-2", "state-1.pt"]
     path, extra = manager.latest_good_state(tmp_path)
     assert path == tmp_path / "state-10" and extra["step"] == 10
     assert torch.equal(extra["rng"][0], torch.arange(4, dtype=torch.uint8))
@@ -268,7 +274,8 @@ def tiny_linear():
 
 @pytest.mark.parametrize("keep", [1, 2])
 def test_sharded_saves_rotate_files_and_directories_alike(tmp_path, keep):
-    """manager.save of a sharded model in one process (no process group: DCP writes one shard) keeps the `keep` newest steps."""
+    """manager.save of a sharded model in one process (no process group: DCP writes one shard) keeps the
+    `keep` newest steps."""
     model, optimizer = tiny_linear()
     pt(tmp_path, 1)
     for step in (2, 3, 4):
@@ -292,11 +299,13 @@ def test_one_process_save_and_load_round_trip_model_and_adam(tmp_path):
         optimizer.zero_grad()
         model(x).square().sum().backward()
         optimizer.step()
-    path = manager.save(tmp_path, {"step": 2, "recipe": {"a": 1}}, model, optimizer, ONE, keep=1, sharded=True)
+    path = manager.save(tmp_path, {"step": 2, "recipe": {"a": 1}}, model, optimizer, ONE, keep=1,
+                        sharded=True)
     fresh = torch.nn.Linear(3, 2)
     fresh_optimizer = torch.optim.AdamW(fresh.parameters(), lr=0.1)
     assert sharded.load(path, fresh, fresh_optimizer) == {"step": 2, "recipe": {"a": 1}}
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
+    assert all(torch.equal(a, b)
+               for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True))
     saved, loaded = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
     assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in saved[i])
     assert parallelize.full_model_state(fresh).keys() == model.state_dict().keys()

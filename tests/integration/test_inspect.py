@@ -43,7 +43,8 @@ def centres(grid, cell):
 
 
 def brute_force_distance(attn, grid, cell, prefix):
-    """Per (image, head): mean over query patches of sum over key patches of renormalised weight x distance."""
+    """Per (image, head): mean over query patches of sum over key patches of renormalised weight x
+    distance."""
     c = centres(grid, cell)
     n = len(c)
     out = np.zeros(attn.shape[:2])
@@ -112,7 +113,8 @@ def test_mean_distances_over_a_stream_average_per_image_values():
     xs = [torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
     got, seen = mean_attention_distances(model, [(x, None) for x in xs], (8, 8), 4.0, torch.device("cpu"))
     per_image = []
-    with torch.no_grad(), attention_probabilities(model.blocks, lambda i, p: per_image.append((i, p.clone()))):
+    with torch.no_grad(), attention_probabilities(model.blocks,
+                                                  lambda i, p: per_image.append((i, p.clone()))):
         model(torch.cat(xs))
     distances = figure7.patch_distances((8, 8), 4.0)
     expected = np.stack([figure7.attention_distance(p, distances, 1).mean(0).numpy()  # over all 6 images
@@ -231,7 +233,8 @@ def test_inspect_writes_the_three_figures_and_prints_the_summary(ckpts, tmp_path
     for row in ("custom", "8x8", "4 px", "token", "learned_1d", "32 px", "32 / 2 / 2"):
         assert row in out, row
     numbers = json.loads((tmp_path / "o" / "attention_distance.json").read_text())
-    assert numbers["images"] == 16 and np.array(numbers["mean_distance_px"]).shape == (2, 2)  # (layers, heads)
+    assert (numbers["images"] == 16
+            and np.array(numbers["mean_distance_px"]).shape == (2, 2))  # (layers, heads)
     assert 0 < np.min(numbers["mean_distance_px"]) and np.max(numbers["mean_distance_px"]) < 32 * math.sqrt(2)
 
 
@@ -240,9 +243,10 @@ def test_inspect_writes_the_three_figures_and_prints_the_summary(ckpts, tmp_path
     ("google.npz", [4, 4], "learned_1d"), ("timm.safetensors", [4, 4], "learned_1d"),
 ])
 def test_inspect_json_for_every_kind_of_file(ckpts, tmp_path, monkeypatch, capsys, source, grid, pos_embed):
-    extra = ["model.num_heads=2"] if source == "timm.safetensors" else []  # a foreign file cannot tell its heads
-    code, out, err = run_vit(monkeypatch, capsys, "inspect", ckpts / source, "--out", tmp_path, "--images", "4",
-                             "--json", *extra)
+    # a foreign file cannot tell its heads
+    extra = ["model.num_heads=2"] if source == "timm.safetensors" else []
+    code, out, err = run_vit(monkeypatch, capsys, "inspect", ckpts / source, "--out", tmp_path,
+                             "--images", "4", "--json", *extra)
     assert code == 0, err
     report = json.loads(out)
     assert report["model"]["grid"] == grid and report["model"]["pos_embed"] == pos_embed

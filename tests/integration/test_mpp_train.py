@@ -1,5 +1,5 @@
-"""`objective: mpp` through the one trainer: the loss falls, the metrics are the pretext's, the exported file is
-a plain ViT that timm loads, fine-tunes and few-shot-evaluates, and runs repeat exactly."""
+"""`objective: mpp` through the one trainer: the loss falls, the metrics are the pretext's, the exported
+file is a plain ViT that timm loads, fine-tunes and few-shot-evaluates, and runs repeat exactly."""
 
 import json
 
@@ -21,10 +21,10 @@ from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
 
 TINY = ["objective=mpp", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
-        "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.train_size=128", "data.synthetic.val_size=64",
-        "data.synthetic.test_size=64", "data.batch_size=32", "data.num_workers=0", "optim.lr=3e-3",
-        "optim.weight_decay=0", "schedule.warmup_steps=2", "schedule.decay=cosine", "run.log_every=1",
-        "data.crop_min_area=1.0", "data.hflip=false",
+        "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.train_size=128",
+        "data.synthetic.val_size=64", "data.synthetic.test_size=64", "data.batch_size=32",
+        "data.num_workers=0", "optim.lr=3e-3", "optim.weight_decay=0", "schedule.warmup_steps=2",
+        "schedule.decay=cosine", "run.log_every=1", "data.crop_min_area=1.0", "data.hflip=false",
         "run.precision=fp32"]  # the loss threshold below was measured in fp32: the same test on any CPU
 
 
@@ -66,8 +66,8 @@ def test_the_mpp_checkpoint_finetunes_and_evaluates_few_shot(pretrained, tmp_pat
     assert code == 0, err
     assert json.loads((tmp_path / "ft" / "summary.json").read_text())["test/top1"] >= 0
     code, _, err = run_vit(monkeypatch, capsys, "eval-fewshot", "--ckpt", workdir, "--tasks", "synthetic",
-                           "--shots", 1, "--seeds", 1, "data.synthetic.train_size=40", "data.synthetic.test_size=40",
-                           "data.num_workers=0", "--workdir", tmp_path / "fs")
+                           "--shots", 1, "--seeds", 1, "data.synthetic.train_size=40",
+                           "data.synthetic.test_size=40", "data.num_workers=0", "--workdir", tmp_path / "fs")
     assert code == 0, err
 
 
@@ -107,5 +107,6 @@ def test_few_shot_runs_during_mpp_pretraining(tmp_path):
                                           "fewshot.every=2", "data.synthetic.test_size=40"],
                 complete=complete)
     one_run(r, tmp_path)
-    steps = [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "fewshot/synthetic/1shot" in row]
+    steps = [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")
+             if "fewshot/synthetic/1shot" in row]
     assert steps == [2, 4]

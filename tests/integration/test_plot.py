@@ -34,7 +34,8 @@ def png_size(path):
 def test_panels_take_the_trainers_keys():
     assert [curves.panel(k) for k in ("train/loss", "val/loss", "train/lr", "val/top1", "test/top1",
                                       "fewshot/cifar10/5shot", "train/img_per_s", "train/grad_norm")] == [
-        "loss", "loss", "learning rate", "held-out accuracy", "held-out accuracy", "few-shot accuracy", None, None]
+        "loss", "loss", "learning rate", "held-out accuracy", "held-out accuracy", "few-shot accuracy",
+        None, None]
 
 
 def test_two_runs_in_one_png_in_the_current_directory(tmp_path, monkeypatch, capsys):
@@ -48,7 +49,8 @@ def test_two_runs_in_one_png_in_the_current_directory(tmp_path, monkeypatch, cap
 
 
 def test_empty_panels_are_left_out_and_every_run_is_labelled():
-    runs = {"a": [{"step": 1, "train/loss": 1.0, "train/lr": 0.1}, {"step": 2, "train/loss": 0.5, "train/lr": 0.2}],
+    runs = {"a": [{"step": 1, "train/loss": 1.0, "train/lr": 0.1},
+                  {"step": 2, "train/loss": 0.5, "train/lr": 0.2}],
             "b": [{"step": 1, "train/loss": 2.0, "train/lr": 0.3}]}
     fig = curves.curves_figure(runs)
     assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate"]
@@ -82,9 +84,11 @@ def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):
 
 def test_losses_share_a_panel_only_when_they_are_one_quantity(tmp_path):
     """train/loss and val/loss of a run come from one loss definition: one panel. Runs trained with different
-    losses (softmax vs sigmoid cross-entropy, or label smoothing) get a loss panel each, titled by the loss."""
+    losses (softmax vs sigmoid cross-entropy, or label smoothing) get a loss panel each, titled by the
+    loss."""
     runs = {}
-    for name, optim in (("soft", {"loss": "softmax"}), ("sig", {"loss": "sigmoid"}), ("sig2", {"loss": "sigmoid"}),
+    for name, optim in (("soft", {"loss": "softmax"}), ("sig", {"loss": "sigmoid"}),
+                        ("sig2", {"loss": "sigmoid"}),
                         ("smooth", {"loss": "softmax", "label_smoothing": 0.1})):
         (workdir(tmp_path / name) / "recipe.yaml").write_text(yaml.safe_dump({"optim": optim}))
         runs[name] = curves.loss_name(tmp_path / name)
@@ -94,6 +98,6 @@ def test_losses_share_a_panel_only_when_they_are_one_quantity(tmp_path):
     titles = [ax.get_title() for ax in fig.axes]
     assert titles[:3] == ["loss (softmax xent)", "loss (sigmoid xent)", "loss (softmax xent, smoothing 0.1)"]
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
-    assert legend == ["sig: train/loss", "sig: val/loss", "sig: test/loss", "sig2: train/loss", "sig2: val/loss",
-                      "sig2: test/loss"]
+    assert legend == ["sig: train/loss", "sig: val/loss", "sig: test/loss", "sig2: train/loss",
+                      "sig2: val/loss", "sig2: test/loss"]
     assert curves.loss_name(tmp_path) == ""  # no recipe.yaml: a plain "loss" panel, as before

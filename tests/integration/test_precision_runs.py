@@ -35,7 +35,8 @@ def test_a_run_announces_and_records_its_choice(tmp_path, monkeypatch, capsys, n
     assert f"{expected} (auto: CPU has" in capsys.readouterr().err.replace("\n", " ")
 
 
-def test_resuming_auto_on_a_machine_that_chooses_differently_warns_and_continues(tmp_path, monkeypatch, logged):
+def test_resuming_auto_on_a_machine_that_chooses_differently_warns_and_continues(
+        tmp_path, monkeypatch, logged):
     monkeypatch.setattr(precision, "detect_bf16", machine(True))
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=3"]), tmp_path)  # trained at bf16 to step 3
     monkeypatch.setattr(precision, "detect_bf16", machine(False))

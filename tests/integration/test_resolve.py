@@ -1,5 +1,6 @@
 """One resolve step: what a command runs is exactly what its `--dry-run` prints, for every shipped recipe and
-for stages that start from a checkpoint; the command decides the stage; a checkpoint's heads come from evidence.
+for stages that start from a checkpoint; the command decides the stage; a checkpoint's heads come from
+evidence.
 """
 
 import subprocess
@@ -49,7 +50,8 @@ def timm_file(path: Path, width: int, heads: int, patch: int, img_size: int) -> 
     """A plain timm safetensors file, one block: no metadata, so the architecture is read off the tensors."""
     model = VisionTransformer(img_size=img_size, patch_size=patch, embed_dim=width, depth=1, num_heads=heads,
                               mlp_ratio=1.0, num_classes=3)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
+              metadata={"format": "pt"})
     return path
 
 
@@ -194,9 +196,10 @@ def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, cap
     """No patch embedding to read, but the recipe names the network: its head (`fc`) is swapped for zeros."""
     theirs = timm.create_model("test_resnet", num_classes=3)
     init = tmp_path / "resnet.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init), metadata={"format": "pt"})
-    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32, "model.name=test_resnet",
-                           "--workdir", tmp_path / "w", *SMALL_DATA)
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init),
+              metadata={"format": "pt"})
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--res", 32,
+                           "model.name=test_resnet", "--workdir", tmp_path / "w", *SMALL_DATA)
     assert code == 0, err
     tuned, _ = load_weights(tmp_path / "w" / MODEL_FILE)
     assert tuned["fc.weight"].shape == (10, theirs.num_features)
@@ -210,10 +213,11 @@ def test_eval_fewshot_reads_a_foreign_file_of_a_named_network(monkeypatch, capsy
     """The file's head (any size, any name) is not needed: few-shot reads the pre-logits."""
     theirs = timm.create_model(name, num_classes=7)
     init = tmp_path / f"{name}.safetensors"
-    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init),
+              metadata={"format": "pt"})
     code, _, err = run_vit(monkeypatch, capsys, "eval-fewshot", "--ckpt", init, f"model.name={name}",
                            "model.img_size=32", "--tasks", "synthetic", "--shots", 1, "--seeds", 1,
-                           "data.synthetic.train_size=40", "data.synthetic.test_size=40", "data.num_workers=0",
-                           "--workdir", tmp_path / "w")
+                           "data.synthetic.train_size=40", "data.synthetic.test_size=40",
+                           "data.num_workers=0", "--workdir", tmp_path / "w")
     assert code == 0, err
     assert (tmp_path / "w" / "results.json").is_file()

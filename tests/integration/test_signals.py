@@ -1,5 +1,6 @@
-"""Ctrl-C and SIGTERM as a user and a scheduler send them: the step finishes, a checkpoint is written, one line
-says how to resume, the exit code is 130 / 143, and resuming ends exactly where an uninterrupted run ends."""
+"""Ctrl-C and SIGTERM as a user and a scheduler send them: the step finishes, a checkpoint is written, one
+line says how to resume, the exit code is 130 / 143, and resuming ends exactly where an uninterrupted run
+ends."""
 
 import json
 import os
@@ -24,8 +25,8 @@ STEPS = 300
 ARGS = ["pretrain", "-r", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0",
         f"schedule.steps={STEPS}", "schedule.warmup_steps=5", "run.log_every=1", "run.ckpt_every=100000",
         "data.synthetic.train_size=256", "data.val_split=", "data.test_split=", "data.batch_size=16",
-        "model.dropout=0.1", "data.mixup_alpha=0.2", "model.depth=1", "model.embed_dim=32", "model.num_heads=2",
-        "model.mlp_dim=64"]
+        "model.dropout=0.1", "data.mixup_alpha=0.2", "model.depth=1", "model.embed_dim=32",
+        "model.num_heads=2", "model.mlp_dim=64"]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -101,9 +102,9 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_file(tmp_path):
 def test_two_mixup_runs_are_identical(tmp_path):
     """Mixup draws from the per-step seeded stream, not numpy's global RNG."""
     tiny = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
-            "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-            "data.val_split=", "data.test_split=", "data.batch_size=16", "data.num_workers=0",
-            "data.mixup_alpha=0.4", "schedule.steps=6", "schedule.warmup_steps=1"]
+            "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4",
+            "data.synthetic.train_size=64", "data.val_split=", "data.test_split=", "data.batch_size=16",
+            "data.num_workers=0", "data.mixup_alpha=0.4", "schedule.steps=6", "schedule.warmup_steps=1"]
     weights = []
     for name in ("a", "b"):
         torch.manual_seed(len(name))

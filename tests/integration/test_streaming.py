@@ -107,7 +107,8 @@ def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_d
         assert recounted.position() == where[k]
         assert _same(ref[k:], _take(recounted, 24 - k)[0]), f"recounted from micro-batch {k}"
         saved = json.loads(json.dumps(where[k]))  # as a checkpoint stores it
-        assert _same(ref[k:], _take(_stream(source_dirs[name], start_step=k, start=saved, num_workers=workers),
+        assert _same(ref[k:], _take(_stream(source_dirs[name], start_step=k, start=saved,
+                                            num_workers=workers),
                                     24 - k)[0]), f"resumed from position {saved}"
 
 
@@ -162,7 +163,8 @@ def test_streamed_augmentation_is_seeded_as_map_style_batches():
     map-style batches and the trainer's mixup, dropout and masking draw from."""
     examples = (({"image": {"bytes": b"", "path": f"{i}.png"}}, (0, i + 1)) for i in itertools.count())
     cfg = DataConfig(image_column="image", label_column="")
-    streamed = [seed for _, seed, _ in itertools.islice(streams._keys(examples, cfg, 2, 7, (5, 2, 1), deque()), 3)]
+    streamed = [seed for _, seed, _
+                in itertools.islice(streams._keys(examples, cfg, 2, 7, (5, 2, 1), deque()), 3)]
     expected = [batches.micro_seed(7, step, j) for step, j in ((2, 3), (3, 2), (3, 3))]
     mapped = [seed for seed, _ in itertools.islice(batches._train_keys(64, 2, 2, 7, 5, 1, 2), 3)]
     assert streamed == expected == mapped
@@ -245,18 +247,20 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
 
 def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch):
     """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead): stopped after step 4 of 9
-    (its checkpoint holds the stream's position), then run again, it resumes from the position and ends with the
-    weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
+    (its checkpoint holds the stream's position), then run again, it resumes from the position and ends with
+    the weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
     r = resolve("pretrain", None, [
-        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64", "data.num_workers=2",
-        "data.val_split=", "data.test_split=", "data.batch_size=32", "data.micro_batch_size=16",
+        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
+        "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
+        "data.micro_batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
         "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
     one_run(r, tmp_path / "straight")
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 6)
     saved = manager.latest_good_state(tmp_path / "resumed")[1]
-    assert saved["step"] == 4  # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
+    # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
+    assert saved["step"] == 4
     assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
     one_run(r, tmp_path / "resumed")
     a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "resumed"))

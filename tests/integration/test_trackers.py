@@ -73,7 +73,8 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
 
 
 def test_loggers_are_checked_before_training(monkeypatch):
-    with pytest.raises(RecipeError, match=r"run.loggers: 'tensorbord' is not one of jsonl, tensorboard, wandb"):
+    with pytest.raises(RecipeError,
+                       match=r"run.loggers: 'tensorbord' is not one of jsonl, tensorboard, wandb"):
         resolve("pretrain", None, [*TINY, "run.loggers=tensorbord"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))

@@ -27,7 +27,8 @@ TINY = [
     "data.batch_size=32", "data.num_workers=0", "data.eval_batch_size=64", "optim.lr=3e-3",
     "optim.weight_decay=0.0", "schedule.warmup_steps=1", "schedule.decay=cosine", "run.log_every=1",
     "data.crop_min_area=1.0", "data.hflip=false",
-    "run.precision=fp32",  # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    "run.precision=fp32",
 ]
 
 
@@ -44,7 +45,8 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 41))
     assert {"train/loss", "train/lr", "train/img_per_s"} <= set(rows[0])
     assert 0.0 <= results["val/top1"] <= 1.0 and "test/top1" in results
-    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state-40.pt", "summary.json", "curves.png"):
+    for name in ("recipe.yaml", "metrics.jsonl", "model.safetensors", "state-40.pt", "summary.json",
+                 "curves.png"):
         assert (tmp_path / name).is_file(), name
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         meta = f.metadata()
@@ -80,7 +82,8 @@ def test_interrupted_run_resumes_at_the_right_step_and_matches(tmp_path, monkeyp
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
-@pytest.mark.parametrize("change", ["optim.lr=0.1", "run.seed=1", "data.micro_batch_size=8", "run.precision=bf16"])
+@pytest.mark.parametrize("change", ["optim.lr=0.1", "run.seed=1", "data.micro_batch_size=8",
+                                    "run.precision=bf16"])
 def test_resume_refuses_a_change_to_what_is_trained(tmp_path, change):
     one_run(recipe("schedule.steps=3", "run.ckpt_every=1", "data.val_split=", "data.test_split="), tmp_path)
     with pytest.raises(RecipeError, match=change.split("=")[0]):
@@ -162,7 +165,8 @@ def test_a_checkpoint_holds_each_ranks_rngs_and_the_data_position(tmp_path):
 
 def test_rng_states_survive_a_weights_only_round_trip(tmp_path):
     def draws():
-        return torch.rand(3).tolist(), np.random.rand(3).tolist(), np.random.randn(1).tolist(), random.random()
+        return (torch.rand(3).tolist(), np.random.rand(3).tolist(), np.random.randn(1).tolist(),
+                random.random())
 
     torch.manual_seed(1), np.random.seed(2), random.seed(3)
     np.random.randn(1)  # leaves a cached gaussian in numpy's state

@@ -1,5 +1,5 @@
-"""val/loss is the quantity train/loss is: a run with optim.loss=sigmoid reports big_vision's sigmoid_xent on the
-val logits (the loss formulas themselves: unit/test_loss.py)."""
+"""val/loss is the quantity train/loss is: a run with optim.loss=sigmoid reports big_vision's sigmoid_xent on
+the val logits (the loss formulas themselves: unit/test_loss.py)."""
 
 import numpy as np
 import pytest
@@ -16,9 +16,9 @@ from vitcli.stages.run import one_run
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-        "data.synthetic.val_size=48", "data.synthetic.test_size=32", "data.batch_size=32", "data.num_workers=0",
-        "data.eval_batch_size=32", "schedule.steps=3", "schedule.warmup_steps=1", "run.eval_every=2",
-        "run.precision=fp32"]
+        "data.synthetic.val_size=48", "data.synthetic.test_size=32", "data.batch_size=32",
+        "data.num_workers=0", "data.eval_batch_size=32", "schedule.steps=3", "schedule.warmup_steps=1",
+        "run.eval_every=2", "run.precision=fp32"]
 
 
 def test_val_loss_is_the_recipes_sigmoid_loss(tmp_path):
@@ -30,7 +30,8 @@ def test_val_loss_is_the_recipes_sigmoid_loss(tmp_path):
     assert len(y) == 48
     want = bv_sigmoid_xent(logits, np.eye(4)[y])
     assert results["val/loss"] == pytest.approx(want, rel=1e-5)
-    assert abs(want - bv_softmax_xent(logits, np.eye(4)[y])) > 0.1  # the two losses would not pass for each other
+    # the two losses would not pass for each other
+    assert abs(want - bv_softmax_xent(logits, np.eye(4)[y])) > 0.1
     logged = [row["val/loss"] for row in read_metrics(tmp_path / METRICS_FILE) if "val/loss" in row]
     assert len(logged) == 2 and logged[-1] == pytest.approx(want, rel=1e-5)
 

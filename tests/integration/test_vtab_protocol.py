@@ -59,7 +59,8 @@ def test_zero_one_images_reach_the_model_in_full_range_for_fewshot_and_finetunin
     assert fewshot_cfg.binary_pixels and finetune_cfg.binary_pixels
     masks = np.random.default_rng(0).integers(0, 2, (4, 32, 32), dtype=np.uint8)  # 0/1, as dSprites stores
     ds = dsprites_like(masks)
-    expected = torch.from_numpy(masks * 255 / 127.5 - 1).float()[:, None].expand(-1, 3, -1, -1)  # (4, 3, H, W)
+    # (4, 3, H, W)
+    expected = torch.from_numpy(masks * 255 / 127.5 - 1).float()[:, None].expand(-1, 3, -1, -1)
     for cfg in (fewshot_cfg, finetune_cfg):
         x = first_batch(ds, cfg)
         torch.testing.assert_close(x, expected, atol=1e-6, rtol=0)  # every pixel -1 or 1

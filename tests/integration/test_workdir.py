@@ -16,8 +16,9 @@ from vitcli.stages.run import one_run
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-        "data.synthetic.val_size=32", "data.synthetic.test_size=32", "data.batch_size=32", "data.num_workers=0",
-        "schedule.steps=3", "schedule.warmup_steps=1", "run.ckpt_every=1", "run.log_every=1"]
+        "data.synthetic.val_size=32", "data.synthetic.test_size=32", "data.batch_size=32",
+        "data.num_workers=0", "schedule.steps=3", "schedule.warmup_steps=1", "run.ckpt_every=1",
+        "run.log_every=1"]
 
 
 def recipe(*extra):
@@ -34,7 +35,8 @@ def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
 
     one_run(recipe("run.seed=1"), tmp_path, resume=False, overwrite=True)
     (kept,) = tmp_path.glob("previous-*")
-    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == finished, "moved whole, byte for byte"
+    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == finished, (
+        "moved whole, byte for byte")
     assert (tmp_path / MODEL_FILE).read_bytes() != finished[MODEL_FILE]  # the new run's
     assert sorted(p.name for p in (kept / "tensorboard").iterdir()) == events  # tracker folders move too
 
@@ -58,7 +60,8 @@ def test_overwrite_alone_starts_over_where_the_run_could_resume(monkeypatch, cap
     assert (kept / MODEL_FILE).is_file()
     rows = [r for r in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in r]
     assert len(rows) == 3, "trained again from step 1"
-    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, "--overwrite", "--resume", *TINY)
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, "--overwrite",
+                           "--resume", *TINY)
     assert code == 2 and "--overwrite starts over and --resume continues the run there" in err
 
 
@@ -83,14 +86,16 @@ def test_two_replacements_in_the_same_second_keep_both(tmp_path):
 
 def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, monkeypatch):
     """The estimate is (keep_checkpoints + 1) states of weights and Adam's two slots, plus the model."""
-    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
     with pytest.raises(OutputError, match=r"needs about .* GiB, but only 0.00 GiB is free"):
         one_run(recipe(), tmp_path / "w")
     assert not (tmp_path / "w").exists()
 
 
 def test_run_file_names_are_written_once_in_run_files():
-    """Every file name of a run directory is a run_files constant: no other module spells it, or defines it."""
+    """Every file name of a run directory is a run_files constant: no other module spells it, or
+    defines it."""
     names = {v for k, v in vars(run_files).items() if k.isupper() and isinstance(v, str) and "." in v}
     assert {"recipe.yaml", "metrics.jsonl", "summary.json", "model.safetensors", "curves.png", "sweep.json",
             "vtab.json", "results.json"} <= names

@@ -1,4 +1,5 @@
-"""`make bench`: its FLOP count agrees with PyTorch's counter, and `--quick` writes every key of the schema."""
+"""`make bench`: its FLOP count agrees with PyTorch's counter, and `--quick` writes every key of the
+schema."""
 
 import importlib.util
 

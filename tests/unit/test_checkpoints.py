@@ -121,7 +121,8 @@ def test_our_files_are_written_atomically_and_read_back(tmp_path):
     assert (tmp_path / "a.txt").read_text() == "one" and sorted(os.listdir(tmp_path)) == [
         "a.txt", "m.safetensors", "state.pt", "state.pt.sha256"]
     torch.save({"evil": _Payload(str(tmp_path / "x"))}, tmp_path / "bad.pt")
-    checksum_path(tmp_path / "bad.pt").write_text(sha256_of(tmp_path / "bad.pt"))  # intact: only the pickle is bad
+    # intact: only the pickle is bad
+    checksum_path(tmp_path / "bad.pt").write_text(sha256_of(tmp_path / "bad.pt"))
     with pytest.raises(CheckpointError, match="cannot read training state"):
         load_state(tmp_path / "bad.pt")
     assert not (tmp_path / "x").exists()

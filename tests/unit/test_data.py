@@ -169,9 +169,11 @@ def test_one_dispatch_says_what_a_source_is_for_loading_and_streaming(tmp_path):
     ds.save_to_disk(tmp_path / "saved")
     (tmp_path / "folder").mkdir()
     kinds = {"synthetic": "synthetic", "owner/name": "hub", str(tmp_path / "a.parquet"): "files",
-             str(tmp_path / "*.parquet"): "files", str(tmp_path / "saved"): "saved", str(tmp_path / "folder"): "folder"}
+             str(tmp_path / "*.parquet"): "files", str(tmp_path / "saved"): "saved",
+             str(tmp_path / "folder"): "folder"}
     assert {source: sources.source_kind(source)[0] for source in kinds} == kinds
-    for source in (str(tmp_path / "a.parquet"), str(tmp_path / "saved"), "synthetic"):  # the same rows either way
+    # the same rows either way
+    for source in (str(tmp_path / "a.parquet"), str(tmp_path / "saved"), "synthetic"):
         cfg = DataConfig(source=source, synthetic=SMALL)
         loaded = sources.load_split(cfg, "train")
         streamed = sources.load_stream(cfg)
@@ -195,8 +197,8 @@ def test_a_slice_past_the_end_of_a_local_split_is_an_error_not_clamped(tmp_path)
     for spec, part in [("train[:800]", "train[:800]"), ("train[8:12]", "train[8:12]"),
                        ("train[12:]", "train[12:]"), ("train[-11:]", "train[-11:]"),
                        ("train[:8]+test[9:11]", "test[9:11]")]:
-        _one_line_error(lambda spec=spec: sources.load_source(source, spec), source, f"'{part}'", "past the end",
-                        "(10 rows)")
+        _one_line_error(lambda spec=spec: sources.load_source(source, spec), source, f"'{part}'",
+                        "past the end", "(10 rows)")
     _one_line_error(lambda: sources.load_source(source, "train[:8]+test[10:]"), "'test[10:]' is empty")
 
 
@@ -317,7 +319,8 @@ def test_worker_processes_give_the_same_stream():
 
 def test_rank_shards_are_disjoint():
     ds, cfg = _indexed(40), DataConfig(num_workers=0)
-    shards = [torch.cat([y for _, y in _take(batches.train_batches(ds, cfg, 8, 4, 0, rank=r, world_size=2), 5)])
+    shards = [torch.cat([y for _, y in
+                         _take(batches.train_batches(ds, cfg, 8, 4, 0, rank=r, world_size=2), 5)])
               for r in (0, 1)]
     assert set(shards[0].tolist()).isdisjoint(shards[1].tolist())
     assert len(set(shards[0].tolist()) | set(shards[1].tolist())) == 40

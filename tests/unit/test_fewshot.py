@@ -32,7 +32,8 @@ def test_solve_matches_direct_ridge_at_every_l2(n, d):
     big_x = _augmented(x, x)
     for l2_reg in (2.0**-3, 1.0, 1024.0, 2.0**15):  # one cache, every λ is a rescale
         direct = np.linalg.solve(big_x.T @ big_x + l2_reg * np.eye(d + 1), big_x.T @ y)
-        np.testing.assert_allclose(fs.solve(cache, y, l2_reg), direct, rtol=RTOL, atol=RTOL * np.abs(direct).max())
+        np.testing.assert_allclose(fs.solve(cache, y, l2_reg), direct, rtol=RTOL,
+                                   atol=RTOL * np.abs(direct).max())
 
 
 @pytest.mark.parametrize("n,d", [(120, 16), (24, 40)], ids=["primal", "dual"])
@@ -102,7 +103,8 @@ def test_sample_shots_follows_big_vision_draw_and_nests():
 
 def test_sample_shots_is_deterministic_per_seed_and_varies_across_seeds():
     labels = np.arange(300) % 10
-    np.testing.assert_array_equal(fs.sample_shots(labels, 5, 0).indices, fs.sample_shots(labels, 5, 0).indices)
+    np.testing.assert_array_equal(fs.sample_shots(labels, 5, 0).indices,
+                                  fs.sample_shots(labels, 5, 0).indices)
     assert not np.array_equal(fs.sample_shots(labels, 5, 0).indices, fs.sample_shots(labels, 5, 1).indices)
 
 

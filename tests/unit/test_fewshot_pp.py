@@ -40,7 +40,8 @@ def half_pixel_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
 
 
 def checkerboard(h: int, w: int) -> np.ndarray:
-    """1-pixel black/white cells, coloured per channel: antialiasing averages it to grey, bilinear does not."""
+    """1-pixel black/white cells, coloured per channel:
+    antialiasing averages it to grey, bilinear does not."""
     cells = ((np.arange(h)[:, None] + np.arange(w)[None, :]) % 2).astype(np.float64)
     return (np.stack([cells, 1 - cells, cells * 0.5], axis=-1) * 255).astype(np.uint8)  # (h, w, 3)
 
@@ -76,7 +77,8 @@ def test_central_crop_floors_the_margin():
     tv = T.CenterCrop(80)(Image.fromarray(img))
     np.testing.assert_array_equal(np.asarray(tv), img[6:86, 6:86])
     got = big_vision_resize_crop(Image.fromarray(img), resize=91, img_size=80)  # same size: no resampling
-    np.testing.assert_allclose(got.numpy(), img[5:85, 5:85].transpose(2, 0, 1) / 127.5 - 1.0, rtol=0, atol=TOL)
+    np.testing.assert_allclose(got.numpy(), img[5:85, 5:85].transpose(2, 0, 1) / 127.5 - 1.0,
+                               rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("img_size,big_vision", [(32, 36), (224, 256), (384, 438), (80, 91)])
@@ -100,5 +102,6 @@ def test_the_method_is_checked_keyed_and_dumped():
             resolve("pretrain", None, [f"fewshot.resize_method={gone}"])
     assert "resize_method: big_vision" in to_yaml(resolve("pretrain", None, [], inputs=False))
     pre = {"img_size": 32, "resize": 36, "precision": "fp32"}
-    keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m}) for m in ("big_vision", "another")}
+    keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m})
+            for m in ("big_vision", "another")}
     assert len(keys) == 2

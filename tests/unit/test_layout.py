@@ -1,9 +1,9 @@
 """The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
 
-LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime < models <
-data < checkpoints < train < evaluators < fewshot < figures < stages < cli. A module may import only packages
-below its own and, inside its package, modules listed before it: so no import runs back up and no cycle can
-form. A new module has to be given its place here.
+LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime <
+models < data < checkpoints < train < evaluators < fewshot < figures < stages < cli. A module may import
+only packages below its own and, inside its package, modules listed before it: so no import runs back up
+and no cycle can form. A new module has to be given its place here.
 """
 
 import ast
@@ -67,7 +67,8 @@ def vitcli_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
                 full = f"{base}.{alias.name}".lstrip(".")
                 out.append((full if full in ORDER else base, node))
         elif isinstance(node, ast.Import):
-            out += [(a.name.removeprefix("vitcli."), node) for a in node.names if a.name.startswith("vitcli.")]
+            out += [(a.name.removeprefix("vitcli."), node) for a in node.names
+                    if a.name.startswith("vitcli.")]
     return out
 
 
@@ -96,7 +97,8 @@ def test_a_module_imports_only_modules_below_it(name):
     assert not unknown, f"{name} imports {unknown}, which are not modules"
 
 
-OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}  # pip extras: imported only when a recipe asks for them
+# pip extras: imported only when a recipe asks for them
+OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}
 
 
 def imported_module(stmt: ast.Import | ast.ImportFrom) -> str:
@@ -106,7 +108,8 @@ def imported_module(stmt: ast.Import | ast.ImportFrom) -> str:
 @pytest.mark.parametrize("name", sorted(set(ORDER) - CLI_LAZY))
 def test_no_import_inside_a_function_but_optional_extras(name):
     tree = ast.parse(modules()[name].read_text())
-    inner = [f"line {stmt.lineno}" for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+    inner = [f"line {stmt.lineno}" for fn in ast.walk(tree)
+             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
              for stmt in ast.walk(fn) if isinstance(stmt, ast.Import | ast.ImportFrom)
              if imported_module(stmt) not in OPTIONAL_EXTRAS]
     assert not inner, f"{name} imports inside a function at {inner}"
@@ -134,7 +137,8 @@ def test_the_loop_never_asks_which_strategy_or_data_kind_it_runs_under():
     tree = ast.parse(modules()["train.loop"].read_text())
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert not names & {"strategy", "streaming", "is_dir", "is_file"}, names & {"strategy", "streaming", "is_dir"}
+    assert not names & {"strategy", "streaming", "is_dir", "is_file"}, (
+        names & {"strategy", "streaming", "is_dir"})
 
 
 def test_one_module_owns_resume():

@@ -94,7 +94,8 @@ def test_pretraining_heads_start_with_a_zero_kernel_and_the_recipe_bias(name):
 
 
 def big_vision_sincos_2d(gh: int, gw: int, dim: int) -> np.ndarray:
-    """posemb_sincos_2d written out entry by entry: [sin x, cos x, sin y, cos y], omega_k = 1e4^(-k/(D/4-1))."""
+    """posemb_sincos_2d written out entry by entry: [sin x, cos x, sin y, cos y],
+    omega_k = 1e4^(-k/(D/4-1))."""
     q = dim // 4
     table = np.zeros((gh * gw, dim))
     for i in range(gh):
@@ -241,7 +242,8 @@ def test_zero_head_gives_exactly_zero_logits(model_fn, images):
 
 def rebuild(spec: dict):
     """The network a stored spec describes: every ModelConfig field and the class count are in it."""
-    return build_model(ModelConfig(**{k: v for k, v in spec.items() if k != "num_classes"}), spec["num_classes"])
+    return build_model(ModelConfig(**{k: v for k, v in spec.items() if k != "num_classes"}),
+                       spec["num_classes"])
 
 
 @pytest.mark.parametrize("cfg", [tiny(pos_embed="learned_2d", representation_size=24),

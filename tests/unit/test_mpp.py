@@ -1,4 +1,5 @@
-"""Masked patch prediction maths: hand-made colours, timm's token order, masking statistics, gradients, loss."""
+"""Masked patch prediction maths: hand-made colours, timm's token order, masking statistics, gradients,
+loss."""
 
 import math
 
@@ -105,7 +106,8 @@ def _images(b=2, h=32, w=48, seed=0):
 
 
 def test_patchify_matches_timm_patch_embed_token_order():
-    """timm's PatchEmbed (Conv2d stride P, flattened row-major) with a one-hot kernel copies out the patches."""
+    """timm's PatchEmbed (Conv2d stride P, flattened row-major) with a one-hot kernel copies out the
+    patches."""
     p, images = 8, _images()
     embed = PatchEmbed(img_size=(32, 48), patch_size=p, in_chans=3, embed_dim=3 * p * p)
     with torch.no_grad():
@@ -162,7 +164,8 @@ def test_corruption_rounds_the_count_and_checks_its_fractions():
 
 
 def _tokens(b, n, d=4, seed=1):
-    """(B, N, D) random embeddings whose first coordinate is the patch's flat index, so a copy names its source."""
+    """(B, N, D) random embeddings whose first coordinate is the patch's flat index,
+    so a copy names its source."""
     tokens = torch.randn(b, n, d, generator=torch.Generator().manual_seed(seed))
     tokens[..., 0] = torch.arange(b * n, dtype=torch.float32).reshape(b, n)  # exact below 2**24
     return tokens
@@ -258,7 +261,8 @@ def test_color_4x4_loss_averages_the_17_predictions():
 
 def test_cross_entropy_matches_numpy_on_random_logits():
     g = torch.Generator().manual_seed(6)
-    pred, target = torch.randn(3, 5, 17, NUM_BINS, generator=g), torch.randint(NUM_BINS, (3, 5, 17), generator=g)
+    pred, target = (torch.randn(3, 5, 17, NUM_BINS, generator=g),
+                    torch.randint(NUM_BINS, (3, 5, 17), generator=g))
     corrupted = torch.rand(3, 5, generator=g) < 0.5
     logits, t = pred[corrupted].double().numpy(), target[corrupted].numpy()
     log_softmax = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))

@@ -1,15 +1,16 @@
 """Google's `.npz` checkpoints give the network timm's own `.npz` loader gives: the same logits.
 
-The reference is timm's `_load_weights` (`VisionTransformer.load_pretrained`). A timm model with random weights
-is written out here as flattened Flax params, by hand (the vit_jax / big_vision names and transposes are
-spelled out below, independently of vitcli's mapping); timm loads that file into a model of the same
+The reference is timm's `_load_weights` (`VisionTransformer.load_pretrained`). A timm model with random
+weights is written out here as flattened Flax params, by hand (the vit_jax / big_vision names and transposes
+are spelled out below, independently of vitcli's mapping); timm loads that file into a model of the same
 configuration whose weights were all changed first, and vitcli loads it the way `vit finetune --init x.npz`
 and `vit eval-fewshot --ckpt x.npz` do, without being told the architecture. Logits agree within 1e-5
 (float32 on CPU; measured: exactly equal, both sides run the same timm layers).
 
 The hybrid is the paper's R50+ViT-B/16 at full width and depth (the name fixes its sizes, so vitcli cannot
-build a smaller one), at 32 px (a 2x2 grid on the stride-16 ResNet): ~100M parameters, ~6 s of CPU (more on a busy machine),
-most of it initialising the two models. The refusals use names and ranks only, so they stay tiny.
+build a smaller one), at 32 px (a 2x2 grid on the stride-16 ResNet): ~100M parameters, ~6 s of CPU (more on
+a busy machine), most of it initialising the two models. The refusals use names and ranks only, so they stay
+tiny.
 """
 
 import numpy as np
@@ -69,8 +70,10 @@ def flax_block(sd: dict, t: str, heads: int, layout: str) -> dict[str, np.ndarra
 def flax_vit(model, layout: str = "vit_jax", scan: bool = False) -> dict[str, np.ndarray]:
     """A timm VisionTransformer's patch embedding, tokens, blocks, final norm and head as Flax arrays."""
     sd = {k: v.detach() for k, v in model.state_dict().items()}
-    w = {"embedding/kernel": hwio(sd["patch_embed.proj.weight"]), "embedding/bias": sd["patch_embed.proj.bias"],
-         "Transformer/encoder_norm/scale": sd["norm.weight"], "Transformer/encoder_norm/bias": sd["norm.bias"],
+    w = {"embedding/kernel": hwio(sd["patch_embed.proj.weight"]),
+         "embedding/bias": sd["patch_embed.proj.bias"],
+         "Transformer/encoder_norm/scale": sd["norm.weight"],
+         "Transformer/encoder_norm/bias": sd["norm.bias"],
          "head/kernel": sd["head.weight"].T, "head/bias": sd["head.bias"]}
     if "cls_token" in sd:
         w["cls"] = sd["cls_token"]  # (1, 1, D)
@@ -87,7 +90,8 @@ def flax_vit(model, layout: str = "vit_jax", scan: bool = False) -> dict[str, np
 
 
 def flax_resnet(model) -> dict[str, np.ndarray]:
-    """The hybrid's ResNetV2 as vit_jax names it: conv_root, gn_root, block{i}/unit{j}/{conv,gn}{1,2,3,_proj}."""
+    """The hybrid's ResNetV2 as vit_jax names it: conv_root, gn_root,
+    block{i}/unit{j}/{conv,gn}{1,2,3,_proj}."""
     backbone = model.patch_embed.backbone
     w = {"conv_root/kernel": hwio(backbone.stem.conv.weight.detach()),
          "gn_root/scale": backbone.stem.norm.weight, "gn_root/bias": backbone.stem.norm.bias}
@@ -118,7 +122,8 @@ def timm_loaded(path, model: torch.nn.Module) -> torch.nn.Module:
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     """(npz path, timm's model loaded from it) for R50+ViT-B/16 with a 5-way head."""
-    model = randomized(timm.create_model("vit_base_r50_s16_224", pretrained=False, img_size=IMG, num_classes=K), 0)
+    model = randomized(timm.create_model("vit_base_r50_s16_224", pretrained=False, img_size=IMG,
+                                         num_classes=K), 0)
     path = tmp_path_factory.mktemp("hybrid") / "R50+ViT-B_16.npz"
     np.savez(path, **flax_vit(model), **flax_resnet(model))
     return path, timm_loaded(path, model)
@@ -174,7 +179,8 @@ def save_with(tmp_path, arrays: dict, drop: str = "", **extra) -> str:
 
 
 def test_the_refusals_below_start_from_a_file_that_reads(tmp_path, hybrid_names):
-    """Zero arrays with the hybrid's names and ranks read as the hybrid: each refusal below is its one edit."""
+    """Zero arrays with the hybrid's names and ranks read as the hybrid:
+    each refusal below is its one edit."""
     loaded = read_checkpoint(save_with(tmp_path, hybrid_names))
     assert describe(loaded).name == HYBRID
 

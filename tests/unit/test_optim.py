@@ -32,7 +32,8 @@ def run_ours(cfg: OptimConfig, model, grads, fast: bool = True) -> dict[str, tor
 
 
 def big_vision_adam(params, grads, b1=0.9, b2=0.999, eps=1e-8):
-    """optax chain(scale_by_adam, scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule, scale(-1))."""
+    """optax chain(scale_by_adam, scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule,
+    scale(-1))."""
     p = {n: t.detach().clone() for n, t in params}
     m = {n: torch.zeros_like(t) for n, t in p.items()}
     v = {n: torch.zeros_like(t) for n, t in p.items()}
@@ -48,7 +49,8 @@ def big_vision_adam(params, grads, b1=0.9, b2=0.999, eps=1e-8):
 
 
 def big_vision_momentum(params, grads, momentum=0.9):
-    """optax chain(trace(momentum), scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule, scale(-1))."""
+    """optax chain(trace(momentum), scale(lr), add_decayed_weights(wd, kernels), scale_by_schedule,
+    scale(-1))."""
     p = {n: t.detach().clone() for n, t in params}
     buf = {n: torch.zeros_like(t) for n, t in p.items()}
     for s, g in zip(MULTIPLIERS, grads):

@@ -140,7 +140,8 @@ def test_grid_for():
     assert grid_for(224, 16) == (14, 14)
     assert grid_for(384, 16) == (24, 24)
     assert grid_for((32, 48), 16) == (2, 3)
-    with pytest.raises(RecipeError, match=r"image size=100 is not a multiple of 16 \(the patch size\); .* 96"):
+    with pytest.raises(RecipeError,
+                       match=r"image size=100 is not a multiple of 16 \(the patch size\); .* 96"):
         grid_for(100, 16)
     with pytest.raises(RecipeError, match=r"--res=40x30 is not a multiple of 8x8 \(--patch\); .* 40x32"):
         grid_for((40, 30), 8, "--res", "--patch")

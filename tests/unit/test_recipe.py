@@ -22,7 +22,8 @@ def write(tmp_path, text, name="r.yaml"):
 
 
 def test_precedence_defaults_then_file_then_overrides(tmp_path):
-    p = write(tmp_path, "optim:\n  lr: 3.0e-3\n  weight_decay: 0.3\nschedule:\n  steps: 100\n  warmup_steps: 5\n")
+    p = write(tmp_path, "optim:\n  lr: 3.0e-3\n  weight_decay: 0.3\n"
+                        "schedule:\n  steps: 100\n  warmup_steps: 5\n")
     r = resolve("pretrain", p, ["optim.lr=1e-4"])
     assert r.optim.lr == pytest.approx(1e-4)  # override beats file
     assert r.optim.weight_decay == pytest.approx(0.3)  # file beats default
@@ -44,7 +45,8 @@ def test_list_override_from_comma_string():
 
 def test_finetune_stage_defaults_are_the_paper_protocol():
     r = resolve("finetune", None, ["schedule.steps=1000"])
-    assert (r.optim.name, r.optim.momentum, r.optim.weight_decay, r.optim.clip_grad_norm) == ("sgd", 0.9, 0.0, 1.0)
+    assert ((r.optim.name, r.optim.momentum, r.optim.weight_decay, r.optim.clip_grad_norm)
+            == ("sgd", 0.9, 0.0, 1.0))
     assert (r.data.batch_size, r.model.img_size, r.schedule.decay) == (512, 384, "cosine")
 
 
@@ -53,17 +55,21 @@ def test_finetune_stage_defaults_are_the_paper_protocol():
     [
         ("optim:\n  lrr: 0.1\n", "unknown recipe key 'optim.lrr'; did you mean 'optim.lr'?"),
         ("modle:\n  depth: 2\n", "unknown recipe key 'modle'; did you mean 'model'?"),
-        ("data:\n  synthetic:\n    num_clases: 3\n", "'data.synthetic.num_clases'; did you mean 'data.synthetic.num_classes'"),
+        ("data:\n  synthetic:\n    num_clases: 3\n",
+         "'data.synthetic.num_clases'; did you mean 'data.synthetic.num_classes'"),
         ("data:\n  batch_size: lots\n", "data.batch_size: expected int, got 'lots'"),
         ("data:\n  hflip: maybe\n", "data.hflip: expected bool, got 'maybe'"),
         ("model:\n  pool: max\n", "model.pool: 'max' is not one of token, gap"),
-        ("schedule:\n  steps: 10\n  warmup_steps: 10\n", "schedule.warmup_steps=10 must be smaller than schedule.steps=10"),
-        ("model:\n  img_size: 30\n  patch_size: 4\n", "model.img_size=30 is not a multiple of 4 (the patch size of custom)"),
+        ("schedule:\n  steps: 10\n  warmup_steps: 10\n",
+         "schedule.warmup_steps=10 must be smaller than schedule.steps=10"),
+        ("model:\n  img_size: 30\n  patch_size: 4\n",
+         "model.img_size=30 is not a multiple of 4 (the patch size of custom)"),
         ("data:\n  batch_size: 100\n  micro_batch_size: 32\n", "data.batch_size=100 is not divisible"),
     ],
 )
 def test_bad_recipes_name_the_key(tmp_path, text, fragment):
-    p = write(tmp_path, text + ("schedule:\n  steps: 100\n  warmup_steps: 1\n" if "schedule" not in text else ""))
+    p = write(tmp_path, text + ("schedule:\n  steps: 100\n  warmup_steps: 1\n"
+                                if "schedule" not in text else ""))
     with pytest.raises(RecipeError) as e:
         resolve("pretrain", p)
     assert fragment in str(e.value)
@@ -113,7 +119,8 @@ def test_every_shipped_recipe_resolves(path):
     stage = next((s for s in ("finetune", "pretrain") if f"stage: {s}" in text), "eval-fewshot")
     r = resolve(stage, REPO / path, complete=complete, inputs=False)  # eval-fewshot's --ckpt: the command's
     assert r.stage == stage
-    assert text.lstrip().startswith("#"), "a shipped recipe starts with a header: what, command, expected result"
+    assert text.lstrip().startswith("#"), (
+        "a shipped recipe starts with a header: what, command, expected result")
 
 
 @pytest.mark.parametrize("command, says", [("pretrain", "finetune"), ("eval-fewshot", "pretrain"),
@@ -139,17 +146,20 @@ def test_flags_are_the_top_layer_and_none_means_not_given():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["model.img_size=36", "model.patch_size=8"], "model.img_size=36 is not a multiple of 8 (the patch size of custom)"),
+    (["model.img_size=36", "model.patch_size=8"],
+     "model.img_size=36 is not a multiple of 8 (the patch size of custom)"),
     (["model.embed_dim=30", "model.num_heads=2", "model.pos_embed=sincos_2d"], "model.pos_embed=sincos_2d"),
     (["model.embed_dim=30", "model.num_heads=4"], "model.embed_dim=30 is not divisible by model.num_heads=4"),
     (["model.name=BiT-R50x1", "model.representation_size=8"], "representation_size"),
-    (["model.name=T2T-ViT-14", "model.img_size=200"], "model.img_size=200 is not a multiple of 16 (the patch size of T2T-ViT-14)"),
+    (["model.name=T2T-ViT-14", "model.img_size=200"],
+     "model.img_size=200 is not a multiple of 16 (the patch size of T2T-ViT-14)"),
     (["model.pos_embed=sincos_1d"], "model.pos_embed: 'sincos_1d' is not one of"),
     (["init.posemb_method=nearest"], "init.posemb_method: 'nearest' is not one of bilinear, bicubic"),
     (["fewshot.l2_reg=-1"], "fewshot.l2_reg"),
     (["fewshot.resize=32"], "fewshot.resize=32 is below 224"),  # a size at 224 px, not in pixels of the model
     (["init.random=true"], "init.random applies to eval-fewshot only"),
-    (["optim.weight_decay_convention=optax"], "optim.weight_decay_convention: 'optax' is not one of torch, big_vision"),
+    (["optim.weight_decay_convention=optax"],
+     "optim.weight_decay_convention: 'optax' is not one of torch, big_vision"),
 ])
 def test_impossible_architectures_and_values_are_refused_at_resolve_time(overrides, fragment):
     with pytest.raises(RecipeError, match=re.escape(fragment)):

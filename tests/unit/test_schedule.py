@@ -8,7 +8,8 @@ from vitcli.train.schedule import learning_rate, total_steps
 
 
 def test_warmup_is_linear_from_zero():
-    lrs = [learning_rate(s, peak_lr=1e-3, total_steps=100, warmup_steps=10, decay="linear") for s in range(11)]
+    lrs = [learning_rate(s, peak_lr=1e-3, total_steps=100, warmup_steps=10, decay="linear")
+           for s in range(11)]
     assert lrs[0] == 0.0
     assert lrs == pytest.approx([1e-3 * s / 10 for s in range(11)], rel=1e-12)
 

@@ -1,6 +1,7 @@
-"""T2T-ViT as published (yitu-opensource/T2T-ViT, models/t2t_vit.py, token_performer.py, token_transformer.py):
-the official state-dict layout, the official equations, the README's parameter counts, and official
-checkpoints (pickles) reaching `vit finetune --init` / `vit eval-fewshot` through the printed conversion."""
+"""T2T-ViT as published (yitu-opensource/T2T-ViT, models/t2t_vit.py, token_performer.py,
+token_transformer.py): the official state-dict layout, the official equations, the README's parameter counts,
+and official checkpoints (pickles) reaching `vit finetune --init` / `vit eval-fewshot` through the printed
+conversion."""
 
 import argparse
 import math
@@ -50,7 +51,8 @@ def official_token_layer(prefix: str, mixer: str, dim: int, t: int) -> dict:
     else:  # norm1, attn.qkv (no bias), attn.proj, norm2, mlp.fc1, mlp.fc2
         layer = {"norm1.weight": (dim,), "norm1.bias": (dim,), "attn.qkv.weight": (3 * t, dim),
                  "attn.proj.weight": (t, t), "attn.proj.bias": (t,), "norm2.weight": (t,), "norm2.bias": (t,),
-                 "mlp.fc1.weight": (t, t), "mlp.fc1.bias": (t,), "mlp.fc2.weight": (t, t), "mlp.fc2.bias": (t,)}
+                 "mlp.fc1.weight": (t, t), "mlp.fc1.bias": (t,), "mlp.fc2.weight": (t, t),
+                 "mlp.fc2.bias": (t,)}
     return {f"{prefix}.{k}": v for k, v in layer.items()}
 
 
@@ -85,10 +87,11 @@ def test_tiny_model_has_the_official_state_dict(mixer):
     assert shapes(model) == official_shapes(mixer, 32, 2, 96, K, 32, t=16)
 
 
-# README, "T2T-ViT Models" and the lite variants; T2T-ViT-24 to the three decimals of the official code's count
+# README, "T2T-ViT Models" and the lite variants; T2T-ViT-24 to the three decimals of the official
+# code's count
 README_MILLIONS = {"T2T-ViT-7": "4.3", "T2T-ViT-10": "5.9", "T2T-ViT-12": "6.9", "T2T-ViT-14": "21.5",
-                   "T2T-ViT-19": "39.2", "T2T-ViT-24": "64.106", "T2T-ViT_t-14": "21.5", "T2T-ViT_t-19": "39.2",
-                   "T2T-ViT_t-24": "64.101"}
+                   "T2T-ViT-19": "39.2", "T2T-ViT-24": "64.106", "T2T-ViT_t-14": "21.5",
+                   "T2T-ViT_t-19": "39.2", "T2T-ViT_t-24": "64.101"}
 
 
 @pytest.mark.parametrize("name", list(README_MILLIONS))
@@ -229,7 +232,8 @@ def test_pos_embed_is_the_fixed_sinusoid_and_performer_w_is_frozen_and_never_opt
     assert frozen == {"pos_embed", "tokens_to_token.attention1.w", "tokens_to_token.attention2.w"}
     w = model.tokens_to_token.attention1.w  # (m, d) = (8, 16): orthogonal rows of norm sqrt(m)
     torch.testing.assert_close(w @ w.T, 8 * torch.eye(8), rtol=0, atol=1e-5)
-    optimised = {id(p) for group in build_optimizer(model, OptimConfig()).param_groups for p in group["params"]}
+    optimised = {id(p) for group in build_optimizer(model, OptimConfig()).param_groups
+                 for p in group["params"]}
     names = {n for n, p in model.named_parameters() if id(p) in optimised}
     assert names == {n for n, p in model.named_parameters()} - frozen
 
@@ -278,13 +282,15 @@ def test_official_state_dict_describes_itself_as_its_t2t_model(name, img):
     assert spec.architecture() == {
         "name": name, "patch_size": 16, "embed_dim": dim, "depth": depth, "num_heads": heads, "mlp_dim": mlp,
         "pool": "token", "pos_embed": "sincos_1d", "representation_size": 0}
-    assert (spec.grid, spec.img_size, spec.num_prefix_tokens, spec.num_classes) == ((img // 16,) * 2, img, 1, 1000)
+    assert (spec.grid, spec.img_size, spec.num_prefix_tokens, spec.num_classes) == (
+        (img // 16,) * 2, img, 1, 1000)
     assert name in spec.heads_from
 
 
 def test_t2t_state_dict_of_unknown_size_is_named_in_the_error():
     sd = T2TViT(**TINY).state_dict()
-    with pytest.raises(CheckpointError, match=r"odd\.safetensors: a T2T-ViT \(performer.*width 32 and depth 2"):
+    with pytest.raises(CheckpointError,
+                       match=r"odd\.safetensors: a T2T-ViT \(performer.*width 32 and depth 2"):
         describe(Loaded(sd, {}, "timm", "odd.safetensors"))
 
 

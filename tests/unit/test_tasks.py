@@ -142,6 +142,7 @@ def test_apply_label_rule_derives_renames_and_checks_range():
     out = tasks.apply_label_rule(tasks.REGISTRY["vtab/smallnorb_ele"], norb)
     assert out["label"][:] == [8, 1] and out.features["label"].num_classes == 9
     with pytest.raises(DataError, match="labels span 0..17, outside the task's 9 classes"):
-        tasks.apply_label_rule(tasks.REGISTRY["vtab/smallnorb_ele"], Dataset.from_dict({"label_elevation": [0, 17]}))
+        tasks.apply_label_rule(tasks.REGISTRY["vtab/smallnorb_ele"],
+                               Dataset.from_dict({"label_elevation": [0, 17]}))
     with pytest.raises(DataError, match="needs column"):
         tasks.apply_label_rule(tasks.REGISTRY["vtab/dsprites_loc"], norb)

@@ -4,7 +4,6 @@ differently (the choice itself: unit/test_precision.py)."""
 import json
 
 import pytest
-import torch
 import yaml
 
 from helpers import machine
@@ -14,9 +13,6 @@ from vitcli.recipe.resolve import resolve
 from vitcli.runtime import precision
 from vitcli.stages.run import one_run
 
-CPU = torch.device("cpu")
-AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
-AVX2 = {"avx2": True, "avx512_bf16": False, "amx_bf16": False}
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
         "data.synthetic.img_size=32", "data.batch_size=16", "data.num_workers=0", "schedule.warmup_steps=1",

@@ -1,6 +1,6 @@
 """run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be emulated,
-once per run; the run says which, records it, and resuming on a machine that chooses differently warns."""
-
+judged by the CPU's flags, then by a measured matmul (the runs that announce and record it:
+integration/test_precision_runs.py)."""
 
 import pytest
 import torch
@@ -11,10 +11,6 @@ from vitcli.runtime import precision
 CPU = torch.device("cpu")
 AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
 AVX2 = {"avx2": True, "avx512_bf16": False, "amx_bf16": False}
-TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-        "data.synthetic.img_size=32", "data.batch_size=16", "data.num_workers=0", "schedule.warmup_steps=1",
-        "data.val_split=", "data.test_split=", "run.ckpt_every=1"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -121,6 +121,12 @@ def _stage(driver: str, r, dry_run: bool, workdir: Path | None, json_out: bool, 
         _emit_json(results)
 
 
+def _check_resume_flags(resume: bool | None, overwrite: bool) -> None:
+    from vitcli.runtime.workdir import check_resume_flags
+
+    check_resume_flags(resume, overwrite)  # before the dry run, which would otherwise accept the pair
+
+
 def _emit_json(results: dict) -> None:
     """What a stage returned, as JSON on stdout (rank 0 only: every rank returns it, one prints it)."""
     if int(os.environ.get("RANK", "0")) == 0:
@@ -139,6 +145,7 @@ def pretrain(
 ) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = _resolve("pretrain", recipe, overrides, {})
+    _check_resume_flags(resume, overwrite)
     _stage("vitcli.stages.run.one_run", r, dry_run, workdir, json_out, resume=resume, overwrite=overwrite)
 
 
@@ -173,6 +180,7 @@ def finetune(
     from vitcli.stages.finetune import check_flags
 
     lrs, chosen = check_flags(lr_sweep, task, r)  # here, so that --dry-run refuses what the run would
+    _check_resume_flags(resume, overwrite)
     _stage("vitcli.stages.finetune.finetune", r, dry_run, workdir, json_out, resume=resume,
            overwrite=overwrite, lrs=lrs, chosen=chosen)
 

@@ -63,6 +63,10 @@ def test_overwrite_alone_starts_over_where_the_run_could_resume(monkeypatch, cap
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, "--overwrite",
                            "--resume", *TINY)
     assert code == 2 and "--overwrite starts over and --resume continues the run there" in err
+    # the dry run refuses the pair with the same line
+    for command in (["pretrain"], ["finetune", "schedule.steps=10", "schedule.warmup_steps=1"]):
+        code, _, dry = run_vit(monkeypatch, capsys, *command, "--dry-run", "--overwrite", "--resume", *TINY)
+        assert code == 2 and dry.strip() == err.strip().splitlines()[-1]
 
 
 def test_killed_writes_are_cleared_at_start_and_nothing_else(tmp_path):

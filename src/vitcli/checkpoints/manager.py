@@ -24,7 +24,7 @@ from vitcli.recipe.schema import Recipe, to_dict
 from vitcli.runtime import files, rngs
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
-from vitcli.runtime.workdir import refuse_finished, set_aside
+from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
 # it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
@@ -73,8 +73,7 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at the other
     precision, on a machine that chose differently, is continued with a warning instead.
     """
-    if overwrite and resume:
-        raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")
+    check_resume_flags(resume, overwrite)
     found = None if overwrite or resume is False else latest_good_state(workdir, verbose=dist.is_main)
     if found is None:
         if resume:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from vitcli.errors import OutputError
+from vitcli.errors import OutputError, RecipeError
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE, RUN_OUTPUTS
 
@@ -81,3 +81,9 @@ def check_space(path: Path, needed: int, what: str) -> None:
     if free < needed:
         raise OutputError(f"{path}: {what} needs about {needed / 2**30:.2f} GiB, but only "
                           f"{free / 2**30:.2f} GiB is free there; free some space or pick another --workdir")
+
+
+def check_resume_flags(resume: bool | None, overwrite: bool) -> None:
+    """--overwrite starts over and --resume continues: both at once is refused, by --dry-run as by the run."""
+    if overwrite and resume:
+        raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")

@@ -1,6 +1,7 @@
-"""What tests/test_fsdp.py runs on 2 processes (torchrun, Gloo, CPU), in one launch: `python -m
-torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_ranks.py OUTDIR`. Rank 0 writes what the
-tests compare into OUTDIR; the helpers here also give the tests their one-process reference."""
+"""What tests/integration/test_fsdp.py runs on 2 processes (torchrun, Gloo, CPU), in one launch:
+`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/fsdp_ranks.py OUTDIR`.
+Rank 0 writes what the tests compare into OUTDIR; the helpers here also give the tests their one-process
+reference."""
 
 import json
 import sys
@@ -119,4 +120,7 @@ if __name__ == "__main__":
     straight_and_saved(outdir, rank_dist)
     resumed(outdir, rank_dist)
     checkpointed_grads(outdir, rank_dist)
+    # every rank done with its last collective before any tears the group down: a rank that destroys it while
+    # the other still finishes (rank 0 writing its files) now and then aborted at exit (SIGABRT, ~1 run in 10)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()

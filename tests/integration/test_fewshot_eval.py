@@ -151,7 +151,7 @@ def test_cache_key_follows_the_builtin_data_config(pretrained, tmp_path):
 
 
 def test_every_row_is_the_tested_score_function_on_the_cached_features(pretrained, tmp_path):
-    """The production path scores with solver.score, the function tests/test_fewshot.py holds against a
+    """The production path scores with solver.score, the function tests/unit/test_fewshot.py holds against a
     direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
     rows = fewshot(pretrained / "pre", tmp_path)
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],

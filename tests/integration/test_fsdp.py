@@ -2,8 +2,9 @@
 checkpoints resume bit-exactly, reshard, refuse damage, and live beside the .pt checkpoints in one discovery
 and rotation.
 
-The 2-process scenarios run once, in one torchrun launch (tests/fsdp_ranks.py, ~15 s, most of it importing
-torch in three processes); the tests below read what rank 0 wrote and compare it with a one-process run.
+The 2-process scenarios run once, in one torchrun launch (tests/integration/fsdp_ranks.py, ~15 s, most of
+it importing torch in three processes); the tests below read what rank 0 wrote and compare it with a
+one-process run.
 """
 
 import json
@@ -18,7 +19,7 @@ import torch
 from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
 from safetensors.torch import load_file
 
-from helpers import flipped_bytes, warnings
+from helpers import REPO, flipped_bytes, warnings
 from vitcli.checkpoints import manager, sharded, state
 from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
@@ -46,7 +47,7 @@ def ranks(tmp_path_factory):
     """The directory rank 0 of the 2-process run filled."""
     out = tmp_path_factory.mktemp("fsdp")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), str(HERE)])}
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HERE)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "fsdp_ranks.py"), str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)

@@ -8,7 +8,7 @@ Two resampling methods, each reproducing a reference:
 - `bilinear` is big_vision / vit_jax `resample_posemb`: `scipy.ndimage.zoom(grid, (gh'/gh, gw'/gw, 1),
   order=1)`. With scipy's default `grid_mode=False` zoom maps the first and last output samples onto the
   first and last input samples, input coordinate = output coordinate * (gh-1)/(gh'-1), which is exactly
-  `F.interpolate(..., mode="bilinear", align_corners=True)`; tests/test_posemb.py checks the two agree.
+  `F.interpolate(..., mode="bilinear", align_corners=True)`; tests/unit/test_posemb.py checks the two agree.
 - `bicubic` is timm's default: `resample_abs_pos_embed(..., interpolation="bicubic", antialias=True)`.
 """
 

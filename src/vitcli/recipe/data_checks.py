@@ -15,8 +15,8 @@ from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
 # timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a
-# section without a number (`rand-m`) silently; we refuse both at resolve time. tests/test_recipe.py holds
-# this grammar against timm's own parser.
+# section without a number (`rand-m`) silently; we refuse both at resolve time. tests/unit/test_recipe.py
+# holds this grammar against timm's own parser.
 RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
 
 

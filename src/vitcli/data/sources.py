@@ -19,6 +19,7 @@ import datasets
 from vitcli.data import tasks
 from vitcli.data.synthetic import SPLIT_IDS, make_synthetic
 from vitcli.errors import DataError
+from vitcli.recipe.data_checks import split_names
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 _TRUE = ("1", "on", "yes", "true")
@@ -28,14 +29,9 @@ def _offline() -> bool:
     return any(os.environ.get(k, "").lower() in _TRUE for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
-def _split_names(split: str) -> list[str]:
-    """Base split names in an HF split spec: `train[:98%]+test` -> [train, test]."""
-    return [part.split("[")[0].strip() for part in split.split("+")]
-
-
 def _select(splits: dict[str, datasets.Dataset], split: str, source: str) -> datasets.Dataset:
     """Apply an HF split spec (slices, percentages, `+`) to already loaded splits."""
-    missing = [name for name in _split_names(split) if name not in splits]
+    missing = [name for name in split_names(split) if name not in splits]
     if missing:
         raise DataError(f"{source}: no split '{missing[0]}'; available: {', '.join(splits)}")
     sizes = {k: len(v) for k, v in splits.items()}
@@ -197,7 +193,7 @@ def _open(source: str, split: str, synthetic: SyntheticConfig, streaming: bool =
 
 def _synthetic(synthetic: SyntheticConfig, split: str) -> datasets.Dataset:
     """The built-in data's splits that `split` names (slices and `+` allowed)."""
-    names = list(dict.fromkeys(_split_names(split)))
+    names = list(dict.fromkeys(split_names(split)))
     unknown = [n for n in names if n not in SPLIT_IDS]
     if unknown:
         raise DataError(f"synthetic: no split '{unknown[0]}'; available: {', '.join(SPLIT_IDS)}")

@@ -236,7 +236,8 @@ def prepare(cfg: DataConfig, out: Path, splits: list[str] | None, opts: Options,
         return manifest(cfg, opts, names, {s: {"rows": len(ds)} for s, ds in loaded.items()})
     entries = {}
     # the arrow files of the resize go to a work directory beside `out`, not HF's cache: removed when done
-    with atomic_dir(out) as into, tempfile.TemporaryDirectory(prefix=f".{out.name}.work.", dir=out.parent) as work:
+    with (atomic_dir(out) as into,
+          tempfile.TemporaryDirectory(prefix=f".{out.name}.work.", dir=out.parent) as work):
         for split, ds in loaded.items():
             resized = _resized(ds, cfg, opts, Path(work), split)
             entries[split] = _write_split(resized, split, cfg, names, opts, into)

@@ -17,7 +17,7 @@ from torchvision.transforms.v2 import functional as TF
 from helpers import run_vit, stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import sources
+from vitcli.data import prepare, sources
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 from vitcli.runtime.run_files import MODEL_FILE
@@ -33,14 +33,8 @@ MAX = 24  # the synthetic images are 32 px: every one is resized
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared") / "synthetic-24"
-    prepare_data("synthetic", out, overrides=SIZES, options=_options(MAX))
+    prepare_data("synthetic", out, overrides=SIZES, options=prepare.Options(max_size=MAX))
     return out
-
-
-def _options(max_size, **kw):
-    from vitcli.data.prepare import Options
-
-    return Options(max_size=max_size, **kw)
 
 
 def _manifest(path):
@@ -134,12 +128,14 @@ BAD = {
     "unknown format": (["synthetic", "--format", "tiff"], "--format tiff"),
     "not a data key": (["synthetic", "model.depth=2"], "model.depth=2"),
     "a file as --out": (["synthetic"], "is a file"),
+    "a Hub id, offline": (["someone/images"], "the Hub is offline"),
 }
 
 
 @pytest.mark.parametrize("case", BAD)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case, tmp_path, monkeypatch, capsys):
     args, culprit = BAD[case]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "afile" if case == "a file as --out" else tmp_path / "out"
     if case == "a file as --out":
         out.write_text("mine")
@@ -161,6 +157,22 @@ def test_an_existing_copy_is_refused_then_set_aside_by_overwrite(tmp_path, monke
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("out.previous-")]
     assert len(aside) == 1 and _manifest(aside[0]) == first
     assert _manifest(out)["format"] == "png" and _manifest(out)["quality"] is None
+
+
+def test_an_interrupted_copy_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Ctrl-C while the second split is written: no DIR, no temporary beside it."""
+    real, calls = prepare._write_split, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "_write_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_data("synthetic", tmp_path / "out", overrides=SIZES, options=prepare.Options(max_size=MAX))
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("streaming", [False, True])

@@ -301,8 +301,8 @@ def prepare_data(
     splits: Annotated[str | None, typer.Option(
         help="Comma-separated splits to copy, e.g. train,validation; default: every split.")] = None,
     fmt: Annotated[str, typer.Option("--format", help=(
-        "jpeg (re-encoded at --quality) or png (lossless, larger; the uncompressed option: an image column "
-        "holds encoded images, so raw pixels are stored as PNG)."))] = "jpeg",
+        "jpeg (re-encoded at --quality) or png (lossless, larger: the exact-pixels option, since an image "
+        "column holds encoded images, not raw arrays)."))] = "jpeg",
     quality: Annotated[int, typer.Option(help="JPEG quality, 1-100.")] = 95,
     workers: Annotated[int, typer.Option(help="Processes that resize (0: this one).")] = 0,
     recipe: RecipeOpt = None,

@@ -75,6 +75,13 @@ def test_the_manifest_counts_the_rows_and_digests_every_shard(prepared):
     assert [p.name for p in prepared.parent.iterdir()] == [prepared.name], "no temporary left beside it"
 
 
+def test_two_resizing_processes_write_the_same_bytes(prepared, tmp_path):
+    two = prepare.Options(max_size=MAX, workers=2)
+    prepare_data("synthetic", tmp_path / "w2", overrides=SIZES, options=two)
+    digests = [[s["sha256"] for s in e["shards"]] for e in _manifest(tmp_path / "w2")["splits"].values()]
+    assert digests == [[s["sha256"] for s in e["shards"]] for e in _manifest(prepared)["splits"].values()]
+
+
 def test_a_stream_of_the_copy_gives_the_rows_in_source_order(prepared):
     ids = sources.load_stream(DataConfig(source=str(prepared), streaming=True))
     assert [row["label"] for row in ids] == sources.load_source(str(prepared), "train")["label"]

@@ -28,12 +28,14 @@ SIZES = ["data.synthetic.train_size=64", "data.synthetic.val_size=16", "data.syn
          "data.synthetic.num_classes=4"]
 SYNTHETIC = SyntheticConfig(train_size=64, val_size=16, test_size=16, num_classes=4)
 MAX = 24  # the synthetic images are 32 px: every one is resized
+SHARD_MB = 0.03  # the train split (~85 kB) in ~3 shards: read in order, they must give the source order
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared") / "synthetic-24"
-    prepare_data("synthetic", out, overrides=SIZES, options=prepare.Options(max_size=MAX))
+    prepare_data("synthetic", out, overrides=SIZES, options=prepare.Options(max_size=MAX, shard_mb=SHARD_MB))
+    assert len(_manifest(out)["splits"]["train"]["shards"]) > 1
     return out
 
 
@@ -61,6 +63,10 @@ def test_the_copy_has_the_sources_labels_names_and_order_and_its_images_resized(
 
 def test_the_manifest_counts_the_rows_and_digests_every_shard(prepared):
     manifest = _manifest(prepared)
+    for split, entry in manifest["splits"].items():
+        n = len(entry["shards"])
+        names = [f"{split}-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
+        assert [s["file"] for s in entry["shards"]] == names
     assert manifest["max_size"] == MAX and manifest["format"] == "jpeg" and manifest["quality"] == 95
     assert manifest["label_names"] == sources.load_source("synthetic", "test", synthetic=SYNTHETIC).features[
         "label"].names
@@ -76,7 +82,7 @@ def test_the_manifest_counts_the_rows_and_digests_every_shard(prepared):
 
 
 def test_two_resizing_processes_write_the_same_bytes(prepared, tmp_path):
-    two = prepare.Options(max_size=MAX, workers=2)
+    two = prepare.Options(max_size=MAX, workers=2, shard_mb=SHARD_MB)
     prepare_data("synthetic", tmp_path / "w2", overrides=SIZES, options=two)
     digests = [[s["sha256"] for s in e["shards"]] for e in _manifest(tmp_path / "w2")["splits"].values()]
     assert digests == [[s["sha256"] for s in e["shards"]] for e in _manifest(prepared)["splits"].values()]

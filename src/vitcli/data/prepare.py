@@ -61,7 +61,7 @@ class Options:
     format: str = "jpeg"  # jpeg | png
     quality: int = QUALITY  # jpeg only
     workers: int = 0  # processes for the resize (datasets map num_proc); 0 or 1: this one
-    shard_mb: int = SHARD_MB
+    shard_mb: float = SHARD_MB  # MiB per shard: a split is cut into ceil(its bytes / this) shards
 
     def __post_init__(self) -> None:
         if self.max_size < MIN_SIZE:

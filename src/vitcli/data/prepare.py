@@ -108,7 +108,9 @@ def resize_image(data: bytes, opts: Options) -> bytes | None:
     if opts.format == "jpeg":
         img.save(out, "JPEG", quality=opts.quality, subsampling=0 if min(size) < FULL_CHROMA_BELOW else 2)
     else:
-        img.save(out, "PNG", compress_level=1)  # lossless either way; level 1 writes ~5x faster than 6
+        # PIL's default level 6: it writes 3x slower than level 1 but decodes 2x faster (256 px photographs),
+        # and a copy is written once and read every epoch
+        img.save(out, "PNG")
     return out.getvalue()
 
 

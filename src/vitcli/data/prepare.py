@@ -237,6 +237,7 @@ def prepare(cfg: DataConfig, out: Path, splits: list[str] | None, opts: Options,
             dry_run: bool = False) -> dict:
     """Write the pre-resized copy of cfg.source into `out` (or with `dry_run` only check and plan it);
     returns the manifest (planned: rows per split, no shards)."""
+    out = Path(out).absolute()  # `--out .` has no name to put a temporary or a set-aside copy beside
     check_out(out, overwrite)
     loaded = load_splits(cfg, splits)
     names = label_names(loaded, cfg)

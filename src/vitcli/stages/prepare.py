@@ -19,7 +19,9 @@ def data_config(source: str, recipe_file: Path | None, overrides: list[str]) -> 
     if foreign:
         raise RecipeError(f"{foreign[0]}: prepare-data takes data.* overrides only (e.g. "
                           "data.image_column=img data.synthetic.train_size=1000)")
-    return resolve("pretrain", recipe_file, overrides, {"data.source": source}, inputs=False).data
+    # the splits copied are --splits: the recipe's own split keys play no part and are not checked
+    roles = {"data.train_split": "", "data.val_split": "", "data.test_split": ""}
+    return resolve("pretrain", recipe_file, overrides, {"data.source": source, **roles}, inputs=False).data
 
 
 def prepare_data(source: str, out: Path, *, recipe_file: Path | None = None, overrides: list[str] = (),

@@ -172,6 +172,14 @@ def test_an_existing_copy_is_refused_then_set_aside_by_overwrite(tmp_path, monke
     assert _manifest(out)["format"] == "png" and _manifest(out)["quality"] is None
 
 
+def test_every_split_by_default_and_the_recipes_split_keys_play_no_part(tmp_path):
+    """The built-in data with no validation images: its splits are train and test, and the recipe's
+    data.val_split=validation (pretrain's default) is not refused as it would be for training."""
+    sizes = ["data.synthetic.train_size=8", "data.synthetic.val_size=0", "data.synthetic.test_size=4"]
+    plan = prepare_data("synthetic", tmp_path / "out", overrides=sizes, dry_run=True)
+    assert plan["splits"] == {"train": {"rows": 8}, "test": {"rows": 4}} and not (tmp_path / "out").exists()
+
+
 def test_an_interrupted_copy_leaves_nothing_behind(tmp_path, monkeypatch):
     """Ctrl-C while the second split is written: no DIR, no temporary beside it."""
     real, calls = prepare._write_split, []

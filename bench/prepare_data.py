@@ -6,7 +6,8 @@ synthetic data.
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python bench/prepare_data.py --photos /tmp/skw/skimage/data [--n 200]
 
-The loader is timed within the first epoch, before it caches decoded images, so every image is decoded.
+The loader is timed within the first epoch, before it caches decoded images, so every image is decoded, in
+--rounds alternating rounds (original, prepared) whose median is reported.
 """
 
 from __future__ import annotations
@@ -83,15 +84,20 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         folder = make_photos(args.photos, root / "photos", args.n)
         rate = time_prepare(DataConfig(source=str(folder)), root / "prepared", prepare.Options())
         print(f"photographs: prepare-data --max-size 256: {rate:.0f} images/s")
-        for name, source in (("original", folder), ("prepared", root / "prepared")):
-            speed = loader_rate(str(source), args.batches, args.batch)
-            print(f"photographs, {name}: train_batches at 224 px: {speed:.0f} images/s")
+        rates = {"original": [], "prepared": []}
+        for _ in range(args.rounds):  # alternated, so that both see the same load on a shared machine
+            for name, source in (("original", folder), ("prepared", root / "prepared")):
+                rates[name].append(loader_rate(str(source), args.batches, args.batch))
+        for name, measured in rates.items():
+            print(f"photographs, {name}: train_batches at 224 px: {np.median(measured):.0f} images/s "
+                  f"(median of {', '.join(f'{r:.0f}' for r in measured)})")
         quality_costs(folder, 256)
         synthetic = DataConfig(synthetic=SyntheticConfig())
         for max_size in (256, 24):

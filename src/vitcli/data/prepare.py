@@ -139,7 +139,8 @@ def _resize_rows(batch: dict, column: str, opts: Options) -> dict:
         data = _encoded(item)
         new = resize_image(data, opts) if data is not None else None
         name = Path(item["path"]).name if item.get("path") else None
-        images.append({"bytes": new if new is not None else data, "path": name} if data else item)
+        # no bytes at all (a path to a missing file): stored empty, which training counts as undecodable too
+        images.append({"bytes": new if new is not None else (data or b""), "path": name})
         bad.append(new is None)
         sizes.append(len(images[-1]["bytes"] or b""))
     return {column: images, _UNDECODABLE: bad, _BYTES: sizes}

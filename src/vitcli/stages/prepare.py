@@ -47,4 +47,5 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
         shards = f", {len(entry['shards'])} shard(s)" if "shards" in entry else ""
         bad = f", {entry['undecodable']} undecodable (kept as they were)" if entry.get("undecodable") else ""
         rows.append((split, f"{entry['rows']} rows{shards}{bad}"))
-    return rows
+    written = all("shards" in entry for entry in manifest["splits"].values())  # not a dry run's plan
+    return rows + ([("read it with", f"data.source={out}")] if written else [])

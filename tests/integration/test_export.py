@@ -24,6 +24,7 @@ from PIL import Image
 
 from helpers import REPO, run_vit, tiny_vit
 from vitcli.checkpoints.export_hf import check_hf
+from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError
@@ -137,6 +138,7 @@ def test_a_gap_model_is_exported_to_timm_and_onnx_but_refused_by_hf(monkeypatch,
     ({"pos_embed": "learned_2d"}, "hf", "learned_2d"),
     ({"pos_embed": "learned_2d"}, "timm", "learned_2d"),
     ({"pos_embed": "none"}, "hf", "none position embedding"),
+    ({"pos_embed": "sincos_2d"}, "hf", "sincos_2d position embedding"),
 ])
 def test_what_a_format_cannot_hold_is_one_line(monkeypatch, capsys, tmp_path, change, fmt, named):
     cfg = dataclasses.replace(TINY, **change)
@@ -147,17 +149,27 @@ def test_what_a_format_cannot_hold_is_one_line(monkeypatch, capsys, tmp_path, ch
     assert not (tmp_path / "o").exists()
 
 
-def test_a_headless_checkpoint_is_refused_by_hf(monkeypatch, capsys, tmp_path):
-    ckpt = _save(tmp_path / "mpp.safetensors", build_model(TINY, 0), TINY, 0, names=None)
+def test_a_headless_checkpoint_is_refused_by_hf_and_gives_features_in_onnx(monkeypatch, capsys, tmp_path):
+    """transformers would attach a random classifier to it without a word; ONNX returns its pre-logits."""
+    model = build_model(TINY, 0).eval()
+    ckpt = _save(tmp_path / "mpp.safetensors", model, TINY, 0, names=None)
     code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", ckpt, "--format", "hf", "--out",
                            tmp_path / "o")
     assert code == 2 and "no classification head" in err, err
+    _export(monkeypatch, capsys, ckpt, "onnx", tmp_path / "onnx")
+    session = ort.InferenceSession(str(tmp_path / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 32, 32)
+    (features,) = session.run(["features"], {"pixel_values": x.numpy()})
+    with torch.no_grad():
+        assert np.abs(features - model(x).numpy()).max() < 1e-4 and features.shape == (2, TINY.embed_dim)
 
 
 @pytest.mark.parametrize("name, named", [("T2T-ViT-7", "Tokens-to-Token"), ("R50+ViT-B/16", "hybrid")])
-def test_t2t_and_the_hybrid_are_refused_by_hf(name, named):
+def test_t2t_and_the_hybrid_are_refused_by_hf_and_timm(name, named):
     with pytest.raises(CheckpointError, match=named):
         check_hf(ModelConfig(name=name), 10, "x.safetensors")
+    with pytest.raises(CheckpointError, match="timm does not build"):
+        check_timm(ModelConfig(name=name), "x.safetensors")
 
 
 def test_bad_input_is_one_line_and_nothing_is_written(monkeypatch, capsys, tmp_path, ours):

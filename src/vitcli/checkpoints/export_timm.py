@@ -71,4 +71,7 @@ def write_timm(net: nn.Module, sd: dict[str, torch.Tensor], out: Path, class_nam
     data = {"mean": tuple(prep["mean"]), "std": tuple(prep["std"]), "interpolation": prep["interpolation"],
             "crop_pct": prep["crop_pct"], "crop_mode": "center"}
     config = {"label_names": list(class_names)} if class_names else None
+    # timm's registered weights for the architecture name are not these: their tag and licence are dropped
+    net.pretrained_cfg = {**{k: v for k, v in net.pretrained_cfg.items() if k not in ("tag", "license")},
+                          "tag": "vitcli"}
     save_for_hf(net.eval(), str(out), model_config=config, safe_serialization=True, data_config=data)

@@ -39,6 +39,7 @@ from vitcli.runtime.workdir import check_writable
 FORMATS = ("hf", "onnx", "timm")
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
+RESULT_PREFIXES = ("val/", "test/", "fewshot/")  # what a model card reports of summary.json
 FILES = {"hf": ["config.json", "model.safetensors", "preprocessor_config.json", "README.md", MANIFEST],
          "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
          "timm": ["config.json", "model.safetensors", MANIFEST]}
@@ -55,10 +56,10 @@ def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: 
     flags = {"init.checkpoint": ckpt, "data.label_column": ""}  # resolved as `vit inspect` resolves it
     recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
     spec = describe(loaded, recipe.model.num_heads)
-    _refuse(fmt, recipe, spec)
+    _refuse(fmt, recipe, spec.num_classes, ckpt)
     report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),
               "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
-              "class_names": "from the checkpoint" if _names(loaded) else "indices (the checkpoint has none)",
+              "class_names": "the checkpoint's" if _names(loaded) else "indices (the checkpoint names none)",
               "files": FILES[fmt], "dry_run": dry_run, "set_aside": None}
     if not dry_run:
         model = _build(recipe, loaded, spec)
@@ -83,15 +84,15 @@ def _check_out(out: Path, overwrite: bool) -> bool:
     return full
 
 
-def _refuse(fmt: str, recipe: Recipe, spec: CheckpointSpec) -> None:
+def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str) -> None:
     """The format's one-line refusal of what it cannot hold (onnx holds any network we build, once its
     optional packages are installed)."""
     if fmt == "onnx":
         export_onnx.check_installed()
     elif fmt == "hf":
-        export_hf.check_hf(recipe.model, spec.num_classes, spec.path)
+        export_hf.check_hf(recipe.model, num_classes, ckpt)
     elif fmt == "timm":
-        export_timm.check_timm(recipe.model, spec.path)
+        export_timm.check_timm(recipe.model, ckpt)
 
 
 def _network(recipe: Recipe, spec: CheckpointSpec) -> str:
@@ -167,13 +168,15 @@ def _write_json(path: Path, content: dict) -> None:
 
 
 def _summary(loaded: Loaded) -> dict:
-    """summary.json of the run whose model.safetensors this is (our workdirs), {} for anything else."""
+    """The held-out results in summary.json of the run whose model.safetensors this is (our workdirs: its
+    val/, test/ and fewshot/ metrics and step count), {} for anything else."""
     path = Path(loaded.path)
     found = path.parent / SUMMARY_FILE if path.name == MODEL_FILE else None
     try:
-        return json.loads(found.read_text()) if found and found.is_file() else {}
+        summary = json.loads(found.read_text()) if found and found.is_file() else {}
     except (OSError, json.JSONDecodeError):
         return {}
+    return {k: v for k, v in summary.items() if k == "steps" or k.startswith(RESULT_PREFIXES)}
 
 
 @contextlib.contextmanager
@@ -190,7 +193,7 @@ def _publish(out: Path, aside: Path | None) -> Iterator[Path]:
 
 
 def _print(report: dict) -> None:
-    classes = f"{report['num_classes']}, names {report['class_names']}"
+    classes = f"{report['num_classes']}, named by {report['class_names']}"
     rows = [("checkpoint", report["checkpoint"]), ("network", report["network"]),
             ("image size", f"{report['img_size']} px"), ("classes", classes)]
     verb = "would write" if report["dry_run"] else "wrote"

@@ -5,8 +5,9 @@ gives our logits; what a format cannot hold is one line, exit 2, nothing written
 Tolerances: logits within 1e-4 (float32 through a different attention implementation); the transformers
 processor's pixels within 1e-6 of our eval transform on an image already at the model's size (no resampling:
 only x / 255 and the normalisation differ in rounding), and within 2 / 255 (one 8-bit level in [-1, 1]
-units) on a resized one (both resample with PIL's bilinear, but ours resizes the uint8 image once and
-transformers may round differently).
+units) on resized ones, square or not (both resample with PIL's bilinear; rounding differs by a level).
+Shapes whose crop margin is even: torchvision's CenterCrop rounds an odd margin's half up to even where
+transformers floors it, a one-pixel shift (data.transforms.central_crop_offsets says the same of big_vision).
 """
 
 import dataclasses
@@ -73,21 +74,40 @@ def test_hf_export_is_our_network_in_transformers(monkeypatch, capsys, tmp_path,
     assert "ViTForImageClassification" in card and "3 classes" in card
 
 
-def _image(size: int, seed: int = 0) -> Image.Image:
+def _image(height: int, width: int, seed: int = 0) -> Image.Image:
     rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
-@pytest.mark.parametrize("size, tolerance", [(32, 1e-6), (48, 2 / 255)])
-def test_hf_processor_gives_our_eval_pixels(monkeypatch, capsys, tmp_path, ours, size, tolerance):
+LEVEL = 2 / 255 + 1e-6  # one 8-bit level in [-1, 1] units, plus float32 rounding
+
+
+# (H, W): at the model's size, larger, and non-square both ways (40 x 56 -> 32 x 44, margins 6)
+@pytest.mark.parametrize("shape, tolerance", [((32, 32), 1e-6), ((48, 48), LEVEL), ((40, 56), LEVEL),
+                                              ((56, 40), LEVEL)])
+def test_hf_processor_gives_our_eval_pixels(monkeypatch, capsys, tmp_path, ours, shape, tolerance):
     _export(monkeypatch, capsys, ours[0], "hf", tmp_path / "hf")
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
-    img = _image(size)
+    img = _image(*shape)
     theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]  # (3, 32, 32)
     mine = build_transform(DataConfig(), 32, train=False)(img)  # (3, 32, 32)
     assert theirs.shape == mine.shape
     diff = (theirs - mine).abs().max().item()
     assert diff <= tolerance, diff
+
+
+def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
+    """data.eval_crop_pct 0.875 in the checkpoint's recipe: shorter side floor(32 / 0.875) = 36, crop 32."""
+    model = tiny_vit(num_classes=3)
+    meta = {**model_spec(TINY, 3), "class_names": NAMES}
+    save_weights(tmp_path / "m.safetensors", model.state_dict(),
+                 {"model": meta, "recipe": {"data": {"eval_crop_pct": 0.875}}})
+    _export(monkeypatch, capsys, tmp_path / "m.safetensors", "hf", tmp_path / "hf")
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    img = _image(48, 64)
+    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+    mine = build_transform(DataConfig(eval_crop_pct=0.875), 32, train=False)(img)
+    assert (theirs - mine).abs().max().item() <= LEVEL
 
 
 def test_onnx_export_runs_in_onnxruntime_at_any_batch(monkeypatch, capsys, tmp_path, ours):

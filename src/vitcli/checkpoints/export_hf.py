@@ -104,16 +104,21 @@ def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """preprocessor_config.json of a ViTImageProcessor: squash to the model's size, then
-    (x / 255 - mean) / std."""
+    """preprocessor_config.json reproducing our eval transform: shorter side to floor(size / crop_pct)
+    (bilinear), centre crop, (x / 255 - mean) / std.
+
+    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole image to
+    size x size, which differs from our eval on any non-square image or crop_pct < 1. The classifier does not
+    care which processor feeds it; AutoImageProcessor and the image-classification pipeline load either.
+    """
     size = prep["size"]
     return {
-        "image_processor_type": "ViTImageProcessor", "do_convert_rgb": True,
-        "do_resize": True, "size": {"height": size, "width": size}, "resample": PIL_BILINEAR,
+        "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
+        "do_resize": True, "size": {"shortest_edge": prep["resize_shorter_side"]}, "resample": PIL_BILINEAR,
+        "do_center_crop": True, "crop_size": {"height": size, "width": size},
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
     }
-
 
 
 def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
@@ -129,9 +134,9 @@ def model_card(network: str, params: int, prep: dict, class_names: list[str], re
     results = ["## Results (the run's summary.json)", "", "| metric | value |", "|---|---|",
                *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                  for k, v in summary.items())]
-    pp = ["## Preprocessing", "", (f"The processor resizes to {size} x {size} directly; vitcli's own "
-                                   f"evaluation resizes the shorter side to {prep['resize_shorter_side']} px "
-                                   f"and centre-crops {size} px. The two agree on square images.")]
+    pp = ["## Preprocessing", "", (f"As vitcli evaluates: the shorter side resized to "
+                                   f"{prep['resize_shorter_side']} px (bilinear), centre crop {size} px, "
+                                   f"{scale} (`BitImageProcessor`).")]
     parts = [front, intro, arch, *_training(recipe), results if summary else [], pp]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"
 

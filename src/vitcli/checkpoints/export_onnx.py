@@ -4,7 +4,8 @@ preprocessed, output `logits` (B, K) (or `features` (B, D) for a headless model)
 torch 2.14's `torch.onnx.export` defaults to the dynamo exporter (torch.export, then onnxscript), which is
 the maintained path: the TorchScript one is deprecated. It runs offline and needs `onnxscript` (and `onnx`),
 an optional extra imported only here. Opset 18 is the dynamo exporter's default and what onnxruntime >= 1.16
-runs. The weights are embedded in the one file (a tiny or Base model is far below protobuf's 2 GiB limit).
+runs. The weights are embedded in the one file up to ViT-L (1.2 GB); above protobuf's 2 GiB limit (ViT-H/14,
+2.5 GB) they go to `model.onnx.data` beside it, which onnxruntime finds by itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ OPSET = 18
 INPUT = "pixel_values"
 EXTRA = "pip install 'vitcli[export]'"
 NEEDS = ("onnx", "onnxscript")  # optional extras, not runtime dependencies
+EMBEDDED_BYTES = 2**31 - 2**27  # protobuf's 2 GiB per file, less room for the graph itself
 
 
 def write_onnx(model: nn.Module, out: Path, img_size: int, headless: bool) -> str:
@@ -36,8 +38,13 @@ def write_onnx(model: nn.Module, out: Path, img_size: int, headless: bool) -> st
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracing chatter is not the user's
         torch.onnx.export(model.eval(), (example,), str(out / ONNX_FILE), input_names=[INPUT],
                           output_names=[output], dynamic_shapes=({0: batch},), opset_version=OPSET,
-                          dynamo=True, external_data=False, verbose=False, report=False)
+                          dynamo=True, external_data=_weight_bytes(model) > EMBEDDED_BYTES, verbose=False,
+                          report=False)
     return output
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 
 
 def check_installed() -> None:

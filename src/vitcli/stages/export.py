@@ -68,6 +68,8 @@ def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: 
         with _publish(full, aside) as tmp:
             _WRITERS[fmt](model, recipe, loaded, spec, tmp)
         report["set_aside"] = str(aside) if aside else None
+        extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])  # model.onnx.data, say
+        report["files"] = [*FILES[fmt], *extra]
     _print(report)
     return report
 

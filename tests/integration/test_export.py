@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from helpers import REPO, run_vit, tiny_vit
+from vitcli import cli
 from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.weights import save_weights
@@ -31,6 +32,7 @@ from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.schema import DataConfig, ModelConfig
+from vitcli.stages.export import FORMATS
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -190,6 +192,10 @@ def test_t2t_and_the_hybrid_are_refused_by_hf_and_timm(name, named):
         check_hf(ModelConfig(name=name), 10, "x.safetensors")
     with pytest.raises(CheckpointError, match="timm does not build"):
         check_timm(ModelConfig(name=name), "x.safetensors")
+
+
+def test_the_command_line_offers_exactly_the_formats_the_stage_writes():
+    assert [f.value for f in cli.ExportFormat] == list(FORMATS)
 
 
 def test_bad_input_is_one_line_and_nothing_is_written(monkeypatch, capsys, tmp_path, ours):

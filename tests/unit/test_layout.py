@@ -29,7 +29,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
-                     "resize", "transfer"]),
+                     "resize", "transfer", "export_hf", "export_onnx", "export_timm"]),
     # the one loop and what it is made of
     ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "loop"]),
     # what the loop runs when due
@@ -39,9 +39,11 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # pictures: Figure 7, training curves
     ("figures", ["figure7", "curves"]),
     # one driver per command
-    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare"]),
-    # the command line
+    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
+                "export"]),
+    # the command line, and `python -m vitcli` running it
     ("cli", []),
+    ("__main__", []),
 ]
 ORDER = [m for package, names in LAYERS for m in ([f"{package}.{n}" for n in names] or [package])]
 PACKAGES = tuple(package for package, names in LAYERS if names)
@@ -77,7 +79,7 @@ def test_every_module_has_a_place_in_the_order():
 
 
 def test_only_the_command_line_and_the_errors_sit_at_the_top_level():
-    assert sorted(m for m in modules() if "." not in m) == ["cli", "errors"]
+    assert sorted(m for m in modules() if "." not in m) == ["__main__", "cli", "errors"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -96,7 +96,9 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     criterion = loss_fn(r.optim)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
-    waited = Waited(stream)  # the seconds spent in next(stream), for train/data_wait
+    # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
+    # is still the honest measure on CUDA)
+    waited = Waited(stream)
     advise = functools.partial(input_bound, num_workers=r.data.num_workers, cuda=dist.device.type == "cuda")
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)

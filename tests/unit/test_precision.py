@@ -1,6 +1,7 @@
 """run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be emulated,
 judged by the CPU's flags, then by a measured matmul (the runs that announce and record it:
-integration/test_precision_runs.py)."""
+integration/test_precision_runs.py). run.compile: `auto` compiles on CUDA, not on a CPU; TF32 is turned on
+for CUDA devices and announced."""
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from helpers import machine
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import dist, precision
+from vitcli.stages import run as run_stage
 
 CPU = torch.device("cpu")
 AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
@@ -109,3 +111,13 @@ def test_tf32_is_turned_on_where_the_run_sets_up_a_cuda_device_only(monkeypatch,
     monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
     assert dist.setup("auto").device == device
     assert calls == (["high"] if device.type == "cuda" else [])
+
+
+@pytest.mark.parametrize(("device", "setting", "run_precision", "noted"), [
+    (CUDA, "high", "fp32", True), (CUDA, "highest", "fp32", False), (CUDA, "high", "bf16", False),
+    (CPU, "high", "fp32", False),
+])
+def test_the_run_announces_tf32_where_fp32_matmuls_use_it(monkeypatch, device, setting, run_precision, noted):
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: setting)
+    r = resolve("pretrain", None, [f"run.precision={run_precision}"], inputs=False)
+    assert (run_stage.tf32(r, dist.Dist(0, 1, 0, device)) == " with TF32 matmuls") is noted

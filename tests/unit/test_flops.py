@@ -60,7 +60,8 @@ def test_a_known_gpu_is_read_off_its_datasheet(name, col, tflops):
     ("NVIDIA A10G", "bf16"),  # an A10 relative with other clocks: not the A10's figure
     ("NVIDIA H100 NVL", "bf16"),  # another H100 part
     ("NVIDIA H200 NVL", "bf16"),
-    ("Some Future GPU", "bf16"),
+    ("Tesla V100-PCIE-32GB", "fp32"),  # lower clocks than the SXM2 part
+    ("NVIDIA L40S", "bf16"), ("Some Future GPU", "bf16"),
 ])
 def test_an_unlisted_gpu_or_precision_is_left_to_the_measurement(name, col):
     assert peak.table_peak(name, col) is None

@@ -18,6 +18,7 @@ import torch
 # CUDA cores. Patterns, first match wins, are searched in torch.cuda.get_device_name(): "NVIDIA H100 80GB
 # HBM3" is the SXM part, "NVIDIA H100 PCIe" the PCIe one; other H100/H200 variants (NVL) are left to the
 # measurement rather than given a wrong figure. V100 has no bf16 (emulated): none listed, so it is measured.
+# fp32 on CUDA is counted as tf32 when TF32 is on (`column`).
 PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"H100.*PCIe", {"bf16": 756.0, "tf32": 378.0, "fp32": 51.0}),
     (r"H100 (80GB HBM3|SXM)", {"bf16": 989.0, "tf32": 494.5, "fp32": 67.0}),
@@ -25,7 +26,7 @@ PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"A100", {"bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
     (r"\bL4\b", {"bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
     (r"\bA10\b", {"bf16": 125.0, "tf32": 62.5, "fp32": 31.2}),  # not A100, not A10G
-    (r"V100", {"fp32": 15.7}),
+    (r"V100-SXM", {"fp32": 15.7}),  # the PCIe cards run lower clocks (14): measured
     (r"RTX 4090", {"bf16": 165.2, "tf32": 82.6, "fp32": 82.6}),
 )
 

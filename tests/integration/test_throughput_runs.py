@@ -8,7 +8,8 @@ import time
 import pytest
 import yaml
 
-from helpers import warnings
+from helpers import stopped_at_call, warnings
+from vitcli.checkpoints import manager
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
@@ -75,3 +76,13 @@ def test_a_model_without_a_flop_count_says_why_there_is_no_mfu(tmp_path):
                                                  "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
                                                  "model.mlp_dim=64"]), tmp_path)
     assert "train/mfu" not in summary and "T2T-ViT_t-14" in summary["train/mfu_skipped"]
+
+
+def test_a_run_started_with_compile_auto_resumes_with_auto(tmp_path, monkeypatch):
+    """The checkpoints hold auto's choice (false here) and the resumed run's recipe says auto again: it goes
+    on, as precision's auto does (run.compile may even differ on resume: checkpoints.manager.RESUMABLE)."""
+    r = resolve("pretrain", None, TINY + ["schedule.steps=4", "run.ckpt_every=1"])
+    stopped_at_call(monkeypatch, r, tmp_path, 3)
+    assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["compile"] is False
+    one_run(r, tmp_path)  # auto again: resumes
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row] == [2, 4]

@@ -88,9 +88,18 @@ def _complete(recipe, user_heads: bool):
 
 
 def _dry_run(r) -> None:
+    """The recipe as YAML on stdout (what recipe.yaml will hold, `auto`s aside); on stderr, what each `auto`
+    of run.precision and run.compile becomes on this machine. Deciding that needs torch (is there a GPU, does
+    this CPU run bf16): it is imported only now, every check passed, and only when a recipe says `auto`."""
     from vitcli.recipe.schema import to_yaml
 
     sys.stdout.write(to_yaml(r))
+    if "auto" in (r.run.precision, r.run.compile):
+        from vitcli.runtime.dist import pick_device
+        from vitcli.runtime.precision import auto_choices
+
+        for line in auto_choices(r, pick_device(r.run.device)):
+            sys.stderr.write(f"# {line}\n")
 
 
 @contextlib.contextmanager

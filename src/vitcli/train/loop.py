@@ -217,17 +217,21 @@ def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
 
 
 def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, done: int, row: dict) -> None:
-    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats; after
-    the first window, a warning the first time the loop waited too long for data (`advise`: input_bound)."""
+    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats; once
+    two windows after warm-up are in, a warning the first time the loop waited too long for data over them
+    all (`advise`: input_bound)."""
     elapsed = max(time.perf_counter() - window.start, 1e-9)
     window.last = {**row, "train/img_per_s": window.images / elapsed,
                    "train/data_wait": min(wait / elapsed, 1.0)}
     metrics.write(done, window.last)
-    warning = advise(wait, elapsed, window.images) if window.logged and not window.warned else None
+    window.add(elapsed, wait)
+    # judged on the steady windows together, from the second on: one window that met a slow batch (a
+    # checkpoint written, the machine busy for a moment) is not a run that waits for its data
+    seconds, waited, images = window.totals
+    warning = advise(waited, seconds, images) if window.logged >= 3 and not window.warned else None
     if warning:
         console.log(f"[yellow]warning: step {done}: {warning}")
         window.warned = True
-    window.add(elapsed, wait)
     window.start, window.images = time.perf_counter(), 0
     stats = (f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  "
              f"{window.last['train/img_per_s']:.0f} img/s")

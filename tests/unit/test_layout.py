@@ -26,7 +26,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo"]),
     # images into batches
-    ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams"]),
+    ("data", ["synthetic", "decode", "augment", "transforms", "tasks", "sources", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer"]),

@@ -245,7 +245,8 @@ def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, preci
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = None
     for i in range(accum):
-        x, y = next(stream)
+        x, y = next(stream)  # x on the stream's device: it finishes its uint8 batches there (augment.finish)
+        # a no-op for a stream given the run's device; a cpu stream's batch is moved here
         x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1

@@ -361,6 +361,43 @@ def test_worker_processes_give_the_same_stream():
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
 
 
+def _jpegs(n: int, truncated: int) -> datasets.Dataset:
+    """n smooth JPEGs of 60..120 px (reduced-scale decoding applies to their larger crops), the label their
+    row; row `truncated` opens (its header is whole) but its pixels do not decode."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(n):
+        h, w = rng.integers(60, 120, 2)
+        y, x = np.mgrid[0:h, 0:w]
+        pixels = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, i * 9)], -1).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+        data = buf.getvalue()
+        rows.append({"bytes": data[: len(data) // 2] if i == truncated else data, "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": rows, "label": list(range(n))}, features=features)
+
+
+@pytest.mark.parametrize("randaugment", ["", "rand-m9-mstd0.5"])
+def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypatch, randaugment):
+    """Past the cache (large datasets) images are read as bytes and only their crops decoded, some at 1/2 or
+    1/4 scale; the batches stay a function of (seed, step), and a file that opens but does not decode gets
+    the next row in its place in every process alike."""
+    monkeypatch.setattr(batches, "DECODED_CACHE_BYTES", 0)
+    ds, size = _jpegs(12, truncated=3), 16
+    cfg = DataConfig(num_workers=0, crop_min_area=0.3, randaugment=randaugment)
+    main = _take(batches.train_batches(ds, cfg, size, 4, seed=2), 6)
+    two = DataConfig(num_workers=2, crop_min_area=0.3, randaugment=randaugment)
+    workers = _take(batches.train_batches(ds, two, size, 4, seed=2), 6)
+    resumed = _take(batches.train_batches(ds, cfg, size, 4, seed=2, start_step=4), 2)
+    for (xa, ya), (xb, yb) in zip(main, workers, strict=True):
+        assert xa.shape == (4, 3, size, size) and torch.equal(xa, xb) and torch.equal(ya, yb)
+    for (xa, ya), (xb, yb) in zip(main[4:], resumed):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    labels = torch.cat([y for _, y in main]).tolist()
+    assert len(set(labels)) == 11 and 3 not in labels  # 2 epochs of 12 rows: all but the truncated one
+
+
 def test_rank_shards_are_disjoint():
     ds, cfg = _indexed(40), DataConfig(num_workers=0)
     shards = [torch.cat([y for _, y in

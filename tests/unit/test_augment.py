@@ -11,8 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from vitcli.data.augment import Pixels, finish, inception_boxes, pack, resize, resized, whole_boxes
-from vitcli.data.transforms import tf_bilinear
+from vitcli.data.augment import (
+    Pixels,
+    finish,
+    inception_boxes,
+    levels,
+    pack,
+    resize_each,
+    tf_bilinear,
+    whole_boxes,
+)
 
 
 def lrint(v: float) -> int:
@@ -108,10 +116,14 @@ def test_batched_resize_is_per_crop_tf_bilinear_within_one_level():
              for h, w in torch.randint(1, 90, (64, 2), generator=g).tolist()]
     for size in (7, 32, 64):
         batch = pack(crops, np.zeros(len(crops), bool), size)
-        got = resize(batch.pixels, batch.sizes, size)  # (B, 3, S, S)
+        got = levels(batch.pixels, batch.sizes, size)  # (B, 3, S, S)
         want = torch.stack([tf_bilinear(c.float(), size).clamp(0, 255).floor() for c in crops])
-        diff = (got.float() - want).abs()
+        diff = (got - want).abs()
         assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+        flips = np.arange(len(crops)) % 3 == 0
+        each = resize_each(crops, flips, size)  # one crop at a time: torch's kernel itself
+        assert torch.equal(each, torch.where(torch.as_tensor(flips)[:, None, None, None],
+                                             want.flip(-1), want).to(torch.uint8))
 
 
 def test_finish_flips_only_the_flagged_rows_and_scales_to_signed_range():
@@ -120,10 +132,13 @@ def test_finish_flips_only_the_flagged_rows_and_scales_to_signed_range():
     out = finish(batch, torch.device("cpu"))
     want = torch.stack([x[0].flip(-1), x[1]]).float() / 127.5 - 1
     assert torch.equal(out, want) and out.dtype == torch.float32
-    assert torch.equal(resized(batch), torch.stack([x[0].flip(-1), x[1]]))  # already at size: no resampling
+    crops = pack(list(x), np.array([True, False]), 3)  # 4 x 4 crops to 3 x 3: flipped as they are resized
+    want = levels(x, torch.full((2, 2), 4), 3)
+    mirrored = torch.stack([want[0].flip(-1), want[1]]) / 127.5 - 1
+    assert torch.equal(finish(crops, torch.device("cpu")), mirrored)
 
 
 def test_a_crop_of_the_size_asked_for_passes_unchanged_through_the_resize():
     crop = torch.randint(0, 256, (3, 9, 9), dtype=torch.uint8)
     batch = pack([crop, torch.zeros((3, 20, 13), dtype=torch.uint8)], np.zeros(2, bool), 9)
-    assert torch.equal(resize(batch.pixels, batch.sizes, 9)[0], crop)
+    assert torch.equal(levels(batch.pixels, batch.sizes, 9)[0], crop.float())

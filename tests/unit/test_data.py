@@ -398,6 +398,21 @@ def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypat
     assert len(set(labels)) == 11 and 3 not in labels  # 2 epochs of 12 rows: all but the truncated one
 
 
+def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
+    """A stream for a GPU ships crops and augment.finish resizes them there in one batched gather; one for
+    the CPU resizes each crop in its workers with torch's kernel: the same resize within one level."""
+    raws = _jpegs(6, truncated=-1).cast_column("image", datasets.Image(decode=False))["image"]
+    images, size = [Encoded(raw["bytes"]) for raw in raws], 16
+    cfg = DataConfig(crop_min_area=0.3)
+    shipped = build_transform(cfg, size, train=True)(images, 5)
+    assert shipped.pixels.shape[-1] > size  # crops, not yet resized
+    here = build_transform(cfg, size, train=True, resize_here=True)(images, 5)
+    assert here.pixels.shape == (6, 3, size, size)
+    cpu = torch.device("cpu")
+    diff = (finish(shipped, cpu) - finish(here, cpu)).abs() * 127.5
+    assert diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.01
+
+
 def test_rank_shards_are_disjoint():
     ds, cfg = _indexed(40), DataConfig(num_workers=0)
     shards = [torch.cat([y for _, y in

@@ -13,9 +13,9 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data.augment import finish
+from vitcli.data.augment import finish, tf_bilinear
 from vitcli.data.decode import Encoded
-from vitcli.data.transforms import build_transform, central_crop_offsets, tf_bilinear
+from vitcli.data.transforms import build_transform, central_crop_offsets
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing

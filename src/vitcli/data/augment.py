@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 ASPECT_RANGE = (3 / 4, 4 / 3)  # big_vision inception_crop = TF sample_distorted_bounding_box's default
 ATTEMPTS = 100  # TF's max_attempts default
@@ -110,30 +111,50 @@ def _axis(out: int, extent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return lo, hi, src - lo
 
 
-def resize(pixels: torch.Tensor, sizes: torch.Tensor, size: int) -> torch.Tensor:
+def levels(pixels: torch.Tensor, sizes: torch.Tensor, size: int,
+           flips: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (B, 3, Hmax, Wmax) crops, each of its own (height, width) in `sizes` (B, 2) at the top left ->
-    uint8 (B, 3, size, size): tf.image.resize(bilinear, antialias=False) per crop, then cast back to uint8 by
-    clipping and truncating, as big_vision's resize op returns its input's dtype.
+    float32 (B, 3, size, size) holding uint8 levels: tf.image.resize(bilinear, antialias=False) per crop, then
+    clipped and truncated, as big_vision's resize op casts back to its input's uint8. Rows of `flips` (B,)
+    come out mirrored left-right: their output columns read the source in reverse, at no cost.
 
-    A gather of the four neighbours per output pixel, weighted in torch's own order of float32 operations
-    (upsample_bilinear2d, align_corners=False), so on CPU a crop comes out bit-identical to F.interpolate on
-    that crop alone. Written by hand because F.interpolate and grid_sample take one source size per call, and
-    the crops of a batch all differ.
+    A gather of the four neighbours of each output pixel straight from the uint8 tensor (the padding is never
+    converted), blended with torch.lerp. Written by hand because F.interpolate and grid_sample take one source
+    size per call, and the crops of a batch all differ. Within one level of F.interpolate on each crop alone:
+    the blend rounds in another order, so a value within ~1e-4 of an integer may truncate a level apart.
     """
     b, c, hmax, wmax = pixels.shape
     y0, y1, wy = _axis(size, sizes[:, 0])  # (B, S)
     x0, x1, wx = _axis(size, sizes[:, 1])
-    flat = pixels.reshape(b, c, hmax * wmax).to(torch.float32)
+    if flips is not None:
+        mirror = flips.to(x0.device)[:, None]  # (B, 1)
+        x0, x1, wx = (torch.where(mirror, t.flip(-1), t) for t in (x0, x1, wx))
+    flat = pixels.reshape(b, c, hmax * wmax)
+    rows = torch.stack([y0, y0, y1, y1], 1)[:, :, :, None] * wmax  # (B, 4, S, 1): the four corners
+    index = (rows + torch.stack([x0, x1, x0, x1], 1)[:, :, None, :]).reshape(b, 1, 4 * size * size)
+    corners = flat.gather(2, index.expand(b, c, -1)).reshape(b, c, 4, size, size).to(torch.float32)
+    wx = wx[:, None, None, :]  # (B, 1, 1, S)
+    top = corners[:, :, 0].lerp_(corners[:, :, 1], wx)  # (B, 3, S, S)
+    bottom = corners[:, :, 2].lerp_(corners[:, :, 3], wx)
+    return top.lerp_(bottom, wy[:, None, :, None]).clamp_(0, 255).trunc_()  # trunc: tf.cast to uint8
 
-    def at(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        index = (y[:, :, None] * wmax + x[:, None, :]).reshape(b, 1, size * size).expand(b, c, -1)
-        return flat.gather(2, index).reshape(b, c, size, size)
 
-    wy, wx = wy[:, None, :, None], wx[:, None, None, :]  # (B, 1, S, 1), (B, 1, 1, S)
-    top = (1 - wx) * at(y0, x0) + wx * at(y0, x1)
-    bottom = (1 - wx) * at(y1, x0) + wx * at(y1, x1)
-    out = (1 - wy) * top + wy * bottom  # (B, 3, S, S)
-    return out.clamp_(0, 255).to(torch.uint8)  # .to truncates toward zero: tf.cast
+def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(3, H, W) float -> (3, size, size): tf.image.resize(method="bilinear", antialias=False), the TF2
+    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter."""
+    return F.interpolate(x[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
+
+
+def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 crops (3, h_i, w_i) -> uint8 (B, 3, size, size), flipped where `flips` (B,) says: `levels` one
+    crop at a time, for a loader worker, where the crops are apart anyway and torch's own kernel is ~3x
+    faster on a CPU than the batched gather (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224, one
+    thread)."""
+    out = torch.empty((len(crops), 3, size, size), dtype=torch.uint8)
+    for o, c, mirror in zip(out, crops, flips):
+        x = tf_bilinear(c.to(torch.float32), size).clamp_(0, 255)  # .to below truncates: tf.cast
+        o.copy_(x.flip(-1) if mirror else x)
+    return out
 
 
 def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
@@ -141,12 +162,9 @@ def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     return torch.where(flips.to(pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
 
 
-def resized(batch: Pixels) -> torch.Tensor:
-    """The batch's uint8 (B, 3, S, S), resized and flipped where it is not yet (on the batch's device)."""
-    x, s = batch.pixels, batch.size
-    if x.shape[-2:] != (s, s) or bool((batch.sizes != s).any()):
-        x = resize(x, batch.sizes.to(x.device), s)
-    return flip(x, batch.flips) if bool(batch.flips.any()) else x
+def _needs_resize(batch: Pixels) -> bool:
+    s = batch.size
+    return batch.pixels.shape[-2:] != (s, s) or bool((batch.sizes != s).any())
 
 
 def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
@@ -156,6 +174,9 @@ def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
     x = batch.pixels
     if device.type == "cuda" and not x.is_pinned():
         x = x.pin_memory()  # non_blocking only overlaps from page-locked memory
-    moved = Pixels(x.to(device, non_blocking=True), batch.sizes.to(device, non_blocking=True), batch.flips,
-                   batch.size)
-    return resized(moved).to(torch.float32) / 127.5 - 1.0
+    x = x.to(device, non_blocking=True)
+    if _needs_resize(batch):
+        out = levels(x, batch.sizes.to(device, non_blocking=True), batch.size, batch.flips)
+    else:
+        out = (flip(x, batch.flips) if bool(batch.flips.any()) else x).to(torch.float32)
+    return out.div_(127.5).sub_(1.0)

@@ -320,7 +320,7 @@ def train_batches(
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
     keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
-    transform = build_transform(cfg, img_size, train=True)
+    transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
     return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True), device=device)
 
 
@@ -339,6 +339,12 @@ def eval_batches(
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)
     loader = _loader(ds, cfg, transform, keys, cache=False, replace=False)
     return BatchStream(loader, skipped, device, collective)
+
+
+def on_cpu(device: torch.device | None) -> bool:
+    """Whether a stream's batches are finished on the CPU: then its loader workers resize them (the same
+    augment code, run where the CPU work is shared out)."""
+    return device is None or device.type == "cpu"
 
 
 def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):

@@ -50,6 +50,7 @@ from vitcli.data.batches import (
     micro_batch,
     micro_seed,
     none_decode,
+    on_cpu,
     stand_in,
 )
 from vitcli.data.decode import Encoded, read
@@ -201,7 +202,8 @@ def stream_train_batches(
     examples, at = _start(mine, micro_batch_size, start_step, start, name)
     positions: deque = deque()
     keys = _keys(examples, cfg, micro_batch_size, seed, (start_step, accum, rank), positions)
-    decode = _Decode(name, build_transform(cfg, img_size, train=True), cfg.binary_pixels)
+    transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
+    decode = _Decode(name, transform, cfg.binary_pixels)
     return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at, device)
 
 

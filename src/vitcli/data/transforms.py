@@ -16,12 +16,11 @@ from functools import partial
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data.augment import Pixels, inception_boxes, pack, resized, whole_boxes
+from vitcli.data.augment import Pixels, inception_boxes, pack, resize_each, tf_bilinear, whole_boxes
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.data_checks import check_randaugment
@@ -60,12 +59,6 @@ def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
     return (height - size) // 2, (width - size) // 2
 
 
-def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(3, H, W) float -> (3, size, size): tf.image.resize(method="bilinear", antialias=False), the TF2
-    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter."""
-    return F.interpolate(x[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
-
-
 def _crops(images: list, boxes, out: int) -> list[torch.Tensor]:
     """Each image's crop (boxes (B, 4), or None for whole images) as uint8 (3, h, w); a failure names its
     position (Undecodable), for the batch to put a stand-in there or leave it out."""
@@ -83,17 +76,21 @@ def _final(images: list[torch.Tensor], size: int) -> Pixels:
     return pack(images, np.zeros(len(images), bool), size)
 
 
-def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment) -> Pixels:
+def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool) -> Pixels:
     """Inception crop (data.crop_min_area..1 of the area; the whole image when data.inception_crop is off),
-    flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given."""
+    flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given.
+    The crops leave as they are, for augment.finish to resize on the model's device, unless `resize_here`."""
     rng = np.random.default_rng(seed)
     hw = np.array([img.size for img in images], dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
     boxes = inception_boxes(hw, rng, (cfg.crop_min_area, 1.0)) if cfg.inception_crop else whole_boxes(hw)
     flips = rng.random(len(images)) < 0.5 if cfg.hflip else np.zeros(len(images), bool)
-    batch = pack(_crops(images, boxes, size), flips, size)
+    crops = _crops(images, boxes, size)
+    if randaugment is None and not resize_here:
+        return pack(crops, flips, size)
+    x = resize_each(crops, flips, size)  # (B, 3, S, S) uint8, flipped
     if randaugment is None:
-        return batch
-    x = resized(batch).permute(0, 2, 3, 1).numpy()  # (B, S, S, 3): timm's RandAugment works on PIL
+        return _final(list(x), size)
+    x = x.permute(0, 2, 3, 1).numpy()  # (B, S, S, 3): timm's RandAugment works on PIL
     with seeded(seed):  # it draws from `random` and numpy's global RNG
         out = [torch.from_numpy(np.asarray(randaugment(Image.fromarray(img))).transpose(2, 0, 1).copy())
                for img in x]
@@ -121,9 +118,10 @@ def _fewshot(images: list, seed, size: int, resize: int) -> Pixels:
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,
-                    resize_method: str = "big_vision"):
+                    resize_method: str = "big_vision", resize_here: bool = False):
     """transform(images, seed) -> augment.Pixels of img_size: random for train (seeded by the micro-batch),
-    deterministic for eval; picklable, for the loader workers.
+    deterministic for eval; picklable, for the loader workers. `resize_here`: training crops are resized in
+    the worker (when the model runs on the CPU too: the workers share the work, and ship S x S, not crops).
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and RandAugment. eval: resize the short side to img_size / eval_crop_pct,
@@ -132,7 +130,7 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
     """
     if train:
         randaugment = _randaugment(cfg.randaugment, img_size) if cfg.randaugment else None
-        return partial(_train, cfg=cfg, size=img_size, randaugment=randaugment)
+        return partial(_train, cfg=cfg, size=img_size, randaugment=randaugment, resize_here=resize_here)
     if resize > 0:
         if resize_method not in FEWSHOT_RESIZE_METHODS:
             raise DataError(f"fewshot.resize_method: '{resize_method}' is not one of "

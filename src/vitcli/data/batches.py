@@ -1,9 +1,12 @@
 """The batch streams the trainer and evaluators read, built on the datasets of data.py.
 
 Training batches are a pure function of (seed, optimizer step, global micro-batch): the epoch order comes from
-(seed, epoch) and each micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step`
-batches by index arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is, and
-one process sees what several see between them.
+(seed, epoch) and each micro-batch seeds its own augmentation generator, so a resumed run that skips
+`start_step` batches by index arithmetic sees exactly what the uninterrupted run would have, whatever
+`num_workers` is, and one process sees what several see between them.
+
+Batches leave the loader workers as uint8 (augment.Pixels: a quarter of float's bytes); the stream finishes
+them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`, the model's.
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches

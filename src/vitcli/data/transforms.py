@@ -3,8 +3,9 @@ loader workers run it: the paper's Inception crop + flip (+ RandAugment) for tra
 for eval, big_vision's square resize for few-shot features. augment.finish scales to [-1, 1] on the model's
 device.
 
-Training crops leave the worker not yet resized (augment.finish resizes the whole batch in one call);
-RandAugment, timm's PIL implementation, needs final-size images, so with it the worker resizes and flips.
+Training crops leave a worker not yet resized when the model runs on a GPU (augment.finish resizes the
+whole batch there in one call). When it runs on the CPU, or with RandAugment (timm's PIL implementation,
+which needs final-size images), the worker resizes and flips each crop itself (augment.resize_each).
 """
 
 from __future__ import annotations

@@ -90,8 +90,9 @@ def per_image(step, files: list[bytes], batch: int, rounds: int) -> float:
     return images / (time.perf_counter() - t0)
 
 
-def compare_jpegs(photos: Path, batch: int) -> None:
-    """Per-core images/s on ImageNet-sized JPEGs: ours, timm's PIL path, torchvision's bare uint8 path."""
+def compare_jpegs(photos: Path, batch: int, rounds: int = 3) -> None:
+    """Per-core images/s on ImageNet-sized JPEGs: ours, timm's PIL path, torchvision's bare uint8 path, each
+    measured `rounds` times in turn (a shared machine's load drifts), the median reported."""
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_jpegs(photos, Path(tmp))
@@ -99,21 +100,32 @@ def compare_jpegs(photos: Path, batch: int) -> None:
         cfg = DataConfig(source=tmp, num_workers=0, val_split="")
         ds = sources.load_split(cfg, "train")
         batches.DECODED_CACHE_BYTES = 0  # a dataset of ImageNet's size is never cached
-        n = 3 * len(files) // batch
-        ours = streams.throughput(batches.train_batches(ds, cfg, 224, batch, seed=0), n)
-        # what a loader worker does when the model's GPU finishes the batch: decode, crop, pack uint8 (a
-        # stream for a CUDA device leaves the resize to augment.finish; _shipped never calls it)
-        gpu = torch.device("cuda")
-        shipping = batches.train_batches(ds, cfg, 224, batch, seed=0, device=gpu)
-        worker = streams.throughput(_shipped(shipping), n)
+        n = 2 * len(files) // batch
         timm_pp = create_transform(224, is_training=True)
-        timm_rate = per_image(lambda d: timm_pp(Image.open(io.BytesIO(d)).convert("RGB")), files, batch, 2)
         crop = v2.RandomResizedCrop(224, antialias=True)
-        tv_rate = per_image(lambda d: crop(decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8))),
-                            files, batch, 2)
-    print(f"JPEGs 375-640 px -> 224, images/s on 1 thread: vitcli worker {worker:5.0f} "
-          f"({worker / timm_rate:.2f}x timm), vitcli worker + finish on the CPU {ours:5.0f} "
-          f"({ours / timm_rate:.2f}x), timm PIL {timm_rate:5.0f}, torchvision uint8 {tv_rate:5.0f}")
+        # a stream for a CUDA device ships crops and leaves the resize to augment.finish there: _shipped
+        # takes its batches as a loader worker makes them (decode, crop, pack uint8), never finishing them
+        gpu = torch.device("cuda")
+        ways = {
+            "vitcli worker (GPU finishes)": lambda: streams.throughput(
+                _shipped(batches.train_batches(ds, cfg, 224, batch, seed=0, device=gpu)), n),
+            "vitcli worker + finish on the CPU": lambda: streams.throughput(
+                batches.train_batches(ds, cfg, 224, batch, seed=0), n),
+            "timm PIL": lambda: per_image(
+                lambda d: timm_pp(Image.open(io.BytesIO(d)).convert("RGB")), files, batch, 1),
+            "torchvision uint8": lambda: per_image(
+                lambda d: crop(decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8))), files, batch,
+                1),
+        }
+        runs: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(rounds):  # in turn, so a change of load hits every way alike
+            for name, way in ways.items():
+                runs[name].append(way())
+        rates = {name: sorted(r)[rounds // 2] for name, r in runs.items()}
+    timm_rate = rates["timm PIL"]
+    print("JPEGs 375-640 px -> 224, images/s on 1 thread (median of rounds):")
+    for name, rate in rates.items():
+        print(f"  {name:34s} {rate:6.0f}  ({rate / timm_rate:.2f}x timm)")
 
 
 def _shipped(stream: batches.BatchStream):

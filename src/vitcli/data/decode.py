@@ -51,9 +51,10 @@ def _pil_pixels(img: Image.Image, binary: bool) -> torch.Tensor:
     if binary and img.mode in ("F", "I", "I;16"):
         arr = stretch_binary(np.asarray(img))
         img = Image.fromarray(arr) if arr.dtype == np.uint8 else img
-    arr = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))  # (H, W, 3)
+    arr = np.array(img if img.mode == "RGB" else img.convert("RGB"))  # (H, W, 3), writable (torch wants it)
     arr = stretch_binary(arr) if binary else arr
-    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))
+    # (3, H, W) over (H, W, 3) memory, as torchvision's decoders return it: resizing reads it channels-last
+    return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 class Encoded:

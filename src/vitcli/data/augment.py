@@ -1,8 +1,10 @@
 """Batched augmentation on uint8 pixels: big_vision's Inception crop boxes (drawn for a whole micro-batch in
 numpy), one batched half-pixel bilinear resize of crops of different sizes, flip and the [-1, 1] scaling.
 
-The loader workers only decode and cut crops (decode.py, transforms.py); `finish` runs the resize, flip and
-normalisation on the device the model runs on, in the same code for CPU and CUDA.
+For a model on a GPU the loader workers only decode and cut crops (decode.py, transforms.py), and `finish`
+runs the resize (`levels`, one batched gather), flip and normalisation there. For a model on the CPU the
+workers resize each crop themselves (`resize_each`, torch's own kernel, faster there), and `finish` only
+flips what is left and normalises. `finish` is the same code on either device.
 """
 
 from __future__ import annotations
@@ -31,9 +33,6 @@ class Pixels:
     def pin_memory(self) -> Pixels:
         """The DataLoader pins what it ships (pin_memory=True on CUDA hosts) through this method."""
         return Pixels(self.pixels.pin_memory(), self.sizes, self.flips, self.size)
-
-    def __len__(self) -> int:
-        return len(self.pixels)
 
 
 def pack(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> Pixels:

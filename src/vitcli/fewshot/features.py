@@ -18,7 +18,7 @@ from safetensors.numpy import save_file
 
 from vitcli.data import batches
 from vitcli.errors import DataError
-from vitcli.evaluators.inference import sharded_pass
+from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_max
 from vitcli.runtime.files import atomic_path
@@ -43,11 +43,14 @@ def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, 
     def per_batch(model, i, x, y):
         return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
 
-    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method)
+    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method,
+                         collective=True)
     # features None: this rank had no rows that decode
     part = (torch.cat([f for f, _ in parts]).numpy() if parts else None,
             torch.cat([y for _, y in parts]).numpy() if parts else np.zeros(0, np.int64), own.rows)
-    out = _in_dataset_order(all_gather(part, dist), len(ds), skipped)
+    gathered = all_gather(part, dist)
+    raise_if_nothing_decoded(sum(len(y) for _, y, _ in gathered), [bad for _, _, bad in gathered])
+    out = _in_dataset_order(gathered, len(ds), skipped)
     if not np.isfinite(out[0]).all():
         raise DataError("features contain NaN or inf: the checkpoint's weights or activations overflow "
                         "(try run.precision=fp32)")
@@ -65,7 +68,7 @@ def _in_dataset_order(parts: list, n: int, skipped: batches.Skipped | None) -> t
         for name, reasons in bad.items() if skipped is not None else ():
             skipped.add(name, reasons)
     feats = [f for f, _, _ in parts if f is not None]
-    if not feats:  # nothing decoded anywhere: eval_batches has already raised on each rank
+    if not feats:  # an empty split (images failed and none decoded: extract raised on every rank)
         return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
     order = np.argsort(np.asarray(rows, dtype=np.int64))  # (N',): gathered position -> row order
     return np.concatenate(feats)[order], np.concatenate([y for _, y, _ in parts]).astype(np.int64)[order]

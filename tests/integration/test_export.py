@@ -12,6 +12,7 @@ transformers floors it, a one-pixel shift (data.transforms.central_crop_offsets 
 
 import dataclasses
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -28,6 +29,8 @@ from vitcli import cli
 from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.weights import save_weights
+from vitcli.data.augment import finish
+from vitcli.data.decode import Encoded
 from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError
 from vitcli.models.zoo import build_model, model_spec
@@ -84,6 +87,14 @@ def _image(height: int, width: int, seed: int = 0) -> Image.Image:
 LEVEL = 2 / 255 + 1e-6  # one 8-bit level in [-1, 1] units, plus float32 rounding
 
 
+def _our_eval(img: Image.Image, cfg: DataConfig) -> torch.Tensor:
+    """Our eval preprocessing of one image at 32 px, as a loader worker and the model's device run it."""
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    pixels = build_transform(cfg, 32, train=False)([Encoded(buf.getvalue())], None)
+    return finish(pixels, torch.device("cpu"))[0]
+
+
 # (H, W): at the model's size, larger, and non-square both ways (40 x 56 -> 32 x 44, margins 6)
 @pytest.mark.parametrize("shape, tolerance", [((32, 32), 1e-6), ((48, 48), LEVEL), ((40, 56), LEVEL),
                                               ((56, 40), LEVEL)])
@@ -92,7 +103,7 @@ def test_hf_processor_gives_our_eval_pixels(monkeypatch, capsys, tmp_path, ours,
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
     img = _image(*shape)
     theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]  # (3, 32, 32)
-    mine = build_transform(DataConfig(), 32, train=False)(img)  # (3, 32, 32)
+    mine = _our_eval(img, DataConfig())  # (3, 32, 32)
     assert theirs.shape == mine.shape
     diff = (theirs - mine).abs().max().item()
     assert diff <= tolerance, diff
@@ -108,7 +119,7 @@ def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
     img = _image(48, 64)
     theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
-    mine = build_transform(DataConfig(eval_crop_pct=0.875), 32, train=False)(img)
+    mine = _our_eval(img, DataConfig(eval_crop_pct=0.875))
     assert (theirs - mine).abs().max().item() <= LEVEL
 
 

@@ -28,6 +28,7 @@ from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
+INTERPOLATION = "bilinear"  # every resize here (big_vision's crop and few-shot resize, the eval resize)
 
 
 class Undecodable(Exception):

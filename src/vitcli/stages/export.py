@@ -40,9 +40,9 @@ FORMATS = ("hf", "onnx", "timm")
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
 RESULT_PREFIXES = ("val/", "test/", "fewshot/")  # what a model card reports of summary.json
-FILES = {"hf": ["config.json", "model.safetensors", "preprocessor_config.json", "README.md", MANIFEST],
+FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", "README.md", MANIFEST],
          "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
-         "timm": ["config.json", "model.safetensors", MANIFEST]}
+         "timm": ["config.json", MODEL_FILE, MANIFEST]}
 
 
 def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: bool = False,
@@ -139,7 +139,7 @@ def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: 
     names = _class_names(loaded, spec.num_classes)
     prep = preprocessing(loaded, recipe.model.img_size)
     weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
     _write_json(out / "config.json", export_hf.hf_config(recipe.model, names))
     _write_json(out / "preprocessor_config.json", export_hf.hf_processor_config(prep))
     card = export_hf.model_card(_network(recipe, spec), zoo.count_params(model), prep, names,

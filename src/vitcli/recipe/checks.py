@@ -18,6 +18,7 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
+    CLASSIFIES,
     FEWSHOT_RESIZE_METHODS,
     LOGGER_PACKAGES,
     LOGGERS,
@@ -26,13 +27,13 @@ from vitcli.recipe.choices import (
     POSEMB_METHODS,
     PRECISIONS,
     STAGES,
+    TRAINS,
     VIT_POS_EMBEDS,
 )
 from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
-TRAINS = ("pretrain", "finetune")  # the stages that train, and so need a length
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": STAGES,
     "model.pool": ("token", "gap"),
@@ -270,12 +271,18 @@ def _length(recipe: Recipe) -> None:
 
 
 def _fewshot_inputs(recipe: Recipe) -> None:
-    """eval-fewshot scores a checkpoint's features on tasks: both must be named."""
-    if recipe.stage != "eval-fewshot":
+    """eval-fewshot scores a checkpoint's features on tasks, evaluate its head on a split, predict on images:
+    each needs the checkpoint named, and its tasks or split."""
+    if recipe.stage not in ("eval-fewshot", *CLASSIFIES):
         return
     if not recipe.init.checkpoint:
-        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
+        raise RecipeError(f"{recipe.stage} needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
                           "name)")
+    if recipe.stage == "evaluate" and not (recipe.data.test_split or recipe.data.val_split):
+        raise RecipeError("evaluate: no split to evaluate (data.test_split and data.val_split are empty); "
+                          "pass --split")
+    if recipe.stage != "eval-fewshot":
+        return
     if not recipe.fewshot.tasks:
         raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
 

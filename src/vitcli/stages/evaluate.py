@@ -148,9 +148,9 @@ def _write(results: dict, top: np.ndarray, labels: np.ndarray, names: list[str] 
 
 def report(results: dict) -> None:
     """The numbers as a table; per-class accuracy as a second one when there are few classes."""
+    matched = results.get("real/matched_by")
     stdout.print(f"{results['checkpoint']} on {results['images']} images of {results['data']} split "
-                 f"'{results['split']}'"
-                 + (f"; ReaL labels matched by {results['real/matched_by']}" if "real/matched_by" in results else ""))
+                 f"'{results['split']}'" + (f"; ReaL labels matched by {matched}" if matched else ""))
     table = Table(title="evaluate")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -121,8 +121,8 @@ def test_predict_gives_evaluates_top1_row_by_row_with_class_names(runs, tmp_path
                              "--top-k", "3", "--batch-size", "5", *[f"--set={o}" for o in FP32])
     assert code == 0, err
     assert [m for m in logged if "cannot decode" in m] == [
-        f"[yellow]warning: {folder / 'broken.png'}: cannot decode (cannot identify image file "
-        f"'{folder / 'broken.png'}'); skipped"]
+        (f"[yellow]warning: {folder / 'broken.png'}: cannot decode (cannot identify image file "
+         f"'{folder / 'broken.png'}'); skipped")]
     records = {r["path"]: r["top"] for r in json.loads(out)}
     top, probs = split_predictions(runs, "test[:12]")
     for i in range(12):
@@ -163,8 +163,8 @@ def test_real_accuracy_matched_by_file_name_and_by_row_order(runs, tmp_path, mon
     predicted = {int(r["path"][-13:-5]): r["top"][0]["class_index"] for r in json.loads(out)}
     top1, counted = real_by_hand(predicted)
     code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", runs["ft"][0], "--data",
-                             tmp_path / "imagenet", "--split", "validation", "--real-labels", real, "--workdir",
-                             tmp_path / "by_name", "--json", *FP32)
+                             tmp_path / "imagenet", "--split", "validation", "--real-labels", real,
+                             "--workdir", tmp_path / "by_name", "--json", *FP32)
     assert code == 0, err
     results = json.loads(out)
     assert (results["real/top1"], results["real/images"], results["real/matched_by"]) == (
@@ -203,7 +203,7 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
          "entry 0 is 1, not a list of class indices"),
         (["evaluate", "--ckpt", ft, "--real-labels", tmp_path / "long.json", "--workdir", work],
          "has 41 entries, but the split has 40 rows and no ILSVRC2012_val_* file names"),
-        (["evaluate", "--ckpt", ft, "--workdir", pre], "pre holds a pretrain run; `vit evaluate` writes its results to a workdir of its own"),
+        (["evaluate", "--ckpt", ft, "--workdir", pre], "pre holds a pretrain run; `vit evaluate` writes"),
         (["evaluate", "--ckpt", pre, "--data", runs["root"] / "pets", "--workdir", work],
          "has label 2, but the head of"),  # fine: 6 classes > 2; the inverse below
         (["evaluate", "--ckpt", ft, "--splt", "test"], "No such option: --splt"),
@@ -214,7 +214,7 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
         (["predict", tmp_path / "notjson.json", "--ckpt", ft], "none of the 1 image file(s) decodes"),
     ]
     for args, message in cases:
-        code, out, err = run_vit(monkeypatch, capsys, *args)
+        code, _, err = run_vit(monkeypatch, capsys, *args)
         if "has label 2" in message:  # the 6-class head reads the 3-class data: a run, not an error
             assert code == 0, err
             work.joinpath(EVALUATE_FILE).unlink()

@@ -66,8 +66,9 @@ def decodable(files: list[Path]) -> list[Path]:
 def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     """One record per image that decodes, in file order: {"path", "top": [{"rank", "class_index",
     "class_name", "probability"}, ...]}; rank 0 prints them as a table (the caller may silence it)."""
-    files = decodable(image_files(paths))
-    dist = setup(recipe.run.device)
+    files = image_files(paths)
+    dist = setup(recipe.run.device)  # first: rank 0 alone warns about the files that do not decode
+    files = decodable(files)
     recipe, _ = resolved(recipe, dist.device)
     # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are unused)
     data = dataclasses.replace(recipe.data, image_column="image", label_column="label")

@@ -14,10 +14,12 @@ from safetensors import safe_open
 from helpers import run_vit
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, sources
 from vitcli.data.synthetic import class_names, make_synthetic
+from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import SyntheticConfig
+from vitcli.recipe.schema import ModelConfig, SyntheticConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, MODEL_FILE
 from vitcli.stages.evaluate import predictions
@@ -65,6 +67,14 @@ def meta_names(workdir):
 def test_checkpoints_store_the_class_names_of_their_head(runs):
     assert meta_names(runs["pre"][0]) == class_names(6)
     assert meta_names(runs["ft"][0]) == NAMES  # the new dataset's, not the pretraining's
+
+
+def test_class_names_of_a_stream_and_of_a_head_of_another_width():
+    r = resolve("pretrain", None, [*TINY, *SYNTH, "data.streaming=true", "schedule.steps=2"])
+    stream = sources.load_stream(r.data)
+    assert isinstance(stream, datasets.IterableDataset)
+    assert sources.class_names(r.data, stream, 6) == class_names(6)
+    assert sources.class_names(r.data, stream, 7) is None  # data.num_classes wider than the names
 
 
 @pytest.mark.parametrize("run", ["pre", "ft"])
@@ -192,10 +202,15 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
     (tmp_path / "flat.json").write_text("[1, 2]")
     (tmp_path / "long.json").write_text(json.dumps([[0]] * 41))
     (tmp_path / "empty").mkdir()
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    headless = tmp_path / "headless.safetensors"  # as masked patch prediction exports its ViT
+    save_weights(headless, build_model(cfg, 0).state_dict(), {"model": model_spec(cfg, 0)})
     work = tmp_path / "w"
     cases = [
         (["evaluate", "--workdir", work], "evaluate needs weights: pass --ckpt"),
         (["evaluate", "--ckpt", tmp_path / "nope", "--workdir", work], "checkpoint not found"),
+        (["evaluate", "--ckpt", headless, "--workdir", work], "has no classification head"),
+        (["predict", tmp_path / "empty", "--ckpt", headless], "has no classification head"),
         (["evaluate", "--ckpt", ft, "--split", "nope", "--workdir", work], "no split 'nope'"),
         (["evaluate", "--ckpt", ft, "--real-labels", tmp_path / "notjson.json", "--workdir", work],
          "not a JSON file"),

@@ -8,18 +8,21 @@ import json
 import datasets
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from safetensors import safe_open
+from safetensors.torch import save_file
 
-from helpers import run_vit
+from helpers import export_npz, run_vit, tiny_vit
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, sources
 from vitcli.data.synthetic import class_names, make_synthetic
+from vitcli.data.transforms import build_transform
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import ModelConfig, SyntheticConfig
+from vitcli.recipe.schema import DataConfig, ModelConfig, SyntheticConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, MODEL_FILE
 from vitcli.stages.evaluate import predictions
@@ -241,3 +244,29 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
     code, _, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", ft, "--data", "synthetic", "--workdir",
                            work)  # the built-in data has 10 classes; the head 3
     assert code == 2 and "has label 9, but the head of" in err and not work.joinpath(EVALUATE_FILE).exists()
+
+
+def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatch, capsys):
+    """A timm safetensors file and the same network as a Google .npz: evaluate's top-1 and loss equal a plain
+    timm forward over the split's images prepared by the eval transform, at the file's native 32 px."""
+    model = tiny_vit(img_size=32, num_classes=5)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "timm.safetensors"))
+    export_npz(model, tmp_path / "vit.npz")
+    # a timm file does not say its heads (the .npz kernels do): the recipe names them
+    data = ["model.num_heads=2", "data.synthetic.num_classes=5", "data.synthetic.test_size=30",
+            "data.num_workers=0", *FP32]
+    ds = make_synthetic(SyntheticConfig(num_classes=5, test_size=30), "test")
+    transform = build_transform(DataConfig(), 32, train=False)
+    with torch.no_grad():
+        logits = model(torch.stack([transform(img) for img in ds["image"]]))  # (30, 5)
+    labels = torch.tensor(ds["label"])
+    expected_top1 = (logits.argmax(-1) == labels).sum().item() / len(labels)
+    expected_loss = torch.nn.functional.cross_entropy(logits, labels).item()
+    for name in ("timm.safetensors", "vit.npz"):
+        code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", tmp_path / name, "--workdir",
+                                 tmp_path / name.split(".")[0], "--json", *data)
+        assert code == 0, err
+        results = json.loads(out)
+        assert results["top1"] == pytest.approx(expected_top1, abs=1e-12), name
+        assert results["loss"] == pytest.approx(expected_loss, abs=1e-5), name
+        assert [row["name"] for row in results["per_class"]] == class_names(5)  # the split's ClassLabel

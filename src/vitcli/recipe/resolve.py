@@ -1,11 +1,11 @@
 """One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) -> Recipe.
 
-Layers, later wins: defaults < the stage's defaults < what the checkpoint says of itself (evaluate, predict) <
-the VTAB protocol (`--task`) < the recipe file <
-`KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in: a
-known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without torch, so a
-misspelt key costs no import of torch. Only then, and only for a timm model name, a starting checkpoint
-(`finetune` / `eval-fewshot`: its architecture, and to evaluate it its native resolution and head),
+Layers, later wins: defaults < the stage's defaults < what the checkpoint says of itself (`base`: evaluate,
+predict) < the VTAB protocol (`--task`) < the recipe file < `KEY=VALUE` overrides < command flags (`--res`,
+`--init`, `--shots`, ...). Then the model is filled in: a known name's sizes, and every key and value is
+checked (vitcli.recipe.checks), all without torch, so a misspelt key costs no import of torch. Only then, and
+only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`: its
+architecture; eval-fewshot its native resolution and pre-logits, evaluate and predict its head),
 run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
 datasets) and everything is checked again.
 Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to

@@ -71,9 +71,9 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
 
 
 def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False,
-             base: dict | None = None):
+             base=None):
     """The checked recipe; torch is imported only if the recipe needs it (after every torch-free check).
-    `base`: what the checkpoint says of itself, below the recipe file (evaluate, predict)."""
+    `base()`: what the checkpoint says of itself, below the recipe file (evaluate, predict)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
@@ -81,14 +81,18 @@ def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags
                    complete=_complete, base=base)
 
 
-def _trained_with(ckpt: str | None, own_data: bool) -> dict:
-    """The checkpoint's resolution and, for ours, the preprocessing (and data) it was trained with; {} without
-    --ckpt (the recipe check then asks for it)."""
-    if not ckpt:
-        return {}
-    from vitcli.checkpoints.complete import trained_with
+def _trained_with(ckpt: str | None, own_data: bool):
+    """A function giving the checkpoint's resolution and, for ours, the preprocessing (and data) it was
+    trained with; {} without --ckpt (the recipe check then asks for it)."""
 
-    return trained_with(ckpt, own_data)
+    def layer() -> dict:
+        if not ckpt:
+            return {}
+        from vitcli.checkpoints.complete import trained_with
+
+        return trained_with(ckpt, own_data)
+
+    return layer
 
 
 def _complete(recipe, user_heads: bool):

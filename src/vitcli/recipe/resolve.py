@@ -59,18 +59,22 @@ def resolve(
     world_size: int = 1,
     complete: Complete | None = None,
     inputs: bool = True,
-    base: dict | None = None,
+    base: Callable[[], dict] | None = None,
 ) -> Recipe:
     """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given).
 
-    `base` is a nested layer just above the stage's defaults: what a checkpoint says about itself (`vit
+    `base` gives a nested layer just above the stage's defaults: what a checkpoint says about itself (`vit
     evaluate` and `vit predict`: the resolution and preprocessing it was trained with), so that the recipe
-    file, overrides and flags still win.
+    file, overrides and flags still win. Reading it needs torch, so it is called only once the other layers
+    have passed the torch-free checks (a misspelt key is still reported at once).
 
     `complete` is required when the recipe needs torch to be complete (`needs_torch`); `inputs=False` skips
     the check that the command's inputs are named (vitcli.recipe.checks.check).
     """
-    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, base or {})
+    if base is not None:
+        check(_layered(stage, recipe_file, overrides, flags, vtab, {})[0], world_size, model=False,
+              inputs=False)
+    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, base() if base else {})
     late = needs_torch(recipe)
     check(recipe, world_size, model=not late, inputs=inputs)  # a model to fill in: checked once it is
     if not late:

@@ -26,6 +26,7 @@ lint: setup
 
 # One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~10 min.
 bench: setup
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py > bench/last.json && cat bench/last.json
 
 # Peak RSS of one ViT-B/16 384 px fine-tuning step (recipes/finetune/imagenet.yaml's micro-batch). Minutes.

@@ -61,7 +61,8 @@ FewshotOverridesArg = Annotated[
 ]
 
 
-COMMANDS = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict", "resize-posemb", "inspect", "plot")
+COMMANDS = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict", "resize-posemb", "inspect", "plot",
+            "prepare-data")
 # default workdirs are runs/<name>-<time>; the stage's name otherwise
 WORKDIR_NAMES = {"eval-fewshot": "fewshot"}
 
@@ -370,6 +371,43 @@ def plot(
     from vitcli.stages.plot import plot as run
 
     run(workdirs, out)
+
+
+@app.command("prepare-data")
+def prepare_data(
+    source: Annotated[str, typer.Argument(help="Any data.source: synthetic, an image folder, a save_to_disk "
+                                          "directory, parquet files or a glob, a Hub id.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (new, or empty).")],
+    max_size: Annotated[int, typer.Option(
+        help="Shorter side at most this many pixels; smaller images are copied unchanged.")] = 256,
+    splits: Annotated[str | None, typer.Option(
+        help="Comma-separated splits to copy, e.g. train,validation; default: every split.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help=(
+        "jpeg (re-encoded at --quality) or png (lossless, larger: the exact-pixels option, since an image "
+        "column holds encoded images, not raw arrays)."))] = "jpeg",
+    quality: Annotated[int, typer.Option(help="JPEG quality, 1-100.")] = 95,
+    workers: Annotated[int, typer.Option(help="Processes that resize (0: this one).")] = 0,
+    recipe: RecipeOpt = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace a non-empty --out (it is renamed to <name>.previous-<time>, not "
+        "deleted).")] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check everything and print what would be written; write nothing.")] = False,
+    json_out: JsonOpt = False,
+    overrides: Annotated[list[str] | None, typer.Argument(help=(
+        "data.* overrides by dotted path: data.image_column=img data.label_column=fine_label "
+        "data.synthetic.train_size=1000"))] = None,
+) -> None:
+    """A pre-resized copy of a dataset (parquet shards + manifest.json) that data.source=OUT reads faster."""
+    from vitcli.data.prepare import Options
+    from vitcli.stages.prepare import prepare_data as run
+
+    options = Options(max_size=max_size, format=fmt, quality=quality, workers=workers)
+    with _tables_off(json_out):
+        written = run(source, out, recipe_file=recipe, overrides=list(overrides or []), splits=splits,
+                      options=options, overwrite=overwrite, dry_run=dry_run)
+    if json_out:
+        _emit_json(written)
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo"]),
     # images into batches
-    ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams"]),
+    ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer"]),
@@ -39,8 +39,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # pictures: Figure 7, training curves, a confusion matrix
     ("figures", ["figure7", "curves", "confusion"]),
     # one driver per command
-    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "evaluate",
-                "predict"]),
+    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
+                "evaluate", "predict"]),
     # the command line
     ("cli", []),
 ]

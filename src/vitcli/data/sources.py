@@ -1,7 +1,8 @@
 """Every image source as a Hugging Face `datasets.Dataset` (the batch streams built on them are batches.py).
 
 Sources: `synthetic`, a `save_to_disk` directory, parquet/arrow file(s) or a glob of them, a directory that
-`load_dataset` understands (imagefolder class subdirectories, parquet shards), or a Hub id. Every kind
+`load_dataset` understands (imagefolder class subdirectories, parquet shards), a `vit prepare-data` copy
+(parquet shards named by its manifest.json), or a Hub id. Every kind
 accepts HF split syntax with slicing and `+` (`train[:98%]`, `train[:800]+validation`), resolved by
 `datasets.ReadInstruction` so percentages round exactly as HF does; a slice reaching past the end of its
 split, or selecting nothing, is an error (HF would clamp it silently: a short local copy of a VTAB task).
@@ -9,21 +10,25 @@ split, or selecting nothing, is an error (HF would clamp it silently: a short lo
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import json
 import os
 import re
 from pathlib import Path
 
 import datasets
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from vitcli.data import tasks
-from vitcli.data.synthetic import SPLIT_IDS, make_synthetic
+from vitcli.data.synthetic import SPLIT_IDS, make_synthetic, split_size
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import split_names
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 _TRUE = ("1", "on", "yes", "true")
+PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"  # data/prepare.py writes them
 
 
 def _offline() -> bool:
@@ -85,8 +90,9 @@ def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
 
 def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
     """What a data.source names, decided once for loading and streaming: ("synthetic", None), ("hub", None),
-    or a local ("files", the files of a file or glob), ("saved", a save_to_disk directory) or ("folder", a
-    directory HF infers the builder of: imagefolder, parquet shards, ...). A missing path is an error."""
+    or a local ("files", the files of a file or glob), ("saved", a save_to_disk directory), ("prepared", a
+    `vit prepare-data` directory) or ("folder", a directory HF infers the builder of: imagefolder, parquet
+    shards, ...). A missing path is an error."""
     if source == "synthetic":
         return "synthetic", None
     path, pattern = Path(source).expanduser(), any(c in source for c in "*?[")
@@ -103,7 +109,34 @@ def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
         return "files", [str(path)]
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         return "saved", path
+    if _is_prepared(path / PREPARED_MANIFEST):
+        return "prepared", path
     return "folder", path
+
+
+def _is_prepared(manifest: Path) -> bool:
+    """A manifest.json that `vit prepare-data` wrote (another tool's file of that name is not one)."""
+    try:
+        return json.loads(manifest.read_text()).get("kind") == PREPARED_KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
+    """A prepared directory's shard files per split, each split checked to hold the rows its manifest counts
+    (from the parquet footers: cheap), so a shard lost or cut short is named before anything trains."""
+    splits = json.loads((path / PREPARED_MANIFEST).read_text())["splits"]
+    files = {}
+    for split, entry in splits.items():
+        files[split] = [str(path / shard["file"]) for shard in entry["shards"]]
+        missing = [f for f in files[split] if not Path(f).is_file()]
+        if missing:
+            raise DataError(f"{source}: shard {missing[0]} listed in {PREPARED_MANIFEST} is missing")
+        rows = sum(pq.read_metadata(f).num_rows for f in files[split])
+        if rows != entry["rows"]:
+            raise DataError(f"{source}: split '{split}' has {rows} rows in its shards but {entry['rows']} in "
+                            f"{PREPARED_MANIFEST}; prepare the copy again (vit prepare-data --overwrite)")
+    return files
 
 
 def _saved_splits(path: Path) -> dict[str, datasets.Dataset]:
@@ -118,16 +151,49 @@ def _local(kind: str, where, source: str) -> dict[str, datasets.Dataset]:
         return _files(where, source)
     if kind == "saved":
         return _saved_splits(where)
+    if kind == "prepared":
+        return dict(datasets.load_dataset("parquet", data_files=prepared_files(where, source)))
     return dict(datasets.load_dataset(str(where)))
 
 
-def _hub(source: str, split: str, streaming: bool = False):
-    """One split from the Hub: a Dataset, or with `streaming` an IterableDataset."""
+def available_splits(source: str, synthetic: SyntheticConfig) -> list[str]:
+    """The names of every split a source has (the built-in data's: those with images)."""
+    kind, where = source_kind(source)
+    if kind == "synthetic":
+        return [name for name in SPLIT_IDS if split_size(synthetic, name)]
+    if kind == "prepared":
+        return list(json.loads((where / PREPARED_MANIFEST).read_text())["splits"])
+    if kind != "hub":
+        with _readable(source):
+            return list(_local(kind, where, source))
+    _check_online(source)
+    try:
+        return list(datasets.get_dataset_split_names(source))
+    except Exception as e:  # noqa: BLE001 - network, auth, no such dataset: the library's words, one line
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"cannot list the splits of '{source}' on the Hub: {reason}") from None
+
+
+def _check_online(source: str) -> None:
     if _offline():
         raise DataError(
             f"dataset '{source}' is not a local path and the Hub is offline (HF_DATASETS_OFFLINE or "
             "HF_HUB_OFFLINE is set); give a local directory or file, or unset them"
         )
+
+
+@contextlib.contextmanager
+def _readable(source: str):
+    """A local source that HF cannot read (an empty directory, unreadable or foreign files) as one line."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+
+
+def _hub(source: str, split: str, streaming: bool = False):
+    """One split from the Hub: a Dataset, or with `streaming` an IterableDataset."""
+    _check_online(source)
     try:
         return datasets.load_dataset(source, split=split, streaming=streaming)
     except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
@@ -185,10 +251,8 @@ def _open(source: str, split: str, synthetic: SyntheticConfig, streaming: bool =
         return _hub(source, split, streaming)
     if kind == "synthetic":
         return _synthetic_stream(synthetic, split) if streaming else _synthetic(synthetic, split)
-    try:
+    with _readable(source):
         found = _local_stream(kind, where, source, split) if streaming else _local(kind, where, source)
-    except (OSError, ValueError) as e:  # empty directory, unreadable or foreign files
-        raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
     return found if streaming else _select(found, split, source)
 
 
@@ -307,6 +371,11 @@ def _local_stream(kind: str, where, source: str, split: str) -> datasets.Iterabl
         return _file_stream(where, source, split)
     if kind == "saved":
         return _saved_stream(where, source, split)
+    if kind == "prepared":
+        files = prepared_files(where, source)
+        if split not in files:
+            raise DataError(f"{source}: no split '{split}'; available: {', '.join(files)}")
+        return datasets.load_dataset("parquet", data_files={split: files[split]}, split=split, streaming=True)
     return datasets.load_dataset(str(where), split=split, streaming=True)
 
 

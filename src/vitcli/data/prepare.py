@@ -1,0 +1,270 @@
+"""`vit prepare-data`: a pre-resized copy of an image source, as parquet shards and a manifest.json, that any
+data.source then reads (map-style or streamed; sources.py recognises the directory by its manifest).
+
+Why: decoding dominates the input pipeline, and its cost grows with the pixels stored, not the pixels trained
+on. An ImageNet JPEG of 500x375 decodes in ~550 us; at 256 px on the shorter side it holds a third of the
+pixels. FFCV's gain comes largely from this one step, done once, offline.
+
+What is written, per split: `DIR/<split>-00000-of-000NN.parquet` in source order, every column kept as it was
+except the image, re-encoded with its shorter side at most `max_size` (never upscaled: a smaller image is
+copied byte for byte), and an integer label column cast to a `ClassLabel` with names. An image that does not
+decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
+manifest counts it too (`undecodable`). The directory is filled under a temporary name beside DIR and renamed
+into place only when complete (runtime.files.atomic_dir), so an interrupted run leaves no half DIR.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import io
+import itertools
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+from PIL import Image
+
+from vitcli.data import sources
+from vitcli.errors import DataError, OutputError
+from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.files import atomic_dir, sha256_of
+from vitcli.runtime.metrics import console
+from vitcli.runtime.workdir import check_writable
+
+FORMAT_VERSION = 1
+FORMATS = ("jpeg", "png")  # png: lossless. Raw uint8 arrays would need their own decoder in batches.py
+MIN_SIZE = 16  # below this a ViT patch (16 px) would not fit the shorter side
+# 95: re-encoding adds a second JPEG loss to the source's own. Measured on 50 photographs at 256 px (bench/
+# prepare_data.py), RMS error against the exact resize / bytes per image: quality 90: 3.1 grey levels / 22 kB,
+# 95: 2.4 / 31 kB, 100: 1.6 / 61 kB. 95 is the knee: 100 doubles the bytes (and the reading) for 0.8 levels,
+# all far below what colour noise, crops and RandAugment change in training.
+QUALITY = 95
+# JPEG's 4:2:0 chroma subsampling stores colour at half resolution: at 256 px that is detail ImageNet's own
+# 4:2:0 JPEGs never had, and full chroma (4:4:4) would decode 22% slower (PIL, measured). At CIFAR-like sizes
+# it smears every colour edge (24 px synthetic images: mean error 7.8 grey levels vs 3.0 in 4:4:4), so
+# images whose shorter side is below this keep full chroma; they decode in microseconds either way.
+FULL_CHROMA_BELOW = 128
+SHARD_MB = 256  # parquet shard size: large enough to read fast, several per split so streams split by rank
+_UNDECODABLE, _BYTES = "__undecodable", "__bytes"  # per-row tallies, dropped before writing
+
+
+@dataclass(frozen=True)
+class Options:
+    """How images are rewritten and how many processes rewrite them."""
+
+    max_size: int = 256  # shorter side at most this, in pixels
+    format: str = "jpeg"  # jpeg | png
+    quality: int = QUALITY  # jpeg only
+    workers: int = 0  # processes for the resize (datasets map num_proc); 0 or 1: this one
+    shard_mb: float = SHARD_MB  # MiB per shard: a split is cut into ceil(its bytes / this) shards
+
+    def __post_init__(self) -> None:
+        if self.max_size < MIN_SIZE:
+            raise DataError(f"--max-size {self.max_size}: must be at least {MIN_SIZE}")
+        if self.format not in FORMATS:
+            raise DataError(f"--format {self.format}: must be one of {', '.join(FORMATS)}")
+        if not 1 <= self.quality <= 100:
+            raise DataError(f"--quality {self.quality}: must be between 1 and 100")
+        if self.workers < 0:
+            raise DataError(f"--workers {self.workers}: must be 0 or more")
+
+
+def target_size(width: int, height: int, max_size: int) -> tuple[int, int]:
+    """(width, height) with the shorter side `max_size` and the aspect kept to the nearest pixel; unchanged
+    when the shorter side is already at most `max_size`."""
+    short = min(width, height)
+    if short <= max_size:
+        return width, height
+    scale = max_size / short
+    if width <= height:
+        return max_size, max(max_size, round(height * scale))
+    return max(max_size, round(width * scale)), max_size
+
+
+def resize_image(data: bytes, opts: Options) -> bytes | None:
+    """The image re-encoded with its shorter side at most opts.max_size; `data` itself when it is small
+    enough already; None when it does not decode."""
+    try:
+        img = Image.open(io.BytesIO(data))
+        size = target_size(*img.size, opts.max_size)
+        if size == img.size:
+            img.load()  # a header alone can be fine over a broken body: the copy must still decode
+            return data
+        # a JPEG decodes at 1/2, 1/4 or 1/8 scale in the DCT for a fraction of the time; at twice the
+        # target the antialiased resize below still sees every detail it keeps (PIL's own thumbnail does this)
+        img.draft(None, (2 * size[0], 2 * size[1]))
+        img = img.convert(_mode(img.mode, opts.format)).resize(size, Image.Resampling.BICUBIC,
+                                                               reducing_gap=3.0)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return None
+    out = io.BytesIO()
+    # no EXIF is copied: the pixels are stored as decoded, which is how training decodes them too (it
+    # applies no EXIF rotation), so a rotated photograph is trained on as before
+    if opts.format == "jpeg":
+        img.save(out, "JPEG", quality=opts.quality, subsampling=0 if min(size) < FULL_CHROMA_BELOW else 2)
+    else:
+        # PIL's default level 6: it writes 3x slower than level 1 but decodes 2x faster (256 px photographs),
+        # and a copy is written once and read every epoch
+        img.save(out, "PNG")
+    return out.getvalue()
+
+
+def _mode(mode: str, fmt: str) -> str:
+    """The mode an image is resized and stored in: grey stays grey, alpha stays only in PNG, the rest RGB
+    (a palette or 1-bit image cannot be resized with antialiasing)."""
+    if mode == "L" or (fmt == "png" and mode in ("RGB", "RGBA", "LA")):
+        return mode
+    return "RGB"
+
+
+def _encoded(item: dict) -> bytes | None:
+    """An Image cell's bytes, read from its path when the source only refers to a file (imagefolder)."""
+    if item.get("bytes") is not None:
+        return item["bytes"]
+    try:
+        return Path(item["path"]).read_bytes()
+    except (OSError, TypeError):
+        return None
+
+
+def _resize_rows(batch: dict, column: str, opts: Options) -> dict:
+    """datasets.map body: each image resized, or kept as it came (and counted) when it does not decode."""
+    images, bad, sizes = [], [], []
+    for item in batch[column]:
+        data = _encoded(item)
+        new = resize_image(data, opts) if data is not None else None
+        name = Path(item["path"]).name if item.get("path") else None
+        # no bytes at all (a path to a missing file): stored empty, which training counts as undecodable too
+        images.append({"bytes": new if new is not None else (data or b""), "path": name})
+        bad.append(new is None)
+        sizes.append(len(images[-1]["bytes"] or b""))
+    return {column: images, _UNDECODABLE: bad, _BYTES: sizes}
+
+
+# --- the source: its splits and label names ---------------------------------------------------------------
+
+
+def load_splits(cfg: DataConfig, splits: list[str] | None) -> dict[str, datasets.Dataset]:
+    """The named whole splits of cfg.source (default: every split it has), columns checked, images encoded."""
+    available = sources.available_splits(cfg.source, cfg.synthetic)
+    for name in splits or []:
+        if name not in available:
+            raise DataError(f"{cfg.source}: no split '{name}' (--splits); available: {', '.join(available)}")
+    loaded = {}
+    for name in splits or available:
+        ds = sources.load_source(cfg.source, name, image_column=cfg.image_column,
+                                 label_column=cfg.label_column, synthetic=cfg.synthetic)
+        loaded[name] = ds.cast_column(cfg.image_column, datasets.Image(decode=False))
+    return loaded
+
+
+def label_names(splits: dict[str, datasets.Dataset], cfg: DataConfig) -> list[str]:
+    """The label column's class names: its ClassLabel's, else the indices 0..C-1 as text, C being
+    data.num_classes or one more than the largest label of any split; [] without a label column."""
+    if not cfg.label_column:
+        return []
+    features = [ds.features[cfg.label_column] for ds in splits.values()]
+    named = next((f.names for f in features if isinstance(f, datasets.ClassLabel)), None)
+    if named is not None:
+        return list(named)
+    largest = max(max(ds[cfg.label_column], default=-1) for ds in splits.values())
+    count = cfg.num_classes or largest + 1
+    if largest >= count:
+        raise DataError(f"{cfg.source}: label {largest} in column '{cfg.label_column}' is not below "
+                        f"data.num_classes={count}")
+    return [str(k) for k in range(count)]
+
+
+# --- the copy -----------------------------------------------------------------------------------------------
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """DIR is a directory to create, an empty one, or (with --overwrite) one to set aside; never a file."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is a file; name a directory to create")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"--out {out} is not empty; name a new directory, or pass --overwrite (the "
+                          "old one is then kept beside it as <name>.previous-<time>)")
+    check_writable(out, "--out")
+
+
+def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, split: str):
+    """The split with its images resized (and the per-row tallies), cached under `work`, not HF's cache."""
+    features = ds.features.copy()
+    features[_UNDECODABLE], features[_BYTES] = datasets.Value("bool"), datasets.Value("int64")
+    return ds.map(_resize_rows, batched=True, batch_size=64, features=features,
+                  fn_kwargs={"column": cfg.image_column, "opts": opts}, num_proc=opts.workers or None,
+                  cache_file_name=str(work / f"{split}.arrow"), desc=f"resizing {split}")
+
+
+def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[str], opts: Options,
+                 into: Path) -> dict:
+    """One resized split as contiguous parquet shards of about opts.shard_mb in `into`; its manifest entry."""
+    undecodable, total = sum(ds[_UNDECODABLE]), sum(ds[_BYTES])
+    ds = ds.remove_columns([_UNDECODABLE, _BYTES]).cast_column(cfg.image_column, datasets.Image())
+    if cfg.label_column:
+        ds = ds.cast_column(cfg.label_column, datasets.ClassLabel(names=names))
+    count = min(len(ds), max(1, math.ceil(total / (opts.shard_mb * 2**20))))
+    shards = []
+    for k in range(count):
+        name = f"{split}-{k:05d}-of-{count:05d}.parquet"
+        shard = ds.shard(count, k, contiguous=True)  # contiguous: the shards in order are the source order
+        shard.to_parquet(str(into / name))
+        shards.append({"file": name, "rows": len(shard), "sha256": sha256_of(into / name)})
+    return {"rows": len(ds), "undecodable": undecodable, "shards": shards}
+
+
+def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> dict:
+    """manifest.json's content; `splits` maps each split to its entry (rows, undecodable, shards)."""
+    return {
+        "kind": sources.PREPARED_KIND, "format_version": FORMAT_VERSION,
+        "tool": f"vitcli {importlib.metadata.version('vitcli')}",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": cfg.source,
+        "synthetic": dataclasses.asdict(cfg.synthetic) if cfg.source == "synthetic" else None,
+        "image_column": cfg.image_column, "label_column": cfg.label_column,
+        "max_size": opts.max_size, "format": opts.format,
+        "quality": opts.quality if opts.format == "jpeg" else None,
+        "label_names": names, "splits": splits,
+    }
+
+
+def prepare(cfg: DataConfig, out: Path, splits: list[str] | None, opts: Options, *, overwrite: bool = False,
+            dry_run: bool = False) -> dict:
+    """Write the pre-resized copy of cfg.source into `out` (or with `dry_run` only check and plan it);
+    returns the manifest (planned: rows per split, no shards)."""
+    out = Path(out).absolute()  # `--out .` has no name to put a temporary or a set-aside copy beside
+    check_out(out, overwrite)
+    loaded = load_splits(cfg, splits)
+    names = label_names(loaded, cfg)
+    if dry_run:
+        return manifest(cfg, opts, names, {s: {"rows": len(ds)} for s, ds in loaded.items()})
+    entries = {}
+    # the arrow files of the resize go to a work directory beside `out`, not HF's cache: removed when done
+    with (atomic_dir(out) as into,
+          tempfile.TemporaryDirectory(prefix=f".{out.name}.work.", dir=out.parent) as work):
+        for split, ds in loaded.items():
+            resized = _resized(ds, cfg, opts, Path(work), split)
+            entries[split] = _write_split(resized, split, cfg, names, opts, into)
+        written = manifest(cfg, opts, names, entries)
+        (into / sources.PREPARED_MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
+        set_aside(out)  # last, the copy complete: atomic_dir then renames it onto `out`
+    return written
+
+
+def set_aside(out: Path) -> Path | None:
+    """Rename a non-empty `out` to `<name>.previous-<time>` beside it (an empty one a directory can replace);
+    the new name, or None."""
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = next(p for n in itertools.count()
+                 if not (p := out.with_name(f"{out.name}.previous-{stamp}{f'-{n}' if n else ''}")).exists())
+    out.rename(aside)
+    console.log(f"the previous contents of {out} are kept in {aside}")
+    return aside

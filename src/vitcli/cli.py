@@ -234,6 +234,10 @@ def eval_fewshot(
     _stage("vitcli.stages.fewshot.eval_fewshot", r, dry_run, workdir, json_out)
 
 
+EvalOverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Recipe overrides by dotted path: data.eval_crop_pct=0.875 run.precision=fp32")
+]
 CkptOpt = Annotated[
     str | None, typer.Option(help="Weights with their head: workdir, .safetensors, .npz or Hub name.")
 ]
@@ -252,7 +256,7 @@ def evaluate(
     workdir: WorkdirOpt = None,
     dry_run: DryRunOpt = False,
     json_out: JsonOpt = False,
-    overrides: OverridesArg = None,
+    overrides: EvalOverridesArg = None,
 ) -> None:
     """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}

@@ -31,7 +31,7 @@ def confusion_figure(confusion: np.ndarray, names: list[str], title: str) -> Fig
     image = ax.imshow(row_normalised(confusion), cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
     labels = names if k <= NAMED_UP_TO else None
-    ticks = np.arange(k) if labels else np.linspace(0, k - 1, min(k, 11)).round().astype(int)
+    ticks = np.arange(0, k, 1 if labels else -(-k // 10))  # every class named, or about 10 round indices
     ax.set_xticks(ticks, labels=labels or [str(t) for t in ticks], rotation=90 if labels else 0)
     ax.set_yticks(ticks, labels=labels or [str(t) for t in ticks])
     ax.set_xlabel("predicted class")

@@ -3,6 +3,7 @@ accuracy with a hand count over the files' own predictions (matched by file name
 with evaluate row by row, class names travel in the checkpoint, and bad input is one line, exit 2, with
 nothing written."""
 
+import io
 import json
 
 import datasets
@@ -270,3 +271,31 @@ def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatc
         assert results["top1"] == pytest.approx(expected_top1, abs=1e-12), name
         assert results["loss"] == pytest.approx(expected_loss, abs=1e-5), name
         assert [row["name"] for row in results["per_class"]] == class_names(5)  # the split's ClassLabel
+
+
+def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys):
+    """Row 3 of 10 is not an image: evaluate scores the other 9 and counts it; the 9 score as they do in a
+    split without it (top-1 over the same rows)."""
+    images, labels = three_class_images(10, 4)
+    encoded = []
+    for i, image in enumerate(images):
+        if i == 3:
+            encoded.append({"bytes": b"not an image", "path": None})
+            continue
+        out = io.BytesIO()
+        image.save(out, "PNG")
+        encoded.append({"bytes": out.getvalue(), "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
+    with_bad = datasets.Dataset.from_dict({"image": encoded, "label": labels}, features=features)
+    with_bad.save_to_disk(str(tmp_path / "bad"))
+    with_bad.select([i for i in range(10) if i != 3]).save_to_disk(str(tmp_path / "good"))
+    got = {}
+    for name in ("bad", "good"):
+        code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", runs["ft"][0], "--data",
+                                 tmp_path / name, "--split", "train", "--workdir", tmp_path / f"ev_{name}",
+                                 "--json", *FP32)
+        assert code == 0, err
+        got[name] = json.loads(out)
+    assert got["bad"]["skipped_images"] == 1 and "skipped_images" not in got["good"]
+    assert got["bad"]["images"] == got["good"]["images"] == 9
+    assert got["bad"]["top1"] == got["good"]["top1"] and got["bad"]["per_class"] == got["good"]["per_class"]

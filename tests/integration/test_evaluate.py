@@ -23,7 +23,7 @@ from vitcli.data.synthetic import class_names, make_synthetic
 from vitcli.data.transforms import build_transform
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig, ModelConfig, SyntheticConfig
+from vitcli.recipe.schema import DataConfig, ModelConfig, Recipe, SyntheticConfig, to_dict
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, MODEL_FILE
 from vitcli.stages.evaluate import predictions
@@ -299,3 +299,30 @@ def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, m
     assert got["bad"]["skipped_images"] == 1 and "skipped_images" not in got["good"]
     assert got["bad"]["images"] == got["good"]["images"] == 9
     assert got["bad"]["top1"] == got["good"]["top1"] and got["bad"]["per_class"] == got["good"]["per_class"]
+
+
+def test_predict_gives_sigmoid_probabilities_for_a_sigmoid_loss_model(tmp_path, monkeypatch, capsys):
+    """A checkpoint trained with optim.loss=sigmoid: predict's probabilities are each class's sigmoid of
+    the logits a plain forward gives (they need not sum to 1), its crop the stored data.eval_crop_pct."""
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
+                      head_zero_init=False)
+    torch.manual_seed(1)
+    model = build_model(cfg, 4).eval()
+    trained = Recipe(model=cfg)
+    trained.optim.loss, trained.data.eval_crop_pct = "sigmoid", 0.875
+    save_weights(tmp_path / "sig.safetensors", model.state_dict(),
+                 {"recipe": to_dict(trained), "model": model_spec(cfg, 4)})
+    images, _ = three_class_images(3, 5)
+    for i, image in enumerate(images):
+        image.resize((40, 40)).save(tmp_path / f"{i}.png")  # 40 px: the 0.875 crop changes the pixels
+    code, out, err = run_vit(monkeypatch, capsys, "predict", tmp_path, "--ckpt", tmp_path / "sig.safetensors",
+                             "--json", "--top-k", "4", *[f"--set={o}" for o in FP32])
+    assert code == 0, err
+    transform = build_transform(DataConfig(eval_crop_pct=0.875), 32, train=False)
+    for i, record in enumerate(json.loads(out)):
+        with torch.no_grad():
+            probs = model(transform(Image.open(tmp_path / f"{i}.png"))[None]).sigmoid()[0]  # (4,)
+        order = probs.argsort(descending=True).tolist()
+        assert [g["class_index"] for g in record["top"]] == order
+        assert [g["probability"] for g in record["top"]] == pytest.approx(probs[order].tolist(), abs=1e-6)
+        assert [g["class_name"] for g in record["top"]] == [str(c) for c in order]  # no names stored

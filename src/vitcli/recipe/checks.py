@@ -89,7 +89,8 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 
     `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
     (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a
+    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks; evaluate's
+    and predict's checkpoint, evaluate's split), for a
     recipe read on its own or one that only loads a network (`vit inspect`).
     """
     _choices(recipe)
@@ -107,7 +108,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
         check_train_batch(recipe)
-        _fewshot_inputs(recipe)
+        _checkpoint_inputs(recipe)
 
 
 def _choices(recipe: Recipe) -> None:
@@ -270,7 +271,7 @@ def _length(recipe: Recipe) -> None:
                           f"schedule.epochs={s.epochs} in")
 
 
-def _fewshot_inputs(recipe: Recipe) -> None:
+def _checkpoint_inputs(recipe: Recipe) -> None:
     """eval-fewshot scores a checkpoint's features on tasks, evaluate its head on a split, predict on images:
     each needs the checkpoint named, and its tasks or split."""
     if recipe.stage not in ("eval-fewshot", *CLASSIFIES):

@@ -43,10 +43,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 from vitcli.data import batches, sources
 from vitcli.fewshot import features
 from vitcli.models import zoo
+from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import read_metrics
+from vitcli.runtime.peak import matmul_flops
 from vitcli.runtime.precision import autocast, choose
 from vitcli.stages.run import one_run
 
@@ -92,33 +94,6 @@ def machine() -> dict:
                       if line.startswith("flags")), []))
     return {"cpu": name, "avx512_bf16": "avx512_bf16" in flags, "amx": "amx_bf16" in flags,
             "nproc": os.cpu_count(), "torch_threads": torch.get_num_threads()}
-
-
-def matmul_flops(precision: str, n: int, reps: int) -> float:
-    """FLOP/s of an (n x n) @ (n x n) matmul in `precision`: the machine's attainable peak for MFU."""
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b  # warm-up: oneDNN picks and caches its kernel
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t0)
-
-
-def forward_flops(m, attention: bool = True) -> float:
-    """Matmul FLOPs of one image's forward pass through a ViT (2 FLOPs per multiply-add).
-
-    N tokens (patches + class token) of width D, MLP width M: patch embedding N_p P^2 3 D; per block qkv
-    3 N D^2, q k^T and attn v 2 N^2 D (`attention`), projection N D^2, MLP 2 N D M; then the head."""
-    patches = (m.img_size // m.patch_size) ** 2
-    n, d = patches + 1, m.embed_dim
-    block = 3 * n * d * d + (2 * n * n * d if attention else 0) + n * d * d + 2 * n * d * m.mlp_dim
-    return 2 * (patches * m.patch_size**2 * 3 * d + m.depth * block + d * m.num_classes)
-
-
-def train_flops_per_image(m) -> float:
-    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of weights)."""
-    return 3 * forward_flops(m)
 
 
 def recipe_for(spec: tuple, precision: str, workdir_size: int) -> Recipe:

@@ -113,8 +113,10 @@ def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
             one_run(r, workdir)
 
 
-def warnings(messages):
-    return [m for m in messages if m.startswith("[yellow]warning:")]
+def warnings(messages, but=("input-bound",)):
+    """The console's warnings, less those that name any of `but`: a tiny test run's model often waits for
+    its data (the loop then says so, once), which is no test's subject but test_throughput_runs'."""
+    return [m for m in messages if m.startswith("[yellow]warning:") and not any(b in m for b in but)]
 
 
 def flipped_bytes(path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import importlib
 import json
 import os
@@ -62,7 +63,7 @@ FewshotOverridesArg = Annotated[
 
 
 COMMANDS = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict", "resize-posemb", "inspect", "plot",
-            "prepare-data")
+            "prepare-data", "export")
 # default workdirs are runs/<name>-<time>; the stage's name otherwise
 WORKDIR_NAMES = {"eval-fewshot": "fewshot"}
 
@@ -103,9 +104,18 @@ def _complete(recipe, user_heads: bool):
 
 
 def _dry_run(r) -> None:
+    """The recipe as YAML on stdout (what recipe.yaml will hold, `auto`s aside); on stderr, what each `auto`
+    of run.precision and run.compile becomes on this machine. Deciding that needs torch (is there a GPU, does
+    this CPU run bf16): it is imported only now, every check passed, and only when a recipe says `auto`."""
     from vitcli.recipe.schema import to_yaml
 
     sys.stdout.write(to_yaml(r))
+    if "auto" in (r.run.precision, r.run.compile):
+        from vitcli.runtime.dist import pick_device
+        from vitcli.runtime.precision import auto_choices
+
+        for line in auto_choices(r, pick_device(r.run.device)):
+            sys.stderr.write(f"# {line}\n")
 
 
 @contextlib.contextmanager
@@ -414,6 +424,85 @@ def prepare_data(
         _emit_json(written)
 
 
+class ExportFormat(str, enum.Enum):
+    """`vit export --format`: the folders it writes (vitcli.stages.export.FORMATS)."""
+
+    hf = "hf"
+    onnx = "onnx"
+    timm = "timm"
+
+
+@app.command()
+def export(
+    ckpt: Annotated[str, typer.Option(help="Weights: workdir, .safetensors, Google .npz or Hub name.")],
+    fmt: Annotated[ExportFormat, typer.Option(
+        "--format", help="hf: transformers ViTForImageClassification folder; onnx: model.onnx with a dynamic "
+                         "batch axis; timm: a folder timm.create_model('local-dir:DIR') loads.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write (created; must be empty).")],
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace a non-empty --out (the old one is kept as <out>.previous-<time>).")
+    ] = False,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Check the checkpoint, the format and --out; write nothing.")] = False,
+    json_out: JsonOpt = False,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Recipe overrides by dotted path, e.g. model.num_heads=3 for a "
+                                         "foreign file that does not tell")
+    ] = None,
+) -> None:
+    """Export a checkpoint for Hugging Face transformers, ONNX runtimes or timm."""
+    from vitcli.stages.export import export as run
+
+    with _tables_off(json_out):
+        report = run(ckpt, fmt.value, out, overwrite=overwrite, dry_run=dry_run,
+                     overrides=list(overrides or []))
+    if json_out:
+        _emit_json(report)
+
+
+def _version(value: bool) -> None:
+    """`vit --version`: vitcli's, torch's and timm's versions and the device a run would use; then exit."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    def known(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    sys.stdout.write(f"vitcli {known('vitcli')}\ntorch {known('torch')}\ntimm {known('timm')}\n"
+                     f"device {_device()}\n")
+    raise typer.Exit()
+
+
+def _device() -> str:
+    """What run.device=auto picks: the CUDA device's name, else the CPU with its cores and model. Without an
+    NVIDIA driver torch cannot see a GPU, so only then is torch imported (seconds) to ask."""
+    if Path("/proc/driver/nvidia").exists() or any(Path("/dev").glob("nvidia[0-9]*")):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda ({torch.cuda.get_device_name(0)})"
+    import platform
+
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # Linux: the marketing name
+        model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    return f"cpu ({os.cpu_count()} cores, {model})"
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print vitcli's, torch's and timm's versions and the device a run would use, and exit.")
+    ] = False,
+) -> None:
+    """Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021)."""
+
+
 def main() -> None:
     """Entry point: known errors become one red line and exit 2; VITCLI_DEBUG=1 shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
@@ -455,8 +544,10 @@ def _usage_error(e: Exception) -> None:
 
 def _fail(message: str, code: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(code)
 
 

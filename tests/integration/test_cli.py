@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import REPO, run_vit
+from helpers import REPO, machine, run_vit
 from vitcli import cli
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import Interrupted
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.runtime import precision
 from vitcli.runtime.run_files import SUMMARY_FILE
 from vitcli.stages import finetune as finetune_stage
 
@@ -50,6 +51,20 @@ def test_dry_run_fills_paper_model_sizes(monkeypatch, capsys):
     m = yaml.safe_load(out)["model"]
     assert ((m["embed_dim"], m["depth"], m["num_heads"], m["mlp_dim"], m["patch_size"])
             == (1024, 24, 16, 4096, 16))
+
+
+def test_dry_run_says_what_each_auto_chooses_here_and_why(monkeypatch, capsys):
+    """On stderr, so stdout stays the YAML; deciding imports torch, once every check has passed."""
+    monkeypatch.setattr(precision, "detect_bf16", machine(False))
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", "run.device=cpu",
+                             "schedule.steps=100", "schedule.warmup_steps=10")
+    assert code == 0
+    run = yaml.safe_load(out)["run"]
+    assert run["precision"] == "auto" and run["compile"] == "auto"  # what a recipe says, as it says it
+    assert "# run.precision: auto -> fp32 (auto: CPU has only AVX2: bf16 would be emulated)" in err
+    assert "# run.compile: auto -> false (auto: the CPU gains nothing, measured 0.89x" in err
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--recipe", QUICK, "--dry-run")
+    assert code == 0 and "auto ->" not in err  # the quickstart pins both
 
 
 @pytest.mark.parametrize(

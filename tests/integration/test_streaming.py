@@ -19,7 +19,7 @@ from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.data import batches, sources, streams
-from vitcli.errors import DataError
+from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
@@ -265,3 +265,19 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_d
     one_run(r, tmp_path / "resumed")
     a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_label_beyond_the_head_is_the_same_one_line_streamed_or_not(source_dirs, tmp_path, streaming):
+    """A map-style split is scanned before training; a streamed one cannot be, so each batch's labels are
+    checked as it arrives: the same line either way, instead of a failure deep in the loss."""
+    r = resolve("pretrain", None, [
+        f"data.source={source_dirs['saved']}", f"data.streaming={streaming}", "data.shuffle_buffer=64",
+        "data.num_workers=0", "data.val_split=", "data.test_split=", "data.batch_size=16",
+        "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+        "model.mlp_dim=64", "model.num_classes=8", "schedule.steps=2", "schedule.warmup_steps=1",
+        "run.precision=fp32"])
+    with pytest.raises(RecipeError) as error:
+        one_run(r, tmp_path / str(streaming))
+    _one_line(error, "model.num_classes=8, but the train split 'train' of", source_dirs["saved"],
+              "has label", "set model.num_classes=")

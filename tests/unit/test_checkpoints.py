@@ -27,9 +27,11 @@ from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.resize import resize_checkpoint
 from vitcli.checkpoints.state import load_state, save_state
+from vitcli.checkpoints.transfer import architecture_row
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.errors import CheckpointError, VitcliError
 from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
+from vitcli.models.zoo import zero_head
 from vitcli.runtime.files import atomic_path, checksum_path, sha256_of, write_text
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.resize import parse_grid, run_resize
@@ -451,6 +453,33 @@ def _fit(sd, model, spec=None, **kw):
     return out, dict(rows)
 
 
+@pytest.mark.parametrize("timm_name, row", [
+    ("vit_tiny_patch16_224", "ViT-Ti/16 (DeiT-Ti / AugReg Ti), grid 14x14"),
+    ("vit_small_patch32_224", "ViT-S/32 (DeiT-S / AugReg S), grid 7x7"),
+    ("vit_base_patch16_384", "ViT-B/16 (paper Table 1), grid 24x24"),
+])
+def test_a_file_of_a_known_size_is_named_by_it(timm_name, row):
+    """A foreign file with a paper or DeiT/AugReg geometry is named by that size, not as `custom patch 16,
+    width 192, depth 12, 3 heads`. describe reads shapes only, so timm's model is built on the meta device."""
+    with torch.device("meta"):
+        sd = timm.create_model(timm_name, pretrained=False).state_dict()
+    assert architecture_row(describe(Loaded(sd, {}, "timm", "x.safetensors"))) == row
+
+
+def test_other_geometries_keep_their_sizes_in_the_row():
+    spec = describe(Loaded(tiny_vit().state_dict(), {}, "timm", "x.safetensors"), num_heads=HEADS)
+    assert architecture_row(spec) == f"custom patch {PATCH}, width {D}, depth 2, {HEADS} heads " \
+                                     "(recipe (model.num_heads)), grid 4x4"
+
+
+def test_the_head_row_says_zero_initialised_only_when_it_is():
+    src, model = tiny_vit(num_classes=5).state_dict(), tiny_vit(num_classes=3, seed=1)
+    zero_head(model, 3)  # what transfer.load_init does before fitting
+    _, rows = _fit(src, model)
+    assert rows["head"] == "a new zero-initialised head for 3 classes (the checkpoint's 5-class head dropped)"
+    assert not model.head.weight.any() and not model.head.bias.any()
+
+
 def test_transfer_drops_head_and_resizes_posemb():
     src, model = (
         tiny_vit(img_size=32, num_classes=5).state_dict(),
@@ -462,7 +491,8 @@ def test_transfer_drops_head_and_resizes_posemb():
     assert torch.equal(out["head.weight"], own_head)
     assert torch.equal(out["pos_embed"], resample_posemb(src["pos_embed"], (4, 4), (6, 6), 1, "bilinear"))
     assert torch.equal(out["blocks.1.attn.qkv.weight"], src["blocks.1.attn.qkv.weight"])
-    assert "dropped (5 classes)" in rows["head"]
+    # tiny_vit's head is random, not zero: the row says a new head, and only that
+    assert rows["head"] == "a new head for 3 classes (the checkpoint's 5-class head dropped)"
     assert rows["position embedding"] == "(1, 17, 32) -> (1, 37, 32), grid 4x4 -> 6x6 (bilinear)"
     assert rows["loaded"] == f"{len(src) - 2} of {len(src)} tensors from the checkpoint"
     assert_same(src, before)  # the (cached, shared) input is not changed

@@ -20,18 +20,19 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "names", "data_checks", "checks", "resolve"]),
-    # what every stage runs on: run file names, atomic files, precision, RNGs, console and metrics, trackers,
-    # processes, output locations
-    ("runtime", ["run_files", "precision", "rngs", "files", "metrics", "trackers", "dist", "workdir"]),
+    # what every stage runs on: run file names, atomic files, precision, peak FLOP/s, RNGs, console and
+    # metrics, trackers, processes, output locations
+    ("runtime", ["run_files", "precision", "peak", "rngs", "files", "metrics", "trackers", "dist",
+                 "workdir"]),
     # the networks and their pure maths
-    ("models", ["posemb", "mpp", "t2t", "zoo"]),
+    ("models", ["posemb", "mpp", "t2t", "zoo", "flops"]),
     # images into batches
     ("data", ["synthetic", "transforms", "tasks", "sources", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
-                     "resize", "transfer"]),
+                     "resize", "transfer", "export_hf", "export_onnx", "export_timm"]),
     # the one loop and what it is made of
-    ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "loop"]),
+    ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "throughput", "loop"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "heldout"]),
     # linear few-shot evaluation in its steps
@@ -40,9 +41,10 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("figures", ["figure7", "curves", "confusion"]),
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "evaluate", "predict"]),
-    # the command line
+                "export", "evaluate", "predict"]),
+    # the command line, and `python -m vitcli` running it
     ("cli", []),
+    ("__main__", []),
 ]
 ORDER = [m for package, names in LAYERS for m in ([f"{package}.{n}" for n in names] or [package])]
 PACKAGES = tuple(package for package, names in LAYERS if names)
@@ -78,7 +80,7 @@ def test_every_module_has_a_place_in_the_order():
 
 
 def test_only_the_command_line_and_the_errors_sit_at_the_top_level():
-    assert sorted(m for m in modules() if "." not in m) == ["cli", "errors"]
+    assert sorted(m for m in modules() if "." not in m) == ["__main__", "cli", "errors"]
 
 
 @pytest.mark.parametrize("package", PACKAGES)

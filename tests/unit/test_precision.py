@@ -1,12 +1,15 @@
 """run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be emulated,
 judged by the CPU's flags, then by a measured matmul (the runs that announce and record it:
-integration/test_precision_runs.py)."""
+integration/test_precision_runs.py). run.compile: `auto` compiles on CUDA, not on a CPU; TF32 is turned on
+for CUDA devices and announced."""
 
 import pytest
 import torch
 
 from helpers import machine
-from vitcli.runtime import precision
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime import dist, precision
+from vitcli.stages import run as run_stage
 
 CPU = torch.device("cpu")
 AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
@@ -62,3 +65,59 @@ def test_explicit_bf16_warns_only_on_an_emulating_cpu():
 def test_unresolved_auto_cannot_reach_autocast():
     with pytest.raises(ValueError, match="resolved"):
         precision.autocast(CPU, "auto")
+
+
+# ---------------------------------------------------------------- run.compile: auto, and TF32 on CUDA
+
+CUDA = torch.device("cuda", 0)  # a device object only: no GPU is touched
+
+
+@pytest.mark.parametrize(("capability", "expected"), [((9, 0), True), ((7, 0), True), ((6, 1), False)])
+def test_auto_compiles_on_a_cuda_device_triton_can_compile_for(monkeypatch, capability, expected):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    chosen, why = precision.choose_compile("auto", CUDA)
+    assert chosen is expected and why.startswith("auto: ")
+    assert ("~3x" in why) if expected else ("7.0" in why)
+
+
+def test_auto_stays_eager_on_a_cpu_and_a_setting_is_kept(monkeypatch):
+    chosen, why = precision.choose_compile("auto", CPU)
+    assert chosen is False and "0.89x" in why
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for device in (CPU, CUDA):
+        assert precision.choose_compile(True, device) == (True, "run.compile")
+        assert precision.choose_compile(False, device) == (False, "run.compile")
+
+
+def test_the_resolved_recipe_holds_the_choice_and_the_dry_run_lines_say_it(monkeypatch):
+    r = resolve("pretrain", None, ["run.precision=auto"], inputs=False)
+    assert r.run.compile == "auto"  # the default
+    assert precision.resolved_compile(r, CPU)[0].run.compile is False
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert precision.resolved_compile(r, CUDA)[0].run.compile is True
+    monkeypatch.setattr(precision, "detect_bf16", machine(False))
+    assert precision.auto_choices(r, CPU) == [
+        "run.precision: auto -> fp32 (auto: CPU has only AVX2: bf16 would be emulated)",
+        "run.compile: auto -> false (auto: the CPU gains nothing, measured 0.89x at ViT-Ti/16 on 2 cores)"]
+    fewshot = resolve("eval-fewshot", None, [], inputs=False)
+    assert precision.auto_choices(fewshot, CPU)[1:] == []  # it trains nothing: no compile to choose
+
+
+@pytest.mark.parametrize("device", [CUDA, CPU])
+def test_tf32_is_turned_on_where_the_run_sets_up_a_cuda_device_only(monkeypatch, device):
+    calls = []
+    monkeypatch.setattr(dist, "pick_device", lambda pref, local_rank=0: device)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", calls.append)
+    assert dist.setup("auto").device == device
+    assert calls == (["high"] if device.type == "cuda" else [])
+
+
+@pytest.mark.parametrize(("device", "setting", "run_precision", "noted"), [
+    (CUDA, "high", "fp32", True), (CUDA, "highest", "fp32", False), (CUDA, "high", "bf16", False),
+    (CPU, "high", "fp32", False),
+])
+def test_the_run_announces_tf32_where_fp32_matmuls_use_it(monkeypatch, device, setting, run_precision, noted):
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: setting)
+    r = resolve("pretrain", None, [f"run.precision={run_precision}"], inputs=False)
+    assert (run_stage.tf32(r, dist.Dist(0, 1, 0, device)) == " with TF32 matmuls") is noted

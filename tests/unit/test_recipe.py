@@ -160,10 +160,32 @@ def test_flags_are_the_top_layer_and_none_means_not_given():
     (["init.random=true"], "init.random applies to eval-fewshot only"),
     (["optim.weight_decay_convention=optax"],
      "optim.weight_decay_convention: 'optax' is not one of torch, big_vision"),
+    (["run.compile=atuo"], "run.compile: 'atuo' is not one of auto, true, false"),
+    (["run.compile=1"], "run.compile: '1' is not one of auto, true, false"),
 ])
 def test_impossible_architectures_and_values_are_refused_at_resolve_time(overrides, fragment):
     with pytest.raises(RecipeError, match=re.escape(fragment)):
         resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", *overrides])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", "auto"), ("  compile: auto", "auto"), ("  compile: true", True), ("  compile: false", False),
+    ("  compile: 'True'", True), ("  compile: yes", True),  # YAML 1.1's yes is a boolean, as elsewhere
+])
+def test_run_compile_is_auto_true_or_false_from_a_file_or_an_override(tmp_path, text, expected):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"run:\n{text}\n" if text else "")
+    assert resolve("pretrain", path, inputs=False).run.compile == expected
+    if text:  # the same value as an override, and back through the YAML a run saves
+        override = resolve("pretrain", None, [f"run.compile={text.split(': ')[1]}"], inputs=False)
+        assert override.run.compile == expected
+        assert read_yaml_text(tmp_path, to_yaml(override))["run"]["compile"] == expected
+
+
+def read_yaml_text(tmp_path, text: str) -> dict:
+    path = tmp_path / "saved.yaml"
+    path.write_text(text)
+    return read_yaml(path)
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -15,6 +15,8 @@ One concept per file, in the order a checkpoint travels:
 - `fit.py`: `adapt_state_dict`, a checkpoint fitted to a model (head, pre-logits, position embedding).
 - `resize.py`: a file's position embedding resized to a new grid (`vit resize-posemb`'s maths).
 - `transfer.py`: starting weights into a built model: the transfer protocol, or the body for evaluation.
+- `export_hf.py`, `export_onnx.py`, `export_timm.py`: a built checkpoint written for another library
+  (transformers' ViTForImageClassification, ONNX, timm's own folder), each refusing what it cannot hold.
 
 Callers import from the modules; nothing is re-exported here.
 """

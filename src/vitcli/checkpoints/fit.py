@@ -68,8 +68,13 @@ def _fit_head(sd: dict, target: dict, keep: bool, prefix: str) -> list[tuple[str
         return [("head", f"kept ({ckpt_k} classes)")]
     for k in [k for k in sd if k.startswith(prefix)]:
         del sd[k]
-    sd.update({k: v for k, v in target.items() if k.startswith(prefix)})  # the model's own zero-init head
-    return [("head", f"dropped ({ckpt_k} classes); model's own head for {model_k} classes")]
+    new = {k: v for k, v in target.items() if k.startswith(prefix)}
+    sd.update(new)  # the model's own head: transfer.load_init zeroed it (zoo.zero_head)
+    dropped = f"the checkpoint's {ckpt_k}-class head dropped" if ckpt_k else "the checkpoint has no head"
+    if not model_k:
+        return [("head", f"none ({dropped})")]
+    zero = "zero-initialised " if all(not v.any() for v in new.values()) else ""
+    return [("head", f"a new {zero}head for {model_k} classes ({dropped})")]
 
 
 def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:

@@ -15,6 +15,7 @@ from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.models import zoo
+from vitcli.recipe.names import PAPER_VITS, paper_size, size_origin
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import console, pairs_table
@@ -72,7 +73,11 @@ def class_names(recipe: Recipe) -> list[str] | None:
 
 
 def architecture_row(spec: CheckpointSpec) -> str:
-    """`ViT patch 16, width 768, depth 12, 12 heads (paper Table 1 (width 768)), grid 14x14`."""
+    """`ViT-Ti/16 (DeiT-Ti / AugReg Ti), grid 14x14` for a paper or DeiT/AugReg size, else
+    `custom patch 16, width 96, depth 4, 3 heads (metadata), grid 14x14`."""
     grid = f", grid {spec.grid[0]}x{spec.grid[1]}" if spec.grid else ""
+    size = paper_size(spec.patch_size, spec.embed_dim, spec.depth, spec.num_heads, spec.mlp_dim)
+    if size and (spec.name == "custom" or spec.name in PAPER_VITS):  # not a hybrid or T2T of the same widths
+        return f"{size} ({size_origin(size)}){grid}"
     return (f"{spec.name} patch {spec.patch_size}, width {spec.embed_dim}, depth {spec.depth}, "
             f"{spec.num_heads} heads ({spec.heads_from}){grid}")

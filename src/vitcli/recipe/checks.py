@@ -94,6 +94,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     recipe read on its own or one that only loads a network (`vit inspect`).
     """
     _choices(recipe)
+    _compile(recipe.run.compile)
     _ranges(recipe)
     if model:
         check_model(recipe)
@@ -115,6 +116,12 @@ def _choices(recipe: Recipe) -> None:
     for path, allowed in CHOICES.items():
         if get(recipe, path) not in allowed:
             raise RecipeError(f"{path}: '{get(recipe, path)}' is not one of {', '.join(allowed)}")
+
+
+def _compile(value) -> None:
+    """run.compile is a switch with a third position, auto (a bool or the string "auto" after coercion)."""
+    if not isinstance(value, bool) and value != "auto":
+        raise RecipeError(f"run.compile: '{value}' is not one of auto, true, false")
 
 
 def _ranges(recipe: Recipe) -> None:

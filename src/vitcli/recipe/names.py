@@ -30,6 +30,11 @@ T2T_VITS = {
        for kind, mixer in (("", "performer"), ("_t", "transformer"))
        for dim, depth, heads in ((384, 14, 6), (448, 19, 7), (512, 24, 8))},
 }
+# (width, depth, heads, mlp_dim) -> size letter: a geometry any patch size shares, so a foreign file is named
+# by its size (a timm vit_tiny_patch16_224 is ViT-Ti/16); where each size was defined
+SIZES = {sizes[1:]: name.split("-")[1].split("/")[0] for name, sizes in PAPER_VITS.items()}
+SIZE_ORIGINS = {"Ti": "DeiT-Ti / AugReg Ti", "S": "DeiT-S / AugReg S", "B": "paper Table 1",
+                "L": "paper Table 1", "H": "paper Table 1"}
 HYBRID, BIT = "R50+ViT-B/16", "BiT-R50x1"
 NAMED = ["custom", *PAPER_VITS, HYBRID, BIT, *T2T_VITS]
 # the official code's own names, lower-case with underscores: t2t_vit_14 -> T2T-ViT-14,
@@ -47,6 +52,17 @@ def t2t_name(mixer: str, embed_dim: int, depth: int) -> str:
     """The T2T-ViT name with this token mixer, width and depth; "" when none has them."""
     return next((name for name, (dim, layers, _, _, kind) in T2T_VITS.items()
                  if (kind, dim, layers) == (mixer, embed_dim, depth)), "")
+
+
+def paper_size(patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_dim: int) -> str:
+    """`ViT-Ti/16` when the geometry is a paper or DeiT/AugReg size (patch as given), else ""."""
+    letter = SIZES.get((embed_dim, depth, num_heads, mlp_dim), "")
+    return f"ViT-{letter}/{patch_size}" if letter else ""
+
+
+def size_origin(name: str) -> str:
+    """Where a `ViT-<size>/<patch>` name's size was defined: `DeiT-Ti / AugReg Ti`, `paper Table 1`."""
+    return SIZE_ORIGINS.get(name.removeprefix("ViT-").split("/")[0], "")
 
 
 def with_sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_dim: int,

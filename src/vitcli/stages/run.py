@@ -22,13 +22,15 @@ from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.figures import curves
 from vitcli.models import zoo
+from vitcli.models.flops import counted, train_flops_per_image
 from vitcli.recipe.checks import check_schedule
 from vitcli.recipe.data_checks import check_batch_fits
 from vitcli.recipe.schema import Recipe, to_yaml
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.precision import bf16_warning, resolved
+from vitcli.runtime.peak import mfu, peak_flops
+from vitcli.runtime.precision import bf16_warning, resolved, resolved_compile
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir
 from vitcli.train.loop import Feed, Job, train
@@ -65,18 +67,44 @@ def _num_classes(r: Recipe, train_ds) -> int:
     if r.objective == "mpp":
         return 0
     num_classes = r.model.num_classes or sources.num_classes(r.data, train_ds)
-    if not r.data.streaming:
+    if not r.data.streaming:  # a streamed split's labels are checked as they are read: LabelChecked
         check_labels(train_ds, r, num_classes)
     return num_classes
 
 
 def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
     """Every train label must have a logit: a head smaller than the labels would fail deep in the loss."""
-    top = int(batches.labels(train_ds, r.data.label_column).max())
-    if top >= num_classes:
+    check_label(int(batches.labels(train_ds, r.data.label_column).max()), r, num_classes)
+
+
+def check_label(top: int, r: Recipe, num_classes: int) -> None:
+    """The largest train label seen so far against the head's width (0: mpp, no head to check)."""
+    if num_classes and top >= num_classes:
         key = "model.num_classes" if r.model.num_classes else "data.num_classes"
-        raise RecipeError(f"{key}={num_classes}, but the train split has label {top}; set {key}={top + 1} or "
-                          "more (model.num_classes=0 takes the data's own count)")
+        raise RecipeError(f"{key}={num_classes}, but the train split '{r.data.train_split}' of "
+                          f"{r.data.source} has label {top}; set {key}={top + 1} or more "
+                          "(model.num_classes=0 takes the data's own count)")
+
+
+class LabelChecked:
+    """A streamed train split's batches, each one's labels checked against the head as it arrives (one max
+    over a (B,) CPU tensor, before it goes to the device): no scan of a stream can run ahead of training.
+    Everything else (position, skipped) is the stream's."""
+
+    def __init__(self, stream, r: Recipe, num_classes: int):
+        self.stream, self.recipe, self.num_classes = stream, r, num_classes
+
+    def __iter__(self) -> LabelChecked:
+        return self
+
+    def __next__(self):
+        x, y = next(self.stream)
+        if len(y):
+            check_label(int(y.max()), self.recipe, self.num_classes)
+        return x, y
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
@@ -97,22 +125,24 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     # the head's class names (vit predict prints them); a headless mpp ViT has none
     names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
     meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
-    return Job(r, workdir, model, train_ds, train_feed(r, train_ds), num_classes, steps, meta, periodic,
-               final, start)
+    return Job(r, workdir, model, train_ds, train_feed(r, train_ds, num_classes), num_classes, steps, meta,
+               periodic, final, start)
 
 
-def train_feed(r: Recipe, train_ds) -> Feed:
+def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
     """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, which goes on from
-    the position a checkpoint saved), as data.streaming says; both start at micro-batch start x accum."""
+    the position a checkpoint saved, its labels checked against a `num_classes` head as they come), as
+    data.streaming says; both start at micro-batch start x accum."""
 
     def mapped(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
         return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
                                      dist.rank, dist.world_size, accum)
 
     def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
-        return streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed,
-                                            start * accum, dist.rank, dist.world_size, start=position,
-                                            accum=accum)
+        stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed,
+                                              start * accum, dist.rank, dist.world_size, start=position,
+                                              accum=accum)
+        return LabelChecked(stream, r, num_classes)
 
     return streamed if r.data.streaming else mapped
 
@@ -129,6 +159,8 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     check_workdir(workdir)
     auto = recipe.run.precision == "auto"
     recipe, why = resolved(recipe, dist.device)  # the one place `auto` becomes fp32 or bf16
+    # and run.compile's auto true or false (run.compile may differ on resume: manager.RESUMABLE)
+    recipe, why_compile = resolved_compile(recipe, dist.device)
     start = manager.resume_point(recipe, workdir, dist, resume, overwrite, auto)
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
     job = build_job(recipe, workdir, dist, start)
@@ -136,11 +168,12 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     if dist.is_main:
         manager.prepare_workdir(workdir, fresh=start is None)
         files.write_text(workdir / RECIPE_FILE, to_yaml(recipe))
-        _announce(job, dist, why)
+        _announce(job, dist, why, why_compile)
     t0 = time.perf_counter()
     results = train(job, dist)
     summary = {"stage": recipe.stage, "steps": job.total_steps, "seconds": time.perf_counter() - t0,
-               "run/precision": recipe.run.precision, **results}
+               "run/precision": recipe.run.precision, "run/compile": recipe.run.compile, **results,
+               **utilisation(job, dist, results.get("train/img_per_s"))}
     if dist.is_main:
         files.write_text(workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(workdir)  # warns rather than fails: the run is done
@@ -156,7 +189,23 @@ def checkpoint_bytes(job: Job) -> int:
     return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
 
-def _announce(job: Job, dist: Dist, why: str) -> None:
+def utilisation(job: Job, dist: Dist, img_per_s: float | None) -> dict:
+    """train/mfu (model FLOP/s over the peak of every process's device), train/peak_flops and where that
+    peak came from; for a network the FLOP count does not cover, train/mfu_skipped says why instead."""
+    r = job.recipe
+    why_not = counted(r.model)
+    if why_not or not img_per_s:
+        return {"train/mfu_skipped": why_not or "no throughput was logged"}
+    peak, source = peak_flops(dist.device, r.run.precision)
+    peak *= dist.world_size  # img_per_s counts the global batch: every process's device works on it
+    if dist.world_size > 1:
+        source += f" x {dist.world_size} processes"
+    flops = train_flops_per_image(r.model, job.num_classes)
+    return {"train/mfu": mfu(img_per_s, flops, peak), "train/flops_per_img": float(flops),
+            "train/peak_flops": peak, "train/peak_source": source}
+
+
+def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     r = job.recipe
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
@@ -167,9 +216,15 @@ def _announce(job: Job, dist: Dist, why: str) -> None:
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
         f"{learns}, "
         f"{job.total_steps} steps "
-        f"of {r.data.batch_size}, {r.run.precision} ({why})"
-        f"{', compiled' if r.run.compile else ''} -> {job.workdir}"
+        f"of {r.data.batch_size}, {r.run.precision} ({why}){tf32(r, dist)}, "
+        f"{'compiled' if r.run.compile else 'eager'} ({why_compile}) -> {job.workdir}"
     )
+
+
+def tf32(r: Recipe, dist: Dist) -> str:
+    """The announce line's note that fp32 matmuls run as TF32 (runtime.dist.setup turns it on for CUDA)."""
+    on = dist.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
+    return " with TF32 matmuls" if on and r.run.precision == "fp32" else ""
 
 
 def report(summary: dict, workdir: Path) -> None:
@@ -185,5 +240,6 @@ def report(summary: dict, workdir: Path) -> None:
 
 
 def number(v: float) -> str:
-    """4 decimals, but small values (a final learning rate of 3e-6) in 3 significant digits, not `0.0000`."""
-    return f"{v:.3g}" if v and abs(v) < 1e-3 else f"{v:.4f}"
+    """4 decimals, but small and large values (a final learning rate of 3e-6, a peak of 9.89e+14 FLOP/s) in
+    3 significant digits, not `0.0000`."""
+    return f"{v:.3g}" if v and not 1e-3 <= abs(v) < 1e6 else f"{v:.4f}"

@@ -9,6 +9,7 @@ nor which data kind it runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.objectives import exported, loss_fn, mpp_step
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
+from vitcli.train.throughput import Waited, input_bound
 
 log = logging.getLogger(__name__)
 MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_seed; 0 is the augmentation's
@@ -94,6 +96,10 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     criterion = loss_fn(r.optim)
     mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
+    # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
+    # is still the honest measure on CUDA)
+    waited = Waited(stream)
+    advise = functools.partial(input_bound, num_workers=r.data.num_workers, cuda=dist.device.type == "cuda")
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
@@ -105,7 +111,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(r, criterion, mixup, step, dist.rank * accum)
-            loss, accuracy = _accumulate_grads(ddp_model, optimizer, stream, accum, objective,
+            loss, accuracy = _accumulate_grads(ddp_model, optimizer, waited, accum, objective,
                                                r.run.precision, dist)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
@@ -117,7 +123,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             optimizer.step()
             window.images += r.data.batch_size
             if log:
-                _log(window, metrics, bar, task, done, _row(values, lr, grad_norm))
+                _log(window, waited.take(), advise, metrics, bar, task, done, _row(values, lr, grad_norm))
             bar.update(task, completed=done)
             _periodic(job, model, metrics, done)
             if save:
@@ -132,7 +138,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     weights = parallel.full_state(exported(model))  # every rank takes part: sharded weights are gathered
     if dist.is_main:
         save_weights(job.workdir / MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
-    return {**window.last, **final, "data/skipped_images": stream.skipped.total}  # this rank's count
+    # this rank's count of skipped images; the throughput of the whole run after the warm-up window
+    return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total}
 
 
 class _Clock:
@@ -177,11 +184,28 @@ def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
 
 @dataclass
 class _Window:
-    """Throughput since the last logged step, and the last logged train metrics."""
+    """Throughput since the last logged step, and the last logged train metrics; the logging windows after
+    the first (warm-up: worker start-up, compilation) summed as [seconds, seconds waiting, images]."""
 
     start: float
     images: int
     last: dict
+    logged: int = 0
+    totals: list = field(default_factory=lambda: [0.0, 0.0, 0])
+    warned: bool = False
+
+    def add(self, elapsed: float, wait: float) -> None:
+        """Count a logging window that ran `elapsed` seconds, `wait` of them waiting for data."""
+        if self.logged:
+            self.totals = [self.totals[0] + elapsed, self.totals[1] + wait, self.totals[2] + self.images]
+        self.logged += 1
+
+    def steady(self) -> dict[str, float]:
+        """train/img_per_s and train/data_wait over the run after warm-up (the last window's if only one)."""
+        seconds, wait, images = self.totals
+        if not seconds:
+            return {}
+        return {"train/img_per_s": images / seconds, "train/data_wait": wait / seconds}
 
 
 def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
@@ -192,11 +216,22 @@ def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
     return lr
 
 
-def _log(window: _Window, metrics: MetricsLog, bar, task, done: int, row: dict) -> None:
-    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats."""
-    elapsed = time.perf_counter() - window.start
-    window.last = {**row, "train/img_per_s": window.images / max(elapsed, 1e-9)}
+def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, done: int, row: dict) -> None:
+    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats; once
+    two windows after warm-up are in, a warning the first time the loop waited too long for data over them
+    all (`advise`: input_bound)."""
+    elapsed = max(time.perf_counter() - window.start, 1e-9)
+    window.last = {**row, "train/img_per_s": window.images / elapsed,
+                   "train/data_wait": min(wait / elapsed, 1.0)}
     metrics.write(done, window.last)
+    window.add(elapsed, wait)
+    # judged on the steady windows together, from the second on: one window that met a slow batch (a
+    # checkpoint written, the machine busy for a moment) is not a run that waits for its data
+    seconds, waited, images = window.totals
+    warning = advise(waited, seconds, images) if window.logged >= 3 and not window.warned else None
+    if warning:
+        console.log(f"[yellow]warning: step {done}: {warning}")
+        window.warned = True
     window.start, window.images = time.perf_counter(), 0
     stats = (f"loss {row['train/loss']:.4f}  lr {row['train/lr']:.2e}  "
              f"{window.last['train/img_per_s']:.0f} img/s")

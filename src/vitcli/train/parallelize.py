@@ -54,6 +54,8 @@ def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
     """The model (already on dist.device) as it trains: activation checkpointing
     (run.activation_checkpointing), then FSDP2 (run.strategy fsdp) or DDP, then torch.compile (run.compile).
     Call it before building the optimizer, on `.model`: sharding replaces the parameters."""
+    if not isinstance(run.compile, bool):  # "auto" would read as true here: resolve it for the device first
+        raise TypeError(f"run.compile {run.compile!r}: pass the resolved one (precision.resolved_compile)")
     sharded = run.strategy == "fsdp"
     if sharded:
         model = shard(model, dist, run.activation_checkpointing)

@@ -1,0 +1,158 @@
+"""A plain ViT in Hugging Face transformers' layout: `ViTForImageClassification` weights, config and image
+processor, so that `from_pretrained(DIR)` rebuilds the same network.
+
+The key mapping is the one transformers' own `convert_vit_timm_to_pytorch.py` applies (written here from it,
+not imported: that script is not part of the installed package): timm's fused qkv (3D, D) is split into
+query, key and value, `norm1`/`norm2` become `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 become
+`intermediate`/`output` dense layers, the final norm `vit.layernorm` and the head `classifier`.
+
+`ViTForImageClassification` is one architecture: class token read after the final LayerNorm, a learned 1-D
+table over [class; patches], exact GELU, LayerNorm eps 1e-6 (timm's, set in the config; transformers' default
+is 1e-12), no pre-logits layer (ViTModel's tanh `pooler` is not used by the classifier). Anything else is
+refused by `check_hf`, never exported as a different network.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vitcli.errors import CheckpointError
+from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
+from vitcli.recipe.schema import ModelConfig
+
+# timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
+BLOCK_NAMES = {
+    "norm1": "layernorm_before",
+    "attn.proj": "attention.output.dense",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "intermediate.dense",
+    "mlp.fc2": "output.dense",
+}
+TOP_NAMES = {
+    "cls_token": "vit.embeddings.cls_token",
+    "pos_embed": "vit.embeddings.position_embeddings",
+    "patch_embed.proj.weight": "vit.embeddings.patch_embeddings.projection.weight",
+    "patch_embed.proj.bias": "vit.embeddings.patch_embeddings.projection.bias",
+    "norm.weight": "vit.layernorm.weight",
+    "norm.bias": "vit.layernorm.bias",
+    "head.weight": "classifier.weight",
+    "head.bias": "classifier.bias",
+}
+LAYER_NORM_EPS = 1e-6  # timm's VisionTransformer: partial(nn.LayerNorm, eps=1e-6)
+PIL_BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, as transformers' processors store `resample`
+
+
+def check_hf(model: ModelConfig, num_classes: int, path: str) -> None:
+    """A CheckpointError naming the first feature ViTForImageClassification cannot hold."""
+    why = _unsupported(model, num_classes)
+    if why:
+        raise CheckpointError(f"{path}: {why}, which transformers' "
+                              "ViTForImageClassification cannot hold; export it with --format onnx or timm")
+
+
+def _unsupported(model: ModelConfig, num_classes: int) -> str:
+    """What of the network has no place in ViTForImageClassification; "" when it all fits."""
+    if model.name in T2T_VITS:
+        return f"a {model.name} (Tokens-to-Token embedding)"
+    if model.name == HYBRID:
+        return "a hybrid (ResNet feature map as patches)"
+    if not is_vit_family(model.name):
+        return f"a timm '{model.name}' network"
+    if model.pool != "token":
+        return f"a {model.pool}-pooled model (model.pool: {model.pool}; the classifier reads the class token)"
+    if model.pos_embed != "learned_1d":
+        return f"a {model.pos_embed} position embedding (model.pos_embed)"
+    if model.representation_size:
+        return f"a pre-logits layer (model.representation_size: {model.representation_size})"
+    if not num_classes:
+        return ("no classification head (masked patch prediction or headless: transformers would attach a "
+                "random classifier; fine-tune it first)")
+    return ""
+
+
+def hf_state_dict(sd: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
+    """timm names -> ViTForImageClassification names; every tensor is used once, none is left over."""
+    out = {TOP_NAMES[k]: v for k, v in sd.items() if k in TOP_NAMES}
+    for i in range(depth):
+        src, dst = f"blocks.{i}.", f"vit.encoder.layer.{i}."
+        for part in ("weight", "bias"):
+            # weight (3D, D) -> 3 x (D, D), bias (3D,) -> 3 x (D,): rows are query, key, value in timm's qkv
+            q, k, v = sd[f"{src}attn.qkv.{part}"].chunk(3, dim=0)
+            for name, t in (("query", q), ("key", k), ("value", v)):
+                out[f"{dst}attention.attention.{name}.{part}"] = t
+            out.update({f"{dst}{new}.{part}": sd[f"{src}{old}.{part}"] for old, new in BLOCK_NAMES.items()})
+    used = set(TOP_NAMES) | {f"blocks.{i}.{n}.{p}" for i in range(depth) for n in [*BLOCK_NAMES, "attn.qkv"]
+                             for p in ("weight", "bias")}
+    left = sorted(set(sd) - used)
+    if left:
+        raise CheckpointError(f"tensors with no place in ViTForImageClassification: {', '.join(left[:3])}")
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
+    """config.json of a ViTForImageClassification with these sizes and labels."""
+    return {
+        "architectures": ["ViTForImageClassification"], "model_type": "vit",
+        "hidden_size": model.embed_dim, "num_hidden_layers": model.depth,
+        "num_attention_heads": model.num_heads, "intermediate_size": model.mlp_dim,
+        "image_size": model.img_size, "patch_size": model.patch_size, "num_channels": 3, "qkv_bias": True,
+        "hidden_act": "gelu",  # exact erf GELU, as timm's nn.GELU; "gelu_new" would be the tanh one
+        "layer_norm_eps": LAYER_NORM_EPS, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "id2label": {str(i): name for i, name in enumerate(class_names)},
+        "label2id": {name: i for i, name in enumerate(class_names)},
+    }
+
+
+def hf_processor_config(prep: dict) -> dict:
+    """preprocessor_config.json reproducing our eval transform: shorter side to floor(size / crop_pct)
+    (bilinear), centre crop, (x / 255 - mean) / std.
+
+    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole image to
+    size x size, which differs from our eval on any non-square image or crop_pct < 1. The classifier does not
+    care which processor feeds it; AutoImageProcessor and the image-classification pipeline load either.
+    """
+    size = prep["size"]
+    return {
+        "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
+        "do_resize": True, "size": {"shortest_edge": prep["resize_shorter_side"]}, "resample": PIL_BILINEAR,
+        "do_center_crop": True, "crop_size": {"height": size, "width": size},
+        "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
+    }
+
+
+def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
+               summary: dict) -> str:
+    """README.md: what the network is, what it was trained on and how, and the results its run recorded."""
+    size, scale = prep["size"], f"(x / 255 - {prep['mean'][0]}) / {prep['std'][0]}"
+    front = ["---", "library_name: transformers", "pipeline_tag: image-classification",
+             "tags: [vision, image-classification, vit, vitcli]", "---"]
+    intro = [f"# {network}", "", ("A Vision Transformer exported by `vit export --format hf` (vitcli) for "
+                                  "transformers' `ViTForImageClassification`.")]
+    arch = ["## Architecture", "", f"- {network}; {params:,} parameters; {len(class_names)} classes",
+            f"- input {size} x {size} px, pixels as {scale}"]
+    results = ["## Results (the run's summary.json)", "", "| metric | value |", "|---|---|",
+               *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
+                 for k, v in summary.items())]
+    pp = ["## Preprocessing", "", (f"As vitcli evaluates: the shorter side resized to "
+                                   f"{prep['resize_shorter_side']} px (bilinear), centre crop {size} px, "
+                                   f"{scale} (`BitImageProcessor`).")]
+    parts = [front, intro, arch, *_training(recipe), results if summary else [], pp]
+    return "\n\n".join("\n".join(p) for p in parts if p) + "\n"
+
+
+def _training(recipe: dict) -> list[list[str]]:
+    """The card's data and training sections, from the recipe our checkpoints carry."""
+    if not recipe:
+        return [["## Training", "", "The checkpoint carries no training recipe (a foreign file)."]]
+    data, optim, sched = (recipe.get(k, {}) for k in ("data", "optim", "schedule"))
+    init = recipe.get("init", {}).get("checkpoint")
+    splits = ", ".join(f"{what} `{data[key]}`" for what, key in
+                       (("train", "train_split"), ("validation", "val_split"), ("test", "test_split"))
+                       if data.get(key))
+    how = (f"- {optim.get('name')}, lr {optim.get('lr')}, weight decay {optim.get('weight_decay')}, "
+           f"{optim.get('loss')} loss, batch {data.get('batch_size')}")
+    return [["## Data", "", f"- source: `{data.get('source', '?')}`", f"- splits: {splits or 'none named'}"],
+            ["## Training", "", f"- `vit {recipe.get('stage', '?')}`" + (f" from `{init}`" if init else ""),
+             how,
+             f"- {sched.get('steps')} steps, {sched.get('warmup_steps')} warmup, {sched.get('decay')} decay"]]

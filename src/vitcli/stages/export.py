@@ -1,0 +1,203 @@
+"""`vit export`: a checkpoint into another library's folder, `hf` (transformers), `onnx` or `timm`.
+
+The checkpoint is resolved as `vit inspect` resolves it (its own architecture at its native resolution), then
+built with its own head, so whatever vit reads can be exported. What a format cannot hold is refused before
+anything is built or written. The folder is filled under a temporary name and renamed into place; a
+non-empty --out is replaced only with --overwrite, and then set aside first as `<out>.previous-<time>` beside
+it (not inside: a model folder is uploaded or loaded as a whole).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vitcli.checkpoints import export_hf, export_onnx, export_timm
+from vitcli.checkpoints.complete import complete
+from vitcli.checkpoints.describe import CheckpointSpec, describe
+from vitcli.checkpoints.fit import adapt_state_dict
+from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.checkpoints.transfer import architecture_row
+from vitcli.data.transforms import INTERPOLATION, MEAN
+from vitcli.errors import OutputError, RecipeError
+from vitcli.models import zoo
+from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.files import MANIFEST, atomic_dir
+from vitcli.runtime.metrics import console, pairs_table, stdout
+from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
+from vitcli.runtime.workdir import check_writable
+
+FORMATS = ("hf", "onnx", "timm")
+STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
+PREPROCESSING_FILE = "preprocessing.json"
+RESULT_PREFIXES = ("val/", "test/", "fewshot/")  # what a model card reports of summary.json
+FILES = {"hf": ["config.json", "model.safetensors", "preprocessor_config.json", "README.md", MANIFEST],
+         "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
+         "timm": ["config.json", "model.safetensors", MANIFEST]}
+
+
+def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: bool = False,
+           overrides: list[str] = ()) -> dict:
+    """Write `ckpt` as `fmt` into `out` (or with dry_run only check and say what would be written); returns
+    the report that --json prints."""
+    if fmt not in FORMATS:
+        raise RecipeError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+    replaces = _check_out(out, overwrite)
+    loaded = read_checkpoint(ckpt)
+    flags = {"init.checkpoint": ckpt, "data.label_column": ""}  # resolved as `vit inspect` resolves it
+    recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
+    spec = describe(loaded, recipe.model.num_heads)
+    _refuse(fmt, recipe, spec.num_classes, ckpt)
+    report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),
+              "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
+              "class_names": "the checkpoint's" if _names(loaded) else "indices (the checkpoint names none)",
+              "files": FILES[fmt], "dry_run": dry_run, "set_aside": None}
+    if not dry_run:
+        model = _build(recipe, loaded, spec)
+        full = out.absolute()  # `--out .` has no name to put a suffix on
+        aside = full.with_name(f"{full.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}") if replaces else None
+        with _publish(full, aside) as tmp:
+            _WRITERS[fmt](model, recipe, loaded, spec, tmp)
+        report["set_aside"] = str(aside) if aside else None
+        extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])  # model.onnx.data, say
+        report["files"] = [*FILES[fmt], *extra]
+    _print(report)
+    return report
+
+
+def _check_out(out: Path, overwrite: bool) -> bool:
+    """Whether `out` holds something to replace; an OutputError when it cannot or may not be written."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is a file; name a directory (created if needed)")
+    check_writable(out, "--out")
+    full = out.is_dir() and any(out.iterdir())
+    if full and not overwrite:
+        raise OutputError(f"--out {out} is not empty; pass another --out, or --overwrite to replace it "
+                          f"(the old folder is kept as {out.name}.previous-<time>)")
+    return full
+
+
+def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str) -> None:
+    """The format's one-line refusal of what it cannot hold (onnx holds any network we build, once its
+    optional packages are installed)."""
+    if fmt == "onnx":
+        export_onnx.check_installed()
+    elif fmt == "hf":
+        export_hf.check_hf(recipe.model, num_classes, ckpt)
+    elif fmt == "timm":
+        export_timm.check_timm(recipe.model, ckpt)
+
+
+def _network(recipe: Recipe, spec: CheckpointSpec) -> str:
+    """`ViT-Ti/16 (DeiT-Ti / AugReg Ti), grid 2x2` or the model name for what is not a plain ViT."""
+    return architecture_row(spec) if spec.name else recipe.model.name
+
+
+def _build(recipe: Recipe, loaded: Loaded, spec: CheckpointSpec) -> torch.nn.Module:
+    """The checkpoint's whole network, its head and pre-logits layer included, in eval mode."""
+    model = zoo.build_model(recipe.model, spec.num_classes)
+    sd, _ = adapt_state_dict(loaded.state_dict, model, spec, keep_head=spec.num_classes > 0,
+                             keep_representation=recipe.model.representation_size > 0,
+                             method=recipe.init.posemb_method)
+    model.load_state_dict(sd, strict=True)
+    return model.eval()
+
+
+def _names(loaded: Loaded) -> list[str] | None:
+    """The head's class names our metadata records (model.class_names), None when it records none."""
+    names = loaded.meta.get("model", {}).get("class_names") if loaded.kind == "vitcli" else None
+    return [str(n) for n in names] if names else None
+
+
+def _class_names(loaded: Loaded, num_classes: int) -> list[str]:
+    """The class names, or the indices as names when the checkpoint has none (or a different count)."""
+    names = _names(loaded)
+    return names if names and len(names) == num_classes else [str(i) for i in range(num_classes)]
+
+
+def preprocessing(loaded: Loaded, img_size: int) -> dict:
+    """The eval preprocessing the checkpoint's run used (data.transforms.build_transform, eval): shorter side
+    to floor(size / crop_pct), bilinear, centre crop, (x / 255 - mean) / std."""
+    crop_pct = float(loaded.meta.get("recipe", {}).get("data", {}).get("eval_crop_pct", 1.0))
+    return {"size": img_size, "crop_pct": crop_pct, "resize_shorter_side": math.floor(img_size / crop_pct),
+            "interpolation": INTERPOLATION, "rescale_factor": 1 / 255, "mean": list(MEAN), "std": list(STD)}
+
+
+# ---------------------------------------------------------------- the three formats
+
+
+def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+    names = _class_names(loaded, spec.num_classes)
+    prep = preprocessing(loaded, recipe.model.img_size)
+    weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(out / "config.json", export_hf.hf_config(recipe.model, names))
+    _write_json(out / "preprocessor_config.json", export_hf.hf_processor_config(prep))
+    card = export_hf.model_card(_network(recipe, spec), zoo.count_params(model), prep, names,
+                                loaded.meta.get("recipe", {}), _summary(loaded))
+    (out / "README.md").write_text(card)
+
+
+def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+    output = export_onnx.write_onnx(model, out, recipe.model.img_size, headless=spec.num_classes == 0)
+    about = {"input": export_onnx.INPUT, "input_shape": ["batch", 3, recipe.model.img_size,
+                                                         recipe.model.img_size],
+             "output": output, **preprocessing(loaded, recipe.model.img_size),
+             "class_names": _class_names(loaded, spec.num_classes)}
+    _write_json(out / PREPROCESSING_FILE, about)
+
+
+def _write_timm(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+    net = export_timm.timm_model(recipe.model, spec.num_classes)
+    names = _class_names(loaded, spec.num_classes) if _names(loaded) else None  # timm: no names, no labels
+    export_timm.write_timm(net, model.state_dict(), out, names, preprocessing(loaded, recipe.model.img_size))
+
+
+_WRITERS = {"hf": _write_hf, "onnx": _write_onnx, "timm": _write_timm}
+
+
+def _write_json(path: Path, content: dict) -> None:
+    path.write_text(json.dumps(content, indent=2) + "\n")
+
+
+def _summary(loaded: Loaded) -> dict:
+    """The held-out results in summary.json of the run whose model.safetensors this is (our workdirs: its
+    val/, test/ and fewshot/ metrics and step count), {} for anything else."""
+    path = Path(loaded.path)
+    found = path.parent / SUMMARY_FILE if path.name == MODEL_FILE else None
+    try:
+        summary = json.loads(found.read_text()) if found and found.is_file() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {k: v for k, v in summary.items() if k == "steps" or k.startswith(RESULT_PREFIXES)}
+
+
+@contextlib.contextmanager
+def _publish(out: Path, aside: Path | None) -> Iterator[Path]:
+    """A temporary folder to fill; on success it becomes `out` (sealed with a SHA256SUMS manifest), the old
+    `out` renamed to `aside` first when there is one. A failure leaves `out` as it was."""
+    staging = aside.with_name(f".{aside.name}.new") if aside else out
+    with atomic_dir(staging) as tmp:
+        yield tmp
+    if aside:
+        os.replace(out, aside)
+        os.replace(staging, out)
+        console.log(f"the previous {out} is kept as {aside}")
+
+
+def _print(report: dict) -> None:
+    classes = f"{report['num_classes']}, named by {report['class_names']}"
+    rows = [("checkpoint", report["checkpoint"]), ("network", report["network"]),
+            ("image size", f"{report['img_size']} px"), ("classes", classes)]
+    verb = "would write" if report["dry_run"] else "wrote"
+    rows.append((verb, ", ".join(f"{report['out']}/{f}" for f in report["files"])))
+    stdout.print(pairs_table(f"vit export --format {report['format']}", rows))

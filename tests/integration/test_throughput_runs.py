@@ -1,0 +1,89 @@
+"""A run says how fast it went and why: train/data_wait in every metrics row, a warning once when it waits for
+data, images/s and MFU in its summary, and run.compile's auto choice announced and recorded (the pure parts:
+unit/test_throughput.py, unit/test_flops.py, unit/test_precision.py)."""
+
+import json
+import time
+
+import pytest
+import yaml
+
+from helpers import stopped_at_call, warnings
+from vitcli.checkpoints import manager
+from vitcli.models.flops import train_flops_per_image
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime.metrics import read_metrics
+from vitcli.stages import run as run_stage
+from vitcli.stages.run import one_run
+
+TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+        "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
+        "data.synthetic.img_size=32", "data.batch_size=16", "data.num_workers=0", "schedule.warmup_steps=1",
+        "data.val_split=", "data.test_split=", "run.precision=fp32", "run.log_every=2"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class _Slow:
+    """A feed's stream that takes `seconds` longer for every batch (position, skipped: the stream's)."""
+
+    def __init__(self, stream, seconds: float):
+        self.stream, self.seconds = stream, seconds
+
+    def __next__(self):
+        time.sleep(self.seconds)
+        return next(self.stream)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def test_a_run_reports_its_wait_throughput_and_mfu(tmp_path):
+    summary = one_run(resolve("pretrain", None, TINY + ["schedule.steps=6"]), tmp_path)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert len(rows) == 3 and all(0 <= r["train/data_wait"] <= 1 for r in rows)
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    # the run's throughput after the first (warm-up) window: between the two later windows' rates
+    later = [r["train/img_per_s"] for r in rows[1:]]
+    assert min(later) * 0.999 <= summary["train/img_per_s"] <= max(later) * 1.001
+    assert 0 <= summary["train/data_wait"] <= 1
+    assert summary["train/peak_source"] == "measured 2048^2 fp32 matmul" and summary["train/peak_flops"] > 0
+    flops = train_flops_per_image(resolve("pretrain", None, TINY, inputs=False).model, 4)
+    expected = summary["train/img_per_s"] * flops / summary["train/peak_flops"]
+    assert summary["train/mfu"] == pytest.approx(expected) and 0 < summary["train/mfu"] < 1
+
+
+def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, monkeypatch, logged):
+    feed = run_stage.train_feed
+    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05))
+    one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert all(r["train/data_wait"] > 0.1 for r in rows)
+    (warning,) = warnings(logged, but=())  # once, though every window waited
+    # judged over the steady windows together, once two are in: windows end at steps 2, 4, 6 (2 is warm-up)
+    assert "step 6: input-bound" in warning and "data.num_workers (now 0)" in warning
+    assert "img/s" in warning and "decode_device" not in warning  # no GPU decoding on a CPU
+
+
+def test_compile_auto_is_chosen_announced_and_recorded(tmp_path, logged):
+    summary = one_run(resolve("pretrain", None, TINY + ["schedule.steps=2"]), tmp_path)
+    assert summary["run/compile"] is False  # this CPU: auto stays eager
+    assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["run"]["compile"] is False
+    assert any("eager (auto: the CPU gains nothing" in m for m in logged)
+
+
+def test_a_model_without_a_flop_count_says_why_there_is_no_mfu(tmp_path):
+    summary = one_run(resolve("pretrain", None, [*TINY, "schedule.steps=2", "model.name=T2T-ViT_t-14",
+                                                 "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+                                                 "model.mlp_dim=64"]), tmp_path)
+    assert "train/mfu" not in summary and "T2T-ViT_t-14" in summary["train/mfu_skipped"]
+
+
+def test_a_run_started_with_compile_auto_resumes_with_auto(tmp_path, monkeypatch):
+    """The checkpoints hold auto's choice (false here) and the resumed run's recipe says auto again: it goes
+    on, as precision's auto does (run.compile may even differ on resume: checkpoints.manager.RESUMABLE)."""
+    r = resolve("pretrain", None, TINY + ["schedule.steps=4", "run.ckpt_every=1"])
+    stopped_at_call(monkeypatch, r, tmp_path, 3)
+    assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["compile"] is False
+    one_run(r, tmp_path)  # auto again: resumes
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row] == [2, 4]

@@ -1,0 +1,48 @@
+"""train/data_wait: the seconds the loop spends in next(stream), and the warning a run gives once when it
+waits for data more than a tenth of the time."""
+
+import time
+
+import pytest
+
+from vitcli.train.throughput import INPUT_BOUND, Waited, input_bound
+
+
+def test_the_wait_is_what_next_took():
+    def slow():
+        while True:
+            time.sleep(0.02)
+            yield 1
+
+    waited = Waited(slow())
+    t0 = time.perf_counter()
+    assert [next(waited) for _ in range(3)] == [1, 1, 1]
+    spent = time.perf_counter() - t0
+    took = waited.take()
+    assert 0.06 <= took <= spent and waited.take() == 0.0  # take() empties it
+
+
+def test_up_to_a_tenth_of_the_time_waiting_is_not_input_bound():
+    assert input_bound(INPUT_BOUND * 10, 10.0, 640, 2, cuda=False) is None
+    assert input_bound(0.0, 0.0, 0, 2, cuda=False) is None
+
+
+def test_past_a_tenth_it_names_both_rates_and_the_knobs():
+    # a 10 s window, 4 s of it waiting, 800 images: the model took them at 800 / 6 img/s; with 2 workers the
+    # loader made them in the background all along, 800 / 10 img/s
+    warning = input_bound(4.0, 10.0, 800, num_workers=2, cuda=False)
+    assert "40%" in warning and "loader delivered 80 img/s" in warning and "take 133 img/s" in warning
+    assert "data.num_workers (now 2)" in warning and "vit prepare-data" in warning
+    assert "decode_device" not in warning  # GPU decoding is no knob on a CPU
+    assert "data.decode_device" in input_bound(4.0, 10.0, 800, num_workers=2, cuda=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("wait", [1.01, 5.0, 9.9])
+def test_the_loaders_rate_counts_the_time_it_worked(wait, workers):
+    """Without workers it decodes inside next(): images over the wait. With workers it decodes throughout and
+    the loop takes all it makes: images over the window, so always below the model's rate."""
+    warning = input_bound(wait, 10.0, 1000, workers, cuda=False)
+    loader, model = 1000 / (wait if workers == 0 else 10.0), 1000 / (10.0 - wait)
+    assert f"delivered {loader:.0f} img/s" in warning and f"take {model:.0f} img/s" in warning
+    assert workers == 0 or loader < model

@@ -117,7 +117,7 @@ def split_predictions(runs, split: str) -> tuple[np.ndarray, np.ndarray]:
     ckpt = str(runs["ft"][0])
     r = resolve("evaluate", None, [*FP32, f"data.test_split={split}"], {"init.checkpoint": ckpt},
                 complete=complete, base=lambda: trained_with(ckpt))
-    model = load_for_eval(r, head=True)
+    model = load_for_eval(r, r.model.num_classes)
     ds = sources.load_split(r.data, split)
     _, top, probs, _, _ = predictions(model, ds, r, setup("cpu"), batches.Skipped(), 3)
     return top, probs

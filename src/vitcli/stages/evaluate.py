@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, load_for_eval
 from vitcli.data import batches, sources
 from vitcli.errors import DataError
@@ -48,12 +49,13 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     num_classes = recipe.model.num_classes
     _check_labels(ds, recipe, split)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
-    model = load_for_eval(recipe, head=True).to(dist.device)
+    model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
     skipped = batches.Skipped()
     rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, min(TOP_K, num_classes))
-    names = class_names(recipe) or sources.class_names(recipe.data, ds, num_classes)
+    names = (class_names(read_checkpoint(recipe.init.checkpoint), num_classes)
+             or sources.class_names(recipe.data, ds, num_classes))  # the checkpoint's, else the split's
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
                "split": split, "images": len(rows), "classes": num_classes,
                **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision}

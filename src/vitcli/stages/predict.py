@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, load_for_eval
 from vitcli.data import batches
 from vitcli.errors import DataError
@@ -76,10 +77,10 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
     ds = datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": [0] * len(files)}, features)
     ds.info.description = "the images given"
-    model = load_for_eval(recipe, head=True).to(dist.device)
+    model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     k = min(top_k, recipe.model.num_classes)
     rows, top, probs, _, _ = predictions(model, ds, recipe, dist, batches.Skipped(), k)
-    names = class_names(recipe)
+    names = class_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
     records = [{"path": str(files[row]),
                 "top": [{"rank": j + 1, "class_index": int(c), "class_name": names[c] if names else str(c),
                          "probability": float(p)} for j, (c, p) in enumerate(zip(top[i], probs[i]))]}

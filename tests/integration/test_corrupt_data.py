@@ -8,6 +8,10 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -15,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import run_vit
+from helpers import REPO, run_vit
 from vitcli.data import batches, sources
 from vitcli.errors import DataError
 from vitcli.evaluators import heldout, inference
@@ -37,6 +41,7 @@ TINY = [
     "schedule.warmup_steps=1", "schedule.steps=8", "run.log_every=1", "run.device=cpu",
 ]
 CPU = Dist(0, 1, 0, torch.device("cpu"))
+HERE = Path(__file__).resolve().parent
 
 
 def _png(i: int) -> bytes:
@@ -54,9 +59,11 @@ def _split(bad) -> datasets.Dataset:
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
-    """A saved dataset: train with 2 undecodable rows, test with 1, `broken` with nothing decodable."""
+    """A saved dataset: train with 2 undecodable rows, test with 1, `broken` with nothing decodable,
+    `odd_broken` with its odd rows undecodable."""
     path = tmp_path_factory.mktemp("corrupt") / "ds"
-    splits = {"train": _split(BAD_TRAIN), "test": _split(BAD_TEST), "broken": _split(range(N))}
+    splits = {"train": _split(BAD_TRAIN), "test": _split(BAD_TEST), "broken": _split(range(N)),
+              "odd_broken": _split(range(1, N, 2))}
     datasets.DatasetDict(splits).save_to_disk(str(path))
     return str(path)
 
@@ -203,6 +210,36 @@ def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
     with pytest.raises(DataError) as error:
         next(batches.train_batches(ds, DataConfig(num_workers=0), 32, 8, seed=0))
     _one_line(error, f"no image of {source} split 'broken' decodes", f"{N} rows tried")
+
+
+def test_evaluation_and_extraction_where_nothing_decodes_are_one_line(source):
+    ds, cfg = sources.load_source(source, "broken"), DataConfig(num_workers=0, eval_batch_size=8)
+    model = zoo.build_model(resolve("pretrain", None, TINY).model, N)
+    evaluator = ClassificationEvaluator("test", ds, cfg, 32, CPU, "fp32", loss=loss_fn(OptimConfig()))
+    extract = lambda: features.extract(model, ds, cfg, 32, 0, CPU, "fp32")
+    for run in (lambda: dict(evaluator.run(model)), extract):
+        with pytest.raises(DataError) as error:
+            run()
+        _one_line(error, f"no image of {source} split 'broken' decodes", "UnidentifiedImageError")
+
+
+def test_a_rank_whose_rows_all_fail_goes_on_with_the_others_and_all_raise_together(source, tmp_path):
+    """2 processes: rank 1 holds the odd rows, all corrupt. It returns nothing and meets rank 0 in the gather
+    instead of raising alone (which hung rank 0 there); only a split where no rank decodes anything raises,
+    on every rank, the same line."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HERE)])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "eval_ranks.py"), source, str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1]
+    report = ranks[0]
+    assert report["odd_broken/heldout"]["odd_broken/skipped_images"] == N // 2
+    assert report["odd_broken/features"] == list(range(0, N, 2))
+    for what in ("heldout", "features"):
+        assert report[f"broken/{what}"].startswith(f"DataError: no image of {source} split 'broken' decodes")
 
 
 def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):

@@ -5,6 +5,7 @@ nothing written."""
 
 import io
 import json
+import math
 
 import datasets
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torchvision.transforms.v2 import functional as TF
 
 from helpers import export_npz, run_vit, tiny_vit
 from vitcli.checkpoints.complete import complete, trained_with
@@ -20,10 +22,9 @@ from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, sources
 from vitcli.data.synthetic import class_names, make_synthetic
-from vitcli.data.transforms import build_transform
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig, ModelConfig, Recipe, SyntheticConfig, to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe, SyntheticConfig, to_dict
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, MODEL_FILE
 from vitcli.stages.evaluate import predictions
@@ -247,6 +248,14 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
     assert code == 2 and "has label 9, but the head of" in err and not work.joinpath(EVALUATE_FILE).exists()
 
 
+def eval_pixels(img: Image.Image, size: int, crop_pct: float) -> torch.Tensor:
+    """timm's eval preprocessing written out with torchvision: the shorter side to floor(size / crop_pct)
+    (antialiased bilinear), centre crop `size`, x / 127.5 - 1 -> (3, size, size)."""
+    x = torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)  # (3, H, W) uint8
+    x = TF.center_crop(TF.resize(x, [math.floor(size / crop_pct)], antialias=True), [size, size])
+    return x.float() / 127.5 - 1
+
+
 def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatch, capsys):
     """A timm safetensors file and the same network as a Google .npz: evaluate's top-1 and loss equal a plain
     timm forward over the split's images prepared by the eval transform, at the file's native 32 px."""
@@ -257,9 +266,8 @@ def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatc
     data = ["model.num_heads=2", "data.synthetic.num_classes=5", "data.synthetic.test_size=30",
             "data.num_workers=0", *FP32]
     ds = make_synthetic(SyntheticConfig(num_classes=5, test_size=30), "test")
-    transform = build_transform(DataConfig(), 32, train=False)
     with torch.no_grad():
-        logits = model(torch.stack([transform(img) for img in ds["image"]]))  # (30, 5)
+        logits = model(torch.stack([eval_pixels(img, 32, 1.0) for img in ds["image"]]))  # (30, 5)
     labels = torch.tensor(ds["label"])
     expected_top1 = (logits.argmax(-1) == labels).sum().item() / len(labels)
     expected_loss = torch.nn.functional.cross_entropy(logits, labels).item()
@@ -318,10 +326,10 @@ def test_predict_gives_sigmoid_probabilities_for_a_sigmoid_loss_model(tmp_path, 
     code, out, err = run_vit(monkeypatch, capsys, "predict", tmp_path, "--ckpt", tmp_path / "sig.safetensors",
                              "--json", "--top-k", "4", *[f"--set={o}" for o in FP32])
     assert code == 0, err
-    transform = build_transform(DataConfig(eval_crop_pct=0.875), 32, train=False)
     for i, record in enumerate(json.loads(out)):
         with torch.no_grad():
-            probs = model(transform(Image.open(tmp_path / f"{i}.png"))[None]).sigmoid()[0]  # (4,)
+            x = eval_pixels(Image.open(tmp_path / f"{i}.png"), 32, 0.875)  # (3, 32, 32)
+            probs = model(x[None]).sigmoid()[0]  # (4,)
         order = probs.argsort(descending=True).tolist()
         assert [g["class_index"] for g in record["top"]] == order
         assert [g["probability"] for g in record["top"]] == pytest.approx(probs[order].tolist(), abs=1e-6)

@@ -2,6 +2,7 @@
 lr sweep retrains its choice on train800val200 and tests only that model, a short local split is an error,
 and --data-root finds DIR/<task> (or says every path it tried)."""
 
+import io
 import json
 
 import datasets
@@ -11,7 +12,7 @@ import yaml
 from PIL import Image
 
 from helpers import run_vit
-from vitcli.data import batches, sources, tasks
+from vitcli.data import batches, decode, sources, tasks
 from vitcli.fewshot.evaluate import data_cfg
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
@@ -92,17 +93,27 @@ def test_a_copy_already_stored_0_to_255_passes_unchanged():
                                atol=1e-6, rtol=0)
 
 
+def _decoded(img: Image.Image, fmt: str = "PNG") -> np.ndarray:
+    """The image as the batch streams decode it with data.binary_pixels: (H, W, 3) uint8."""
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return decode.Encoded(buf.getvalue(), binary=True).full().numpy().transpose(1, 2, 0)
+
+
 def test_stretch_binary_decides_on_the_pixel_range():
     ones = np.eye(4, dtype=np.uint8)
-    assert np.array_equal(np.asarray(batches.stretch_binary(Image.fromarray(ones))), ones * 255)
     rgb = np.stack([ones] * 3, -1)
-    assert np.array_equal(np.asarray(batches.stretch_binary(Image.fromarray(rgb))), rgb * 255)
-    bits = Image.fromarray(ones.astype(bool))  # mode "1": PIL already reads it as 0/255
-    assert np.array_equal(np.asarray(batches.stretch_binary(bits).convert("L")), ones * 255)
+    assert np.array_equal(_decoded(Image.fromarray(ones)), rgb * 255)  # grey: read as RGB, then stretched
+    assert np.array_equal(_decoded(Image.fromarray(rgb)), rgb * 255)
+    bits = Image.fromarray(ones.astype(bool))  # mode "1": already read as 0/255
+    assert np.array_equal(_decoded(bits), rgb * 255)
+    palette = Image.fromarray(ones).convert("P")  # its indices are not intensities: its colours decide
+    assert np.array_equal(_decoded(palette), rgb * 255)
     floats = np.array([[0.0, 0.25], [0.5, 1.0]], dtype=np.float32)
-    assert np.array_equal(np.asarray(batches.stretch_binary(Image.fromarray(floats))), np.rint(floats * 255))
-    dark = Image.fromarray(ones * 3)  # max 3 > 1: a dark 0..255 image, never brightened
-    assert batches.stretch_binary(dark) is dark
+    assert np.array_equal(_decoded(Image.fromarray(floats), "TIFF")[..., 0], np.rint(floats * 255))
+    assert np.array_equal(decode.stretch_binary(floats), np.rint(floats * 255))
+    dark = np.stack([ones * 3] * 3, -1)  # max 3 > 1: a dark 0..255 image, never brightened
+    assert np.array_equal(_decoded(Image.fromarray(dark)), dark)
 
 
 # ---------------------------------------------------------------- lr sweep, then retrain on train800val200

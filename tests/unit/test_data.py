@@ -4,6 +4,7 @@ are deterministic, resumable by index arithmetic and disjoint across ranks."""
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import datasets
@@ -14,8 +15,10 @@ from PIL import Image
 from torchvision import transforms as T
 
 from vitcli.data import batches, sources
+from vitcli.data.augment import finish, pack
+from vitcli.data.decode import Encoded
 from vitcli.data.synthetic import class_names, make_synthetic, render
-from vitcli.data.transforms import build_transform, to_signed_tensor
+from vitcli.data.transforms import build_transform
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import check_data
 from vitcli.recipe.schema import DataConfig, Recipe, SyntheticConfig
@@ -218,31 +221,71 @@ def test_num_classes():
 # ---------------------------------------------------------------- transforms
 
 
-def test_to_signed_tensor_matches_totensor_normalize():
-    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8))
+def _encoded(img: Image.Image, fmt: str = "PNG") -> Encoded:
+    buf = io.BytesIO()
+    img.save(buf, fmt)
+    return Encoded(buf.getvalue())
+
+
+def test_finish_matches_totensor_normalize():
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (5, 5, 3), dtype=np.uint8))
     reference = T.Normalize((0.5,) * 3, (0.5,) * 3)(T.ToTensor()(img))
-    assert torch.allclose(to_signed_tensor(img), reference, atol=1e-6)
+    x = finish(pack([_encoded(img).full()], np.zeros(1, bool), 5), torch.device("cpu"))[0]
+    assert torch.allclose(x, reference, atol=1e-6)
 
 
 def test_train_transform_shape_and_range_for_rgb_and_grayscale():
     cfg = DataConfig(crop_min_area=0.3, randaugment="rand-m9-mstd0.5")
-    t = build_transform(cfg, 24, train=True)
-    for img in (Image.new("RGB", (40, 30), (255, 0, 0)), Image.new("L", (13, 17), 0)):
-        x = t(img)
-        assert x.shape == (3, 24, 24) and x.dtype == torch.float32
+    images = [_encoded(Image.new("RGB", (40, 30), (255, 0, 0))), _encoded(Image.new("L", (13, 17), 0))]
+    for c in (cfg, DataConfig(crop_min_area=0.3)):
+        pixels = build_transform(c, 24, train=True)(images, 0)
+        assert pixels.pixels.dtype == torch.uint8
+        x = finish(pixels, torch.device("cpu"))
+        assert x.shape == (2, 3, 24, 24) and x.dtype == torch.float32
         assert x.min() >= -1 and x.max() <= 1
+    assert (x[0, 0] == 1).all() and (x[0, 1:] == -1).all() and (x[1] == -1).all()  # no RandAugment: colours
     _one_line_error(lambda: build_transform(DataConfig(randaugment="rand-x9"), 24, train=True), "rand-x9")
 
 
-def test_eval_transforms_match_torchvision_reference():
-    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (30, 40, 3), dtype=np.uint8))
-    finish = [T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]
+@pytest.mark.parametrize("shape", [(30, 40), (97, 61)])
+def test_eval_transform_matches_timm_pil_within_two_levels(shape):
+    """Resize short side to floor(S / crop_pct) antialiased, centre crop: torchvision's uint8 tensor resize
+    is PIL's filter, so it agrees with timm's PIL pipeline to within rounding (2 levels of 255)."""
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8))
+    finishing = [T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]
     bilinear = T.InterpolationMode.BILINEAR
-    got = build_transform(DataConfig(eval_crop_pct=0.875), 16, train=False)(img)
-    want = T.Compose([T.Resize(int(16 / 0.875), bilinear), T.CenterCrop(16), *finish])(img)  # short side 18
-    assert torch.allclose(got, want, atol=1e-6)
-    gray = build_transform(DataConfig(), 16, train=False)(img.convert("L"))
-    assert gray.shape == (3, 16, 16) and torch.equal(gray[0], gray[2])
+    cpu = torch.device("cpu")
+    eval_pp = build_transform(DataConfig(eval_crop_pct=0.875), 16, train=False)
+    got = finish(eval_pp([_encoded(img)], None), cpu)
+    want = T.Compose([T.Resize(int(16 / 0.875), bilinear), T.CenterCrop(16), *finishing])(img)  # short 18
+    assert (got[0] - want).abs().max() <= 2 / 127.5 + 1e-6
+    gray = finish(build_transform(DataConfig(), 16, train=False)([_encoded(img.convert("L"))], None), cpu)
+    assert gray.shape == (1, 3, 16, 16) and torch.equal(gray[0, 0], gray[0, 2])
+
+
+def test_decode_reads_grey_palette_rgba_and_formats_torchvision_lacks():
+    rgb = np.random.default_rng(2).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    img = Image.fromarray(rgb)
+    for mode in ("L", "P", "RGBA"):
+        want = np.asarray(img.convert(mode).convert("RGB")).transpose(2, 0, 1)
+        assert np.array_equal(_encoded(img.convert(mode)).full().numpy(), want), mode
+    for fmt in ("BMP", "TIFF"):
+        assert np.array_equal(_encoded(img, fmt).full().numpy(), rgb.transpose(2, 0, 1)), fmt
+
+
+def test_a_jpeg_crop_is_decoded_at_reduced_scale_only_when_the_output_allows():
+    y, x = np.mgrid[0:480, 0:640]
+    smooth = np.stack([x * 255 // 640, y * 255 // 480, (x + y) * 255 // 1120], -1).astype(np.uint8)
+    img = _encoded(Image.fromarray(smooth), "JPEG")
+    box = (40, 80, 400, 480)
+    full = img.pixels(box, 0)  # no output size: full resolution
+    assert full.shape == (3, 400, 480)
+    quarter = img.pixels(box, 96)  # 400 / 4 = 100 >= 96 > 400 / 8
+    assert quarter.shape == (3, 100, 120)
+    # the reduced decode shows the same picture: a quarter-size average of the full crop
+    pooled = torch.nn.functional.avg_pool2d(full[None].float(), 4)[0]
+    assert (pooled - quarter.float()).abs().mean() < 2
+    assert img.pixels(box, 224).shape == (3, 400, 480)  # 400 / 2 < 224: no reduction
 
 
 # ---------------------------------------------------------------- batch streams
@@ -272,13 +315,14 @@ def test_each_epoch_is_a_fresh_permutation_with_drop_last():
 
 
 def _count_decodes(monkeypatch) -> list:
-    decoded, original = [], datasets.Image.decode_example
+    """Counts the images opened (an image is opened before any of its pixels are decoded)."""
+    decoded, original = [], Encoded.__init__
 
-    def counting(self, value, **kw):
+    def counting(self, *args, **kw):
         decoded.append(1)
-        return original(self, value, **kw)
+        original(self, *args, **kw)
 
-    monkeypatch.setattr(datasets.Image, "decode_example", counting)
+    monkeypatch.setattr(Encoded, "__init__", counting)
     return decoded
 
 
@@ -315,6 +359,58 @@ def test_worker_processes_give_the_same_stream():
     workers = _take(batches.train_batches(ds, DataConfig(num_workers=2), 8, 8, seed=0), 5)
     for (xa, ya), (xb, yb) in zip(main, workers):
         assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def _jpegs(n: int, truncated: int) -> datasets.Dataset:
+    """n smooth JPEGs of 60..120 px (reduced-scale decoding applies to their larger crops), the label their
+    row; row `truncated` opens (its header is whole) but its pixels do not decode."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(n):
+        h, w = rng.integers(60, 120, 2)
+        y, x = np.mgrid[0:h, 0:w]
+        pixels = np.stack([x * 255 // w, y * 255 // h, np.full_like(x, i * 9)], -1).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+        data = buf.getvalue()
+        rows.append({"bytes": data[: len(data) // 2] if i == truncated else data, "path": None})
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    return datasets.Dataset.from_dict({"image": rows, "label": list(range(n))}, features=features)
+
+
+@pytest.mark.parametrize("randaugment", ["", "rand-m9-mstd0.5"])
+def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypatch, randaugment):
+    """Past the cache (large datasets) images are read as bytes and only their crops decoded, some at 1/2 or
+    1/4 scale; the batches stay a function of (seed, step), and a file that opens but does not decode gets
+    the next row in its place in every process alike."""
+    monkeypatch.setattr(batches, "DECODED_CACHE_BYTES", 0)
+    ds, size = _jpegs(12, truncated=3), 16
+    cfg = DataConfig(num_workers=0, crop_min_area=0.3, randaugment=randaugment)
+    main = _take(batches.train_batches(ds, cfg, size, 4, seed=2), 6)
+    two = DataConfig(num_workers=2, crop_min_area=0.3, randaugment=randaugment)
+    workers = _take(batches.train_batches(ds, two, size, 4, seed=2), 6)
+    resumed = _take(batches.train_batches(ds, cfg, size, 4, seed=2, start_step=4), 2)
+    for (xa, ya), (xb, yb) in zip(main, workers, strict=True):
+        assert xa.shape == (4, 3, size, size) and torch.equal(xa, xb) and torch.equal(ya, yb)
+    for (xa, ya), (xb, yb) in zip(main[4:], resumed):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    labels = torch.cat([y for _, y in main]).tolist()
+    assert len(set(labels)) == 11 and 3 not in labels  # 2 epochs of 12 rows: all but the truncated one
+
+
+def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
+    """A stream for a GPU ships crops and augment.finish resizes them there in one batched gather; one for
+    the CPU resizes each crop in its workers with torch's kernel: the same resize within one level."""
+    raws = _jpegs(6, truncated=-1).cast_column("image", datasets.Image(decode=False))["image"]
+    images, size = [Encoded(raw["bytes"]) for raw in raws], 16
+    cfg = DataConfig(crop_min_area=0.3)
+    shipped = build_transform(cfg, size, train=True)(images, 5)
+    assert shipped.pixels.shape[-1] > size  # crops, not yet resized
+    here = build_transform(cfg, size, train=True, resize_here=True)(images, 5)
+    assert here.pixels.shape == (6, 3, size, size)
+    cpu = torch.device("cpu")
+    diff = (finish(shipped, cpu) - finish(here, cpu)).abs() * 127.5
+    assert diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.01
 
 
 def test_rank_shards_are_disjoint():

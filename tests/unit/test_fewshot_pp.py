@@ -5,18 +5,22 @@ prefilter, cast back to the decoded uint8 (clip, truncate); R = int(256 / 224 * 
 floored; it is the one few-shot resize (`fewshot.resize_method=big_vision`).
 """
 
+import io
+
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data.transforms import big_vision_resize_crop, central_crop_offsets, tf_bilinear
+from vitcli.data.augment import finish, tf_bilinear
+from vitcli.data.decode import Encoded
+from vitcli.data.transforms import build_transform, central_crop_offsets
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import to_yaml
+from vitcli.recipe.schema import DataConfig, to_yaml
 
 TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation against a float64 reference
 
@@ -37,6 +41,31 @@ def half_pixel_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     img = img.astype(np.float64)
     rows = img[y0] * (1 - wy)[:, None, None] + img[y1] * wy[:, None, None]  # (out_h, W, C)
     return rows[:, x0] * (1 - wx)[None, :, None] + rows[:, x1] * wx[None, :, None]  # (out_h, out_w, C)
+
+
+def big_vision_resize_crop(img: Image.Image, resize: int, img_size: int) -> torch.Tensor:
+    """The few-shot path as the workers run it: PNG -> uint8 -> resize(R) | central_crop(S) -> [-1, 1]."""
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    fewshot_pp = build_transform(DataConfig(), img_size, train=False, resize=resize)
+    pixels = fewshot_pp([Encoded(buf.getvalue())], 0)
+    return finish(pixels, torch.device("cpu"))[0]  # (3, S, S)
+
+
+def float_pipeline(img: Image.Image, resize: int, img_size: int) -> torch.Tensor:
+    """The float32 PIL pipeline the uint8 one replaced (vitcli 0.1), kept as its reference."""
+    x = torch.from_numpy(np.asarray(img.convert("RGB"), dtype=np.float32).transpose(2, 0, 1).copy())
+    x = tf_bilinear(x, resize).clamp_(0.0, 255.0).floor_()  # (3, R, R)
+    top, left = central_crop_offsets(resize, resize, img_size)
+    x = x[:, top : top + img_size, left : left + img_size]  # (3, S, S)
+    return (x / np.float32(127.5) - np.float32(1.0)).contiguous()
+
+
+@pytest.mark.parametrize("shape,resize,size", [((45, 45), 36, 32), ((50, 71), 36, 32), ((17, 23), 40, 32),
+                                               ((91, 91), 91, 80)])
+def test_the_uint8_path_equals_the_float_pipeline_exactly(shape, resize, size):
+    img = Image.fromarray(np.random.default_rng(sum(shape)).integers(0, 256, (*shape, 3), dtype=np.uint8))
+    assert torch.equal(big_vision_resize_crop(img, resize, size), float_pipeline(img, resize, size))
 
 
 def checkerboard(h: int, w: int) -> np.ndarray:

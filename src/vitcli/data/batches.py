@@ -1,9 +1,12 @@
 """The batch streams the trainer and evaluators read, built on the datasets of data.py.
 
 Training batches are a pure function of (seed, optimizer step, global micro-batch): the epoch order comes from
-(seed, epoch) and each micro-batch reseeds the augmentation RNGs, so a resumed run that skips `start_step`
-batches by index arithmetic sees exactly what the uninterrupted run would have, whatever `num_workers` is, and
-one process sees what several see between them.
+(seed, epoch) and each micro-batch seeds its own augmentation generator, so a resumed run that skips
+`start_step` batches by index arithmetic sees exactly what the uninterrupted run would have, whatever
+`num_workers` is, and one process sees what several see between them.
+
+Batches leave the loader workers as uint8 (augment.Pixels: a quarter of float's bytes); the stream finishes
+them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`, the model's.
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
@@ -23,13 +26,14 @@ from collections.abc import Iterable, Iterator
 import datasets
 import numpy as np
 import torch
-from PIL import Image
 from rich.markup import escape
 from timm.data import Mixup
 from torch.utils.data import DataLoader
 
+from vitcli.data.augment import Pixels, finish
+from vitcli.data.decode import Decoded, Encoded, encoded, read
 from vitcli.data.sources import origin
-from vitcli.data.transforms import build_transform, seeded
+from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.metrics import console
@@ -69,22 +73,6 @@ class Skipped:
         return {name: sorted(rows) for name, rows in self.rows.items() if rows}
 
 
-def stretch_binary(img: Image.Image) -> Image.Image:
-    """An image stored as 0/1 pixels (dSprites) -> 0/255, task_adaptation's `image * 255`; else unchanged.
-
-    Decided on the pixel range: only an image whose largest value is <= 1 is multiplied (so a copy already
-    stored as 0..255 passes as it is). For integer images that means every pixel is 0 or 1; a float image in
-    [0, 1] is scaled linearly and rounded. An image with any value above 1 is never touched, however dark:
-    its scale is already 0..255, and guessing from its contents would brighten real dark images.
-    """
-    if img.mode in ("P", "PA"):  # palette indices are not intensities: look at the colours
-        img = img.convert("RGB")
-    pixels = np.asarray(img)
-    if pixels.size == 0 or pixels.max() > 1:
-        return img
-    return Image.fromarray(np.rint(pixels.astype(np.float32) * 255).astype(np.uint8))
-
-
 def _reason(e: Exception) -> str:
     """An exception as one line: its type and the first line of its message, less object addresses."""
     lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
@@ -105,12 +93,14 @@ class KeyedBatches(torch.utils.data.Dataset):
 
 
 class _Batches(KeyedBatches):
-    """Map-style dataset whose keys are whole batches: (augmentation seed or None, rows) -> (x, y, bad).
+    """Map-style dataset whose keys are whole batches: (augmentation seed or None, rows) -> (uint8 Pixels,
+    y, bad).
 
     `bad` maps each row of the key whose image does not decode to the reason; with `replace` (training) the
     next row that decodes stands in for it, otherwise (evaluation) it is left out.
-    With `cache`, small datasets keep each image decoded after its first use (per process): at 32 px PNG
-    decoding costs as much as all augmentation together, and from the second epoch on it is gone.
+    With `cache`, small datasets keep each image decoded (uint8, whole) after its first use (per process): at
+    32 px PNG decoding costs as much as all augmentation together, and from the second epoch on it is gone.
+    Without it an image is read as bytes and its header, and only its crop is decoded (decode.Encoded).
     """
 
     def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: bool, replace: bool):
@@ -120,28 +110,25 @@ class _Batches(KeyedBatches):
         self.column, self.transform, self.replace = cfg.image_column, transform, replace
         self.binary = cfg.binary_pixels  # 0/1 images: stretched to 0/255 as decoded (and so cached)
         self.name = origin(ds)
-        self.images = ds.select_columns([cfg.image_column])
+        self.images = encoded(ds.select_columns([cfg.image_column]), cfg.image_column)
         self.labels = labels(ds, cfg.label_column)  # (N,)
         self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
         self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
 
-    def _decode_one(self, row: int):
+    def _open(self, row: int, raw: dict) -> Encoded | Decoded | None:
+        """The row's image (header read; decoded whole when cached), or None with the reason in self.bad."""
         try:
-            return self.images[row][self.column]
+            img = Encoded(read(raw), self.binary)
+            return img if self.cache is None else Decoded(img.full())
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
             self.bad[row] = _reason(e)
             return None
 
-    def _load(self, rows: list[int]) -> dict[int, object]:
-        """row -> image for the rows that decode (0/1 images stretched); the others land in self.bad."""
+    def _load(self, rows: list[int]) -> dict[int, Encoded | Decoded]:
+        """row -> image for the rows that open; the others land in self.bad."""
         rows = [i for i in dict.fromkeys(rows) if i not in self.bad]
-        if not rows:
-            return {}
-        try:
-            images = dict(zip(rows, self.images[rows][self.column]))  # one arrow take: decodes only these
-        except Exception:  # noqa: BLE001 - one of them is corrupt: find which, row by row
-            images = {i: img for i in rows if (img := self._decode_one(i)) is not None}
-        return {i: stretch_binary(img) for i, img in images.items()} if self.binary else images
+        raws = self.images[rows][self.column] if rows else []  # one arrow take: reads only these
+        return {i: img for i, raw in zip(rows, raws) if (img := self._open(i, raw)) is not None}
 
     def _decoded(self, rows: list[int]) -> dict[int, object]:
         if self.cache is None:
@@ -165,18 +152,22 @@ class _Batches(KeyedBatches):
             raise none_decode(self.name, f"{n} rows", f"row {row}", self.bad[row])
         return j
 
-    def _batch(self, seed: int | None, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict[int, str]]:
-        images = self._decoded(rows)
-        bad = {i: self.bad[i] for i in rows if i not in images}
-        if self.replace:
-            # A stand-in rather than a shorter batch: the micro-batch keeps its size (mixup pairs rows, the
-            # loss is a mean per micro-batch, DDP ranks step together) and the augmentation draws stay put.
-            rows = [i if i in images else self._substitute(i, images) for i in rows]
-        else:
-            rows = [i for i in rows if i in images]  # evaluation: a stand-in would count some image twice
-        with seeded(seed):
-            x = torch.stack([self.transform(images[i]) for i in rows]) if rows else torch.empty(0)
-        return x, self.labels[rows], bad  # (B, 3, H, W), (B,)
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
+        while True:  # again when a row opened but its pixels did not decode: it is bad from now on
+            images = self._decoded(rows)
+            bad = {i: self.bad[i] for i in rows if i not in images}
+            if self.replace:
+                # A stand-in rather than a shorter batch: the micro-batch keeps its size (mixup pairs rows,
+                # the loss is a mean per micro-batch, DDP ranks step together), the augmentation draws stay.
+                use = [i if i in images else self._substitute(i, images) for i in rows]
+            else:
+                use = [i for i in rows if i in images]  # evaluation: a stand-in would count an image twice
+            try:
+                x = self.transform([images[i] for i in use], seed) if use else None
+            except Undecodable as e:
+                self.bad[use[e.position]] = _reason(e.error)
+                continue
+            return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
 
 
 def stand_in(i: int, n: int, decodes) -> int | None:
@@ -208,15 +199,21 @@ def worker_error(e: Exception, name: str) -> Exception:
 class BatchStream:
     """(x, y) batches of a loader; tallies the rows each batch skipped, raises an error a worker returned."""
 
-    def __init__(self, loader: DataLoader, skipped: Skipped | None = None):
+    def __init__(self, loader: DataLoader, skipped: Skipped | None = None, device: torch.device | None = None,
+                 collective: bool = False):
         self.batches, self.name = iter(loader), loader.dataset.name
         self.skipped = skipped if skipped is not None else Skipped()
+        self.device = device if device is not None else torch.device("cpu")
+        # collective: a pass where nothing decoded ends quietly; the caller decides with the other ranks
+        # (nothing_decoded), since one rank raising alone would leave the others waiting in a gather
+        self.collective = collective
         self.decoded = self.failed = 0  # images of this pass
 
     def __iter__(self) -> BatchStream:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x float32 (B, 3, S, S) in [-1, 1] on the stream's device, y (B,) int64 on the CPU)."""
         for item in self.batches:
             if isinstance(item, Exception):
                 # Let go of the loader now: its workers stop at once. Kept alive by the traceback, it would be
@@ -227,11 +224,15 @@ class BatchStream:
             self.skipped.add(self.name, bad)
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
-                return x, y
-        if self.failed and not self.decoded:
-            row, reason = next(iter(self.skipped.rows[self.name].items()))
-            raise none_decode(self.name, str(self.failed), f"row {row}", reason)
+                return finish(x, self.device), y
+        if self.failed and not self.decoded and not self.collective:
+            raise self.nothing_decoded()
         raise StopIteration
+
+    def nothing_decoded(self) -> DataError:
+        """The error for a pass in which images failed and none decoded, naming the first that failed."""
+        row, reason = next(iter(self.skipped.rows[self.name].items()))
+        return none_decode(self.name, str(self.failed), f"row {row}", reason)
 
     def position(self) -> dict | None:
         """None: where a map-style stream goes on follows from the step alone
@@ -308,8 +309,10 @@ def keyed_loader(dataset: KeyedBatches, keys: Iterable, workers: int) -> DataLoa
 def train_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
+    device: torch.device | None = None,
 ) -> BatchStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) for this rank, `accum` per
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, finished there by
+    augment.finish; y (B,) int64) for this rank, `accum` per
     optimizer step, starting at this rank's micro-batch `start_step` of the uninterrupted stream (skipped
     batches are never loaded). The stream's `skipped` counts the images that did not decode (each replaced
     by the next row that does)."""
@@ -320,22 +323,31 @@ def train_batches(
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
     keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
-    transform = build_transform(cfg, img_size, train=True)
-    return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True))
+    transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
+    return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True), device=device)
 
 
 def eval_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, batch_size: int, rank: int = 0, world_size: int = 1,
     resize: int = 0, skipped: Skipped | None = None, resize_method: str = "big_vision",
+    device: torch.device | None = None, collective: bool = False,
 ) -> BatchStream:
-    """Deterministic eval batches over rows rank, rank + world_size, ... (the last may be short); `resize` > 0
-    selects the few-shot preprocessing (squash to resize x resize with `resize_method`, centre crop img_size).
-    Images that do not decode are left out and recorded in `skipped` (a caller's tally that outlives this
-    pass, or a new one)."""
+    """Deterministic eval batches (x on `device`, y on the CPU) over rows rank, rank + world_size, ... (the
+    last may be short); `resize` > 0 selects the few-shot preprocessing (squash to resize x resize with
+    `resize_method`, centre crop img_size). Images that do not decode are left out and recorded in `skipped`
+    (a caller's tally that outlives this pass, or a new one). A pass where nothing decodes raises, unless
+    `collective` (BatchStream.collective)."""
     rows = list(range(rank, len(ds), world_size))
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)
-    return BatchStream(_loader(ds, cfg, transform, keys, cache=False, replace=False), skipped)
+    loader = _loader(ds, cfg, transform, keys, cache=False, replace=False)
+    return BatchStream(loader, skipped, device, collective)
+
+
+def on_cpu(device: torch.device | None) -> bool:
+    """Whether a stream's batches are finished on the CPU: then its loader workers resize them (the same
+    augment code, run where the CPU work is shared out)."""
+    return device is None or device.type == "cpu"
 
 
 def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):

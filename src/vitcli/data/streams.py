@@ -50,11 +50,12 @@ from vitcli.data.batches import (
     micro_batch,
     micro_seed,
     none_decode,
+    on_cpu,
     stand_in,
-    stretch_binary,
 )
+from vitcli.data.decode import Encoded, read
 from vitcli.data.sources import origin
-from vitcli.data.transforms import build_transform, seeded
+from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 
@@ -118,39 +119,41 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (x, y, bad)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
-        self.decoder = datasets.Image()
 
-    def _decode(self, raw: dict):
-        """The image as PIL (0/1 images stretched), or the exception that stopped it."""
+    def _open(self, raw: dict) -> Encoded | Exception:
+        """The image with its header read (0/1 images to be stretched), or the exception that stopped it."""
         try:
-            img = self.decoder.decode_example(raw)
-            img.load()  # PIL opens lazily: a truncated file fails here, not inside a transform
+            return Encoded(read(raw), self.binary)
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
             return e
-        return stretch_binary(img) if self.binary else img
 
     def _batch(self, step: int, seed: int, rows: list[Example]):
-        images = [self._decode(raw) for raw, _ in rows]
-        good = [i for i, img in enumerate(images) if not isinstance(img, Exception)]
-        bad = {_image_id(rows[i][0]): _reason(e) for i, e in enumerate(images) if isinstance(e, Exception)}
-        if not good:
-            ident, reason = next(iter(bad.items()))
-            raise none_decode(f"micro-batch {step} of {self.name}", str(len(rows)), ident, reason)
-        use = [i if i in good else stand_in(i, len(rows), good.__contains__) for i in range(len(rows))]
-        with seeded(seed):
-            x = torch.stack([self.transform(images[i]) for i in use])  # (B, 3, H, W)
-        return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
+        images = [self._open(raw) for raw, _ in rows]
+        while True:  # again when an image opened but its pixels did not decode: it is bad from now on
+            good = [i for i, img in enumerate(images) if not isinstance(img, Exception)]
+            bad = {_image_id(rows[i][0]): _reason(e)
+                   for i, e in enumerate(images) if isinstance(e, Exception)}
+            if not good:
+                ident, reason = next(iter(bad.items()))
+                raise none_decode(f"micro-batch {step} of {self.name}", str(len(rows)), ident, reason)
+            use = [i if i in good else stand_in(i, len(rows), good.__contains__) for i in range(len(rows))]
+            try:
+                x = self.transform([images[i] for i in use], seed)  # uint8 Pixels of B
+            except Undecodable as e:
+                images[use[e.position]] = e.error
+                continue
+            return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 
 class TrainStream(BatchStream):
     """BatchStream over streamed micro-batches that also knows where it is: `position()`."""
 
-    def __init__(self, loader: DataLoader, positions: deque, at: dict):
-        super().__init__(loader)
+    def __init__(self, loader: DataLoader, positions: deque, at: dict, device: torch.device | None = None):
+        super().__init__(loader, device=device)
         self.positions, self.at = positions, at
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,8 +184,10 @@ def _start(ids, batch: int, start_step: int, start: dict | None, name: str) -> t
 def stream_train_batches(
     ids: datasets.IterableDataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
     start_step: int = 0, rank: int = 0, world_size: int = 1, start: dict | None = None, accum: int = 1,
+    device: torch.device | None = None,
 ) -> TrainStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1], y (B,) int64) of this rank's share of a
+    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, y (B,) int64) of this rank's
+    share of a
     streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream.
 
     `start`: the stream's `position()` saved at that micro-batch; without it, the examples before are read
@@ -197,8 +202,9 @@ def stream_train_batches(
     examples, at = _start(mine, micro_batch_size, start_step, start, name)
     positions: deque = deque()
     keys = _keys(examples, cfg, micro_batch_size, seed, (start_step, accum, rank), positions)
-    decode = _Decode(name, build_transform(cfg, img_size, train=True), cfg.binary_pixels)
-    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at)
+    transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
+    decode = _Decode(name, transform, cfg.binary_pixels)
+    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at, device)
 
 
 def throughput(stream: Iterator, n_batches: int) -> float:

@@ -8,7 +8,7 @@ or `test[:200]` for smallNORB. Those offsets assume TFDS example order, so sourc
 The standard sets use big_vision's `configs/common_fewshot.py` train/test splits.
 
 dSprites is stored as 0/1 pixels; task_adaptation (`data/dsprites.py`) multiplies them by 255, so those two
-tasks say `binary_pixels` and the batch streams stretch such images to 0/255 (batches.stretch_binary). No
+tasks say `binary_pixels` and the batch streams stretch such images to 0/255 (decode.stretch_binary). No
 other VTAB source is rescaled there (smallNORB is only tiled to 3 channels, as to_rgb does).
 
 With a data root, a task reads a local copy (task_source): ROOT/<name less `vtab/`> (ROOT/svhn), else

@@ -1,36 +1,41 @@
-"""Image preprocessing: the paper's Inception crop + flip (+ RandAugment) for training, resize + centre crop
-for eval, big_vision's square resize for few-shot features. Outputs: (3, img_size, img_size) in [-1, 1].
+"""Preprocessing of a batch of images (decode.Encoded or decode.Decoded) into uint8 augment.Pixels, as the
+loader workers run it: the paper's Inception crop + flip (+ RandAugment) for training, resize + centre crop
+for eval, big_vision's square resize for few-shot features. augment.finish scales to [-1, 1] on the model's
+device.
 
-Built from timm's pieces so the semantics (crop sampling, RandAugment hyper-parameters) are timm's own.
+Training crops leave a worker not yet resized when the model runs on a GPU (augment.finish resizes the
+whole batch there in one call). When it runs on the CPU, or with RandAugment (timm's PIL implementation,
+which needs final-size images), the worker resizes and flips each crop itself (augment.resize_each).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
-from timm.data import create_transform
 from timm.data.auto_augment import rand_augment_transform
-from timm.data.transforms import RandomResizedCropAndInterpolation, str_to_interp_mode
-from torchvision import transforms
+from torchvision.transforms.v2 import functional as TF
 
+from vitcli.data.augment import Pixels, inception_boxes, pack, resize_each, tf_bilinear, whole_boxes
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
-INTERPOLATION = "bilinear"  # big_vision's inception_crop and resize use bilinear
 
 
-def to_rgb(img: Image.Image) -> Image.Image:
-    """Grayscale, palette and RGBA images become 3-channel RGB; RGB passes through untouched."""
-    return img if img.mode == "RGB" else img.convert("RGB")
+class Undecodable(Exception):
+    """The image at `position` of a batch opened but its pixels did not decode (a truncated file)."""
+
+    def __init__(self, position: int, error: Exception):
+        super().__init__(str(error))
+        self.position, self.error = position, error
 
 
 def _randaugment(spec: str, img_size: int):
@@ -49,78 +54,97 @@ def _randaugment(spec: str, img_size: int):
         ) from None
 
 
-def to_signed_tensor(img: Image.Image) -> torch.Tensor:
-    """uint8 (H, W, 3) PIL -> float32 (3, H, W) in [-1, 1]; equals ToTensor + Normalize(0.5, 0.5) at a fifth
-    of the cost (measured ~25 vs ~200 us at 32 px, where they dominated the whole pipeline)."""
-    x = np.asarray(img, dtype=np.float32) / np.float32(127.5) - np.float32(1.0)  # (H, W, 3)
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
-
-
 def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
     """(top, left) of big_vision's `central_crop`: margins floored, (h - size) // 2. torchvision's CenterCrop
     rounds half to even instead, one pixel further when the margin is 3 mod 4 (91 -> 80: 5 vs 6)."""
     return (height - size) // 2, (width - size) // 2
 
 
-def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
-    """(3, H, W) float -> (3, size, size): tf.image.resize(method="bilinear", antialias=False), the TF2
-    half-pixel-centre sampling (source = (dst + 0.5) * in / out - 0.5, clamped at the edges), no prefilter."""
-    return F.interpolate(x[None], size=(size, size), mode="bilinear", align_corners=False, antialias=False)[0]
+def _crops(images: list, boxes, out: int) -> list[torch.Tensor]:
+    """Each image's crop (boxes (B, 4), or None for whole images) as uint8 (3, h, w); a failure names its
+    position (Undecodable), for the batch to put a stand-in there or leave it out."""
+    crops = []
+    for i, img in enumerate(images):
+        try:
+            crops.append(img.pixels(None if boxes is None else boxes[i], out))
+        except Exception as e:  # noqa: BLE001 - decoders fail on corrupt data as OSError, RuntimeError...
+            raise Undecodable(i, e) from None
+    return crops
 
 
-def big_vision_resize_crop(img: Image.Image, resize: int, img_size: int) -> torch.Tensor:
-    """big_vision's few-shot pp `decode|resize(R)|central_crop(S)|value_range(-1,1)` on a PIL image."""
-    x = torch.from_numpy(np.asarray(to_rgb(img), dtype=np.float32).transpose(2, 0, 1).copy())  # (3, H, W)
-    # its `resize` op casts back to the decoded dtype: clip to [0, 255], then tf.cast truncates to uint8
-    x = tf_bilinear(x, resize).clamp_(0.0, 255.0).floor_()  # (3, R, R)
-    top, left = central_crop_offsets(resize, resize, img_size)
-    x = x[:, top : top + img_size, left : left + img_size]  # (3, S, S)
-    return (x / np.float32(127.5) - np.float32(1.0)).contiguous()
+def _final(images: list[torch.Tensor], size: int) -> Pixels:
+    """uint8 (3, size, size) images -> Pixels that finish only normalises."""
+    return pack(images, np.zeros(len(images), bool), size)
 
 
-def _fewshot_transform(img_size: int, resize: int, method: str):
-    """Squash to resize x resize, centre crop img_size, [-1, 1]; `method` names whose resampling."""
-    if method not in FEWSHOT_RESIZE_METHODS:
-        raise DataError(f"fewshot.resize_method: '{method}' is not one of "
-                        f"{', '.join(FEWSHOT_RESIZE_METHODS)}")
-    if resize < img_size:
-        raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
-    return partial(big_vision_resize_crop, resize=resize, img_size=img_size)  # picklable for workers
+def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool) -> Pixels:
+    """Inception crop (data.crop_min_area..1 of the area; the whole image when data.inception_crop is off),
+    flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given.
+    The crops leave as they are, for augment.finish to resize on the model's device, unless `resize_here`."""
+    rng = np.random.default_rng(seed)
+    hw = np.array([img.size for img in images], dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
+    boxes = inception_boxes(hw, rng, (cfg.crop_min_area, 1.0)) if cfg.inception_crop else whole_boxes(hw)
+    flips = rng.random(len(images)) < 0.5 if cfg.hflip else np.zeros(len(images), bool)
+    crops = _crops(images, boxes, size)
+    if randaugment is None and not resize_here:
+        return pack(crops, flips, size)
+    x = resize_each(crops, flips, size)  # (B, 3, S, S) uint8, flipped
+    if randaugment is None:
+        return _final(list(x), size)
+    x = x.permute(0, 2, 3, 1).numpy()  # (B, S, S, 3): timm's RandAugment works on PIL
+    with seeded(seed):  # it draws from `random` and numpy's global RNG
+        out = [torch.from_numpy(np.asarray(randaugment(Image.fromarray(img))).transpose(2, 0, 1).copy())
+               for img in x]
+    return _final(out, size)
+
+
+def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:
+    """timm's eval resize: short side to floor(size / crop_pct), then torchvision's CenterCrop(size).
+    torchvision's antialiased bilinear resize of uint8 tensors is PIL's algorithm (same support, same
+    triangle filter), equal to it within a level or two of rounding."""
+    short = math.floor(size / crop_pct)
+    crops = _crops(images, None, 0)
+    out = [TF.center_crop(TF.resize(x, [short], antialias=True), [size, size]) for x in crops]
+    return _final(out, size)
+
+
+def _fewshot(images: list, seed, size: int, resize: int) -> Pixels:
+    """big_vision's few-shot pp `decode|resize(R)|central_crop(S)`: its resize casts back to the decoded dtype
+    (clip to [0, 255], then tf.cast truncates to uint8). One F.interpolate per image (the images differ in
+    size anyway), bit-identical to the float pipeline this replaced."""
+    top, left = central_crop_offsets(resize, resize, size)
+    out = [tf_bilinear(x.to(torch.float32), resize).clamp_(0.0, 255.0).to(torch.uint8)
+           [:, top : top + size, left : left + size] for x in _crops(images, None, 0)]  # (3, S, S)
+    return _final(out, size)
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,
-                    resize_method: str = "big_vision"):
-    """PIL image -> float tensor (3, img_size, img_size) in [-1, 1]; random for train, deterministic for eval.
+                    resize_method: str = "big_vision", resize_here: bool = False):
+    """transform(images, seed) -> augment.Pixels of img_size: random for train (seeded by the micro-batch),
+    deterministic for eval; picklable, for the loader workers. `resize_here`: training crops are resized in
+    the worker (when the model runs on the CPU too: the workers share the work, and ship S x S, not crops).
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and RandAugment. eval: resize the short side to img_size / eval_crop_pct,
     centre crop. `resize` > 0 (few-shot): squash to resize x resize, centre crop img_size, resampled as
     `resize_method` says (FEWSHOT_RESIZE_METHODS).
     """
-    interp = str_to_interp_mode(INTERPOLATION)
     if train:
-        if cfg.inception_crop:
-            scale = (cfg.crop_min_area, 1.0)
-            crop = RandomResizedCropAndInterpolation(img_size, scale=scale, interpolation=INTERPOLATION)
-        else:
-            crop = transforms.Resize((img_size, img_size), interpolation=interp)
-        steps = [to_rgb, crop]
-        if cfg.hflip:
-            steps.append(transforms.RandomHorizontalFlip())
-        if cfg.randaugment:
-            steps.append(_randaugment(cfg.randaugment, img_size))
-        return transforms.Compose([*steps, to_signed_tensor])
+        randaugment = _randaugment(cfg.randaugment, img_size) if cfg.randaugment else None
+        return partial(_train, cfg=cfg, size=img_size, randaugment=randaugment, resize_here=resize_here)
     if resize > 0:
-        return _fewshot_transform(img_size, resize, resize_method)
-    # timm's eval resize: short side to floor(img_size / crop_pct), then CenterCrop(img_size)
-    base = create_transform(img_size, crop_pct=cfg.eval_crop_pct, interpolation=INTERPOLATION)  # eval mode
-    resize_crop = [t for t in base.transforms if isinstance(t, (transforms.Resize, transforms.CenterCrop))]
-    return transforms.Compose([to_rgb, *resize_crop, to_signed_tensor])
+        if resize_method not in FEWSHOT_RESIZE_METHODS:
+            raise DataError(f"fewshot.resize_method: '{resize_method}' is not one of "
+                            f"{', '.join(FEWSHOT_RESIZE_METHODS)}")
+        if resize < img_size:
+            raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
+        return partial(_fewshot, size=img_size, resize=resize)
+    return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct)
 
 
 @contextmanager
 def seeded(seed: int | None):
-    """Pin the global RNGs augmentation draws from (timm crops: `random`; RandAugment: numpy; flips: torch) to
+    """Pin the global RNGs timm draws from (RandAugment: `random` and numpy; Mixup: numpy; dropout: torch) to
     `seed` for the block, then restore them so the caller's own streams are untouched. None: do nothing."""
     if seed is None:
         yield

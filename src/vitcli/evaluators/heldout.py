@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import torch
 
 from vitcli.data import batches
-from vitcli.evaluators.inference import sharded_pass
+from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.dist import Dist, all_reduce_sum
+from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
 from vitcli.train.objectives import mpp_step
 
 
@@ -27,12 +27,14 @@ class SplitEvaluator:
         """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
         (a rank may have no rows at all), and the skipped images)."""
         values = sharded_pass(model, self.ds, self.cfg, self.img_size, self.dist, self.precision, per_batch,
-                              self.skipped)
+                              self.skipped, collective=True)
         totals = [0.0] * width
         for batch in values:
             totals = [a + b for a, b in zip(totals, batch, strict=True)]
-        # ranks read disjoint rows, so their skipped counts add up too
-        *totals, skipped = all_reduce_sum([*totals, self.skipped.total], self.dist)
+        # ranks read disjoint rows, so their skipped counts add up too; a batch holds at least one image
+        *totals, skipped, decoded = all_reduce_sum([*totals, self.skipped.total, len(values)], self.dist)
+        if skipped and not decoded:  # the same on every rank: all gather the tallies, all raise alike
+            raise_if_nothing_decoded(0, all_gather(self.skipped.rows, self.dist))
         return totals, int(skipped)
 
     def named(self, metrics: dict[str, float], skipped: int) -> Iterator[tuple[str, float]]:

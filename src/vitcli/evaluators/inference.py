@@ -4,6 +4,11 @@ Rows are sharded over ranks (rank r reads rows r, r + W, ...), the model runs in
 autocast, and images that do not decode are left out and counted. Combining the ranks' results is the
 caller's: sums add up (heldout.py), per-row results are gathered back into row order (`in_row_order`: the
 few-shot features, vit evaluate's predictions).
+
+With `collective`, whether a split where nothing decodes is an error is decided by all ranks together: a rank
+whose share is all corrupt returns nothing and goes on into the caller's gather or reduce with the others,
+after which every rank calls `raise_if_nothing_decoded` on the same gathered tallies (one rank raising
+alone would leave the others waiting in that collective forever; `in_row_order` does so itself).
 """
 
 from __future__ import annotations
@@ -20,31 +25,45 @@ from vitcli.runtime.precision import autocast
 @torch.inference_mode()
 def sharded_pass(
     model: torch.nn.Module, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, per_batch,
-    skipped: batches.Skipped, resize: int = 0, resize_method: str = "big_vision",
+    skipped: batches.Skipped, resize: int = 0, resize_method: str = "big_vision", collective: bool = False,
 ) -> list:
     """per_batch(model, i, x, y) for each batch i of this rank's rows, x (B, 3, H, W) and y (B,) on the
     device; the model's train/eval mode is restored after. Rows whose image does not decode land in `skipped`;
-    `resize` > 0 selects the few-shot preprocessing (batches.eval_batches)."""
+    `resize` > 0 selects the few-shot preprocessing (batches.eval_batches). A share where images failed and
+    none decoded raises here, unless `collective` (then the caller decides with every rank, see above)."""
     was_training = model.training
     model.eval()
     share = dist.rank % dist.world_size  # the rank, or 0 for a lone process that torchrun did not start
     stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, share, dist.world_size,
-                                  resize=resize, skipped=skipped, resize_method=resize_method)
+                                  resize=resize, skipped=skipped, resize_method=resize_method,
+                                  device=dist.device, collective=collective)
     out = []
-    for i, (x, y) in enumerate(stream):
-        x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
+    for i, (x, y) in enumerate(stream):  # x already on the device (augment.finish)
+        y = y.to(dist.device, non_blocking=True)
         with autocast(dist.device, precision):
             out.append(per_batch(model, i, x, y))
     model.train(was_training)
     return out
 
 
+def raise_if_nothing_decoded(decoded: int, tallies: list[dict[str, dict[int, str]]]) -> None:
+    """The none_decode error when images failed and none decoded on any rank. `decoded` (images decoded over
+    all ranks) and `tallies` (every rank's Skipped.rows, in rank order) come from the caller's gather or
+    reduce, so every rank decides alike and names the same image."""
+    failures = [(name, row, why)
+                for rows in tallies for name, bad in rows.items() for row, why in bad.items()]
+    if decoded == 0 and failures:
+        name, row, why = failures[0]
+        raise batches.none_decode(name, str(len(failures)), f"row {row}", why)
+
+
 def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: dict[str, dict[int, str]], n: int,
                  dist: Dist, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
     """Every rank's per-row `arrays` (each (N_r, ...) over the rows r, r + W, ... of an n-row split that
-    decoded; None: it had none) -> (rows (N',), *arrays) over the whole split in row order, on every rank;
-    None when no rank had a row. Each rank's `skipped_rows` (split -> {row: reason}) join `skipped`.
-    A collective call."""
+    decoded; None: it had none) from a `collective` sharded_pass -> (rows (N',), *arrays) over the whole
+    split in row order, on every rank; None when no rank had a row. Each rank's `skipped_rows`
+    (split -> {row: reason}) join `skipped`; images that failed with none decoded anywhere raise, on every
+    rank. A collective call."""
     return row_order(all_gather((arrays, skipped_rows), dist), n, skipped)
 
 
@@ -56,8 +75,9 @@ def row_order(parts: list, n: int, skipped: batches.Skipped | None = None) -> tu
         rows += [i for i in range(rank, n, len(parts)) if i not in gone]
         for name, reasons in bad.items() if skipped is not None else ():
             skipped.add(name, reasons)
+    raise_if_nothing_decoded(len(rows), [bad for _, bad in parts])  # every rank alike, on the same tallies
     held = [a for a, _ in parts if a is not None]
-    if not held:  # nothing decoded anywhere: eval_batches has already raised on each rank
+    if not held:  # an empty split
         return None
     order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")  # gathered position -> row order
     columns = [np.concatenate([a[j] for a in held])[order] for j in range(len(held[0]))]

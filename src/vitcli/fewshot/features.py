@@ -43,12 +43,13 @@ def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, 
     def per_batch(model, i, x, y):
         return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
 
-    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method)
+    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method,
+                         collective=True)
     # None: this rank had no rows that decode
     part = ((torch.cat([f for f, _ in parts]).numpy(), torch.cat([y for _, y in parts]).numpy())
             if parts else None)
     gathered = in_row_order(part, own.rows, len(ds), dist, skipped)
-    if gathered is None:  # nothing decoded anywhere: eval_batches has already raised on each rank
+    if gathered is None:  # an empty split
         return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
     out = gathered[1], gathered[2].astype(np.int64)
     if not np.isfinite(out[0]).all():

@@ -136,12 +136,12 @@ def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
 
     def mapped(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
         return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                     dist.rank, dist.world_size, accum)
+                                     dist.rank, dist.world_size, accum, device=dist.device)
 
     def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
         stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed,
                                               start * accum, dist.rank, dist.world_size, start=position,
-                                              accum=accum)
+                                              accum=accum, device=dist.device)
         return LabelChecked(stream, r, num_classes)
 
     return streamed if r.data.streaming else mapped

@@ -280,8 +280,8 @@ def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, preci
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = None
     for i in range(accum):
-        x, y = next(stream)
-        x, y = x.to(dist.device, non_blocking=True), y.to(dist.device, non_blocking=True)
+        x, y = next(stream)  # x on the run's device: the stream finished its uint8 batch there
+        y = y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
         with parallelize.gradient_sync(ddp_model, sync):

@@ -62,8 +62,8 @@ FewshotOverridesArg = Annotated[
 ]
 
 
-COMMANDS = ("pretrain", "finetune", "eval-fewshot", "resize-posemb", "inspect", "plot", "prepare-data",
-            "export")
+COMMANDS = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict", "resize-posemb", "inspect", "plot",
+            "prepare-data", "export")
 # default workdirs are runs/<name>-<time>; the stage's name otherwise
 WORKDIR_NAMES = {"eval-fewshot": "fewshot"}
 
@@ -72,13 +72,29 @@ def _workdir(workdir: Path | None, stage: str) -> Path:
     return workdir or Path("runs") / f"{stage}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False):
-    """The checked recipe; torch is imported only if the recipe needs it (after every torch-free check)."""
+def _resolve(stage: str, recipe: Path | None, overrides: list[str] | None, flags: dict, vtab: bool = False,
+             base=None):
+    """The checked recipe; torch is imported only if the recipe needs it (after every torch-free check).
+    `base()`: what the checkpoint says of itself, below the recipe file (evaluate, predict)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
     return resolve(stage, recipe, list(overrides or []), flags, vtab=vtab, world_size=world_size,
-                   complete=_complete)
+                   complete=_complete, base=base)
+
+
+def _trained_with(ckpt: str | None, own_data: bool):
+    """A function giving the checkpoint's resolution and, for ours, the preprocessing (and data) it was
+    trained with; {} without --ckpt (the recipe check then asks for it)."""
+
+    def layer() -> dict:
+        if not ckpt:
+            return {}
+        from vitcli.checkpoints.complete import trained_with
+
+        return trained_with(ckpt, own_data)
+
+    return layer
 
 
 def _complete(recipe, user_heads: bool):
@@ -138,7 +154,7 @@ def _check_resume_flags(resume: bool | None, overwrite: bool) -> None:
     check_resume_flags(resume, overwrite)  # before the dry run, which would otherwise accept the pair
 
 
-def _emit_json(results: dict) -> None:
+def _emit_json(results: dict | list) -> None:
     """What a stage returned, as JSON on stdout (rank 0 only: every rank returns it, one prints it)."""
     if int(os.environ.get("RANK", "0")) == 0:
         sys.stdout.write(json.dumps(results, indent=2) + "\n")
@@ -226,6 +242,75 @@ def eval_fewshot(
              "fewshot.l2_reg": l2, "fewshot.data_root": data_root, "init.random": random_init or None}
     r = _resolve("eval-fewshot", recipe, overrides, flags)
     _stage("vitcli.stages.fewshot.eval_fewshot", r, dry_run, workdir, json_out)
+
+
+EvalOverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Recipe overrides by dotted path: data.eval_crop_pct=0.875 run.precision=fp32")
+]
+CkptOpt = Annotated[
+    str | None, typer.Option(help="Weights with their head: workdir, .safetensors, .npz or Hub name.")
+]
+
+
+@app.command()
+def evaluate(
+    ckpt: CkptOpt = None,
+    recipe: RecipeOpt = None,
+    data: Annotated[str | None, typer.Option(
+        help="Images to evaluate on (any data.source); default: the checkpoint's training data.")] = None,
+    split: Annotated[str | None, typer.Option(
+        help="Split to evaluate (HF syntax); default data.test_split, else data.val_split.")] = None,
+    real_labels: Annotated[Path | None, typer.Option(
+        help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")] = None,
+    workdir: WorkdirOpt = None,
+    dry_run: DryRunOpt = False,
+    json_out: JsonOpt = False,
+    overrides: EvalOverridesArg = None,
+) -> None:
+    """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
+    flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
+    r = _resolve("evaluate", recipe, overrides, flags, base=_trained_with(ckpt, own_data=data is None))
+    real = None
+    if real_labels:  # read and checked here, so that --dry-run refuses a bad file as the run would
+        from vitcli.evaluators.classify import read_real_labels
+
+        real = read_real_labels(real_labels, r.model.num_classes)
+    _stage("vitcli.stages.evaluate.evaluate", r, dry_run, workdir, json_out, real_path=real_labels, real=real)
+
+
+@app.command()
+def predict(
+    images: Annotated[list[Path], typer.Argument(help="Image files, and folders searched recursively.")],
+    ckpt: CkptOpt = None,
+    top_k: Annotated[int, typer.Option(min=1, help="Classes shown per image.")] = 5,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Images per forward pass (data.eval_batch_size).")
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list of records instead of a table.")
+    ] = False,
+    csv_out: Annotated[bool, typer.Option(
+        "--csv", help="Print CSV rows path,rank,class_index,class_name,probability instead of a table.")
+    ] = False,
+    recipe: RecipeOpt = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help="Recipe override by dotted path, e.g. --set run.device=cpu (repeatable).")] = None,
+) -> None:
+    """Top-k classes of image files with a checkpoint's head, with its class names where it stores them."""
+    if json_out and csv_out:
+        _fail("--json and --csv both ask for the output format: pass one", 2)
+    flags = {"init.checkpoint": ckpt, "data.eval_batch_size": batch_size}
+    r = _resolve("predict", recipe, overrides, flags, base=_trained_with(ckpt, own_data=False))
+    from vitcli.stages.predict import as_csv
+    from vitcli.stages.predict import predict as run
+
+    with _tables_off(json_out or csv_out):
+        records = run(r, images, top_k)
+    if json_out:
+        _emit_json(records)
+    elif csv_out and int(os.environ.get("RANK", "0")) == 0:
+        sys.stdout.write(as_csv(records))
 
 
 @app.command("resize-posemb")

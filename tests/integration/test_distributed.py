@@ -209,3 +209,26 @@ def test_fsdp_trains_as_ddp_resumes_bit_identical_and_exports_the_same_file(tmp_
     straight, resumed = weights(tmp_path / "straight"), weights(tmp_path / "killed")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert {k: v.shape for k, v in resumed.items()} == {k: v.shape for k, v in ddp.items()}
+
+
+def test_evaluate_split_across_two_processes_matches_one(tmp_path):
+    """vit evaluate under torchrun: each rank predicts every other image, the rows are gathered back in order,
+    so top-1, per-class counts and ReaL (matched by row order, so order matters) equal one process's."""
+    ckpt = tmp_path / "ckpt"
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
+                      head_zero_init=False)
+    torch.manual_seed(0)
+    save_weights(ckpt / MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps([[i % 4, (i + 1) % 4] if i % 3 else [] for i in range(51)]))
+    args = ["evaluate", "--ckpt", str(ckpt), "--real-labels", str(real), "data.synthetic.num_classes=4",
+            "data.synthetic.test_size=51", "data.eval_batch_size=8", "data.num_workers=0",
+            "run.precision=fp32"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    run([sys.executable, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "one")])
+    run([*launcher, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "two")])
+    one, two = (json.loads((tmp_path / w / "results.json").read_text()) for w in ("one", "two"))
+    assert one["images"] == two["images"] == 51 and one["real/matched_by"] == "row order"
+    for key in ("top1", "per_class", "real/top1", "real/images"):
+        assert one[key] == two[key], key
+    assert abs(one["loss"] - two["loss"]) < 1e-6

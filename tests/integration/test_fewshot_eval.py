@@ -14,6 +14,7 @@ from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, tasks
+from vitcli.evaluators import inference
 from vitcli.fewshot import features, solver
 from vitcli.fewshot.evaluate import data_id, load_task_split
 from vitcli.models import zoo
@@ -185,9 +186,9 @@ def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows(
     for rank in range(world):
         rows = [i for i in range(rank, n, world) if i not in bad]
         own = {"split": {i: bad[i] for i in range(rank, n, world) if i in bad}}
-        parts.append((np.array([[i, -i] for i in rows], np.float32) if rows else None, np.array(rows), own))
+        parts.append(((np.array([[i, -i] for i in rows], np.float32), np.array(rows)) if rows else None, own))
     skipped = batches.Skipped()
-    feats, labels = features._in_dataset_order(parts, n, skipped)
+    _, feats, labels = inference.row_order(parts, n, skipped)
     kept = [i for i in range(n) if i not in bad]
     assert (labels.tolist() == kept and feats[:, 0].tolist() == kept
             and feats[:, 1].tolist() == [-i for i in kept])

@@ -35,14 +35,14 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the one loop and what it is made of
     ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "throughput", "loop"]),
     # what the loop runs when due
-    ("evaluators", ["inference", "heldout"]),
+    ("evaluators", ["inference", "classify", "heldout"]),
     # linear few-shot evaluation in its steps
     ("fewshot", ["solver", "features", "evaluate", "report"]),
-    # pictures: Figure 7, training curves
-    ("figures", ["figure7", "curves"]),
+    # pictures: Figure 7, training curves, a confusion matrix
+    ("figures", ["figure7", "curves", "confusion"]),
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "export"]),
+                "export", "evaluate", "predict"]),
     # the command line, and `python -m vitcli` running it
     ("cli", []),
     ("__main__", []),

@@ -14,9 +14,16 @@ import torch
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.data import tasks
-from vitcli.errors import RecipeError
+from vitcli.errors import CheckpointError, RecipeError
 from vitcli.models.zoo import resolve_name
+from vitcli.recipe.choices import CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
+
+# what `vit evaluate` / `vit predict` take from the recipe a vitcli checkpoint was trained with: how its eval
+# images were prepared and its loss; and, unless --data names other data, where its test images are
+TRAINED_PREPROCESSING = {"data": ("eval_crop_pct", "binary_pixels"), "optim": ("loss", "label_smoothing")}
+TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "val_split",
+                "test_split", "synthetic")
 
 
 def complete(recipe: Recipe, user_heads: bool) -> Recipe:
@@ -26,6 +33,24 @@ def complete(recipe: Recipe, user_heads: bool) -> Recipe:
         raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
     _check_task_names(recipe)
     return dataclasses.replace(recipe, model=_model(recipe, user_heads))
+
+
+def trained_with(checkpoint: str, own_data: bool = True) -> dict:
+    """The recipe layer a checkpoint gives `vit evaluate` and `vit predict` (vitcli.recipe.resolve's `base`):
+    its native resolution, and for our own files the eval preprocessing and loss it was trained with, plus
+    with `own_data` its data (source, columns, splits). Foreign files say only their resolution; {} when not
+    even that, so the recipe's defaults hold."""
+    loaded = read_checkpoint(checkpoint)
+    img_size = describe(loaded).img_size
+    layer: dict = {"model": {"img_size": img_size}} if img_size else {}
+    trained = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
+    if not isinstance(trained, dict):
+        return layer
+    keys = {**TRAINED_PREPROCESSING, "data": TRAINED_PREPROCESSING["data"] + TRAINED_DATA * own_data}
+    for section, names in keys.items():
+        stored = trained.get(section) or {}
+        layer.setdefault(section, {}).update({k: stored[k] for k in names if k in stored})
+    return layer
 
 
 def _check_task_names(recipe: Recipe) -> None:
@@ -47,6 +72,13 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
     spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
     if not named:
         model = resolve_name(dataclasses.replace(model, **spec.architecture()))
+    if recipe.stage in CLASSIFIES:  # the checkpoint as it is: its head and representation layer
+        if not spec.num_classes:
+            raise CheckpointError(f"{recipe.init.checkpoint} has no classification head (a masked patch "
+                                  f"prediction or headless checkpoint); `vit {recipe.stage}` needs one: "
+                                  "fine-tune it first")
+        return dataclasses.replace(model, num_classes=spec.num_classes,
+                                   representation_size=spec.representation_size)
     if recipe.stage == "eval-fewshot":  # few-shot reads pre-logits: the representation stays, the head goes
         return dataclasses.replace(model, img_size=spec.img_size or model.img_size, num_classes=0,
                                    representation_size=spec.representation_size)

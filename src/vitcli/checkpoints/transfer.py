@@ -45,21 +45,31 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
     return rows
 
 
-def load_for_eval(recipe: Recipe) -> torch.nn.Module:
-    """The checkpoint's network up to its pre-logits (no head), at the resolved resolution, in eval mode; with
-    init.random, the same network as the model's own initialiser draws it from run.seed
+def load_for_eval(recipe: Recipe, num_classes: int = 0) -> torch.nn.Module:
+    """The checkpoint's network up to its pre-logits, at the resolved resolution, in eval mode; with
+    `num_classes` (the width of the checkpoint's head) its classifier too (vit evaluate, predict, export);
+    with init.random, the same network as the model's own initialiser draws it from run.seed
     (nothing is loaded)."""
     if recipe.init.random:
         with torch.random.fork_rng():  # the caller's RNG stream is left as it was
             torch.manual_seed(recipe.run.seed)
             return zoo.build_model(recipe.model, 0).eval()
     loaded = read_checkpoint(recipe.init.checkpoint)
-    model = zoo.build_model(recipe.model, 0)
-    sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=False,
+    model = zoo.build_model(recipe.model, num_classes)
+    sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=num_classes > 0,
                              keep_representation=recipe.model.representation_size > 0,
                              method=recipe.init.posemb_method)
     model.load_state_dict(sd, strict=True)
     return model.eval()
+
+
+def class_names(loaded: Loaded, num_classes: int) -> list[str] | None:
+    """The names our checkpoint stores for its head's `num_classes` classes (metadata model.class_names); None
+    for foreign files, headless runs, files written before names were stored, or names of another count."""
+    model = loaded.meta.get("model") if loaded.kind == "vitcli" else None
+    names = model.get("class_names") if isinstance(model, dict) else None
+    fits = isinstance(names, list) and len(names) == num_classes
+    return [str(name) for name in names] if fits else None
 
 
 def architecture_row(spec: CheckpointSpec) -> str:

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import datasets
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vitcli.data import tasks
@@ -300,6 +301,33 @@ def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
     if isinstance(feature, datasets.ClassLabel):
         return feature.num_classes
     raise DataError(f"label column '{cfg.label_column}' is not a ClassLabel; set data.num_classes")
+
+
+def class_names(cfg: DataConfig, ds, num_classes: int) -> list[str] | None:
+    """The names of a head's `num_classes` classes: the label column's ClassLabel names (the built-in data's
+    `shape_texture`, an imagefolder's directories, a Hub set's), for a Dataset or a stream alike; None where
+    the split has none or they do not match the head's width (a label rule, a data.num_classes of its own)."""
+    feature = (ds.features or {}).get(cfg.label_column) if cfg.label_column else None
+    if isinstance(feature, datasets.ClassLabel) and feature.num_classes == num_classes:
+        return [str(name) for name in feature.names]
+    return None
+
+
+FILE_NAME_COLUMNS = ("file_name", "filename", "image_name", "path")  # string columns that name a row's file
+
+
+def file_names(cfg: DataConfig, ds: datasets.Dataset) -> list[str | None] | None:
+    """The file each row's image came from: a file-name column (FILE_NAME_COLUMNS), else the image column's
+    stored `path` (an imagefolder's files, a parquet export that kept them); None when the split has none."""
+    for column in FILE_NAME_COLUMNS:
+        feature = ds.features.get(column)
+        if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
+            return list(ds[column])
+    image = ds.select_columns([cfg.image_column]).with_format("arrow")[:][cfg.image_column]  # no decoding
+    if not pa.types.is_struct(image.type) or image.type.get_field_index("path") < 0:
+        return None
+    paths = image.combine_chunks().field("path").to_pylist()  # (N,) str or None
+    return paths if any(paths) else None
 
 
 # --- data.streaming: the train split as a `datasets.IterableDataset` (batched by streams.py) ---------------

@@ -2,21 +2,23 @@
 
 Rows are sharded over ranks (rank r reads rows r, r + W, ...), the model runs in eval mode under the run's
 autocast, and images that do not decode are left out and counted. Combining the ranks' results is the
-caller's: sums add up (heldout.py), features are gathered back into row order (fewshot/features.py).
+caller's: sums add up (heldout.py), per-row results are gathered back into row order (`in_row_order`: the
+few-shot features, vit evaluate's predictions).
 
 With `collective`, whether a split where nothing decodes is an error is decided by all ranks together: a rank
 whose share is all corrupt returns nothing and goes on into the caller's gather or reduce with the others,
 after which every rank calls `raise_if_nothing_decoded` on the same gathered tallies (one rank raising
-alone would leave the others waiting in that collective forever).
+alone would leave the others waiting in that collective forever; `in_row_order` does so itself).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vitcli.data import batches
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.dist import Dist
+from vitcli.runtime.dist import Dist, all_gather
 from vitcli.runtime.precision import autocast
 
 
@@ -53,3 +55,30 @@ def raise_if_nothing_decoded(decoded: int, tallies: list[dict[str, dict[int, str
     if decoded == 0 and failures:
         name, row, why = failures[0]
         raise batches.none_decode(name, str(len(failures)), f"row {row}", why)
+
+
+def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: dict[str, dict[int, str]], n: int,
+                 dist: Dist, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
+    """Every rank's per-row `arrays` (each (N_r, ...) over the rows r, r + W, ... of an n-row split that
+    decoded; None: it had none) from a `collective` sharded_pass -> (rows (N',), *arrays) over the whole
+    split in row order, on every rank; None when no rank had a row. Each rank's `skipped_rows`
+    (split -> {row: reason}) join `skipped`; images that failed with none decoded anywhere raise, on every
+    rank. A collective call."""
+    return row_order(all_gather((arrays, skipped_rows), dist), n, skipped)
+
+
+def row_order(parts: list, n: int, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
+    """`in_row_order` on the gathered (arrays, skipped rows) of each rank, in rank order."""
+    rows: list[int] = []
+    for rank, (_, bad) in enumerate(parts):
+        gone = {row for reasons in bad.values() for row in reasons}
+        rows += [i for i in range(rank, n, len(parts)) if i not in gone]
+        for name, reasons in bad.items() if skipped is not None else ():
+            skipped.add(name, reasons)
+    raise_if_nothing_decoded(len(rows), [bad for _, bad in parts])  # every rank alike, on the same tallies
+    held = [a for a, _ in parts if a is not None]
+    if not held:  # an empty split
+        return None
+    order = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")  # gathered position -> row order
+    columns = [np.concatenate([a[j] for a in held])[order] for j in range(len(held[0]))]
+    return (np.asarray(rows, dtype=np.int64)[order], *columns)

@@ -18,9 +18,9 @@ from safetensors.numpy import save_file
 
 from vitcli.data import batches
 from vitcli.errors import DataError
-from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
+from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.dist import Dist, all_gather, all_reduce_max
+from vitcli.runtime.dist import Dist, all_reduce_max
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE
@@ -45,33 +45,17 @@ def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, 
 
     parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method,
                          collective=True)
-    # features None: this rank had no rows that decode
-    part = (torch.cat([f for f, _ in parts]).numpy() if parts else None,
-            torch.cat([y for _, y in parts]).numpy() if parts else np.zeros(0, np.int64), own.rows)
-    gathered = all_gather(part, dist)
-    raise_if_nothing_decoded(sum(len(y) for _, y, _ in gathered), [bad for _, _, bad in gathered])
-    out = _in_dataset_order(gathered, len(ds), skipped)
+    # None: this rank had no rows that decode
+    part = ((torch.cat([f for f, _ in parts]).numpy(), torch.cat([y for _, y in parts]).numpy())
+            if parts else None)
+    gathered = in_row_order(part, own.rows, len(ds), dist, skipped)
+    if gathered is None:  # an empty split
+        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
+    out = gathered[1], gathered[2].astype(np.int64)
     if not np.isfinite(out[0]).all():
         raise DataError("features contain NaN or inf: the checkpoint's weights or activations overflow "
                         "(try run.precision=fp32)")
     return out
-
-
-def _in_dataset_order(parts: list, n: int, skipped: batches.Skipped | None) -> tuple[np.ndarray, np.ndarray]:
-    """Every rank's (features, labels, skipped rows) -> the split's features and labels in row order; the
-    skipped rows join `skipped`. Rank r held rows r, r + W, ... less its skipped ones."""
-    world = len(parts)
-    rows = []
-    for rank, (_, _, bad) in enumerate(parts):
-        gone = {row for reasons in bad.values() for row in reasons}
-        rows += [i for i in range(rank, n, world) if i not in gone]
-        for name, reasons in bad.items() if skipped is not None else ():
-            skipped.add(name, reasons)
-    feats = [f for f, _, _ in parts if f is not None]
-    if not feats:  # an empty split (images failed and none decoded: extract raised on every rank)
-        return np.zeros((0, 0), np.float32), np.zeros(0, np.int64)
-    order = np.argsort(np.asarray(rows, dtype=np.int64))  # (N',): gathered position -> row order
-    return np.concatenate(feats)[order], np.concatenate([y for _, y, _ in parts]).astype(np.int64)[order]
 
 
 def weights_id(path: str | Path) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
+    CLASSIFIES,
     FEWSHOT_RESIZE_METHODS,
     LOGGER_PACKAGES,
     LOGGERS,
@@ -26,13 +27,13 @@ from vitcli.recipe.choices import (
     POSEMB_METHODS,
     PRECISIONS,
     STAGES,
+    TRAINS,
     VIT_POS_EMBEDS,
 )
 from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
-TRAINS = ("pretrain", "finetune")  # the stages that train, and so need a length
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": STAGES,
     "model.pool": ("token", "gap"),
@@ -88,7 +89,8 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 
     `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
     (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks), for a
+    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks; evaluate's
+    and predict's checkpoint, evaluate's split), for a
     recipe read on its own or one that only loads a network (`vit inspect`).
     """
     _choices(recipe)
@@ -107,7 +109,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
         check_train_batch(recipe)
-        _fewshot_inputs(recipe)
+        _checkpoint_inputs(recipe)
 
 
 def _choices(recipe: Recipe) -> None:
@@ -276,13 +278,19 @@ def _length(recipe: Recipe) -> None:
                           f"schedule.epochs={s.epochs} in")
 
 
-def _fewshot_inputs(recipe: Recipe) -> None:
-    """eval-fewshot scores a checkpoint's features on tasks: both must be named."""
-    if recipe.stage != "eval-fewshot":
+def _checkpoint_inputs(recipe: Recipe) -> None:
+    """eval-fewshot scores a checkpoint's features on tasks, evaluate its head on a split, predict on images:
+    each needs the checkpoint named, and its tasks or split."""
+    if recipe.stage not in ("eval-fewshot", *CLASSIFIES):
         return
     if not recipe.init.checkpoint:
-        raise RecipeError("eval-fewshot needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
+        raise RecipeError(f"{recipe.stage} needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "
                           "name)")
+    if recipe.stage == "evaluate" and not (recipe.data.test_split or recipe.data.val_split):
+        raise RecipeError("evaluate: no split to evaluate (data.test_split and data.val_split are empty); "
+                          "pass --split")
+    if recipe.stage != "eval-fewshot":
+        return
     if not recipe.fewshot.tasks:
         raise RecipeError("no tasks: pass --tasks (e.g. --tasks vtab/natural) or set fewshot.tasks")
 

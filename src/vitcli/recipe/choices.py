@@ -6,7 +6,10 @@ tables, masked patch prediction, precision, trackers, few-shot preprocessing) im
 
 from __future__ import annotations
 
-STAGES = ("pretrain", "finetune", "eval-fewshot")
+STAGES = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict")
+TRAINS = ("pretrain", "finetune")  # the stages that train, and so need a length and a whole batch
+# the stages that run a checkpoint as it is, head included (evaluate a split, predict images)
+CLASSIFIES = ("evaluate", "predict")
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
 MPP_TARGETS = ("mean_color", "color_4x4", "pixels_l2")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from vitcli.errors import DataError, RecipeError
-from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
+from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
@@ -48,7 +48,7 @@ def check_train_batch(recipe: Recipe) -> None:
     """A training step needs a whole batch: known now for a plain split of the built-in data; any other
     split is counted when loaded (vitcli.stages.run.build_job), still before the run writes a file."""
     d, sizes = recipe.data, _synthetic_sizes(recipe.data)
-    if recipe.stage != "eval-fewshot" and d.source == "synthetic" and d.train_split in sizes:
+    if recipe.stage in TRAINS and d.source == "synthetic" and d.train_split in sizes:
         key, size = sizes[d.train_split]
         check_batch_fits(size, d.batch_size, f"data.synthetic.{key}")
 

@@ -1,10 +1,11 @@
 """One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) -> Recipe.
 
-Layers, later wins: defaults < the stage's defaults < the VTAB protocol (`--task`) < the recipe file <
-`KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model is filled in: a
-known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without torch, so a
-misspelt key costs no import of torch. Only then, and only for a timm model name, a starting checkpoint
-(`finetune` / `eval-fewshot`: its architecture, and to evaluate it its native resolution and head),
+Layers, later wins: defaults < the stage's defaults < what the checkpoint says of itself (`base`: evaluate,
+predict) < the VTAB protocol (`--task`) < the recipe file < `KEY=VALUE` overrides < command flags (`--res`,
+`--init`, `--shots`, ...). Then the model is filled in: a known name's sizes, and every key and value is
+checked (vitcli.recipe.checks), all without torch, so a misspelt key costs no import of torch. Only then, and
+only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`: its
+architecture; eval-fewshot its native resolution and pre-logits, evaluate and predict its head),
 run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
 datasets) and everything is checked again.
 Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
@@ -40,6 +41,8 @@ STAGE_DEFAULTS: dict[str, dict] = {
         "schedule": {"warmup_steps": 500, "decay": "cosine"},
     },
     "eval-fewshot": {},
+    "evaluate": {},
+    "predict": {},
 }
 # VTAB-1k (Zhai et al. 2019; ViT paper App. B.1.1): 2,500 steps at lr 0.01, batch 512, 384 px, per task.
 VTAB_PROTOCOL = {"schedule": {"steps": 2500, "warmup_steps": 200}, "optim": {"lr": 0.01},
@@ -56,13 +59,22 @@ def resolve(
     world_size: int = 1,
     complete: Complete | None = None,
     inputs: bool = True,
+    base: Callable[[], dict] | None = None,
 ) -> Recipe:
     """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given).
+
+    `base` gives a nested layer just above the stage's defaults: what a checkpoint says about itself (`vit
+    evaluate` and `vit predict`: the resolution and preprocessing it was trained with), so that the recipe
+    file, overrides and flags still win. Reading it needs torch, so it is called only once the other layers
+    have passed the torch-free checks (a misspelt key is still reported at once).
 
     `complete` is required when the recipe needs torch to be complete (`needs_torch`); `inputs=False` skips
     the check that the command's inputs are named (vitcli.recipe.checks.check).
     """
-    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab)
+    if base is not None:
+        check(_layered(stage, recipe_file, overrides, flags, vtab, {})[0], world_size, model=False,
+              inputs=False)
+    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, base() if base else {})
     late = needs_torch(recipe)
     check(recipe, world_size, model=not late, inputs=inputs)  # a model to fill in: checked once it is
     if not late:
@@ -76,7 +88,7 @@ def resolve(
 
 
 def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
-             vtab: bool) -> tuple[Recipe, bool]:
+             vtab: bool, base: dict) -> tuple[Recipe, bool]:
     """The layers merged in order, a known model name's sizes filled in; and whether the user set
     model.num_heads (evidence for a checkpoint that has none)."""
     if stage not in STAGES:
@@ -86,7 +98,7 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     user = [VTAB_PROTOCOL if vtab else {}, file_layer, parse_overrides(list(overrides)), nest(given)]
     recipe = Recipe(stage=stage)
-    for layer in [STAGE_DEFAULTS[stage], *user]:
+    for layer in [STAGE_DEFAULTS[stage], base, *user]:
         merge(recipe, layer)
     return dataclasses.replace(recipe, model=resolve_known(recipe.model)), _says_num_heads(user)
 

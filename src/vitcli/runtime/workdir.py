@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vitcli.errors import OutputError, RecipeError
 from vitcli.runtime.metrics import console
-from vitcli.runtime.run_files import MODEL_FILE, RUN_OUTPUTS
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, RUN_OUTPUTS
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -57,6 +57,26 @@ def refuse_finished(workdir: Path, overwrite: bool) -> None:
             f"{workdir} holds a finished run ({MODEL_FILE}); use a new --workdir, or pass --overwrite "
             "to start over there (its files are then kept in previous-<time>/ inside it)"
         )
+
+
+def refuse_other_run(workdir: Path, stage: str) -> None:
+    """A stage that writes its results into a workdir (recipe.yaml, results.json) refuses one that holds
+    another stage's run: its recipe.yaml would be replaced, its model left beside results it did not make.
+    A workdir of the same stage is written again, as eval-fewshot's is."""
+    recipe = workdir / RECIPE_FILE
+    said = _stage_line(recipe) if recipe.is_file() else stage
+    if (workdir / MODEL_FILE).is_file() or said != stage:
+        what = f"a {said} run" if said != stage else f"a training run ({MODEL_FILE})"
+        raise OutputError(f"{workdir} holds {what}; `vit {stage}` writes its results to a workdir of its "
+                          "own: pass another --workdir")
+
+
+def _stage_line(recipe: Path) -> str:
+    """The `stage:` a recipe.yaml says (a top-level line, as to_yaml writes it); "another" if none."""
+    for line in recipe.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("stage:"):
+            return line.partition(":")[2].strip() or "another"
+    return "another"
 
 
 def set_aside(workdir: Path, also: Iterable[Path] = ()) -> Path | None:

@@ -17,15 +17,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from safetensors.torch import save_file
 
 from vitcli.checkpoints import export_hf, export_onnx, export_timm
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.describe import CheckpointSpec, describe
-from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.checkpoints.transfer import architecture_row
+from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval
 from vitcli.data.transforms import INTERPOLATION, MEAN
 from vitcli.errors import OutputError, RecipeError
 from vitcli.models import zoo
@@ -59,10 +57,11 @@ def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: 
     _refuse(fmt, recipe, spec.num_classes, ckpt)
     report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),
               "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
-              "class_names": "the checkpoint's" if _names(loaded) else "indices (the checkpoint names none)",
+              "class_names": ("the checkpoint's" if class_names(loaded, spec.num_classes)
+                              else "indices (the checkpoint names none)"),
               "files": FILES[fmt], "dry_run": dry_run, "set_aside": None}
     if not dry_run:
-        model = _build(recipe, loaded, spec)
+        model = load_for_eval(recipe, spec.num_classes)  # the whole network, head and pre-logits layer
         full = out.absolute()  # `--out .` has no name to put a suffix on
         aside = full.with_name(f"{full.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}") if replaces else None
         with _publish(full, aside) as tmp:
@@ -102,26 +101,9 @@ def _network(recipe: Recipe, spec: CheckpointSpec) -> str:
     return architecture_row(spec) if spec.name else recipe.model.name
 
 
-def _build(recipe: Recipe, loaded: Loaded, spec: CheckpointSpec) -> torch.nn.Module:
-    """The checkpoint's whole network, its head and pre-logits layer included, in eval mode."""
-    model = zoo.build_model(recipe.model, spec.num_classes)
-    sd, _ = adapt_state_dict(loaded.state_dict, model, spec, keep_head=spec.num_classes > 0,
-                             keep_representation=recipe.model.representation_size > 0,
-                             method=recipe.init.posemb_method)
-    model.load_state_dict(sd, strict=True)
-    return model.eval()
-
-
-def _names(loaded: Loaded) -> list[str] | None:
-    """The head's class names our metadata records (model.class_names), None when it records none."""
-    names = loaded.meta.get("model", {}).get("class_names") if loaded.kind == "vitcli" else None
-    return [str(n) for n in names] if names else None
-
-
 def _class_names(loaded: Loaded, num_classes: int) -> list[str]:
     """The class names, or the indices as names when the checkpoint has none (or a different count)."""
-    names = _names(loaded)
-    return names if names and len(names) == num_classes else [str(i) for i in range(num_classes)]
+    return class_names(loaded, num_classes) or [str(i) for i in range(num_classes)]
 
 
 def preprocessing(loaded: Loaded, img_size: int) -> dict:
@@ -158,7 +140,7 @@ def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out
 
 def _write_timm(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
     net = export_timm.timm_model(recipe.model, spec.num_classes)
-    names = _class_names(loaded, spec.num_classes) if _names(loaded) else None  # timm: no names, no labels
+    names = class_names(loaded, spec.num_classes)  # timm: no names, no labels
     export_timm.write_timm(net, model.state_dict(), out, names, preprocessing(loaded, recipe.model.img_size))
 
 

@@ -122,7 +122,9 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
         model = MppModel(model, r.mpp, r.model.patch_size)
     periodic, final = _evaluators(r, dist)
-    meta = zoo.model_spec(r.model, num_classes)
+    # the head's class names (vit predict prints them); a headless mpp ViT has none
+    names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
+    meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
     return Job(r, workdir, model, train_ds, train_feed(r, train_ds, num_classes), num_classes, steps, meta,
                periodic, final, start)
 

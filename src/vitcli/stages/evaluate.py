@@ -1,0 +1,171 @@
+"""`vit evaluate`: a checkpoint's own head on one split: top-1, top-5, the recipe's loss, per-class accuracy,
+a confusion matrix, and ImageNet ReaL with --real-labels; WORKDIR/results.json and confusion.png (rank 0).
+
+The network is the checkpoint as it is (head and representation layer), at the resolution and with the eval
+preprocessing it was trained with (vitcli.checkpoints.complete.trained_with), which recipe keys override. The
+split is shared over torchrun's processes and its per-row predictions gathered back in row order, so the
+numbers do not depend on how many processes ran it; images that do not decode are left out and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.table import Table
+
+from vitcli.checkpoints.read import read_checkpoint
+from vitcli.checkpoints.transfer import class_names, load_for_eval
+from vitcli.data import batches, sources
+from vitcli.errors import DataError
+from vitcli.evaluators import classify
+from vitcli.evaluators.inference import in_row_order, sharded_pass
+from vitcli.figures.confusion import MAX_CLASSES, write_confusion
+from vitcli.recipe.schema import Recipe, to_yaml
+from vitcli.runtime.dist import Dist, all_reduce_sum, setup
+from vitcli.runtime.files import write_text
+from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.precision import resolved
+from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, RECIPE_FILE
+from vitcli.runtime.workdir import check_workdir, refuse_other_run
+from vitcli.stages.run import number
+from vitcli.train.objectives import loss_fn
+
+TOP_K = 5  # top-5 is reported when the head has at least this many classes
+
+
+def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
+             real: list[list[int]] | None = None) -> dict:
+    """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the parsed ReaL
+    lists of `real_path` (vitcli.evaluators.classify.read_real_labels). Returns what results.json holds."""
+    check_workdir(workdir)
+    refuse_other_run(workdir, recipe.stage)
+    dist = setup(recipe.run.device)
+    recipe, why = resolved(recipe, dist.device)
+    split = recipe.data.test_split or recipe.data.val_split
+    ds = sources.load_split(recipe.data, split)
+    num_classes = recipe.model.num_classes
+    _check_labels(ds, recipe, split)
+    entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
+    model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
+    console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
+                f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
+    skipped = batches.Skipped()
+    rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, min(TOP_K, num_classes))
+    names = (class_names(read_checkpoint(recipe.init.checkpoint), num_classes)
+             or sources.class_names(recipe.data, ds, num_classes))  # the checkpoint's, else the split's
+    results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
+               "split": split, "images": len(rows), "classes": num_classes,
+               **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision}
+    if entries is not None:
+        results.update(real_scores(top, entries[0][rows], real, entries[1]))
+    if skipped.total:
+        results["skipped_images"] = skipped.total
+    if dist.is_main:
+        _write(results, top, labels, names, recipe, workdir)
+    return results
+
+
+def _check_labels(ds, recipe: Recipe, split: str) -> None:
+    """Every label of the split must have a logit: a label beyond the head is another dataset's."""
+    top = int(batches.labels(ds, recipe.data.label_column).max())
+    if top >= recipe.model.num_classes:
+        raise DataError(f"{recipe.data.source} split '{split}' has label {top}, but the head of "
+                        f"{recipe.init.checkpoint} has {recipe.model.num_classes} classes: this is not the "
+                        "data it was trained on")
+
+
+def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: batches.Skipped,
+                k: int) -> tuple[np.ndarray, ...]:
+    """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
+    the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
+    for a sigmoid-loss model). Undecodable rows are left out and join `skipped`. A collective call."""
+    loss = loss_fn(recipe.optim)
+    own = batches.Skipped()
+
+    def per_batch(model, i, x, y):
+        logits = model(x).float()  # (B, K)
+        probs = logits.softmax(-1) if recipe.optim.loss == "softmax" else logits.sigmoid()
+        p, idx = probs.topk(k, dim=-1)  # (B, k), best first
+        return idx.cpu().numpy(), p.cpu().numpy(), y.cpu().numpy(), loss(logits, y).item() * len(y)
+
+    parts = sharded_pass(model, ds, recipe.data, recipe.model.img_size, dist, recipe.run.precision, per_batch,
+                         own, collective=True)
+    arrays = tuple(np.concatenate([part[j] for part in parts]) for j in range(3)) if parts else None
+    (loss_sum,) = all_reduce_sum([sum(part[3] for part in parts)], dist)
+    gathered = in_row_order(arrays, own.rows, len(ds), dist, skipped)
+    if gathered is None:  # an empty split (load_split refuses one; a caller's own Dataset may be)
+        raise DataError(f"{sources.origin(ds)}: no images")
+    return (*gathered, loss_sum)
+
+
+def scores(top: np.ndarray, labels: np.ndarray, loss_sum: float, num_classes: int,
+           names: list[str] | None) -> dict:
+    """top1, top5 (with >= 5 classes), mean loss and per-class accuracy of gathered predictions."""
+    n = max(len(labels), 1)
+    out = {"top1": float(classify.top_k_correct(top, labels, 1).sum() / n)}
+    if num_classes >= TOP_K:
+        out["top5"] = float(classify.top_k_correct(top, labels, TOP_K).sum() / n)
+    out["loss"] = loss_sum / n
+    confusion = classify.confusion_matrix(labels, top[:, 0], num_classes)
+    out["per_class"] = [{"class": k, "name": names[k] if names else str(k), "images": int(confusion[k].sum()),
+                         "top1": acc} for k, acc in enumerate(classify.per_class_accuracy(confusion))]
+    return out
+
+
+def _real_entries(ds, recipe: Recipe, path: Path, real: list[list[int]]) -> tuple[np.ndarray, str]:
+    """Each row's ReaL entry and how rows were matched (by ILSVRC2012_val file number, else row order)."""
+    return classify.real_entries(sources.file_names(recipe.data, ds), len(ds), len(real), path)
+
+
+def real_scores(top: np.ndarray, entries: np.ndarray, real: list[list[int]], matched_by: str) -> dict:
+    """real/top1 (and real/top5 with 5 predictions per row) over the rows whose ReaL list is not empty."""
+    out = {}
+    for k in (1, TOP_K) if top.shape[1] >= TOP_K else (1,):
+        right, counted = classify.real_top_k(top, entries, real, k)
+        out[f"real/top{k}"] = right / max(counted, 1)
+    out["real/images"] = counted  # rows with a valid label; empty lists are left out, as ReaL does
+    out["real/matched_by"] = matched_by
+    return out
+
+
+def _write(results: dict, top: np.ndarray, labels: np.ndarray, names: list[str] | None, recipe: Recipe,
+           workdir: Path) -> None:
+    """recipe.yaml, confusion.png (up to MAX_CLASSES classes), results.json; then the report (rank 0)."""
+    k = results["classes"]
+    if k <= MAX_CLASSES:
+        title = (f"{Path(recipe.init.checkpoint).name} on {results['data']} {results['split']}: "
+                 f"top-1 {results['top1']:.3f}")
+        write_confusion(classify.confusion_matrix(labels, top[:, 0], k), names or [str(i) for i in range(k)],
+                        title, workdir / CONFUSION_PLOT)
+        results["confusion_png"] = str(workdir / CONFUSION_PLOT)
+    else:
+        console.log(f"{k} classes: no {CONFUSION_PLOT} (drawn up to {MAX_CLASSES})")
+    write_text(workdir / RECIPE_FILE, to_yaml(recipe))
+    write_text(workdir / EVALUATE_FILE, json.dumps(results, indent=2) + "\n")
+    report(results)
+
+
+def report(results: dict) -> None:
+    """The numbers as a table; per-class accuracy as a second one when there are few classes."""
+    matched = results.get("real/matched_by")
+    stdout.print(f"{results['checkpoint']} on {results['images']} images of {results['data']} split "
+                 f"'{results['split']}'" + (f"; ReaL labels matched by {matched}" if matched else ""))
+    table = Table(title="evaluate")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("top1", "top5", "loss", "real/top1", "real/top5", "real/images", "skipped_images"):
+        if key in results:
+            value = results[key]
+            table.add_row(key, number(value) if isinstance(value, float) else str(value))
+    stdout.print(table)
+    if results["classes"] <= 30:
+        per_class = Table(title="per-class top-1")
+        for col in ("class", "name", "images", "top1"):
+            per_class.add_column(col, justify="left" if col == "name" else "right")
+        for row in results["per_class"]:
+            acc = "-" if row["top1"] is None else f"{row['top1']:.4f}"
+            per_class.add_row(str(row["class"]), row["name"], str(row["images"]), acc)
+        stdout.print(per_class)

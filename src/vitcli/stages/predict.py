@@ -1,0 +1,116 @@
+"""`vit predict`: a checkpoint's top-k classes for image files and folders, with class names where the
+checkpoint stores them.
+
+The images go through `vit evaluate`'s own pass (vitcli.stages.evaluate.predictions: the same eval
+preprocessing, batching and precision), so a file scores exactly as the same image in a split does. An image
+that does not decode is named in one warning and skipped; nothing is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+from pathlib import Path
+
+import datasets
+from PIL import Image, UnidentifiedImageError
+from rich.markup import escape
+from rich.table import Table
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from vitcli.checkpoints.read import read_checkpoint
+from vitcli.checkpoints.transfer import class_names, load_for_eval
+from vitcli.data import batches
+from vitcli.errors import DataError
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import setup
+from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.precision import resolved
+from vitcli.stages.evaluate import predictions
+
+CSV_COLUMNS = ("path", "rank", "class_index", "class_name", "probability")
+
+
+def image_files(paths: list[Path]) -> list[Path]:
+    """The files named, and the image files (by extension, torchvision's list) below the folders named,
+    sorted per folder; a path that does not exist, or no image at all, is a one-line error."""
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS)
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise DataError(f"{path}: no such file or directory")
+    if not found:
+        raise DataError(f"no image files ({', '.join(IMG_EXTENSIONS)}) in {', '.join(map(str, paths))}")
+    return found
+
+
+def decodable(files: list[Path]) -> list[Path]:
+    """The files PIL decodes; each other one is named in a warning with the reason, and left out."""
+    good = []
+    for path in files:
+        try:
+            with Image.open(path) as img:
+                img.load()
+            good.append(path)
+        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+            why = escape(str(e) or type(e).__name__)
+            console.log(f"[yellow]warning: {escape(str(path))}: cannot decode ({why}); skipped")
+    if not good:
+        raise DataError(f"none of the {len(files)} image file(s) decodes")
+    return good
+
+
+def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
+    """One record per image that decodes, in file order: {"path", "top": [{"rank", "class_index",
+    "class_name", "probability"}, ...]}; rank 0 prints them as a table (the caller may silence it)."""
+    files = image_files(paths)
+    dist = setup(recipe.run.device)  # first: rank 0 alone warns about the files that do not decode
+    files = decodable(files)
+    recipe, _ = resolved(recipe, dist.device)
+    # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are unused)
+    data = dataclasses.replace(recipe.data, image_column="image", label_column="label")
+    recipe = dataclasses.replace(recipe, data=data)
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    ds = datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": [0] * len(files)}, features)
+    ds.info.description = "the images given"
+    model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
+    k = min(top_k, recipe.model.num_classes)
+    rows, top, probs, _, _ = predictions(model, ds, recipe, dist, batches.Skipped(), k)
+    names = class_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
+    records = [{"path": str(files[row]),
+                "top": [{"rank": j + 1, "class_index": int(c), "class_name": names[c] if names else str(c),
+                         "probability": float(p)} for j, (c, p) in enumerate(zip(top[i], probs[i]))]}
+               for i, row in enumerate(rows)]
+    if dist.is_main:
+        show(records, recipe.optim.loss)
+    return records
+
+
+def show(records: list[dict], loss: str) -> None:
+    """A table: each image's path, then its top-k classes with their probabilities."""
+    table = Table(title=f"predictions ({'softmax' if loss == 'softmax' else 'sigmoid'} probabilities)")
+    for col in ("image", "rank", "class", "probability"):
+        table.add_column(col, justify="right" if col in ("rank", "probability") else "left")
+    for record in records:
+        for guess in record["top"]:
+            first = guess["rank"] == 1
+            name = f"{escape(guess['class_name'])} ({guess['class_index']})"
+            table.add_row(escape(record["path"]) if first else "", str(guess["rank"]), name,
+                          f"{guess['probability']:.4f}", end_section=guess is record["top"][-1])
+    stdout.print(table)
+
+
+def as_csv(records: list[dict]) -> str:
+    """`path,rank,class_index,class_name,probability` rows, one per image and rank."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for record in records:
+        for guess in record["top"]:
+            writer.writerow([record["path"], guess["rank"], guess["class_index"], guess["class_name"],
+                             f"{guess['probability']:.6g}"])
+    return out.getvalue()

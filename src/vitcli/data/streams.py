@@ -42,6 +42,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
+from vitcli.data.augment import Encodings
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
@@ -146,6 +147,8 @@ class _Decode(KeyedBatches):
             except Undecodable as e:
                 images[use[e.position]] = e.error
                 continue
+            if isinstance(x, Encodings):
+                x.ids = [_image_id(rows[i][0]) for i in use]  # for the tally of what fails on the device
             return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 from vitcli.data import batches, streams
 from vitcli.data.augment import Encodings, Pixels, finish
-from vitcli.data.decode import Encoded
+from vitcli.data.decode import Encoded, read
 from vitcli.data.transforms import build_transform
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
@@ -55,7 +55,7 @@ def _cfg(device: str, workers: int = 0) -> DataConfig:
 def test_a_micro_batch_decoded_on_the_device_is_the_workers_crops_finished_there(tmp_path):
     """Bit for bit: the same boxes and flips, the same libjpeg-turbo, the same batched resize (levels)."""
     raws = _folder(tmp_path, 6).cast_column("image", datasets.Image(decode=False))["image"]
-    images = [Encoded(open(r["path"], "rb").read()) for r in raws]
+    images = [Encoded(read(r)) for r in raws]
     shipped = build_transform(_cfg("model"), SIZE, train=True)(images, 11)
     crops = build_transform(_cfg("worker"), SIZE, train=True)(images, 11)
     assert isinstance(shipped, Encodings) and isinstance(crops, Pixels)

@@ -154,7 +154,8 @@ class _Batches(KeyedBatches):
             raise none_decode(self.name, f"{n} rows", f"row {row}", self.bad[row])
         return j
 
-    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | Encodings | None, torch.Tensor,
+                                                                dict[int, str]]:
         while True:  # again when a row opened but its pixels did not decode: it is bad from now on
             images = self._decoded(rows)
             bad = {i: self.bad[i] for i in rows if i not in images}

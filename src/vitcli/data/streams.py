@@ -120,7 +120,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
+    for the model's device to decode, y, bad)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary

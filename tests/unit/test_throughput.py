@@ -34,7 +34,7 @@ def test_past_a_tenth_it_names_both_rates_and_the_knobs():
     assert "40%" in warning and "loader delivered 80 img/s" in warning and "take 133 img/s" in warning
     assert "data.num_workers (now 2)" in warning and "vit prepare-data" in warning
     assert "decode_device" not in warning  # GPU decoding is no knob on a CPU
-    assert "data.decode_device" in input_bound(4.0, 10.0, 800, num_workers=2, cuda=True)
+    assert "data.decode_device=model" in input_bound(4.0, 10.0, 800, num_workers=2, cuda=True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

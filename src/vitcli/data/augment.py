@@ -5,11 +5,15 @@ For a model on a GPU the loader workers only decode and cut crops (decode.py, tr
 runs the resize (`levels`, one batched gather), flip and normalisation there. For a model on the CPU the
 workers resize each crop themselves (`resize_each`, torch's own kernel, faster there), and `finish` only
 flips what is left and normalises. `finish` is the same code on either device.
+
+With data.decode_device=model the workers do not decode training JPEGs either: they ship the encoded bytes
+with the boxes and flips they drew (`Encodings`), and the stream decodes the micro-batch on its device
+(decode.decode_jpegs), cuts the crops and finishes them as above (`finish_crops`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -35,14 +39,66 @@ class Pixels:
         return Pixels(self.pixels.pin_memory(), self.sizes, self.flips, self.size)
 
 
+@dataclass
+class Encodings:
+    """A training micro-batch whose JPEGs the model's device decodes (data.decode_device=model), as it leaves
+    a loader worker: the files end to end in one uint8 tensor `data` (N,) (one tensor to share with the main
+    process and to pin, not B), where each ends `ends` (B,) int64, their header (height, width) `sizes`
+    (B, 2), the crop boxes (B, 4) (top, left, height, width) and flips (B,) bool the worker drew, the output
+    side `size`; `seed`, `area` (None: whole images) and `hflip` draw them again should an image be replaced
+    (`draws`); `ids` name each image (its row, or its path) for the stream's tally of skipped images."""
+
+    data: torch.Tensor
+    ends: torch.Tensor
+    sizes: torch.Tensor
+    boxes: torch.Tensor
+    flips: torch.Tensor
+    size: int
+    seed: int
+    area: tuple[float, float] | None
+    hflip: bool
+    ids: list = field(default_factory=list)
+
+    def files(self) -> list[torch.Tensor]:
+        """Each encoded file, a uint8 (n_i,) view of `data`."""
+        starts = [0, *self.ends.tolist()[:-1]]
+        return [self.data[a:b] for a, b in zip(starts, self.ends.tolist())]
+
+    def pin_memory(self) -> Encodings:
+        """Pinned like Pixels (the DataLoader calls this on CUDA hosts): nvJPEG reads the bytes from there."""
+        return replace(self, data=self.data.pin_memory())
+
+
+def encodings(files: list[bytes], sizes: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size: int,
+              seed: int, area: tuple[float, float] | None, hflip: bool) -> Encodings:
+    """Encoded files and what a worker drew for them (sizes (B, 2), boxes (B, 4), flips (B,)) -> Encodings."""
+    data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
+    ends = torch.tensor(np.cumsum([len(f) for f in files]), dtype=torch.int64).reshape(-1)
+    return Encodings(data, ends, torch.as_tensor(np.asarray(sizes, dtype=np.int64)).reshape(-1, 2),
+                     torch.as_tensor(np.asarray(boxes, dtype=np.int64)).reshape(-1, 4),
+                     torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size, seed, area, hflip)
+
+
 def pack(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> Pixels:
-    """uint8 crops (3, h_i, w_i) -> one Pixels, zero-padded to the largest height and width."""
+    """uint8 crops (3, h_i, w_i) -> one Pixels, zero-padded to the largest height and width, on the crops'
+    device."""
     sizes = torch.tensor([c.shape[1:] for c in crops], dtype=torch.int64).reshape(-1, 2)  # (B, 2)
     h, w = (sizes.max(0).values.tolist() if len(crops) else (size, size))
-    out = torch.zeros((len(crops), 3, h, w), dtype=torch.uint8)
+    out = torch.zeros((len(crops), 3, h, w), dtype=torch.uint8, device=crops[0].device if crops else None)
     for o, c in zip(out, crops):
         o[:, : c.shape[1], : c.shape[2]] = c
     return Pixels(out, sizes, torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size)
+
+
+def draws(sizes: np.ndarray, seed: int, area: tuple[float, float] | None,
+          hflip: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A micro-batch's random draws for images of (height, width) `sizes` (B, 2), from one numpy Generator
+    seeded by the micro-batch: Inception crop boxes (B, 4) over `area` of each image (None: whole images),
+    then flips (B,) bool (none unless `hflip`)."""
+    rng = np.random.default_rng(seed)
+    boxes = inception_boxes(sizes, rng, area) if area is not None else whole_boxes(sizes)
+    flips = rng.random(len(boxes)) < 0.5 if hflip else np.zeros(len(boxes), bool)
+    return boxes, flips
 
 
 def whole_boxes(sizes: np.ndarray) -> np.ndarray:
@@ -174,7 +230,7 @@ def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
     float, asynchronous from pinned memory), then resize, flip and x / 127.5 - 1 (the ViT's mean = std = 0.5)
     there."""
     x = batch.pixels
-    if device.type == "cuda" and not x.is_pinned():
+    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
         x = x.pin_memory()  # non_blocking only overlaps from page-locked memory
     x = x.to(device, non_blocking=True)
     if _needs_resize(batch):
@@ -182,3 +238,12 @@ def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
     else:
         out = (flip(x, batch.flips) if bool(batch.flips.any()) else x).to(torch.float32)
     return out.div_(127.5).sub_(1.0)
+
+
+def finish_crops(images: list[torch.Tensor], boxes, flips, size: int, device: torch.device) -> torch.Tensor:
+    """Whole images decoded on `device`, uint8 (3, H_i, W_i), their boxes (B, 4) and flips (B,) -> float32
+    (B, 3, size, size) in [-1, 1] there: each cut to its box (a view), packed, then `finish` (the batched
+    resize, flip, scaling), the same code as for crops cut in a worker."""
+    crops = [x[:, t : t + h, left : left + w]
+             for x, (t, left, h, w) in zip(images, torch.as_tensor(boxes).tolist())]
+    return finish(pack(crops, np.asarray(flips, dtype=bool), size), device)

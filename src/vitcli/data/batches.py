@@ -10,7 +10,9 @@ them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`,
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
-keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such images
+keep their size and stay that pure function; evaluation leaves it out. With data.decode_device=model a
+truncated JPEG fails only on the model's device, and its stand-in is the next image of its micro-batch
+(`decode_on_device`). Each stream tallies such images
 (`Skipped`), coming back with their batch from whichever worker process decoded it. Every random draw of a
 micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
 `micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
@@ -30,8 +32,8 @@ from rich.markup import escape
 from timm.data import Mixup
 from torch.utils.data import DataLoader
 
-from vitcli.data.augment import Pixels, finish
-from vitcli.data.decode import Decoded, Encoded, encoded, read
+from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
+from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
 from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
@@ -152,7 +154,8 @@ class _Batches(KeyedBatches):
             raise none_decode(self.name, f"{n} rows", f"row {row}", self.bad[row])
         return j
 
-    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | Encodings | None, torch.Tensor,
+                                                                dict[int, str]]:
         while True:  # again when a row opened but its pixels did not decode: it is bad from now on
             images = self._decoded(rows)
             bad = {i: self.bad[i] for i in rows if i not in images}
@@ -167,7 +170,35 @@ class _Batches(KeyedBatches):
             except Undecodable as e:
                 self.bad[use[e.position]] = _reason(e.error)
                 continue
-            return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
+            if isinstance(x, Encodings):
+                x.ids = use  # rows, for the stream's tally of what fails on its device
+            return x, self.labels[use], bad  # uint8 Pixels (or Encodings) of B, (B,)
+
+
+def decode_on_device(batch: Encodings, y: torch.Tensor, device: torch.device,
+                     name: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A micro-batch shipped encoded (data.decode_device=model) -> (x float32 (B, 3, S, S) in [-1, 1] on
+    `device`, y (B,), {id: reason} of the images that did not decode): one batched decode on `device`.
+
+    A file whose header parsed in the worker but whose data does not decode (a truncated one) fails only
+    here, where the rest of the split is out of reach: its stand-in is the next image of its own micro-batch
+    that decodes (`stand_in` over the micro-batch, the streams rule), unlike the worker path's next row of
+    the split. The boxes and flips are then drawn again from the micro-batch's seed for the images now in
+    it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives).
+    """
+    images = decode_jpegs(batch.files(), device)
+    failed = {i: _reason(e) for i, e in enumerate(images) if isinstance(e, Exception)}
+    if not failed:
+        return finish_crops(images, batch.boxes, batch.flips, batch.size, device), y, {}
+    bad = {batch.ids[i]: reason for i, reason in failed.items()}
+    if len(failed) == len(images):
+        ident, reason = next(iter(bad.items()))
+        culprit = f"row {ident}" if isinstance(ident, int) else str(ident)
+        raise none_decode(f"a micro-batch of {name}", str(len(images)), culprit, reason)
+    n = len(images)
+    use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
+    boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
+    return finish_crops([images[i] for i in use], boxes, flips, batch.size, device), y[use], bad
 
 
 def stand_in(i: int, n: int, decodes) -> int | None:
@@ -221,10 +252,15 @@ class BatchStream:
                 self.batches = iter(())
                 raise item
             x, y, bad = item
+            if isinstance(x, Encodings):  # data.decode_device=model: decoded here, on the stream's device
+                x, y, late = decode_on_device(x, y, self.device, self.name)
+                bad = {**bad, **late}
+            elif len(y):
+                x = finish(x, self.device)
             self.skipped.add(self.name, bad)
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
-                return finish(x, self.device), y
+                return x, y
         if self.failed and not self.decoded and not self.collective:
             raise self.nothing_decoded()
         raise StopIteration
@@ -324,7 +360,8 @@ def train_batches(
         )
     keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
-    return BatchStream(_loader(ds, cfg, transform, keys, cache=True, replace=True), device=device)
+    cache = cfg.decode_device == "worker"  # the cache keeps images decoded: none left for the model's device
+    return BatchStream(_loader(ds, cfg, transform, keys, cache=cache, replace=True), device=device)
 
 
 def eval_batches(

@@ -4,6 +4,10 @@ torchvision's decoders (libjpeg-turbo, libpng) do the work; grey, palette and RG
 What they cannot read (BMP, TIFF, float images...) goes through PIL. A JPEG whose crop is much larger than the
 output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's DCT scaling (PIL's `draft`): measured on 500 px
 JPEGs, 547 us full (torchvision) against 514, 418 and 383 us at those scales, 16 us to read the header.
+
+With data.decode_device=model the training JPEGs skip the workers' decoding: `decode_jpegs` decodes a whole
+micro-batch where the model runs, in one torchvision call (nvJPEG on CUDA, libjpeg-turbo on the CPU), always
+at full resolution.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import datasets
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 SCALES = (8, 4, 2)  # libjpeg's DCT scalings PIL's draft can ask for, largest first
 
@@ -72,6 +76,12 @@ class Encoded:
         """(height, width) at full resolution."""
         return self.header.height, self.header.width
 
+    @property
+    def jpeg(self) -> bool:
+        """Whether decode_jpegs may decode it on the model's device: a baseline-colour JPEG (RGB or grey).
+        CMYK/YCCK JPEGs (a few dozen in ImageNet) and 0/1 images stay with the workers' decoders."""
+        return self.header.format == "JPEG" and self.header.mode in ("RGB", "L") and not self.binary
+
     def full(self) -> torch.Tensor:
         """uint8 (3, H, W): torchvision's decoder, PIL for the formats it lacks."""
         try:
@@ -108,6 +118,8 @@ class Encoded:
 class Decoded:
     """An image already decoded (the small-dataset cache): the same `size` and `pixels` as Encoded."""
 
+    jpeg = False  # nothing left to decode on the model's device
+
     def __init__(self, x: torch.Tensor):
         self.x = x  # uint8 (3, H, W)
 
@@ -122,3 +134,27 @@ class Decoded:
             return self.x
         top, left, h, w = (int(v) for v in box)
         return self.x[:, top : top + h, left : left + w]
+
+
+def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | Exception]:
+    """Encoded JPEGs, each a uint8 (n_i,) CPU tensor -> uint8 (3, H_i, W_i) RGB on `device`, in one
+    torchvision call (nvJPEG's batched decode on CUDA; on the CPU the same call loops libjpeg-turbo). When
+    that call fails (a truncated file fails the whole batch) each file is decoded alone, and the ones that
+    still fail come back as their exception, in their place."""
+    try:
+        return _decode_jpeg(files, device)
+    except RuntimeError:
+        pass
+    out: list[torch.Tensor | Exception] = []
+    for f in files:
+        try:
+            out.extend(_decode_jpeg([f], device))
+        except RuntimeError as e:  # torchvision reports corrupt data as RuntimeError on either device
+            out.append(e)
+    return out
+
+
+def _decode_jpeg(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    with warnings.catch_warnings():  # torchvision 0.29's TorchCodec notice, as in Encoded.full
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)

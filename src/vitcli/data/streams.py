@@ -42,6 +42,7 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
+from vitcli.data.augment import Encodings
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
@@ -119,7 +120,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
+    for the model's device to decode, y, bad)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
@@ -146,6 +148,8 @@ class _Decode(KeyedBatches):
             except Undecodable as e:
                 images[use[e.position]] = e.error
                 continue
+            if isinstance(x, Encodings):
+                x.ids = [_image_id(rows[i][0]) for i in use]  # for the tally of what fails on the device
             return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 

@@ -21,7 +21,7 @@ from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data.augment import Pixels, inception_boxes, pack, resize_each, tf_bilinear, whole_boxes
+from vitcli.data.augment import Pixels, draws, encodings, pack, resize_each, tf_bilinear
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.data_checks import check_randaugment
@@ -78,14 +78,18 @@ def _final(images: list[torch.Tensor], size: int) -> Pixels:
     return pack(images, np.zeros(len(images), bool), size)
 
 
-def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool) -> Pixels:
+def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool):
     """Inception crop (data.crop_min_area..1 of the area; the whole image when data.inception_crop is off),
     flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given.
-    The crops leave as they are, for augment.finish to resize on the model's device, unless `resize_here`."""
-    rng = np.random.default_rng(seed)
+    The crops leave as they are, for augment.finish to resize on the model's device, unless `resize_here`.
+    With data.decode_device=model a micro-batch of JPEGs leaves encoded (augment.Encodings) with the same
+    draws; one holding any other image (PNG, a CMYK JPEG, the built-in data) is decoded here whole, so that
+    a batch is one type and its draws one list (such images are rare in a JPEG dataset)."""
     hw = np.array([img.size for img in images], dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
-    boxes = inception_boxes(hw, rng, (cfg.crop_min_area, 1.0)) if cfg.inception_crop else whole_boxes(hw)
-    flips = rng.random(len(images)) < 0.5 if cfg.hflip else np.zeros(len(images), bool)
+    area = (cfg.crop_min_area, 1.0) if cfg.inception_crop else None
+    boxes, flips = draws(hw, seed, area, cfg.hflip)
+    if cfg.decode_device == "model" and randaugment is None and all(img.jpeg for img in images):
+        return encodings([img.data for img in images], hw, boxes, flips, size, seed, area, cfg.hflip)
     crops = _crops(images, boxes, size)
     if randaugment is None and not resize_here:
         return pack(crops, flips, size)

@@ -19,6 +19,7 @@ from typing import Any
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
     CLASSIFIES,
+    DECODE_DEVICES,
     FEWSHOT_RESIZE_METHODS,
     LOGGER_PACKAGES,
     LOGGERS,
@@ -30,7 +31,7 @@ from vitcli.recipe.choices import (
     TRAINS,
     VIT_POS_EMBEDS,
 )
-from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
+from vitcli.recipe.data_checks import check_data, check_decode_device, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
@@ -49,6 +50,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective": ("supervised", "mpp"),
     "mpp.target": MPP_TARGETS,
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
+    "data.decode_device": DECODE_DEVICES,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
@@ -209,6 +211,7 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     d = recipe.data
     if d.randaugment:
         check_randaugment(d.randaugment, "data.randaugment")
+    check_decode_device(d)
     micro, _ = micro_batches(recipe, world_size)
     if d.mixup_alpha and micro % 2:  # timm's Mixup pairs each image with its mirror in the micro-batch
         raise RecipeError(f"data.mixup_alpha={d.mixup_alpha} needs an even micro-batch, got {micro}; "

@@ -76,6 +76,9 @@ class DataConfig:
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
     eval_batch_size: int = 256
     num_workers: int = 2
+    # where training JPEGs are decoded: `worker` (the loader workers, libjpeg-turbo) or `model` (the model's
+    # device, one batched decode_jpeg call per micro-batch: nvJPEG on CUDA); eval and few-shot use workers
+    decode_device: str = "worker"
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
     # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
     streaming: bool = False

@@ -52,7 +52,7 @@ def input_bound(wait_s: float, total_s: float, images: int, num_workers: int, cu
     knobs = [f"more data.num_workers (now {num_workers})",
              "`vit prepare-data` (a copy of the data resized once, so each image decodes smaller)"]
     if cuda:
-        knobs.append("data.decode_device=cuda (decode JPEGs on the GPU)")
+        knobs.append("data.decode_device=model (decode JPEGs on the GPU)")
     return (f"input-bound: {wait_s / total_s:.0%} of the time went waiting for data; the loader delivered "
             f"{loader:.0f} img/s while the model could take {model:.0f} img/s. Try "
             + ", ".join(knobs))

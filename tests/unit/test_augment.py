@@ -114,6 +114,10 @@ def test_batched_resize_is_per_crop_tf_bilinear_within_one_level():
     g = torch.Generator().manual_seed(0)
     crops = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
              for h, w in torch.randint(1, 90, (64, 2), generator=g).tolist()]
+    # shapes met more than once (resize_each sends them through the kernel together), and 32 x 32 crops,
+    # which at size 32 are only copied
+    crops += [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
+              for h, w in [(32, 32), (20, 17), (32, 32), (20, 17), (32, 32)]]
     for size in (7, 32, 64):
         batch = pack(crops, np.zeros(len(crops), bool), size)
         got = levels(batch.pixels, batch.sizes, size)  # (B, 3, S, S)

@@ -204,14 +204,24 @@ def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
-    """uint8 crops (3, h_i, w_i) -> uint8 (B, 3, size, size), flipped where `flips` (B,) says: `levels` one
-    crop at a time, for a loader worker, where the crops are apart anyway and torch's own kernel is ~3x
-    faster on a CPU than the batched gather (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224, one
-    thread)."""
+    """uint8 crops (3, h_i, w_i) -> uint8 (B, 3, size, size), flipped where `flips` (B,) says: `levels` with
+    torch's own kernel, one call per crop shape, for a loader worker: ~3x faster on a CPU than the batched
+    gather (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224, one thread)."""
     out = torch.empty((len(crops), 3, size, size), dtype=torch.uint8)
-    for o, c, mirror in zip(out, crops, flips):
-        x = tf_bilinear(c.to(torch.float32), size).clamp_(0, 255)  # copy_ below truncates: tf.cast
-        o.copy_(x.flip(-1) if mirror else x)
+    shapes: dict[tuple, list[int]] = {}
+    for i, c in enumerate(crops):
+        shapes.setdefault(tuple(c.shape[1:]), []).append(i)
+    # Crops of one shape go through the kernel together (a 32 px dataset's whole images: one call per batch,
+    # not 128, ~20x less time); a crop already size x size is its own resize (half-pixel centres at scale 1
+    # sample every pixel exactly), so it is only copied.
+    for shape, rows in shapes.items():
+        x = torch.stack([crops[i] for i in rows]).contiguous(memory_format=torch.channels_last)
+        if shape != (size, size):
+            x = F.interpolate(x.to(torch.float32), size=(size, size), mode="bilinear", align_corners=False,
+                              antialias=False).clamp_(0, 255)  # the copy below truncates: tf.cast
+        out[rows] = x.to(torch.uint8) if x.dtype != torch.uint8 else x
+    mirror = torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1)
+    out[mirror] = out[mirror].flip(-1)
     return out
 
 

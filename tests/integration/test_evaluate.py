@@ -11,6 +11,7 @@ import datasets
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -85,9 +86,11 @@ def test_class_names_of_a_stream_and_of_a_head_of_another_width():
 @pytest.mark.parametrize("run", ["pre", "ft"])
 def test_evaluate_equals_the_test_top1_training_reported(runs, run, tmp_path, monkeypatch, capsys):
     workdir, summary = runs[run]
+    # no run.precision: the checkpoint's own (fp32), not auto's choice, which may be bf16 on this CPU
     code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", workdir, "--workdir", tmp_path / "ev",
-                             "--json", *FP32)
+                             "--json", "run.device=cpu")
     assert code == 0, err
+    assert yaml.safe_load((tmp_path / "ev" / "recipe.yaml").read_text())["run"]["precision"] == "fp32"
     results = json.loads(out)
     assert results["top1"] == summary["test/top1"]
     assert results["loss"] == pytest.approx(summary["test/loss"], abs=1e-5)  # batches of another size

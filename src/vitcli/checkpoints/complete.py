@@ -21,7 +21,10 @@ from vitcli.recipe.schema import ModelConfig, Recipe
 
 # what `vit evaluate` / `vit predict` take from the recipe a vitcli checkpoint was trained with: how its eval
 # images were prepared and its loss; and, unless --data names other data, where its test images are
-TRAINED_PREPROCESSING = {"data": ("eval_crop_pct", "binary_pixels"), "optim": ("loss", "label_smoothing")}
+# what `vit evaluate` takes from our own checkpoint's recipe: its eval preprocessing, its loss, and the
+# precision it ran at (the resolved one: a run's test top-1 is reproduced, not re-rolled by `auto`)
+TRAINED_EVAL = {"data": ("eval_crop_pct", "binary_pixels"), "optim": ("loss", "label_smoothing"),
+                "run": ("precision",)}
 TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "val_split",
                 "test_split", "synthetic")
 
@@ -37,16 +40,16 @@ def complete(recipe: Recipe, user_heads: bool) -> Recipe:
 
 def trained_with(checkpoint: str, own_data: bool = True) -> dict:
     """The recipe layer a checkpoint gives `vit evaluate` and `vit predict` (vitcli.recipe.resolve's `base`):
-    its native resolution, and for our own files the eval preprocessing and loss it was trained with, plus
-    with `own_data` its data (source, columns, splits). Foreign files say only their resolution; {} when not
-    even that, so the recipe's defaults hold."""
+    its native resolution, and for our own files the eval preprocessing, loss and precision it was trained
+    with, plus with `own_data` its data (source, columns, splits). Foreign files say only their
+    resolution; {} when not even that, so the recipe's defaults hold."""
     loaded = read_checkpoint(checkpoint)
     img_size = describe(loaded).img_size
     layer: dict = {"model": {"img_size": img_size}} if img_size else {}
     trained = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
     if not isinstance(trained, dict):
         return layer
-    keys = {**TRAINED_PREPROCESSING, "data": TRAINED_PREPROCESSING["data"] + TRAINED_DATA * own_data}
+    keys = {**TRAINED_EVAL, "data": TRAINED_EVAL["data"] + TRAINED_DATA * own_data}
     for section, names in keys.items():
         stored = trained.get(section) or {}
         layer.setdefault(section, {}).update({k: stored[k] for k in names if k in stored})

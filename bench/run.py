@@ -233,7 +233,8 @@ def main() -> None:
     auto, why = choose("auto", torch.device("cpu"))
     # each model at its recipe's precision as a user gets it: the quickstart pins fp32 (bf16 autocast is ~3x
     # slower than fp32 at width 64 even on an AVX-512 bf16 CPU: casts and small kernels), ViT-Ti takes auto
-    chosen = {name: choose(resolve("pretrain", spec[0], spec[1]).run.precision, torch.device("cpu"))[0]
+    chosen = {name: choose(resolve("pretrain", spec[0], spec[1], inputs=False).run.precision,
+                           torch.device("cpu"))[0]
               for name, spec in MODELS.items()}
     peaks = {}
     for precision in sorted(set(chosen.values())):

@@ -134,3 +134,18 @@ def test_the_method_is_checked_keyed_and_dumped():
     keys = {features.cache_key("w", "t", "train", {**pre, "resize_method": m})
             for m in ("big_vision", "another")}
     assert len(keys) == 2
+
+
+def test_a_batch_of_mixed_shapes_equals_each_image_alone():
+    """The workers resize images of one shape in one call (augment.per_shape): a batch with repeated and
+    distinct shapes gives, row by row and in order, what the float pipeline gives each image alone."""
+    rng = np.random.default_rng(5)
+    shapes = [(45, 45), (50, 71), (45, 45), (32, 32), (50, 71), (45, 45)]
+    images = [Image.fromarray(rng.integers(0, 256, (*s, 3), dtype=np.uint8)) for s in shapes]
+    encoded = []
+    for img in images:
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        encoded.append(Encoded(buf.getvalue()))
+    got = finish(build_transform(DataConfig(), 32, train=False, resize=36)(encoded, 0), torch.device("cpu"))
+    assert torch.equal(got, torch.stack([float_pipeline(img, 36, 32) for img in images]))

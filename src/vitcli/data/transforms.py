@@ -21,7 +21,7 @@ from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data.augment import Pixels, draws, encodings, pack, resize_each, tf_bilinear
+from vitcli.data.augment import Pixels, draws, encodings, pack, per_shape, resize_each, tf_bilinear_levels
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.data_checks import check_randaugment
@@ -78,6 +78,12 @@ def _final(images: list[torch.Tensor], size: int) -> Pixels:
     return pack(images, np.zeros(len(images), bool), size)
 
 
+def _square(x: torch.Tensor, size: int) -> Pixels:
+    """uint8 (B, 3, size, size) -> Pixels that finish only normalises."""
+    sizes = torch.full((len(x), 2), size, dtype=torch.int64)
+    return Pixels(x, sizes, torch.zeros(len(x), dtype=torch.bool), size)
+
+
 def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool):
     """Inception crop (data.crop_min_area..1 of the area; the whole image when data.inception_crop is off),
     flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given.
@@ -95,7 +101,7 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, res
         return pack(crops, flips, size)
     x = resize_each(crops, flips, size)  # (B, 3, S, S) uint8, flipped
     if randaugment is None:
-        return _final(list(x), size)
+        return _square(x, size)
     x = x.permute(0, 2, 3, 1).numpy()  # (B, S, S, 3): timm's RandAugment works on PIL
     with seeded(seed):  # it draws from `random` and numpy's global RNG
         out = [torch.from_numpy(np.asarray(randaugment(Image.fromarray(img))).transpose(2, 0, 1).copy())
@@ -106,21 +112,21 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, res
 def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:
     """timm's eval resize: short side to floor(size / crop_pct), then torchvision's CenterCrop(size).
     torchvision's antialiased bilinear resize of uint8 tensors is PIL's algorithm (same support, same
-    triangle filter), equal to it within a level or two of rounding."""
+    triangle filter), equal to it within a level or two of rounding. Images of one shape in one call."""
     short = math.floor(size / crop_pct)
-    crops = _crops(images, None, 0)
-    out = [TF.center_crop(TF.resize(x, [short], antialias=True), [size, size]) for x in crops]
-    return _final(out, size)
+    out = per_shape(_crops(images, None, 0), lambda x: TF.center_crop(TF.resize(x, [short], antialias=True),
+                                                                      [size, size]), (0, 3, size, size))
+    return _square(out, size)
 
 
 def _fewshot(images: list, seed, size: int, resize: int) -> Pixels:
     """big_vision's few-shot pp `decode|resize(R)|central_crop(S)`: its resize casts back to the decoded dtype
-    (clip to [0, 255], then tf.cast truncates to uint8). One F.interpolate per image (the images differ in
-    size anyway), bit-identical to the float pipeline this replaced."""
+    (clip to [0, 255], then tf.cast truncates to uint8). Images of one shape in one F.interpolate call,
+    bit-identical to the per-image float pipeline this replaced."""
     top, left = central_crop_offsets(resize, resize, size)
-    out = [tf_bilinear(x.to(torch.float32), resize).clamp_(0.0, 255.0).to(torch.uint8)
-           [:, top : top + size, left : left + size] for x in _crops(images, None, 0)]  # (3, S, S)
-    return _final(out, size)
+    out = per_shape(_crops(images, None, 0), lambda x: tf_bilinear_levels(x, resize)
+                    [:, :, top : top + size, left : left + size], (0, 3, size, size))  # (B, 3, S, S)
+    return _square(out, size)
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,

@@ -118,7 +118,8 @@ class _Batches(KeyedBatches):
         self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
 
     def _open(self, row: int, raw: dict) -> Encoded | Decoded | None:
-        """The row's image (header read; decoded whole when cached), or None with the reason in self.bad."""
+        """The row's image (encoded; decoded whole when cached), or None with the reason in self.bad: a file
+        that fails later, in the transform, is recorded there (Undecodable)."""
         try:
             img = Encoded(read(raw), self.binary)
             return img if self.cache is None else Decoded(img.full())

@@ -127,7 +127,7 @@ class _Decode(KeyedBatches):
         self.name, self.transform, self.binary = name, transform, binary
 
     def _open(self, raw: dict) -> Encoded | Exception:
-        """The image with its header read (0/1 images to be stretched), or the exception that stopped it."""
+        """The image, still encoded (0/1 images to be stretched), or the exception that stopped reading it."""
         try:
             return Encoded(read(raw), self.binary)
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...

@@ -61,6 +61,18 @@ def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
     return (height - size) // 2, (width - size) // 2
 
 
+def _sizes(images: list) -> list[tuple[int, int]]:
+    """Each image's (height, width) from its header; a header that does not parse names its position
+    (Undecodable), as a failed decode does."""
+    sizes = []
+    for i, img in enumerate(images):
+        try:
+            sizes.append(img.size)
+        except Exception as e:  # noqa: BLE001 - PIL's errors for unknown bytes: UnidentifiedImageError, OSError
+            raise Undecodable(i, e) from None
+    return sizes
+
+
 def _crops(images: list, boxes, out: int) -> list[torch.Tensor]:
     """Each image's crop (boxes (B, 4), or None for whole images) as uint8 (3, h, w); a failure names its
     position (Undecodable), for the batch to put a stand-in there or leave it out."""
@@ -91,7 +103,7 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, res
     With data.decode_device=model a micro-batch of JPEGs leaves encoded (augment.Encodings) with the same
     draws; one holding any other image (PNG, a CMYK JPEG, the built-in data) is decoded here whole, so that
     a batch is one type and its draws one list (such images are rare in a JPEG dataset)."""
-    hw = np.array([img.size for img in images], dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
+    hw = np.array(_sizes(images), dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
     area = (cfg.crop_min_area, 1.0) if cfg.inception_crop else None
     boxes, flips = draws(hw, seed, area, cfg.hflip)
     if cfg.decode_device == "model" and randaugment is None and all(img.jpeg for img in images):

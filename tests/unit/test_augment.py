@@ -109,8 +109,9 @@ def test_inception_boxes_lie_inside_and_keep_the_area_range():
 
 def test_batched_resize_is_per_crop_tf_bilinear_within_one_level():
     """Each crop of a padded batch resizes as F.interpolate (TF's half-pixel bilinear) does it alone, then
-    clipped and truncated to uint8. Not bit-exact: the gather sums its four float32 products in another
-    order than torch's kernel, so a value within ~1e-4 of an integer may truncate one level apart."""
+    clipped and rounded to uint8 levels (big_vision truncates: at most one level above it). Not bit-exact:
+    the gather sums its four float32 products in another order than torch's kernel, so a value within ~1e-4
+    of a half level may land one level apart; the workers' uint8 kernel blends in fixed point."""
     g = torch.Generator().manual_seed(0)
     crops = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
              for h, w in torch.randint(1, 90, (64, 2), generator=g).tolist()]
@@ -121,13 +122,18 @@ def test_batched_resize_is_per_crop_tf_bilinear_within_one_level():
     for size in (7, 32, 64):
         batch = pack(crops, np.zeros(len(crops), bool), size)
         got = levels(batch.pixels, batch.sizes, size)  # (B, 3, S, S)
-        want = torch.stack([tf_bilinear(c.float(), size).clamp(0, 255).floor() for c in crops])
+        exact = torch.stack([tf_bilinear(c.float(), size).clamp(0, 255) for c in crops])
+        want = exact.round()
         diff = (got - want).abs()
         assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+        above = got - exact.floor()  # against big_vision's truncation: never below, at most one above
+        assert above.min() >= 0 and above.max() <= 1
         flips = np.arange(len(crops)) % 3 == 0
-        each = resize_each(crops, flips, size)  # one crop at a time: torch's kernel itself
-        assert torch.equal(each, torch.where(torch.as_tensor(flips)[:, None, None, None],
-                                             want.flip(-1), want).to(torch.uint8))
+        each = resize_each(crops, flips, size).float()  # one call per shape: torch's uint8 kernel
+        mirrored = torch.where(torch.as_tensor(flips)[:, None, None, None], exact.flip(-1), exact)
+        # the kernel blends with fixed-point weights (measured: ~19% of pixels a level off the exact
+        # rounding), but stays within a level of the exact value and unbiased (measured +0.01..0.07)
+        assert (each - mirrored).abs().max() <= 1 + 2e-3 and abs((each - mirrored).mean()) < 0.1
 
 
 def test_finish_flips_only_the_flagged_rows_and_scales_to_signed_range():

@@ -400,7 +400,7 @@ def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypat
 
 def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
     """A stream for a GPU ships crops and augment.finish resizes them there in one batched gather; one for
-    the CPU resizes each crop in its workers with torch's kernel: the same resize within one level."""
+    the CPU resizes its crops in its workers with torch's uint8 kernel: the same resize within one level."""
     raws = _jpegs(6, truncated=-1).cast_column("image", datasets.Image(decode=False))["image"]
     images, size = [Encoded(raw["bytes"]) for raw in raws], 16
     cfg = DataConfig(crop_min_area=0.3)
@@ -410,7 +410,8 @@ def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
     assert here.pixels.shape == (6, 3, size, size)
     cpu = torch.device("cpu")
     diff = (finish(shipped, cpu) - finish(here, cpu)).abs() * 127.5
-    assert diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.01
+    # the worker's uint8 kernel blends in fixed point: ~19% of pixels a level from the gather's rounding
+    assert diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.3
 
 
 def test_rank_shards_are_disjoint():

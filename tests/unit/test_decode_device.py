@@ -74,15 +74,15 @@ def test_a_batch_holding_any_png_is_decoded_in_the_worker(tmp_path):
 
 
 def test_model_decoding_gives_the_worker_stream_within_one_level(tmp_path):
-    """A CPU stream's workers resize each crop with torch's kernel (augment.resize_each); the device path
-    resizes the batch in one gather (augment.levels), whose float32 blend rounds in another order: a value
-    within ~1e-4 of an integer may truncate one level apart (test_augment holds levels to the kernel)."""
+    """A CPU stream's workers resize their crops with torch's uint8 kernel (augment.resize_each), which
+    blends in fixed point; the device path resizes the batch in one float gather (augment.levels) and rounds:
+    about a fifth of the pixels a level apart, none further (test_augment holds both to the exact resize)."""
     ds = _folder(tmp_path, 16)
     worker = _take(batches.train_batches(ds, _cfg("worker"), SIZE, 4, seed=3), 6)
     model = _take(batches.train_batches(ds, _cfg("model"), SIZE, 4, seed=3), 6)
     for (xa, ya), (xb, yb) in zip(worker, model, strict=True):
         diff = (xa - xb).abs() * 127.5
-        assert torch.equal(ya, yb) and diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.01
+        assert torch.equal(ya, yb) and diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.3
 
 
 def test_model_decoding_is_the_same_with_workers_and_on_resume(tmp_path, monkeypatch):

@@ -13,9 +13,11 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
                       softmax not
   peak_rss_mb         getrusage ru_maxrss of the model's process; children_rss_mb: the largest of its children
                       (data workers, inductor's compiler processes), each a process of its own
-The precision is what run.precision=auto chooses on this machine. `targets` holds the goals and whether met.
+The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
+JPEG photographs: our loader per core and `vit pretrain` against timm's own paths). `targets` holds the goals
+and whether met.
 
-    python bench/run.py           # the measurement (~10 min on 2 cores);
+    python bench/run.py           # the measurement (~3-10 min on 2 cores);
                                   # make bench also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
 """

@@ -37,6 +37,15 @@ def test_past_a_tenth_it_names_both_rates_and_the_knobs():
     assert "data.decode_device=model" in input_bound(4.0, 10.0, 800, num_workers=2, cuda=True)
 
 
+def test_a_loader_faster_than_the_model_without_workers_is_told_apart():
+    # 2 s of a 10 s window waiting for 1000 images: the loader made them at 500 img/s, the model took them at
+    # 125: the loader is not slow, it runs between the steps
+    warning = input_bound(2.0, 10.0, 1000, num_workers=0, cuda=False)
+    assert "data.num_workers=1 or more (now 0" in warning and "4.0x faster than the model" in warning
+    assert "faster than the model" not in input_bound(2.0, 10.0, 1000, num_workers=2, cuda=False)
+    assert "faster than the model" not in input_bound(8.0, 10.0, 1000, num_workers=0, cuda=False)
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("wait", [1.01, 5.0, 9.9])
 def test_the_loaders_rate_counts_the_time_it_worked(wait, workers):

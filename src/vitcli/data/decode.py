@@ -94,9 +94,7 @@ class Encoded:
         """uint8 (3, H, W): torchvision's decoder, PIL for the formats it lacks."""
         try:
             data = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
-            with warnings.catch_warnings():  # torchvision 0.29 warns at every call that TorchCodec will
-                warnings.simplefilter("ignore", DeprecationWarning)  # take its decoders over one day
-                x = decode_image(data, mode=ImageReadMode.RGB)
+            x = _quietly(decode_image, data, mode=ImageReadMode.RGB)
         except RuntimeError:  # BMP, TIFF, GIF frames...: not torchvision's
             x = None
         if x is None or x.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
@@ -163,6 +161,12 @@ def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.
 
 
 def _decode_jpeg(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    with warnings.catch_warnings():  # torchvision 0.29's TorchCodec notice, as in Encoded.full
+    return _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
+
+
+def _quietly(decoder, *args, **kwargs):
+    """A torchvision decoder's result, without the notice torchvision 0.29 gives at every call (TorchCodec
+    will take its decoders over one day)."""
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        return decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+        return decoder(*args, **kwargs)

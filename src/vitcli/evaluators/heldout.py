@@ -27,7 +27,7 @@ class SplitEvaluator:
         """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
         (a rank may have no rows at all), and the skipped images)."""
         values = sharded_pass(model, self.ds, self.cfg, self.img_size, self.dist, self.precision, per_batch,
-                              self.skipped, collective=True)
+                              self.skipped)
         totals = [0.0] * width
         for batch in values:
             totals = [a + b for a, b in zip(totals, batch, strict=True)]

@@ -5,10 +5,10 @@ autocast, and images that do not decode are left out and counted. Combining the 
 caller's: sums add up (heldout.py), per-row results are gathered back into row order (`in_row_order`: the
 few-shot features, vit evaluate's predictions).
 
-With `collective`, whether a split where nothing decodes is an error is decided by all ranks together: a rank
-whose share is all corrupt returns nothing and goes on into the caller's gather or reduce with the others,
-after which every rank calls `raise_if_nothing_decoded` on the same gathered tallies (one rank raising
-alone would leave the others waiting in that collective forever; `in_row_order` does so itself).
+Whether a split where nothing decodes is an error is decided by all ranks together: a rank whose share is
+all corrupt returns nothing and goes on into the caller's gather or reduce with the others, after which every
+rank calls `raise_if_nothing_decoded` on the same gathered tallies (one rank raising alone would leave the
+others waiting in that collective forever; `in_row_order` does so itself).
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from vitcli.runtime.precision import autocast
 @torch.inference_mode()
 def sharded_pass(
     model: torch.nn.Module, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, per_batch,
-    skipped: batches.Skipped, resize: int = 0, resize_method: str = "big_vision", collective: bool = False,
+    skipped: batches.Skipped, resize: int = 0, resize_method: str = "big_vision",
 ) -> list:
     """per_batch(model, i, x, y) for each batch i of this rank's rows, x (B, 3, H, W) and y (B,) on the
     device; the model's train/eval mode is restored after. Rows whose image does not decode land in `skipped`;
     `resize` > 0 selects the few-shot preprocessing (batches.eval_batches). A share where images failed and
-    none decoded raises here, unless `collective` (then the caller decides with every rank, see above)."""
+    none decoded returns nothing: the caller decides with every rank (above)."""
     was_training = model.training
     model.eval()
     share = dist.rank % dist.world_size  # the rank, or 0 for a lone process that torchrun did not start
     stream = batches.eval_batches(ds, cfg, img_size, cfg.eval_batch_size, share, dist.world_size,
                                   resize=resize, skipped=skipped, resize_method=resize_method,
-                                  device=dist.device, collective=collective)
+                                  device=dist.device, collective=True)
     out = []
     for i, (x, y) in enumerate(stream):  # x already on the device (augment.finish)
         y = y.to(dist.device, non_blocking=True)
@@ -60,7 +60,7 @@ def raise_if_nothing_decoded(decoded: int, tallies: list[dict[str, dict[int, str
 def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: dict[str, dict[int, str]], n: int,
                  dist: Dist, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
     """Every rank's per-row `arrays` (each (N_r, ...) over the rows r, r + W, ... of an n-row split that
-    decoded; None: it had none) from a `collective` sharded_pass -> (rows (N',), *arrays) over the whole
+    decoded; None: it had none) from a sharded_pass -> (rows (N',), *arrays) over the whole
     split in row order, on every rank; None when no rank had a row. Each rank's `skipped_rows`
     (split -> {row: reason}) join `skipped`; images that failed with none decoded anywhere raise, on every
     rank. A collective call."""

@@ -43,8 +43,7 @@ def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, 
     def per_batch(model, i, x, y):
         return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
 
-    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method,
-                         collective=True)
+    parts = sharded_pass(model, ds, cfg, img_size, dist, precision, per_batch, own, resize, resize_method)
     # None: this rank had no rows that decode
     part = ((torch.cat([f for f, _ in parts]).numpy(), torch.cat([y for _, y in parts]).numpy())
             if parts else None)

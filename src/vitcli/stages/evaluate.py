@@ -92,7 +92,7 @@ def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped:
         return idx.cpu().numpy(), p.cpu().numpy(), y.cpu().numpy(), loss(logits, y).item() * len(y)
 
     parts = sharded_pass(model, ds, recipe.data, recipe.model.img_size, dist, recipe.run.precision, per_batch,
-                         own, collective=True)
+                         own)
     arrays = tuple(np.concatenate([part[j] for part in parts]) for j in range(3)) if parts else None
     (loss_sum,) = all_reduce_sum([sum(part[3] for part in parts)], dist)
     gathered = in_row_order(arrays, own.rows, len(ds), dist, skipped)

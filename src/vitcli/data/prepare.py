@@ -10,7 +10,7 @@ except the image, re-encoded with its shorter side at most `max_size` (never ups
 copied byte for byte), and an integer label column cast to a `ClassLabel` with names. An image that does not
 decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
 manifest counts it too (`undecodable`). The directory is filled under a temporary name beside DIR and renamed
-into place only when complete (runtime.files.atomic_dir), so an interrupted run leaves no half DIR.
+into place only when complete (runtime.workdir.published_dir), so an interrupted run leaves no half DIR.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import io
-import itertools
 import json
 import math
 import tempfile
@@ -30,11 +29,10 @@ import datasets
 from PIL import Image
 
 from vitcli.data import sources
-from vitcli.errors import DataError, OutputError
+from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.files import atomic_dir, sha256_of
-from vitcli.runtime.metrics import console
-from vitcli.runtime.workdir import check_writable
+from vitcli.runtime.files import sha256_of
+from vitcli.runtime.workdir import check_out_dir, published_dir
 
 FORMAT_VERSION = 1
 FORMATS = ("jpeg", "png")  # png: lossless. Raw uint8 arrays would need their own decoder in batches.py
@@ -183,16 +181,6 @@ def label_names(splits: dict[str, datasets.Dataset], cfg: DataConfig) -> list[st
 # --- the copy -----------------------------------------------------------------------------------------------
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """DIR is a directory to create, an empty one, or (with --overwrite) one to set aside; never a file."""
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} is a file; name a directory to create")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise OutputError(f"--out {out} is not empty; name a new directory, or pass --overwrite (the "
-                          "old one is then kept beside it as <name>.previous-<time>)")
-    check_writable(out, "--out")
-
-
 def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, split: str):
     """The split with its images resized (and the per-row tallies), cached under `work`, not HF's cache."""
     features = ds.features.copy()
@@ -239,32 +227,18 @@ def prepare(cfg: DataConfig, out: Path, splits: list[str] | None, opts: Options,
     """Write the pre-resized copy of cfg.source into `out` (or with `dry_run` only check and plan it);
     returns the manifest (planned: rows per split, no shards)."""
     out = Path(out).absolute()  # `--out .` has no name to put a temporary or a set-aside copy beside
-    check_out(out, overwrite)
+    check_out_dir(out, overwrite)
     loaded = load_splits(cfg, splits)
     names = label_names(loaded, cfg)
     if dry_run:
         return manifest(cfg, opts, names, {s: {"rows": len(ds)} for s, ds in loaded.items()})
     entries = {}
     # the arrow files of the resize go to a work directory beside `out`, not HF's cache: removed when done
-    with (atomic_dir(out) as into,
+    with (published_dir(out) as into,
           tempfile.TemporaryDirectory(prefix=f".{out.name}.work.", dir=out.parent) as work):
         for split, ds in loaded.items():
             resized = _resized(ds, cfg, opts, Path(work), split)
-            entries[split] = _write_split(resized, split, cfg, names, opts, into)
+            entries[split] = _write_split(resized, split, cfg, names, opts, into.tmp)
         written = manifest(cfg, opts, names, entries)
-        (into / sources.PREPARED_MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
-        set_aside(out)  # last, the copy complete: atomic_dir then renames it onto `out`
+        (into.tmp / sources.PREPARED_MANIFEST).write_text(json.dumps(written, indent=2) + "\n")
     return written
-
-
-def set_aside(out: Path) -> Path | None:
-    """Rename a non-empty `out` to `<name>.previous-<time>` beside it (an empty one a directory can replace);
-    the new name, or None."""
-    if not out.is_dir() or not any(out.iterdir()):
-        return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = next(p for n in itertools.count()
-                 if not (p := out.with_name(f"{out.name}.previous-{stamp}{f'-{n}' if n else ''}")).exists())
-    out.rename(aside)
-    console.log(f"the previous contents of {out} are kept in {aside}")
-    return aside

@@ -7,14 +7,17 @@ beside the new ones (a user's finished work is sacred), only once the new run ha
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from vitcli.errors import OutputError, RecipeError
+from vitcli.runtime.files import atomic_dir
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, RUN_OUTPUTS
 
@@ -85,14 +88,52 @@ def set_aside(workdir: Path, also: Iterable[Path] = ()) -> Path | None:
     found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + list(also)
     if not found:
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    kept = next(p for n in itertools.count()
-                if not (p := workdir / f"previous-{stamp}{f'-{n}' if n else ''}").exists())
+    kept = _unused(workdir, "previous")
     kept.mkdir()
     for path in found:
         path.rename(kept / path.name)
     console.log(f"the previous run's files are kept in {kept}")
     return kept
+
+
+def _unused(parent: Path, name: str) -> Path:
+    """parent/<name>-<time>, with -1, -2... added while taken: where earlier outputs are kept."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return next(p for n in itertools.count()
+                if not (p := parent / f"{name}-{stamp}{f'-{n}' if n else ''}").exists())
+
+
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """An --out folder (`vit prepare-data`, `vit export`): one to create, an empty one, or with --overwrite a
+    full one, to be set aside by `published_dir`; never a file."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is a file; name a directory (created if needed)")
+    check_writable(out, "--out")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(f"--out {out} is not empty; name a new directory, or pass --overwrite (the old one "
+                          f"is then kept beside it as {out.name}.previous-<time>)")
+
+
+@dataclass
+class Published:
+    """The folder `published_dir` fills (`tmp`), and where the old --out went (`aside`; None: nothing)."""
+
+    tmp: Path
+    aside: Path | None = None
+
+
+@contextlib.contextmanager
+def published_dir(out: Path) -> Iterator[Published]:
+    """A temporary folder beside `out` to fill; when the block succeeds it is sealed and renamed onto `out`
+    (runtime.files.atomic_dir), a non-empty `out` first renamed to `<name>.previous-<time>` beside it and
+    said so. A failure or Ctrl-C leaves `out` as it was. Pass an absolute `out`: `.` has no name to use."""
+    with atomic_dir(out) as tmp:
+        published = Published(tmp)
+        yield published
+        if out.is_dir() and any(out.iterdir()):
+            published.aside = _unused(out.parent, f"{out.name}.previous")
+            out.rename(published.aside)
+            console.log(f"the previous contents of {out} are kept in {published.aside}")
 
 
 def check_space(path: Path, needed: int, what: str) -> None:

@@ -9,12 +9,8 @@ it (not inside: a model folder is uploaded or loaded as a whole).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -25,14 +21,14 @@ from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval
 from vitcli.data.transforms import INTERPOLATION, MEAN
-from vitcli.errors import OutputError, RecipeError
+from vitcli.errors import RecipeError
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import Recipe
-from vitcli.runtime.files import MANIFEST, atomic_dir
-from vitcli.runtime.metrics import console, pairs_table, stdout
+from vitcli.runtime.files import MANIFEST
+from vitcli.runtime.metrics import pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
-from vitcli.runtime.workdir import check_writable
+from vitcli.runtime.workdir import check_out_dir, published_dir
 
 FORMATS = ("hf", "onnx", "timm")
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
@@ -49,7 +45,7 @@ def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: 
     the report that --json prints."""
     if fmt not in FORMATS:
         raise RecipeError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
-    replaces = _check_out(out, overwrite)
+    check_out_dir(out, overwrite)
     loaded = read_checkpoint(ckpt)
     flags = {"init.checkpoint": ckpt, "data.label_column": ""}  # resolved as `vit inspect` resolves it
     recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
@@ -62,27 +58,13 @@ def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: 
               "files": FILES[fmt], "dry_run": dry_run, "set_aside": None}
     if not dry_run:
         model = load_for_eval(recipe, spec.num_classes)  # the whole network, head and pre-logits layer
-        full = out.absolute()  # `--out .` has no name to put a suffix on
-        aside = full.with_name(f"{full.name}.previous-{time.strftime('%Y%m%d-%H%M%S')}") if replaces else None
-        with _publish(full, aside) as tmp:
-            _WRITERS[fmt](model, recipe, loaded, spec, tmp)
-        report["set_aside"] = str(aside) if aside else None
+        with published_dir(out.absolute()) as into:
+            _WRITERS[fmt](model, recipe, loaded, spec, into.tmp)
+        report["set_aside"] = str(into.aside) if into.aside else None
         extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])  # model.onnx.data, say
         report["files"] = [*FILES[fmt], *extra]
     _print(report)
     return report
-
-
-def _check_out(out: Path, overwrite: bool) -> bool:
-    """Whether `out` holds something to replace; an OutputError when it cannot or may not be written."""
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"--out {out} is a file; name a directory (created if needed)")
-    check_writable(out, "--out")
-    full = out.is_dir() and any(out.iterdir())
-    if full and not overwrite:
-        raise OutputError(f"--out {out} is not empty; pass another --out, or --overwrite to replace it "
-                          f"(the old folder is kept as {out.name}.previous-<time>)")
-    return full
 
 
 def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str) -> None:
@@ -161,19 +143,6 @@ def _summary(loaded: Loaded) -> dict:
     except (OSError, json.JSONDecodeError):
         return {}
     return {k: v for k, v in summary.items() if k == "steps" or k.startswith(RESULT_PREFIXES)}
-
-
-@contextlib.contextmanager
-def _publish(out: Path, aside: Path | None) -> Iterator[Path]:
-    """A temporary folder to fill; on success it becomes `out` (sealed with a SHA256SUMS manifest), the old
-    `out` renamed to `aside` first when there is one. A failure leaves `out` as it was."""
-    staging = aside.with_name(f".{aside.name}.new") if aside else out
-    with atomic_dir(staging) as tmp:
-        yield tmp
-    if aside:
-        os.replace(out, aside)
-        os.replace(staging, out)
-        console.log(f"the previous {out} is kept as {aside}")
 
 
 def _print(report: dict) -> None:

@@ -85,11 +85,6 @@ def _crops(images: list, boxes, out: int) -> list[torch.Tensor]:
     return crops
 
 
-def _final(images: list[torch.Tensor], size: int) -> Pixels:
-    """uint8 (3, size, size) images -> Pixels that finish only normalises."""
-    return pack(images, np.zeros(len(images), bool), size)
-
-
 def _square(x: torch.Tensor, size: int) -> Pixels:
     """uint8 (B, 3, size, size) -> Pixels that finish only normalises."""
     sizes = torch.full((len(x), 2), size, dtype=torch.int64)
@@ -118,7 +113,7 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, res
     with seeded(seed):  # it draws from `random` and numpy's global RNG
         out = [torch.from_numpy(np.asarray(randaugment(Image.fromarray(img))).transpose(2, 0, 1).copy())
                for img in x]
-    return _final(out, size)
+    return _square(torch.stack(out), size)
 
 
 def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:

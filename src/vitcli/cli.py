@@ -18,12 +18,14 @@ import typer
 
 from vitcli.errors import Interrupted, Terminated, VitcliError
 
-# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`);
-# a flag takes none, so show no type.
-_display_type = typer.core.TyperOption.display_type_rich
-typer.core.TyperOption.display_type_rich = lambda self, ctx: (
-    None if self.is_flag else _display_type(self, ctx)
-)
+# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so show no
+# type. A private method: some Typer releases lack it (0.27.2 raised AttributeError at import), and then
+# the label stays as Typer draws it.
+_display_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _display_type is not None:
+    typer.core.TyperOption.display_type_rich = lambda self, ctx: (
+        None if self.is_flag else _display_type(self, ctx)
+    )
 
 app = typer.Typer(
     name="vit",

@@ -27,6 +27,15 @@ def test_cli_module_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
 
 
+def test_the_cli_imports_and_helps_under_a_typer_without_the_flag_label_hook():
+    # typer 0.27.2 (the GPU image's) has no TyperOption.display_type_rich: `vit` failed at import there
+    probe = ("import typer.core, sys; del typer.core.TyperOption.display_type_rich; "
+             "sys.argv = ['vit', 'pretrain', '--help']; from vitcli.cli import main; main()")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--dry-run" in done.stdout
+
+
 def test_help_lists_the_stages(monkeypatch, capsys):
     code, out, _ = run_vit(monkeypatch, capsys, "--help")
     assert code == 0

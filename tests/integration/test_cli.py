@@ -27,15 +27,15 @@ def test_cli_module_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
 
 
-def test_the_cli_imports_and_helps_under_a_typer_without_the_flag_label_hook():
-    # typer 0.27.2 (the GPU image's) has no TyperOption.display_type_rich: `vit` failed at import there
-    probe = ("import typer.core, sys\n"
-             "for k in typer.core.TyperOption.__mro__:\n"
-             "    if 'display_type_rich' in vars(k): delattr(k, 'display_type_rich')\n"
-             "sys.argv = ['vit', 'pretrain', '--help']\nfrom vitcli.cli import main\nmain()")
+def test_the_cli_imports_under_a_typer_without_the_flag_label_hook():
+    # typer 0.27.2 (the lent GPU's image) has no TyperOption.display_type_rich: `vit` failed at import there.
+    # The stand-in: a TyperOption without it, in a process of its own
+    probe = ("import click, typer.core\n"
+             "typer.core.TyperOption = type('TyperOption', (click.Option,), {})\n"
+             "import vitcli.cli\nprint(vitcli.cli.app.info.name)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    assert "--dry-run" in done.stdout
+    assert done.stdout.strip() == "vit"
 
 
 def test_help_lists_the_stages(monkeypatch, capsys):

@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo lint bench bench-memory bench-startup clean
+.PHONY: setup test demo lint bench bench-memory bench-startup gpu-check clean
 
 setup: $(VENV_STAMP)
 
@@ -37,6 +37,13 @@ bench-memory: setup
 # processes each; the target: the misspelt key reported in under 1 s. Seconds.
 bench-startup: setup
 	$(PY) bench/startup.py
+
+# On a GPU machine: one JSON object on stdout (progress on stderr), under 10 min; bench/gpu_check.py says what
+# it checks, `--quick` checks the script anywhere (CI does). `make gpu-check PY=python3` runs it in an
+# environment that already holds the dependencies (a GPU image without network) instead of .venv;
+# ARGS=... passes options (--out FILE, --keep DIR, --only SECTIONS).
+gpu-check: $(if $(findstring .venv/,$(PY)),setup)
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PY) bench/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf .venv runs build *.egg-info

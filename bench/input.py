@@ -31,11 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np
-import skimage.data
 import timm
 import timm.optim
 import torch
 import torchvision.io as tio
+from jpegs import PHOTOS, write_jpegs  # bench/jpegs.py
 from PIL import Image
 from timm.data import create_dataset, create_loader, create_transform
 from torchvision.transforms import v2
@@ -47,8 +47,6 @@ from vitcli.stages.run import one_run
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
-PHOTOS = ["astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry", "retina",
-          "camera", "brick", "grass"]  # colour and grey photographs, 300-1000 px, in the scikit-image wheel
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper's [-1, 1] scaling, on both sides
 # name -> (timm architecture and its kwargs, our recipe overrides, image size, batch, steps, log_every)
 NETWORKS = {
@@ -63,24 +61,6 @@ NETWORKS = {
 
 def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def write_jpegs(root: Path, per_class: int, seed: int = 0) -> Path:
-    """root/train/<photo>/<i>.jpg: per_class random crops of each photo at 375-640 px, JPEG quality 90."""
-    rng = np.random.default_rng(seed)
-    for name in PHOTOS:
-        img = Image.fromarray(getattr(skimage.data, name)()).convert("RGB")
-        (root / "train" / name).mkdir(parents=True)
-        for i in range(per_class):
-            w, h = img.size
-            cw, ch = (int(s * rng.uniform(0.6, 1.0)) for s in (w, h))
-            x, y = rng.integers(0, w - cw + 1), rng.integers(0, h - ch + 1)
-            long_side = int(rng.integers(375, 641))
-            scale = long_side / max(cw, ch)
-            crop = img.crop((x, y, x + cw, y + ch)).resize((round(cw * scale), round(ch * scale)),
-                                                           Image.BILINEAR)
-            crop.save(root / "train" / name / f"{i:04d}.jpg", quality=90)
-    return root
 
 
 def _rate(batches_iter, n_batches: int, batch: int) -> float:

@@ -35,8 +35,9 @@ class Pixels:
     size: int
 
     def pin_memory(self) -> Pixels:
-        """The DataLoader pins what it ships (pin_memory=True on CUDA hosts) through this method."""
-        return Pixels(self.pixels.pin_memory(), self.sizes, self.flips, self.size)
+        """The DataLoader pins what it ships (pin_memory=True on CUDA hosts) through this method: the sizes
+        and flips too, so `finish` copies all three without a sync (`to_device`)."""
+        return Pixels(self.pixels.pin_memory(), self.sizes.pin_memory(), self.flips.pin_memory(), self.size)
 
 
 @dataclass
@@ -184,7 +185,7 @@ def levels(pixels: torch.Tensor, sizes: torch.Tensor, size: int,
     y0, y1, wy = _axis(size, sizes[:, 0])  # (B, S)
     x0, x1, wx = _axis(size, sizes[:, 1])
     if flips is not None:
-        mirror = flips.to(x0.device)[:, None]  # (B, 1)
+        mirror = to_device(flips, x0.device)[:, None]  # (B, 1)
         x0, x1, wx = (torch.where(mirror, t.flip(-1), t) for t in (x0, x1, wx))
     flat = pixels.reshape(b, c, hmax * wmax)
     rows = torch.stack([y0, y0, y1, y1], 1)[:, :, :, None] * wmax  # (B, 4, S, 1): the four corners
@@ -256,7 +257,17 @@ def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torc
 
 def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W) with the rows of `flips` (B,) bool mirrored left-right."""
-    return torch.where(flips.to(pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
+    return torch.where(to_device(flips, pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device` without stalling the host: a CPU tensor bound for CUDA is copied asynchronously from
+    page-locked memory (pinned here unless the DataLoader pinned it). A copy from pageable memory is not
+    asynchronous: CUDA waits for everything queued on the stream first, so a 16-byte tensor of flips would
+    stall the loop until the last backward finished, and that wait is counted as waiting for data."""
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _needs_resize(batch: Pixels) -> bool:
@@ -268,12 +279,9 @@ def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
     """A worker's uint8 batch -> float32 (B, 3, S, S) in [-1, 1] on `device`: the copy (4x fewer bytes than
     float, asynchronous from pinned memory), then resize, flip and x / 127.5 - 1 (the ViT's mean = std = 0.5)
     there."""
-    x = batch.pixels
-    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
-        x = x.pin_memory()  # non_blocking only overlaps from page-locked memory
-    x = x.to(device, non_blocking=True)
+    x = to_device(batch.pixels, device)
     if _needs_resize(batch):
-        out = levels(x, batch.sizes.to(device, non_blocking=True), batch.size, batch.flips)
+        out = levels(x, to_device(batch.sizes, device), batch.size, batch.flips)
     else:
         out = (flip(x, batch.flips) if bool(batch.flips.any()) else x).to(torch.float32)
     return out.div_(127.5).sub_(1.0)

@@ -161,7 +161,27 @@ def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.
 
 
 def _decode_jpeg(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    return _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
+    if device.type != "cuda":
+        return _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
+    # nvJPEG writes its outputs without waiting for the work queued on the stream it is given, and
+    # torchvision allocates them on the caller's stream, from blocks the last backward freed while queued
+    # kernels still read them: silent corruption (pytorch/vision PR 9606: 199 of 200 batches on an H100; the
+    # NaN loss a lent H100 gave with data.decode_device=model). On a stream of its own the decode draws only
+    # from blocks that stream freed, which nothing else reads; the training stream then waits for it, and
+    # each output is marked as used there, so its block is not handed back to the decoder before that use.
+    main, side = torch.cuda.current_stream(device), _decode_stream(device)
+    with torch.cuda.stream(side):
+        out = _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
+    main.wait_stream(side)
+    for x in out:
+        x.record_stream(main)
+    return out
+
+
+@functools.cache
+def _decode_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one stream each CUDA device decodes JPEGs on (_decode_jpeg)."""
+    return torch.cuda.Stream(device)
 
 
 def _quietly(decoder, *args, **kwargs):

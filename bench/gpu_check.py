@@ -13,13 +13,15 @@ minutes from a bare checkout on a GPU machine with the project's own install.
               run.activation_checkpointing, objective mpp, and data.decode_device=model
   throughput  ViT-S/16 and ViT-B/16 @224, compiled bf16: img/s and MFU of the trainer fed from tensors already
               on the GPU (`device`), the same fed from the JPEGs through our loader with data.num_workers =
-              cores (`jpeg`), and a bare loop over the same model (forward, loss, backward, fused AdamW);
-              jpeg_vs_device and device_vs_bare
+              cores (`jpeg`; `jpeg_resized_in_workers`: the crops resized to 224 in the loader workers, as
+              on a CPU, rather than shipped whole and resized on the GPU), and a bare loop over the same
+              model (forward, loss, backward, fused AdamW); jpeg_vs_device and device_vs_bare
   targets     the goals on one H100 (issue 27) and whether each is met
 
     make gpu-check                          # the whole check (a GPU machine)
     python bench/gpu_check.py --quick       # any machine, a minute: tiny model at 32 px; checks the script
     python bench/gpu_check.py --only runs   # some sections (device, cuda_tests, runs, throughput)
+    python bench/gpu_check.py --only runs.mpp,throughput.ViT-B/16   # or some runs and models of them
 
 Exit 0 when every check passed (targets are reported, not enforced), 1 when one failed, 2 without a GPU.
 """
@@ -27,6 +29,7 @@ Exit 0 when every check passed (targets are reported, not enforced), 1 when one 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -45,6 +48,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
 SECTIONS = ("device", "cuda_tests", "runs", "throughput")
+FEEDS = ("device", "jpeg", "jpeg_resized_in_workers")  # the trainer's inputs `throughput` compares
 # A run on the JPEG folder: no held-out splits (an image folder has only train), no few-shot
 ON_JPEGS = ["data.val_split=", "data.test_split=", "fewshot.every=0", "schedule.epochs=0",
             "optim.clip_grad_norm=1", "data.crop_min_area=0.08"]
@@ -82,7 +86,7 @@ class Plan:
                           "schedule.warmup_steps=5"]
             self.steps, self.resume_steps, self.stop_after, self.brief = 60, 90, 45, 20
             self.throughput = {name: ([f"model.name={name}", "model.img_size=224"], 256, 50, 10)
-                               for name in ("ViT-S/16", "ViT-B/16")}
+                               for name in ("ViT-B/16", "ViT-S/16")}
             self.workers, self.timeout = cores, 420
 
 
@@ -132,19 +136,23 @@ def cuda_tests_section(plan: Plan, logs: Path) -> dict:
 
 
 # -------------------------------------------------------------------------------------------------- runs
-def runs_section(plan: Plan, data: Path, work: Path, logs: Path) -> dict:
-    """`vit pretrain` on the JPEG folder: the main run, one stopped and resumed, three brief variants."""
+def runs_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
+    """`vit pretrain` on the JPEG folder: the main run, one stopped and resumed, three brief variants (those
+    in `names`; all when it is empty)."""
     base = [*plan.model, *plan.train, *ON_JPEGS, f"data.source={data}"]
-    out = {"pretrain": checked(train_child(plan, work / "pretrain", [*base, f"schedule.steps={plan.steps}"],
-                                           logs), falling=True)}
-    out["resume"] = stop_and_resume(plan, work / "resume", [*base, f"schedule.steps={plan.resume_steps}",
-                                                            "run.ckpt_every=1000"], logs)
     brief = [*base, f"schedule.steps={plan.brief}"]
-    for name, extra in (("activation_checkpointing", ["run.activation_checkpointing=true"]),
-                        ("mpp", ["objective=mpp", "data.label_column="]),
-                        ("decode_device_model", ["data.decode_device=model"])):
-        out[name] = checked(train_child(plan, work / name, [*brief, *extra], logs))
-    return out
+    runs = {
+        "pretrain": lambda: checked(train_child(plan, work / "pretrain",
+                                                [*base, f"schedule.steps={plan.steps}"], logs), falling=True),
+        "resume": lambda: stop_and_resume(plan, work / "resume", [
+            *base, f"schedule.steps={plan.resume_steps}", "run.ckpt_every=1000"], logs),
+        **{name: functools.partial(lambda name, extra: checked(
+            train_child(plan, work / name, [*brief, *extra], logs)), name, extra)
+           for name, extra in (("activation_checkpointing", ["run.activation_checkpointing=true"]),
+                               ("mpp", ["objective=mpp", "data.label_column="]),
+                               ("decode_device_model", ["data.decode_device=model"]))},
+    }
+    return {name: run() for name, run in runs.items() if not names or name in names}
 
 
 def checked(result: dict, falling: bool = False) -> dict:
@@ -200,20 +208,25 @@ def _losses_around(rows: list[dict], step: int | None) -> list[float] | None:
 
 
 # -------------------------------------------------------------------------------------------- throughput
-def throughput_section(plan: Plan, data: Path, work: Path, logs: Path) -> dict:
-    """Per model: the trainer fed from device tensors and from JPEGs, and a bare loop, in three processes."""
+def throughput_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
+    """Per model (those in `names`; all when it is empty): the trainer fed from device tensors and from
+    JPEGs two ways, and a bare loop, each in a process of its own."""
     out = {}
     for name, (model, batch, steps, log_every) in plan.throughput.items():
+        if names and name not in names:
+            continue
         overrides = [*model, *plan.train, *ON_JPEGS, f"data.source={data}", f"data.batch_size={batch}",
                      "data.micro_batch_size=0", f"schedule.steps={steps}", f"run.log_every={log_every}",
                      f"data.num_workers={plan.workers}", f"run.ckpt_every={steps}"]
         key = name.replace("/", "")
         runs = {feed: train_child(plan, work / f"{key}-{feed}", overrides, logs, feed=feed)
-                for feed in ("device", "jpeg")}
+                for feed in FEEDS}
         bare = train_child(plan, work / f"{key}-bare", overrides, logs, feed="bare")
         row = {feed: _rate(r) for feed, r in {**runs, "bare": bare}.items()}
         dev, jpeg, bare_rate = (row[k].get("img_per_s") for k in ("device", "jpeg", "bare"))
         row["jpeg_vs_device"] = jpeg / dev if dev and jpeg else None
+        workers = row["jpeg_resized_in_workers"].get("img_per_s")
+        row["jpeg_resized_in_workers_vs_device"] = workers / dev if dev and workers else None
         row["device_vs_bare"] = dev / bare_rate if dev and bare_rate else None
         out[name] = row
     return out
@@ -259,6 +272,10 @@ def child(spec_path: Path, out_path: Path) -> None:
 
         if spec["feed"] == "device":
             run_stage.train_feed = device_feed  # the trainer as it is, its input taken out
+        elif spec["feed"] == "jpeg_resized_in_workers":
+            from vitcli.data import batches
+
+            batches.on_cpu = lambda device: True  # the workers resize, as they do for a CPU model
         summary = run_stage.one_run(r, workdir)
     cuda = torch.cuda.is_available()
     out = {"summary": summary,
@@ -396,15 +413,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes on any device: checks the script")
     p.add_argument("--only", default=",".join(SECTIONS),
-                   help=f"comma-separated sections to run, of {', '.join(SECTIONS)}")
+                   help=f"comma-separated sections to run, of {', '.join(SECTIONS)}; SECTION.NAME runs "
+                        "one run (runs.mpp) or model (throughput.ViT-B/16) of it")
     p.add_argument("--out", type=Path, help="also write the JSON here")
     p.add_argument("--keep", type=Path, help="keep the data, run folders and logs here (default: deleted)")
     p.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    unknown = set(a.only.split(",")) - set(SECTIONS)
+    unknown = {part.split(".")[0] for part in a.only.split(",")} - set(SECTIONS)
     if unknown:
         p.error(f"--only {a.only}: no section {', '.join(sorted(unknown))} (sections: {', '.join(SECTIONS)})")
     return a
+
+
+def selection(only: str) -> dict[str, set[str]]:
+    """--only -> {section: the names picked in it (empty: all of it)}."""
+    parts = only.split(",")
+    picked: dict[str, set[str]] = {part: set() for part in parts if "." not in part}
+    for part in parts:
+        section, _, name = part.partition(".")
+        if name and not (section in picked and not picked[section] and section in parts):
+            picked.setdefault(section, set()).add(name)
+    return picked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu-check: no CUDA device here (torch.cuda.is_available() is False); "
               "`python bench/gpu_check.py --quick` checks the script on any machine", file=sys.stderr)
         return 2
-    plan, only = Plan(a.quick), a.only.split(",")
+    plan, only = Plan(a.quick), selection(a.only)
     results: dict = {"quick": a.quick, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     t0 = time.perf_counter()
 
@@ -442,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 results.setdefault("data", write_data(plan, data))
                 section = runs_section if name == "runs" else throughput_section
-                results[name] = section(plan, data, work, logs)
+                results[name] = section(plan, data, work, logs, only[name])
             save()
         results["targets"] = targets(results)
         save()

@@ -37,7 +37,7 @@ def test_auto_trains_in_bf16_compiled_with_fused_adamw(tmp_path):
 
 
 def test_the_loader_ships_pinned_batches(cuda):
-    r = resolve("pretrain", None, [*TINY, "schedule.steps=1"])
+    r = resolve("pretrain", None, [*TINY, "schedule.steps=2"])
     ds = sources.load_split(r.data, r.data.train_split)
     stream = batches.train_batches(ds, r.data, 32, 8, seed=0, device=cuda)
     pixels, y, _ = next(stream.batches)  # what the DataLoader hands over, before `finish`

@@ -146,7 +146,33 @@ def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.
     """Encoded JPEGs, each a uint8 (n_i,) CPU tensor -> uint8 (3, H_i, W_i) RGB on `device`, in one
     torchvision call (nvJPEG's batched decode on CUDA; on the CPU the same call loops libjpeg-turbo). When
     that call fails (a truncated file fails the whole batch) each file is decoded alone, and the ones that
-    still fail come back as their exception, in their place."""
+    still fail come back as their exception, in their place.
+
+    nvJPEG decodes a truncated file to whatever it reached without an error (seen on an H100, torchvision
+    0.26: libjpeg-turbo says "Image is incomplete or truncated"), so on CUDA a file that does not end with
+    the JPEG end-of-image marker is decoded by libjpeg-turbo on the CPU, which reports it, and the rare
+    one it reads anyway is copied to the device."""
+    cut = [i for i, f in enumerate(files) if device.type == "cuda" and not _ends_whole(f)]
+    if not cut:
+        return _decode_each(files, device)
+    whole = [i for i in range(len(files)) if i not in set(cut)]
+    out: list = [None] * len(files)
+    for i, x in zip(whole, _decode_each([files[i] for i in whole], device)):
+        out[i] = x
+    for i, x in zip(cut, _decode_each([files[i] for i in cut], torch.device("cpu"))):
+        out[i] = x if isinstance(x, Exception) else x.pin_memory().to(device, non_blocking=True)
+    return out
+
+
+def _ends_whole(f: torch.Tensor) -> bool:
+    """Whether encoded JPEG bytes end with the end-of-image marker FF D9, as a whole file does."""
+    return len(f) >= 2 and f[-2:].tolist() == [0xFF, 0xD9]
+
+
+def _decode_each(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | Exception]:
+    """`_decode_jpeg` of the whole batch, else of each file alone, a failure as its exception."""
+    if not files:
+        return []
     try:
         return _decode_jpeg(files, device)
     except RuntimeError:

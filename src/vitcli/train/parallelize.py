@@ -14,13 +14,14 @@ A sharded model is checkpointed as shards (checkpoints.sharded, through checkpoi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
-from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -78,22 +79,31 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
 
 def checkpoint_blocks(model: nn.Module) -> nn.Module:
     """Activation checkpointing on every transformer block: its inputs are kept, its activations recomputed in
-    the backward pass (same gradients; dropout and drop-path replay the same draws,
-    the RNG state is restored).
+    the backward pass (same gradients; dropout and drop-path replay the same draws, the RNG state is
+    restored).
 
-    The composable `torch.distributed._composable.checkpoint` rather than `checkpoint_wrapper` or timm's
-    `set_grad_checkpointing`: it works through hooks, so parameter names and state-dict keys stay those of the
-    plain model (checkpoints, no-decay names and model.safetensors are unchanged); it composes with
-    fully_shard applied after it on the same module (torch's own FSDP2 tests do exactly that); and timm's flag
-    would miss the blocks that MppModel and T2T-ViT run themselves."""
+    Each block's forward is replaced by torch.utils.checkpoint's non-reentrant checkpoint of itself, on the
+    instance: no wrapper module, so parameter names and state-dict keys stay those of the plain model
+    (checkpoints, no-decay names and model.safetensors are unchanged); fully_shard applied after it wraps
+    the same module (torchtitan checkpoints inside the module it shards, too); torch.compile traces the
+    checkpoint as one of its own operators. The composable `torch.distributed._composable.checkpoint` that
+    did this before works through module hooks, which a whole-model compile does not honour: on an H100 its
+    recomputation saw other tensors than the compiled forward had saved ("recomputed metadata" mismatch)
+    at the first backward. timm's set_grad_checkpointing would miss the blocks that MppModel and T2T-ViT run
+    themselves."""
     blocks = transformer_blocks(model)
     if not blocks:
         raise ModelError(f"run.activation_checkpointing: {type(model).__name__} has no transformer blocks "
                          "(no nn.Sequential `blocks` of attention blocks); "
                          "set run.activation_checkpointing=false")
     for block in blocks:
-        checkpoint_activations(block)
+        block.forward = functools.partial(recomputed, block.forward)
     return model
+
+
+def recomputed(forward, *args, **kwargs):
+    """`forward(*args, **kwargs)`, its activations recomputed in the backward pass instead of kept."""
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) -> nn.Module:

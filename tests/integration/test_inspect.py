@@ -80,6 +80,27 @@ def test_uniform_attention_is_the_mean_pairwise_patch_distance(prefix):
     assert torch.allclose(got, torch.full((1, 2), expected, dtype=torch.float64), atol=TOL)
 
 
+def test_the_uniform_line_is_what_uniform_attention_measures():
+    grid, cell = (3, 4), 8.0
+    distances = figure7.patch_distances(grid, cell)
+    attn = torch.full((1, 1, 12, 12), 1 / 12)
+    assert figure7.uniform_distance(distances) == pytest.approx(
+        float(figure7.attention_distance(attn, distances, 0)), abs=TOL)
+    fig = figure7.distance_figure(np.full((2, 3), 5.0), 32, "t", figure7.uniform_distance(distances))
+    line = fig.axes[0].get_lines()[-1]
+    assert list(line.get_ydata()) == pytest.approx([figure7.uniform_distance(distances)] * 2)
+    assert "uniform attention" in line.get_label()
+    assert "uniform attention" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()][-1]
+
+
+def test_the_filter_figure_says_how_much_variance_each_component_explains():
+    kernel = np.random.default_rng(0).normal(size=(16, 3, 4, 4))
+    comps, explained = figure7.filter_components(kernel, k=5)
+    ax = figure7.filters_figure(comps, explained, "x").axes[0]
+    assert [t.get_text() for t in ax.texts] == [f"{100 * v:.1f}%" for v in explained]
+    assert f"explain {100 * explained.sum():.0f}%" in ax.get_title()
+
+
 def test_any_attention_matches_the_brute_force_weighted_sum():
     grid, cell, prefix = (2, 3), 16.0, 1
     attn = torch.randn(2, 3, prefix + 6, prefix + 6, generator=torch.Generator().manual_seed(0)).softmax(-1)
@@ -236,6 +257,9 @@ def test_inspect_writes_the_three_figures_and_prints_the_summary(ckpts, tmp_path
     assert (numbers["images"] == 16
             and np.array(numbers["mean_distance_px"]).shape == (2, 2))  # (layers, heads)
     assert 0 < np.min(numbers["mean_distance_px"]) and np.max(numbers["mean_distance_px"]) < 32 * math.sqrt(2)
+    c = centres((8, 8), 4.0)
+    assert numbers["uniform_attention_px"] == pytest.approx(
+        sum(math.dist(p, q) for p in c for q in c) / len(c) ** 2)
 
 
 @pytest.mark.parametrize("source, grid, pos_embed", [

@@ -54,7 +54,21 @@ def test_empty_panels_are_left_out_and_every_run_is_labelled():
             "b": [{"step": 1, "train/loss": 2.0, "train/lr": 0.3}]}
     fig = curves.curves_figure(runs)
     assert [ax.get_title() for ax in fig.axes] == ["loss", "learning rate"]
-    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a", "b"]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["a: train/loss", "b: train/loss"]
+
+
+def test_a_split_has_one_line_style_in_every_panel_and_the_legend_names_it(tmp_path):
+    fig = curves.curves_figure({"run": curves.read_run(workdir(tmp_path / "run"))})
+    styles = {line.get_label(): line.get_linestyle() for ax in fig.axes for line in ax.get_lines()}
+    assert styles == {"train/loss": "-", "val/loss": "--", "test/loss": ":", "train/lr": "-",
+                      "val/top1": "--", "test/top1": ":"}
+
+
+@pytest.mark.parametrize("lrs, scale", [((0.002, 0.03), "log"), ((1e-3, 2e-3), "linear")])
+def test_learning_rates_far_apart_share_a_log_axis(tmp_path, lrs, scale):
+    runs = {f"r{i}": curves.read_run(workdir(tmp_path / f"r{i}", lr=lr)) for i, lr in enumerate(lrs)}
+    ax = next(ax for ax in curves.curves_figure(runs).axes if ax.get_title().startswith("learning rate"))
+    assert ax.get_yscale() == scale and ("log" in ax.get_title()) == (scale == "log")
 
 
 def test_one_run_goes_into_its_workdir(tmp_path, monkeypatch, capsys):

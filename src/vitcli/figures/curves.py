@@ -19,7 +19,11 @@ from vitcli.runtime.metrics import console, read_metrics
 from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE, RECIPE_FILE
 
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
-STYLES = ("-", "--", ":", "-.")
+# one line style per split, the same in every panel (val is dashed wherever it is drawn); other keys (the
+# few-shot table's shot counts) take the rest in turn
+SPLIT_STYLES = {"train": "-", "val": "--", "test": ":"}
+OTHER_STYLES = ("-", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)), (0, (8, 2)))
+LOG_LR_RATIO = 3.0  # runs whose peak learning rates differ by more share a log-scale axis
 
 
 def panel(key: str) -> str | None:
@@ -46,8 +50,11 @@ def series(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 
 def curves_figure(runs: dict[str, list[dict]], losses: dict[str, str] | None = None) -> Figure:
     """One panel per kind of metric any run logged (empty ones left out); a colour per run, a line style per
-    metric (train/loss solid, val/loss dashed, ...). `losses` names each run's loss (loss_name): runs whose
-    losses differ get a loss panel each, since their numbers measure different things."""
+    split (`style`: train solid, val dashed, test dotted, in every panel), each line named in the legend by
+    its key (and run, when there are several). `losses` names each run's loss (loss_name): runs whose
+    losses differ get a loss panel each, since their numbers measure different things. The learning rate
+    is drawn on a log axis when the runs' peaks differ by more than LOG_LR_RATIO, where a linear one would
+    flatten the smaller to the floor."""
     shown = _panels(runs, losses or {})
     colours = {label: f"C{i % 10}" for i, label in enumerate(runs)}
     fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.6))
@@ -55,13 +62,29 @@ def curves_figure(runs: dict[str, list[dict]], losses: dict[str, str] | None = N
     for ax, (title, group, keys) in zip(axes, shown):
         for label, rows in group.items():
             for i, key in enumerate(keys):
-                _draw(ax, *series(rows, key), colours[label], STYLES[i % len(STYLES)],
-                      label if len(keys) == 1 else f"{label}: {key}")
+                _draw(ax, *series(rows, key), colours[label], style(key, i),
+                      f"{label}: {key}" if len(runs) > 1 else key)
+        if title == "learning rate" and spread(group, keys) > LOG_LR_RATIO:
+            ax.set_yscale("log")
+            title += " (log scale)"
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small")
     return fig
+
+
+def style(key: str, i: int):
+    """The line style of metric `key`, the i-th drawn in its panel: its split's, else the i-th other one."""
+    return SPLIT_STYLES.get(key.partition("/")[0], OTHER_STYLES[i % len(OTHER_STYLES)])
+
+
+def spread(runs: dict[str, list[dict]], keys: list[str]) -> float:
+    """The largest over the smallest of the runs' peak values of `keys` (1 when fewer than two are above
+    zero)."""
+    peaks = [v.max() for rows in runs.values() for key in keys
+             if len(v := series(rows, key)[1]) and v.max() > 0]
+    return max(peaks) / min(peaks) if len(peaks) > 1 else 1.0
 
 
 def _panels(runs: dict[str, list[dict]], losses: dict[str, str]) -> list[tuple[str, dict, list[str]]]:

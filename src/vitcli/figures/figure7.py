@@ -79,6 +79,13 @@ def patch_distances(grid: tuple[int, int], cell: float) -> torch.Tensor:
     return torch.cdist(centres, centres)
 
 
+def uniform_distance(distances: torch.Tensor) -> float:
+    """The mean attention distance of a head that attends to every patch alike: the mean pixel distance
+    between two patches of the grid, query and key drawn uniformly (N x N `distances`). A head near it looks
+    everywhere, not far; one well below it is local."""
+    return float(distances.double().mean())
+
+
 def attention_distance(attn: torch.Tensor, distances: torch.Tensor, prefix: int) -> torch.Tensor:
     """Mean attention distance (B, heads) of attention probabilities (B, heads, T, T)
     over T = prefix + N tokens.
@@ -109,19 +116,26 @@ def save_figure(fig: Figure, path: Path) -> None:
         fig.savefig(tmp, format="png", dpi=120)
 
 
-def filters_figure(components: np.ndarray, title: str) -> Figure:
-    """Figure 7 left: each component (3, P, P) an RGB patch, 7 to a row, on white."""
+def filters_figure(components: np.ndarray, explained: np.ndarray, title: str) -> Figure:
+    """Figure 7 left: each component (3, P, P) an RGB patch, 7 to a row, on white, with the share of the
+    filters' variance it explains above it and the share of all of them shown in the title."""
     cols = min(7, len(components))
     rows = -(-len(components) // cols)
     patch = components.shape[-1]
+    gap = max(1, patch // 8)
     tiles = np.ones((rows * cols, patch, patch, 3))  # blank (white) after the last component
     tiles[: len(components)] = [to_rgb(c) for c in components]
-    fig = Figure(figsize=(1.1 * cols + 0.4, 1.1 * rows + 0.6))
+    fig = Figure(figsize=(1.1 * cols + 0.4, 1.25 * rows + 0.8))
     ax = fig.subplots()
-    ax.imshow(mosaic(tiles.reshape(rows, cols, patch, patch, 3), gap=max(1, patch // 8), fill=1.0),
+    ax.imshow(mosaic(tiles.reshape(rows, cols, patch, patch, 3), gap=gap, fill=1.0),
               interpolation="nearest")
+    for i, share in enumerate(explained):
+        row, col = divmod(i, cols)
+        ax.text(col * (patch + gap) + (patch - 1) / 2, row * (patch + gap) - 0.5, f"{100 * share:.1f}%",
+                ha="center", va="bottom", fontsize="xx-small")
     ax.set_axis_off()
-    ax.set_title(title, fontsize="medium")
+    ax.set_title(f"{title}\n(they explain {100 * float(np.sum(explained)):.0f}% of the filters' variance; "
+                 "each its share)", fontsize="small", pad=14)
     return fig
 
 
@@ -144,8 +158,9 @@ def position_figure(maps: np.ndarray, title: str) -> Figure:
     return fig
 
 
-def distance_figure(distances: np.ndarray, img_size: int, title: str) -> Figure:
-    """Figure 7 right: one dot per head (colour = head index) at each layer, distance in pixels."""
+def distance_figure(distances: np.ndarray, img_size: int, title: str, uniform: float) -> Figure:
+    """Figure 7 right: one dot per head (colour = head index) at each layer, distance in pixels, and the
+    distance of uniform attention (`uniform_distance`) as a dashed line: a head on it attends everywhere."""
     depth, heads = distances.shape
     fig = Figure(figsize=(5.5, 4))
     ax = fig.subplots()
@@ -154,11 +169,15 @@ def distance_figure(distances: np.ndarray, img_size: int, title: str) -> Figure:
         ax.scatter(layers, distances[:, head], s=14, label=f"head {head + 1}")
     ax.set_xlabel("network depth (layer)")
     ax.set_ylabel("mean attention distance (pixels)")
+    ax.axhline(uniform, color="grey", linestyle="--", linewidth=1,
+               label=f"uniform attention ({uniform:.1f} px)")
     # the paper's scale: up to ~half the image
-    ax.set_ylim(0, max(img_size / 2, 1.05 * float(distances.max())))
+    ax.set_ylim(0, max(img_size / 2, 1.05 * float(distances.max()), 1.05 * uniform))
     ax.set_xticks(layers if depth <= 16 else layers[:: max(1, depth // 12)])
     ax.grid(alpha=0.3)
     if heads <= 16:
         ax.legend(fontsize="x-small", ncol=2, loc="lower right")
+    else:  # the heads unlabelled, the line still named
+        ax.legend(handles=ax.get_lines()[-1:], fontsize="x-small", loc="lower right")
     ax.set_title(title)
     return fig

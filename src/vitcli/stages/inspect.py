@@ -110,7 +110,7 @@ def _filters(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> Non
         return _skip(report, FILTERS, why)
     components, explained = figure7.filter_components(kernel)
     title = f"{recipe.model.name}: top {len(components)} principal components of the patch filters"
-    figure7.save_figure(figure7.filters_figure(components, title), out / FILTERS)
+    figure7.save_figure(figure7.filters_figure(components, explained, title), out / FILTERS)
     report.explained_variance = [float(v) for v in explained]
     report.written.append(str(out / FILTERS))
 
@@ -163,7 +163,8 @@ def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: P
     per_head, seen = mean_attention_distances(model, _stream(ds, recipe), grid, cell,
                                               pick_device(recipe.run.device))
     title = f"{recipe.model.name}: attention distance ({seen} images)"
-    figure7.save_figure(figure7.distance_figure(per_head, img_size, title), out / DISTANCES)
+    uniform = figure7.uniform_distance(figure7.patch_distances(grid, cell))
+    figure7.save_figure(figure7.distance_figure(per_head, img_size, title, uniform), out / DISTANCES)
     report.attention = {
         "checkpoint": recipe.init.checkpoint, "data": sources.origin(ds), "images": seen,
         "img_size": img_size, "grid": list(grid), "pixels_between_patches": cell,
@@ -171,6 +172,7 @@ def _distances(model: nn.Module, recipe: Recipe, split: str, images: int, out: P
                       "x pixel distance between patch centres; class/prefix tokens dropped, "
                       "weights renormalised",
         "mean_distance_px": per_head.tolist(),  # [layer][head]
+        "uniform_attention_px": uniform,  # what a head attending to every patch alike would give
     }
     write_text(out / DISTANCES_JSON, json.dumps(report.attention, indent=2) + "\n")
     report.written += [str(out / DISTANCES), str(out / DISTANCES_JSON)]

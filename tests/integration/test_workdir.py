@@ -41,6 +41,32 @@ def test_overwrite_keeps_the_finished_run_in_previous(tmp_path):
     assert sorted(p.name for p in (kept / "tensorboard").iterdir()) == events  # tracker folders move too
 
 
+def tree(root: Path) -> dict[str, bytes]:
+    """Every file under `root`, by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_same_command_again_reports_the_finished_run_and_changes_no_file(monkeypatch, capsys, tmp_path):
+    args = ["pretrain", "--workdir", tmp_path / "w", *TINY, "data.synthetic.train_size=96", "--json"]
+    code, first, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 0, err
+    finished = tree(tmp_path / "w")
+    code, again, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert again == first  # --json: the summary it wrote, with its train/loss, img_per_s and mfu
+    assert "finished at step 3: nothing to do" in " ".join(err.split())
+    assert tree(tmp_path / "w") == finished
+
+
+def test_a_changed_recipe_in_a_finished_workdir_gets_advice_that_works(monkeypatch, capsys, tmp_path):
+    one_run(recipe(), tmp_path / "w")
+    args = ["pretrain", "--workdir", tmp_path / "w", *TINY, "optim.lr=0.01"]
+    code, _, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 2 and "optim.lr" in err and "--overwrite" in err and "--no-resume" not in err
+    code, _, err = run_vit(monkeypatch, capsys, *args, "--overwrite")  # the advice, followed
+    assert code == 0, err
+
+
 def test_no_resume_sets_an_unfinished_run_aside_and_starts_at_step_0(tmp_path):
     one_run(recipe(), tmp_path)
     (tmp_path / MODEL_FILE).unlink()  # as if killed before the end: only checkpoints remain

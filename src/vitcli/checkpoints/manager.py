@@ -11,6 +11,7 @@ checkpoints.sharded) keeps the model and optimizer as shards and the rest beside
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from vitcli.recipe.schema import Recipe, to_dict
 from vitcli.runtime import files, rngs
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
+from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
@@ -88,6 +90,20 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     return found
 
 
+def finished_summary(workdir: Path, start: Checkpoint | None) -> dict | None:
+    """What summary.json holds when the workdir's run is finished and `start` (its resume point) is its last
+    step: the same command then has nothing to train, evaluate or write. None otherwise (summary.json and
+    model.safetensors are written after the last checkpoint, so a run killed before them resumes)."""
+    path = workdir / SUMMARY_FILE
+    if start is None or not path.is_file() or not (workdir / MODEL_FILE).is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # damaged: the run's last step is redone and writes it again
+    return summary if summary.get("steps") == int(start[1]["step"]) else None
+
+
 def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
     """`saved` with this machine's precision, after a loud warning if the checkpoint trained at another."""
     was = saved["run"]["precision"]
@@ -112,8 +128,9 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
         raise RecipeError(
             f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, "
-            f"{now[k]!r} now{more});"
-            " use a new --workdir or --no-resume"
+            f"{now[k]!r} now{more}); use a new --workdir, or "
+            + ("--overwrite to start over there (the finished run is kept in previous-<time>/)"
+               if (workdir / MODEL_FILE).is_file() else "--no-resume to start over there")
         )
 
 

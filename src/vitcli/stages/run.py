@@ -162,6 +162,13 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     # and run.compile's auto true or false (run.compile may differ on resume: manager.RESUMABLE)
     recipe, why_compile = resolved_compile(recipe, dist.device)
     start = manager.resume_point(recipe, workdir, dist, resume, overwrite, auto)
+    finished = manager.finished_summary(workdir, start)
+    if finished is not None:  # the same command again: its results, and not one file touched
+        if dist.is_main:
+            console.log(f"{workdir} holds this run, finished at step {finished['steps']}: nothing to do "
+                        "(--overwrite starts it over)")
+            report(finished, workdir)
+        return finished
     torch.manual_seed(recipe.run.seed)  # same initial weights on every rank and every run of this recipe
     job = build_job(recipe, workdir, dist, start)
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")

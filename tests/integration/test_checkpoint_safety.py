@@ -78,6 +78,29 @@ def test_a_damaged_latest_checkpoint_is_named_and_the_previous_one_resumes(tmp_p
     assert path.name == "state-6.pt" and saved["step"] == 6, "step 6 written again, and good this time"
 
 
+def test_a_checkpoint_cut_short_is_set_aside_and_the_one_before_resumes(tmp_path, logged):
+    r = finished_then_damaged(tmp_path, no_checksum)
+    (tmp_path / ".state-6.pt.sha256.k1ll3d0n.tmp").write_text("")  # the checksum's write, killed
+    one_run(r, tmp_path)
+    assert any("resuming from state-4.pt" in w for w in warnings(logged))
+    (kept,) = tmp_path.glob("previous-*")
+    assert sorted(p.name for p in kept.iterdir()) == ["state-6.pt"]  # set aside, not deleted
+    assert not list(tmp_path.glob(".*.tmp")) and (tmp_path / MODEL_FILE).is_file()
+
+
+def test_a_first_checkpoint_cut_short_starts_over_with_one_line(tmp_path, logged):
+    r = recipe("schedule.steps=6", "run.ckpt_every=4")
+    one_run(r, tmp_path)
+    for name in ("state-6.pt", "state-6.pt.sha256", MODEL_FILE, "summary.json"):
+        (tmp_path / name).unlink()  # the run as it was at step 4 ...
+    no_checksum(tmp_path / "state-4.pt")  # ... killed between its first checkpoint and that one's checksum
+    one_run(r, tmp_path)  # the same command: no refusal, no --no-resume needed
+    (warning,) = warnings(logged)
+    assert "state-4.pt" in warning and "starting at step 0" in warning and "\n" not in warning
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert list(tmp_path.glob("previous-*/state-4.pt")) and (tmp_path / MODEL_FILE).is_file()
+
+
 def test_resume_after_a_fallback_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
     r = finished_then_damaged(tmp_path, flipped_bytes)
     one_run(r, tmp_path)

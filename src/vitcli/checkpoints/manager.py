@@ -47,7 +47,8 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
     them into the live, already sharded model. Either is checked against its checksums first.
 
     Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names
-    them.
+    them, unless they were only cut short (a kill before their checksum: the run's first save), when the run
+    starts over (None) with a warning.
     """
     failures = []
     for path in state.checkpoints(workdir):
@@ -59,9 +60,11 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
         for failure in failures if verbose else []:
             console.log(f"[yellow]warning: {failure}; resuming from {path.name} instead")
         return path, saved
-    if failures:
+    if len(failures) > len(state.orphans(workdir)):  # damaged, not only cut short: the user decides
         raise CheckpointError(f"no usable checkpoint in {workdir}: {'; '.join(failures)}; "
                               "--no-resume starts over")
+    for failure in failures if verbose else []:  # the first save was killed: nothing was lost but its steps
+        console.log(f"[yellow]warning: {failure}; no checkpoint before it: starting at step 0")
     return None
 
 
@@ -141,7 +144,11 @@ def prepare_workdir(workdir: Path, fresh: bool) -> Path | None:
     workdir.mkdir(parents=True, exist_ok=True)
     files.remove_stale_temps(workdir)
     state.remove_stale_dirs(workdir)
-    return set_aside(workdir, state.state_files(workdir)) if fresh else None
+    if fresh:
+        return set_aside(workdir, state.state_files(workdir))
+    # a checkpoint whose checksum a kill never wrote (latest_good_state skipped it): kept, out of the way
+    set_aside(workdir, state.orphans(workdir), outputs=False, why="the half-written checkpoints")
+    return None
 
 
 def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,

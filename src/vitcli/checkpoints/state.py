@@ -67,6 +67,12 @@ def checkpoints(workdir: Path) -> list[Path]:
     return [p for s in _steps(workdir) for p in _at(workdir, s)]
 
 
+def orphans(workdir: Path) -> list[Path]:
+    """Checkpoint files without their checksum: a kill came between the file's rename and its checksum's
+    write (save_state writes the checksum last), so the file may be whole, but nothing says it is."""
+    return [p for p in checkpoints(workdir) if p.is_file() and not files.checksum_path(p).is_file()]
+
+
 def stale_dirs(workdir: Path) -> list[Path]:
     """Temporary checkpoint directories that a killed sharded save or removal left behind."""
     return [p for p in Path(workdir).glob(".state-*.tmp")

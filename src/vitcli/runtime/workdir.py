@@ -82,17 +82,18 @@ def _stage_line(recipe: Path) -> str:
     return "another"
 
 
-def set_aside(workdir: Path, also: Iterable[Path] = ()) -> Path | None:
-    """Move a previous run's outputs (RUN_OUTPUTS, and the paths `also` names: its checkpoints) into
-    WORKDIR/previous-<time>/ and say so; None when there were none."""
-    found = [workdir / name for name in RUN_OUTPUTS if (workdir / name).exists()] + list(also)
+def set_aside(workdir: Path, also: Iterable[Path] = (), outputs: bool = True,
+              why: str = "the previous run's files") -> Path | None:
+    """Move a previous run's outputs (RUN_OUTPUTS, unless not `outputs`, and the paths `also` names: its
+    checkpoints) into WORKDIR/previous-<time>/ and say so, `why` first; None when there were none."""
+    found = [workdir / name for name in RUN_OUTPUTS if outputs and (workdir / name).exists()] + list(also)
     if not found:
         return None
     kept = _unused(workdir, "previous")
     kept.mkdir()
     for path in found:
         path.rename(kept / path.name)
-    console.log(f"the previous run's files are kept in {kept}")
+    console.log(f"{why} are kept in {kept}")
     return kept
 
 

@@ -124,6 +124,10 @@ CASES = {
     "l2 not a number": (fewshot("--l2", "lots"), "fewshot.l2_reg"),
     "ckpt missing": (["eval-fewshot", "--tasks", "synthetic", "--ckpt", "{root}/nope.safetensors"],
                      "not found"),
+    "custom task without its test split": (
+        ["eval-fewshot", "--tasks", "mine", "--ckpt", "{root}/done", "fewshot.custom.name=mine",
+         "fewshot.custom.source=synthetic", "fewshot.custom.test_split=holdout", "data.num_workers=0"],
+        "fewshot.custom.test_split='holdout': synthetic: no split 'holdout'"),
     # file system
     "workdir is a file": (pretrain("--workdir", "{root}/afile"), "is a file, not a directory"),
     "workdir below a file": (pretrain("--workdir", "{root}/afile/run"), "is a file"),
@@ -165,7 +169,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatc
 # Refused only by the run: these need the data read (dry runs read none) or a workdir (dry runs name none)
 RUN_ONLY = {"fewer classes than labels", "missing data", "no such column", "workdir is a file",
             "workdir below a file", "fewshot workdir is a file", "finished run, --no-resume",
-            "finished run, typo after --no-resume"}
+            "finished run, typo after --no-resume", "custom task without its test split"}
 BOTH_WAYS = [c for c, (args, _) in CASES.items()
              if args[0] in ("pretrain", "finetune", "eval-fewshot") and c not in RUN_ONLY]
 

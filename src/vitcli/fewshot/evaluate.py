@@ -51,6 +51,21 @@ def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
     return sources.load_split(data_cfg(task, recipe), split)
 
 
+def open_splits(chosen: list[tasks.Task], recipe: Recipe) -> None:
+    """Open every task's train and test split (no image is decoded) before the first feature is extracted
+    or cached: a split that is missing is one line naming the key that chose it, not an error after the
+    train features were extracted and written."""
+    for task in chosen:
+        for role, split in (("train", task.train_split), ("test", task.test_split)):
+            try:
+                load_task_split(task, recipe, split)
+            except DataError as e:
+                key = (f"fewshot.custom.{role}_split='{split}'" if task.group == "custom"
+                       else f"task {task.name}'s {role} split '{split}'")
+                raise DataError(f"{key}: {e}" + (" (a slice such as train[80%:] is a split too)"
+                                                  if task.group == "custom" else "")) from None
+
+
 def data_id(task: tasks.Task, recipe: Recipe) -> str:
     """Where a task's images come from, for the feature-cache key; the built-in data is
     defined by its config."""

@@ -14,6 +14,7 @@ from vitcli.fewshot.evaluate import (
     data_id,
     evaluate_task,
     load_task_split,
+    open_splits,
     preprocessing,
     recipe_tasks,
 )
@@ -33,6 +34,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
     if recipe.fewshot.cache_dir:
         check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
+    open_splits(chosen, recipe)  # a missing split is refused before any feature is extracted or written
     dist = setup(recipe.run.device)
     # the cache key and the extraction see fp32 or bf16, never auto
     recipe, why = resolved(recipe, dist.device)

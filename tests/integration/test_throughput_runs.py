@@ -15,6 +15,7 @@ from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages import run as run_stage
 from vitcli.stages.run import one_run
+from vitcli.train import loop
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -25,13 +26,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Slow:
-    """A feed's stream that takes `seconds` longer for every batch (position, skipped: the stream's)."""
+    """A feed's stream that takes `seconds` longer for each of its first `batches` batches (all when None;
+    position, skipped, warm_after: the stream's)."""
 
-    def __init__(self, stream, seconds: float):
-        self.stream, self.seconds = stream, seconds
+    def __init__(self, stream, seconds: float, batches: int | None = None):
+        self.stream, self.seconds, self.batches = stream, seconds, batches
 
     def __next__(self):
-        time.sleep(self.seconds)
+        if self.batches is None or self.batches > 0:
+            time.sleep(self.seconds)
+            self.batches = None if self.batches is None else self.batches - 1
         return next(self.stream)
 
     def __getattr__(self, name):
@@ -60,9 +64,24 @@ def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, m
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert all(r["train/data_wait"] > 0.1 for r in rows)
     (warning,) = warnings(logged, but=())  # once, though every window waited
-    # judged over the steady windows together, once two are in: windows end at steps 2, 4, 6 (2 is warm-up)
-    assert "step 6: input-bound" in warning and "data.num_workers (now 0)" in warning
+    # judged over the warm windows together, once two are in: windows end at steps 2, 4, 6, 8; the built-in
+    # data are cached decoded after one epoch (64 images, 4 steps of 16), so those from step 4 on
+    assert "step 8: input-bound" in warning and "data.num_workers (now 0)" in warning
     assert "img/s" in warning and "decode_device" not in warning  # no GPU decoding on a CPU
+    assert "prepare-data" not in warning  # the built-in data: nothing to prepare
+
+
+def test_the_first_epochs_decoding_of_cached_data_is_not_called_input_bound(tmp_path, monkeypatch, logged):
+    """The decoded-image cache makes the first epoch slow and the rest fast (`make demo`: 29% waiting over
+    the first windows, 7% over the run): the warning judges the data once they are warm."""
+    feed = run_stage.train_feed
+    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05, batches=4))
+    clip = loop._clip  # a model that takes 20 ms a step: the warm loader's few ms are not a tenth of it
+    monkeypatch.setattr(loop, "_clip", lambda *a: (time.sleep(0.02), clip(*a))[1])
+    one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
+    assert rows[1]["train/data_wait"] > 0.5  # steps 3-4 waited, in the first epoch
+    assert warnings(logged, but=()) == []
 
 
 def test_compile_auto_is_chosen_announced_and_recorded(tmp_path, logged):

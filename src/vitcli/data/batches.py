@@ -240,6 +240,9 @@ class BatchStream:
         # (nothing_decoded), since one rank raising alone would leave the others waiting in a gather
         self.collective = collective
         self.decoded = self.failed = 0  # images of this pass
+        # micro-batches after which every image is decoded from a cache (train_batches sets it): the wait
+        # before is the first epochs' decoding, which a run's later steps never see again
+        self.warm_after = 0
 
     def __iter__(self) -> BatchStream:
         return self
@@ -362,7 +365,12 @@ def train_batches(
     keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
     cache = cfg.decode_device == "worker"  # the cache keeps images decoded: none left for the model's device
-    return BatchStream(_loader(ds, cfg, transform, keys, cache=cache, replace=True), device=device)
+    loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
+    stream = BatchStream(loader, device=device)
+    if loader.dataset.cache is not None:  # decoded once per process: waits are judged once every image is
+        # each worker caches the rows it decodes, a share that grows with the epochs
+        stream.warm_after = len(ds) // (micro_batch_size * world_size) * max(1, cfg.num_workers)
+    return stream
 
 
 def eval_batches(

@@ -36,7 +36,7 @@ from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.objectives import exported, loss_fn, mpp_step
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
-from vitcli.train.throughput import Waited, input_bound
+from vitcli.train.throughput import Waited, feeding, input_bound
 
 log = logging.getLogger(__name__)
 MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_seed; 0 is the augmentation's
@@ -99,11 +99,14 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
     waited = Waited(stream)
-    advise = functools.partial(input_bound, num_workers=r.data.num_workers, cuda=dist.device.type == "cuda")
+    advise = functools.partial(input_bound, feeding=feeding(r, dist.device.type))
+    # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits before it
+    # are the first epochs' decoding, which the input-bound warning leaves out
+    warm = -(-getattr(stream, "warm_after", 0) // accum)
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
     ddp_model.train()
-    window = _Window(time.perf_counter(), 0, {})
+    window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
@@ -193,12 +196,19 @@ class _Window:
     logged: int = 0
     totals: list = field(default_factory=lambda: [0.0, 0.0, 0])
     warned: bool = False
+    warm: int = 0  # the step from which the data are warm (decoded from the loader's cache, if it keeps one)
+    since: int = 0  # the step the current window began after
+    judged: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # warm windows: the totals, then a count
 
-    def add(self, elapsed: float, wait: float) -> None:
-        """Count a logging window that ran `elapsed` seconds, `wait` of them waiting for data."""
+    def add(self, elapsed: float, wait: float, done: int) -> None:
+        """Count a logging window ending at step `done` that ran `elapsed` seconds, `wait` of them waiting
+        for data: into the steady totals after the first window, into the judged ones once it began warm."""
         if self.logged:
             self.totals = [self.totals[0] + elapsed, self.totals[1] + wait, self.totals[2] + self.images]
-        self.logged += 1
+        if self.logged and self.since >= self.warm:
+            seconds, waited, images, n = self.judged
+            self.judged = [seconds + elapsed, waited + wait, images + self.images, n + 1]
+        self.logged, self.since = self.logged + 1, done
 
     def steady(self) -> dict[str, float]:
         """train/img_per_s and train/data_wait over the run after warm-up (the last window's if only one)."""
@@ -224,11 +234,11 @@ def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, d
     window.last = {**row, "train/img_per_s": window.images / elapsed,
                    "train/data_wait": min(wait / elapsed, 1.0)}
     metrics.write(done, window.last)
-    window.add(elapsed, wait)
+    window.add(elapsed, wait, done)
     # judged on the steady windows together, from the second on: one window that met a slow batch (a
     # checkpoint written, the machine busy for a moment) is not a run that waits for its data
-    seconds, waited, images = window.totals
-    warning = advise(waited, seconds, images) if window.logged >= 3 and not window.warned else None
+    seconds, waited, images, judged = window.judged
+    warning = advise(waited, seconds, images) if judged >= 2 and not window.warned else None
     if warning:
         console.log(f"[yellow]warning: step {done}: {warning}")
         window.warned = True

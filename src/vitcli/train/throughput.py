@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+
+from vitcli.data.sources import source_kind
+from vitcli.recipe.schema import Recipe
 
 INPUT_BOUND = 0.10  # past this fraction of a logging window spent waiting, the run says so (once)
 
@@ -36,26 +40,54 @@ class Waited:
         return seconds
 
 
-def input_bound(wait_s: float, total_s: float, images: int, num_workers: int, cuda: bool) -> str | None:
-    """The warning for a logging window of `total_s` seconds that waited `wait_s` of them for `images`
-    images, or None while the wait is at most INPUT_BOUND of the window.
+@dataclass(frozen=True)
+class Feeding:
+    """What the advice of `input_bound` depends on besides the rates: the loader workers, the device, where
+    JPEGs are decoded, and the data (`prepared`: `vit prepare-data`'s copy already; `builtin`: the
+    synthetic data, drawn as PNGs)."""
+
+    num_workers: int
+    cuda: bool = False
+    decode_device: str = "worker"
+    prepared: bool = False
+    builtin: bool = False
+
+
+def feeding(r: Recipe, device_type: str) -> Feeding:
+    """The recipe's Feeding on a device of `device_type`."""
+    kind, _ = source_kind(r.data.source)
+    return Feeding(r.data.num_workers, device_type == "cuda", r.data.decode_device,
+                   prepared=kind == "prepared", builtin=kind == "synthetic")
+
+
+FASTER = 1.1  # a loader below this multiple of the model's rate is not called faster ("1.0x faster")
+
+
+def input_bound(wait_s: float, total_s: float, images: int, feeding: Feeding) -> str | None:
+    """The warning for logging windows of `total_s` seconds that waited `wait_s` of them for `images`
+    images, or None while the wait is at most INPUT_BOUND of the windows.
 
     The model's rate is what the loop did with the time it did not wait (images / the non-wait seconds). The
     loader's: with num_workers=0 it decodes inside next(), so images / the wait; with workers it decodes all
     the time in the background and the loop took every batch it made, so images / the whole window (the
     time spent waiting alone would flatter it), below the model's. Without workers the loader may well be
-    the faster one and still cost the run its wait: decoding then never overlaps the model."""
+    the faster one and still cost the run its wait: decoding then never overlaps the model. Only knobs that
+    apply are offered: no `vit prepare-data` for data that is prepared or built in, no GPU decoding for the
+    built-in PNGs or where it is already on."""
     if total_s <= 0 or wait_s / total_s <= INPUT_BOUND:
         return None
-    loader = images / max(wait_s if num_workers == 0 else total_s, 1e-9)
+    f = feeding
+    loader = images / max(wait_s if f.num_workers == 0 else total_s, 1e-9)
     model = images / max(total_s - wait_s, 1e-9)
     # without workers a loader faster than the model still costs its whole time: it runs between the steps
     # (the quickstart on 2 cores: 4x faster, 8% of the run); a worker overlaps it only where a core is idle
-    workers = (f"data.num_workers=1 or more (now 0: the loader, {loader / model:.1f}x faster than the model, "
-               "runs between its steps; a worker runs beside them where a core is free)"
-               if num_workers == 0 and loader > model else f"more data.num_workers (now {num_workers})")
-    knobs = [workers, "`vit prepare-data` (a copy of the data resized once, so each image decodes smaller)"]
-    if cuda:
+    knobs = [f"data.num_workers=1 or more (now 0: the loader, {loader / model:.1f}x faster than the model, "
+             "runs between its steps; a worker runs beside them where a core is free)"
+             if f.num_workers == 0 and loader >= FASTER * model else
+             f"more data.num_workers (now {f.num_workers})"]
+    if not (f.prepared or f.builtin):
+        knobs.append("`vit prepare-data` (a copy of the data resized once, so each image decodes smaller)")
+    if f.cuda and not f.builtin and f.decode_device != "model":
         knobs.append("data.decode_device=model (decode JPEGs on the GPU)")
     return (f"input-bound: {wait_s / total_s:.0%} of the time went waiting for data; the loader delivered "
             f"{loader:.0f} img/s while the model could take {model:.0f} img/s. Try "

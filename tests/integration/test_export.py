@@ -205,6 +205,20 @@ def test_t2t_and_the_hybrid_are_refused_by_hf_and_timm(name, named):
         check_timm(ModelConfig(name=name), "x.safetensors")
 
 
+@pytest.mark.parametrize("cfg", [ModelConfig(name="T2T-ViT-7"), ModelConfig(name="R50+ViT-B/16"),
+                                 dataclasses.replace(TINY, pos_embed="learned_2d"),
+                                 dataclasses.replace(TINY, representation_size=16),
+                                 dataclasses.replace(TINY, pos_embed="sincos_2d")])
+def test_hf_refuses_naming_only_formats_that_take_the_model(cfg):
+    with pytest.raises(CheckpointError) as e:
+        check_hf(cfg, 10, "x.safetensors")
+    offered = str(e.value).rsplit("--format ", 1)[1].split(" or ")
+    assert offered[0] == "onnx"
+    for fmt in offered[1:]:  # the advice, followed: timm takes what it is offered
+        assert fmt == "timm"
+        check_timm(cfg, "x.safetensors")
+
+
 def test_the_command_line_offers_exactly_the_formats_the_stage_writes():
     assert [f.value for f in cli.ExportFormat] == list(FORMATS)
 

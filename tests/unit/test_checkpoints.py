@@ -269,6 +269,16 @@ def test_missing_sources_name_the_file(tmp_path):
         read_checkpoint("google/vit")
 
 
+def test_a_mistyped_local_path_is_told_its_neighbour_not_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "fm_pre").mkdir(parents=True)
+    save_weights(tmp_path / "runs" / "fm_pre" / MODEL_FILE, tiny_vit().state_dict(), our_meta())
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint("runs/fm_pree")
+    assert "did you mean runs/fm_pre?" in str(e.value) and "hf-hub" not in str(e.value)
+    read_checkpoint("runs/fm_pre")  # the advice, followed
+
+
 def test_hub_names_fail_fast_offline(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     name = "timm/vit_tiny_patch16_224.augreg_in21k"

@@ -296,3 +296,19 @@ def test_a_randaugment_section_timm_would_skip_is_refused():
     assert augment_signature("rand-m") == augment_signature("rand")  # timm skips a section without a number
     with pytest.raises(VitcliError, match="section 'm'"):
         check_randaugment("rand-m")
+
+
+@pytest.mark.parametrize("batch, micro, world",
+                         [(63, 0, 2), (100, 32, 1), (64, 24, 2), (5, 0, 8), (96, 7, 4)])
+def test_batch_advice_that_is_followed_resolves(batch, micro, world):
+    """The refusal names values (`such as M`, `use ... (A or B)`); the recipe with the first one resolves."""
+    base = ["schedule.steps=10", "schedule.warmup_steps=1", f"data.batch_size={batch}",
+            f"data.micro_batch_size={micro}"]
+    with pytest.raises(RecipeError) as e:
+        resolve("pretrain", None, base, world_size=world)
+    message = str(e.value)
+    if "such as" in message:
+        fix = f"data.micro_batch_size={message.rsplit('such as ', 1)[1]}"
+    else:
+        fix = f"data.batch_size={message.rsplit('(', 1)[1].split()[0].rstrip(')')}"
+    resolve("pretrain", None, [*base, fix], world_size=world)  # the advice, followed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from vitcli.checkpoints.export_timm import timm_refusal
 from vitcli.errors import CheckpointError
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import ModelConfig
@@ -46,8 +47,9 @@ def check_hf(model: ModelConfig, num_classes: int, path: str) -> None:
     """A CheckpointError naming the first feature ViTForImageClassification cannot hold."""
     why = _unsupported(model, num_classes)
     if why:
+        formats = "onnx" if timm_refusal(model) else "onnx or timm"  # only formats that take it
         raise CheckpointError(f"{path}: {why}, which transformers' "
-                              "ViTForImageClassification cannot hold; export it with --format onnx or timm")
+                              f"ViTForImageClassification cannot hold; export it with --format {formats}")
 
 
 def _unsupported(model: ModelConfig, num_classes: int) -> str:

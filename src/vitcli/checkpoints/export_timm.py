@@ -28,16 +28,21 @@ FALLBACK = "vit_base_patch16_224"  # any registered ViT: model_args set every si
 
 def check_timm(model: ModelConfig, path: str) -> None:
     """A CheckpointError naming the first feature timm's models cannot hold."""
-    why = ""
-    if model.name in T2T_VITS or model.name == HYBRID:
-        why = f"a {model.name}, which timm does not build"
-    elif model.pos_embed == "learned_2d":
-        why = "a learned_2d position embedding (model.pos_embed), which timm's VisionTransformer lacks"
-    elif model.representation_size:
-        why = (f"a pre-logits layer (model.representation_size: {model.representation_size}), which timm's "
-               "VisionTransformer lacks")
+    why = timm_refusal(model)
     if why:
         raise CheckpointError(f"{path}: {why}; export it with --format onnx")
+
+
+def timm_refusal(model: ModelConfig) -> str:
+    """The first feature of `model` timm's models cannot hold; "" when there is none."""
+    if model.name in T2T_VITS or model.name == HYBRID:
+        return f"a {model.name}, which timm does not build"
+    if model.pos_embed == "learned_2d":
+        return "a learned_2d position embedding (model.pos_embed), which timm's VisionTransformer lacks"
+    if model.representation_size:
+        return (f"a pre-logits layer (model.representation_size: {model.representation_size}), which timm's "
+                "VisionTransformer lacks")
+    return ""
 
 
 def timm_model(model: ModelConfig, num_classes: int) -> nn.Module:

@@ -11,6 +11,7 @@ returned dicts and must not mutate them.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import zipfile
@@ -65,8 +66,17 @@ def read_checkpoint(src: str) -> Loaded:
     looks_like_file = "/" in src or path.suffix.lower() in (".safetensors", ".npz", *PICKLE_SUFFIXES)
     if src.startswith(HUB_PREFIXES) or not looks_like_file:
         return _read_cached(src, None)
-    hint = f" (for a Hub model write hf-hub:{src})" if src.count("/") == 1 and not path.suffix else ""
-    raise CheckpointError(f"checkpoint not found: {src}{hint}")
+    raise CheckpointError(f"checkpoint not found: {src}{_near(src, path)}")
+
+
+def _near(src: str, path: Path) -> str:
+    """What a missing source probably meant: a neighbour in its folder when that folder exists here (a
+    mistyped runs/fm_pree is a local path, not a Hub model), else the Hub spelling of an `org/name`."""
+    folder = path.parent
+    if str(folder) not in ("", ".") and folder.is_dir():
+        near = difflib.get_close_matches(path.name, [p.name for p in folder.iterdir()], n=1)
+        return f" (did you mean {folder / near[0]}?)" if near else f" ({folder} holds no such entry)"
+    return f" (for a Hub model write hf-hub:{src})" if src.count("/") == 1 and not path.suffix else ""
 
 
 @functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory

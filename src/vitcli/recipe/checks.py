@@ -198,12 +198,21 @@ def check_schedule(warmup_steps: int, steps: int, derived: bool = False) -> None
 
 
 def _batch(recipe: Recipe, world_size: int) -> None:
+    """The global batch splits into equal micro-batches on every process; the advice names values that do
+    (tests/unit/test_recipe.py follows it)."""
     d = recipe.data
+    share, rest = divmod(d.batch_size, world_size)  # each process's images per step
+    if rest or not share:
+        near = sorted({m for m in (share * world_size, (share + 1) * world_size) if m > 0})
+        raise RecipeError(f"data.batch_size={d.batch_size} does not split over {world_size} processes: use "
+                          f"a multiple of {world_size} ({' or '.join(map(str, near))})")
     micro, _ = micro_batches(recipe, world_size)
-    if micro <= 0 or d.batch_size % (micro * world_size):
+    if micro <= 0 or share % micro:
+        fits = max(m for m in range(1, min(max(micro, 1), share) + 1) if share % m == 0)
         raise RecipeError(
             f"data.batch_size={d.batch_size} is not divisible by data.micro_batch_size={micro} x "
-            f"world size {world_size}; pick a micro-batch that divides {d.batch_size // world_size or 1}"
+            f"world size {world_size}; set data.micro_batch_size to a divisor of {share} (the batch per "
+            f"process), such as {fits}"
         )
 
 

@@ -38,11 +38,18 @@ class Parallel:
     `train`: what runs forward and backward (DDP-wrapped, and compiled if asked); `model`: the module whose
     parameters the optimizer holds and whose state is saved, evaluated and exported (sharded with FSDP, never
     compiled, so its state dict has the plain names); `sharded`: its state is sharded over the processes, so
-    it is checkpointed as shards (checkpoints.sharded)."""
+    it is checkpointed as shards (checkpoints.sharded); `synced`: `train` before torch.compile (the DDP
+    wrapper, or the sharded model), the module whose gradient sync the micro-batches switch."""
 
     train: nn.Module
     model: nn.Module
     sharded: bool
+    synced: nn.Module
+
+    def gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager[None]:
+        """`gradient_sync` of the strategy's own module: a compiled one (torch's OptimizedModule) is neither
+        an FSDPModule nor a DDP, so FSDP asked through it would reduce-scatter at every micro-batch."""
+        return gradient_sync(self.synced, sync)
 
     def full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The whole state dict of `module` (self.model or a part of it), the same whatever the strategy: a
@@ -61,8 +68,8 @@ def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
         model = shard(model, dist, run.activation_checkpointing)
     elif run.activation_checkpointing:
         model = checkpoint_blocks(model)
-    trained = model if sharded else wrap(model, dist)
-    return Parallel(torch.compile(trained) if run.compile else trained, model, sharded)
+    synced = model if sharded else wrap(model, dist)
+    return Parallel(torch.compile(synced) if run.compile else synced, model, sharded, synced)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
@@ -118,7 +125,11 @@ def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     """Inside, backward reduces gradients across processes (`sync`) or only accumulates them locally (the
-    micro-batches before the last): FSDP2's set_requires_gradient_sync and DDP's no_sync behind one switch."""
+    micro-batches before the last): FSDP2's set_requires_gradient_sync and DDP's no_sync behind one switch.
+    `model` is never a compiled module: Parallel.gradient_sync passes the one beneath."""
+    if _compiled(model):
+        raise TypeError(f"gradient_sync of a compiled {type(model._orig_mod).__name__}: pass the module "
+                        "torch.compile wrapped (Parallel.gradient_sync does), or every micro-batch syncs")
     if sync:
         yield
     elif isinstance(model, FSDPModule):
@@ -132,6 +143,12 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _compiled(model: nn.Module) -> bool:
+    """Whether `model` is torch.compile's wrapper (an OptimizedModule, whose `_orig_mod` is the module), told
+    without importing torch._dynamo (~0.5 s) into every stage that imports this module."""
+    return isinstance(getattr(model, "_orig_mod", None), nn.Module)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

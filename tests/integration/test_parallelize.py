@@ -1,0 +1,60 @@
+"""train.parallelize on 2 processes (Gloo, CPU): DDP or FSDP2, then torch.compile (the order a CUDA run gets
+by default) trains what one eager process trains and reduces the gradients once per optimizer step, not
+once per micro-batch.
+
+The 2-process cases run in one torchrun launch (tests/integration/parallel_ranks.py); the tests below read
+what rank 0 wrote and compare it with one eager process on the whole global batch.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from fsdp_ranks import OPTIM, STEPS, tiny_model, train
+from parallel_ranks import STRATEGIES
+from safetensors.torch import load_file
+
+from helpers import run_ranks
+from vitcli.train.optim import build_optimizer
+
+HERE = Path(__file__).resolve().parent
+ATOL = 1e-5  # test_fsdp's bound for 2 processes against one: 1% of one Adam step (lr 1e-3)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """The directory rank 0 of the 2-process run filled, and its cases.json."""
+    out = tmp_path_factory.mktemp("parallel")
+    run_ranks(HERE / "parallel_ranks.py", out)
+    return out, json.loads((out / "cases.json").read_text())
+
+
+def one_process(cfg, steps: int) -> dict[str, torch.Tensor]:
+    """`steps` eager steps of one process on the whole global batch: the reference."""
+    model = tiny_model(0)
+    train(model, build_optimizer(model, cfg), 0, steps)
+    return model.state_dict()
+
+
+def worst(got: dict, expected: dict) -> float:
+    assert sorted(got) == sorted(expected)
+    return max((got[k] - expected[k]).abs().max().item() for k in expected)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_compiled_training_matches_one_eager_process(ranks, strategy, one_thread):
+    """DDP or FSDP2, torch.compile and 2 micro-batches per process train what one eager process trains on the
+    whole batch: within ATOL (inductor fuses and reorders the float sums)."""
+    out, _ = ranks
+    assert worst(load_file(out / f"compiled-{strategy}.safetensors"), one_process(OPTIM, STEPS)) < ATOL
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_compiled_model_reduces_gradients_only_in_the_last_micro_batch(ranks, strategy):
+    """The backward of the first micro-batch only accumulates; the last one reduces: DDP its one bucket, FSDP
+    one reduce-scatter per sharded unit (2 blocks and the root). Through torch.compile's wrapper FSDP used to
+    reduce-scatter at every micro-batch ([3, 3])."""
+    _, cases = ranks
+    units = {"ddp": 1, "fsdp": 3}[strategy]
+    assert cases[f"compiled-{strategy}"]["reductions"] == [[0, units]] * STEPS

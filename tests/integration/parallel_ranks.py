@@ -4,9 +4,9 @@ Rank 0 writes into OUTDIR, for each case, the whole weights after the last step
 (`<case>.safetensors`) and a row of `cases.json`: the gradient reductions each micro-batch's backward made,
 step by step.
 
-- `compiled-<strategy>`: parallelize.apply with DDP or FSDP2, then torch.compile (CPU inductor here), as a
-  CUDA run gets it by default, stepped through the loop's own micro-batch accumulation
-  (loop._accumulate_grads).
+- `compiled-<strategy>`: parallelize.apply as a CUDA run applies it by default (activation checkpointing,
+  then DDP or FSDP2, then torch.compile: CPU inductor here), stepped through the loop's own micro-batch
+  accumulation (loop._accumulate_grads).
 """
 
 import itertools
@@ -100,7 +100,7 @@ if __name__ == "__main__":
     counter = Reductions()
     cases = {}
     for strategy in STRATEGIES:
-        run = RunConfig(strategy=strategy, compile=True)
+        run = RunConfig(strategy=strategy, compile=True, activation_checkpointing=True)
         cases[f"compiled-{strategy}"] = case(outdir, f"compiled-{strategy}", run, OPTIM, STEPS, rank_dist,
                                              counter)
     if rank_dist.is_main:

@@ -1,6 +1,6 @@
-"""train.parallelize on 2 processes (Gloo, CPU): DDP or FSDP2, then torch.compile (the order a CUDA run gets
-by default) trains what one eager process trains and reduces the gradients once per optimizer step, not
-once per micro-batch.
+"""train.parallelize on 2 processes (Gloo, CPU): the order a CUDA run gets by default (activation
+checkpointing, then DDP or FSDP2, then torch.compile) trains what one eager process trains and reduces the
+gradients once per optimizer step, not once per micro-batch.
 
 The 2-process cases run in one torchrun launch (tests/integration/parallel_ranks.py); the tests below read
 what rank 0 wrote and compare it with one eager process on the whole global batch.
@@ -31,7 +31,7 @@ def ranks(tmp_path_factory):
 
 
 def one_process(cfg, steps: int) -> dict[str, torch.Tensor]:
-    """`steps` eager steps of one process on the whole global batch: the reference."""
+    """`steps` eager steps of one process on the whole global batch, no checkpointing: the reference."""
     model = tiny_model(0)
     train(model, build_optimizer(model, cfg), 0, steps)
     return model.state_dict()
@@ -43,9 +43,11 @@ def worst(got: dict, expected: dict) -> float:
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_compiled_training_matches_one_eager_process(ranks, strategy, one_thread):
-    """DDP or FSDP2, torch.compile and 2 micro-batches per process train what one eager process trains on the
-    whole batch: within ATOL (inductor fuses and reorders the float sums)."""
+def test_checkpointed_compiled_training_matches_one_eager_process(ranks, strategy, one_thread):
+    """Activation checkpointing, DDP or FSDP2, torch.compile and 2 micro-batches per process train what one
+    eager process trains on the whole batch: within ATOL (measured 4.0e-7 for DDP and 8.7e-7 for FSDP after
+    STEPS steps: inductor fuses and reorders the float sums, where test_fsdp's eager FSDP is 1.8e-7 off).
+    The checkpointed blocks' recomputation runs inside the compiled backward."""
     out, _ = ranks
     assert worst(load_file(out / f"compiled-{strategy}.safetensors"), one_process(OPTIM, STEPS)) < ATOL
 

@@ -14,17 +14,18 @@ A sharded model is checkpointed as shards (checkpoints.sharded, through checkpoi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from vitcli.errors import ModelError
 from vitcli.recipe.schema import RunConfig
@@ -88,18 +89,22 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     the backward pass (same gradients; dropout and drop-path replay the same draws,
     the RNG state is restored).
 
-    The composable `torch.distributed._composable.checkpoint` rather than `checkpoint_wrapper` or timm's
-    `set_grad_checkpointing`: it works through hooks, so parameter names and state-dict keys stay those of the
-    plain model (checkpoints, no-decay names and model.safetensors are unchanged); it composes with
-    fully_shard applied after it on the same module (torch's own FSDP2 tests do exactly that); and timm's flag
-    would miss the blocks that MppModel and T2T-ViT run themselves."""
+    Each block's own `forward` runs inside torch.utils.checkpoint.checkpoint (non-reentrant), set on the
+    instance: parameter names and state-dict keys stay those of the plain model (checkpoints, no-decay names
+    and model.safetensors are unchanged), unlike `checkpoint_wrapper`; fully_shard applied after it composes
+    (its hooks gather the weights around the block's call, and again before the backward that recomputes);
+    timm's `set_grad_checkpointing` would miss the blocks that MppModel and T2T-ViT run themselves. Not the
+    hook-based torch.distributed._composable.checkpoint: torch.compile cannot trace its hooks, and the
+    whole-model compile of `apply` then failed at the first backward (CheckpointError: the forward had saved
+    the compiled graph's tensors, the recomputation ran the eager block). A checkpoint call inside forward is
+    traced as one region, which the compiled backward recomputes itself."""
     blocks = transformer_blocks(model)
     if not blocks:
         raise ModelError(f"run.activation_checkpointing: {type(model).__name__} has no transformer blocks "
                          "(no nn.Sequential `blocks` of attention blocks); "
                          "set run.activation_checkpointing=false")
     for block in blocks:
-        checkpoint_activations(block)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     return model
 
 

@@ -2,11 +2,13 @@
 `python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/parallel_ranks.py OUTDIR`.
 Rank 0 writes into OUTDIR, for each case, the whole weights after the last step
 (`<case>.safetensors`) and a row of `cases.json`: the gradient reductions each micro-batch's backward made,
-step by step.
+step by step, and the optimizer's kernel.
 
 - `compiled-<strategy>`: parallelize.apply as a CUDA run applies it by default (activation checkpointing,
   then DDP or FSDP2, then torch.compile: CPU inductor here), stepped through the loop's own micro-batch
-  accumulation (loop._accumulate_grads).
+  accumulation (loop._accumulate_grads);
+- `<optimizer>-<strategy>`: every optimizer the recipes can name takes a few steps under each strategy, so a
+  kernel without a rule for FSDP2's DTensors fails here first.
 """
 
 import itertools
@@ -27,6 +29,13 @@ from vitcli.train import loop, parallelize
 from vitcli.train.optim import build_optimizer
 
 STRATEGIES = ("ddp", "fsdp")
+OPTIMIZERS = {  # every optim.name x weight_decay_convention pair: timm's adamw, momentum and sgdw
+    "adamw": OPTIM,
+    "sgd_torch": OptimConfig(name="sgd", lr=0.1, weight_decay=1e-2, clip_grad_norm=OPTIM.clip_grad_norm),
+    "sgd_big_vision": OptimConfig(name="sgd", lr=0.1, weight_decay=1e-3, weight_decay_convention="big_vision",
+                                  clip_grad_norm=OPTIM.clip_grad_norm),
+}
+OPTIMIZER_STEPS = 2
 
 
 class Reductions:
@@ -91,7 +100,8 @@ def case(out: Path, name: str, run: RunConfig, cfg: OptimConfig, steps: int, dis
     weights = parallel.full_state(parallel.model)
     if dist.is_main:
         save_file(weights, str(out / f"{name}.safetensors"))
-    return {"reductions": per_step}
+    kernel = [k for k in ("fused", "foreach") if optimizer.defaults.get(k)]
+    return {"reductions": per_step, "kernel": kernel}
 
 
 if __name__ == "__main__":
@@ -103,6 +113,11 @@ if __name__ == "__main__":
         run = RunConfig(strategy=strategy, compile=True, activation_checkpointing=True)
         cases[f"compiled-{strategy}"] = case(outdir, f"compiled-{strategy}", run, OPTIM, STEPS, rank_dist,
                                              counter)
+    for opt_name, opt_cfg in OPTIMIZERS.items():
+        for strategy in STRATEGIES:
+            name = f"{opt_name}-{strategy}"
+            cases[name] = case(outdir, name, RunConfig(strategy=strategy, compile=False), opt_cfg,
+                               OPTIMIZER_STEPS, rank_dist, counter)
     if rank_dist.is_main:
         (outdir / "cases.json").write_text(json.dumps(cases))
     # every rank done with its last collective before any tears the group down (fsdp_ranks.py: why)

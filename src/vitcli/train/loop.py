@@ -269,7 +269,7 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
 
     def masked_patches(model, x, y, i):
         with seeded(seed(i, MODEL_STREAM)):
-            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp.target)
+            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp, r.model.patch_size)
 
     return masked_patches if r.objective == "mpp" else supervised
 

@@ -1,7 +1,11 @@
-"""What several test modules share: the repository root, the `vit` entry point run in-process, tiny models
+"""What several test modules share: the repository root, the `vit` entry point run in-process, the 2-process
+rank scripts run under torchrun, tiny models
 and their Google `.npz` export, a run stopped as Ctrl-C stops it, damaged files, warnings read off the
 console. Fixtures live in conftest.py."""
 
+import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +32,23 @@ def run_vit(monkeypatch, capsys, *args):
         code = e.code or 0
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+# the last line of a traceback, as torchrun prints a rank's
+RAISED = re.compile(r"(\[rank\d+\]: )?[\w.]+(Error|Exception): ")
+
+
+def run_ranks(script: Path, out: Path) -> None:
+    """`script OUT` on 2 processes under torchrun (Gloo on the CPU, one intra-op thread each, the script's
+    folder importable for its helpers). If a process fails: the first exception line any rank printed (the
+    end of stderr may be torchrun's report or a long message) and the end of stderr."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(script.parent)])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(script), str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
+    raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
+    assert proc.returncode == 0, "\n".join([*raised[:1], proc.stderr[-3000:]])
 
 
 D, HEADS, MLP, PATCH = 32, 2, 64, 8

@@ -71,7 +71,7 @@ def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda):
     objective = loop._objective(r, loss_fn(r.optim), None, 0, 0)
 
     def step():
-        loss, _ = loop._accumulate_grads(parallel.train, optimizer, stream, accum, objective, "bf16", dist)
+        loss, _ = loop._accumulate_grads(parallel, optimizer, stream, accum, objective, "bf16", dist)
         parallelize.clip_grad_norm(parallel.train, 1.0)
         optimizer.step()
         return loss

@@ -1,14 +1,25 @@
-"""run.compile: the trainer steps a torch.compile'd model, but what it saves is the plain module's state."""
+"""run.compile: the trainer steps a torch.compile'd model, but what it saves is the plain module's state; a
+masked-patch-prediction step compiles to one graph, once, and reads nothing back on the host."""
 
 import pytest
+import torch
 import torch._dynamo
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.models import zoo
+from vitcli.recipe.choices import MPP_TARGETS
 from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import ModelConfig, MppConfig
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
+from vitcli.train.objectives import MppModel, mpp_step
+
+aten = torch.ops.aten
+HOST_READS = frozenset({aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.nonzero,
+                        aten.masked_select})
+MASK_INDEXING = frozenset({aten.index, aten.index_put, aten.index_put_})
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -28,3 +39,61 @@ def test_compiled_training_saves_and_exports_the_plain_keys(tmp_path):
     exported, _ = load_weights(tmp_path / MODEL_FILE)
     assert set(exported) == plain
     assert set(manager.latest_good_state(tmp_path)[1]["model"]) == plain
+
+
+class HostReads(TorchDispatchMode):
+    """The aten ops run inside it that read tensor values back on the host: a value (item, bool) or a shape
+    that depends on values (nonzero, masked_select, indexing by a boolean mask). On a GPU each one waits for
+    all queued work."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        packet = func.overloadpacket
+        by_mask = packet in MASK_INDEXING and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+        if packet in HOST_READS or by_mask:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def tiny_mpp(target: str = "mean_color") -> MppModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    return MppModel(zoo.build_model(cfg, 0), MppConfig(target=target), cfg.patch_size)
+
+
+def images(seed: int) -> torch.Tensor:
+    return torch.rand(4, 3, 32, 32, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+@pytest.mark.parametrize("target", MPP_TARGETS)
+def test_an_mpp_step_reads_nothing_back_on_the_host(target):
+    """Draws, forward, loss and backward of one step: no op waits for the device (the mode assignments by
+    mask, the loss's empty-mask check and its boolean indexing did, at every micro-batch)."""
+    model = tiny_mpp(target)
+    with HostReads() as reads:
+        loss, accuracy = mpp_step(model, images(0), 3, model.cfg, model.patch_size)
+        loss.backward()
+    assert reads.ops == []
+    assert loss > 0 and 0 <= accuracy <= 1
+
+
+def test_a_compiled_mpp_step_is_one_graph_compiled_once():
+    """The corruption draws enter the compiled forward as tensors: no graph break, and steps with other draws
+    (other seeds, so other masks) reuse the first step's graph. aot_eager: dynamo and AOTAutograd, as inductor
+    sees them, without generating kernels (graph breaks and recompiles are decided before the backend)."""
+    model = tiny_mpp()
+    compiled = torch.compile(model, backend="aot_eager")
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    seen = []
+    for step in range(4):
+        loss, _ = mpp_step(compiled, images(step), step, model.cfg, model.patch_size)
+        loss.backward()
+        seen.append((counters["stats"]["unique_graphs"], counters["frames"]["total"]))
+    assert dict(counters["graph_break"]) == {}
+    assert seen == [seen[0]] * 4 and seen[0][0] == 1, seen

@@ -10,8 +10,6 @@ one-process run.
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ import torch
 from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
 from safetensors.torch import load_file
 
-from helpers import REPO, flipped_bytes, warnings
+from helpers import flipped_bytes, run_ranks, warnings
 from vitcli.checkpoints import manager, sharded, state
 from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
@@ -46,12 +44,7 @@ ATOL = 1e-5
 def ranks(tmp_path_factory):
     """The directory rank 0 of the 2-process run filled."""
     out = tmp_path_factory.mktemp("fsdp")
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HERE)])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(HERE / "fsdp_ranks.py"), str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_ranks(HERE / "fsdp_ranks.py", out)
     return out
 
 

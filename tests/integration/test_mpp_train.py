@@ -94,6 +94,7 @@ def test_mpp_pretrains_on_unlabeled_images(tmp_path):
     ("finetune", [], "is a pretraining objective"),
     ("pretrain", ["model.name=BiT-R50x1"], "needs a plain ViT"),
     ("pretrain", ["mpp.target=color_4x4", "model.patch_size=2"], "must be a multiple of 4"),
+    ("pretrain", ["mpp.corrupt_ratio=0.01"], "16 patches corrupts none of them"),
     ("pretrain", ["objective=supervised", "data.label_column="], "supervised training needs labels"),
 ])
 def test_impossible_mpp_recipes_are_refused(stage, extra, fragment):

@@ -24,6 +24,7 @@ from vitcli.models.mpp import (
     mean_color_of_pixels,
     mean_color_target,
     mpp_loss,
+    other_patches,
     patchify,
     pixels_target,
     pred_shape,
@@ -161,6 +162,8 @@ def test_corruption_rounds_the_count_and_checks_its_fractions():
         corruption(8, 16, g, mask=0.9, random=0.2)
     with pytest.raises(RecipeError, match="ratio 0"):
         corruption(8, 16, g, ratio=0.0)
+    with pytest.raises(RecipeError, match="0.03 of 16 patches corrupts none"):  # round(0.48) = 0
+        corruption(8, 16, g, ratio=0.03)
 
 
 def _tokens(b, n, d=4, seed=1):
@@ -173,7 +176,7 @@ def _tokens(b, n, d=4, seed=1):
 
 def test_corrupt_keeps_untouched_masks_mode_1_and_copies_another_patch_for_mode_2(mode):
     tokens, mask_token = _tokens(BATCH, PATCHES), torch.randn(4)
-    out = corrupt(tokens, mode, mask_token, torch.Generator().manual_seed(2))
+    out = corrupt(tokens, mode, mask_token, other_patches(BATCH, PATCHES, torch.Generator().manual_seed(2)))
     kept = (mode == UNTOUCHED) | (mode == UNCHANGED)
     assert torch.equal(out[kept], tokens[kept])  # bit-identical
     assert torch.equal(out[mode == MASK], mask_token.expand(int((mode == MASK).sum()), 4))
@@ -190,7 +193,7 @@ def test_the_random_patch_is_uniform_over_all_other_patches_of_the_batch():
     everywhere = torch.full((b, n), RANDOM, dtype=torch.int8)
     counts = torch.zeros(b * n, b * n)
     for _ in range(calls):
-        source = corrupt(tokens, everywhere, torch.zeros(4), g)[..., 0].long().flatten()
+        source = corrupt(tokens, everywhere, torch.zeros(4), other_patches(b, n, g))[..., 0].long().flatten()
         counts[torch.arange(b * n), source] += 1
     assert counts.diagonal().sum() == 0  # never itself
     # each of the 7 others: mean 500, sd sqrt(3500 * 1/7 * 6/7) = 20.7; 105 is 5 sd
@@ -201,7 +204,7 @@ def test_the_random_patch_is_uniform_over_all_other_patches_of_the_batch():
 def test_same_seed_same_corruption_and_a_saved_generator_resumes():
     def draw(g):
         m = corruption(16, 64, g)
-        return m, corrupt(_tokens(16, 64), m, torch.ones(4), g)
+        return m, corrupt(_tokens(16, 64), m, torch.ones(4), other_patches(16, 64, g))
 
     first, again = draw(torch.Generator().manual_seed(7)), draw(torch.Generator().manual_seed(7))
     assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
@@ -221,7 +224,7 @@ def test_gradient_reaches_the_mask_token_and_each_kept_token_only_through_its_ow
     tokens = torch.randn(8, 16, 4, generator=g, requires_grad=True)
     mask_token = torch.zeros(4, requires_grad=True)
     weights = torch.randn(8, 16, 4, generator=g)  # d loss / d out
-    (corrupt(tokens, m, mask_token, g) * weights).sum().backward()
+    (corrupt(tokens, m, mask_token, other_patches(8, 16, g)) * weights).sum().backward()
     kept = ((m == UNTOUCHED) | (m == UNCHANGED))[..., None]
     assert torch.equal(tokens.grad, torch.where(kept, weights, torch.zeros(())))
     assert torch.allclose(mask_token.grad, weights[m == MASK].sum(dim=0), atol=1e-5)
@@ -233,7 +236,8 @@ def test_the_mask_token_learns_from_the_mpp_loss():
     tokens, mask_token = torch.randn(4, 16, 8, generator=g), torch.nn.Parameter(torch.zeros(8))
     head = torch.nn.Linear(8, NUM_BINS)
     target = torch.randint(NUM_BINS, (4, 16), generator=g)
-    loss, _ = mpp_loss(head(corrupt(tokens, m, mask_token, g)), target, m != UNTOUCHED, "mean_color")
+    loss, _ = mpp_loss(head(corrupt(tokens, m, mask_token, other_patches(4, 16, g))), target, m != UNTOUCHED,
+                       "mean_color")
     loss.backward()
     assert mask_token.grad is not None and mask_token.grad.abs().sum() > 0
 

@@ -8,7 +8,7 @@ import torch
 
 from vitcli.data import batches
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
-from vitcli.recipe.schema import DataConfig
+from vitcli.recipe.schema import DataConfig, MppConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
 from vitcli.train.objectives import mpp_step
 
@@ -69,13 +69,13 @@ class MppEvaluator(SplitEvaluator):
     corruption draws every run (batch i uses seed i), so runs are comparable step to step."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str,
-                 target: str):
+                 mpp: MppConfig, patch_size: int):
         super().__init__(prefix, ds, cfg, img_size, dist, precision)
-        self.target = target
+        self.mpp, self.patch_size = mpp, patch_size
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         def per_batch(model, i, x, y):
-            loss, accuracy = mpp_step(model, x, seed=i, target=self.target)
+            loss, accuracy = mpp_step(model, x, i, self.mpp, self.patch_size)
             return [len(x), len(x) * loss.item(), len(x) * accuracy.item()]
 
         (total, loss_sum, accuracy_sum), skipped = self.sums(model, per_batch, 3)

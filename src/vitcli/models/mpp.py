@@ -16,6 +16,8 @@ Conventions, used throughout:
   7 (values a rounding error outside [0, 1] clamp to 0 or 7); a colour's bin is r * 64 + g * 8 + b;
 - `mode` (B, N) int8 codes each patch: 0 untouched, 1 [mask], 2 random other patch, 3 corrupted but unchanged.
   Every random draw comes from a caller's torch.Generator, so a run repeats and resumes exactly.
+- nothing here reads a device tensor back on the host (no boolean indexing, no `if tensor`) but the
+  empty-mask check of `mpp_loss`, which a caller can skip: on a GPU such a read waits for all queued work.
 """
 
 from __future__ import annotations
@@ -125,13 +127,16 @@ def corruption(
 ) -> torch.Tensor:
     """Draw which patches to corrupt and how: `mode` (B, N) int8 on the generator's device.
 
-    Exactly k = round(ratio * N) patches per image are corrupted (Python's round: half to even, so 49
+    Exactly k = round(ratio * N) >= 1 patches per image are corrupted (Python's round: half to even, so 49
     patches -> 24), a uniformly random k-subset; each corrupted patch independently becomes 1 [mask] with
     probability `mask`, 2 random with probability `random`, else 3 unchanged. The number of draws does not
     depend on their values, so the generator's state after the call is a function of its state before.
     """
     _check_fractions(ratio, mask, random)
     k, device = round(ratio * num_patches), generator.device
+    if k == 0:  # checked here, on the host, so that the loss need not check for an empty mask on the device
+        raise RecipeError(f"corruption ratio {ratio} of {num_patches} patches corrupts none of them; "
+                          f"expected more than {0.5 / num_patches:.3g}")
     # the k smallest of N iid uniforms sit at a uniformly random k-subset; float64 makes ties negligible
     order = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64,
                        device=device).argsort(dim=1)
@@ -139,29 +144,34 @@ def corruption(
     corrupted.scatter_(1, order[:, :k], True)
     u = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device)
     how = torch.full((batch, num_patches), UNCHANGED, dtype=torch.int8, device=device)
-    how[u < mask + random] = RANDOM
-    how[u < mask] = MASK
-    return torch.where(corrupted, how, torch.zeros_like(how))
+    how = torch.where(u < mask + random, RANDOM, how)  # not how[u < ...] = ...: a mask index reads the mask
+    how = torch.where(u < mask, MASK, how)
+    return torch.where(corrupted, how, UNTOUCHED)
 
 
-def corrupt(
-    tokens: torch.Tensor, mode: torch.Tensor, mask_token: torch.Tensor, generator: torch.Generator
-) -> torch.Tensor:
-    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,),
-    2 -> another patch's embedding.
+def other_patches(batch: int, num_patches: int, generator: torch.Generator) -> torch.Tensor:
+    """(B*N,) int64: for each patch of the batch (flat index), a uniformly drawn other patch of the batch (any
+    image, never itself), on the generator's device; `corrupt` copies it where mode is 2."""
+    if batch * num_patches < 2:
+        raise ValueError("a random other patch needs at least 2 patches in the batch")
+    own = torch.arange(batch * num_patches, device=generator.device)
+    # uniform over the B*N - 1 other patches: draw among B*N - 1 indices, then step over our own
+    other = torch.randint(batch * num_patches - 1, (batch * num_patches,), generator=generator,
+                          device=generator.device)
+    return other + (other >= own)
 
-    A mode-2 patch takes the embedding of a uniformly drawn other patch of the batch (any image, never
-    itself). That replacement is detached: it is input noise, so every token's gradient comes only through
-    its own position, while mask_token gets the summed gradient of all mode-1 positions.
+
+def corrupt(tokens: torch.Tensor, mode: torch.Tensor, mask_token: torch.Tensor, other: torch.Tensor
+            ) -> torch.Tensor:
+    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,), 2 -> the embedding of
+    patch `other` (`other_patches`, (B*N,) flat indices).
+
+    That replacement is detached: it is input noise, so every token's gradient comes only through its own
+    position, while mask_token gets the summed gradient of all mode-1 positions. No random draw here: the
+    caller draws (`corruption`, `other_patches`) outside a compiled forward, which a torch.Generator breaks.
     """
     b, n, d = tokens.shape
-    if b * n < 2:
-        raise ValueError("a random other patch needs at least 2 patches in the batch")
-    own = torch.arange(b * n, device=generator.device)
-    # uniform over the B*N - 1 other patches: draw among B*N - 1 indices, then step over our own
-    other = torch.randint(b * n - 1, (b * n,), generator=generator, device=generator.device)
-    other = (other + (other >= own)).to(tokens.device)
-    replacement = tokens.detach().reshape(b * n, d)[other].reshape(b, n, d)  # (B, N, D)
+    replacement = tokens.detach().reshape(b * n, d)[other.to(tokens.device)].reshape(b, n, d)  # (B, N, D)
     mode = mode.to(tokens.device)[..., None]  # (B, N, 1), broadcasts over D
     out = torch.where(mode == RANDOM, replacement, tokens)
     return torch.where(mode == MASK, mask_token.to(tokens.dtype), out)
@@ -179,12 +189,10 @@ def _check_shapes(pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Ten
     if pred.shape != expected or corrupted.shape != target.shape[:2]:
         raise ValueError(f"{kind}: pred {tuple(pred.shape)}, target {tuple(target.shape)}, corrupted "
                          f"{tuple(corrupted.shape)}; expected pred {tuple(expected)} and corrupted (B, N)")
-    if not corrupted.any():
-        raise ValueError("no corrupted patch: the masked-patch-prediction loss would be empty")
 
 
 def mpp_loss(
-    pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, kind: str
+    pred: torch.Tensor, target: torch.Tensor, corrupted: torch.Tensor, kind: str, *, nonempty: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, accuracy) over the corrupted patches only; both float32 scalars.
 
@@ -193,13 +201,24 @@ def mpp_loss(
     Loss: cross-entropy averaged over the corrupted patches (and, for color_4x4, equally over the 17
     predictions), or the squared error averaged over the corrupted patches' 3*P*P values. Accuracy: the
     mean-colour bin is right (for pixels_l2 the bin of the predicted patch's mean colour).
+
+    Every patch is scored and the uncorrupted ones are zeroed before the mean (no boolean indexing: its
+    shape depends on the mask's values). An empty mask is a ValueError, which reads the mask on the host;
+    `nonempty`: the caller knows it is not (`corruption` corrupts at least one patch per image), so nothing
+    is read back and on a GPU the step does not wait for its forward pass.
     """
     _check_shapes(pred, target, corrupted, kind)
-    p, t = pred[corrupted].float(), target[corrupted]  # (M, ...): only the M corrupted patches count
+    if not nonempty and not corrupted.any():
+        raise ValueError("no corrupted patch: the masked-patch-prediction loss would be empty")
+    pred, count = pred.float(), corrupted.sum()
+
+    def mean(per_patch: torch.Tensor) -> torch.Tensor:  # (B, N) -> mean over the corrupted patches
+        return torch.where(corrupted, per_patch.float(), 0.0).sum() / count
+
     if kind == "pixels_l2":
-        hit = mean_color_of_pixels(p) == mean_color_of_pixels(t)
-        return F.mse_loss(p, t.float()), hit.float().mean()
-    loss = F.cross_entropy(p.reshape(-1, NUM_BINS), t.reshape(-1))
-    guess = p.argmax(dim=-1)  # (M,) or (M, 17)
-    hit = guess == t if kind == "mean_color" else guess[:, 0] == t[:, 0]
-    return loss, hit.float().mean()
+        hit = mean_color_of_pixels(pred) == mean_color_of_pixels(target)
+        return mean((pred - target.float()).square().mean(dim=-1)), mean(hit)
+    loss = F.cross_entropy(pred.reshape(-1, NUM_BINS), target.reshape(-1), reduction="none")
+    guess = pred.argmax(dim=-1)  # (B, N) or (B, N, 17)
+    hit = guess == target if kind == "mean_color" else guess[..., 0] == target[..., 0]
+    return mean(loss.reshape(target.shape[:2] + (-1,)).mean(dim=-1)), mean(hit)

@@ -247,6 +247,10 @@ def _objective(recipe: Recipe) -> None:
     if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
         raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
                           f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
+    patches = (m.img_size // m.patch_size) ** 2
+    if round(p.corrupt_ratio * patches) < 1:  # models.mpp.corruption corrupts round(ratio * N) per image
+        raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
+                          f"raise it above {0.5 / patches:.3g}")
 
 
 def _random_init(recipe: Recipe) -> None:

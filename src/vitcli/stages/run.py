@@ -50,7 +50,8 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
     def held_out(name: str, split: str):
         ds = sources.load_split(r.data, split)
         if r.objective == "mpp":
-            return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp.target)
+            return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp,
+                                r.model.patch_size)
         return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
                                        loss=loss_fn(r.optim))
 

@@ -114,7 +114,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(r, criterion, mixup, step, dist.rank * accum)
-            loss, accuracy = _accumulate_grads(ddp_model, optimizer, waited, accum, objective,
+            loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
@@ -279,14 +279,15 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
 
     def masked_patches(model, x, y, i):
         with seeded(seed(i, MODEL_STREAM)):
-            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp.target)
+            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp, r.model.patch_size)
 
     return masked_patches if r.objective == "mpp" else supervised
 
 
-def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, precision: str, dist: Dist):
-    """Gradients of one optimizer step over `accum` micro-batches; (loss, accuracy or None) of this rank as
-    0-d tensors, averaged over its micro-batches, not read (no host-device sync)."""
+def _accumulate_grads(parallel: parallelize.Parallel, optimizer, stream, accum: int, objective,
+                      precision: str, dist: Dist):
+    """Gradients of one optimizer step over `accum` micro-batches of `parallel.train`; (loss, accuracy or
+    None) of this rank as 0-d tensors, averaged over its micro-batches, not read (no host-device sync)."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = None
     for i in range(accum):
@@ -294,9 +295,9 @@ def _accumulate_grads(ddp_model, optimizer, stream, accum: int, objective, preci
         y = y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1
-        with parallelize.gradient_sync(ddp_model, sync):
+        with parallel.gradient_sync(sync):
             with autocast(dist.device, precision):
-                loss, accuracy = objective(ddp_model, x, y, i)
+                loss, accuracy = objective(parallel.train, x, y, i)
             (loss / accum).backward()
         loss_sum = _add(loss_sum, loss.detach() / accum)
         accuracy_sum = _add(accuracy_sum, None if accuracy is None else torch.as_tensor(accuracy) / accum)

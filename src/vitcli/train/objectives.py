@@ -71,18 +71,16 @@ class MppModel(nn.Module):
         self.pred_shape = mpp.pred_shape(cfg.target, patch_size)
         self.head = nn.Linear(dim, math.prod(self.pred_shape))
 
-    def forward(self, images: torch.Tensor, generator: torch.Generator):
-        """(pred, target, corrupted (B, N) bool) for images (B, 3, H, W) in [-1, 1]."""
-        b, c = self.backbone, self.cfg
+    def forward(self, images: torch.Tensor, mode: torch.Tensor, other: torch.Tensor):
+        """(pred, target) for images (B, 3, H, W) in [-1, 1] corrupted as drawn (`mode` (B, N) from
+        mpp.corruption, `other` (B*N,) from mpp.other_patches: mpp_step draws them)."""
+        b = self.backbone
         tokens = b.patch_embed(images)  # (B, N, D)
-        mode = mpp.corruption(tokens.shape[0], tokens.shape[1], generator, c.corrupt_ratio, c.mask_prob,
-                              c.random_prob)
-        x = b._pos_embed(mpp.corrupt(tokens, mode, self.mask_token, generator))  # (B, P+N, D)
+        x = b._pos_embed(mpp.corrupt(tokens, mode, self.mask_token, other))  # (B, P+N, D)
         x = b.norm(b.blocks(b.norm_pre(b.patch_drop(x))))
         out = x[:, b.num_prefix_tokens:]  # (B, N, D): the patches' own output tokens
         pred = self.head(out).unflatten(-1, self.pred_shape)
-        target = mpp.make_target(mpp.patchify(images, self.patch_size), c.target)
-        return pred, target, mode > 0
+        return pred, mpp.make_target(mpp.patchify(images, self.patch_size), self.cfg.target)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The backbone's tokens: evaluators read the ViT, not the pretext head."""
@@ -98,9 +96,15 @@ def exported(model: nn.Module) -> nn.Module:
     return model.backbone if isinstance(model, MppModel) else model
 
 
-def mpp_step(model: nn.Module, images: torch.Tensor, seed: int, target: str):
-    """(loss, mean-colour accuracy) of one masked-patch-prediction batch;
-    `seed` fixes the corruption draws."""
+def mpp_step(model: nn.Module, images: torch.Tensor, seed: int, cfg: MppConfig, patch_size: int):
+    """(loss, mean-colour accuracy) of one masked-patch-prediction batch of `model` (an MppModel, maybe
+    wrapped: DDP, torch.compile); `seed` fixes the corruption draws.
+
+    The draws are made here, eagerly, and handed to the model as tensors: a torch.Generator inside a compiled
+    forward breaks its graph at every draw. Nothing in the step reads a device value back on the host."""
+    b, _, h, w = images.shape
+    num_patches = (h // patch_size) * (w // patch_size)  # (mpp.patchify refuses a size P does not divide)
     generator = torch.Generator(device=images.device).manual_seed(seed)
-    pred, tgt, corrupted = model(images, generator)
-    return mpp.mpp_loss(pred.float(), tgt, corrupted, target)
+    mode = mpp.corruption(b, num_patches, generator, cfg.corrupt_ratio, cfg.mask_prob, cfg.random_prob)
+    pred, target = model(images, mode, mpp.other_patches(b, num_patches, generator))
+    return mpp.mpp_loss(pred.float(), target, mode > 0, cfg.target, nonempty=True)

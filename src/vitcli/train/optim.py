@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from torch.distributed.tensor import DTensor
 
 from vitcli.recipe.schema import OptimConfig
 
@@ -13,6 +14,10 @@ _NO_DECAY_NAMES = ("pos_embed", "cls_token", "reg_token", "dist_token")
 # Devices with torch's fused (one kernel for the whole update) Adam/AdamW/SGD; timm's SGDW has only foreach
 # (one kernel per operation over all tensors). Both replace a Python loop over ~150 tensors per step.
 FUSED_DEVICES = ("cpu", "cuda", "xpu", "mps")
+# The fused kernels that also run on FSDP2's sharded DTensors: torch 2.14 registers a sharding rule for
+# aten._fused_adamw_ (and Adam's), none for aten._fused_sgd_ (NotImplementedError at the first step); the
+# foreach ops have rules for all. Checked per pair by tests/integration/test_parallelize.py.
+FUSED_ON_DTENSORS = ("adamw",)
 
 
 def no_decay_names(model: torch.nn.Module) -> set[str]:
@@ -32,9 +37,11 @@ def torch_weight_decay(cfg: OptimConfig) -> float:
     return cfg.weight_decay / cfg.lr if cfg.weight_decay_convention == "big_vision" else cfg.weight_decay
 
 
-def step_kernel(opt: str, device: torch.device) -> dict[str, bool]:
-    """The fastest implementation torch offers for timm optimizer `opt` on `device`: fused, else foreach."""
-    if opt in ("adamw", "momentum") and device.type in FUSED_DEVICES:
+def step_kernel(opt: str, device: torch.device, sharded: bool = False) -> dict[str, bool]:
+    """The fastest implementation torch offers for timm optimizer `opt` on `device`, for plain or `sharded`
+    (DTensor) parameters: fused, else foreach."""
+    fused = FUSED_ON_DTENSORS if sharded else ("adamw", "momentum")
+    if opt in fused and device.type in FUSED_DEVICES:
         return {"fused": True}
     return {"foreach": True}
 
@@ -44,7 +51,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fast: bool = True)
 
     SGD decays as torch.optim.SGD does (an L2 term in the gradient, through the momentum) under the torch
     convention; big_vision decouples it from the momentum, so that convention takes timm's SGDW. The step runs
-    fused or foreach on the parameters' device; `fast=False` is torch's per-tensor loop, the same update.
+    fused or foreach on the parameters' device and kind (step_kernel); `fast=False` is torch's per-tensor
+    loop, the same update.
     """
     groups = param_groups_weight_decay(model, torch_weight_decay(cfg),
                                        no_weight_decay_list=no_decay_names(model))
@@ -55,6 +63,6 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fast: bool = True)
     else:
         # timm's "sgd" is Nesterov; the paper's fine-tuning uses plain momentum, which timm calls "momentum"
         opt, kwargs = "momentum", {"momentum": cfg.momentum}
-    device = next(model.parameters()).device
-    kernel = step_kernel(opt, device) if fast else {"foreach": False}
+    param = next(model.parameters())
+    kernel = step_kernel(opt, param.device, isinstance(param, DTensor)) if fast else {"foreach": False}
     return create_optimizer_v2(groups, opt=opt, lr=cfg.lr, **kwargs, **kernel)

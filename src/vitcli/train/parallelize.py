@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from vitcli.errors import ModelError
 from vitcli.recipe.schema import RunConfig
@@ -39,11 +39,18 @@ class Parallel:
     `train`: what runs forward and backward (DDP-wrapped, and compiled if asked); `model`: the module whose
     parameters the optimizer holds and whose state is saved, evaluated and exported (sharded with FSDP, never
     compiled, so its state dict has the plain names); `sharded`: its state is sharded over the processes, so
-    it is checkpointed as shards (checkpoints.sharded)."""
+    it is checkpointed as shards (checkpoints.sharded); `synced`: `train` before torch.compile (the DDP
+    wrapper, or the sharded model), the module whose gradient sync the micro-batches switch."""
 
     train: nn.Module
     model: nn.Module
     sharded: bool
+    synced: nn.Module
+
+    def gradient_sync(self, sync: bool) -> contextlib.AbstractContextManager[None]:
+        """`gradient_sync` of the strategy's own module: a compiled one (torch's OptimizedModule) is neither
+        an FSDPModule nor a DDP, so FSDP asked through it would reduce-scatter at every micro-batch."""
+        return gradient_sync(self.synced, sync)
 
     def full_state(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """The whole state dict of `module` (self.model or a part of it), the same whatever the strategy: a
@@ -62,8 +69,8 @@ def apply(model: nn.Module, run: RunConfig, dist: Dist) -> Parallel:
         model = shard(model, dist, run.activation_checkpointing)
     elif run.activation_checkpointing:
         model = checkpoint_blocks(model)
-    trained = model if sharded else wrap(model, dist)
-    return Parallel(torch.compile(trained) if run.compile else trained, model, sharded)
+    synced = model if sharded else wrap(model, dist)
+    return Parallel(torch.compile(synced) if run.compile else synced, model, sharded, synced)
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
@@ -82,28 +89,24 @@ def checkpoint_blocks(model: nn.Module) -> nn.Module:
     the backward pass (same gradients; dropout and drop-path replay the same draws, the RNG state is
     restored).
 
-    Each block's forward is replaced by torch.utils.checkpoint's non-reentrant checkpoint of itself, on the
-    instance: no wrapper module, so parameter names and state-dict keys stay those of the plain model
-    (checkpoints, no-decay names and model.safetensors are unchanged); fully_shard applied after it wraps
-    the same module (torchtitan checkpoints inside the module it shards, too); torch.compile traces the
-    checkpoint as one of its own operators. The composable `torch.distributed._composable.checkpoint` that
-    did this before works through module hooks, which a whole-model compile does not honour: on an H100 its
-    recomputation saw other tensors than the compiled forward had saved ("recomputed metadata" mismatch)
-    at the first backward. timm's set_grad_checkpointing would miss the blocks that MppModel and T2T-ViT run
-    themselves."""
+    Each block's own `forward` runs inside torch.utils.checkpoint.checkpoint (non-reentrant), set on the
+    instance: parameter names and state-dict keys stay those of the plain model (checkpoints, no-decay names
+    and model.safetensors are unchanged), unlike `checkpoint_wrapper`; fully_shard applied after it composes
+    (its hooks gather the weights around the block's call, and again before the backward that recomputes);
+    timm's `set_grad_checkpointing` would miss the blocks that MppModel and T2T-ViT run themselves. Not the
+    hook-based torch.distributed._composable.checkpoint: torch.compile cannot trace its hooks, and the
+    whole-model compile of `apply` then failed at the first backward (CheckpointError: the forward had saved
+    the compiled graph's tensors, the recomputation ran the eager block; first seen on an H100 by make
+    gpu-check). A checkpoint call inside forward is traced as one region, which the compiled backward
+    recomputes itself."""
     blocks = transformer_blocks(model)
     if not blocks:
         raise ModelError(f"run.activation_checkpointing: {type(model).__name__} has no transformer blocks "
                          "(no nn.Sequential `blocks` of attention blocks); "
                          "set run.activation_checkpointing=false")
     for block in blocks:
-        block.forward = functools.partial(recomputed, block.forward)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
     return model
-
-
-def recomputed(forward, *args, **kwargs):
-    """`forward(*args, **kwargs)`, its activations recomputed in the backward pass instead of kept."""
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) -> nn.Module:
@@ -128,7 +131,11 @@ def shard(model: nn.Module, dist: Dist, activation_checkpointing: bool = False) 
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
     """Inside, backward reduces gradients across processes (`sync`) or only accumulates them locally (the
-    micro-batches before the last): FSDP2's set_requires_gradient_sync and DDP's no_sync behind one switch."""
+    micro-batches before the last): FSDP2's set_requires_gradient_sync and DDP's no_sync behind one switch.
+    `model` is never a compiled module: Parallel.gradient_sync passes the one beneath."""
+    if _compiled(model):
+        raise TypeError(f"gradient_sync of a compiled {type(model._orig_mod).__name__}: pass the module "
+                        "torch.compile wrapped (Parallel.gradient_sync does), or every micro-batch syncs")
     if sync:
         yield
     elif isinstance(model, FSDPModule):
@@ -142,6 +149,12 @@ def gradient_sync(model: nn.Module, sync: bool) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def _compiled(model: nn.Module) -> bool:
+    """Whether `model` is torch.compile's wrapper (an OptimizedModule, whose `_orig_mod` is the module), told
+    without importing torch._dynamo (~0.5 s) into every stage that imports this module."""
+    return isinstance(getattr(model, "_orig_mod", None), nn.Module)
 
 
 def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:

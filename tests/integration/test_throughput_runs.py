@@ -75,9 +75,10 @@ def test_the_first_epochs_decoding_of_cached_data_is_not_called_input_bound(tmp_
     """The decoded-image cache makes the first epoch slow and the rest fast (`make demo`: 29% waiting over
     the first windows, 7% over the run): the warning judges the data once they are warm."""
     feed = run_stage.train_feed
-    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05, batches=4))
-    clip = loop._clip  # a model that takes 20 ms a step: the warm loader's few ms are not a tenth of it
-    monkeypatch.setattr(loop, "_clip", lambda *a: (time.sleep(0.02), clip(*a))[1])
+    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.5, batches=4))
+    # a model that takes 200 ms a step: the warm loader's few ms (tens on a loaded machine) are not a tenth
+    clip = loop._clip
+    monkeypatch.setattr(loop, "_clip", lambda *a: (time.sleep(0.2), clip(*a))[1])
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert rows[1]["train/data_wait"] > 0.5  # steps 3-4 waited, in the first epoch

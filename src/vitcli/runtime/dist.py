@@ -33,10 +33,18 @@ class Dist:
         return self.rank == 0
 
 
-def pick_device(pref: str, local_rank: int = 0) -> torch.device:
-    """`auto` takes CUDA when present, else the CPU."""
-    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
+def pick_device(pref: str, local_rank: int = 0, visible: int | None = None) -> torch.device:
+    """`auto` takes CUDA when this process sees a GPU, else the CPU; which GPU, of the `visible` ones
+    (default torch.cuda.device_count()), is the local rank's.
+
+    torchrun on one node shows every process all the node's GPUs (local rank i takes cuda:i); srun with
+    --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process, shows each process its own GPU alone (cuda:0
+    for every local rank). local_rank % visible is right in both, and in any split between.
+    """
+    visible = torch.cuda.device_count() if visible is None else visible
+    if pref == "cuda" or (pref == "auto" and visible):
+        # run.device=cuda on a host without CUDA was refused when the recipe resolved (checkpoints.complete)
+        return torch.device("cuda", local_rank % max(visible, 1))
     return torch.device("cpu")
 
 

@@ -28,3 +28,29 @@ def test_the_visible_count_is_torchs_by_default(monkeypatch):
     """Local rank 3 of a job whose every process is shown one GPU: its cuda:0, not a cuda:3 it lacks."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert dist.pick_device("cuda", 3) == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("visible, joined", [
+    (2, {"backend": "nccl", "device_id": torch.device("cuda", 1)}),
+    (0, {"backend": "gloo"}),
+])
+def test_a_gpu_process_binds_nccl_to_its_own_gpu(monkeypatch, visible, joined):
+    """Local rank 1 of 2: NCCL gets the device it computes on (its communicator made at once, there); a CPU
+    process joins Gloo with no device. The group that computes is NCCL; the small CPU agreements get their
+    own Gloo group."""
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(dist, "enable_tf32", lambda: None)
+    monkeypatch.setattr(dist.console, "quiet", False)  # restored after the test: setup sets it per rank
+    monkeypatch.setattr(dist.stdout, "quiet", False)
+    monkeypatch.setattr(dist.torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist.torch_dist, "init_process_group",
+                        lambda backend=None, **kwargs: calls.append({"backend": backend, **kwargs}))
+    monkeypatch.setattr(dist.torch_dist, "new_group", lambda **kwargs: kwargs)
+    joined_as = dist.setup("auto")
+    assert calls == [joined]
+    assert joined_as.control == ({"backend": "gloo"} if visible else None)

@@ -58,10 +58,22 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.cuda.set_device(device)
         enable_tf32()
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        torch_dist.init_process_group(**group_args(device))
     control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
     console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
     return Dist(rank, world, local_rank, device, control)
+
+
+def group_args(device: torch.device) -> dict:
+    """init_process_group's arguments for a process computing on `device`: NCCL bound to its GPU, else Gloo.
+
+    `device_id` binds NCCL to that GPU and makes its communicator at once: a GPU or network that fails does
+    so here rather than in the first collective, and a barrier or a new group knows this process's GPU
+    (without it torch guesses one from the rank and warns that the devices used are "currently unknown").
+    """
+    if device.type == "cuda":
+        return {"backend": "nccl", "device_id": device}
+    return {"backend": "gloo"}
 
 
 def enable_tf32() -> None:

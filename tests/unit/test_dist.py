@@ -1,12 +1,16 @@
 """Where a process computes and how it joins the job (runtime.dist), checked without a GPU or a second
 process: the device count and torch.distributed's calls are stand-ins."""
 
+from datetime import timedelta
+
 import pytest
 import torch
 
+from vitcli.checkpoints import manager, sharded
 from vitcli.runtime import dist
 
 CPU = torch.device("cpu")
+CONTROL = "the control group"  # a stand-in for the Gloo group that setup makes beside NCCL's
 
 
 @pytest.mark.parametrize("local_rank, visible, index", [
@@ -54,3 +58,34 @@ def test_a_gpu_process_binds_nccl_to_its_own_gpu(monkeypatch, visible, joined):
     joined_as = dist.setup("auto")
     assert calls == [joined]
     assert joined_as.control == ({"backend": "gloo"} if visible else None)
+
+
+def test_the_waits_behind_a_checkpoint_write_are_on_the_control_group_with_a_long_timeout(monkeypatch,
+                                                                                        tmp_path):
+    """Rank 1 of 2 saving a checkpoint waits while rank 0 writes it (whole) or seals it (sharded, after DCP's
+    own waits for the slowest shard): each wait goes through the Gloo control group, with a timeout of hours,
+    never as an NCCL collective under the watchdog's 10 minutes."""
+    waits = []
+    monkeypatch.setattr(dist.torch_dist, "barrier", lambda group=None, **kw: waits.append((group, "barrier")))
+    monkeypatch.setattr(dist.torch_dist, "monitored_barrier",
+                        lambda group=None, timeout=None: waits.append((group, timeout)))
+
+    def broadcast(box, src, group=None):
+        waits.append((group, "broadcast"))
+        box[0] = str(tmp_path / "rank0-tmp")
+
+    monkeypatch.setattr(dist.torch_dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(sharded.dcp, "save", lambda state, checkpoint_id, process_group=None, no_dist=False:
+                        waits.append((process_group, "dcp.save")))
+    monkeypatch.setattr(sharded, "get_state_dict", lambda model, optimizer: ({}, {}))
+    rank1 = dist.Dist(rank=1, world_size=2, local_rank=1, device=CPU, control=CONTROL)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    manager.save(tmp_path, {"step": 1}, model, optimizer, rank1, keep=2, sharded=False)
+    assert [group for group, _ in waits] == [CONTROL], waits
+    assert waits == [(CONTROL, dist.BARRIER_TIMEOUT)] and dist.BARRIER_TIMEOUT >= timedelta(hours=1)
+    waits.clear()
+    manager.save(tmp_path, {"step": 2}, model, optimizer, rank1, keep=2, sharded=True)
+    assert waits == [(CONTROL, "broadcast"), (CONTROL, "dcp.save"), (CONTROL, dist.BARRIER_TIMEOUT),
+                     (CONTROL, dist.BARRIER_TIMEOUT)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
@@ -23,14 +24,23 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    # Gloo group for small CPU-side agreements (stop flags, checkpoint due): on NCCL they would wait for the
-    # GPU stream every step. None: the default group (already Gloo, or a single process).
+    # Gloo group for what the processes agree on (stop flags, checkpoint due) and wait for (checkpoint
+    # writes) on the CPU: on NCCL they would wait for the GPU stream every step, and under its 10-minute
+    # watchdog. None: the default group (already Gloo, or a single process).
     control: object = None
 
     @property
     def is_main(self) -> bool:
         """True on the one process that logs and writes."""
         return self.rank == 0
+
+
+# How long a process waits at `barrier` for the others, behind rank 0's file writes. A ViT-H/14's checkpoint
+# (632M parameters, fp32 weights and Adam's two slots: 7.6 GB), written and then read back for its checksum
+# on storage at 5 MB/s, takes about 50 minutes: far past the 10 minutes after which NCCL's watchdog kills a
+# job waiting in one of its collectives. A process that dies is noticed at once (Gloo's connection closes);
+# this bounds only a hung one.
+BARRIER_TIMEOUT = timedelta(hours=2)
 
 
 def pick_device(pref: str, local_rank: int = 0, visible: int | None = None) -> torch.device:
@@ -121,6 +131,8 @@ def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
 
 
 def barrier(dist: Dist) -> None:
-    """Wait for every process (e.g. before rank 0's files are read by others)."""
+    """Wait for every process, e.g. while rank 0 writes the checkpoint the others will read: on the Gloo
+    `control` group, for up to BARRIER_TIMEOUT. A wait on the CPU, so no NCCL collective sits queued under
+    the watchdog's 10 minutes meanwhile; a rank that never arrives is named in the error."""
     if dist.world_size > 1:
-        torch_dist.barrier()
+        torch_dist.monitored_barrier(group=dist.control, timeout=BARRIER_TIMEOUT)

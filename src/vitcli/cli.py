@@ -510,7 +510,8 @@ def main() -> None:
     debug = os.environ.get("VITCLI_DEBUG") == "1"
     signal.signal(signal.SIGTERM, _terminate)  # unwind (temporary files removed) rather than die mid-write
     try:
-        app(standalone_mode=False)
+        with _process_group():
+            app(standalone_mode=False)
     except VitcliError as e:
         if debug:
             raise
@@ -529,6 +530,31 @@ def main() -> None:
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
+
+
+@contextlib.contextmanager
+def _process_group():
+    """The command owns the process group a stage joins (runtime.dist.setup): it is left on every way out,
+    a return, an error, Ctrl-C or SIGTERM (raised as Terminated). runtime.dist, and torch with it, is asked
+    only if a stage imported it, so `vit --help` stays without torch."""
+    try:
+        yield
+    except BaseException as e:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has exited with
+            # an error, would only cut short their leaving and their report, and turn it into another
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # an agreed stop (Interrupted) finds every rank at the same step: they leave together, as on a return
+        _leave(failed=not isinstance(e, Interrupted))
+        raise
+    _leave(failed=False)
+
+
+def _leave(failed: bool) -> None:
+    """runtime.dist.leave, if a stage imported runtime.dist (none imported it: no group to leave)."""
+    dist = sys.modules.get("vitcli.runtime.dist")
+    if dist is not None:
+        dist.leave(failed)
 
 
 def _terminate(signum, frame) -> None:

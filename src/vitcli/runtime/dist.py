@@ -6,6 +6,7 @@ torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them we are a single proce
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -58,8 +59,13 @@ def pick_device(pref: str, local_rank: int = 0, visible: int | None = None) -> t
     return torch.device("cpu")
 
 
+# This process's place in a job of several once setup has joined its process group; `leave` ends it.
+_joined: Dist | None = None
+
+
 def setup(device_pref: str = "auto") -> Dist:
-    """Join the torchrun process group if there is one (NCCL on GPU, Gloo on CPU)."""
+    """Join the torchrun process group if there is one (NCCL on GPU, Gloo on CPU); `leave` leaves it."""
+    global _joined
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -71,7 +77,10 @@ def setup(device_pref: str = "auto") -> Dist:
         torch_dist.init_process_group(**group_args(device))
     control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
     console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
-    return Dist(rank, world, local_rank, device, control)
+    here = Dist(rank, world, local_rank, device, control)
+    if world > 1:
+        _joined = here
+    return here
 
 
 def group_args(device: torch.device) -> dict:
@@ -84,6 +93,32 @@ def group_args(device: torch.device) -> dict:
     if device.type == "cuda":
         return {"backend": "nccl", "device_id": device}
     return {"backend": "gloo"}
+
+
+def leave(failed: bool = False) -> None:
+    """Leave the process group that setup joined, if any: once, as the command ends, however it ends
+    (cli.main). After a command that every rank finished, each first waits for the others (rank 0 may still
+    be writing its files): a rank that tears its group down while another still uses it can abort that one.
+
+    Left to the interpreter's exit, NCCL warns "destroy_process_group() was not called" and may hang, and
+    Gloo now and then aborts the process (SIGABRT, "terminate called without an active exception": 2 of 12
+    2-process launches here whose ranks ended half a second apart). After a `failed` command (an error, a
+    second signal) another rank may wait in a collective that this one will never join: NCCL's graceful
+    destroy would wait with it, so the group is aborted instead, as torch's warning advises for failures.
+    """
+    global _joined
+    joined, _joined = _joined, None
+    if joined is None or not torch_dist.is_initialized():
+        return
+    if not failed:
+        barrier(joined)
+        torch_dist.destroy_process_group()
+        return
+    with contextlib.suppress(Exception):  # the error being reported is the one that matters
+        if torch_dist.get_backend() == "nccl":
+            torch_dist.distributed_c10d._abort_process_group()
+        else:  # Gloo has no abort, and its destroy waits for no other rank
+            torch_dist.destroy_process_group()
 
 
 def enable_tf32() -> None:

@@ -506,7 +506,8 @@ def _root(
 
 
 def main() -> None:
-    """Entry point: known errors become one red line and exit 2; VITCLI_DEBUG=1 shows tracebacks."""
+    """Entry point: known errors become one red line (rank 0's alone) and exit 2; VITCLI_DEBUG=1 shows
+    tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
     signal.signal(signal.SIGTERM, _terminate)  # unwind (temporary files removed) rather than die mid-write
     try:
@@ -515,8 +516,6 @@ def main() -> None:
     except VitcliError as e:
         if debug:
             raise
-        if isinstance(e, Interrupted) and os.environ.get("RANK", "0") != "0":
-            sys.exit(e.exit_code)  # every rank stopped at the same agreed step: rank 0 alone says where
         _fail(str(e), e.exit_code)
     except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
         _usage_error(e)
@@ -571,12 +570,30 @@ def _usage_error(e: Exception) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    from rich.console import Console
-    from rich.markup import escape
+    """`message` as one red line on stderr, then exit `code`. Under torchrun every rank meets the same error
+    (the same recipe and data, the same agreed step), so rank 0 alone prints it; each rank also leaves it in
+    torchrun's error file, where torchrun's failure summary shows it (an error one rank met alone is named
+    there too)."""
+    _tell_torchrun(message)
+    if int(os.environ.get("RANK", "0")) == 0:
+        from rich.console import Console
+        from rich.markup import escape
 
-    # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
+        # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
     sys.exit(code)
+
+
+def _tell_torchrun(message: str) -> None:
+    """`message` in the error file torchrun gives each worker (TORCHELASTIC_ERROR_FILE), which its summary of
+    failed workers shows in place of its hint "To enable traceback see: ...". The layout is the one torch's
+    own ErrorHandler.record_exception writes, with our one line where it puts the Python traceback."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"py_callstack": message, "timestamp": str(int(time.time()))}
+    with contextlib.suppress(OSError), open(path, "w") as f:  # the exit code tells the failure anyway
+        json.dump({"message": {"message": message, "extraInfo": info}}, f)
 
 
 if __name__ == "__main__":

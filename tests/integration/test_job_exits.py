@@ -1,9 +1,11 @@
 """How a torchrun job ends, each way it can end: every rank leaves its process group (left to the exit, NCCL
 prints "destroy_process_group() was not called" and may hang, Gloo now and then aborts) and exits with the
-command's code. Two Gloo processes on a one-block model; exit_ranks.py reports how each rank left."""
+command's code, and an error that every rank meets is told once, by rank 0. Two Gloo processes on a
+one-block model; exit_ranks.py reports how each rank left."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import vitcli
 from helpers import REPO
 
 HERE = Path(__file__).parent
@@ -21,6 +24,7 @@ TINY = ["pretrain", "-r", str(REPO / "recipes/quickstart/pretrain.yaml"), "sched
         "data.test_split=", "data.batch_size=16", "data.num_workers=0", "model.depth=1", "model.embed_dim=32",
         "model.num_heads=2", "model.mlp_dim=64"]
 UNDESTROYED = "destroy_process_group() was not called"  # torch's words (NCCL) for a group left to the exit
+OURS = (str(Path(vitcli.__file__).parent), "exit_ranks.py")  # a traceback frame in either is our process's
 
 
 def torchrun(out: Path, *overrides: str) -> subprocess.Popen:
@@ -59,4 +63,23 @@ def test_a_signalled_run_leaves_its_group_on_every_rank(tmp_path, sig, code):
     _, err = proc.communicate(timeout=120)
     assert exits(tmp_path) == [{"code": code, "left_group": True}] * 2, err[-3000:]
     assert err.count("error:") == 1 and "run the same command again to resume" in err, err[-3000:]
+    assert UNDESTROYED not in err
+
+
+def test_an_error_every_rank_meets_is_told_once_by_rank_0(tmp_path):
+    """A loss gone non-finite (optim.lr=1e30) stops both ranks at the same step with the same TrainingError:
+    rank 0 prints the one red line, rank 1 nothing, and both leave their group and exit 2, with no traceback
+    of ours. torchrun then prints its own traceback and failure summary and exits 1 whatever its workers'
+    codes (nothing a worker can change); its summary shows each failed rank's line in place of its
+    "To enable traceback" hint."""
+    proc = torchrun(tmp_path, "schedule.steps=20", "optim.lr=1e30")
+    _, err = proc.communicate(timeout=300)
+    said = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "loss became nan" in said[0], err[-3000:]
+    assert exits(tmp_path) == [{"code": 2, "left_group": True}] * 2
+    frames = [line for line in err.splitlines() if line.lstrip().startswith('File "')]
+    assert frames and not [line for line in frames if any(path in line for path in OURS)], frames
+    assert proc.returncode == 1
+    summary = err.split("ChildFailedError", 1)[1]
+    assert re.search(r"exitcode\s*:\s*2", summary) and "loss became nan" in summary
     assert UNDESTROYED not in err

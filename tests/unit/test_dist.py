@@ -1,5 +1,5 @@
-"""Where a process computes and how it joins the job (runtime.dist), checked without a GPU or a second
-process: the device count and torch.distributed's calls are stand-ins."""
+"""Where a process computes and how it joins the job (runtime.dist), checked without a GPU or a
+second process: the device count and torch.distributed's calls are stand-ins."""
 
 from datetime import timedelta
 
@@ -15,7 +15,8 @@ CONTROL = "the control group"  # a stand-in for the Gloo group that setup makes 
 
 @pytest.mark.parametrize("local_rank, visible, index", [
     (0, 8, 0), (5, 8, 5),  # torchrun on an 8-GPU node: every process sees them all
-    (5, 1, 0), (0, 1, 0),  # srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES per process: its own GPU alone
+    # srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES per process: its own GPU alone
+    (5, 1, 0), (0, 1, 0),
     (5, 2, 1),  # two GPUs per process
 ])
 def test_each_local_rank_takes_a_gpu_it_can_see(local_rank, visible, index):
@@ -29,7 +30,7 @@ def test_auto_without_a_gpu_and_cpu_anywhere_are_the_cpu():
 
 
 def test_the_visible_count_is_torchs_by_default(monkeypatch):
-    """Local rank 3 of a job whose every process is shown one GPU: its cuda:0, not a cuda:3 it lacks."""
+    """Local rank 3 of a job that shows each process one GPU: its cuda:0, not a cuda:3 it lacks."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert dist.pick_device("cuda", 3) == torch.device("cuda", 0)
 
@@ -39,9 +40,9 @@ def test_the_visible_count_is_torchs_by_default(monkeypatch):
     (0, {"backend": "gloo"}),
 ])
 def test_a_gpu_process_binds_nccl_to_its_own_gpu(monkeypatch, visible, joined):
-    """Local rank 1 of 2: NCCL gets the device it computes on (its communicator made at once, there); a CPU
-    process joins Gloo with no device. The group that computes is NCCL; the small CPU agreements get their
-    own Gloo group."""
+    """Local rank 1 of 2: NCCL gets the device it computes on (its communicator made at once,
+    there); a CPU process joins Gloo with no device. The group that computes is NCCL; the small CPU
+    agreements get their own Gloo group."""
     calls = []
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
@@ -49,7 +50,7 @@ def test_a_gpu_process_binds_nccl_to_its_own_gpu(monkeypatch, visible, joined):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setattr(dist, "enable_tf32", lambda: None)
-    monkeypatch.setattr(dist.console, "quiet", False)  # restored after the test: setup sets it per rank
+    monkeypatch.setattr(dist.console, "quiet", False)  # restored after the test: setup sets it
     monkeypatch.setattr(dist.stdout, "quiet", False)
     monkeypatch.setattr(dist.torch_dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist.torch_dist, "init_process_group",
@@ -60,13 +61,13 @@ def test_a_gpu_process_binds_nccl_to_its_own_gpu(monkeypatch, visible, joined):
     assert joined_as.control == ({"backend": "gloo"} if visible else None)
 
 
-def test_the_waits_behind_a_checkpoint_write_are_on_the_control_group_with_a_long_timeout(monkeypatch,
-                                                                                        tmp_path):
-    """Rank 1 of 2 saving a checkpoint waits while rank 0 writes it (whole) or seals it (sharded, after DCP's
-    own waits for the slowest shard): each wait goes through the Gloo control group, with a timeout of hours,
-    never as an NCCL collective under the watchdog's 10 minutes."""
+def test_checkpoint_waits_are_gloo_waits_with_a_long_timeout(monkeypatch, tmp_path):
+    """Rank 1 of 2 saving a checkpoint waits while rank 0 writes it (whole) or seals it (sharded,
+    after DCP's own waits for the slowest shard): each wait goes through the Gloo control group,
+    with a timeout of hours, never as an NCCL collective under the watchdog's 10 minutes."""
     waits = []
-    monkeypatch.setattr(dist.torch_dist, "barrier", lambda group=None, **kw: waits.append((group, "barrier")))
+    monkeypatch.setattr(dist.torch_dist, "barrier",
+                        lambda group=None, **kw: waits.append((group, "barrier")))
     monkeypatch.setattr(dist.torch_dist, "monitored_barrier",
                         lambda group=None, timeout=None: waits.append((group, timeout)))
 
@@ -75,7 +76,8 @@ def test_the_waits_behind_a_checkpoint_write_are_on_the_control_group_with_a_lon
         box[0] = str(tmp_path / "rank0-tmp")
 
     monkeypatch.setattr(dist.torch_dist, "broadcast_object_list", broadcast)
-    monkeypatch.setattr(sharded.dcp, "save", lambda state, checkpoint_id, process_group=None, no_dist=False:
+    monkeypatch.setattr(sharded.dcp, "save",
+                        lambda state, checkpoint_id, process_group=None, no_dist=False:
                         waits.append((process_group, "dcp.save")))
     monkeypatch.setattr(sharded, "get_state_dict", lambda model, optimizer: ({}, {}))
     rank1 = dist.Dist(rank=1, world_size=2, local_rank=1, device=CPU, control=CONTROL)

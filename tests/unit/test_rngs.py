@@ -1,6 +1,7 @@
-"""RNG states as a checkpoint holds them (runtime.rngs): CUDA's for this process's own GPU only, so that a
-resume on a host that shows fewer GPUs fits, and a checkpoint of an older run, holding a state for each GPU
-its host showed, still restores. The GPUs are stand-ins: no CUDA call reaches torch."""
+"""RNG states as a checkpoint holds them (runtime.rngs): CUDA's for this process's own GPU only, so
+that a resume on a host that shows fewer GPUs fits, and a checkpoint of an older run, holding a
+state for each GPU its host showed, still restores. The GPUs are stand-ins: torch gets no CUDA call.
+"""
 
 import pytest
 import torch
@@ -11,8 +12,8 @@ STATES = [torch.full((16,), i, dtype=torch.uint8) for i in range(3)]  # cuda:0's
 
 
 def gpus(monkeypatch, visible: int, current: int = 0) -> list:
-    """A host that shows `visible` GPUs, this process on cuda:`current`. Returns the (device, state) pairs
-    set; setting a device the host does not show fails, as CUDA's invalid device ordinal."""
+    """A host that shows `visible` GPUs, this process on cuda:`current`. Returns the (device, state)
+    pairs set; setting a device the host does not show fails, as CUDA's invalid device ordinal."""
     set_states = []
 
     def index(device) -> int:

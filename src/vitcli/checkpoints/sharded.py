@@ -77,8 +77,8 @@ def _rank0_path(path: Path | None, dist: Dist) -> Path:
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=None) -> dict:
     """Read the checkpoint directory `path` into the live model and optimizer (already sharded as they will
-    train, on any number of processes); return its extra part. Every process calls it; DCP's waits for the
-    slowest reader go through `group` (Dist.control: on the CPU, not under NCCL's watchdog).
+    train, on any number of processes); return its extra part. Every process calls it; DCP's waits
+    for the slowest reader go through `group` (Dist.control: on the CPU, not under NCCL's watchdog).
 
     The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a pickle, read
     only once its checksum matches. The tensors load in place through DCP, which reshards them as needed.
@@ -89,7 +89,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=N
     loaded = {"model": model_state, "optimizer": optim_state}
     try:
         with _single_process_is_intended():
-            dcp.load(loaded, checkpoint_id=path, process_group=group, no_dist=not torch_dist.is_initialized())
+            dcp.load(loaded, checkpoint_id=path, process_group=group,
+                     no_dist=not torch_dist.is_initialized())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
         raise CheckpointError(f"{path}: does not fit this model and optimizer "
                               f"({_first_failure(e)})") from None

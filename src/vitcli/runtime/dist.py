@@ -25,9 +25,9 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    # Gloo group for what the processes agree on (stop flags, checkpoint due) and wait for (checkpoint
-    # writes) on the CPU: on NCCL they would wait for the GPU stream every step, and under its 10-minute
-    # watchdog. None: the default group (already Gloo, or a single process).
+    # Gloo group for what the processes agree on (stop flags, checkpoint due) and wait for
+    # (checkpoint writes) on the CPU: on NCCL they would wait for the GPU stream every step, and
+    # under its 10-minute watchdog. None: the default group (already Gloo, or a single process).
     control: object = None
 
     @property
@@ -36,25 +36,25 @@ class Dist:
         return self.rank == 0
 
 
-# How long a process waits at `barrier` for the others, behind rank 0's file writes. A ViT-H/14's checkpoint
-# (632M parameters, fp32 weights and Adam's two slots: 7.6 GB), written and then read back for its checksum
-# on storage at 5 MB/s, takes about 50 minutes: far past the 10 minutes after which NCCL's watchdog kills a
-# job waiting in one of its collectives. A process that dies is noticed at once (Gloo's connection closes);
-# this bounds only a hung one.
+# How long a process waits at `barrier` for the others, behind rank 0's file writes. A ViT-H/14's
+# checkpoint (632M parameters, fp32 weights and Adam's two slots: 7.6 GB), written and then read
+# back for its checksum on storage at 5 MB/s, takes about 50 minutes: far past the 10 minutes after
+# which NCCL's watchdog kills a job waiting in one of its collectives. A process that dies is
+# noticed at once (Gloo's connection closes); this bounds only a hung one.
 BARRIER_TIMEOUT = timedelta(hours=2)
 
 
 def pick_device(pref: str, local_rank: int = 0, visible: int | None = None) -> torch.device:
-    """`auto` takes CUDA when this process sees a GPU, else the CPU; which GPU, of the `visible` ones
-    (default torch.cuda.device_count()), is the local rank's.
+    """`auto` takes CUDA when this process sees a GPU, else the CPU; which GPU, of the `visible`
+    ones (default torch.cuda.device_count()), is the local rank's.
 
-    torchrun on one node shows every process all the node's GPUs (local rank i takes cuda:i); srun with
-    --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process, shows each process its own GPU alone (cuda:0
-    for every local rank). local_rank % visible is right in both, and in any split between.
+    torchrun on one node shows every process all the node's GPUs (local rank i takes cuda:i); srun
+    with --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process, shows each process its own GPU
+    alone (cuda:0 for every local rank). local_rank % visible is right in both, and in between.
     """
     visible = torch.cuda.device_count() if visible is None else visible
     if pref == "cuda" or (pref == "auto" and visible):
-        # run.device=cuda on a host without CUDA was refused when the recipe resolved (checkpoints.complete)
+        # run.device=cuda on a host without CUDA was refused at resolve (checkpoints.complete)
         return torch.device("cuda", local_rank % max(visible, 1))
     return torch.device("cpu")
 
@@ -64,7 +64,7 @@ _joined: Dist | None = None
 
 
 def setup(device_pref: str = "auto") -> Dist:
-    """Join the torchrun process group if there is one (NCCL on GPU, Gloo on CPU); `leave` leaves it."""
+    """Join torchrun's process group, if any (NCCL on GPU, Gloo on CPU); `leave` leaves it."""
     global _joined
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -84,11 +84,12 @@ def setup(device_pref: str = "auto") -> Dist:
 
 
 def group_args(device: torch.device) -> dict:
-    """init_process_group's arguments for a process computing on `device`: NCCL bound to its GPU, else Gloo.
+    """init_process_group's arguments for a process on `device`: NCCL bound to its GPU, else Gloo.
 
-    `device_id` binds NCCL to that GPU and makes its communicator at once: a GPU or network that fails does
-    so here rather than in the first collective, and a barrier or a new group knows this process's GPU
-    (without it torch guesses one from the rank and warns that the devices used are "currently unknown").
+    `device_id` binds NCCL to that GPU and makes its communicator at once: a GPU or network that
+    fails does so here rather than in the first collective, and a barrier or a new group knows this
+    process's GPU (without it torch guesses one from the rank and warns that the devices used are
+    "currently unknown").
     """
     if device.type == "cuda":
         return {"backend": "nccl", "device_id": device}
@@ -97,14 +98,16 @@ def group_args(device: torch.device) -> dict:
 
 def leave(failed: bool = False) -> None:
     """Leave the process group that setup joined, if any: once, as the command ends, however it ends
-    (cli.main). After a command that every rank finished, each first waits for the others (rank 0 may still
-    be writing its files): a rank that tears its group down while another still uses it can abort that one.
+    (cli.main). After a command that every rank finished, each first waits for the others (rank 0
+    may still be writing its files): a rank that tears its group down while another still uses it
+    can abort that one.
 
-    Left to the interpreter's exit, NCCL warns "destroy_process_group() was not called" and may hang, and
-    Gloo now and then aborts the process (SIGABRT, "terminate called without an active exception": 2 of 12
-    2-process launches here whose ranks ended half a second apart). After a `failed` command (an error, a
-    second signal) another rank may wait in a collective that this one will never join: NCCL's graceful
-    destroy would wait with it, so the group is aborted instead, as torch's warning advises for failures.
+    Left to the interpreter's exit, NCCL warns "destroy_process_group() was not called" and may
+    hang, and Gloo now and then aborts the process (SIGABRT, "terminate called without an active
+    exception": 2 of 12 2-process launches here whose ranks ended half a second apart). After a
+    `failed` command (an error, a second signal) another rank may wait in a collective that this one
+    will never join: NCCL's graceful destroy would wait with it, so the group is aborted instead, as
+    torch's warning advises for failures.
     """
     global _joined
     joined, _joined = _joined, None
@@ -166,8 +169,8 @@ def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
 
 
 def barrier(dist: Dist) -> None:
-    """Wait for every process, e.g. while rank 0 writes the checkpoint the others will read: on the Gloo
-    `control` group, for up to BARRIER_TIMEOUT. A wait on the CPU, so no NCCL collective sits queued under
-    the watchdog's 10 minutes meanwhile; a rank that never arrives is named in the error."""
+    """Wait for every process, e.g. while rank 0 writes the checkpoint the others will read: on the
+    Gloo `control` group, for up to BARRIER_TIMEOUT. A CPU wait, so no NCCL collective sits queued
+    under the watchdog's 10 minutes; a rank that never arrives is named in the error."""
     if dist.world_size > 1:
         torch_dist.monitored_barrier(group=dist.control, timeout=BARRIER_TIMEOUT)

@@ -14,9 +14,9 @@ import torch
 
 
 def capture() -> dict:
-    """This process's RNG states, every value a tensor, number or string. CUDA's is its own GPU's alone
-    (the current device, which runtime.dist.setup set): the states of every GPU the host shows would not
-    restore on a host that shows fewer, and the other GPUs are other processes' to save."""
+    """This process's RNG states, every value a tensor, number or string. CUDA's is its own GPU's
+    alone (the current device, which runtime.dist.setup set): every GPU's states would not restore
+    on a host that shows fewer, and the other GPUs are other processes' to save."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return {
@@ -30,11 +30,12 @@ def capture() -> dict:
 
 
 def restore(states: dict) -> None:
-    """Set this process's RNGs to what `capture` returned (its GPU's only where both sides have one)."""
+    """Set this process's RNGs to what `capture` returned (its GPU's where both sides have one)."""
     torch.set_rng_state(states["torch"])
-    cuda = own_cuda_state(states["cuda"], torch.cuda.current_device()) if torch.cuda.is_available() else None
-    if cuda is not None:
-        torch.cuda.set_rng_state(cuda)
+    if torch.cuda.is_available():
+        cuda = own_cuda_state(states["cuda"], torch.cuda.current_device())
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
     n = states["numpy"]
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached"]))
@@ -43,10 +44,11 @@ def restore(states: dict) -> None:
 
 
 def own_cuda_state(saved: torch.Tensor | list, index: int) -> torch.Tensor | None:
-    """The CUDA state to restore on this process's GPU, cuda:`index`, from a checkpoint's: ours is one tensor,
-    the saving process's own GPU's; an older run's is a list with one per GPU its host showed, cuda:i's at i,
-    of which this GPU's is taken. None where there is none: a CPU run's (an empty list), or an older list
-    from a host that showed fewer GPUs (training's draws do not use it: checkpoints.manager._restore_rngs)."""
+    """The CUDA state to restore on this process's GPU, cuda:`index`, from a checkpoint's: ours is
+    one tensor, the saving process's own GPU's; an older run's is a list with one per GPU its host
+    showed, cuda:i's at i, of which this GPU's is taken. None where there is none: a CPU run's (an
+    empty list), or an older list from a host that showed fewer GPUs (training's draws do not use
+    it: checkpoints.manager._restore_rngs)."""
     if isinstance(saved, torch.Tensor):
         return saved
     return saved[index] if index < len(saved) else None

@@ -506,16 +506,16 @@ def _root(
 
 
 def main() -> None:
-    """Entry point: known errors become one red line and exit 2; VITCLI_DEBUG=1 shows tracebacks."""
+    """Entry point: known errors become one red line (rank 0's alone) and exit 2; VITCLI_DEBUG=1
+    shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
     signal.signal(signal.SIGTERM, _terminate)  # unwind (temporary files removed) rather than die mid-write
     try:
-        app(standalone_mode=False)
+        with _process_group():
+            app(standalone_mode=False)
     except VitcliError as e:
         if debug:
             raise
-        if isinstance(e, Interrupted) and os.environ.get("RANK", "0") != "0":
-            sys.exit(e.exit_code)  # every rank stopped at the same agreed step: rank 0 alone says where
         _fail(str(e), e.exit_code)
     except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
         _usage_error(e)
@@ -529,6 +529,31 @@ def main() -> None:
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
+
+
+@contextlib.contextmanager
+def _process_group():
+    """The command owns the process group a stage joins (runtime.dist.setup): it is left on every
+    way out, a return, an error, Ctrl-C or SIGTERM (raised as Terminated). runtime.dist, and torch
+    with it, is asked only if a stage imported it, so `vit --help` stays without torch."""
+    try:
+        yield
+    except BaseException as e:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has
+            # exited with an error, would only cut short their leaving and their report
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # an agreed stop (Interrupted) finds every rank at the same step: they leave as on a return
+        _leave(failed=not isinstance(e, Interrupted))
+        raise
+    _leave(failed=False)
+
+
+def _leave(failed: bool) -> None:
+    """runtime.dist.leave, if a stage imported runtime.dist (else there is no group to leave)."""
+    dist = sys.modules.get("vitcli.runtime.dist")
+    if dist is not None:
+        dist.leave(failed)
 
 
 def _terminate(signum, frame) -> None:
@@ -545,12 +570,33 @@ def _usage_error(e: Exception) -> None:
 
 
 def _fail(message: str, code: int) -> None:
-    from rich.console import Console
-    from rich.markup import escape
+    """`message` as one red line on stderr, then exit `code`. Under torchrun every rank meets the
+    same error (the same recipe and data, the same agreed step), so rank 0 alone prints it; each
+    rank also leaves it in torchrun's error file, where torchrun's failure summary shows it (an
+    error one rank met alone is named there too)."""
+    _tell_torchrun(message)
+    if int(os.environ.get("RANK", "0")) == 0:
+        from rich.console import Console
+        from rich.markup import escape
 
-    # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {escape(message)}")
+        # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
+        line = f"[bold red]error:[/] {escape(message)}"
+        Console(stderr=True, highlight=False, soft_wrap=True).print(line)
     sys.exit(code)
+
+
+def _tell_torchrun(message: str) -> None:
+    """`message` in the error file torchrun gives each worker (TORCHELASTIC_ERROR_FILE), which its
+    summary of failed workers shows in place of its hint "To enable traceback see: ...". The layout
+    is the one torch's own ErrorHandler.record_exception writes, with our one line where it puts the
+    Python traceback."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    info = {"py_callstack": message, "timestamp": str(int(time.time()))}
+    # a file that cannot be written loses only the summary's line: the exit code tells the failure
+    with contextlib.suppress(OSError), open(path, "w") as f:
+        json.dump({"message": {"message": message, "extraInfo": info}}, f)
 
 
 if __name__ == "__main__":

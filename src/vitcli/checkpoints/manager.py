@@ -191,7 +191,7 @@ class CheckpointManager:
             return 0
         path, saved = self.resume_from
         if path.is_dir():  # `saved` is the part beside the shards
-            load_shards(path, self.model, self.optimizer)
+            load_shards(path, self.model, self.optimizer, self.dist.control)
         else:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])

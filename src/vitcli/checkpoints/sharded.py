@@ -47,9 +47,10 @@ def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra:
     with sealing as tmp:
         tmp = _rank0_path(tmp, dist)
         model_state, optim_state = get_state_dict(model, optimizer)
+        # DCP's own waits for the slowest writer on `control` too, as runtime.dist.barrier says why
         with _single_process_is_intended():
             dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp,
-                     no_dist=dist.world_size == 1)
+                     process_group=dist.control, no_dist=dist.world_size == 1)
         barrier(dist)
         if dist.is_main:
             write_extra(tmp, extra)
@@ -70,13 +71,14 @@ def _rank0_path(path: Path | None, dist: Dist) -> Path:
     if dist.world_size == 1:
         return path
     box = [str(path) if dist.is_main else None]
-    torch_dist.broadcast_object_list(box, src=0)
+    torch_dist.broadcast_object_list(box, src=0, group=dist.control)
     return Path(box[0])
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=None) -> dict:
     """Read the checkpoint directory `path` into the live model and optimizer (already sharded as they will
-    train, on any number of processes); return its extra part. Every process calls it.
+    train, on any number of processes); return its extra part. Every process calls it; DCP's waits
+    for the slowest reader go through `group` (Dist.control: on the CPU, not under NCCL's watchdog).
 
     The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a pickle, read
     only once its checksum matches. The tensors load in place through DCP, which reshards them as needed.
@@ -87,7 +89,8 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict
     loaded = {"model": model_state, "optimizer": optim_state}
     try:
         with _single_process_is_intended():
-            dcp.load(loaded, checkpoint_id=path, no_dist=not torch_dist.is_initialized())
+            dcp.load(loaded, checkpoint_id=path, process_group=group,
+                     no_dist=not torch_dist.is_initialized())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
         raise CheckpointError(f"{path}: does not fit this model and optimizer "
                               f"({_first_failure(e)})") from None

@@ -6,8 +6,10 @@ torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them we are a single proce
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
@@ -23,8 +25,9 @@ class Dist:
     world_size: int
     local_rank: int
     device: torch.device
-    # Gloo group for small CPU-side agreements (stop flags, checkpoint due): on NCCL they would wait for the
-    # GPU stream every step. None: the default group (already Gloo, or a single process).
+    # Gloo group for what the processes agree on (stop flags, checkpoint due) and wait for
+    # (checkpoint writes) on the CPU: on NCCL they would wait for the GPU stream every step, and
+    # under its 10-minute watchdog. None: the default group (already Gloo, or a single process).
     control: object = None
 
     @property
@@ -33,15 +36,36 @@ class Dist:
         return self.rank == 0
 
 
-def pick_device(pref: str, local_rank: int = 0) -> torch.device:
-    """`auto` takes CUDA when present, else the CPU."""
-    if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
+# How long a process waits at `barrier` for the others, behind rank 0's file writes. A ViT-H/14's
+# checkpoint (632M parameters, fp32 weights and Adam's two slots: 7.6 GB), written and then read
+# back for its checksum on storage at 5 MB/s, takes about 50 minutes: far past the 10 minutes after
+# which NCCL's watchdog kills a job waiting in one of its collectives. A process that dies is
+# noticed at once (Gloo's connection closes); this bounds only a hung one.
+BARRIER_TIMEOUT = timedelta(hours=2)
+
+
+def pick_device(pref: str, local_rank: int = 0, visible: int | None = None) -> torch.device:
+    """`auto` takes CUDA when this process sees a GPU, else the CPU; which GPU, of the `visible`
+    ones (default torch.cuda.device_count()), is the local rank's.
+
+    torchrun on one node shows every process all the node's GPUs (local rank i takes cuda:i); srun
+    with --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process, shows each process its own GPU
+    alone (cuda:0 for every local rank). local_rank % visible is right in both, and in between.
+    """
+    visible = torch.cuda.device_count() if visible is None else visible
+    if pref == "cuda" or (pref == "auto" and visible):
+        # run.device=cuda on a host without CUDA was refused at resolve (checkpoints.complete)
+        return torch.device("cuda", local_rank % max(visible, 1))
     return torch.device("cpu")
 
 
+# This process's place in a job of several once setup has joined its process group; `leave` ends it.
+_joined: Dist | None = None
+
+
 def setup(device_pref: str = "auto") -> Dist:
-    """Join the torchrun process group if there is one (NCCL on GPU, Gloo on CPU)."""
+    """Join torchrun's process group, if any (NCCL on GPU, Gloo on CPU); `leave` leaves it."""
+    global _joined
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -50,10 +74,54 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.cuda.set_device(device)
         enable_tf32()
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        torch_dist.init_process_group(**group_args(device))
     control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
     console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
-    return Dist(rank, world, local_rank, device, control)
+    here = Dist(rank, world, local_rank, device, control)
+    if world > 1:
+        _joined = here
+    return here
+
+
+def group_args(device: torch.device) -> dict:
+    """init_process_group's arguments for a process on `device`: NCCL bound to its GPU, else Gloo.
+
+    `device_id` binds NCCL to that GPU and makes its communicator at once: a GPU or network that
+    fails does so here rather than in the first collective, and a barrier or a new group knows this
+    process's GPU (without it torch guesses one from the rank and warns that the devices used are
+    "currently unknown").
+    """
+    if device.type == "cuda":
+        return {"backend": "nccl", "device_id": device}
+    return {"backend": "gloo"}
+
+
+def leave(failed: bool = False) -> None:
+    """Leave the process group that setup joined, if any: once, as the command ends, however it ends
+    (cli.main). After a command that every rank finished, each first waits for the others (rank 0
+    may still be writing its files): a rank that tears its group down while another still uses it
+    can abort that one.
+
+    Left to the interpreter's exit, NCCL warns "destroy_process_group() was not called" and may
+    hang, and Gloo now and then aborts the process (SIGABRT, "terminate called without an active
+    exception": 2 of 12 2-process launches here whose ranks ended half a second apart). After a
+    `failed` command (an error, a second signal) another rank may wait in a collective that this one
+    will never join: NCCL's graceful destroy would wait with it, so the group is aborted instead, as
+    torch's warning advises for failures.
+    """
+    global _joined
+    joined, _joined = _joined, None
+    if joined is None or not torch_dist.is_initialized():
+        return
+    if not failed:
+        barrier(joined)
+        torch_dist.destroy_process_group()
+        return
+    with contextlib.suppress(Exception):  # the error being reported is the one that matters
+        if torch_dist.get_backend() == "nccl":
+            torch_dist.distributed_c10d._abort_process_group()
+        else:  # Gloo has no abort, and its destroy waits for no other rank
+            torch_dist.destroy_process_group()
 
 
 def enable_tf32() -> None:
@@ -101,6 +169,8 @@ def wrap(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
 
 
 def barrier(dist: Dist) -> None:
-    """Wait for every process (e.g. before rank 0's files are read by others)."""
+    """Wait for every process, e.g. while rank 0 writes the checkpoint the others will read: on the
+    Gloo `control` group, for up to BARRIER_TIMEOUT. A CPU wait, so no NCCL collective sits queued
+    under the watchdog's 10 minutes; a rank that never arrives is named in the error."""
     if dist.world_size > 1:
-        torch_dist.barrier()
+        torch_dist.monitored_barrier(group=dist.control, timeout=BARRIER_TIMEOUT)

@@ -505,27 +505,35 @@ def _root(
     """Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021)."""
 
 
+# What a stop outside the training loop leaves (the loop's own stop writes a checkpoint and says so): every
+# file is written under a temporary name and renamed when whole, and the temporary ones are removed on the
+# way out (runtime.files), so what a command had finished stays and nothing half-written is left
+KEPT = "what was finished is kept, nothing half-written is left"
+
+
 def main() -> None:
     """Entry point: known errors become one red line (rank 0's alone) and exit 2; VITCLI_DEBUG=1
     shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
     signal.signal(signal.SIGTERM, _terminate)  # unwind (temporary files removed) rather than die mid-write
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         with _process_group():
-            app(standalone_mode=False)
+            if app(standalone_mode=False) == 130:  # Typer turns Ctrl-C into this return value: not success
+                raise KeyboardInterrupt
     except VitcliError as e:
         if debug:
             raise
         _fail(str(e), e.exit_code)
     except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
         _usage_error(e)
-    except typer.Abort:
-        _fail("interrupted", 130)
-    except KeyboardInterrupt:
-        _fail("interrupted", 130)
+    except (typer.Abort, KeyboardInterrupt):
+        _fail(f"interrupted (Ctrl-C); {KEPT}", 130)
     except Terminated:
-        _fail("terminated (SIGTERM)", 143)
+        _fail(f"terminated (SIGTERM); {KEPT}", 143)
     except Exception as e:  # a bug: still one line unless debugging
+        if _STOPPED:  # what a signal turned into on its way up (an import it cut short): still the stop
+            _fail(f"{_STOPPED[0]}; {KEPT}", 130 if _STOPPED[0].startswith("interrupted") else 143)
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
@@ -556,8 +564,19 @@ def _leave(failed: bool) -> None:
         dist.leave(failed)
 
 
+_STOPPED: list[str] = []  # the signal that stopped the command, once one did
+
+
 def _terminate(signum, frame) -> None:
+    _STOPPED.append("terminated (SIGTERM)")
     raise Terminated
+
+
+def _interrupt(signum, frame) -> None:
+    """Ctrl-C, remembered: a KeyboardInterrupt raised inside an import can come out as another error
+    (ModuleNotFoundError, seen at 0.3 s into `vit prepare-data`), which must still exit 130."""
+    _STOPPED.append("interrupted (Ctrl-C)")
+    raise KeyboardInterrupt
 
 
 def _usage_error(e: Exception) -> None:

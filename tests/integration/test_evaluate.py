@@ -284,9 +284,11 @@ def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatc
         assert [row["name"] for row in results["per_class"]] == class_names(5)  # the split's ClassLabel
 
 
-def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys):
-    """Row 3 of 10 is not an image: evaluate scores the other 9 and counts it; the 9 score as they do in a
-    split without it (top-1 over the same rows)."""
+def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys,
+                                                                logged):
+    """Row 3 of 10 is not an image: evaluate scores the other 9, counts it and names it once (by row and
+    split; by its path in an image folder); the 9 score as they do in a split without it (top-1 over the
+    same rows)."""
     images, labels = three_class_images(10, 4)
     encoded = []
     for i, image in enumerate(images):
@@ -296,18 +298,26 @@ def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, m
         out = io.BytesIO()
         image.save(out, "PNG")
         encoded.append({"bytes": out.getvalue(), "path": None})
+        (tmp_path / "folder" / "train" / NAMES[labels[i]]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "folder" / "train" / NAMES[labels[i]] / f"{i}.png").write_bytes(encoded[-1]["bytes"])
+    broken = tmp_path / "folder" / "train" / NAMES[labels[3]] / "3.png"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_bytes(b"not an image")
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
     with_bad = datasets.Dataset.from_dict({"image": encoded, "label": labels}, features=features)
     with_bad.save_to_disk(str(tmp_path / "bad"))
     with_bad.select([i for i in range(10) if i != 3]).save_to_disk(str(tmp_path / "good"))
     got = {}
-    for name in ("bad", "good"):
+    for name in ("bad", "good", "folder"):
         code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", runs["ft"][0], "--data",
                                  tmp_path / name, "--split", "train", "--workdir", tmp_path / f"ev_{name}",
                                  "--json", *FP32)
         assert code == 0, err
         got[name] = json.loads(out)
-    assert got["bad"]["skipped_images"] == 1 and "skipped_images" not in got["good"]
+    assert got["bad"]["skipped_images"] == got["folder"]["skipped_images"] == 1
+    assert "skipped_images" not in got["good"]
+    for name in (f"row 3 of {tmp_path / 'bad'} split 'train'", str(broken)):
+        assert len([m for m in logged if name in m]) == 1, logged  # named once, not once per rank's tally
     assert got["bad"]["images"] == got["good"]["images"] == 9
     assert got["bad"]["top1"] == got["good"]["top1"] and got["bad"]["per_class"] == got["good"]["per_class"]
 

@@ -1,7 +1,8 @@
 """One corrupt image never ends a run: training puts the next decodable row in its place (the stream stays the
 same across worker counts and resumes), evaluation and feature extraction leave it out, every stream counts
-what it skipped; a split with no decodable image, an error inside a loader worker and a damaged feature-cache
-file are each one line or one warning, never a traceback."""
+what it skipped and names each image once, by its file's path (row and split where it has none); a split with
+no decodable image, an error inside a loader worker and a damaged feature-cache file are each one line or one
+warning, never a traceback."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch
 from PIL import Image
 
 from helpers import REPO, run_vit
-from vitcli.data import batches, sources
+from vitcli.data import batches, sources, streams
 from vitcli.errors import DataError
 from vitcli.evaluators import heldout, inference
 from vitcli.evaluators.heldout import ClassificationEvaluator
@@ -35,6 +36,7 @@ from vitcli.train.objectives import loss_fn
 
 N = 32  # rows per split; the label of a row is its index, so a batch's labels say which rows it holds
 BAD_TRAIN, BAD_TEST = (5, 17), (3,)
+BAD_FILES = ("train/a/02.jpg", "train/b/05.jpg")  # the image folder's: cut in half, and empty
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
     "model.mlp_dim=64", "data.batch_size=8", "data.eval_batch_size=8", "data.val_split=", "optim.lr=3e-3",
@@ -66,6 +68,34 @@ def source(tmp_path_factory) -> str:
               "odd_broken": _split(range(1, N, 2))}
     datasets.DatasetDict(splits).save_to_disk(str(path))
     return str(path)
+
+
+def _jpeg(i: int) -> bytes:
+    pixels = np.random.default_rng(i).integers(0, 256, (36, 36, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """An image folder (each row only its file's path): train holds 16 JPEGs in classes a and b, one cut
+    in half (its header parses, its data does not decode) and one empty; test holds one of each kind."""
+    root = tmp_path_factory.mktemp("folder")
+    for split, n, bad in (("train", 16, BAD_FILES), ("test", 2, ("test/a/00.jpg", "test/b/01.jpg"))):
+        for i in range(n):
+            name = f"{split}/{'ab'[i % 2]}/{i:02d}.jpg"
+            data = _jpeg(i)
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / name).write_bytes(b"" if name == bad[1] else data[: len(data) // 2] if name == bad[0]
+                                      else data)
+    return root
+
+
+def _named_once(logged: list[str], *names: str) -> None:
+    """Each name is in exactly one logged message."""
+    for name in names:
+        assert len([m for m in logged if name in m]) == 1, (name, logged)
 
 
 @pytest.fixture
@@ -135,6 +165,30 @@ def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path,
     first = next(m for m in logged if "undecodable" in m)
     named = [r for r in BAD_TRAIN if f"row {r} of {source} split 'train'" in first]
     assert "1 undecodable image" in first and named, first
+    # a source without file paths names rows and split, once in each run (two runs: twice)
+    for row in BAD_TRAIN:
+        assert len([m for m in logged if f"row {row} of {source} split 'train':" in m]) == 2, logged
+
+
+ROUTES = {"map-style": {}, "map-style, 2 workers": {"num_workers": 2},
+          "decoded on the model's device": {"decode_device": "model"}, "streamed": {"streaming": True},
+          "streamed, decoded on the device": {"streaming": True, "decode_device": "model"}}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_every_training_route_names_a_bad_file_by_its_path_once(folder, route, logged):
+    """Three epochs meet each bad file three times: each is counted once and named in one warning, by its
+    path, on every route (its cut-in-half file fails in the worker, or only on the model's device)."""
+    cfg = DataConfig(**{"source": str(folder), "num_workers": 0, "crop_min_area": 0.3, "shuffle_buffer": 4,
+                        **ROUTES[route]})
+    if cfg.streaming:
+        stream = streams.stream_train_batches(sources.load_stream(cfg), cfg, 32, 4, seed=0)
+    else:
+        stream = batches.train_batches(sources.load_source(str(folder), "train"), cfg, 32, 4, seed=0)
+    _take(stream, 12)
+    assert stream.skipped.total == 2
+    _named_once(logged, *(str(folder / name) for name in BAD_FILES))
+    assert not [m for m in logged if "row " in m], logged
 
 
 # ---------------------------------------------------------------- evaluation and features
@@ -152,6 +206,31 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
         results = dict(evaluator.run(model))
         assert results["test/skipped_images"] == 1 and 0 <= results["test/top1"] <= 1
     assert len([m for m in logged if "undecodable" in m]) == 1  # warned once, not once per evaluation
+    assert f"row 3 of {source} split 'test': UnidentifiedImageError" in logged[0]
+
+
+def test_evaluation_and_extraction_name_a_bad_file_by_its_path_once(folder, tmp_path, logged):
+    """Held-out evaluation and feature extraction, each run twice into one tally as a training run does,
+    name each bad file once, by its path; the feature cache keeps the names."""
+    ds, cfg = sources.load_source(str(folder), "train"), DataConfig(num_workers=0, eval_batch_size=8)
+    files = [str(folder / name) for name in BAD_FILES]
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
+    evaluator = ClassificationEvaluator("val", ds, cfg, 32, CPU, "fp32", loss=loss_fn(OptimConfig()))
+    for _ in range(2):
+        assert dict(evaluator.run(model))["val/skipped_images"] == 2
+    _named_once(logged, *files)
+    logged.clear()
+    vit, tally = zoo.build_model(resolve("pretrain", None, TINY).model, 0).eval(), batches.Skipped()
+    for _ in range(2):  # the few-shot evaluator's: every evaluation extracts again
+        features.extract(vit, ds, cfg, 32, 0, CPU, "fp32", skipped=tally)
+    _named_once(logged, *files)
+    logged.clear()
+    fresh, again = batches.Skipped(), batches.Skipped()
+    extract = lambda: features.extract(vit, ds, cfg, 32, 0, CPU, "fp32", skipped=fresh)
+    features.cached(tmp_path, "key", extract, skipped=fresh)
+    assert features.cached(tmp_path, "key", lambda: pytest.fail("recomputed"), True, again)[2]
+    assert sorted(bad.image for bad in again.rows[sources.origin(ds)].values()) == files
+    assert len([m for m in logged if files[0] in m]) == 2  # extracted, then read from the cache
 
 
 def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
@@ -206,10 +285,26 @@ def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
     ds = sources.load_source(source, "broken")
     with pytest.raises(DataError) as error:
         list(batches.eval_batches(ds, DataConfig(num_workers=0), 32, 8))
-    _one_line(error, f"no image of {source} split 'broken' decodes", "UnidentifiedImageError")
+    _one_line(error, f"no image of {source} split 'broken' decodes",
+              f"; row 0 of {source} split 'broken': UnidentifiedImageError")
     with pytest.raises(DataError) as error:
         next(batches.train_batches(ds, DataConfig(num_workers=0), 32, 8, seed=0))
-    _one_line(error, f"no image of {source} split 'broken' decodes", f"{N} rows tried")
+    _one_line(error, f"no image of {source} split 'broken' decodes", f"{N} rows tried; row ",
+              f" of {source} split 'broken': UnidentifiedImageError")
+
+
+@pytest.mark.parametrize("how", ["evaluation", "training", "training, decoded on the device"])
+def test_where_nothing_decodes_the_one_line_names_a_file_by_its_path(folder, how):
+    ds = sources.load_source(str(folder), "test")
+    cfg = DataConfig(num_workers=0, decode_device="model" if "device" in how else "worker")
+    with pytest.raises(DataError) as error:
+        if how == "evaluation":
+            list(batches.eval_batches(ds, cfg, 32, 2))
+        else:
+            next(batches.train_batches(ds, cfg, 32, 2, seed=0))
+    msg = _one_line(error, f"{folder} split 'test' decodes (2")
+    named = [name for name in ("test/a/00.jpg", "test/b/01.jpg") if f"; {folder / name}: " in msg]
+    assert len(named) == 1 and "row " not in msg, msg
 
 
 def test_evaluation_and_extraction_where_nothing_decodes_are_one_line(source):
@@ -240,6 +335,7 @@ def test_a_rank_whose_rows_all_fail_goes_on_with_the_others_and_all_raise_togeth
     assert report["odd_broken/features"] == list(range(0, N, 2))
     for what in ("heldout", "features"):
         assert report[f"broken/{what}"].startswith(f"DataError: no image of {source} split 'broken' decodes")
+        assert f"; row 0 of {source} split 'broken': " in report[f"broken/{what}"]  # rank 0's first
 
 
 def test_errors_inside_loader_workers_arrive_as_one_line(source, monkeypatch):

@@ -138,9 +138,9 @@ def test_predict_gives_evaluates_top1_row_by_row_with_class_names(runs, tmp_path
     code, out, err = run_vit(monkeypatch, capsys, "predict", folder, "--ckpt", runs["ft"][0], "--json",
                              "--top-k", "3", "--batch-size", "5", *[f"--set={o}" for o in FP32])
     assert code == 0, err
-    assert [m for m in logged if "cannot decode" in m] == [
-        (f"[yellow]warning: {folder / 'broken.png'}: cannot decode (cannot identify image file "
-         f"'{folder / 'broken.png'}'); skipped")]
+    assert [m for m in logged if "broken.png" in m] == [  # named once, by its path
+        (f"[yellow]warning: {folder / 'broken.png'}: cannot decode (UnidentifiedImageError: cannot "
+         "identify image file); skipped")]
     records = {r["path"]: r["top"] for r in json.loads(out)}
     top, probs = split_predictions(runs, "test[:12]")
     for i in range(12):
@@ -204,7 +204,7 @@ def test_real_accuracy_matched_by_file_name_and_by_row_order(runs, tmp_path, mon
     assert results["real/top1"] == pytest.approx(top1, abs=1e-12) and results["real/images"] == counted
 
 
-def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, capsys):
+def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, capsys, logged):
     ft, pre = runs["ft"][0], runs["pre"][0]
     (tmp_path / "notjson.json").write_text("{")
     (tmp_path / "flat.json").write_text("[1, 2]")
@@ -234,7 +234,8 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
         (["predict", tmp_path / "nothere.png", "--ckpt", ft], "nothere.png: no such file or directory"),
         (["predict", tmp_path / "empty", "--ckpt", ft], "no image files"),
         (["predict", tmp_path / "empty", "--ckpt", ft, "--json", "--csv"], "--json and --csv"),
-        (["predict", tmp_path / "notjson.json", "--ckpt", ft], "none of the 1 image file(s) decodes"),
+        (["predict", tmp_path / "notjson.json", "--ckpt", ft],
+         f"none of the 1 image file(s) decodes ({tmp_path / 'notjson.json'}: UnidentifiedImageError"),
     ]
     for args, message in cases:
         code, _, err = run_vit(monkeypatch, capsys, *args)
@@ -249,6 +250,21 @@ def test_bad_input_is_one_line_and_writes_nothing(runs, tmp_path, monkeypatch, c
     code, _, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", ft, "--data", "synthetic", "--workdir",
                            work)  # the built-in data has 10 classes; the head 3
     assert code == 2 and "has label 9, but the head of" in err and not work.joinpath(EVALUATE_FILE).exists()
+    assert not [m for m in logged if "notjson.json" in m]  # predict named it in its error alone
+
+
+def test_predict_names_each_file_that_does_not_decode_once(runs, tmp_path, monkeypatch, capsys, logged):
+    """None of two files decodes: the error names the first by its path, a warning the other."""
+    first, other = tmp_path / "a.png", tmp_path / "b.png"
+    first.write_bytes(b"")
+    other.write_bytes(b"not an image")
+    code, _, err = run_vit(monkeypatch, capsys, "predict", tmp_path, "--ckpt", runs["ft"][0])
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(error) == 1, err
+    assert f"none of the 2 image file(s) decodes ({first}: " in error[0] and str(other) not in error[0]
+    warning = f"[yellow]warning: {other}: cannot decode (UnidentifiedImageError: cannot identify image file)"
+    assert [m for m in logged if str(other) in m] == [f"{warning}; skipped"]
+    assert not [m for m in logged if str(first) in m] and "1 other named above" in error[0]
 
 
 def eval_pixels(img: Image.Image, size: int, crop_pct: float) -> torch.Tensor:
@@ -284,9 +300,11 @@ def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatc
         assert [row["name"] for row in results["per_class"]] == class_names(5)  # the split's ClassLabel
 
 
-def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys):
-    """Row 3 of 10 is not an image: evaluate scores the other 9 and counts it; the 9 score as they do in a
-    split without it (top-1 over the same rows)."""
+def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys,
+                                                                logged):
+    """Row 3 of 10 is not an image: evaluate scores the other 9, counts it and names it once (by row and
+    split; by its path in an image folder); the 9 score as they do in a split without it (top-1 over the
+    same rows)."""
     images, labels = three_class_images(10, 4)
     encoded = []
     for i, image in enumerate(images):
@@ -296,18 +314,26 @@ def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, m
         out = io.BytesIO()
         image.save(out, "PNG")
         encoded.append({"bytes": out.getvalue(), "path": None})
+        (tmp_path / "folder" / "train" / NAMES[labels[i]]).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "folder" / "train" / NAMES[labels[i]] / f"{i}.png").write_bytes(encoded[-1]["bytes"])
+    broken = tmp_path / "folder" / "train" / NAMES[labels[3]] / "3.png"
+    broken.parent.mkdir(parents=True, exist_ok=True)
+    broken.write_bytes(b"not an image")
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=NAMES)})
     with_bad = datasets.Dataset.from_dict({"image": encoded, "label": labels}, features=features)
     with_bad.save_to_disk(str(tmp_path / "bad"))
     with_bad.select([i for i in range(10) if i != 3]).save_to_disk(str(tmp_path / "good"))
     got = {}
-    for name in ("bad", "good"):
+    for name in ("bad", "good", "folder"):
         code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", runs["ft"][0], "--data",
                                  tmp_path / name, "--split", "train", "--workdir", tmp_path / f"ev_{name}",
                                  "--json", *FP32)
         assert code == 0, err
         got[name] = json.loads(out)
-    assert got["bad"]["skipped_images"] == 1 and "skipped_images" not in got["good"]
+    assert got["bad"]["skipped_images"] == got["folder"]["skipped_images"] == 1
+    assert "skipped_images" not in got["good"]
+    for name in (f"row 3 of {tmp_path / 'bad'} split 'train'", str(broken)):
+        assert len([m for m in logged if name in m]) == 1, logged  # named once, not once per rank's tally
     assert got["bad"]["images"] == got["good"]["images"] == 9
     assert got["bad"]["top1"] == got["good"]["top1"] and got["bad"]["per_class"] == got["good"]["per_class"]
 

@@ -181,7 +181,8 @@ def test_dry_run_shows_the_resize_method(monkeypatch, capsys, pretrained):
 def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows():
     """Rows 0..9 over 3 ranks (rank r holds r, r+3, ...), rows 4 and 9 undecodable (left out by rank 1 and 0):
     the gathered result is rows 0..9 less 4 and 9, in order, and the tally names both."""
-    n, world, bad = 10, 3, {4: "broken", 9: "broken"}
+    n, world = 10, 3
+    bad = {row: batches.Bad(f"row {row} of split", "broken") for row in (4, 9)}
     parts = []
     for rank in range(world):
         rows = [i for i in range(rank, n, world) if i not in bad]

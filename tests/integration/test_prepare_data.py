@@ -124,13 +124,26 @@ def test_an_image_folder_keeps_aspects_and_names_and_keeps_a_broken_image_as_it_
     code, stdout, err = run_vit(monkeypatch, capsys, "prepare-data", folder, "--out", out, "--max-size", MAX,
                                 "--json")
     assert code == 0, err
-    assert json.loads(stdout)["splits"]["train"]["undecodable"] == 1
+    entry = json.loads(stdout)["splits"]["train"]
+    assert entry["undecodable"] == 1 and entry["undecodable_images"] == [str(folder / "dog/d.png")]
+    code, stdout, err = run_vit(monkeypatch, capsys, "prepare-data", folder, "--out", tmp_path / "out2")
+    assert code == 0 and stdout.count(str(folder / "dog/d.png")) == 1, stdout  # the table names it, once
     copy = sources.load_source(str(out), "train").cast_column("image", datasets.Image(decode=False))
     assert copy.features["label"].names == ["cat", "dog"] and copy["label"] == [0, 0, 1, 1]
     sizes = [Image.open(io.BytesIO(img["bytes"])).size for img in copy["image"][:3]]
     assert sizes == [(32, 24), (20, 20), (24, 40)]  # shorter side min(orig, 24), aspect kept; never upscaled
     assert copy["image"][1]["bytes"] == _png(20, 20, 1), "a small image is copied byte for byte"
     assert copy["image"][3]["bytes"] == (folder / "dog/d.png").read_bytes()
+
+
+def test_a_source_without_file_paths_names_its_undecodable_rows_by_row_and_split(tmp_path):
+    images = [{"bytes": b"not an image" if i == 1 else _png(20, 20, i), "path": None} for i in range(3)]
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    train = datasets.Dataset.from_dict({"image": images, "label": [0, 1, 0]}, feats)
+    datasets.DatasetDict({"train": train}).save_to_disk(str(tmp_path / "ds"))
+    written = prepare_data(str(tmp_path / "ds"), tmp_path / "out", options=prepare.Options(max_size=MAX))
+    named = written["splits"]["train"]["undecodable_images"]
+    assert named == [f"row 1 of {tmp_path / 'ds'} split 'train'"]
 
 
 BAD = {

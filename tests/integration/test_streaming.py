@@ -185,7 +185,10 @@ def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped
     for _ in range(26):  # two epochs: each bad image met twice
         got.append(next(ref))
         counts.append(ref.skipped.total)
-    assert counts[-1] == len(BAD) and set(ref.skipped.as_dict()) == {f"{source_dirs['bad']} split 'train'"}
+    where = f"{source_dirs['bad']} split 'train'"
+    assert counts[-1] == len(BAD) and set(ref.skipped.as_dict()) == {where}
+    # no path and, streamed, no row number: the split and a digest of the bytes name each
+    assert all(name.startswith(f"an image in {where} (sha1 ") for name in ref.skipped.rows[where])
     assert all(len(y) == B for _, y in got)
     # the same rows with good images come in the same order (shuffling never looks at the bytes), so they say
     # where each bad image was: the next good image of its micro-batch (cyclically) must stand in for it

@@ -116,7 +116,8 @@ def test_a_truncated_jpeg_is_stood_in_by_the_next_image_of_its_micro_batch(tmp_p
             assert y.tolist() == rows
     assert met == 3  # 9 micro-batches of 4 over 12 rows: 3 epochs
     assert list(stream.skipped.as_dict()[stream.name]) == [bad_row]
-    assert "truncated" in stream.skipped.rows[stream.name][bad_row]
+    found = stream.skipped.rows[stream.name][bad_row]
+    assert found.image == str(tmp_path / "005.jpg") and "truncated" in found.reason  # named by its file
 
 
 def test_a_streamed_truncated_jpeg_gets_the_worker_paths_stand_in(tmp_path):
@@ -142,3 +143,4 @@ def test_a_micro_batch_none_of_which_decodes_is_one_line(tmp_path):
         next(batches.train_batches(ds, _cfg("model"), SIZE, 4, seed=0))
     msg = str(error.value)
     assert "\n" not in msg and "no image of a micro-batch of" in msg and "truncated" in msg, msg
+    assert any(f"; {tmp_path / f'{i:03d}.jpg'}: " in msg for i in range(4)), msg  # a file, by its path

@@ -13,7 +13,9 @@ An image that does not decode never ends a run: training puts the next one that 
 keep their size and stay that pure function; evaluation leaves it out. With data.decode_device=model a
 truncated JPEG fails only on the model's device, and its stand-in is the next image of its micro-batch
 (`decode_on_device`). Each stream tallies such images
-(`Skipped`), coming back with their batch from whichever worker process decoded it. Every random draw of a
+(`Skipped`), coming back with their batch from whichever worker process decoded it, and names each
+once as sources.image_name names an image everywhere: by its file's path, else its row and split.
+Every random draw of a
 micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
 `micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
 """
@@ -23,7 +25,8 @@ from __future__ import annotations
 import itertools
 import re
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import datasets
 import numpy as np
@@ -34,7 +37,7 @@ from torch.utils.data import DataLoader
 
 from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
 from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
-from vitcli.data.sources import origin
+from vitcli.data.sources import image_name, origin
 from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
@@ -43,39 +46,54 @@ from vitcli.runtime.metrics import console
 DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
 
 
-class Skipped:
-    """Rows whose image did not decode, per split (name -> {row: reason}), warned about as their count grows.
+class Bad(NamedTuple):
+    """An image that did not decode: its name (sources.image_name) and why, in one line."""
 
-    The rows come back with their batch from whichever process decoded it, so the tally lives with the reader
-    of the stream; a row met again (the next epoch, the next evaluation) counts once.
+    image: str
+    reason: str
+
+
+Tally = dict[str, dict[int | str, Bad]]  # split -> {id: Bad}, as Skipped.rows holds them
+
+
+class Skipped:
+    """Images that did not decode, per split (name -> {id: Bad}; the id is the row, or a stream's
+    image name), warned about as their count grows.
+
+    The images come back with their batch from whichever process decoded it, so the tally lives with
+    the reader of the stream; an image met again (the next epoch, the next evaluation) counts once.
+    `warn=False`: a rank's share of a pass, which inference.in_row_order gathers into a tally that
+    warns, so that each image is named once.
     """
 
-    def __init__(self) -> None:
-        self.rows: dict[str, dict[int, str]] = {}
+    def __init__(self, warn: bool = True) -> None:
+        self.rows: Tally = {}
+        self.warn = warn
 
     @property
     def total(self) -> int:
-        """Distinct rows skipped, over every split."""
+        """Distinct images skipped, over every split."""
         return sum(len(rows) for rows in self.rows.values())
 
-    def add(self, name: str, bad: dict[int, str]) -> None:
-        """Record rows of split `name`; warn at the 1st, 2nd, 4th, 8th... so a bad shard cannot flood logs."""
+    def add(self, name: str, bad: dict[int | str, Bad]) -> None:
+        """Record images of split `name`; warn at the 1st, 2nd, 4th, 8th... so a bad shard cannot
+        flood logs."""
         seen = self.rows.setdefault(name, {})
-        for row, reason in bad.items():
-            if row in seen:
+        for key, found in bad.items():
+            if key in seen:
                 continue
-            seen[row] = reason
+            seen[key] = found
             n = self.total
-            if n & (n - 1) == 0:
+            if self.warn and n & (n - 1) == 0:
                 console.log(f"[yellow]warning: {n} undecodable image{'s' * (n > 1)} skipped so far; "
-                            f"row {row} of {escape(name)}: {escape(reason)}")
+                            f"{escape(found.image)}: {escape(found.reason)}")
 
     def as_dict(self) -> dict[str, list[int]]:
         """name -> sorted rows, for json."""
         return {name: sorted(rows) for name, rows in self.rows.items() if rows}
 
 
-def _reason(e: Exception) -> str:
+def one_line(e: Exception) -> str:
     """An exception as one line: its type and the first line of its message, less object addresses."""
     lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
@@ -92,6 +110,11 @@ class KeyedBatches(torch.utils.data.Dataset):
             return self._batch(*key)
         except Exception as e:  # noqa: BLE001 - re-raised here, one line from a worker
             return worker_error(e, self.name)
+
+    def image(self, ident) -> str:
+        """The name (sources.image_name) of the image whose id in a batch's `bad` is `ident`: here
+        the id itself."""
+        return str(ident)
 
 
 class _Batches(KeyedBatches):
@@ -124,8 +147,13 @@ class _Batches(KeyedBatches):
             img = Encoded(read(raw), self.binary)
             return img if self.cache is None else Decoded(img.full())
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
-            self.bad[row] = _reason(e)
+            self.bad[row] = one_line(e)
             return None
+
+    def image(self, row: int) -> str:
+        """The row's image as messages name it (sources.image_name): its file's path, else its row
+        and split. Read again when asked, for the few that fail, rather than kept for every row."""
+        return image_name(self.images[row][self.column], self.name, row)
 
     def _load(self, rows: list[int]) -> dict[int, Encoded | Decoded]:
         """row -> image for the rows that open; the others land in self.bad."""
@@ -152,7 +180,7 @@ class _Batches(KeyedBatches):
         n = len(self.labels)
         j = stand_in(row, n, decodes)
         if j is None:
-            raise none_decode(self.name, f"{n} rows", f"row {row}", self.bad[row])
+            raise none_decode(self.name, f"{n} rows", self.image(row), self.bad[row])
         return j
 
     def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | Encodings | None, torch.Tensor,
@@ -169,17 +197,20 @@ class _Batches(KeyedBatches):
             try:
                 x = self.transform([images[i] for i in use], seed) if use else None
             except Undecodable as e:
-                self.bad[use[e.position]] = _reason(e.error)
+                self.bad[use[e.position]] = one_line(e.error)
                 continue
             if isinstance(x, Encodings):
                 x.ids = use  # rows, for the stream's tally of what fails on its device
             return x, self.labels[use], bad  # uint8 Pixels (or Encodings) of B, (B,)
 
 
-def decode_on_device(batch: Encodings, y: torch.Tensor, device: torch.device,
-                     name: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def decode_on_device(
+    batch: Encodings, y: torch.Tensor, device: torch.device, name: str,
+    image: Callable[[int | str], str] = str,
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """A micro-batch shipped encoded (data.decode_device=model) -> (x float32 (B, 3, S, S) in [-1, 1] on
     `device`, y (B,), {id: reason} of the images that did not decode): one batched decode on `device`.
+    `image` names an image by its id (KeyedBatches.image) should none of them decode.
 
     A file whose header parsed in the worker but whose data does not decode (a truncated one) fails only
     here, where the rest of the split is out of reach: its stand-in is the next image of its own micro-batch
@@ -188,14 +219,13 @@ def decode_on_device(batch: Encodings, y: torch.Tensor, device: torch.device,
     it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives).
     """
     images = decode_jpegs(batch.files(), device)
-    failed = {i: _reason(e) for i, e in enumerate(images) if isinstance(e, Exception)}
+    failed = {i: one_line(e) for i, e in enumerate(images) if isinstance(e, Exception)}
     if not failed:
         return finish_crops(images, batch.boxes, batch.flips, batch.size, device), y, {}
     bad = {batch.ids[i]: reason for i, reason in failed.items()}
     if len(failed) == len(images):
         ident, reason = next(iter(bad.items()))
-        culprit = f"row {ident}" if isinstance(ident, int) else str(ident)
-        raise none_decode(f"a micro-batch of {name}", str(len(images)), culprit, reason)
+        raise none_decode(f"a micro-batch of {name}", str(len(images)), image(ident), reason)
     n = len(images)
     use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
     boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
@@ -225,15 +255,17 @@ def worker_error(e: Exception, name: str) -> Exception:
     if torch.utils.data.get_worker_info() is None:
         raise e
     return e if isinstance(e, VitcliError) else DataError(
-        f"{name}: {_reason(e)} in a data loader worker; data.num_workers=0 shows where")
+        f"{name}: {one_line(e)} in a data loader worker; data.num_workers=0 shows where")
 
 
 class BatchStream:
-    """(x, y) batches of a loader; tallies the rows each batch skipped, raises an error a worker returned."""
+    """(x, y) batches of a loader; tallies the images each batch skipped, raises an error a worker
+    returned."""
 
     def __init__(self, loader: DataLoader, skipped: Skipped | None = None, device: torch.device | None = None,
                  collective: bool = False):
         self.batches, self.name = iter(loader), loader.dataset.name
+        self.image = loader.dataset.image  # names a skipped image here, whichever process decoded
         self.skipped = skipped if skipped is not None else Skipped()
         self.device = device if device is not None else torch.device("cpu")
         # collective: a pass where nothing decoded ends quietly; the caller decides with the other ranks
@@ -257,11 +289,11 @@ class BatchStream:
                 raise item
             x, y, bad = item
             if isinstance(x, Encodings):  # data.decode_device=model: decoded here, on the stream's device
-                x, y, late = decode_on_device(x, y, self.device, self.name)
+                x, y, late = decode_on_device(x, y, self.device, self.name, self.image)
                 bad = {**bad, **late}
             elif len(y):
                 x = finish(x, self.device)
-            self.skipped.add(self.name, bad)
+            self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
                 return x, y
@@ -269,10 +301,15 @@ class BatchStream:
             raise self.nothing_decoded()
         raise StopIteration
 
+    def _named(self, bad: dict[int | str, str]) -> dict[int | str, Bad]:
+        """A batch's {id: reason} -> {id: Bad}; an image already in the tally is not named again."""
+        seen = self.skipped.rows.get(self.name, {})
+        return {i: seen.get(i) or Bad(self.image(i), reason) for i, reason in bad.items()}
+
     def nothing_decoded(self) -> DataError:
         """The error for a pass in which images failed and none decoded, naming the first that failed."""
-        row, reason = next(iter(self.skipped.rows[self.name].items()))
-        return none_decode(self.name, str(self.failed), f"row {row}", reason)
+        first = next(iter(self.skipped.rows[self.name].values()))
+        return none_decode(self.name, str(self.failed), first.image, first.reason)
 
     def position(self) -> dict | None:
         """None: where a map-style stream goes on follows from the step alone

@@ -9,8 +9,10 @@ What is written, per split: `DIR/<split>-00000-of-000NN.parquet` in source order
 except the image, re-encoded with its shorter side at most `max_size` (never upscaled: a smaller image is
 copied byte for byte), and an integer label column cast to a `ClassLabel` with names. An image that does not
 decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
-manifest counts it too (`undecodable`). The directory is filled under a temporary name beside DIR and renamed
-into place only when complete (runtime.workdir.published_dir), so an interrupted run leaves no half DIR.
+manifest counts it too (`undecodable`) and names it (`undecodable_images`: its file's path, else
+its row and split, as sources.image_name names an image everywhere). The directory is filled under
+a temporary name beside DIR and renamed into place only when complete
+(runtime.workdir.published_dir), so an interrupted run leaves no half DIR.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ QUALITY = 95
 # images whose shorter side is below this keep full chroma; they decode in microseconds either way.
 FULL_CHROMA_BELOW = 128
 SHARD_MB = 256  # parquet shard size: large enough to read fast, several per split so streams split by rank
-_UNDECODABLE, _BYTES = "__undecodable", "__bytes"  # per-row tallies, dropped before writing
+# per-row tallies, dropped before writing: an undecodable image's name (None: it decodes), bytes
+_UNDECODABLE, _BYTES = "__undecodable", "__bytes"
 
 
 @dataclass(frozen=True)
@@ -130,16 +133,17 @@ def _encoded(item: dict) -> bytes | None:
         return None
 
 
-def _resize_rows(batch: dict, column: str, opts: Options) -> dict:
-    """datasets.map body: each image resized, or kept as it came (and counted) when it does not decode."""
+def _resize_rows(batch: dict, rows: list[int], column: str, opts: Options, where: str) -> dict:
+    """datasets.map body over `rows` of split `where`: each image resized, or kept as it came (and
+    named) when it does not decode."""
     images, bad, sizes = [], [], []
-    for item in batch[column]:
+    for item, row in zip(batch[column], rows):
         data = _encoded(item)
         new = resize_image(data, opts) if data is not None else None
         name = Path(item["path"]).name if item.get("path") else None
         # no bytes at all (a path to a missing file): stored empty, which training counts as undecodable too
         images.append({"bytes": new if new is not None else (data or b""), "path": name})
-        bad.append(new is None)
+        bad.append(sources.image_name(item, where, row) if new is None else None)
         sizes.append(len(images[-1]["bytes"] or b""))
     return {column: images, _UNDECODABLE: bad, _BYTES: sizes}
 
@@ -184,16 +188,17 @@ def label_names(splits: dict[str, datasets.Dataset], cfg: DataConfig) -> list[st
 def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, split: str):
     """The split with its images resized (and the per-row tallies), cached under `work`, not HF's cache."""
     features = ds.features.copy()
-    features[_UNDECODABLE], features[_BYTES] = datasets.Value("bool"), datasets.Value("int64")
-    return ds.map(_resize_rows, batched=True, batch_size=64, features=features,
-                  fn_kwargs={"column": cfg.image_column, "opts": opts}, num_proc=opts.workers or None,
+    features[_UNDECODABLE], features[_BYTES] = datasets.Value("string"), datasets.Value("int64")
+    kwargs = {"column": cfg.image_column, "opts": opts, "where": sources.origin(ds)}
+    return ds.map(_resize_rows, batched=True, with_indices=True, batch_size=64, features=features,
+                  fn_kwargs=kwargs, num_proc=opts.workers or None,
                   cache_file_name=str(work / f"{split}.arrow"), desc=f"resizing {split}")
 
 
 def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[str], opts: Options,
                  into: Path) -> dict:
     """One resized split as contiguous parquet shards of about opts.shard_mb in `into`; its manifest entry."""
-    undecodable, total = sum(ds[_UNDECODABLE]), sum(ds[_BYTES])
+    undecodable, total = [name for name in ds[_UNDECODABLE] if name is not None], sum(ds[_BYTES])
     ds = ds.remove_columns([_UNDECODABLE, _BYTES]).cast_column(cfg.image_column, datasets.Image())
     if cfg.label_column:
         ds = ds.cast_column(cfg.label_column, datasets.ClassLabel(names=names))
@@ -204,11 +209,13 @@ def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[
         shard = ds.shard(count, k, contiguous=True)  # contiguous: the shards in order are the source order
         shard.to_parquet(str(into / name))
         shards.append({"file": name, "rows": len(shard), "sha256": sha256_of(into / name)})
-    return {"rows": len(ds), "undecodable": undecodable, "shards": shards}
+    return {"rows": len(ds), "undecodable": len(undecodable), "undecodable_images": undecodable,
+            "shards": shards}
 
 
 def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> dict:
-    """manifest.json's content; `splits` maps each split to its entry (rows, undecodable, shards)."""
+    """manifest.json's content; `splits` maps each split to its entry (rows, undecodable: their
+    count, undecodable_images: their names, shards)."""
     return {
         "kind": sources.PREPARED_KIND, "format_version": FORMAT_VERSION,
         "tool": f"vitcli {importlib.metadata.version('vitcli')}",

@@ -25,13 +25,12 @@ resumed stream gives exactly the batches the uninterrupted one gives from k on.
 
 An image that does not decode is replaced as map-style batches replace it (batches.stand_in), by the next one
 that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has no random
-access to the rest). It is counted in the stream's `skipped` under its path, or a digest of its bytes, so it
-counts once however many epochs meet it.
+access to the rest). It is counted in the stream's `skipped` under its name (sources.image_name:
+its path, or a digest of its bytes), so it counts once however many epochs meet it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -46,26 +45,21 @@ from vitcli.data.augment import Encodings
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
-    _reason,
     keyed_loader,
     micro_batch,
     micro_seed,
     none_decode,
     on_cpu,
+    one_line,
     stand_in,
 )
 from vitcli.data.decode import Encoded, read
-from vitcli.data.sources import origin
+from vitcli.data.sources import image_name, origin
 from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 
 Example = tuple[dict, int]  # (encoded image {bytes, path}, label)
-
-
-def _image_id(raw: dict) -> str:
-    """A name for an encoded image that stays the same every epoch: its path, else a digest of its bytes."""
-    return raw.get("path") or "sha1:" + hashlib.sha1(raw.get("bytes") or b"").hexdigest()[:12]
 
 
 def _read(ids: datasets.IterableDataset, epoch: int, name: str) -> Iterator[dict]:
@@ -76,7 +70,7 @@ def _read(ids: datasets.IterableDataset, epoch: int, name: str) -> Iterator[dict
     except Exception as e:  # arrow, fsspec and HTTP errors: name the stream and the epoch
         if isinstance(e, VitcliError):
             raise
-        raise DataError(f"{name}: cannot read epoch {epoch}: {_reason(e)}") from None
+        raise DataError(f"{name}: cannot read epoch {epoch}: {one_line(e)}") from None
 
 
 def _epochs(ids: datasets.IterableDataset, epoch: int, skip: int, name: str) -> Iterator[tuple[dict, tuple]]:
@@ -121,7 +115,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 class _Decode(KeyedBatches):
     """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
-    for the model's device to decode, y, bad)."""
+    for the model's device to decode, y, bad); an image's id in `bad` is its name
+    (sources.image_name)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
@@ -137,7 +132,7 @@ class _Decode(KeyedBatches):
         images = [self._open(raw) for raw, _ in rows]
         while True:  # again when an image opened but its pixels did not decode: it is bad from now on
             good = [i for i, img in enumerate(images) if not isinstance(img, Exception)]
-            bad = {_image_id(rows[i][0]): _reason(e)
+            bad = {image_name(rows[i][0], self.name): one_line(e)
                    for i, e in enumerate(images) if isinstance(e, Exception)}
             if not good:
                 ident, reason = next(iter(bad.items()))
@@ -149,7 +144,8 @@ class _Decode(KeyedBatches):
                 images[use[e.position]] = e.error
                 continue
             if isinstance(x, Encodings):
-                x.ids = [_image_id(rows[i][0]) for i in use]  # for the tally of what fails on the device
+                # for the tally of what fails on the device
+                x.ids = [image_name(rows[i][0], self.name) for i in use]
             return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 

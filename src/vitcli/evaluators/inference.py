@@ -46,24 +46,24 @@ def sharded_pass(
     return out
 
 
-def raise_if_nothing_decoded(decoded: int, tallies: list[dict[str, dict[int, str]]]) -> None:
+def raise_if_nothing_decoded(decoded: int, tallies: list[batches.Tally]) -> None:
     """The none_decode error when images failed and none decoded on any rank. `decoded` (images decoded over
     all ranks) and `tallies` (every rank's Skipped.rows, in rank order) come from the caller's gather or
     reduce, so every rank decides alike and names the same image."""
-    failures = [(name, row, why)
-                for rows in tallies for name, bad in rows.items() for row, why in bad.items()]
+    failures = [(name, found)
+                for rows in tallies for name, bad in rows.items() for found in bad.values()]
     if decoded == 0 and failures:
-        name, row, why = failures[0]
-        raise batches.none_decode(name, str(len(failures)), f"row {row}", why)
+        name, found = failures[0]
+        raise batches.none_decode(name, str(len(failures)), found.image, found.reason)
 
 
-def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: dict[str, dict[int, str]], n: int,
+def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: batches.Tally, n: int,
                  dist: Dist, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
     """Every rank's per-row `arrays` (each (N_r, ...) over the rows r, r + W, ... of an n-row split that
     decoded; None: it had none) from a sharded_pass -> (rows (N',), *arrays) over the whole
     split in row order, on every rank; None when no rank had a row. Each rank's `skipped_rows`
-    (split -> {row: reason}) join `skipped`; images that failed with none decoded anywhere raise, on every
-    rank. A collective call."""
+    (split -> {row: Bad}, a quiet tally's: batches.Skipped) join `skipped`, which names each image
+    once; images that failed with none decoded anywhere raise, on every rank. A collective call."""
     return row_order(all_gather((arrays, skipped_rows), dist), n, skipped)
 
 

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from vitcli.data import batches
+from vitcli.data.sources import image_name
 from vitcli.errors import DataError
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.recipe.schema import DataConfig
@@ -38,7 +39,8 @@ def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, 
     `resize_method`: fewshot.resize_method.
 
     Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
-    own = batches.Skipped()
+    own = batches.Skipped(warn=False)  # this rank's share: `skipped` names each, from every rank
+    skipped = skipped if skipped is not None else batches.Skipped()
 
     def per_batch(model, i, x, y):
         return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
@@ -96,8 +98,9 @@ def cached(
     """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and
     (if `write`) store it atomically.
 
-    The rows the extraction skipped are stored with the features and recorded into `skipped` on a hit as on a
-    miss (`compute` must extract into that same tally). A damaged file is recomputed, with a warning.
+    The images the extraction skipped (rows and names) are stored with the features and recorded
+    into `skipped` on a hit as on a miss (`compute` must extract into that same tally). A damaged
+    file is recomputed, with a warning.
     With `dist`, a miss on any rank is a miss on all, since `compute` (extract) is collective.
     """
     path = cache_dir / f"{key}.safetensors"
@@ -107,8 +110,9 @@ def cached(
         entry = None
     if entry is not None:
         feats, labels, rows = entry
+        why = "skipped when these cached features were extracted"
         for name, bad in rows.items():
-            skipped.add(name, dict.fromkeys(bad, "skipped when these cached features were extracted"))
+            skipped.add(name, {row: batches.Bad(image, why) for row, image in bad.items()})
         return feats, labels, True
     before = {name: set(rows) for name, rows in skipped.as_dict().items()}
     feats, labels = compute()
@@ -116,18 +120,23 @@ def cached(
         return feats, labels, False
     # what the tally gained during `compute` is this entry's: one (task, split) per key
     rows = {n: [r for r in bad if r not in before.get(n, set())] for n, bad in skipped.as_dict().items()}
-    meta = {"skipped_rows": json.dumps({n: bad for n, bad in rows.items() if bad})}
+    rows = {n: bad for n, bad in rows.items() if bad}
+    images = {n: [skipped.rows[n][r].image for r in bad] for n, bad in rows.items()}  # rows' order
+    meta = {"skipped_rows": json.dumps(rows), "skipped_images": json.dumps(images)}
     with atomic_path(path) as tmp:  # a damaged file is replaced whole
         save_file({"features": np.ascontiguousarray(feats), "labels": labels}, str(tmp), metadata=meta)
     return feats, labels, False
 
 
-def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, list[int]]] | None:
-    """(features, labels, skipped rows per split) of a cache file; None, with a warning, if it is damaged."""
+def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, dict[int, str]]] | None:
+    """(features, labels, {row: image name} skipped per split) of a cache file; None, with a
+    warning, if it is damaged. A file from before names were stored names rows by row and split."""
     try:
         with safe_open(str(path), framework="np") as f:
             feats, labels = f.get_tensor("features"), f.get_tensor("labels")
-            rows = json.loads((f.metadata() or {}).get("skipped_rows", "{}"))
+            meta = f.metadata() or {}
+            rows = json.loads(meta.get("skipped_rows", "{}"))
+            images = json.loads(meta.get("skipped_images", "{}"))
         if feats.ndim != 2 or labels.shape != (len(feats),):
             raise ValueError(f"features {feats.shape} do not pair with labels {labels.shape}")
     except Exception as e:  # noqa: BLE001 - truncated or foreign files fail in many ways, all meaning redo
@@ -135,4 +144,5 @@ def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, list[int]
         console.log(f"[yellow]warning: feature cache {escape(str(path))} is damaged ({escape(reason)}); "
                     "recomputing it")
         return None
-    return feats, labels, rows
+    named = {n: images.get(n) or [image_name({}, n, r) for r in bad] for n, bad in rows.items()}
+    return feats, labels, {n: dict(zip(bad, named[n])) for n, bad in rows.items()}

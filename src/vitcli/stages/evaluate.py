@@ -81,9 +81,10 @@ def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped:
                 k: int) -> tuple[np.ndarray, ...]:
     """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
     the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
-    for a sigmoid-loss model). Undecodable rows are left out and join `skipped`. A collective call."""
+    for a sigmoid-loss model). Undecodable rows are left out and join `skipped`, which names each
+    once (this rank's own tally stays quiet). A collective call."""
     loss = loss_fn(recipe.optim)
-    own = batches.Skipped()
+    own = batches.Skipped(warn=False)
 
     def per_batch(model, i, x, y):
         logits = model(x).float()  # (B, K)

@@ -3,7 +3,8 @@ checkpoint stores them.
 
 The images go through `vit evaluate`'s own pass (vitcli.stages.evaluate.predictions: the same eval
 preprocessing, batching and precision), so a file scores exactly as the same image in a split does. An image
-that does not decode is named in one warning and skipped; nothing is written.
+that does not decode is named once, by its path: in a warning as it is skipped, or in the error
+when no image decodes; nothing is written.
 """
 
 from __future__ import annotations
@@ -49,19 +50,34 @@ def image_files(paths: list[Path]) -> list[Path]:
 
 
 def decodable(files: list[Path]) -> list[Path]:
-    """The files PIL decodes; each other one is named in a warning with the reason, and left out."""
-    good = []
+    """The files PIL decodes. Each other one is named once, with the reason: in a warning as it is
+    left out; when none decodes, the first in the error (and the others in warnings before it)."""
+    good, bad = [], []
     for path in files:
-        try:
-            with Image.open(path) as img:
-                img.load()
+        why = undecodable(path)
+        if why is None:
             good.append(path)
-        except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
-            why = escape(str(e) or type(e).__name__)
-            console.log(f"[yellow]warning: {escape(str(path))}: cannot decode ({why}); skipped")
+        else:
+            bad.append((path, why))
+    for path, why in bad if good else bad[1:]:
+        console.log(f"[yellow]warning: {escape(str(path))}: cannot decode ({escape(why)}); skipped")
     if not good:
-        raise DataError(f"none of the {len(files)} image file(s) decodes")
+        path, why = bad[0]
+        k = len(bad) - 1
+        more = f"; {k} other{'s' * (k > 1)} named above" if k else ""
+        raise DataError(f"none of the {len(files)} image file(s) decodes ({path}: {why}{more})")
     return good
+
+
+def undecodable(path: Path) -> str | None:
+    """Why PIL cannot decode the file, as training says it (batches.one_line); None when it
+    decodes. Read from its bytes, so PIL's message does not repeat the path the caller names."""
+    try:
+        with Image.open(io.BytesIO(path.read_bytes())) as img:
+            img.load()
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
+        return batches.one_line(e)
+    return None
 
 
 def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.markup import escape
+
 from vitcli.data.prepare import Options, prepare
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.metrics import pairs_table, stdout
+
+NAMED = 10  # undecodable images the table names per split; manifest.json names them all
 
 
 def data_config(source: str, recipe_file: Path | None, overrides: list[str]) -> DataConfig:
@@ -37,7 +41,8 @@ def prepare_data(source: str, out: Path, *, recipe_file: Path | None = None, ove
 
 
 def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
-    """The table: where, how, and one row per split (rows, shards, undecodable images)."""
+    """The table: where, how, and per split a row (rows, shards, undecodable images) and one more
+    for each undecodable image, up to NAMED."""
     how = f"shorter side <= {manifest['max_size']} px, {manifest['format']}"
     if manifest["quality"]:
         how += f" quality {manifest['quality']}"
@@ -47,5 +52,13 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
         shards = f", {len(entry['shards'])} shard(s)" if "shards" in entry else ""
         bad = f", {entry['undecodable']} undecodable (kept as they were)" if entry.get("undecodable") else ""
         rows.append((split, f"{entry['rows']} rows{shards}{bad}"))
+        rows += _undecodable(entry.get("undecodable_images", []))
     written = all("shards" in entry for entry in manifest["splits"].values())  # not a dry run's plan
     return rows + ([("read it with", f"data.source={out}")] if written else [])
+
+
+def _undecodable(names: list[str]) -> list[tuple[str, str]]:
+    """Table rows naming a split's undecodable images (sources.image_name), the first NAMED."""
+    rows = [("", escape(name)) for name in names[:NAMED]]
+    more = len(names) - NAMED
+    return rows + ([("", f"and {more} more: manifest.json names them all")] if more > 0 else [])

@@ -91,3 +91,25 @@ def test_checkpoint_waits_are_gloo_waits_with_a_long_timeout(monkeypatch, tmp_pa
     manager.save(tmp_path, {"step": 2}, model, optimizer, rank1, keep=2, sharded=True)
     assert waits == [(CONTROL, "broadcast"), (CONTROL, "dcp.save"), (CONTROL, dist.BARRIER_TIMEOUT),
                      (CONTROL, dist.BARRIER_TIMEOUT)]
+
+
+@pytest.mark.parametrize("threads, processes, cores", [(2, 2, 2), (16, 1, 8), (4, 3, 8), (2, 1, 1)])
+def test_threads_beyond_the_cores_are_named_and_the_advice_fits(threads, processes, cores):
+    warning = dist.oversubscription(threads, processes, cores)
+    assert f"{threads} threads on {cores} cores" in warning
+    fits = int(warning.rsplit("OMP_NUM_THREADS=", 1)[1].split()[0])
+    assert dist.oversubscription(fits, processes, cores) is None  # the advice, followed
+    assert dist.oversubscription(threads, processes, threads * processes) is None
+
+
+def test_a_cpu_process_says_so_once_at_setup(monkeypatch, logged):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(dist.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's, with OMP_NUM_THREADS=2 set by the user
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # no group to join in this test
+    dist.setup("cpu")
+    assert [m for m in logged if "OMP_NUM_THREADS=1" in m and "2 processes x 2 threads" in m]
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    logged.clear()
+    dist.setup("cpu")
+    assert not [m for m in logged if "OMP_NUM_THREADS" in m]

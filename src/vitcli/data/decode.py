@@ -23,6 +23,8 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
+from vitcli.data.augment import to_device
+
 SCALES = (8, 4, 2)  # libjpeg's DCT scalings PIL's draft can ask for, largest first
 
 
@@ -155,12 +157,12 @@ def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.
     cut = [i for i, f in enumerate(files) if device.type == "cuda" and not _ends_whole(f)]
     if not cut:
         return _decode_each(files, device)
-    whole = [i for i in range(len(files)) if i not in set(cut)]
+    whole = sorted(set(range(len(files))) - set(cut))
     out: list = [None] * len(files)
     for i, x in zip(whole, _decode_each([files[i] for i in whole], device)):
         out[i] = x
     for i, x in zip(cut, _decode_each([files[i] for i in cut], torch.device("cpu"))):
-        out[i] = x if isinstance(x, Exception) else x.pin_memory().to(device, non_blocking=True)
+        out[i] = x if isinstance(x, Exception) else to_device(x, device)
     return out
 
 

@@ -29,7 +29,6 @@ Exit 0 when every check passed (targets are reported, not enforced), 1 when one 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -136,23 +135,27 @@ def cuda_tests_section(plan: Plan, logs: Path) -> dict:
 
 
 # -------------------------------------------------------------------------------------------------- runs
+BRIEF = {"activation_checkpointing": ["run.activation_checkpointing=true"],  # the brief runs' overrides
+         "mpp": ["objective=mpp", "data.label_column="],
+         "decode_device_model": ["data.decode_device=model"]}
+
+
 def runs_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
-    """`vit pretrain` on the JPEG folder: the main run, one stopped and resumed, three brief variants (those
+    """`vit pretrain` on the JPEG folder: the main run, one stopped and resumed, the BRIEF variants (those
     in `names`; all when it is empty)."""
     base = [*plan.model, *plan.train, *ON_JPEGS, f"data.source={data}"]
-    brief = [*base, f"schedule.steps={plan.brief}"]
-    runs = {
-        "pretrain": lambda: checked(train_child(plan, work / "pretrain",
-                                                [*base, f"schedule.steps={plan.steps}"], logs), falling=True),
-        "resume": lambda: stop_and_resume(plan, work / "resume", [
-            *base, f"schedule.steps={plan.resume_steps}", "run.ckpt_every=1000"], logs),
-        **{name: functools.partial(lambda name, extra: checked(
-            train_child(plan, work / name, [*brief, *extra], logs)), name, extra)
-           for name, extra in (("activation_checkpointing", ["run.activation_checkpointing=true"]),
-                               ("mpp", ["objective=mpp", "data.label_column="]),
-                               ("decode_device_model", ["data.decode_device=model"]))},
-    }
-    return {name: run() for name, run in runs.items() if not names or name in names}
+    out = {}
+    if not names or "pretrain" in names:
+        out["pretrain"] = checked(train_child(plan, work / "pretrain",
+                                              [*base, f"schedule.steps={plan.steps}"], logs), falling=True)
+    if not names or "resume" in names:
+        out["resume"] = stop_and_resume(plan, work / "resume", [
+            *base, f"schedule.steps={plan.resume_steps}", "run.ckpt_every=1000"], logs)
+    for name, extra in BRIEF.items():
+        if not names or name in names:
+            brief = [*base, f"schedule.steps={plan.brief}", *extra]
+            out[name] = checked(train_child(plan, work / name, brief, logs))
+    return out
 
 
 def checked(result: dict, falling: bool = False) -> dict:
@@ -422,6 +425,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = {part.split(".")[0] for part in a.only.split(",")} - set(SECTIONS)
     if unknown:
         p.error(f"--only {a.only}: no section {', '.join(sorted(unknown))} (sections: {', '.join(SECTIONS)})")
+    known = {"runs": {"pretrain", "resume", *BRIEF}, "throughput": set(Plan(a.quick).throughput)}
+    for section, names in selection(a.only).items():
+        has = known.get(section, set())
+        if names - has:
+            p.error(f"--only {a.only}: {section} has no {', '.join(sorted(names - has))} "
+                    f"(it has {', '.join(sorted(has)) or 'no parts to pick'})")
     return a
 
 

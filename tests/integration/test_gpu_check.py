@@ -49,9 +49,13 @@ def test_quick_gpu_check_prints_every_section_and_its_runs_pass(tmp_path):
         assert img.format == "JPEG" and 375 <= max(img.size) <= 640
 
 
-def test_an_unknown_section_is_refused_with_the_known_ones():
+def test_an_unknown_section_or_part_is_refused_with_the_known_ones():
     done = gpu_check("--only", "device,runz")
     assert done.returncode == 2 and "no section runz" in done.stderr and "throughput" in done.stderr
+    done = gpu_check("--only", "runs.mpq")
+    assert done.returncode == 2 and "runs has no mpq" in done.stderr and "mpp" in done.stderr
+    done = gpu_check("--quick", "--only", "throughput.ViT-B/16")  # --quick measures its tiny model only
+    assert done.returncode == 2 and "throughput has no ViT-B/16" in done.stderr and "tiny" in done.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")

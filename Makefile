@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo lint bench bench-memory bench-startup gpu-check clean
+.PHONY: setup test demo record quotes lint bench bench-memory bench-startup gpu-check clean
 
 setup: $(VENV_STAMP)
 
@@ -20,6 +20,21 @@ test: lint
 
 demo: setup
 	bash scripts/quickstart.sh
+
+# What the docs quote from the quickstart, measured again: make demo's stages, the two baselines the docs set
+# against them and `vit evaluate` of the fine-tune, into a fresh runs/record, kept in
+# docs/measured/quickstart.json (date, machine, source); then every quote rewritten from it. make demo's
+# time, a fine-tune's and two few-shot tables'.
+record: setup
+	rm -rf runs/record
+	RUNS=runs/record bash scripts/quickstart.sh --record
+	$(PY) scripts/record_quickstart.py runs/record
+	$(PY) scripts/quotes.py --write
+
+# Rewrite every marked figure (<!-- quote: KEY -->) from its record in docs/measured/; tests/integration/
+# test_quotes.py fails when one differs. `python scripts/quotes.py` alone lists them.
+quotes: setup
+	$(PY) scripts/quotes.py --write
 
 lint: setup
 	.venv/bin/ruff check src tests bench scripts

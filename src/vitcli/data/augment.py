@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcli.runtime.dist import to_device
+
 ASPECT_RANGE = (3 / 4, 4 / 3)  # big_vision inception_crop = TF sample_distorted_bounding_box's default
 ATTEMPTS = 100  # TF's max_attempts default
 
@@ -259,16 +261,6 @@ def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torc
 def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     """(B, 3, H, W) with the rows of `flips` (B,) bool mirrored left-right."""
     return torch.where(to_device(flips, pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` on `device` without stalling the host: a CPU tensor bound for CUDA is copied asynchronously from
-    page-locked memory (pinned here unless the DataLoader pinned it). A copy from pageable memory is not
-    asynchronous: CUDA waits for everything queued on the stream first, so a 16-byte tensor of flips would
-    stall the loop until the last backward finished, and that wait is counted as waiting for data."""
-    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
-        t = t.pin_memory()
-    return t.to(device, non_blocking=True)
 
 
 def _needs_resize(batch: Pixels) -> bool:

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-from vitcli.data.augment import to_device
+from vitcli.runtime.dist import to_device
 
 SCALES = (8, 4, 2)  # libjpeg's DCT scalings PIL's draft can ask for, largest first
 

@@ -101,6 +101,16 @@ def oversubscription(threads: int, processes: int, cores: int) -> str | None:
             f"OMP_NUM_THREADS={fits} (torchrun sets 1 unless told otherwise)")
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device` without stalling the host: a CPU tensor bound for CUDA is copied asynchronously from
+    page-locked memory (pinned here unless the DataLoader pinned it). A copy from pageable memory is not
+    asynchronous: CUDA waits for everything queued on the stream first, so a 16-byte tensor of flips would
+    stall the loop until the last backward finished, and that wait is counted as waiting for data."""
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def group_args(device: torch.device) -> dict:
     """init_process_group's arguments for a process on `device`: NCCL bound to its GPU, else Gloo.
 

@@ -31,7 +31,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
               "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
-                     "resize", "transfer", "export_hf", "export_onnx", "export_timm"]),
+                     "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "parallelize", "optim", "objectives", "interrupt", "throughput", "loop"]),
     # what the loop runs when due

@@ -19,6 +19,7 @@ AS_TRAINED = ("eval-fewshot", "inspect", "export")
 WEIGHTED = (*AS_TRAINED, *CLASSIFIES)  # the stages that need a checkpoint named (--ckpt)
 # a stage that reads only some sections of a recipe; it takes them from a recipe file of any stage
 SECTIONS = {"prepare-data": ("data",)}
+EXPORT_FORMATS = ("hf", "onnx", "timm")  # `vit export --format`: vitcli.stages.export writes each
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
 MPP_TARGETS = ("mean_color", "color_4x4", "pixels_l2")

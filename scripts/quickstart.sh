@@ -16,7 +16,7 @@ RUNS=${RUNS:-runs/quickstart}
 $VIT pretrain --recipe recipes/quickstart/pretrain.yaml --workdir $RUNS/pretrain
 $VIT finetune --recipe recipes/quickstart/finetune.yaml --init $RUNS/pretrain --workdir $RUNS/finetune
 $VIT eval-fewshot --recipe recipes/quickstart/fewshot.yaml --ckpt $RUNS/pretrain --workdir $RUNS/fewshot
-$VIT inspect $RUNS/pretrain --out $RUNS/inspect
+$VIT inspect --ckpt $RUNS/pretrain --out $RUNS/inspect
 $VIT plot $RUNS/pretrain $RUNS/finetune --out $RUNS/curves.png
 if [[ "${1:-}" == --record ]]; then
     $VIT finetune --recipe recipes/quickstart/finetune.yaml --workdir $RUNS/finetune_scratch

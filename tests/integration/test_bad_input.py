@@ -59,7 +59,7 @@ CASES = {
     "unknown command": (["pretrian"], "No such command 'pretrian'"),
     "misspelt option": (["pretrain", "--recipy", "x"], "--recipy"),
     "option not a number": (["finetune", "--res", "abc"], "'--res'"),
-    "missing argument": (["resize-posemb"], "Missing argument"),
+    "missing argument": (["plot"], "Missing argument"),
     "option without its value": (["eval-fewshot", "--shots"], "--shots"),
     # recipe files and keys
     "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
@@ -136,14 +136,15 @@ CASES = {
                                   "holds a finished run"),
     "finished run, typo after --no-resume": (pretrain("--workdir", "{root}/done", "--no-resume",
                                                       "--overwrite", "data.source=/no/such"), "/no/such"),
-    "resize out is a directory": (["resize-posemb", "{root}/done", "--res", "64", "--out",
+    "resize out is a directory": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
                                    "{root}/adir.safetensors"], "is a directory"),
-    "resize out below a file": (["resize-posemb", "{root}/done", "--res", "64", "--out",
+    "resize out below a file": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
                                  "{root}/afile/x.safetensors"], "is a file"),
-    "resize method": (["resize-posemb", "{root}/done", "--res", "64", "--method", "nearest"], "--method"),
-    "resize grid": (["resize-posemb", "{root}/done", "--grid", "3x", "--out", "{root}/g.safetensors"],
-                    "--grid"),
-    "resize res vs patch": (["resize-posemb", "{root}/done", "--res", "30"], "--res=30"),
+    "resize method": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--method", "nearest"],
+                      "--method"),
+    "resize grid": (["resize-posemb", "--ckpt", "{root}/done", "--grid", "3x", "--out",
+                     "{root}/g.safetensors"], "--grid"),
+    "resize res vs patch": (["resize-posemb", "--ckpt", "{root}/done", "--res", "30"], "--res=30"),
 }
 
 

@@ -1,6 +1,7 @@
 """The command line: instant help, dry runs, and bad input as one red line with exit code 2."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,11 @@ import pytest
 import yaml
 
 from helpers import REPO, machine, run_vit
-from vitcli import cli
 from vitcli.checkpoints.weights import save_weights
-from vitcli.errors import Interrupted
+from vitcli.cli import entry
+from vitcli.errors import DataError, Interrupted
 from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.checks import get
 from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
 from vitcli.runtime import precision
 from vitcli.runtime.run_files import SUMMARY_FILE
@@ -124,7 +126,7 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
                           exit_code=143)
 
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(cli, "app", stopped)
+    monkeypatch.setattr(entry, "app", stopped)
     code, out, err = run_vit(monkeypatch, capsys, "pretrain")
     assert code == 143 and out == ""
     assert ("SIGTERM at step 3/9" in err) == says
@@ -175,6 +177,8 @@ def test_json_is_what_the_run_wrote_in_summary_json(monkeypatch, capsys, tmp_pat
     assert code == 0, err
     assert out == (tmp_path / SUMMARY_FILE).read_text()
     assert json.loads(out)["steps"] == 2 and "test/top1" in json.loads(out)
+
+
 def test_the_startup_benchmark_reports_each_command():
     """bench/startup.py (make bench-startup) times whole `vit` processes; here its schema, not the time."""
     done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"],
@@ -183,3 +187,175 @@ def test_the_startup_benchmark_reports_each_command():
     assert {"help", "misspelt_key", "dry_run_quickstart", "targets"} <= set(report)
     assert report["misspelt_key"]["command"] == "vit pretrain --dry-run model.nmae=x"
     assert all(report[k]["median_s"] > 0 and report[k]["peak_rss_mb"] > 0 for k in ("help", "misspelt_key"))
+
+
+# ---------------------------------------------------------------- each command, the one dispatcher
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "c.safetensors")
+
+
+def handed(ckpt: Path, tmp: Path) -> dict:
+    """command -> (its arguments, the stage function it hands over to, what that receives after the
+    recipe, and what the recipe it receives says by dotted key; None: it receives none)."""
+    from vitcli.data.prepare import Options
+
+    return {
+        "evaluate": (
+            ["evaluate", "--ckpt", ckpt, "--workdir", tmp / "w", "--split", "test[:8]"],
+            "vitcli.stages.evaluate.evaluate", ((tmp / "w",), {"real_path": None, "real": None}),
+            {"stage": "evaluate", "init.checkpoint": str(ckpt), "data.test_split": "test[:8]",
+             "model.num_classes": 4, "model.img_size": 32}),
+        "predict": (
+            ["predict", tmp / "a.png", "--ckpt", ckpt, "--top-k", "3", "--batch-size", "2"],
+            "vitcli.stages.predict.predict", (([tmp / "a.png"], 3), {}),
+            {"stage": "predict", "data.eval_batch_size": 2, "model.num_classes": 4}),
+        "resize-posemb": (
+            ["resize-posemb", "--ckpt", ckpt, "--res", "64", "--method", "bicubic", "--dry-run"],
+            "vitcli.stages.resize.run_resize",
+            ((str(ckpt),), {"out": None, "res": 64, "grid": None, "patch": None,
+                            "method": "bicubic", "dry_run": True}),
+            None),
+        "inspect": (
+            ["inspect", "--ckpt", ckpt, "--out", tmp / "o", "--images", "4"],
+            "vitcli.stages.inspect.inspect", ((tmp / "o",), {"split": "test", "images": 4}),
+            {"stage": "inspect", "init.checkpoint": str(ckpt), "data.source": "synthetic",
+             "data.label_column": "", "model.num_classes": 0, "model.img_size": 32}),
+        "plot": (
+            ["plot", tmp / "a", tmp / "b", "--out", tmp / "c.png"],
+            "vitcli.stages.plot.plot", (([tmp / "a", tmp / "b"], tmp / "c.png"), {}), None),
+        "prepare-data": (
+            ["prepare-data", "synthetic", "--out", tmp / "p", "--max-size", "24", "--splits",
+             "train", "--format", "png", "--dry-run", "data.synthetic.train_size=64"],
+            "vitcli.stages.prepare.prepare_data",
+            ((tmp / "p",), {"splits": "train", "options": Options(max_size=24, format="png"),
+                            "overwrite": False, "dry_run": True}),
+            {"stage": "prepare-data", "data.source": "synthetic", "data.train_split": "",
+             "data.synthetic.train_size": 64}),
+        "export": (
+            ["export", "--ckpt", ckpt, "--format", "onnx", "--out", tmp / "e", "--overwrite"],
+            "vitcli.stages.export.export",
+            (("onnx", tmp / "e"), {"overwrite": True, "dry_run": False}),
+            {"stage": "export", "init.checkpoint": str(ckpt), "model.num_classes": 0,
+             "model.img_size": 32}),
+        "eval-fewshot --list-tasks": (
+            ["eval-fewshot", "--list-tasks"], "vitcli.stages.fewshot.print_registry", ((), {}),
+            None),
+    }
+
+
+HANDED = sorted(handed(Path("c"), Path(".")))
+
+
+def stub(monkeypatch, target: str, returns) -> list:
+    """The stage at `target` replaced by one that records what it receives, prints a table and
+    returns `returns`; the list of its calls."""
+    from vitcli.runtime.metrics import stdout
+
+    calls = []
+
+    def stage(*args, **kwargs):
+        calls.append((args, kwargs))
+        stdout.print("a table")
+        return returns
+
+    monkeypatch.setattr(target, stage)
+    return calls
+
+
+@pytest.mark.parametrize("command", HANDED)
+def test_each_command_resolves_its_own_stage_and_hands_the_recipe_over(command, ckpt, tmp_path,
+                                                                        monkeypatch, capsys):
+    """Each command resolves its recipe under its own stage name (no stage resolves one) and calls
+    its stage function once with the recipe and its flags, parsed; the stage's table is shown."""
+    args, target, (positional, named), says = handed(ckpt, tmp_path)[command]
+    calls = stub(monkeypatch, target, {"x": 1})
+    code, out, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert out == "a table\n"
+    ((received, kwargs),) = calls
+    if says is not None:
+        recipe, *received = received
+        assert {key: get(recipe, key) for key in says} == says
+    assert (tuple(received), kwargs) == (positional, named)
+
+
+@pytest.mark.parametrize("command", [c for c in HANDED if c != "plot"])
+def test_json_is_what_the_stage_returned_printed_by_rank_0_alone(command, ckpt, tmp_path,
+                                                                   monkeypatch, capsys):
+    args, target, _, _ = handed(ckpt, tmp_path)[command]
+    returned = {"top1": 0.5, "files": ["a", "b"]}
+    stub(monkeypatch, target, returned)
+    code, out, err = run_vit(monkeypatch, capsys, *args, "--json")
+    assert code == 0 and json.loads(out) == returned, err  # the table went nowhere
+    monkeypatch.setenv("RANK", "1")
+    code, out, err = run_vit(monkeypatch, capsys, *args, "--json")
+    assert code == 0 and out == "", err
+
+
+def test_csv_spreads_each_record_over_one_row_per_rank(ckpt, tmp_path, monkeypatch, capsys):
+    args, target, _, _ = handed(ckpt, tmp_path)["predict"]
+    top = [{"rank": 1, "class_index": 2, "class_name": "cat, tabby", "probability": 0.123456789},
+           {"rank": 2, "class_index": 0, "class_name": "dog", "probability": 0.1}]
+    records = [{"path": "a.png", "top": top}, {"path": "b.png", "top": top[:1]}]
+    calls = stub(monkeypatch, target, records)
+    code, out, err = run_vit(monkeypatch, capsys, *args, "--csv")
+    assert code == 0, err
+    assert out == ("path,rank,class_index,class_name,probability\n"
+                   'a.png,1,2,"cat, tabby",0.123457\na.png,2,0,dog,0.1\n'
+                   'b.png,1,2,"cat, tabby",0.123457\n')
+    code, out, err = run_vit(monkeypatch, capsys, *args, "--csv", "--json")
+    assert code == 2 and out == "" and "--json and --csv" in err and len(calls) == 1, err
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (DataError("no image decodes"), 2, "error: no image decodes"),
+    (RuntimeError("a bug"), 1, "error: RuntimeError: a bug (set VITCLI_DEBUG=1 for the traceback)"),
+])
+def test_a_stage_error_is_one_line_and_its_exit_code(raised, code, line, ckpt, tmp_path,
+                                                     monkeypatch, capsys):
+    def fails(*args, **kwargs):
+        raise raised
+
+    for command in ("export", "resize-posemb"):
+        args, target, _, _ = handed(ckpt, tmp_path)[command]
+        monkeypatch.setattr(target, fails)
+        assert run_vit(monkeypatch, capsys, *args, "--json") == (code, "", line + "\n")
+
+
+def test_a_dry_run_of_a_workdir_stage_prints_the_recipe_and_never_runs_it(monkeypatch, capsys):
+    calls = stub(monkeypatch, "vitcli.stages.run.one_run", {})
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", "--json",
+                             "schedule.steps=10", "schedule.warmup_steps=1")
+    assert code == 0 and yaml.safe_load(out)["stage"] == "pretrain" and calls == [], err
+
+
+def test_without_workdir_a_stage_runs_in_a_new_one_named_by_it(ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    evaluated = stub(monkeypatch, "vitcli.stages.evaluate.evaluate", {})
+    assert run_vit(monkeypatch, capsys, "evaluate", "--ckpt", ckpt)[0] == 0
+    scored = stub(monkeypatch, "vitcli.stages.fewshot.eval_fewshot", {})
+    args = ["eval-fewshot", "--ckpt", ckpt, "--tasks", "synthetic"]
+    assert run_vit(monkeypatch, capsys, *args)[0] == 0
+    (((_, evaluate_dir), _),), (((_, fewshot_dir), _),) = evaluated, scored
+    assert re.fullmatch(r"runs/evaluate-\d{8}-\d{6}", str(evaluate_dir))
+    assert re.fullmatch(r"runs/fewshot-\d{8}-\d{6}", str(fewshot_dir))
+
+
+@pytest.mark.parametrize("args", [["inspect", "RUN", "--out", "figs"],
+                                  ["resize-posemb", "RUN", "--res", "384"],
+                                  ["export", "RUN", "--format", "hf", "--out", "x"]])
+def test_a_checkpoint_given_by_position_is_refused_naming_ckpt(args, monkeypatch, capsys):
+    """`vit inspect RUN` and `vit resize-posemb RUN` were the documented form; the checkpoint is
+    --ckpt."""
+    code, out, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"named by --ckpt, not by position: `vit {args[0]} --ckpt RUN ...`" in err
+
+
+def test_the_cli_names_each_stage_by_import_not_by_string():
+    """Static tools and test_layout see which stage each command runs: no importlib in the CLI."""
+    for path in (REPO / "src/vitcli/cli").glob("*.py"):
+        assert "importlib" not in path.read_text().replace("importlib.metadata", ""), path

@@ -192,11 +192,11 @@ def test_the_docs_show_every_command_and_the_cluster():
 
 
 def test_the_extraction_rule():
-    block = ["$ vit plot a \\", "    b --out c.png  # two runs", "make demo", "vit inspect x --out y > log",
-             "vit pretrain -r r.yaml  # needs: the Hub"]
+    block = ["$ vit plot a \\", "    b --out c.png  # two runs", "make demo",
+             "vit inspect --ckpt x --out y > log", "vit pretrain -r r.yaml  # needs: the Hub"]
     got = [parse_command(text) for _, text in logical_lines(block)]
     assert got == [(("vit", "plot", "a", "b", "--out", "c.png"), ""), None,
-                   (("vit", "inspect", "x", "--out", "y"), ""),
+                   (("vit", "inspect", "--ckpt", "x", "--out", "y"), ""),
                    (("vit", "pretrain", "-r", "r.yaml"), "the Hub")]
 
 

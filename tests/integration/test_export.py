@@ -25,17 +25,17 @@ import torch
 from PIL import Image
 
 from helpers import REPO, run_vit, tiny_vit
-from vitcli import cli
 from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.weights import save_weights
+from vitcli.cli.options import ExportFormat
 from vitcli.data.augment import finish
 from vitcli.data.decode import Encoded
 from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.schema import DataConfig, ModelConfig
-from vitcli.stages.export import FORMATS
+from vitcli.stages.export import FILES
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -220,7 +220,7 @@ def test_hf_refuses_naming_only_formats_that_take_the_model(cfg):
 
 
 def test_the_command_line_offers_exactly_the_formats_the_stage_writes():
-    assert [f.value for f in cli.ExportFormat] == list(FORMATS)
+    assert [f.value for f in ExportFormat] == list(FILES)
 
 
 def test_bad_input_is_one_line_and_nothing_is_written(monkeypatch, capsys, tmp_path, ours):

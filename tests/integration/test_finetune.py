@@ -237,10 +237,10 @@ def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetune
 
 @pytest.fixture
 def resized(tmp_path, monkeypatch, capsys):
-    """A tiny 32 px checkpoint (4x4 grid) and `vit resize-posemb SRC --res 64 --out OUT` run on it."""
+    """A tiny 32 px checkpoint (4x4 grid) and `vit resize-posemb --ckpt SRC --res 64 --out OUT` run on it."""
     src = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
     out = tmp_path / "out" / "x64.safetensors"
-    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", src, "--res", 64, "--out", out)
+    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", src, "--res", 64, "--out", out)
     assert code == 0, err
     return src, out
 
@@ -248,7 +248,7 @@ def resized(tmp_path, monkeypatch, capsys):
 def test_resize_posemb_dry_run_shows_both_grids_and_writes_nothing(tmp_path, monkeypatch, capsys):
     src = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
     before = sorted(tmp_path.rglob("*"))
-    code, out, err = run_vit(monkeypatch, capsys, "resize-posemb", src, "--res", 64,
+    code, out, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", src, "--res", 64,
                              "--out", tmp_path / "out" / "x64.safetensors", "--dry-run")
     assert code == 0, err
     assert "4x4" in out and "8x8" in out, out
@@ -277,7 +277,8 @@ def test_resized_checkpoint_loads_in_timm_and_finetune_at_the_new_size(tmp_path,
 def test_resizing_back_with_grid_restores_the_original_shape(tmp_path, monkeypatch, capsys, resized):
     src, out = resized
     back = tmp_path / "x32.safetensors"
-    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", out, "--grid", "4x4", "--out", back)
+    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", out, "--grid", "4x4", "--out",
+                           back)
     assert code == 0, err
     original, _ = load_weights(src / MODEL_FILE)
     restored, meta = load_weights(back)
@@ -289,7 +290,7 @@ def test_resizing_back_with_grid_restores_the_original_shape(tmp_path, monkeypat
 
 def test_malformed_grid_is_one_line_exit_2(tmp_path, monkeypatch, capsys, resized):
     _, out = resized
-    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", out, "--grid", "3x",
+    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", out, "--grid", "3x",
                            "--out", tmp_path / "y.safetensors")
     assert_one_line_error(code, err, "--grid", "3x")
     assert not (tmp_path / "y.safetensors").exists()
@@ -357,7 +358,7 @@ def test_resolution_not_a_multiple_of_the_patch(tmp_path, monkeypatch, capsys, d
                            *args, "--res", 36)
     assert_one_line_error(code, err, "36")
     assert "patch" in err and re.search(r"\b8\b", err), f"must name the checkpoint's patch size, 8: {err}"
-    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", init, "--res", 36,
+    code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", init, "--res", 36,
                            "--out", tmp_path / "r.safetensors")
     assert_one_line_error(code, err, "36")
 

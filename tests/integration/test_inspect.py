@@ -244,8 +244,8 @@ def ckpts(tmp_path_factory):
 
 
 def test_inspect_writes_the_three_figures_and_prints_the_summary(ckpts, tmp_path, monkeypatch, capsys):
-    code, out, err = run_vit(monkeypatch, capsys, "inspect", ckpts / "learned_1d", "--out", tmp_path / "o",
-                             "--images", "16")
+    code, out, err = run_vit(monkeypatch, capsys, "inspect", "--ckpt", ckpts / "learned_1d", "--out",
+                             tmp_path / "o", "--images", "16")
     assert code == 0, err
     for name in ("embedding_filters.png", "position_similarity.png", "attention_distance.png"):
         with Image.open(tmp_path / "o" / name) as image:
@@ -269,7 +269,7 @@ def test_inspect_writes_the_three_figures_and_prints_the_summary(ckpts, tmp_path
 def test_inspect_json_for_every_kind_of_file(ckpts, tmp_path, monkeypatch, capsys, source, grid, pos_embed):
     # a foreign file cannot tell its heads
     extra = ["model.num_heads=2"] if source == "timm.safetensors" else []
-    code, out, err = run_vit(monkeypatch, capsys, "inspect", ckpts / source, "--out", tmp_path,
+    code, out, err = run_vit(monkeypatch, capsys, "inspect", "--ckpt", ckpts / source, "--out", tmp_path,
                              "--images", "4", "--json", *extra)
     assert code == 0, err
     report = json.loads(out)
@@ -280,7 +280,8 @@ def test_inspect_json_for_every_kind_of_file(ckpts, tmp_path, monkeypatch, capsy
 
 
 def test_a_cnn_is_a_one_line_error(ckpts, tmp_path, monkeypatch, capsys):
-    code, out, err = run_vit(monkeypatch, capsys, "inspect", ckpts / "resnet.safetensors", "--out", tmp_path)
+    code, out, err = run_vit(monkeypatch, capsys, "inspect", "--ckpt", ckpts / "resnet.safetensors", "--out",
+                             tmp_path)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "no ViT" in err and "resnet.safetensors" in err
     assert not list(tmp_path.iterdir()), "nothing written"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_vit
-from vitcli import cli
+from vitcli.cli import commands as cli_commands
 from vitcli.errors import Terminated
 from vitcli.recipe.resolve import resolve
 from vitcli.stages.run import one_run
@@ -48,9 +48,9 @@ def commands(root: Path) -> dict:
                           "data.num_workers=0"], ("fewshot", "eval_fewshot")),
         "evaluate": (["evaluate", "--ckpt", run, "--workdir", out], ("evaluate", "evaluate")),
         "predict": (["predict", root / "red.png", "--ckpt", run], ("predict", "predict")),
-        "resize-posemb": (["resize-posemb", run, "--res", "64", "--out", out / "r.safetensors"],
+        "resize-posemb": (["resize-posemb", "--ckpt", run, "--res", "64", "--out", out / "r.safetensors"],
                           ("resize", "run_resize")),
-        "inspect": (["inspect", run, "--out", out, "--images", "4"], ("inspect", "inspect")),
+        "inspect": (["inspect", "--ckpt", run, "--out", out, "--images", "4"], ("inspect", "inspect")),
         "plot": (["plot", run, "--out", out / "c.png"], ("plot", "plot")),
         "prepare-data": (["prepare-data", "synthetic", "--out", out], ("prepare", "prepare_data")),
         "export": (["export", "--ckpt", run, "--format", "timm", "--out", out], ("export", "export")),
@@ -86,7 +86,7 @@ def test_a_stop_while_the_recipe_is_read_is_the_same(done, monkeypatch, capsys):
     def stopped(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_resolve", stopped)
+    monkeypatch.setattr(cli_commands, "resolve_recipe", stopped)
     code, _, err = run_vit(monkeypatch, capsys, *commands(done)["pretrain"][0])
     assert code == 130 and "interrupted (Ctrl-C)" in err
 

@@ -21,7 +21,7 @@ from vitcli.data import prepare, sources
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 from vitcli.runtime.run_files import MODEL_FILE
-from vitcli.stages.prepare import prepare_data
+from vitcli.stages import prepare as stage
 from vitcli.stages.run import one_run
 
 SIZES = ["data.synthetic.train_size=64", "data.synthetic.val_size=16", "data.synthetic.test_size=16",
@@ -29,6 +29,14 @@ SIZES = ["data.synthetic.train_size=64", "data.synthetic.val_size=16", "data.syn
 SYNTHETIC = SyntheticConfig(train_size=64, val_size=16, test_size=16, num_classes=4)
 MAX = 24  # the synthetic images are 32 px: every one is resized
 SHARD_MB = 0.03  # the train split (~85 kB) in ~3 shards: read in order, they must give the source order
+
+
+def prepare_data(source, out, overrides=(), **kwargs):
+    """The stage on the recipe `vit prepare-data SOURCE OVERRIDES...` resolves (the splits are
+    --splits' alone)."""
+    flags = {"data.source": source, "data.train_split": "", "data.val_split": "",
+             "data.test_split": ""}
+    return stage.prepare_data(resolve("prepare-data", None, list(overrides), flags), out, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -124,12 +124,53 @@ def test_every_shipped_recipe_resolves(path):
 
 
 @pytest.mark.parametrize("command, says", [("pretrain", "finetune"), ("eval-fewshot", "pretrain"),
-                                            ("finetune", "pretrain")])
+                                            ("finetune", "pretrain"), ("inspect", "eval-fewshot"),
+                                            ("export", "pretrain"), ("evaluate", "finetune")])
 def test_a_recipe_for_another_stage_is_refused_naming_both(tmp_path, command, says):
     p = write(tmp_path, f"stage: {says}\nschedule:\n  steps: 10\n  warmup_steps: 1\n")
     with pytest.raises(RecipeError) as e:
         resolve(command, p)
     assert f"says stage: {says}" in str(e.value) and f"`vit {command}`" in str(e.value)
+
+
+@pytest.mark.parametrize("says", ["pretrain", "finetune", "eval-fewshot"])
+def test_prepare_data_takes_the_data_section_of_a_recipe_of_any_stage(tmp_path, says):
+    """`vit prepare-data -r` reads a training recipe's data section; its other sections are not its
+    to check (their keys and types aside), and the stage stays the command's."""
+    p = write(tmp_path, f"stage: {says}\nmodel:\n  name: vit_tiny_patch16_224\n  img_size: 30\n"
+                        "data:\n  image_column: img\n  batch_size: 7\n")
+    r = resolve("prepare-data", p, ["data.label_column=fine_label"], {"data.source": "synthetic"})
+    assert (r.stage, r.data.image_column, r.data.label_column, r.data.batch_size) == (
+        "prepare-data", "img", "fine_label", 7)
+    assert r.model.name == "custom" and r.model.img_size == 224  # not read: no timm, no size check
+
+
+@pytest.mark.parametrize("text, overrides, fragment", [
+    ("data:\n  image_colum: img\n", [], "did you mean 'data.image_column'"),
+    ("model:\n  depht: 2\n", [], "unknown recipe key 'model.depht'"),  # a section it does not read
+    ("stage: pretrian\n", [], "stage: 'pretrian' is not one of"),
+    ("", ["model.depth=2"], "model.depth=2: `vit prepare-data` reads only the data.* keys"),
+])
+def test_prepare_data_refuses_unknown_keys_anywhere_and_overrides_of_other_sections(tmp_path, text,
+                                                                                     overrides,
+                                                                                     fragment):
+    with pytest.raises(RecipeError, match=re.escape(fragment)):
+        resolve("prepare-data", write(tmp_path, text), overrides, {"data.source": "synthetic"})
+
+
+def test_a_stage_without_labels_to_read_takes_an_empty_label_column():
+    """Few-shot, inspect, export and prepare-data read no split's labels (an unlabelled folder
+    will do); training and evaluate do."""
+    for stage in ("prepare-data", "inspect", "export"):
+        resolve(stage, None, ["data.label_column="], inputs=False)
+    with pytest.raises(RecipeError, match="data.label_column is empty"):
+        resolve("evaluate", None, ["data.label_column="], inputs=False)
+
+
+@pytest.mark.parametrize("stage", ["inspect", "export", "evaluate", "predict"])
+def test_a_stage_that_runs_a_checkpoint_needs_one(stage):
+    with pytest.raises(RecipeError, match=f"{stage} needs weights: pass --ckpt"):
+        resolve(stage, None, [])
 
 
 def test_the_command_decides_the_stage_and_its_defaults(tmp_path):

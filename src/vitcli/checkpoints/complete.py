@@ -1,7 +1,8 @@
 """The step of recipe resolution that needs torch (vitcli.recipe.resolve hands it the recipe it has checked).
 
-A timm model name is described as timm registers it; for `finetune` and `eval-fewshot` the starting
-checkpoint's architecture fills the model (and, to evaluate it, its native resolution and head);
+A timm model name is described as timm registers it; for every stage but `pretrain` the starting
+checkpoint's architecture fills the model (and, to evaluate, inspect or export it, its native
+resolution or head);
 run.device=cuda is checked against this machine, and few-shot task names against the task registry.
 """
 
@@ -12,11 +13,11 @@ import dataclasses
 import torch
 
 from vitcli.checkpoints.describe import describe
-from vitcli.checkpoints.read import read_checkpoint
+from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.data import tasks
-from vitcli.errors import CheckpointError, RecipeError
+from vitcli.errors import CheckpointError, ModelError, RecipeError
 from vitcli.models.zoo import resolve_name
-from vitcli.recipe.choices import CLASSIFIES
+from vitcli.recipe.choices import AS_TRAINED, CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
 
 # what `vit evaluate` / `vit predict` take from the recipe a vitcli checkpoint was trained with: how its eval
@@ -70,6 +71,8 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
     if recipe.stage == "pretrain" or not recipe.init.checkpoint:
         return model
     loaded = read_checkpoint(recipe.init.checkpoint)
+    if recipe.stage == "inspect":
+        _check_attention(loaded, recipe.init.checkpoint)
     named = loaded.kind != "vitcli" and model.name != "custom"  # the recipe names a foreign file's network
     foreign_heads = user_heads and loaded.kind != "vitcli" and not named  # ours: metadata wins, as for sizes
     spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
@@ -82,9 +85,19 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
                                   "fine-tune it first")
         return dataclasses.replace(model, num_classes=spec.num_classes,
                                    representation_size=spec.representation_size)
-    if recipe.stage == "eval-fewshot":  # few-shot reads pre-logits: the representation stays, the head goes
+    if recipe.stage in AS_TRAINED:  # pre-logits are read: the representation stays, the head goes
         return dataclasses.replace(model, img_size=spec.img_size or model.img_size, num_classes=0,
                                    representation_size=spec.representation_size)
     # the paper drops the pre-logits layer for transfer
     keep = recipe.init.keep_representation
     return dataclasses.replace(model, representation_size=spec.representation_size if keep else 0)
+
+
+def _check_attention(loaded: Loaded, ckpt: str) -> None:
+    """`vit inspect` measures attention: a one-line error for checkpoints without transformer blocks
+    (BiT, other CNNs)."""
+    if not any(k.startswith("blocks.") and ".attn." in k for k in loaded.state_dict):
+        named = loaded.meta.get("model", {}).get("name", "") if loaded.kind == "vitcli" else ""
+        what = f"a {named}" if named else "no ViT"
+        raise ModelError(f"{ckpt} holds {what} (no blocks.N.attn tensors): vit inspect reads ViT, "
+                         "hybrid and T2T-ViT checkpoints")

@@ -18,9 +18,9 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
-    CLASSIFIES,
     DECODE_DEVICES,
     FEWSHOT_RESIZE_METHODS,
+    LABELLED,
     LOGGER_PACKAGES,
     LOGGERS,
     MPP_CELLS,
@@ -30,6 +30,7 @@ from vitcli.recipe.choices import (
     STAGES,
     TRAINS,
     VIT_POS_EMBEDS,
+    WEIGHTED,
 )
 from vitcli.recipe.data_checks import check_data, check_decode_device, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
@@ -91,9 +92,8 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 
     `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
     (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length and a whole batch; eval-fewshot's checkpoint and tasks; evaluate's
-    and predict's checkpoint, evaluate's split), for a
-    recipe read on its own or one that only loads a network (`vit inspect`).
+    what it needs to run (a training length and a whole batch; the checkpoint of a stage that runs
+    one, eval-fewshot's tasks, evaluate's split), for a recipe read on its own.
     """
     _choices(recipe)
     _compile(recipe.run.compile)
@@ -230,7 +230,7 @@ def _augment(recipe: Recipe, world_size: int) -> None:
 def _objective(recipe: Recipe) -> None:
     """Masked patch prediction pretrains a ViT of our own; its targets are cut from the model's patches."""
     if recipe.objective == "supervised":
-        if not recipe.data.label_column and recipe.stage != "eval-fewshot":
+        if not recipe.data.label_column and recipe.stage in LABELLED:
             raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
                               "label column, or pretrain on unlabeled images with objective: mpp")
         return
@@ -295,9 +295,10 @@ def _length(recipe: Recipe) -> None:
 
 
 def _checkpoint_inputs(recipe: Recipe) -> None:
-    """eval-fewshot scores a checkpoint's features on tasks, evaluate its head on a split, predict on images:
-    each needs the checkpoint named, and its tasks or split."""
-    if recipe.stage not in ("eval-fewshot", *CLASSIFIES):
+    """eval-fewshot scores a checkpoint's features on tasks, evaluate its head on a split, predict
+    on images, inspect and export read its network: each needs the checkpoint named, and
+    eval-fewshot its tasks and evaluate its split."""
+    if recipe.stage not in WEIGHTED:
         return
     if not recipe.init.checkpoint:
         raise RecipeError(f"{recipe.stage} needs weights: pass --ckpt (a workdir, .safetensors, .npz or Hub "

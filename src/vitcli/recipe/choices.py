@@ -6,10 +6,20 @@ tables, masked patch prediction, precision, trackers, few-shot preprocessing) im
 
 from __future__ import annotations
 
-STAGES = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict")
+# one per command that reads a recipe: the command sets recipe.stage, the checks ask what it requires
+STAGES = ("pretrain", "finetune", "eval-fewshot", "evaluate", "predict", "inspect", "export",
+          "prepare-data")
 TRAINS = ("pretrain", "finetune")  # the stages that train, and so need a length and a whole batch
+LABELLED = (*TRAINS, "evaluate")  # the stages that read a split's labels
 # the stages that run a checkpoint as it is, head included (evaluate a split, predict images)
 CLASSIFIES = ("evaluate", "predict")
+# the stages that take a checkpoint's network as trained, at its native resolution and without its
+# head: few-shot and inspect read its features, export puts the head back
+AS_TRAINED = ("eval-fewshot", "inspect", "export")
+WEIGHTED = (*AS_TRAINED, *CLASSIFIES)  # the stages that need a checkpoint named (--ckpt)
+# a stage that reads only some sections of a recipe; it takes them from a recipe file of any stage
+SECTIONS = {"prepare-data": ("data",)}
+EXPORT_FORMATS = ("hf", "onnx", "timm")  # `vit export --format`: vitcli.stages.export writes each
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
 MPP_TARGETS = ("mean_color", "color_4x4", "pixels_l2")

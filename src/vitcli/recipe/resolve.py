@@ -4,8 +4,9 @@ Layers, later wins: defaults < the stage's defaults < what the checkpoint says o
 predict) < the VTAB protocol (`--task`) < the recipe file < `KEY=VALUE` overrides < command flags (`--res`,
 `--init`, `--shots`, ...). Then the model is filled in: a known name's sizes, and every key and value is
 checked (vitcli.recipe.checks), all without torch, so a misspelt key costs no import of torch. Only then, and
-only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`: its
-architecture; eval-fewshot its native resolution and pre-logits, evaluate and predict its head),
+only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`,
+`inspect`, `export`: its architecture; eval-fewshot, inspect and export its native resolution and
+pre-logits, evaluate and predict its head),
 run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
 datasets) and everything is checked again.
 Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.checks import check
-from vitcli.recipe.choices import STAGES
+from vitcli.recipe.choices import SECTIONS, STAGES
 from vitcli.recipe.names import NAMED, resolve_known
 from vitcli.recipe.schema import Recipe, merge, nest, parse_overrides, read_yaml
 
@@ -43,6 +44,9 @@ STAGE_DEFAULTS: dict[str, dict] = {
     "eval-fewshot": {},
     "evaluate": {},
     "predict": {},
+    "inspect": {},
+    "export": {},
+    "prepare-data": {},
 }
 # VTAB-1k (Zhai et al. 2019; ViT paper App. B.1.1): 2,500 steps at lr 0.01, batch 512, 384 px, per task.
 VTAB_PROTOCOL = {"schedule": {"steps": 2500, "warmup_steps": 200}, "optim": {"lr": 0.01},
@@ -93,8 +97,8 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
     model.num_heads (evidence for a checkpoint that has none)."""
     if stage not in STAGES:
         raise RecipeError(f"stage: '{stage}' is not one of {', '.join(STAGES)}")
-    file_layer = read_yaml(recipe_file) if recipe_file else {}
-    _check_stage(stage, file_layer, recipe_file)
+    file_layer = _file_layer(stage, recipe_file)
+    _check_sections(stage, overrides)
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     user = [VTAB_PROTOCOL if vtab else {}, file_layer, parse_overrides(list(overrides)), nest(given)]
     recipe = Recipe(stage=stage)
@@ -121,12 +125,31 @@ def derive(recipe: Recipe, changes: dict, world_size: int = 1) -> Recipe:
     return derived
 
 
-def _check_stage(stage: str, file_layer: dict, path) -> None:
-    """The command decides the stage; a recipe file that says another one is a mistake, not a hint."""
-    said = file_layer.get("stage")
+def _file_layer(stage: str, path) -> dict:
+    """The recipe file's layer. The command decides the stage: a file that says another one is a
+    mistake, not a hint; but a stage that reads only some sections (SECTIONS) takes them from a
+    recipe of any stage, its other sections checked for known keys and types only."""
+    layer = read_yaml(path) if path else {}
+    said = layer.get("stage")
+    if stage in SECTIONS:
+        merge(Recipe(), layer)  # every key known and of its type, whatever it belongs to
+        if said is not None and said not in STAGES:
+            raise RecipeError(f"{path}: stage: '{said}' is not one of {', '.join(STAGES)}")
+        return {k: v for k, v in layer.items() if k in SECTIONS[stage]}
     if said is not None and said != stage:
         raise RecipeError(f"{path} says stage: {said}, but this is `vit {stage}`; run `vit {said}` with it, "
                           f"or remove its stage: line")
+    return layer
+
+
+def _check_sections(stage: str, overrides: list[str]) -> None:
+    """A stage that reads only some sections takes overrides of those alone."""
+    sections = SECTIONS.get(stage)
+    foreign = [o for o in overrides if sections and o.partition(".")[0] not in sections]
+    if foreign:
+        keys = " or ".join(f"{s}.*" for s in sections)
+        raise RecipeError(f"{foreign[0]}: `vit {stage}` reads only the {keys} keys of a recipe, "
+                          f"so it takes only {keys} overrides")
 
 
 def _says_num_heads(layers: list[dict]) -> bool:

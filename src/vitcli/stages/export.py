@@ -1,10 +1,11 @@
 """`vit export`: a checkpoint into another library's folder, `hf` (transformers), `onnx` or `timm`.
 
-The checkpoint is resolved as `vit inspect` resolves it (its own architecture at its native resolution), then
-built with its own head, so whatever vit reads can be exported. What a format cannot hold is refused before
-anything is built or written. The folder is filled under a temporary name and renamed into place; a
-non-empty --out is replaced only with --overwrite, and then set aside first as `<out>.previous-<time>` beside
-it (not inside: a model folder is uploaded or loaded as a whole).
+The recipe the command resolved (stage `export`) holds the checkpoint's own architecture at its
+native resolution; the network is built with its own head, so whatever vit reads can be exported.
+What a format cannot hold is refused before anything is built or written. The folder is filled under
+a temporary name and renamed into place; a non-empty --out is replaced only with --overwrite, and
+then set aside first as `<out>.previous-<time>` beside it (not inside: a model folder is uploaded or
+loaded as a whole).
 """
 
 from __future__ import annotations
@@ -16,21 +17,19 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from vitcli.checkpoints import export_hf, export_onnx, export_timm
-from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval
 from vitcli.data.transforms import INTERPOLATION, MEAN
 from vitcli.errors import RecipeError
 from vitcli.models import zoo
-from vitcli.recipe.resolve import resolve
+from vitcli.recipe.choices import EXPORT_FORMATS
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import MANIFEST
 from vitcli.runtime.metrics import pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_out_dir, published_dir
 
-FORMATS = ("hf", "onnx", "timm")
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
 RESULT_PREFIXES = ("val/", "test/", "fewshot/")  # what a model card reports of summary.json
@@ -39,16 +38,15 @@ FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", "README.m
          "timm": ["config.json", MODEL_FILE, MANIFEST]}
 
 
-def export(ckpt: str, fmt: str, out: Path, *, overwrite: bool = False, dry_run: bool = False,
-           overrides: list[str] = ()) -> dict:
-    """Write `ckpt` as `fmt` into `out` (or with dry_run only check and say what would be written); returns
-    the report that --json prints."""
-    if fmt not in FORMATS:
-        raise RecipeError(f"--format {fmt!r}: one of {', '.join(FORMATS)}")
+def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
+           dry_run: bool = False) -> dict:
+    """Write the checkpoint `recipe` names as `fmt` into `out` (or with dry_run only check and say
+    what would be written); returns the report that --json prints."""
+    if fmt not in EXPORT_FORMATS:
+        raise RecipeError(f"--format {fmt!r}: one of {', '.join(EXPORT_FORMATS)}")
     check_out_dir(out, overwrite)
+    ckpt = recipe.init.checkpoint
     loaded = read_checkpoint(ckpt)
-    flags = {"init.checkpoint": ckpt, "data.label_column": ""}  # resolved as `vit inspect` resolves it
-    recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
     spec = describe(loaded, recipe.model.num_heads)
     _refuse(fmt, recipe, spec.num_classes, ckpt)
     report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),

@@ -80,11 +80,15 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
     return evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
 
 
-def print_registry() -> None:
-    """`--list-tasks`: the task registry as a table."""
+def print_registry() -> list[dict]:
+    """`--list-tasks`: the task registry as a table; returned as one record per task."""
+    rows = [{"task": t.name, "group": t.group, "classes": t.num_classes, "source": t.source,
+             "train": t.train_split, "test": t.test_split}
+            for t in tasks.get_tasks("vtab") + tasks.get_tasks("standard")]
     table = Table(title="few-shot tasks")
-    for col in ("task", "group", "classes", "source", "train", "test"):
+    for col in rows[0]:
         table.add_column(col)
-    for t in tasks.get_tasks("vtab") + tasks.get_tasks("standard"):
-        table.add_row(t.name, t.group, str(t.num_classes), t.source, t.train_split, t.test_split)
+    for row in rows:
+        table.add_row(*map(str, row.values()))
     stdout.print(table)
+    return rows

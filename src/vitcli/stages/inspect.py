@@ -1,7 +1,8 @@
 """`vit inspect`: the paper's Figure 7 for any ViT checkpoint we read, from a few real images.
 
-The checkpoint is resolved as `eval-fewshot` resolves it (its own architecture and native resolution,
-headless), so whatever that reads (our workdirs, timm files, Google .npz, Hub names) can be inspected. A
+The recipe the command resolved (stage `inspect`) holds the checkpoint's own architecture at its
+native resolution, headless, so whatever vit reads (our workdirs, timm files, Google .npz, Hub names)
+can be inspected; a checkpoint without attention blocks is refused there (checkpoints.complete). A
 figure that does not apply to the network (the hybrid and T2T-ViT have no pixel patch filters; a model
 without a position table has no similarities) is skipped with the reason.
 """
@@ -19,15 +20,12 @@ import torch
 from rich.table import Table
 from torch import nn
 
-from vitcli.checkpoints.complete import complete
-from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data import batches, sources
 from vitcli.errors import DataError, ModelError
 from vitcli.figures import figure7
 from vitcli.models import zoo
 from vitcli.models.t2t import TokensToToken
-from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import pick_device
 from vitcli.runtime.files import write_text
@@ -41,7 +39,8 @@ BATCH = 32  # images per forward pass: attention maps of every layer are reduced
 
 @dataclass
 class Report:
-    """What `vit inspect` found and wrote; `as_dict` is its --json output."""
+    """What `vit inspect` found and wrote; `as_dict` is what the stage returns (--json prints
+    it)."""
 
     summary: dict
     written: list[str] = field(default_factory=list)
@@ -55,18 +54,13 @@ class Report:
                 "filter_explained_variance": self.explained_variance, "attention_distance": self.attention}
 
 
-def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test", images: int = 128,
-            overrides: list[str] = ()) -> Report:
-    """Write Figure 7's three panels (and the distances as JSON) into `out`; print a summary;
-    return it all."""
+def inspect(recipe: Recipe, out: Path, split: str = "test", images: int = 128) -> dict:
+    """Write Figure 7's three panels of recipe.init.checkpoint (and the distances as JSON) into
+    `out`, the distances measured on `images` images of recipe.data.source's `split`; print a
+    summary; return it all."""
     if images < 1:
         raise DataError(f"--images {images}: need at least one image to measure attention distances")
-    _check_vit(read_checkpoint(ckpt), ckpt)
     check_workdir(out)
-    # label_column "": any image dataset will do, labelled or not; eval-fewshot resolution: the checkpoint's
-    # own network at its native resolution, without its head
-    flags = {"init.checkpoint": ckpt, "data.source": source, "data.label_column": ""}
-    recipe = resolve("eval-fewshot", None, list(overrides), flags, complete=complete, inputs=False)
     model = load_for_eval(recipe)
     report = Report(_summary(recipe, model))
     out.mkdir(parents=True, exist_ok=True)
@@ -74,16 +68,7 @@ def inspect(ckpt: str, out: Path, source: str | None = None, split: str = "test"
     _positions(model, recipe, out, report)
     _distances(model, recipe, split, images, out, report)
     _print(report)
-    return report
-
-
-def _check_vit(loaded: Loaded, ckpt: str) -> None:
-    """A one-line error for checkpoints without transformer blocks (BiT, other CNNs)."""
-    if not any(k.startswith("blocks.") and ".attn." in k for k in loaded.state_dict):
-        named = loaded.meta.get("model", {}).get("name", "") if loaded.kind == "vitcli" else ""
-        what = f"a {named}" if named else "no ViT"
-        raise ModelError(f"{ckpt} holds {what} (no blocks.N.attn tensors): vit inspect reads ViT, hybrid and "
-                         "T2T-ViT checkpoints")
+    return report.as_dict()
 
 
 def _summary(recipe: Recipe, model: nn.Module) -> dict:

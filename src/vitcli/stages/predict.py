@@ -9,7 +9,6 @@ when no image decodes; nothing is written.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import io
 from pathlib import Path
@@ -29,8 +28,6 @@ from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import resolved
 from vitcli.stages.evaluate import predictions
-
-CSV_COLUMNS = ("path", "rank", "class_index", "class_name", "probability")
 
 
 def image_files(paths: list[Path]) -> list[Path]:
@@ -119,14 +116,3 @@ def show(records: list[dict], loss: str) -> None:
                           f"{guess['probability']:.4f}", end_section=guess is record["top"][-1])
     stdout.print(table)
 
-
-def as_csv(records: list[dict]) -> str:
-    """`path,rank,class_index,class_name,probability` rows, one per image and rank."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for record in records:
-        for guess in record["top"]:
-            writer.writerow([record["path"], guess["rank"], guess["class_index"], guess["class_name"],
-                             f"{guess['probability']:.6g}"])
-    return out.getvalue()

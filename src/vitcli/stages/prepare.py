@@ -1,5 +1,6 @@
-"""`vit prepare-data`: the source and its data.* keys resolved as training resolves them, the copy written by
-data.prepare, and what was written (or, with --dry-run, would be) as a table."""
+"""`vit prepare-data`: the copy data.prepare writes of the source the recipe's data section names
+(the command resolves it as training resolves it, stage `prepare-data`), and what was written (or,
+with --dry-run, would be) as a table."""
 
 from __future__ import annotations
 
@@ -8,33 +9,21 @@ from pathlib import Path
 from rich.markup import escape
 
 from vitcli.data.prepare import Options, prepare
-from vitcli.errors import RecipeError
-from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime.metrics import pairs_table, stdout
 
 NAMED = 10  # undecodable images the table names per split; manifest.json names them all
 
 
-def data_config(source: str, recipe_file: Path | None, overrides: list[str]) -> DataConfig:
-    """The data.* section a training run with this source would use: --recipe's, then the dotted overrides
-    (data.* keys only: nothing else bears on the copy), data.source set to SOURCE."""
-    foreign = [o for o in overrides if not o.startswith("data.")]
-    if foreign:
-        raise RecipeError(f"{foreign[0]}: prepare-data takes data.* overrides only (e.g. "
-                          "data.image_column=img data.synthetic.train_size=1000)")
-    # the splits copied are --splits: the recipe's own split keys play no part and are not checked
-    roles = {"data.train_split": "", "data.val_split": "", "data.test_split": ""}
-    return resolve("pretrain", recipe_file, overrides, {"data.source": source, **roles}, inputs=False).data
-
-
-def prepare_data(source: str, out: Path, *, recipe_file: Path | None = None, overrides: list[str] = (),
-                 splits: str | None = None, options: Options | None = None, overwrite: bool = False,
+def prepare_data(recipe: Recipe, out: Path, *, splits: str | None = None,
+                 options: Options | None = None, overwrite: bool = False,
                  dry_run: bool = False) -> dict:
-    """Write (or plan) the pre-resized copy of `source` into `out`; print and return its manifest summary."""
-    cfg = data_config(source, recipe_file, list(overrides))
+    """Write (or plan) the pre-resized copy of recipe.data.source into `out`: the comma-separated
+    `splits`, else every split (the recipe's split keys play no part); print and return its manifest
+    summary."""
     names = [s.strip() for s in splits.split(",") if s.strip()] if splits else None
-    written = prepare(cfg, out, names, options or Options(), overwrite=overwrite, dry_run=dry_run)
+    written = prepare(recipe.data, out, names, options or Options(), overwrite=overwrite,
+                      dry_run=dry_run)
     stdout.print(pairs_table("prepare-data (dry run: nothing written)" if dry_run else "prepare-data",
                              _rows(written, out)))
     return written

@@ -1,0 +1,251 @@
+"""The `vit` commands. Each parses its flags into dotted recipe keys, resolves its recipe under its
+own stage name and hands over to the one dispatcher, with a function that imports the stage it runs
+(only when it runs: a dry run imports no torch). A command's docstring is its `--help`, one line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vitcli.cli import options as opt
+from vitcli.cli.dispatch import check_resume_flags, dispatch, output_format, resolve_recipe
+
+app = typer.Typer(
+    name="vit",
+    help="Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.command("pretrain")
+def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
+             dry_run: opt.DryRun = False, resume: opt.Resume = None,
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overrides: opt.TrainOverrides = None) -> None:
+    """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
+    r = resolve_recipe("pretrain", recipe, overrides)
+    check_resume_flags(resume, overwrite)
+
+    def stage():
+        from vitcli.stages.run import one_run
+        return one_run
+
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
+             resume=resume, overwrite=overwrite)
+
+
+@app.command("finetune")
+def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: opt.Init = None,
+             res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
+             data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overrides: opt.TrainOverrides = None) -> None:
+    """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
+    flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
+    r = resolve_recipe("finetune", recipe, overrides, flags, vtab=bool(task))
+    from vitcli.stages.finetune import check_flags, finetune
+
+    lrs, chosen = check_flags(lr_sweep, task, r)  # here: --dry-run refuses what the run would
+    check_resume_flags(resume, overwrite)
+    dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
+             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen)
+
+
+@app.command("eval-fewshot")
+def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
+                 ckpt: opt.Ckpt = None, tasks: opt.Tasks = None, shots: opt.Shots = None,
+                 seeds: opt.Seeds = None, l2: opt.L2 = None, data_root: opt.DataRoot = None,
+                 list_tasks: opt.ListTasks = False, random_init: opt.RandomInit = False,
+                 dry_run: opt.DryRun = False, json_out: opt.Json = False,
+                 overrides: opt.FewshotOverrides = None) -> None:
+    """Linear few-shot accuracy by closed-form least squares on frozen features (big_vision fewshot_lsr)."""
+    if list_tasks:
+        from vitcli.stages.fewshot import print_registry
+
+        return dispatch(lambda: print_registry, None, output=output_format(json_out))
+    flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots,
+             "fewshot.seeds": seeds, "fewshot.l2_reg": l2, "fewshot.data_root": data_root,
+             "init.random": random_init or None}
+    r = resolve_recipe("eval-fewshot", recipe, overrides, flags)
+
+    def stage():
+        from vitcli.stages.fewshot import eval_fewshot
+        return eval_fewshot
+
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out))
+
+
+@app.command("evaluate")
+def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.EvalData = None,
+             split: opt.EvalSplit = None, real_labels: opt.RealLabels = None,
+             workdir: opt.Workdir = None, dry_run: opt.DryRun = False, json_out: opt.Json = False,
+             overrides: opt.EvalOverrides = None) -> None:
+    """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
+    flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
+    r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt, own_data=data is None)
+    real = None
+    if real_labels:  # read and checked here, so that --dry-run refuses a bad file as the run would
+        from vitcli.evaluators.classify import read_real_labels
+
+        real = read_real_labels(real_labels, r.model.num_classes)
+
+    def stage():
+        from vitcli.stages.evaluate import evaluate
+        return evaluate
+
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
+             real_path=real_labels, real=real)
+
+
+@app.command("predict")
+def predict(images: opt.Images, ckpt: opt.Ckpt = None, top_k: opt.TopK = 5,
+            batch_size: opt.BatchSize = None, json_out: opt.Json = False, csv_out: opt.Csv = False,
+            recipe: opt.RecipeFile = None, overrides: opt.Set = None) -> None:
+    """Top-k classes of image files with a checkpoint's head, with its class names where it stores them."""
+    output = output_format(json_out, csv_out)
+    flags = {"init.checkpoint": ckpt, "data.eval_batch_size": batch_size}
+    r = resolve_recipe("predict", recipe, overrides, flags, ckpt_base=ckpt)
+
+    def stage():
+        from vitcli.stages.predict import predict
+        return predict
+
+    dispatch(stage, r, images, top_k, output=output)
+
+
+@app.command("resize-posemb")
+def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = None,
+                  grid: opt.Grid = None, patch: opt.Patch = None,
+                  method: opt.Method = opt.PosembMethod.bilinear, dry_run: opt.Plan = False,
+                  json_out: opt.Json = False) -> None:
+    """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
+
+    def stage():
+        from vitcli.stages.resize import run_resize
+        return run_resize
+
+    dispatch(stage, None, ckpt, out=out, res=res, grid=grid, patch=patch, method=method.value,
+             dry_run=dry_run, output=output_format(json_out))
+
+
+@app.command("inspect")
+def inspect(ckpt: opt.Ckpt, out: opt.Figures, data: opt.InspectData = None,
+            split: opt.InspectSplit = "test", images: opt.InspectImages = 128,
+            json_out: opt.Json = False, overrides: opt.InspectOverrides = None) -> None:
+    """The paper's Figure 7: patch-filter components, position-embedding similarity, attention distance.
+
+    Writes OUT/embedding_filters.png, position_similarity.png, attention_distance.png and
+    attention_distance.json, and prints a summary of the model (or everything as JSON with --json).
+    """
+    # data.label_column "": any image dataset will do, labelled or not
+    flags = {"init.checkpoint": ckpt, "data.source": data, "data.label_column": ""}
+    r = resolve_recipe("inspect", None, overrides, flags)
+
+    def stage():
+        from vitcli.stages.inspect import inspect
+        return inspect
+
+    dispatch(stage, r, out, split=split, images=images, output=output_format(json_out))
+
+
+@app.command("plot")
+def plot(workdirs: opt.Workdirs, out: opt.CurvesOut = None) -> None:
+    """Training curves (loss, learning rate, held-out and few-shot accuracy) of one or more runs in one PNG."""  # noqa: E501
+
+    def stage():
+        from vitcli.stages.plot import plot
+        return plot
+
+    dispatch(stage, None, workdirs, out)
+
+
+@app.command("prepare-data")
+def prepare_data(source: opt.Source, out: opt.OutDir, max_size: opt.MaxSize = 256,
+                 splits: opt.Splits = None, fmt: opt.ImageFormat = "jpeg",
+                 quality: opt.Quality = 95, workers: opt.Workers = 0, recipe: opt.RecipeFile = None,
+                 overwrite: opt.Replace = False, dry_run: opt.Plan = False,
+                 json_out: opt.Json = False, overrides: opt.DataOverrides = None) -> None:
+    """A pre-resized copy of a dataset (parquet shards + manifest.json) that data.source=OUT reads faster."""
+    from vitcli.data.prepare import Options
+    from vitcli.stages.prepare import prepare_data
+
+    options = Options(max_size=max_size, format=fmt, quality=quality, workers=workers)
+    # the splits copied are --splits: the recipe's own split keys play no part and are not checked
+    flags = {"data.source": source, "data.train_split": "", "data.val_split": "",
+             "data.test_split": ""}
+    r = resolve_recipe("prepare-data", recipe, overrides, flags)
+    dispatch(lambda: prepare_data, r, out, splits=splits, options=options, overwrite=overwrite,
+             dry_run=dry_run, output=output_format(json_out))
+
+
+@app.command("export")
+def export(ckpt: opt.Ckpt, fmt: opt.Format, out: opt.OutDir, overwrite: opt.Replace = False,
+           dry_run: opt.Plan = False, json_out: opt.Json = False,
+           overrides: opt.NetworkOverrides = None) -> None:
+    """Export a checkpoint for Hugging Face transformers, ONNX runtimes or timm."""
+    r = resolve_recipe("export", None, overrides, {"init.checkpoint": ckpt})
+
+    def stage():
+        from vitcli.stages.export import export
+        return export
+
+    dispatch(stage, r, fmt.value, out, overwrite=overwrite, dry_run=dry_run,
+             output=output_format(json_out))
+
+
+COMMANDS = tuple(c.name for c in app.registered_commands)
+
+
+def _version(value: bool) -> None:
+    """`vit --version`: vitcli's, torch's and timm's versions and the device a run would use; then
+    exit."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    def known(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    sys.stdout.write(f"vitcli {known('vitcli')}\ntorch {known('torch')}\ntimm {known('timm')}\n"
+                     f"device {_device()}\n")
+    raise typer.Exit()
+
+
+def _device() -> str:
+    """What run.device=auto picks: the CUDA device's name, else the CPU with its cores and model.
+    Without an NVIDIA driver torch cannot see a GPU, so only then is torch imported (seconds) to
+    ask."""
+    if Path("/proc/driver/nvidia").exists() or any(Path("/dev").glob("nvidia[0-9]*")):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"cuda ({torch.cuda.get_device_name(0)})"
+    import platform
+
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:  # Linux: the marketing name
+        lines = (line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        model = next(lines, model)
+    return f"cpu ({os.cpu_count()} cores, {model})"
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True,
+        help="Print vitcli's, torch's and timm's versions and the device a run would use, and "
+             "exit.")
+    ] = False,
+) -> None:
+    """Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021)."""

@@ -1,0 +1,153 @@
+"""From parsed flags to a stage's result on stdout: the recipe resolved under the command's own
+stage, and the one dispatcher every command hands its stage to. vitcli is imported inside the
+functions, so `vit --help` imports none of it; torch comes with the stage, or with a recipe that
+needs it to be complete."""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import typer
+
+if TYPE_CHECKING:
+    from vitcli.recipe.schema import Recipe
+
+Output = Literal["table", "json", "csv"]
+Stage = Callable[..., Any]  # a stage function (vitcli.stages): what it returns is the result
+# the stages that run in a workdir (recipe.yaml and results there), and the name that starts their
+# default one: runs/<name>-<time>
+WORKDIR_NAMES = {"pretrain": "pretrain", "finetune": "finetune", "eval-fewshot": "fewshot",
+                 "evaluate": "evaluate"}
+
+
+def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | None,
+                   flags: dict | None = None, *, vtab: bool = False, ckpt_base: str | None = None,
+                   own_data: bool = False) -> Recipe:
+    """The checked recipe of `vit STAGE`; torch is imported only if the recipe needs it (after every
+    torch-free check). `ckpt_base`: a checkpoint whose resolution and, for ours, preprocessing (and
+    with `own_data` its data) lie below the recipe file (evaluate, predict)."""
+    from vitcli.recipe.resolve import resolve
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
+    base = (lambda: _trained_with(ckpt_base, own_data)) if ckpt_base else None
+    return resolve(stage, recipe_file, list(overrides or []), flags, vtab=vtab,
+                   world_size=world_size, complete=_complete, base=base)
+
+
+def _trained_with(ckpt: str, own_data: bool) -> dict:
+    from vitcli.checkpoints.complete import trained_with
+
+    return trained_with(ckpt, own_data)
+
+
+def _complete(recipe: Recipe, user_heads: bool) -> Recipe:
+    from vitcli.checkpoints.complete import complete
+
+    return complete(recipe, user_heads)
+
+
+def check_resume_flags(resume: bool | None, overwrite: bool) -> None:
+    """--resume with --overwrite is refused before the dry run, which would accept the pair."""
+    from vitcli.runtime.workdir import check_resume_flags
+
+    check_resume_flags(resume, overwrite)
+
+
+def output_format(json_out: bool, csv_out: bool = False) -> Output:
+    """The one format --json and --csv name; both at once is a usage error."""
+    if json_out and csv_out:
+        raise typer.BadParameter("--json and --csv both ask for the output format: pass one")
+    return "json" if json_out else "csv" if csv_out else "table"
+
+
+def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
+             workdir: Path | None = None, dry_run: bool | None = None, output: Output = "table",
+             **kwargs: Any) -> None:
+    """How every command runs its stage, and the one place that prints what the stage returns.
+
+    `load()` imports and returns the stage function, only now: `--help`, a refused recipe and a dry
+    run import no torch. A stage that runs in a workdir (WORKDIR_NAMES) is called as
+    stage(recipe, workdir, *args, **kwargs), the workdir runs/<name>-<time> unless given; with
+    `dry_run` the resolved recipe is printed instead and the stage is not even imported. Any other
+    stage is called as stage([recipe,] *args, **kwargs) and plans its own dry run: it is handed
+    `dry_run` where the command has the option, and says what it would write.
+
+    With output json or csv the stage's tables go nowhere and what it returned is printed on stdout
+    by rank 0 alone (every rank returns it). Errors go up to main(), which makes each one line and
+    an exit code; a return is exit 0.
+    """
+    in_workdir = recipe is not None and recipe.stage in WORKDIR_NAMES
+    if in_workdir and dry_run:
+        return _print_recipe(recipe)
+    if in_workdir:
+        args = (workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), *args)
+    elif dry_run is not None:
+        kwargs["dry_run"] = dry_run
+    if recipe is not None:
+        args = (recipe, *args)
+    with _tables_off(output != "table"):
+        result = load()(*args, **kwargs)
+    if output != "table" and int(os.environ.get("RANK", "0")) == 0:
+        text = json.dumps(result, indent=2) + "\n" if output == "json" else as_csv(result)
+        sys.stdout.write(text)
+
+
+def _new_workdir(name: str) -> Path:
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def as_csv(records: list[dict]) -> str:
+    """Records as CSV: a record's list of records (predict's `top`, one per rank) is spread over one
+    row each, the record's other fields in front; floats to 6 significant digits."""
+    rows = []
+    for record in records:
+        flat = {k: v for k, v in record.items() if not isinstance(v, list)}
+        nested = next((v for v in record.values() if isinstance(v, list)), [{}])
+        rows += [{**flat, **inner} for inner in nested]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(rows[0] if rows else [])
+    writer.writerows([f"{v:.6g}" if isinstance(v, float) else v for v in row.values()]
+                     for row in rows)
+    return out.getvalue()
+
+
+def _print_recipe(r: Recipe) -> None:
+    """The recipe as YAML on stdout (what recipe.yaml will hold, `auto`s aside); on stderr, what
+    each `auto` of run.precision and run.compile becomes on this machine. Deciding that needs torch
+    (is there a GPU, does this CPU run bf16): it is imported only now, every check passed, and only
+    when a recipe says `auto`."""
+    from vitcli.recipe.schema import to_yaml
+
+    sys.stdout.write(to_yaml(r))
+    if "auto" in (r.run.precision, r.run.compile):
+        from vitcli.runtime.dist import pick_device
+        from vitcli.runtime.precision import auto_choices
+
+        for line in auto_choices(r, pick_device(r.run.device)):
+            sys.stderr.write(f"# {line}\n")
+
+
+@contextlib.contextmanager
+def _tables_off(off: bool) -> Iterator[None]:
+    """With --json or --csv, stdout carries the results alone: the tables are printed nowhere."""
+    if not off:
+        yield
+        return
+    from vitcli.runtime.metrics import stdout
+
+    with open(os.devnull, "w") as sink:
+        stdout.file = sink  # a file, not `quiet`: dist.setup sets quiet per rank
+        try:
+            yield
+        finally:
+            stdout.file = None  # back to whatever sys.stdout is

@@ -1,0 +1,170 @@
+"""Every option and argument of `vit`, declared once: a command names the ones it takes
+(`opt.Ckpt`, `opt.Json`). Closed choices are types built from vitcli.recipe.choices, so `--help`,
+Typer's check and the stage cannot drift apart."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from vitcli.recipe.choices import EXPORT_FORMATS, POSEMB_METHODS
+
+# Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so
+# show no type. A private method: some Typer releases lack it (0.27.2 raised AttributeError at
+# import), and then the label stays as Typer draws it.
+_display_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _display_type is not None:
+    typer.core.TyperOption.display_type_rich = lambda self, ctx: (
+        None if self.is_flag else _display_type(self, ctx)
+    )
+
+
+class Choice(str, enum.Enum):
+    """A closed choice as the Enum Typer offers and checks; a member is its string, and says so."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def choice(name: str, values: tuple[str, ...]) -> type[Choice]:
+    """The Choice of `values`, one member each."""
+    return Choice(name, {v: v for v in values})
+
+
+ExportFormat = choice("ExportFormat", EXPORT_FORMATS)
+PosembMethod = choice("PosembMethod", POSEMB_METHODS)
+
+
+def overrides(examples: str) -> type:
+    """KEY=VALUE arguments by dotted path; `examples` are the command's likeliest."""
+    return Annotated[list[str] | None,
+                     typer.Argument(help=f"Recipe overrides by dotted path: {examples}")]
+
+
+# ---------------------------------------------------------------- shared by several commands
+
+RecipeFile = Annotated[Path | None, typer.Option(
+    "--recipe", "-r", help="YAML recipe; omitted: built-in defaults.")]
+Workdir = Annotated[Path | None, typer.Option(
+    "--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")]
+Ckpt = Annotated[str | None, typer.Option(
+    "--ckpt", help="Weights: a vitcli workdir or file, timm .safetensors, Google .npz or Hub "
+                   "name.")]
+DryRun = Annotated[bool, typer.Option(
+    "--dry-run", help="Print the resolved recipe as YAML and exit.")]
+Plan = Annotated[bool, typer.Option(
+    "--dry-run", help="Check everything and print what would be written; write nothing.")]
+Json = Annotated[bool, typer.Option(
+    "--json", help="Print the results as JSON on stdout instead of tables (logs and progress stay "
+                   "on stderr).")]
+Resume = Annotated[bool | None, typer.Option(
+    "--resume/--no-resume", help="Resume from the latest good WORKDIR/state-<step>.pt (default: "
+                                 "when there is one).")]
+Overwrite = Annotated[bool, typer.Option(
+    "--overwrite", help="Start over in a workdir that holds a run, finished or not (its files are "
+                        "moved to previous-<time>/, not deleted).")]
+Replace = Annotated[bool, typer.Option(
+    "--overwrite", help="Replace a non-empty --out (the old one is kept as <out>.previous-<time>, "
+                        "not deleted).")]
+OutDir = Annotated[Path, typer.Option(
+    "--out", "-o", help="Directory to write: new or empty (see --overwrite).")]
+DataRoot = Annotated[str | None, typer.Option(
+    help="A local root, one directory per task (e.g. DIR/svhn), instead of the Hub.")]
+TrainOverrides = overrides("optim.lr=1e-3 data.batch_size=64")
+NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not tell")
+
+# ---------------------------------------------------------------- finetune
+
+Init = Annotated[str | None, typer.Option(
+    help="Starting weights: workdir, .safetensors, Google .npz or Hub name.")]
+Res = Annotated[int | None, typer.Option(
+    help="Fine-tuning resolution (position embedding resized).")]
+LrSweep = Annotated[str | None, typer.Option(
+    help="Comma-separated learning rates; best on the dev split wins.")]
+Task = Annotated[str | None, typer.Option(
+    help="VTAB-1k protocol, VTAB names only: vtab (all 19), vtab/natural|specialized|structured or "
+         "vtab/<name>, e.g. vtab/cifar100. Other datasets fine-tune with data.source.")]
+
+# ---------------------------------------------------------------- eval-fewshot
+
+Tasks = Annotated[str | None, typer.Option(help="vtab, vtab/natural, vtab/cifar100,vtab/dtd, ...")]
+Shots = Annotated[str | None, typer.Option(help="Shot counts, e.g. 1,5,10,25.")]
+Seeds = Annotated[int | None, typer.Option(help="Shot-set draws per shot count.")]
+L2 = Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")]
+ListTasks = Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")]
+RandomInit = Annotated[bool, typer.Option(
+    "--random-init", help="Score --ckpt's network with fresh weights (run.seed): the baseline.")]
+FewshotOverrides = overrides("fewshot.l2_reg=auto data.eval_batch_size=256")
+
+# ---------------------------------------------------------------- evaluate and predict
+
+EvalData = Annotated[str | None, typer.Option(
+    "--data", help="Images to evaluate on (any data.source); default: the checkpoint's training "
+                   "data.")]
+EvalSplit = Annotated[str | None, typer.Option(
+    "--split", help="Split to evaluate (HF syntax); default data.test_split, else data.val_split.")]
+RealLabels = Annotated[Path | None, typer.Option(
+    help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
+EvalOverrides = overrides("data.eval_crop_pct=0.875 run.precision=fp32")
+Images = Annotated[list[Path], typer.Argument(
+    help="Image files, and folders searched recursively.")]
+TopK = Annotated[int, typer.Option(min=1, help="Classes shown per image.")]
+BatchSize = Annotated[int | None, typer.Option(
+    help="Images per forward pass (data.eval_batch_size).")]
+Csv = Annotated[bool, typer.Option(
+    "--csv", help="Print CSV rows path,rank,class_index,class_name,probability instead of a "
+                  "table.")]
+Set = Annotated[list[str] | None, typer.Option(
+    "--set", help="Recipe override by dotted path, e.g. --set run.device=cpu (repeatable).")]
+
+# ---------------------------------------------------------------- resize-posemb
+
+ResizeOut = Annotated[Path | None, typer.Option(
+    "--out", help="Output .safetensors; default: beside the source as <name>_<H>x<W>.safetensors "
+                  "(a Hub model: in the current directory).")]
+NewRes = Annotated[int | None, typer.Option("--res", help="New resolution (grid = res / patch).")]
+Grid = Annotated[str | None, typer.Option(help="New grid as HxW, e.g. 24x24.")]
+Patch = Annotated[int | None, typer.Option(help="Patch size, if the checkpoint does not say.")]
+Method = Annotated[PosembMethod, typer.Option(help="bilinear (big_vision) or bicubic (timm).")]
+
+# ---------------------------------------------------------------- inspect and plot
+
+Figures = Annotated[Path, typer.Option(
+    "--out", "-o", help="Directory for the figures (created if needed).")]
+InspectData = Annotated[str | None, typer.Option(
+    "--data", help="Images for the attention distances: any data.source (dataset dir, parquet "
+                   "files, Hub id); default: the built-in synthetic data.")]
+InspectSplit = Annotated[str, typer.Option("--split", help="Split of the --data source to read.")]
+InspectImages = Annotated[int, typer.Option(
+    "--images", min=1, help="Images averaged over for the attention distances.")]
+InspectOverrides = overrides("model.num_heads=3 for a foreign file that does not tell, "
+                             "data.image_column=img")
+Workdirs = Annotated[list[Path], typer.Argument(help="Training workdirs holding metrics.jsonl.")]
+CurvesOut = Annotated[Path | None, typer.Option(
+    "--out", "-o", help="PNG to write; default WORKDIR/curves.png for one workdir, ./curves.png "
+                        "for several.")]
+
+# ---------------------------------------------------------------- prepare-data and export
+
+Source = Annotated[str, typer.Argument(
+    help="Any data.source: synthetic, an image folder, a save_to_disk directory, parquet files or "
+         "a glob, a Hub id.")]
+MaxSize = Annotated[int, typer.Option(
+    help="Shorter side at most this many pixels; smaller images are copied unchanged.")]
+Splits = Annotated[str | None, typer.Option(
+    help="Comma-separated splits to copy, e.g. train,validation; default: every split.")]
+ImageFormat = Annotated[str, typer.Option(
+    "--format", help="jpeg (re-encoded at --quality) or png (lossless, larger: the exact-pixels "
+                     "option, since an image column holds encoded images, not raw arrays).")]
+Quality = Annotated[int, typer.Option(help="JPEG quality, 1-100.")]
+Workers = Annotated[int, typer.Option(help="Processes that resize (0: this one).")]
+DataOverrides = Annotated[list[str] | None, typer.Argument(
+    help="data.* overrides by dotted path: data.image_column=img data.label_column=fine_label "
+         "data.synthetic.train_size=1000")]
+Format = Annotated[ExportFormat, typer.Option(
+    "--format", help="hf: transformers ViTForImageClassification folder; onnx: model.onnx with a "
+                     "dynamic batch axis; timm: a folder timm.create_model('local-dir:DIR') "
+                     "loads.")]

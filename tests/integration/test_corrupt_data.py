@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from helpers import REPO, run_vit
-from vitcli.data import batches, sources, streams
+from vitcli.data import bad_images, batches, sources, streams
 from vitcli.errors import DataError
 from vitcli.evaluators import heldout, inference
 from vitcli.evaluators.heldout import ClassificationEvaluator
@@ -220,12 +220,12 @@ def test_evaluation_and_extraction_name_a_bad_file_by_its_path_once(folder, tmp_
         assert dict(evaluator.run(model))["val/skipped_images"] == 2
     _named_once(logged, *files)
     logged.clear()
-    vit, tally = zoo.build_model(resolve("pretrain", None, TINY).model, 0).eval(), batches.Skipped()
+    vit, tally = zoo.build_model(resolve("pretrain", None, TINY).model, 0).eval(), bad_images.Skipped()
     for _ in range(2):  # the few-shot evaluator's: every evaluation extracts again
         features.extract(vit, ds, cfg, 32, 0, CPU, "fp32", skipped=tally)
     _named_once(logged, *files)
     logged.clear()
-    fresh, again = batches.Skipped(), batches.Skipped()
+    fresh, again = bad_images.Skipped(), bad_images.Skipped()
     extract = lambda: features.extract(vit, ds, cfg, 32, 0, CPU, "fp32", skipped=fresh)
     features.cached(tmp_path, "key", extract, skipped=fresh)
     assert features.cached(tmp_path, "key", lambda: pytest.fail("recomputed"), True, again)[2]
@@ -240,7 +240,7 @@ def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N)).train()
     modes, seen = [], []
     for rank in range(2):
-        tally = batches.Skipped()
+        tally = bad_images.Skipped()
         ys = inference.sharded_pass(model, ds, cfg, 32, Dist(rank, 2, 0, torch.device("cpu")), "fp32",
                                     lambda m, i, x, y: modes.append(m.training) or y, tally)
         seen.append(torch.cat(ys).tolist())
@@ -260,7 +260,7 @@ def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
 def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, tmp_path):
     model = zoo.build_model(resolve("pretrain", None, TINY).model, 0).eval()
     ds, cfg = sources.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
-    tally = batches.Skipped()
+    tally = bad_images.Skipped()
 
     def compute():
         return features.extract(model, ds, cfg, 32, 0, CPU, "fp32", skipped=tally)
@@ -268,7 +268,7 @@ def test_extraction_skips_corrupt_images_and_the_cache_keeps_the_count(source, t
     feats, labels, hit = features.cached(tmp_path, "key", compute, skipped=tally)
     assert not hit and feats.shape == (N - 1, 32) and tally.total == 1
     assert labels.tolist() == [i for i in range(N) if i not in BAD_TEST]
-    again = batches.Skipped()
+    again = bad_images.Skipped()
     _, _, hit = features.cached(tmp_path, "key", lambda: pytest.fail("recomputed a good entry"), True, again)
     assert hit and again.as_dict() == {f"{source} split 'test'": list(BAD_TEST)}
     row = {"task": "t", "shots": 1, "seed": 0, "l2_reg": 1.0, "accuracy": 0.5, "classes": 2,

@@ -21,7 +21,7 @@ from helpers import export_npz, run_vit, tiny_vit
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import batches, sources
+from vitcli.data import bad_images, sources
 from vitcli.data.synthetic import class_names, make_synthetic
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
@@ -123,7 +123,7 @@ def split_predictions(runs, split: str) -> tuple[np.ndarray, np.ndarray]:
                 complete=complete, base=lambda: trained_with(ckpt))
     model = load_for_eval(r, r.model.num_classes)
     ds = sources.load_split(r.data, split)
-    _, top, probs, _, _ = predictions(model, ds, r, setup("cpu"), batches.Skipped(), 3)
+    _, top, probs, _, _ = predictions(model, ds, r, setup("cpu"), bad_images.Skipped(), 3)
     return top, probs
 
 

@@ -13,7 +13,7 @@ from vitcli import cli
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import batches, tasks
+from vitcli.data import bad_images, tasks
 from vitcli.evaluators import inference
 from vitcli.fewshot import features, solver
 from vitcli.fewshot.evaluate import data_id, load_task_split
@@ -182,13 +182,13 @@ def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows(
     """Rows 0..9 over 3 ranks (rank r holds r, r+3, ...), rows 4 and 9 undecodable (left out by rank 1 and 0):
     the gathered result is rows 0..9 less 4 and 9, in order, and the tally names both."""
     n, world = 10, 3
-    bad = {row: batches.Bad(f"row {row} of split", "broken") for row in (4, 9)}
+    bad = {row: bad_images.Bad(f"row {row} of split", "broken") for row in (4, 9)}
     parts = []
     for rank in range(world):
         rows = [i for i in range(rank, n, world) if i not in bad]
         own = {"split": {i: bad[i] for i in range(rank, n, world) if i in bad}}
         parts.append(((np.array([[i, -i] for i in rows], np.float32), np.array(rows)) if rows else None, own))
-    skipped = batches.Skipped()
+    skipped = bad_images.Skipped()
     _, feats, labels = inference.row_order(parts, n, skipped)
     kept = [i for i in range(n) if i not in bad]
     assert (labels.tolist() == kept and feats[:, 0].tolist() == kept

@@ -18,7 +18,7 @@ from PIL import Image
 from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import batches, sources, streams
+from vitcli.data import bad_images, batches, sources, streams
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
@@ -172,8 +172,8 @@ def test_streamed_augmentation_is_seeded_as_map_style_batches():
 
 def test_one_stand_in_rule_for_a_corrupt_training_image():
     good = {0, 3}
-    assert [batches.stand_in(i, 5, good.__contains__) for i in (1, 2, 4)] == [3, 3, 0]  # next, cyclically
-    assert batches.stand_in(2, 5, lambda j: False) is None
+    assert [bad_images.stand_in(i, 5, good.__contains__) for i in (1, 2, 4)] == [3, 3, 0]  # next, cyclically
+    assert bad_images.stand_in(2, 5, lambda j: False) is None
 
 
 # ---------------------------------------------------------------- corrupt images, evaluation, sources

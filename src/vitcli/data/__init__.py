@@ -1,4 +1,5 @@
-"""Images into batches: synthetic.py (the built-in dataset), decode.py (encoded bytes -> uint8 tensors),
+"""Images into batches: bad_images.py (an image that does not decode: named, stood in for, tallied),
+synthetic.py (the built-in dataset), decode.py (encoded bytes -> uint8 tensors),
 augment.py (batched crop boxes, resize, flip, scaling on the model's device), transforms.py (preprocessing in
 the loader workers), tasks.py (the task registry), sources.py (every image source as a datasets.Dataset),
 batches.py (map-style batch streams), streams.py (streamed training batches), prepare.py (a pre-resized copy

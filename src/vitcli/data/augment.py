@@ -49,7 +49,7 @@ class Encodings:
     process and to pin, not B), where each ends `ends` (B,) int64, their header (height, width) `sizes`
     (B, 2), the crop boxes (B, 4) (top, left, height, width) and flips (B,) bool the worker drew, the output
     side `size`; `seed`, `area` (None: whole images) and `hflip` draw them again should an image be replaced
-    (`draws`); `ids` name each image (its row, or a stream's sources.image_name) for the stream's tally
+    (`draws`); `ids` name each image (its row, or a stream's bad_images.image_name) for the stream's tally
     of skipped images."""
 
     data: torch.Tensor

@@ -14,7 +14,7 @@ keep their size and stay that pure function; evaluation leaves it out. With data
 truncated JPEG fails only on the model's device, and its stand-in is the next image of its micro-batch
 (`decode_on_device`). Each stream tallies such images
 (`Skipped`), coming back with their batch from whichever worker process decoded it, and names each
-once as sources.image_name names an image everywhere: by its file's path, else its row and split.
+once as bad_images.image_name names an image everywhere: by its file's path, else its row and split.
 Every random draw of a
 micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
 `micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
@@ -23,80 +23,24 @@ micro-batch, augmentation here and in streams.py, mixup, dropout and masking in 
 from __future__ import annotations
 
 import itertools
-import re
 import signal
 from collections.abc import Callable, Iterable, Iterator
-from typing import NamedTuple
 
 import datasets
 import numpy as np
 import torch
-from rich.markup import escape
 from timm.data import Mixup
 from torch.utils.data import DataLoader
 
 from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
+from vitcli.data.bad_images import Bad, Skipped, image_name, none_decode, one_line, stand_in, worker_error
 from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
-from vitcli.data.sources import image_name, origin
+from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
-from vitcli.errors import DataError, VitcliError
+from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.metrics import console
 
 DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
-
-
-class Bad(NamedTuple):
-    """An image that did not decode: its name (sources.image_name) and why, in one line."""
-
-    image: str
-    reason: str
-
-
-Tally = dict[str, dict[int | str, Bad]]  # split -> {id: Bad}, as Skipped.rows holds them
-
-
-class Skipped:
-    """Images that did not decode, per split (name -> {id: Bad}; the id is the row, or a stream's
-    image name), warned about as their count grows.
-
-    The images come back with their batch from whichever process decoded it, so the tally lives with
-    the reader of the stream; an image met again (the next epoch, the next evaluation) counts once.
-    `warn=False`: a rank's share of a pass, which inference.in_row_order gathers into a tally that
-    warns, so that each image is named once.
-    """
-
-    def __init__(self, warn: bool = True) -> None:
-        self.rows: Tally = {}
-        self.warn = warn
-
-    @property
-    def total(self) -> int:
-        """Distinct images skipped, over every split."""
-        return sum(len(rows) for rows in self.rows.values())
-
-    def add(self, name: str, bad: dict[int | str, Bad]) -> None:
-        """Record images of split `name`; warn at the 1st, 2nd, 4th, 8th... so a bad shard cannot
-        flood logs."""
-        seen = self.rows.setdefault(name, {})
-        for key, found in bad.items():
-            if key in seen:
-                continue
-            seen[key] = found
-            n = self.total
-            if self.warn and n & (n - 1) == 0:
-                console.log(f"[yellow]warning: {n} undecodable image{'s' * (n > 1)} skipped so far; "
-                            f"{escape(found.image)}: {escape(found.reason)}")
-
-    def as_dict(self) -> dict[str, list[int]]:
-        """name -> sorted rows, for json."""
-        return {name: sorted(rows) for name, rows in self.rows.items() if rows}
-
-
-def one_line(e: Exception) -> str:
-    """An exception as one line: its type and the first line of its message, less object addresses."""
-    lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 class KeyedBatches(torch.utils.data.Dataset):
@@ -112,7 +56,7 @@ class KeyedBatches(torch.utils.data.Dataset):
             return worker_error(e, self.name)
 
     def image(self, ident) -> str:
-        """The name (sources.image_name) of the image whose id in a batch's `bad` is `ident`: here
+        """The name (bad_images.image_name) of the image whose id in a batch's `bad` is `ident`: here
         the id itself."""
         return str(ident)
 
@@ -151,7 +95,7 @@ class _Batches(KeyedBatches):
             return None
 
     def image(self, row: int) -> str:
-        """The row's image as messages name it (sources.image_name): its file's path, else its row
+        """The row's image as messages name it (bad_images.image_name): its file's path, else its row
         and split. Read again when asked, for the few that fail, rather than kept for every row."""
         return image_name(self.images[row][self.column], self.name, row)
 
@@ -230,32 +174,6 @@ def decode_on_device(
     use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
     boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
     return finish_crops([images[i] for i in use], boxes, flips, batch.size, device), y[use], bad
-
-
-def stand_in(i: int, n: int, decodes) -> int | None:
-    """The one rule for a training image that does not decode: the first position after `i`, cyclically among
-    the `n` the stream can reach (map-style: the split's rows; streamed: the micro-batch's examples), whose
-    image decodes (`decodes(j)`); None when none does. A function of the data alone, so a batch stays a pure
-    function of its key whichever process builds it."""
-    return next((j for j in (k % n for k in range(i + 1, i + n)) if decodes(j)), None)
-
-
-def none_decode(what: str, tried: str, culprit: str, reason: str) -> DataError:
-    """The error for images none of which decodes (there is no stand-in), naming one of them and why."""
-    return DataError(f"no image of {what} decodes ({tried} tried; {culprit}: {reason}); "
-                     "repair the image files or use another copy of the data")
-
-
-def worker_error(e: Exception, name: str) -> Exception:
-    """What a keyed dataset's __getitem__ does with an error building a batch of split `name`: in this
-    process, re-raise it (the traceback stays intact); in a loader worker, return it as one line.
-
-    Returned, not raised: the loader would re-raise it with the worker's traceback in its message.
-    BatchStream raises it in the reading process, as the one line the CLI shows."""
-    if torch.utils.data.get_worker_info() is None:
-        raise e
-    return e if isinstance(e, VitcliError) else DataError(
-        f"{name}: {one_line(e)} in a data loader worker; data.num_workers=0 shows where")
 
 
 class BatchStream:

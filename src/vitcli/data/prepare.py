@@ -10,7 +10,7 @@ except the image, re-encoded with its shorter side at most `max_size` (never ups
 copied byte for byte), and an integer label column cast to a `ClassLabel` with names. An image that does not
 decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
 manifest counts it too (`undecodable`) and names it (`undecodable_images`: its file's path, else
-its row and split, as sources.image_name names an image everywhere). The directory is filled under
+its row and split, as bad_images.image_name names an image everywhere). The directory is filled under
 a temporary name beside DIR and renamed into place only when complete
 (runtime.workdir.published_dir), so an interrupted run leaves no half DIR.
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from vitcli.data import sources
+from vitcli.data import bad_images, sources
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.files import sha256_of
@@ -143,7 +143,7 @@ def _resize_rows(batch: dict, rows: list[int], column: str, opts: Options, where
         name = Path(item["path"]).name if item.get("path") else None
         # no bytes at all (a path to a missing file): stored empty, which training counts as undecodable too
         images.append({"bytes": new if new is not None else (data or b""), "path": name})
-        bad.append(sources.image_name(item, where, row) if new is None else None)
+        bad.append(bad_images.image_name(item, where, row) if new is None else None)
         sizes.append(len(images[-1]["bytes"] or b""))
     return {column: images, _UNDECODABLE: bad, _BYTES: sizes}
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import hashlib
 import json
 import os
 import re
@@ -269,24 +268,6 @@ def _synthetic(synthetic: SyntheticConfig, split: str) -> datasets.Dataset:
 def origin(ds: datasets.Dataset) -> str:
     """Where a split's rows come from, "SOURCE split 'SPLIT'" as `load_source` recorded it, for messages."""
     return ds.info.description or "the dataset"
-
-
-def image_name(raw: dict, where: str, row: int | None = None) -> str:
-    """How every message and tally names one image, `raw` its encoded cell ({"bytes", "path"}) of
-    split `where` (origin): by the path of its file where the cell keeps one, else by its `row` and
-    split. An image folder's cells hold the path alone; a parquet or Hub cell may keep its original
-    file's name beside the bytes, often without its folders, so its row and split follow it. A
-    streamed cell has no row number (the shuffle hides it): the split, or a digest of its bytes,
-    the same every epoch."""
-    path, data = raw.get("path"), raw.get("bytes")
-    if path and data is None:
-        return path
-    at = f"row {row} of {where}" if row is not None else f"in {where}"
-    if path:
-        return f"{path} ({at})"
-    if row is not None:
-        return at
-    return f"an image {at} (sha1 {hashlib.sha1(data or b'').hexdigest()[:12]})"
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:

@@ -23,9 +23,9 @@ refills it identically. Skipped examples are never decoded. Augmentation is seed
 map-style batches (batches.micro_seed of the optimizer step and global micro-batch, batches.micro_batch), so a
 resumed stream gives exactly the batches the uninterrupted one gives from k on.
 
-An image that does not decode is replaced as map-style batches replace it (batches.stand_in), by the next one
-that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has no random
-access to the rest). It is counted in the stream's `skipped` under its name (sources.image_name:
+An image that does not decode is replaced as map-style batches replace it (bad_images.stand_in), by the
+next one that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has
+no random access to the rest). It is counted in the stream's `skipped` under its name (bad_images.image_name:
 its path, or a digest of its bytes), so it counts once however many epochs meet it.
 """
 
@@ -42,6 +42,7 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
 from vitcli.data.augment import Encodings
+from vitcli.data.bad_images import image_name
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
@@ -54,7 +55,7 @@ from vitcli.data.batches import (
     stand_in,
 )
 from vitcli.data.decode import Encoded, read
-from vitcli.data.sources import image_name, origin
+from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
@@ -116,7 +117,7 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 class _Decode(KeyedBatches):
     """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
     for the model's device to decode, y, bad); an image's id in `bad` is its name
-    (sources.image_name)."""
+    (bad_images.image_name)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary

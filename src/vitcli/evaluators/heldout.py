@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vitcli.data import batches
+from vitcli.data import bad_images
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
 from vitcli.recipe.schema import DataConfig, MppConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
@@ -21,7 +21,7 @@ class SplitEvaluator:
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
         self.dist, self.precision = dist, precision
         # kept across runs: a corrupt image is warned about once, not per eval
-        self.skipped = batches.Skipped()
+        self.skipped = bad_images.Skipped()
 
     def sums(self, model: torch.nn.Module, per_batch, width: int) -> tuple[list[float], int]:
         """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank

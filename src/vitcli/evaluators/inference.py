@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vitcli.data import batches
+from vitcli.data import bad_images, batches
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_gather
 from vitcli.runtime.precision import autocast
@@ -25,7 +25,7 @@ from vitcli.runtime.precision import autocast
 @torch.inference_mode()
 def sharded_pass(
     model: torch.nn.Module, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, per_batch,
-    skipped: batches.Skipped, resize: int = 0, resize_method: str = "big_vision",
+    skipped: bad_images.Skipped, resize: int = 0, resize_method: str = "big_vision",
 ) -> list:
     """per_batch(model, i, x, y) for each batch i of this rank's rows, x (B, 3, H, W) and y (B,) on the
     device; the model's train/eval mode is restored after. Rows whose image does not decode land in `skipped`;
@@ -46,7 +46,7 @@ def sharded_pass(
     return out
 
 
-def raise_if_nothing_decoded(decoded: int, tallies: list[batches.Tally]) -> None:
+def raise_if_nothing_decoded(decoded: int, tallies: list[bad_images.Tally]) -> None:
     """The none_decode error when images failed and none decoded on any rank. `decoded` (images decoded over
     all ranks) and `tallies` (every rank's Skipped.rows, in rank order) come from the caller's gather or
     reduce, so every rank decides alike and names the same image."""
@@ -54,20 +54,21 @@ def raise_if_nothing_decoded(decoded: int, tallies: list[batches.Tally]) -> None
                 for rows in tallies for name, bad in rows.items() for found in bad.values()]
     if decoded == 0 and failures:
         name, found = failures[0]
-        raise batches.none_decode(name, str(len(failures)), found.image, found.reason)
+        raise bad_images.none_decode(name, str(len(failures)), found.image, found.reason)
 
 
-def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: batches.Tally, n: int,
-                 dist: Dist, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
+def in_row_order(arrays: tuple[np.ndarray, ...] | None, skipped_rows: bad_images.Tally, n: int,
+                 dist: Dist, skipped: bad_images.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
     """Every rank's per-row `arrays` (each (N_r, ...) over the rows r, r + W, ... of an n-row split that
     decoded; None: it had none) from a sharded_pass -> (rows (N',), *arrays) over the whole
     split in row order, on every rank; None when no rank had a row. Each rank's `skipped_rows`
-    (split -> {row: Bad}, a quiet tally's: batches.Skipped) join `skipped`, which names each image
+    (split -> {row: Bad}, a quiet tally's: bad_images.Skipped) join `skipped`, which names each image
     once; images that failed with none decoded anywhere raise, on every rank. A collective call."""
     return row_order(all_gather((arrays, skipped_rows), dist), n, skipped)
 
 
-def row_order(parts: list, n: int, skipped: batches.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
+def row_order(parts: list, n: int,
+              skipped: bad_images.Skipped | None = None) -> tuple[np.ndarray, ...] | None:
     """`in_row_order` on the gathered (arrays, skipped rows) of each rank, in rank order."""
     rows: list[int] = []
     for rank, (_, bad) in enumerate(parts):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcli.data import batches, sources, tasks
+from vitcli.data import bad_images, sources, tasks
 from vitcli.errors import DataError
 from vitcli.fewshot import features, solver
 from vitcli.recipe.schema import DataConfig, Recipe
@@ -122,7 +122,7 @@ class FewshotEvaluator:
         self.tasks = recipe_tasks(recipe)
         self.splits = {t.name: [load_task_split(t, recipe, s) for s in (t.train_split, t.test_split)]
                        for t in self.tasks}  # read once, reused every run
-        self.skipped = batches.Skipped()  # kept across runs: a corrupt image is warned about once
+        self.skipped = bad_images.Skipped()  # kept across runs: a corrupt image is warned about once
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also `.../<k>shot/short_classes`

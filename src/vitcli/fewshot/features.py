@@ -16,8 +16,7 @@ from rich.markup import escape
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vitcli.data import batches
-from vitcli.data.sources import image_name
+from vitcli.data import bad_images
 from vitcli.errors import DataError
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.recipe.schema import DataConfig
@@ -33,14 +32,14 @@ def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
-            skipped: batches.Skipped | None = None, resize_method: str = "big_vision"):
+            skipped: bad_images.Skipped | None = None, resize_method: str = "big_vision"):
     """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every rank; rows
     whose image does not decode are left out (and recorded in `skipped`).
     `resize_method`: fewshot.resize_method.
 
     Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
-    own = batches.Skipped(warn=False)  # this rank's share: `skipped` names each, from every rank
-    skipped = skipped if skipped is not None else batches.Skipped()
+    own = bad_images.Skipped(warn=False)  # this rank's share: `skipped` names each, from every rank
+    skipped = skipped if skipped is not None else bad_images.Skipped()
 
     def per_batch(model, i, x, y):
         return pre_logits(model, x).float().cpu(), y.cpu()  # (B, D'), (B,)
@@ -92,7 +91,7 @@ def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
 
 
 def cached(
-    cache_dir: Path, key: str, compute, write: bool = True, skipped: batches.Skipped | None = None,
+    cache_dir: Path, key: str, compute, write: bool = True, skipped: bad_images.Skipped | None = None,
     dist: Dist | None = None,
 ) -> tuple[np.ndarray, np.ndarray, bool]:
     """(features, labels, hit): read CACHE_DIR/KEY.safetensors, or compute and
@@ -104,7 +103,7 @@ def cached(
     With `dist`, a miss on any rank is a miss on all, since `compute` (extract) is collective.
     """
     path = cache_dir / f"{key}.safetensors"
-    skipped = skipped if skipped is not None else batches.Skipped()
+    skipped = skipped if skipped is not None else bad_images.Skipped()
     entry = _read_entry(path) if path.exists() else None
     if dist is not None and all_reduce_max([float(entry is None)], dist)[0]:
         entry = None
@@ -112,7 +111,7 @@ def cached(
         feats, labels, rows = entry
         why = "skipped when these cached features were extracted"
         for name, bad in rows.items():
-            skipped.add(name, {row: batches.Bad(image, why) for row, image in bad.items()})
+            skipped.add(name, {row: bad_images.Bad(image, why) for row, image in bad.items()})
         return feats, labels, True
     before = {name: set(rows) for name, rows in skipped.as_dict().items()}
     feats, labels = compute()
@@ -144,5 +143,5 @@ def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, dict[int,
         console.log(f"[yellow]warning: feature cache {escape(str(path))} is damaged ({escape(reason)}); "
                     "recomputing it")
         return None
-    named = {n: images.get(n) or [image_name({}, n, r) for r in bad] for n, bad in rows.items()}
+    named = {n: images.get(n) or [bad_images.image_name({}, n, r) for r in bad] for n, bad in rows.items()}
     return feats, labels, {n: dict(zip(bad, named[n])) for n, bad in rows.items()}

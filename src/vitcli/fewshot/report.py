@@ -16,7 +16,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from vitcli.data import batches, tasks
+from vitcli.data import bad_images, tasks
 from vitcli.fewshot.evaluate import draws, summarise
 from vitcli.fewshot.solver import DRAW_FIELDS
 from vitcli.recipe.schema import Recipe, to_dict
@@ -36,7 +36,7 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skipped | None = None) -> dict:
+def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.Skipped | None = None) -> dict:
     """Print the table and write results.json, results.csv and fewshot.png into the workdir; returns what
     results.json holds."""
     summary, drawn = summarise(rows), draws(rows)
@@ -52,7 +52,7 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: batches.Skip
     return payload
 
 
-def results(rows: list[dict], recipe: Recipe, skipped: batches.Skipped | None = None) -> dict:
+def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None = None) -> dict:
     """results.json: every run, the mean ± std per (task, shots), the group means and the recipe; with the
     tally, the images left out because they do not decode (`data/skipped_images`) and where they are."""
     summary, drawn = summarise(rows), draws(rows)

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, load_for_eval
-from vitcli.data import batches, sources
+from vitcli.data import bad_images, batches, sources
 from vitcli.errors import DataError
 from vitcli.evaluators import classify
 from vitcli.evaluators.inference import in_row_order, sharded_pass
@@ -52,7 +52,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
-    skipped = batches.Skipped()
+    skipped = bad_images.Skipped()
     rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, min(TOP_K, num_classes))
     names = (class_names(read_checkpoint(recipe.init.checkpoint), num_classes)
              or sources.class_names(recipe.data, ds, num_classes))  # the checkpoint's, else the split's
@@ -77,14 +77,14 @@ def _check_labels(ds, recipe: Recipe, split: str) -> None:
                         "data it was trained on")
 
 
-def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: batches.Skipped,
+def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: bad_images.Skipped,
                 k: int) -> tuple[np.ndarray, ...]:
     """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
     the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
     for a sigmoid-loss model). Undecodable rows are left out and join `skipped`, which names each
     once (this rank's own tally stays quiet). A collective call."""
     loss = loss_fn(recipe.optim)
-    own = batches.Skipped(warn=False)
+    own = bad_images.Skipped(warn=False)
 
     def per_batch(model, i, x, y):
         logits = model(x).float()  # (B, K)

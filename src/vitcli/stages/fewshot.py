@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from vitcli.checkpoints.transfer import load_for_eval
-from vitcli.data import batches, tasks
+from vitcli.data import bad_images, tasks
 from vitcli.fewshot import features, report
 from vitcli.fewshot.evaluate import (
     data_cfg,
@@ -47,7 +47,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
     else:
         weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
     model = model.to(dist.device)
-    skipped = batches.Skipped()  # undecodable rows over every task's splits, extracted or read from the cache
+    # undecodable rows over every task's splits, extracted or read from the cache
+    skipped = bad_images.Skipped()
     rows = [row for task in chosen
             for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
     if not dist.is_main:
@@ -57,7 +58,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
 
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,
-               skipped: batches.Skipped) -> list[dict]:
+               skipped: bad_images.Skipped) -> list[dict]:
     """Features of the task's train and test splits (from the cache when there), then its score rows."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / FEATURES_DIR
     img_size, resize, method = preprocessing(recipe)

@@ -21,7 +21,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, load_for_eval
-from vitcli.data import batches
+from vitcli.data import bad_images
 from vitcli.errors import DataError
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import setup
@@ -67,13 +67,13 @@ def decodable(files: list[Path]) -> list[Path]:
 
 
 def undecodable(path: Path) -> str | None:
-    """Why PIL cannot decode the file, as training says it (batches.one_line); None when it
+    """Why PIL cannot decode the file, as training says it (bad_images.one_line); None when it
     decodes. Read from its bytes, so PIL's message does not repeat the path the caller names."""
     try:
         with Image.open(io.BytesIO(path.read_bytes())) as img:
             img.load()
     except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as e:
-        return batches.one_line(e)
+        return bad_images.one_line(e)
     return None
 
 
@@ -92,7 +92,7 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     ds.info.description = "the images given"
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     k = min(top_k, recipe.model.num_classes)
-    rows, top, probs, _, _ = predictions(model, ds, recipe, dist, batches.Skipped(), k)
+    rows, top, probs, _, _ = predictions(model, ds, recipe, dist, bad_images.Skipped(), k)
     names = class_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
     records = [{"path": str(files[row]),
                 "top": [{"rank": j + 1, "class_index": int(c), "class_name": names[c] if names else str(c),

@@ -47,7 +47,7 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
 
 
 def _undecodable(names: list[str]) -> list[tuple[str, str]]:
-    """Table rows naming a split's undecodable images (sources.image_name), the first NAMED."""
+    """Table rows naming a split's undecodable images (bad_images.image_name), the first NAMED."""
     rows = [("", escape(name)) for name in names[:NAMED]]
     more = len(names) - NAMED
     return rows + ([("", f"and {more} more: manifest.json names them all")] if more > 0 else [])

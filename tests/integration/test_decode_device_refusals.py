@@ -1,5 +1,6 @@
-"""data.decode_device at resolve time: a value outside worker | model, and `model` with a worker-only
-augmentation (RandAugment, PIL) or 0/1 pixels, are one line, exit 2, from `vit pretrain --dry-run`."""
+"""data.decode_device at resolve time: a value outside worker | model, and `model` with 0/1 pixels (stretched
+in the workers), are one line, exit 2, from `vit pretrain --dry-run`; the augmentation runs where the pixels
+are, so `model` takes all of it."""
 
 import pytest
 
@@ -10,8 +11,6 @@ STEPS = ("schedule.steps=10", "schedule.warmup_steps=1")
 
 @pytest.mark.parametrize("args, needles", [
     (["data.decode_device=gpu"], ["data.decode_device: 'gpu' is not one of worker, model"]),
-    (["data.decode_device=model", "data.randaugment=rand-m9-mstd0.5"],
-     ["data.decode_device=model", "data.randaugment="]),
     (["data.decode_device=model", "data.binary_pixels=true"], ["data.decode_device=model",
                                                                "data.binary_pixels"]),
 ])
@@ -24,3 +23,11 @@ def test_decode_device_refusals_are_one_line(args, needles, monkeypatch, capsys)
 def test_model_decoding_resolves(monkeypatch, capsys):
     code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", *STEPS, "data.decode_device=model")
     assert code == 0 and "decode_device: model" in out, err
+
+
+def test_model_decoding_takes_the_augmentation(monkeypatch, capsys):
+    deit = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
+            "data.cutmix_alpha=1.0"]
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", *STEPS, "data.decode_device=model",
+                             *deit)
+    assert code == 0 and "randaugment: rand-m9-mstd0.5-inc1" in out and "cutmix_alpha: 1.0" in out, err

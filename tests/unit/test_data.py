@@ -437,16 +437,6 @@ def test_eval_batches_in_order_sharded_without_drop():
     assert torch.equal(x0, next(iter(batches.eval_batches(ds, cfg, 8, 5)))[0])
 
 
-def test_build_mixup():
-    assert batches.build_mixup(DataConfig(mixup_alpha=0.0), 10, 0.1) is None
-    mixup = batches.build_mixup(DataConfig(mixup_alpha=0.2), 10, 0.0)
-    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
-    mixed, target = mixup(x.clone(), y)
-    assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))
-    lam = target[0, 0].item()  # row 0 is mixed with row 3 (timm pairs a batch with its reverse)
-    assert torch.allclose(mixed[0], lam * x[0] + (1 - lam) * x[3], atol=1e-6)
-
-
 def test_one_process_accumulating_sees_what_two_processes_see():
     """Global batch 16 of micro-batches of 4: one process with 4 per step, or two with 2 each, get the same
     micro-batches (rows and augmentation), global micro-batch j on rank j // 2."""

@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterable, Iterator
 import datasets
 import numpy as np
 import torch
-from timm.data import Mixup
 from torch.utils.data import DataLoader
 
+from vitcli.data import augmentations
 from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
+from vitcli.data.augmentations import Augmentation
 from vitcli.data.bad_images import Bad, Skipped, image_name, none_decode, one_line, stand_in, worker_error
 from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
 from vitcli.data.sources import origin
@@ -150,7 +151,7 @@ class _Batches(KeyedBatches):
 
 def decode_on_device(
     batch: Encodings, y: torch.Tensor, device: torch.device, name: str,
-    image: Callable[[int | str], str] = str,
+    image: Callable[[int | str], str] = str, aug: Augmentation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """A micro-batch shipped encoded (data.decode_device=model) -> (x float32 (B, 3, S, S) in [-1, 1] on
     `device`, y (B,), {id: reason} of the images that did not decode): one batched decode on `device`.
@@ -160,12 +161,13 @@ def decode_on_device(
     here, where the rest of the split is out of reach: its stand-in is the next image of its own micro-batch
     that decodes (`stand_in` over the micro-batch, the streams rule), unlike the worker path's next row of
     the split. The boxes and flips are then drawn again from the micro-batch's seed for the images now in
-    it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives).
+    it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives);
+    the augmentation `aug` keeps its draws, which belong to positions of the micro-batch.
     """
     images = decode_jpegs(batch.files(), device)
     failed = {i: one_line(e) for i, e in enumerate(images) if isinstance(e, Exception)}
     if not failed:
-        return finish_crops(images, batch.boxes, batch.flips, batch.size, device), y, {}
+        return finish_crops(images, batch.boxes, batch.flips, batch.size, device, aug, batch.aug), y, {}
     bad = {batch.ids[i]: reason for i, reason in failed.items()}
     if len(failed) == len(images):
         ident, reason = next(iter(bad.items()))
@@ -173,7 +175,8 @@ def decode_on_device(
     n = len(images)
     use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
     boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
-    return finish_crops([images[i] for i in use], boxes, flips, batch.size, device), y[use], bad
+    x = finish_crops([images[i] for i in use], boxes, flips, batch.size, device, aug, batch.aug)
+    return x, y[use], bad
 
 
 class BatchStream:
@@ -181,11 +184,12 @@ class BatchStream:
     returned."""
 
     def __init__(self, loader: DataLoader, skipped: Skipped | None = None, device: torch.device | None = None,
-                 collective: bool = False):
+                 collective: bool = False, aug: Augmentation | None = None):
         self.batches, self.name = iter(loader), loader.dataset.name
         self.image = loader.dataset.image  # names a skipped image here, whichever process decoded
         self.skipped = skipped if skipped is not None else Skipped()
         self.device = device if device is not None else torch.device("cpu")
+        self.aug = aug  # the recipe's augmentation, what of it each batch's draws leave to `finish`
         # collective: a pass where nothing decoded ends quietly; the caller decides with the other ranks
         # (nothing_decoded), since one rank raising alone would leave the others waiting in a gather
         self.collective = collective
@@ -207,10 +211,10 @@ class BatchStream:
                 raise item
             x, y, bad = item
             if isinstance(x, Encodings):  # data.decode_device=model: decoded here, on the stream's device
-                x, y, late = decode_on_device(x, y, self.device, self.name, self.image)
+                x, y, late = decode_on_device(x, y, self.device, self.name, self.image, self.aug)
                 bad = {**bad, **late}
             elif len(y):
-                x = finish(x, self.device)
+                x = finish(x, self.device, self.aug)
             self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
@@ -321,7 +325,7 @@ def train_batches(
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
     cache = cfg.decode_device == "worker"  # the cache keeps images decoded: none left for the model's device
     loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
-    stream = BatchStream(loader, device=device)
+    stream = BatchStream(loader, device=device, aug=augmentations.of(cfg, img_size))
     if loader.dataset.cache is not None:  # decoded once per process: waits are judged once every image is
         # each worker caches the rows it decodes, a share that grows with the epochs
         stream.warm_after = len(ds) // (micro_batch_size * world_size) * max(1, cfg.num_workers)
@@ -349,12 +353,3 @@ def on_cpu(device: torch.device | None) -> bool:
     """Whether a stream's batches are finished on the CPU: then its loader workers resize them (the same
     augment code, run where the CPU work is shared out)."""
     return device is None or device.type == "cpu"
-
-
-def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):
-    """timm Mixup (mixup only, no cutmix) producing soft targets, or None when data.mixup_alpha is 0."""
-    if cfg.mixup_alpha <= 0:
-        return None
-    # timm's Mixup needs an even micro-batch (it pairs each sample with its mirror in the batch)
-    alpha, smoothing = cfg.mixup_alpha, label_smoothing
-    return Mixup(mixup_alpha=alpha, cutmix_alpha=0.0, label_smoothing=smoothing, num_classes=num_classes)

@@ -41,19 +41,11 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
+from vitcli.data import augmentations
 from vitcli.data.augment import Encodings
-from vitcli.data.bad_images import image_name
-from vitcli.data.batches import (
-    BatchStream,
-    KeyedBatches,
-    keyed_loader,
-    micro_batch,
-    micro_seed,
-    none_decode,
-    on_cpu,
-    one_line,
-    stand_in,
-)
+from vitcli.data.augmentations import Augmentation
+from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in
+from vitcli.data.batches import BatchStream, KeyedBatches, keyed_loader, micro_batch, micro_seed, on_cpu
 from vitcli.data.decode import Encoded, read
 from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
@@ -153,8 +145,9 @@ class _Decode(KeyedBatches):
 class TrainStream(BatchStream):
     """BatchStream over streamed micro-batches that also knows where it is: `position()`."""
 
-    def __init__(self, loader: DataLoader, positions: deque, at: dict, device: torch.device | None = None):
-        super().__init__(loader, device=device)
+    def __init__(self, loader: DataLoader, positions: deque, at: dict, device: torch.device | None = None,
+                 aug: Augmentation | None = None):
+        super().__init__(loader, device=device, aug=aug)
         self.positions, self.at = positions, at
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,7 +198,8 @@ def stream_train_batches(
     keys = _keys(examples, cfg, micro_batch_size, seed, (start_step, accum, rank), positions)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
     decode = _Decode(name, transform, cfg.binary_pixels)
-    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at, device)
+    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at, device,
+                       augmentations.of(cfg, img_size))
 
 
 def throughput(stream: Iterator, n_batches: int) -> float:

@@ -31,14 +31,10 @@ def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
 
 
 def check_decode_device(d: DataConfig) -> None:
-    """data.decode_device=model leaves the pixels encoded until the model's device: nothing the loader
-    workers do to decoded pixels (timm's PIL RandAugment, the 0/1 stretch) can run on them."""
+    """data.decode_device=model leaves the pixels encoded until the model's device: the 0/1 stretch of
+    the loader workers cannot run on them (the augmentation runs where the pixels are, on either)."""
     if d.decode_device != "model":
         return
-    if d.randaugment:
-        raise RecipeError(f"data.decode_device=model decodes on the model's device, but data.randaugment="
-                          f"'{d.randaugment}' needs the pixels in the loader workers (PIL); use "
-                          "data.decode_device=worker or drop data.randaugment")
     if d.binary_pixels:
         raise RecipeError("data.decode_device=model decodes JPEGs on the model's device, but "
                           "data.binary_pixels stretches 0/1 images in the loader workers; use "

@@ -86,8 +86,24 @@ class DataConfig:
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image
     crop_min_area: float = 0.05
     hflip: bool = True
-    randaugment: str = ""  # timm spec, e.g. "rand-m9-mstd0.5"; "" disables
-    mixup_alpha: float = 0.0  # 0 disables mixup
+    # per-image augmentation, batched on uint8 where the model runs (data/augmentations.py): a timm
+    # RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" ("" disables); or DeiT III's 3-Augment (one of
+    # grayscale, solarize, blur per image) with colour jitter of strength color_jitter
+    randaugment: str = ""
+    three_augment: bool = False
+    color_jitter: float = 0.0
+    # random erasing after normalisation, timm's RandomErasing: the probability per image (timm's reprob;
+    # 0 disables), the fill (pixel | rand | const) and the boxes per erased image
+    erasing: float = 0.0
+    erasing_mode: str = "pixel"
+    erasing_count: int = 1
+    # mixup and CutMix with timm's Mixup semantics, on the device: alphas (0 disables each), the
+    # probability a micro-batch is mixed at all, of CutMix when both are on, and batch | pair | elem
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 1.0
+    mix_switch_prob: float = 0.5
+    mix_mode: str = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 

@@ -23,6 +23,7 @@ import torch
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches
+from vitcli.data.augmentations import mix, mixing_of
 from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import Recipe, micro_batches, to_dict
@@ -94,7 +95,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     start = checkpoints.load()
     micro, accum = micro_batches(r, dist.world_size)
     criterion = loss_fn(r.optim)
-    mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
+    mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
@@ -262,8 +263,9 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
     micro-batch first_micro + i): supervised or masked patch prediction.
 
     Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
-    augmentation does (batches.micro_seed): timm's Mixup draws from numpy's global RNG, dropout and drop-path
-    from torch's, the masking of masked patch prediction from its own generator. So a run repeats exactly,
+    augmentation does (batches.micro_seed): Mixup and CutMix from a numpy Generator of their own
+    (augmentations.mix), dropout and drop-path from torch's global RNG (pinned for the call), the masking of
+    masked patch prediction from its own generator. So a run repeats exactly,
     resumes exactly, and trains the same with one process or several.
     """
 
@@ -272,8 +274,7 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
 
     def supervised(model, x, y, i):
         if mixup is not None:
-            with seeded(seed(i, MIXUP_STREAM)):
-                x, y = mixup(x, y)
+            x, y = mix(mixup, x, y, seed(i, MIXUP_STREAM))
         with seeded(seed(i, MODEL_STREAM)):
             return criterion(model(x).float(), y), None
 

@@ -71,12 +71,14 @@ def test_a_worker_and_the_models_device_give_the_same_batch(keys):
     """resize_here (a model on the CPU: the worker resizes and runs the uint8 ops) against the device route
     (augment.finish resizes, runs the same ops, erases): the two resizes round alike within a level
     (augment.levels), which an op with a threshold (solarize, posterize) can turn into a large difference
-    for the few pixels at its edge: the mean stays under a level, and under 2% of pixels differ by more
-    than 4 levels (measured: ...)."""
+    for the few pixels at its edge. Measured over seeds 0-4: mean 0.005-0.044 levels, at most 0.03% of
+    pixels more than 4 levels apart (one pixel 48 levels apart, a solarize edge); held to 0.1 level and
+    0.5%."""
     cfg = DataConfig(crop_min_area=0.3, **keys)
-    worker, device = _batch(cfg, 9, resize_here=True), _batch(cfg, 9, resize_here=False)
-    diff = (worker - device).abs()
-    assert diff.mean() < LEVEL and (diff > 4 * LEVEL).float().mean() < 0.02, (diff.mean(), diff.max())
+    for seed in range(3):
+        worker, device = _batch(cfg, seed, resize_here=True), _batch(cfg, seed, resize_here=False)
+        diff = (worker - device).abs()
+        assert diff.mean() < 0.1 * LEVEL and (diff > 4 * LEVEL).float().mean() < 0.005, (seed, diff.mean())
 
 
 def test_a_batch_is_a_function_of_its_seed():

@@ -26,16 +26,10 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                  "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops"]),
-<<<<<<< HEAD
     # images into batches: how an image that does not decode is named and tallied, first (every
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "decode", "randaugment", "three_augment", "erasing", "mixing",
               "augmentations", "augment", "transforms", "tasks", "sources", "batches", "streams", "prepare"]),
-=======
-    # images into batches
-    ("data", ["synthetic", "decode", "augment", "mixing", "transforms", "tasks", "sources", "batches",
-              "streams", "prepare"]),
->>>>>>> 4a37418 (data.mixing: Mixup and CutMix with timm's Mixup semantics, drawn on the host from a numpy Generator, applied batched on the device)
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

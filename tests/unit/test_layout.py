@@ -27,8 +27,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops"]),
     # images into batches
-    ("data", ["synthetic", "decode", "augment", "transforms", "tasks", "sources", "batches", "streams",
-              "prepare"]),
+    ("data", ["synthetic", "decode", "augment", "randaugment", "transforms", "tasks", "sources", "batches",
+              "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

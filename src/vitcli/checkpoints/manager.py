@@ -1,12 +1,16 @@
 """The one owner of a run's training state (torchtitan's CheckpointManager): whether a run resumes and from
 which checkpoint, writing one (whole or sharded) and rotating, and loading one back into the model, the
-optimizer, every rank's RNGs and the data position.
+optimizer and the data position.
 
 What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; the train state, `step` and
-`recipe`; `rng`, every rank's RNG states (runtime.rngs); and `data`, the position in the data (examples seen,
-the world size and, for a streamed split, every rank's stream position). A whole checkpoint
-(`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one (`state-<step>/`,
-checkpoints.sharded) keeps the model and optimizer as shards and the rest beside them.
+`recipe`; and `data`, the position in the data (examples seen, the world size and, for a streamed split,
+every rank's stream position). A whole checkpoint (`state-<step>.pt`, checkpoints.state) holds them all in
+one file; a sharded one (`state-<step>/`, checkpoints.sharded) keeps the model and optimizer as shards and
+the rest beside them.
+
+No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed, step,
+micro-batch) (batches.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
+An older checkpoint's `rng` entry is left unread.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
 from vitcli.errors import CheckpointError, RecipeError
 from vitcli.recipe.schema import Recipe, to_dict
-from vitcli.runtime import files, rngs
+from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
@@ -42,9 +46,9 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
     """The newest checkpoint that verifies and is complete, as (path, state); None when there is none at all.
 
     For a file `state-<step>.pt`, state is all of it (state.STATE_KEYS). For a directory `state-<step>/` (a
-    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least, RNG byte tensors as tensors),
-    read without unpickling; the model and optimizer tensors stay on disk until CheckpointManager.load reads
-    them into the live, already sharded model. Either is checked against its checksums first.
+    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least), read without unpickling;
+    the model and optimizer tensors stay on disk until CheckpointManager.load reads them into the live,
+    already sharded model. Either is checked against its checksums first.
 
     Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names
     them, unless they were only cut short (a kill before their checksum: the run's first save), when the run
@@ -185,7 +189,7 @@ class CheckpointManager:
         self.resume_from = resume_from
 
     def load(self) -> int:
-        """The model, optimizer and this rank's RNGs as the checkpoint left them; the step to continue from
+        """The model and optimizer as the checkpoint left them; the step to continue from
         (0: a fresh run, nothing loaded)."""
         if self.resume_from is None:
             return 0
@@ -195,7 +199,6 @@ class CheckpointManager:
         else:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
-        _restore_rngs(saved["rng"], self.dist)
         if self.dist.is_main:
             console.log(f"resuming from {path} at step {saved['step']}")
         return int(saved["step"])
@@ -215,28 +218,15 @@ class CheckpointManager:
         return None
 
     def save(self, step: int, stream_position: dict | None) -> Path:
-        """A checkpoint of everything resuming needs after `step`, with every rank's RNG states and
-        `stream_position` (None: the step alone says where the data goes on); the oldest beyond
-        run.keep_checkpoints go. Every rank calls it."""
+        """A checkpoint of everything resuming needs after `step`, with every rank's `stream_position`
+        (None: the step alone says where the data goes on); the oldest beyond run.keep_checkpoints go. Every
+        rank calls it."""
         r, dist = self.recipe, self.dist
-        gathered = all_gather({"rng": rngs.capture(), "stream": stream_position}, dist)
+        gathered = all_gather(stream_position, dist)
         data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size}
         if stream_position is not None:
-            data["streams"] = [g["stream"] for g in gathered]
-        parts = {"step": step, "rng": [g["rng"] for g in gathered], "data": data, "recipe": to_dict(r)}
+            data["streams"] = gathered
+        parts = {"step": step, "data": data, "recipe": to_dict(r)}
         return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded)
 
-
-def _restore_rngs(saved: list, dist: Dist) -> None:
-    """This rank's RNG states from the checkpoint's one entry per rank.
-
-    On another world size the states cannot pair up with ranks; nothing is lost, since training draws every
-    random number from (seed, step, micro-batch) seeds (loop._objective, batches.micro_seed), not from these.
-    """
-    if len(saved) == dist.world_size:
-        rngs.restore(saved[dist.rank])
-    elif dist.is_main:
-        console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
-                    f"{dist.world_size}: per-process RNG states are not restored "
-                    "(training's draws do not use them)")

@@ -13,7 +13,7 @@ from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import load_weights
-from vitcli.errors import RecipeError, TrainingError
+from vitcli.errors import CheckpointError, RecipeError, TrainingError
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
@@ -155,11 +155,12 @@ def test_checkpoints_by_the_clock_as_well_as_by_steps(tmp_path):
     assert [p.name for p in state.checkpoints(tmp_path / "off")] == ["state-4.pt"]  # the last step only
 
 
-def test_a_checkpoint_holds_the_data_position_and_no_rng_state(tmp_path):
+def test_a_checkpoint_holds_each_ranks_train_stream_state_and_no_rng_state(tmp_path):
     one_run(recipe("schedule.steps=2", "data.val_split=", "data.test_split="), tmp_path)
     _, saved = manager.latest_good_state(tmp_path)
     assert "rng" not in saved  # every draw of training comes from (seed, step, micro-batch)
-    assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1}
+    assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1,
+                             "streams": [{"kind": "mapped", "world_size": 1, "micro_batches": 2}]}
 
 
 def _older_rng_states() -> dict:
@@ -196,3 +197,12 @@ def test_an_older_checkpoint_with_rng_states_and_no_stream_state_resumes_bit_ide
     a, b = (load_weights(tmp_path / w / "model.safetensors")[0] for w in ("straight", "older"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
+
+def test_a_train_stream_state_at_odds_with_the_step_is_refused(tmp_path):
+    r = recipe("schedule.steps=4", "run.ckpt_every=2", "run.keep_checkpoints=2", "data.val_split=",
+               "data.test_split=")
+    one_run(r, tmp_path / "straight")
+    _rewritten(tmp_path / "straight", tmp_path / "odd", 2, lambda saved: {
+        **saved, "data": {**saved["data"], "streams": [{**saved["data"]["streams"][0], "micro_batches": 3}]}})
+    with pytest.raises(CheckpointError, match="micro-batch 3, not 2: its data position and step disagree"):
+        one_run(r, tmp_path / "odd")

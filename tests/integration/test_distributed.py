@@ -176,7 +176,8 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
     steps = ("schedule.steps=60", "run.ckpt_every=20", "run.log_every=10", *RANDOM)
     _kill_when(vit(2, tmp_path / "moved", *steps), tmp_path / "moved" / "state-20.pt")
     proc = run(vit(1, tmp_path / "moved", *steps))
-    assert "resuming from" in proc.stderr and "written by 2 process(es), this run has 1" in proc.stderr
+    # map-style batches are the same on any world size: no warning that the data order changed
+    assert "resuming from" in proc.stderr and "split over" not in proc.stderr
     run(vit(1, tmp_path / "one", *steps))
     one, moved = weights(tmp_path / "one"), weights(tmp_path / "moved")
     worst = max((one[k] - moved[k]).abs().max().item() for k in one)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 class _Slow:
     """A feed's stream that takes `seconds` longer for each of its first `batches` batches (all when None;
-    position, skipped, warm_after: the stream's)."""
+    skipped, warm_after and the state a checkpoint keeps: the stream's)."""
 
     def __init__(self, stream, seconds: float, batches: int | None = None):
         self.stream, self.seconds, self.batches = stream, seconds, batches

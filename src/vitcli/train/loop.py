@@ -51,11 +51,11 @@ class Evaluator(Protocol):
 
 
 class Feed(Protocol):
-    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from step
-    `start` on; `position`: where a streamed split went on (CheckpointManager.stream_position), else None. The
-    stream it returns counts undecodable images in `skipped` and says where it is with `position()`."""
+    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from the
+    first on: a stream the CheckpointManager places before its first batch and saves with each checkpoint
+    (checkpoints.manager.TrainStream). It counts undecodable images in `skipped`."""
 
-    def __call__(self, micro: int, accum: int, start: int, dist: Dist, position: dict | None) -> Iterator: ...
+    def __call__(self, micro: int, accum: int, dist: Dist) -> Iterator: ...
 
 
 @dataclass
@@ -91,12 +91,13 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
     model, ddp_model = parallel.model, parallel.train  # `model` is the one saved, evaluated and exported
     optimizer = build_optimizer(model, r.optim)
-    checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, parallel.sharded, job.resume_from)
-    start = checkpoints.load()
     micro, accum = micro_batches(r, dist.world_size)
     criterion = loss_fn(r.optim)
     mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
-    stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
+    stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
+    checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
+                                    job.resume_from)
+    start = checkpoints.load()
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
     waited = Waited(stream)
@@ -131,7 +132,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             bar.update(task, completed=done)
             _periodic(job, model, metrics, done)
             if save:
-                checkpoints.save(done, stream.position())
+                checkpoints.save(done)
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)

@@ -92,7 +92,10 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
 
 
 # Dropout, drop-path and mixup on: every random draw of a step must be the same whichever process makes it.
-RANDOM = ("model.dropout=0.1", "model.drop_path=0.1", "data.mixup_alpha=0.2")
+# every random draw a run makes: dropout, drop-path, and DeiT's augmentation (RandAugment, erasing, mixup and
+# CutMix switched half the time)
+RANDOM = ("model.dropout=0.1", "model.drop_path=0.1", "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0",
+          "data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25")
 
 
 def test_one_and_two_processes_train_the_same(tmp_path):

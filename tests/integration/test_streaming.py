@@ -254,17 +254,22 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
     _one_line(error, "no split 'training'", "train, test")
 
 
+DEIT = ("data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
+        "data.cutmix_alpha=1.0")  # DeiT's augmentation, every part of it drawn per micro-batch
+
+
 def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch):
-    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead): stopped after step 4 of 9
-    (its checkpoint holds the stream's state), then run again, it resumes from its position and ends with
-    the weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
+    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead) and DeiT's augmentation:
+    stopped after step 4 of 9 (its checkpoint holds the stream's state), then run again, it resumes from its
+    position and ends with the weights of the run never stopped (torch.equal); the epoch of 200 rows ends
+    inside step 7."""
     r = resolve("pretrain", None, [
         f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
         "data.micro_batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
-        "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
+        "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32", *DEIT])
     one_run(r, tmp_path / "straight")
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 6)
     saved = manager.latest_good_state(tmp_path / "resumed")[1]

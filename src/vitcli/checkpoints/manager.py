@@ -130,8 +130,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
+    """Refuse to continue a run whose recipe trains differently. A key the saved recipe lacks (a key
+    vitcli gained since the checkpoint was written) counts as its default: what the run trained with."""
     saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
-    diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
+    defaults = _flatten(to_dict(Recipe(stage=recipe.stage)))
+    saved = {k: saved.get(k, defaults.get(k)) for k in now}
+    diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
         raise RecipeError(

@@ -15,7 +15,7 @@ One deliberate difference: timm's Posterize at 0 bits (PosterizeIncreasing at ma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -170,14 +170,41 @@ class RandDraws:
     magnitude: torch.Tensor
     sign: torch.Tensor
     arg: torch.Tensor
+    # per layer, op index -> the indices of the images that apply it, on the draws' device: found on the
+    # host (`chosen`) before the draws leave it, so that apply never asks the device (nonzero would sync)
+    chosen: list[dict[int, torch.Tensor]] | None = field(default=None, repr=False)
+
+    TENSORS = ("op", "applied", "magnitude", "sign", "arg")
 
     def pin_memory(self) -> RandDraws:
         """Every tensor in page-locked memory (the DataLoader calls this on what it ships)."""
-        return RandDraws(**{f.name: getattr(self, f.name).pin_memory() for f in fields(self)})
+        return RandDraws(**{n: getattr(self, n).pin_memory() for n in self.TENSORS})
 
     def to(self, device) -> RandDraws:
-        """Every tensor on `device`, copied asynchronously where it can be."""
-        return RandDraws(**{f.name: to_device(getattr(self, f.name), device) for f in fields(self)})
+        """Every tensor on `device`, copied asynchronously where it can be, with the images of each op."""
+        device = torch.device(device)
+        chosen = (chosen_images(self.op, self.applied, device) if self.op.device.type == "cpu"
+                  else self.chosen)
+        return RandDraws(**{n: to_device(getattr(self, n), device) for n in self.TENSORS}, chosen=chosen)
+
+
+def chosen_images(op: torch.Tensor, applied: torch.Tensor,
+                  device: torch.device) -> list[dict[int, torch.Tensor]]:
+    """Per layer, each drawn op's images (those that apply it) as int64 indices on `device`, from host
+    tensors op, applied (B, L): found on the host, copied in one transfer without a sync (to_device) and
+    cut into views there."""
+    found = []  # (layer, op, indices)
+    for layer in range(op.shape[1]):
+        o, a = op[:, layer].cpu(), applied[:, layer].cpu()
+        found += [(layer, int(k), (a & (o == k)).nonzero().squeeze(1)) for k in o[a].unique().tolist()]
+    flat = to_device(torch.cat([idx for _, _, idx in found]) if found else torch.zeros(0, dtype=torch.int64),
+                     device)
+    out: list[dict[int, torch.Tensor]] = [{} for _ in range(op.shape[1])]
+    start = 0
+    for layer, k, idx in found:
+        out[layer][k] = flat[start : start + len(idx)]
+        start += len(idx)
+    return out
 
 
 def _choose(spec: RandSpec, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -443,23 +470,27 @@ def _geometric(x, op, applied, arg, spec) -> tuple[torch.Tensor, torch.Tensor]:
     return matrix, hit
 
 
-def _layer(x: torch.Tensor, op, applied, arg, spec: RandSpec) -> torch.Tensor:
-    """One layer: each image its drawn op, computed on the images that drew it and written back."""
+def _layer(x: torch.Tensor, op, applied, arg, chosen: dict[int, torch.Tensor],
+           spec: RandSpec) -> torch.Tensor:
+    """One layer: each image its drawn op, computed on the images that drew it (`chosen`: op -> their
+    indices) and written back; the geometric ops of the layer in one affine sampling."""
     out = x.clone()
-    for k, name in enumerate(spec.names):
-        if name in PIXEL_OPS:
-            idx = (applied & (op == k)).nonzero().squeeze(1)
-            if len(idx):
-                out.index_copy_(0, idx, PIXEL_OPS[name](x[idx], arg[idx]))
-    matrix, hit = _geometric(x, op, applied, arg, spec)
-    idx = hit.nonzero().squeeze(1)
-    if len(idx):
+    for k, idx in chosen.items():
+        if spec.names[k] in PIXEL_OPS:
+            out.index_copy_(0, idx, PIXEL_OPS[spec.names[k]](x[idx], arg[idx]))
+    geometric = [idx for k, idx in chosen.items() if spec.names[k] in MATRICES]
+    if geometric:
+        idx = torch.cat(geometric)
+        matrix, _ = _geometric(x, op, applied, arg, spec)
         out.index_copy_(0, idx, affine(x[idx], matrix[idx], spec.fill))
     return out
 
 
 def apply(x: torch.Tensor, draws: RandDraws, spec: RandSpec) -> torch.Tensor:
-    """RandAugment on uint8 (B, 3, H, W) with `draws` on x's device: layer 0's ops, then layer 1's, ..."""
+    """RandAugment on uint8 (B, 3, H, W) with `draws` on x's device: layer 0's ops, then layer 1's, ...
+    Which images take which op was read on the host when the draws moved (RandDraws.to); draws that never
+    left the CPU are read here."""
+    chosen = draws.chosen if draws.chosen is not None else chosen_images(draws.op, draws.applied, x.device)
     for layer in range(draws.op.shape[1]):
-        x = _layer(x, draws.op[:, layer], draws.applied[:, layer], draws.arg[:, layer], spec)
+        x = _layer(x, draws.op[:, layer], draws.applied[:, layer], draws.arg[:, layer], chosen[layer], spec)
     return x

@@ -51,6 +51,9 @@ class ErasingDraws:
 
     boxes: torch.Tensor
     noise_seed: torch.Tensor
+    # the images with a box, as indices on the boxes' device: found on the host before the draws leave it
+    # (`to`), so that apply neither asks the device (nonzero would sync) nor fills every image
+    erased: torch.Tensor | None = None
 
     def pin_memory(self) -> ErasingDraws:
         """Page-locked copies, so that `to` copies the boxes to a GPU without a sync (the DataLoader calls
@@ -58,9 +61,18 @@ class ErasingDraws:
         return ErasingDraws(self.boxes.pin_memory(), self.noise_seed.pin_memory())
 
     def to(self, device: torch.device | str) -> ErasingDraws:
-        """The boxes on `device` (to_device: asynchronous from pinned memory). `noise_seed` stays on the host:
-        it seeds a torch.Generator, which takes a Python int, and reading it back from a GPU would stall."""
-        return ErasingDraws(to_device(self.boxes, torch.device(device)), self.noise_seed)
+        """The boxes and erased images on `device` (to_device: asynchronous from pinned memory). `noise_seed`
+        stays on the host: it seeds a torch.Generator, which takes a Python int, and reading it back from a
+        GPU would stall."""
+        device = torch.device(device)
+        erased = erased_images(self.boxes) if self.boxes.device.type == "cpu" else self.erased
+        return ErasingDraws(to_device(self.boxes, device), self.noise_seed,
+                            None if erased is None else to_device(erased, device))
+
+
+def erased_images(boxes: torch.Tensor) -> torch.Tensor:
+    """(n,) int64 indices of the images with at least one box, from host boxes (B, K, 4)."""
+    return (boxes[:, :, 2] > 0).any(1).nonzero().squeeze(1)
 
 
 def _counts(spec: ErasingSpec, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -116,16 +128,29 @@ def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def apply(x: torch.Tensor, draws: ErasingDraws, spec: ErasingSpec) -> torch.Tensor:
-    """Float (B, C, H, W), normalised, on any device -> an erased copy (x itself is left as it was). The fill
-    comes from one torch.Generator on x's device seeded with draws.noise_seed[0] (a host tensor), so the
-    result is a function of the draws on a given device; no host sync. Where boxes overlap the later one's
-    fill wins, as timm writes box after box."""
+    """Float (B, C, H, W), normalised, on any device -> an erased copy (x itself is left as it was): the
+    images with a box are erased (`erase`), the others copied. The fill comes from one torch.Generator on
+    x's device seeded with draws.noise_seed[0] (a host tensor), so the result is a function of the draws
+    on a given device; no host sync (the erased images were found on the host: ErasingDraws.to)."""
+    erased = draws.erased if draws.erased is not None else erased_images(draws.boxes)
+    out = x.clone()
+    if len(erased):
+        idx = to_device(erased, x.device)
+        boxes = to_device(draws.boxes, x.device)[idx]
+        out.index_copy_(0, idx, erase(x[idx], boxes, int(draws.noise_seed[0]), spec))
+    return out
+
+
+def erase(x: torch.Tensor, boxes: torch.Tensor, seed: int, spec: ErasingSpec) -> torch.Tensor:
+    """Images x (n, C, H, W) with their boxes (n, K, 4) on x's device -> erased copies, the fill from a
+    torch.Generator seeded with `seed`. Where boxes overlap the later one's fill wins, as timm writes box
+    after box."""
     b, c, height, width = x.shape
-    masks = box_masks(to_device(draws.boxes, x.device), height, width)[:, :, None]  # (B, K, 1, H, W)
+    masks = box_masks(boxes, height, width)[:, :, None]  # (n, K, 1, H, W)
     if spec.mode == "const":
         return x.masked_fill(masks.any(1), 0.0)
     gen = torch.Generator(device=x.device)
-    gen.manual_seed(int(draws.noise_seed[0]) if len(draws.noise_seed) else 0)
+    gen.manual_seed(seed)
     if spec.mode == "pixel":  # each pixel is noise once, whichever box wrote it last
         noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
         return torch.where(masks.any(1), noise.to(x.dtype), x)

@@ -14,7 +14,7 @@ from helpers import REPO, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import OutputError
 from vitcli.models.zoo import build_model, model_spec
-from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.recipe.schema import REMOVED_KEYS, ModelConfig, Recipe, to_dict
 from vitcli.runtime import files
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_writable
@@ -38,6 +38,7 @@ def root(tmp_path_factory) -> Path:
     (root / "afile").write_text("not a directory")
     (root / "adir.safetensors").mkdir()
     (root / "twice.yaml").write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    (root / "removed.yaml").write_text("stage: pretrain\ndata:\n  decode_device: worker\n")
     return root
 
 
@@ -65,6 +66,10 @@ CASES = {
     "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
     "missing recipe": (["pretrain", "-r", "{root}/nope.yaml"], "recipe file not found"),
     "misspelt key": (pretrain("optim.lrr=0.1"), "did you mean 'optim.lr'"),
+    # a removed key: why it went and what to do, the same whole line from an override and from a file
+    "removed key": (pretrain("data.decode_device=model"), REMOVED_KEYS["data.decode_device"]),
+    "removed key in a recipe file": (["pretrain", "-r", "{root}/removed.yaml"],
+                                     REMOVED_KEYS["data.decode_device"]),
     "recipe of another stage": (["pretrain", "-r", str(REPO / "recipes/finetune/cifar10.yaml")],
                                 "says stage: finetune"),
     "override without =": (pretrain("optim.lr"), "not KEY=VALUE"),

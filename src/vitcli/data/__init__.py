@@ -16,14 +16,13 @@ model's device), never the functions:
 | read the encoded bytes  | decode.read (batches, streams: rows)       | W                | W        |
 | draw boxes, flips       | augment.draws, from (seed, step, micro)    | W                | W        |
 | draw the augmentation   | augmentations.draw, its own numpy stream   | W                | W        |
-| decode + crop           | decode.Encoded.pixels (reduced-scale JPEG) | W                | W (1)    |
-| resize to S x S, flip   | augment.resize_each / augment.levels (2)   | W                | D        |
+| decode + crop           | decode.Encoded.pixels (reduced-scale JPEG) | W                | W        |
+| resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | D        |
 | RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | D        |
 | scale to [-1, 1], erase | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |
 | Mixup / CutMix          | augmentations.mix, in the training loop    | D                | D        |
 
-(1) data.decode_device=model decodes JPEGs on the device instead (batches.decode_on_device).
-(2) Both round to the nearest level (torch's uint8 kernel on the CPU, a batched gather on the device),
+(1) Both round to the nearest level (torch's uint8 kernel on the CPU, a batched gather on the device),
 within one level of each other; evaluation and few-shot keep big_vision's exact truncating resize
 (augment.tf_bilinear_levels). An image that does not decode has one stand-in rule (bad_images.stand_in).
 """

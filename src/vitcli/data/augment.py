@@ -5,15 +5,11 @@ For a model on a GPU the loader workers only decode and cut crops (decode.py, tr
 runs the resize (`levels`, one batched gather), flip and normalisation there. For a model on the CPU the
 workers resize each crop themselves (`resize_each`, torch's own kernel, faster there), and `finish` only
 flips what is left and normalises. `finish` is the same code on either device.
-
-With data.decode_device=model the workers do not decode training JPEGs either: they ship the encoded bytes
-with the boxes and flips they drew (`Encodings`), and the stream decodes the micro-batch on its device
-(decode.decode_jpegs), cuts the crops and finishes them as above (`finish_crops`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -44,51 +40,6 @@ class Pixels:
         flips and augmentation draws too, so `finish` copies them all without a sync (`to_device`)."""
         return Pixels(self.pixels.pin_memory(), self.sizes.pin_memory(), self.flips.pin_memory(), self.size,
                       None if self.aug is None else self.aug.pin_memory())
-
-
-@dataclass
-class Encodings:
-    """A training micro-batch whose JPEGs the model's device decodes (data.decode_device=model), as it leaves
-    a loader worker: the files end to end in one uint8 tensor `data` (N,) (one tensor to share with the main
-    process and to pin, not B), where each ends `ends` (B,) int64, their header (height, width) `sizes`
-    (B, 2), the crop boxes (B, 4) (top, left, height, width) and flips (B,) bool the worker drew, the output
-    side `size`; `seed`, `area` (None: whole images) and `hflip` draw them again should an image be replaced
-    (`draws`); `ids` name each image (its row, or a stream's bad_images.image_name) for the stream's tally
-    of skipped images; `aug` the augmentation draws, as Pixels carries them."""
-
-    data: torch.Tensor
-    ends: torch.Tensor
-    sizes: torch.Tensor
-    boxes: torch.Tensor
-    flips: torch.Tensor
-    size: int
-    seed: int
-    area: tuple[float, float] | None
-    hflip: bool
-    ids: list = field(default_factory=list)
-    aug: Drawn | None = None
-
-    def files(self) -> list[torch.Tensor]:
-        """Each encoded file, a uint8 (n_i,) view of `data`."""
-        starts = [0, *self.ends.tolist()[:-1]]
-        return [self.data[a:b] for a, b in zip(starts, self.ends.tolist())]
-
-    def pin_memory(self) -> Encodings:
-        """Pinned like Pixels (the DataLoader calls this on CUDA hosts): nvJPEG reads the bytes from there."""
-        aug = None if self.aug is None else self.aug.pin_memory()
-        return replace(self, data=self.data.pin_memory(), aug=aug)
-
-
-def encodings(files: list[bytes], sizes: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size: int,
-              seed: int, area: tuple[float, float] | None, hflip: bool,
-              aug: Drawn | None = None) -> Encodings:
-    """Encoded files and what a worker drew for them (sizes (B, 2), boxes (B, 4), flips (B,)) -> Encodings."""
-    data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
-    ends = torch.tensor(np.cumsum([len(f) for f in files]), dtype=torch.int64).reshape(-1)
-    return Encodings(data, ends, torch.as_tensor(np.asarray(sizes, dtype=np.int64)).reshape(-1, 2),
-                     torch.as_tensor(np.asarray(boxes, dtype=np.int64)).reshape(-1, 4),
-                     torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size, seed, area, hflip,
-                     aug=aug)
 
 
 def pack(crops: list[torch.Tensor], flips: np.ndarray, size: int, aug: Drawn | None = None) -> Pixels:
@@ -292,14 +243,3 @@ def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None)
         out = pixels.to(torch.float32)
     out = out.div_(127.5).sub_(1.0)
     return out if drawn is None else apply_normalised(out, aug, drawn)
-
-
-def finish_crops(images: list[torch.Tensor], boxes, flips, size: int, device: torch.device,
-                 aug: Augmentation | None = None, drawn: Drawn | None = None) -> torch.Tensor:
-    """Whole images decoded on `device`, uint8 (3, H_i, W_i), their boxes (B, 4) and flips (B,) -> float32
-    (B, 3, size, size) in [-1, 1] there: each cut to its box (a view), packed, then `finish` (the batched
-    resize, flip, augmentation `aug` with its draws `drawn`, scaling), the same code as for crops cut in a
-    worker."""
-    crops = [x[:, t : t + h, left : left + w]
-             for x, (t, left, h, w) in zip(images, torch.as_tensor(boxes).tolist())]
-    return finish(pack(crops, np.asarray(flips, dtype=bool), size, drawn), device, aug)

@@ -10,14 +10,11 @@ them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`,
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
-keep their size and stay that pure function; evaluation leaves it out. With data.decode_device=model a
-truncated JPEG fails only on the model's device, and its stand-in is the next image of its micro-batch
-(`decode_on_device`). Each stream tallies such images
+keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such images
 (`Skipped`), coming back with their batch from whichever worker process decoded it, and names each
 once as bad_images.image_name names an image everywhere: by its file's path, else its row and split.
-Every random draw of a
-micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
-`micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
+Every random draw of a micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the
+trainer, is seeded by `micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
 """
 
 from __future__ import annotations
@@ -32,10 +29,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from vitcli.data import augmentations
-from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
+from vitcli.data.augment import Pixels, finish
 from vitcli.data.augmentations import Augmentation
 from vitcli.data.bad_images import Bad, Skipped, image_name, none_decode, one_line, stand_in, worker_error
-from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
+from vitcli.data.decode import Decoded, Encoded, encoded, read
 from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
 from vitcli.errors import CheckpointError, DataError
@@ -128,8 +125,7 @@ class _Batches(KeyedBatches):
             raise none_decode(self.name, f"{n} rows", self.image(row), self.bad[row])
         return j
 
-    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | Encodings | None, torch.Tensor,
-                                                                dict[int, str]]:
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
         while True:  # again when a row opened but its pixels did not decode: it is bad from now on
             images = self._decoded(rows)
             bad = {i: self.bad[i] for i in rows if i not in images}
@@ -144,39 +140,7 @@ class _Batches(KeyedBatches):
             except Undecodable as e:
                 self.bad[use[e.position]] = one_line(e.error)
                 continue
-            if isinstance(x, Encodings):
-                x.ids = use  # rows, for the stream's tally of what fails on its device
-            return x, self.labels[use], bad  # uint8 Pixels (or Encodings) of B, (B,)
-
-
-def decode_on_device(
-    batch: Encodings, y: torch.Tensor, device: torch.device, name: str,
-    image: Callable[[int | str], str] = str, aug: Augmentation | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """A micro-batch shipped encoded (data.decode_device=model) -> (x float32 (B, 3, S, S) in [-1, 1] on
-    `device`, y (B,), {id: reason} of the images that did not decode): one batched decode on `device`.
-    `image` names an image by its id (KeyedBatches.image) should none of them decode.
-
-    A file whose header parsed in the worker but whose data does not decode (a truncated one) fails only
-    here, where the rest of the split is out of reach: its stand-in is the next image of its own micro-batch
-    that decodes (`stand_in` over the micro-batch, the streams rule), unlike the worker path's next row of
-    the split. The boxes and flips are then drawn again from the micro-batch's seed for the images now in
-    it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives);
-    the augmentation `aug` keeps its draws, which belong to positions of the micro-batch.
-    """
-    images = decode_jpegs(batch.files(), device)
-    failed = {i: one_line(e) for i, e in enumerate(images) if isinstance(e, Exception)}
-    if not failed:
-        return finish_crops(images, batch.boxes, batch.flips, batch.size, device, aug, batch.aug), y, {}
-    bad = {batch.ids[i]: reason for i, reason in failed.items()}
-    if len(failed) == len(images):
-        ident, reason = next(iter(bad.items()))
-        raise none_decode(f"a micro-batch of {name}", str(len(images)), image(ident), reason)
-    n = len(images)
-    use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
-    boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
-    x = finish_crops([images[i] for i in use], boxes, flips, batch.size, device, aug, batch.aug)
-    return x, y[use], bad
+            return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
 
 
 class BatchStream:
@@ -219,10 +183,7 @@ class BatchStream:
                 self._batches = iter(())
                 raise item
             x, y, bad = item
-            if isinstance(x, Encodings):  # data.decode_device=model: decoded here, on the stream's device
-                x, y, late = decode_on_device(x, y, self.device, self.name, self.image, self.aug)
-                bad = {**bad, **late}
-            elif len(y):
+            if len(y):
                 x = finish(x, self.device, self.aug)
             self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
@@ -387,8 +348,7 @@ def train_batches(
     keys = Placed(lambda start: _train_keys(len(ds), micro_batch_size, accum, seed, start, rank, world_size),
                   start_step)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
-    cache = cfg.decode_device == "worker"  # the cache keeps images decoded: none left for the model's device
-    loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
+    loader = _loader(ds, cfg, transform, keys, cache=True, replace=True)
     stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size))
     if loader.dataset.cache is not None:  # decoded once per process: waits are judged once every image is
         # each worker caches the rows it decodes, a share that grows with the epochs

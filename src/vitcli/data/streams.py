@@ -44,7 +44,6 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
 from vitcli.data import augmentations
-from vitcli.data.augment import Encodings
 from vitcli.data.augmentations import Augmentation
 from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in
 from vitcli.data.batches import (
@@ -119,9 +118,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
-    for the model's device to decode, y, bad); an image's id in `bad` is its name
-    (bad_images.image_name)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad); an
+    image's id in `bad` is its name (bad_images.image_name)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
@@ -148,9 +146,6 @@ class _Decode(KeyedBatches):
             except Undecodable as e:
                 images[use[e.position]] = e.error
                 continue
-            if isinstance(x, Encodings):
-                # for the tally of what fails on the device
-                x.ids = [image_name(rows[i][0], self.name) for i in use]
             return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 

@@ -21,7 +21,7 @@ import torch
 from torchvision.transforms.v2 import functional as TF
 
 from vitcli.data import augmentations
-from vitcli.data.augment import Pixels, draws, encodings, pack, per_shape, resize_each, tf_bilinear_levels
+from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_levels
 from vitcli.data.augmentations import Augmentation
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
@@ -80,16 +80,11 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, aug: Augmentatio
     flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch, and the draws of the
     recipe's augmentation `aug` from a stream of their own. The crops leave as they are, for augment.finish
     to resize and augment on the model's device, unless `resize_here`: then they are resized, flipped and
-    given their uint8 augmentation here. With data.decode_device=model a micro-batch of JPEGs leaves
-    encoded (augment.Encodings) with the same draws; one holding any other image (PNG, a CMYK JPEG, the
-    built-in data) is decoded here whole, so that a batch is one type and its draws one list (such images
-    are rare in a JPEG dataset)."""
+    given their uint8 augmentation here."""
     hw = np.array(_sizes(images), dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
     area = (cfg.crop_min_area, 1.0) if cfg.inception_crop else None
     boxes, flips = draws(hw, seed, area, cfg.hflip)
     drawn = augmentations.draw(aug, len(images), size, seed) if aug is not None else None
-    if cfg.decode_device == "model" and all(img.jpeg for img in images):
-        return encodings([img.data for img in images], hw, boxes, flips, size, seed, area, cfg.hflip, drawn)
     crops = _crops(images, boxes, size)
     if not resize_here:
         return pack(crops, flips, size, drawn)

@@ -18,7 +18,6 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
-    DECODE_DEVICES,
     ERASING_MODES,
     FEWSHOT_RESIZE_METHODS,
     LABELLED,
@@ -34,7 +33,7 @@ from vitcli.recipe.choices import (
     VIT_POS_EMBEDS,
     WEIGHTED,
 )
-from vitcli.recipe.data_checks import check_data, check_decode_device, check_randaugment, check_train_batch
+from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
@@ -53,7 +52,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective": ("supervised", "mpp"),
     "mpp.target": MPP_TARGETS,
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
-    "data.decode_device": DECODE_DEVICES,
     "data.erasing_mode": ERASING_MODES,
     "data.mix_mode": MIX_MODES,
 }
@@ -234,7 +232,6 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     if d.color_jitter and not d.three_augment:
         raise RecipeError(f"data.color_jitter={d.color_jitter} is 3-Augment's colour jitter; set "
                           "data.three_augment: true, or data.color_jitter: 0")
-    check_decode_device(d)
     mixing = [f"data.{k}={v}" for k, v in (("mixup_alpha", d.mixup_alpha), ("cutmix_alpha", d.cutmix_alpha))
               if v]
     if not mixing:

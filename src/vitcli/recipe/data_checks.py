@@ -30,17 +30,6 @@ def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
                         "(sections m, n, mstd, mmax, inc, p, each with a number)")
 
 
-def check_decode_device(d: DataConfig) -> None:
-    """data.decode_device=model leaves the pixels encoded until the model's device: the 0/1 stretch of
-    the loader workers cannot run on them (the augmentation runs where the pixels are, on either)."""
-    if d.decode_device != "model":
-        return
-    if d.binary_pixels:
-        raise RecipeError("data.decode_device=model decodes JPEGs on the model's device, but "
-                          "data.binary_pixels stretches 0/1 images in the loader workers; use "
-                          "data.decode_device=worker")
-
-
 def check_data(recipe: Recipe) -> None:
     """The source, the built-in data's splits and sizes, and what streaming can read."""
     d = recipe.data

@@ -101,7 +101,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
     waited = Waited(stream)
-    advise = functools.partial(input_bound, feeding=feeding(r, dist.device.type))
+    advise = functools.partial(input_bound, feeding=feeding(r))
     # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits before it
     # are the first epochs' decoding, which the input-bound warning leaves out
     warm = -(-getattr(stream, "warm_after", 0) // accum)

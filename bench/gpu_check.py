@@ -10,7 +10,7 @@ minutes from a bare checkout on a GPU machine with the project's own install.
               MFU, peak memory, graphs compiled, graph breaks, recompiles. `resume`: the same recipe to 90
               steps, stopped by SIGTERM past step 45 (as a preempted job is), then the same command again,
               which must go on from the checkpoint the signal left. Then briefly with
-              run.activation_checkpointing, objective mpp, and data.decode_device=model
+              run.activation_checkpointing and with objective mpp
   throughput  ViT-S/16 and ViT-B/16 @224, compiled bf16: img/s and MFU of the trainer fed from tensors already
               on the GPU (`device`), the same fed from the JPEGs through our loader with data.num_workers =
               cores (`jpeg`; `jpeg_resized_in_workers`: the crops resized to 224 in the loader workers, as
@@ -136,8 +136,7 @@ def cuda_tests_section(plan: Plan, logs: Path) -> dict:
 
 # -------------------------------------------------------------------------------------------------- runs
 BRIEF = {"activation_checkpointing": ["run.activation_checkpointing=true"],  # the brief runs' overrides
-         "mpp": ["objective=mpp", "data.label_column="],
-         "decode_device_model": ["data.decode_device=model"]}
+         "mpp": ["objective=mpp", "data.label_column="]}
 
 
 def runs_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
@@ -310,10 +309,17 @@ def device_feed(r, train_ds, num_classes: int = 0):
         def __next__(self):
             return self.x, self.y
 
-        def position(self) -> None:
-            return None
+        # a checkpointed part (checkpoints.manager.TrainStream) with nowhere to be: one batch, always
+        def state_dict(self) -> dict:
+            return {"kind": "fixed", "micro_batches": 0}
 
-    return lambda micro, accum, start, dist, position: Fixed(micro, dist.device)
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+        def seek(self, micro_batch: int) -> None:
+            pass
+
+    return lambda micro, accum, dist: Fixed(micro, dist.device)
 
 
 def bare_loop(r) -> dict:

@@ -7,12 +7,22 @@ a temporary directory, made afresh by every run (no data is committed).
   loader      images/s per core (one thread, no workers) of decode + random-resized crop to 224 + flip +
               normalise, batches of 64, no model: our training stream (data.batches.train_batches) against
               timm's PIL transform (`create_transform(224, is_training=True)`, colour jitter off so both sides
-              do the same work) and torchvision's bare uint8 path (`decode_jpeg` + `v2.RandomResizedCrop`)
+              do the same work) and torchvision's bare uint8 path (`decode_jpeg` + `v2.RandomResizedCrop`);
+              `loader_224_deit`: ours and timm's with DeiT's per-image augmentation on both sides
+              (RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 pixel)
   train       `vit pretrain` (stages.run.one_run, img/s from its own metrics) against timm's training path
               as its train.py builds it (create_dataset + create_loader with its PIL transforms and its
               prefetcher, create_model, create_optimizer_v2("adamw"), a plain step loop) on the same folder,
               network, batch, precision (fp32), crop area range and workers: the quickstart network at 32 px
-              (the input decides) and ViT-Ti/16 at 224 (the model decides)
+              (the input decides) and ViT-Ti/16 at 224 (the model decides); `quickstart_32_deit` with DeiT's
+              augmentation on both sides (the above, and timm's Mixup with mixup 0.8 / CutMix 1.0 switched
+              half the time, label smoothing 0.1, in the step loop as train.py runs it)
+
+Every figure is taken where a real dataset would be: vit's decoded-image cache is off (a real dataset has
+more encoded bytes than it takes), so every image is decoded every time it is read, as timm decodes it.
+timm's increasing posterize asks Pillow for 0 bits at magnitude 10, which Pillow 13 refuses (its train.py
+stops there); on timm's side here `posterize` gives a black image for 0 bits, as TF's posterize does and
+as ours does, so that the DeiT spec runs at all.
 
     python bench/input.py [--quick] [--out F]   # its JSON alone; bench/run.py includes it
 """
@@ -32,12 +42,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import numpy as np
 import timm
+import timm.data.auto_augment as timm_aa
+import timm.loss
 import timm.optim
 import torch
 import torchvision.io as tio
 from jpegs import PHOTOS, write_jpegs  # bench/jpegs.py
 from PIL import Image
-from timm.data import create_dataset, create_loader, create_transform
+from timm.data import Mixup, create_dataset, create_loader, create_transform
 from torchvision.transforms import v2
 
 from vitcli.data import batches, sources
@@ -57,6 +69,28 @@ NETWORKS = {
         "model.name=custom", "model.patch_size=16", "model.embed_dim=192", "model.depth=12",
         "model.num_heads=3", "model.mlp_dim=768"], 224, 32, 16, 4),
 }
+# DeiT's augmentation (deit/main.py defaults): ours as recipe keys, timm's as create_transform / Mixup args
+DEIT_RANDAUGMENT, DEIT_ERASING = "rand-m9-mstd0.5-inc1", 0.25
+DEIT_KEYS = [f"data.randaugment={DEIT_RANDAUGMENT}", f"data.erasing={DEIT_ERASING}",
+             "data.erasing_mode=pixel",
+             "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.mix_switch_prob=0.5",
+             "optim.label_smoothing=0.1"]
+DEIT_TIMM = {"auto_augment": DEIT_RANDAUGMENT, "re_prob": DEIT_ERASING, "re_mode": "pixel"}
+DEIT_MIXUP = {"mixup_alpha": 0.8, "cutmix_alpha": 1.0, "switch_prob": 0.5, "label_smoothing": 0.1}
+
+
+def _posterize_zero_bits_black(img, bits_to_keep, **__):
+    """timm's posterize, with 0 bits giving black (TF's result; Pillow 13 refuses 0 bits): see the top."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return timm_aa.ImageOps.posterize(img, bits_to_keep)
+
+
+timm_aa.NAME_TO_OP = {k: (_posterize_zero_bits_black if v is timm_aa.posterize else v)
+                      for k, v in timm_aa.NAME_TO_OP.items()}
+batches.DECODED_CACHE_BYTES = 0  # every figure as on a real dataset: no image decoded once and kept
 
 
 def progress(msg: str) -> None:
@@ -76,10 +110,10 @@ def _files(root: Path) -> list[Path]:
     return sorted((root / "train").rglob("*.jpg"))
 
 
-def _timm_pil(files: list[Path], batch: int):
+def _timm_pil(files: list[Path], batch: int, deit: bool = False):
     """timm's training transform on PIL images, what its train.py runs without the prefetcher."""
     tf = create_transform(224, is_training=True, color_jitter=0.0, interpolation="bilinear", mean=MEAN,
-                          std=MEAN)
+                          std=MEAN, **(DEIT_TIMM if deit else {}))
     while True:
         for i in range(0, len(files) - batch + 1, batch):
             yield torch.stack([tf(Image.open(f).convert("RGB")) for f in files[i : i + batch]])
@@ -95,32 +129,36 @@ def _torchvision_uint8(files: list[Path], batch: int):
             yield torch.stack([tf(tio.decode_jpeg(e)) for e in encoded[i : i + batch]])
 
 
-def _ours(root: Path, batch: int):
+def _ours(root: Path, batch: int, deit: bool = False):
     """Our training stream over the same folder, as a run reads it."""
     r = resolve("pretrain", QUICKSTART, [
         f"data.source={root}", "data.val_split=", "data.test_split=", "data.num_workers=0",
-        "model.img_size=224", "data.crop_min_area=0.08"])
+        "model.img_size=224", "data.crop_min_area=0.08", *(DEIT_KEYS[:3] if deit else [])])
     ds = sources.load_split(r.data, r.data.train_split)
     return iter(batches.train_batches(ds, r.data, 224, batch, seed=0))
 
 
-def loader_rates(root: Path, n_batches: int, batch: int = 64) -> dict:
-    """Images/s per core of the three pipelines on the same photographs (one thread, no workers)."""
+def loader_rates(root: Path, n_batches: int, batch: int = 64, deit: bool = False) -> dict:
+    """Images/s per core of the pipelines on the same photographs (one thread, no workers): with `deit`,
+    ours and timm's with DeiT's per-image augmentation, else the three plain ones."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         files = _files(root)
-        out = {name: _rate(make, n_batches, batch) for name, make in (
-            ("ours", _ours(root, batch)), ("timm_pil", _timm_pil(files, batch)),
-            ("torchvision_uint8", _torchvision_uint8(files, batch)))}
+        makers = [("ours", _ours(root, batch, deit)), ("timm_pil", _timm_pil(files, batch, deit))]
+        if not deit:
+            makers.append(("torchvision_uint8", _torchvision_uint8(files, batch)))
+        out = {name: _rate(make, n_batches, batch) for name, make in makers}
     finally:
         torch.set_num_threads(threads)
     return {**{f"{k}_img_s": v for k, v in out.items()}, "ours_vs_timm": out["ours"] / out["timm_pil"],
-            "batch": batch, "threads": 1, "images": len(files)}
+            "batch": batch, "threads": 1, "images": len(files), "decoded_cache": "off",
+            "augmentation": f"{DEIT_RANDAUGMENT}, erasing {DEIT_ERASING}" if deit else "crop + flip"}
 
 
-def timm_train(root: Path, net: tuple, workers: int) -> float:
-    """Images/s of timm's training path (train.py's pieces, a plain step loop), the first steps dropped."""
+def timm_train(root: Path, net: tuple, workers: int, deit: bool = False) -> float:
+    """Images/s of timm's training path (train.py's pieces, a plain step loop), the first steps dropped;
+    with `deit`, DeiT's augmentation and timm's Mixup in the loop (train.py's soft-target loss)."""
     arch, kwargs, _, img, batch, steps, log_every = net
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, num_classes=len(PHOTOS), **kwargs).train()
@@ -128,13 +166,17 @@ def timm_train(root: Path, net: tuple, workers: int) -> float:
     ds = create_dataset("", root=str(root), split="train", is_training=True)
     loader = create_loader(ds, input_size=(3, img, img), batch_size=batch, is_training=True,
                            scale=(0.08, 1.0), color_jitter=0.0, interpolation="bilinear", mean=MEAN, std=MEAN,
-                           num_workers=workers, device=torch.device("cpu"), use_prefetcher=True)
-    loss_fn = torch.nn.CrossEntropyLoss()
+                           num_workers=workers, device=torch.device("cpu"), use_prefetcher=True,
+                           **(DEIT_TIMM if deit else {}))
+    mixup = Mixup(**DEIT_MIXUP, num_classes=len(PHOTOS)) if deit else None
+    loss_fn = timm.loss.SoftTargetCrossEntropy() if deit else torch.nn.CrossEntropyLoss()
     done, t0 = 0, None
     while done < steps:
         for x, y in loader:
             if done == log_every:  # the same warm-up our side drops: its first logging window
                 t0 = time.perf_counter()
+            if mixup is not None:
+                x, y = mixup(x, y)
             loss = loss_fn(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -145,8 +187,9 @@ def timm_train(root: Path, net: tuple, workers: int) -> float:
     return (steps - log_every) * batch / (time.perf_counter() - t0)
 
 
-def ours_train(root: Path, net: tuple, workers: int) -> float:
-    """Images/s of `vit pretrain` on the folder, from its metrics rows, the first logging window dropped."""
+def ours_train(root: Path, net: tuple, workers: int, deit: bool = False) -> float:
+    """Images/s of `vit pretrain` on the folder, from its metrics rows, the first logging window dropped;
+    with `deit`, DeiT's augmentation (DEIT_KEYS)."""
     _, _, overrides, img, batch, steps, log_every = net
     r = resolve("pretrain", QUICKSTART, [
         *overrides, f"data.source={root}", "data.val_split=", "data.test_split=", f"model.img_size={img}",
@@ -154,7 +197,7 @@ def ours_train(root: Path, net: tuple, workers: int) -> float:
         "data.crop_min_area=0.08", "fewshot.every=0", f"schedule.steps={steps}", "schedule.epochs=0",
         "schedule.warmup_steps=1", f"run.log_every={log_every}", f"run.ckpt_every={steps}",
         "run.precision=fp32", "optim.clip_grad_norm=0", "run.compile=false",
-        f"model.num_classes={len(PHOTOS)}"])
+        f"model.num_classes={len(PHOTOS)}", *(DEIT_KEYS if deit else [])])
     with tempfile.TemporaryDirectory() as d:
         one_run(r, Path(d))
         rows = [m["train/img_per_s"] for m in read_metrics(Path(d) / "metrics.jsonl")
@@ -167,17 +210,22 @@ def measure(quick: bool, workers: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as d:
         root = write_jpegs(Path(d), 16 if quick else 130)
         progress("input: loaders per core on JPEG photographs")
-        out = {"loader_224": loader_rates(root, 1 if quick else 6, 16 if quick else 64), "train": {}}
-        for name, net in NETWORKS.items():
+        n, batch = (1, 16) if quick else (6, 64)
+        out = {"loader_224": loader_rates(root, n, batch), "train": {}}
+        progress("input: loaders per core with DeiT's augmentation")
+        out["loader_224_deit"] = loader_rates(root, n, batch, deit=True)
+        runs = [(name, net, False) for name, net in NETWORKS.items()]
+        runs.append(("quickstart_32_deit", NETWORKS["quickstart_32"], True))
+        for name, net, deit in runs:
             if quick:
                 net = (*net[:4], 16, 4, 2)
             progress(f"input: {name}, timm's training path")
-            timm_rate = timm_train(root, net, workers)
+            timm_rate = timm_train(root, net, workers, deit)
             progress(f"input: {name}, vit pretrain")
-            ours_rate = ours_train(root, net, workers)
+            ours_rate = ours_train(root, net, workers, deit)
             out["train"][name] = {"img_size": net[3], "batch": net[4], "num_workers": workers,
                                   "ours_img_s": ours_rate, "timm_img_s": timm_rate,
-                                  "ratio": ours_rate / timm_rate}
+                                  "ratio": ours_rate / timm_rate, "decoded_cache": "off"}
     return out
 
 

@@ -79,6 +79,8 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "loader_224_vs_timm_per_core": (("input", "loader_224", "ours_vs_timm"), 2.0),
     "train_vs_timm_quickstart_32": (("input", "train", "quickstart_32", "ratio"), 2.0),
     "train_vs_timm_vit_ti16_224": (("input", "train", "vit_ti16_224", "ratio"), 1.0),
+    "loader_224_deit_vs_timm_per_core": (("input", "loader_224_deit", "ours_vs_timm"), 1.5),
+    "train_vs_timm_quickstart_32_deit": (("input", "train", "quickstart_32_deit", "ratio"), 1.5),
 }
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vitcli.data import batches, sources
+from vitcli.data.augmentations import mixing_of
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import micro_batches
@@ -36,12 +37,19 @@ def test_auto_trains_in_bf16_compiled_with_fused_adamw(tmp_path):
     assert build_optimizer(model, r.optim).param_groups[0]["fused"] is True
 
 
+# DeiT's augmentation: every part of the one route that draws on the host and works on the device
+DEIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
+        "data.cutmix_alpha=1.0"]
+
+
 def test_the_loader_ships_pinned_batches(cuda):
-    r = resolve("pretrain", None, [*TINY, "schedule.steps=2"])
+    r = resolve("pretrain", None, [*TINY, "schedule.steps=2", *DEIT])
     ds = sources.load_split(r.data, r.data.train_split)
     stream = batches.train_batches(ds, r.data, 32, 8, seed=0, device=cuda)
     pixels, y, _ = next(stream.batches)  # what the DataLoader hands over, before `finish`
     assert all(t.is_pinned() for t in (pixels.pixels, pixels.sizes, pixels.flips, y))
+    drawn = [pixels.aug.rand.op, pixels.aug.rand.applied, pixels.aug.rand.arg, pixels.aug.erasing.boxes]
+    assert all(t.is_pinned() for t in drawn)
     x, _ = next(stream)
     assert x.device == cuda and x.dtype == torch.float32
 
@@ -59,8 +67,9 @@ def test_the_peak_table_is_what_the_card_reaches(cuda):
     assert 0.6 * listed < measured < 1.05 * listed, (name, measured / 1e12, listed / 1e12)
 
 
-def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda):
-    r = resolve("pretrain", None, [*TINY, "schedule.steps=3", "data.crop_min_area=0.3"])
+@pytest.mark.parametrize("augmentation", [[], DEIT], ids=["plain", "deit"])
+def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda, augmentation):
+    r = resolve("pretrain", None, [*TINY, "schedule.steps=3", "data.crop_min_area=0.3", *augmentation])
     dist = setup("cuda")
     ds = sources.load_split(r.data, r.data.train_split)
     micro, accum = micro_batches(r, 1)
@@ -68,7 +77,7 @@ def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda):
     model = zoo.build_model(r.model, 4).to(dist.device)
     parallel = parallelize.apply(model, dataclasses.replace(r.run, compile=False), dist)
     optimizer = build_optimizer(parallel.model, r.optim)
-    objective = loop._objective(r, loss_fn(r.optim), None, 0, 0)
+    objective = loop._objective(r, loss_fn(r.optim), mixing_of(r.data, 4, r.optim.label_smoothing), 0, 0)
 
     def step():
         loss, _ = loop._accumulate_grads(parallel, optimizer, stream, accum, objective, "bf16", dist)

@@ -14,7 +14,7 @@ from helpers import REPO, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import OutputError
 from vitcli.models.zoo import build_model, model_spec
-from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.recipe.schema import REMOVED_KEYS, ModelConfig, Recipe, to_dict
 from vitcli.runtime import files
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_writable
@@ -38,6 +38,7 @@ def root(tmp_path_factory) -> Path:
     (root / "afile").write_text("not a directory")
     (root / "adir.safetensors").mkdir()
     (root / "twice.yaml").write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    (root / "removed.yaml").write_text("stage: pretrain\ndata:\n  decode_device: worker\n")
     return root
 
 
@@ -65,6 +66,10 @@ CASES = {
     "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
     "missing recipe": (["pretrain", "-r", "{root}/nope.yaml"], "recipe file not found"),
     "misspelt key": (pretrain("optim.lrr=0.1"), "did you mean 'optim.lr'"),
+    # a removed key: why it went and what to do, the same whole line from an override and from a file
+    "removed key": (pretrain("data.decode_device=model"), REMOVED_KEYS["data.decode_device"]),
+    "removed key in a recipe file": (["pretrain", "-r", "{root}/removed.yaml"],
+                                     REMOVED_KEYS["data.decode_device"]),
     "recipe of another stage": (["pretrain", "-r", str(REPO / "recipes/finetune/cifar10.yaml")],
                                 "says stage: finetune"),
     "override without =": (pretrain("optim.lr"), "not KEY=VALUE"),
@@ -86,6 +91,20 @@ CASES = {
     "negative clip": (pretrain("optim.clip_grad_norm=-1"), "optim.clip_grad_norm must be >= 0"),
     "mixup odd micro-batch": (pretrain("data.mixup_alpha=0.2", "data.batch_size=33"), "even micro-batch"),
     "bad randaugment": (pretrain("data.randaugment=rand-mag9"), "data.randaugment: cannot parse"),
+    "cutmix odd micro-batch": (pretrain("data.cutmix_alpha=1.0", "data.batch_size=33"),
+                               "data.cutmix_alpha=1.0 needs an even micro-batch"),
+    "two per-image policies": (pretrain("data.randaugment=rand-m9", "data.three_augment=true"),
+                               "data.three_augment are two per-image policies"),
+    "jitter without 3-Augment": (pretrain("data.color_jitter=0.3"), "set data.three_augment: true"),
+    "erasing 1.5": (pretrain("data.erasing=1.5"), "data.erasing must be in [0, 1]"),
+    "erasing mode typo": (pretrain("data.erasing=0.25", "data.erasing_mode=pixels"),
+                          "data.erasing_mode: 'pixels' is not one of pixel, rand, const"),
+    "mix mode typo": (pretrain("data.mixup_alpha=0.8", "data.mix_mode=pairs"),
+                      "data.mix_mode: 'pairs' is not one of batch, pair, elem"),
+    "mixing without labels": (pretrain("objective=mpp", "data.cutmix_alpha=1.0"),
+                              "data.cutmix_alpha=1.0 mixes labels, but objective: mpp"),
+    "zero erasing boxes": (pretrain("data.erasing=0.25", "data.erasing_count=0"),
+                           "data.erasing_count must be positive"),
     "image size vs patch": (pretrain("model.img_size=30"), "model.img_size=30 is not a multiple of 4"),
     "warmup past the end": (pretrain("schedule.warmup_steps=5"), "schedule.warmup_steps=5"),
     "fewer classes than labels": (pretrain("model.num_classes=3"), "model.num_classes=3"),

@@ -50,7 +50,7 @@ def no_checksum(path):
 
 DAMAGE = [random_bytes, flipped_bytes, missing_keys, no_checksum]
 REASON = {random_bytes: "cannot read training state", flipped_bytes: "sha256 differs",
-          missing_keys: "no optimizer, rng, recipe", no_checksum: "no state-6.pt.sha256"}
+          missing_keys: "no optimizer, recipe", no_checksum: "no state-6.pt.sha256"}
 
 
 def finished_then_damaged(workdir, damage):
@@ -198,9 +198,10 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error(tmp_path):
         MetricsLog(path, resume_step=3)
 
 
-def test_only_state_step_checkpoints_resume_and_their_recipe_must_be_whole(tmp_path):
-    """No compatibility reading: a `state.pt` without a checksum is no checkpoint, and a key the saved recipe
-    lacks is not filled with its default (vitcli 0.1.0 is the first release: no older checkpoints exist)."""
+def test_only_state_step_checkpoints_resume_and_a_key_added_since_counts_as_its_default(tmp_path):
+    """A `state.pt` without a checksum is no checkpoint. A checkpoint written before vitcli gained a key (the
+    augmentation keys of issue 26, here a whole section) trained with that key's default: it resumes when
+    the recipe keeps the default, and is refused, naming the key, when the recipe sets another value."""
     r, one = recipe("schedule.steps=6"), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     torch.save({"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": to_dict(r)},
                tmp_path / "state.pt")
@@ -208,8 +209,9 @@ def test_only_state_step_checkpoints_resume_and_their_recipe_must_be_whole(tmp_p
     with pytest.raises(RecipeError, match="--resume: no checkpoint"):
         manager.resume_point(r, tmp_path, one, resume=True)
     saved = to_dict(r)
-    del saved["mpp"]
+    del saved["mpp"], saved["data"]["cutmix_alpha"]
     state.save_state(state.checkpoint_path(tmp_path, 3),
                      {"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": saved})
-    with pytest.raises(RecipeError, match=r"different recipe \(mpp\.\w+: None there"):
-        manager.resume_point(r, tmp_path, one)
+    assert manager.resume_point(r, tmp_path, one)[1]["step"] == 3
+    with pytest.raises(RecipeError, match=r"different recipe \(data\.cutmix_alpha: 0\.0 there, 1\.0 now"):
+        manager.resume_point(recipe("schedule.steps=6", "data.cutmix_alpha=1.0"), tmp_path, one)

@@ -170,15 +170,13 @@ def test_pretrain_with_corrupt_images_finishes_and_counts_them(source, tmp_path,
         assert len([m for m in logged if f"row {row} of {source} split 'train':" in m]) == 2, logged
 
 
-ROUTES = {"map-style": {}, "map-style, 2 workers": {"num_workers": 2},
-          "decoded on the model's device": {"decode_device": "model"}, "streamed": {"streaming": True},
-          "streamed, decoded on the device": {"streaming": True, "decode_device": "model"}}
+ROUTES = {"map-style": {}, "map-style, 2 workers": {"num_workers": 2}, "streamed": {"streaming": True}}
 
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_every_training_route_names_a_bad_file_by_its_path_once(folder, route, logged):
     """Three epochs meet each bad file three times: each is counted once and named in one warning, by its
-    path, on every route (its cut-in-half file fails in the worker, or only on the model's device)."""
+    path, on every route (its cut-in-half file fails in the worker that decodes it)."""
     cfg = DataConfig(**{"source": str(folder), "num_workers": 0, "crop_min_area": 0.3, "shuffle_buffer": 4,
                         **ROUTES[route]})
     if cfg.streaming:
@@ -293,10 +291,10 @@ def test_a_split_where_nothing_decodes_is_one_line_naming_it(source):
               f" of {source} split 'broken': UnidentifiedImageError")
 
 
-@pytest.mark.parametrize("how", ["evaluation", "training", "training, decoded on the device"])
+@pytest.mark.parametrize("how", ["evaluation", "training"])
 def test_where_nothing_decodes_the_one_line_names_a_file_by_its_path(folder, how):
     ds = sources.load_source(str(folder), "test")
-    cfg = DataConfig(num_workers=0, decode_device="model" if "device" in how else "worker")
+    cfg = DataConfig(num_workers=0)
     with pytest.raises(DataError) as error:
         if how == "evaluation":
             list(batches.eval_batches(ds, cfg, 32, 2))

@@ -14,7 +14,7 @@ from PIL import Image
 from helpers import REPO
 
 SCRIPT = REPO / "bench/gpu_check.py"
-RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp", "decode_device_model"}
+RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:

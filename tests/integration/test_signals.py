@@ -99,12 +99,15 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_file(tmp_path):
         state.load_state(path)
 
 
-def test_two_mixup_runs_are_identical(tmp_path):
-    """Mixup draws from the per-step seeded stream, not numpy's global RNG."""
+def test_two_augmented_runs_are_identical(tmp_path):
+    """DeiT's augmentation (RandAugment, erasing, mixup and CutMix) draws from the per-micro-batch seeded
+    streams, not from the global RNGs, which differ between the two runs."""
     tiny = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
             "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4",
             "data.synthetic.train_size=64", "data.val_split=", "data.test_split=", "data.batch_size=16",
-            "data.num_workers=0", "data.mixup_alpha=0.4", "schedule.steps=6", "schedule.warmup_steps=1"]
+            "data.num_workers=0", "data.mixup_alpha=0.4", "data.cutmix_alpha=1.0",
+            "data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "schedule.steps=6",
+            "schedule.warmup_steps=1"]
     weights = []
     for name in ("a", "b"):
         torch.manual_seed(len(name))

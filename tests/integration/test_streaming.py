@@ -19,7 +19,7 @@ from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.data import bad_images, batches, sources, streams
-from vitcli.errors import DataError, RecipeError
+from vitcli.errors import CheckpointError, DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
@@ -66,18 +66,22 @@ def _cfg(source: str, **kw) -> DataConfig:
                          "crop_min_area": 0.3, **kw})
 
 
-def _stream(source: str, seed=0, start_step=0, rank=0, world_size=1, batch=B, start=None, **kw):
-    """A fresh stream from a fresh load, as a restarted process builds it."""
+def _stream(source: str, seed=0, start_step=0, rank=0, world_size=1, batch=B, state=None, **kw):
+    """A fresh stream from a fresh load, as a restarted process builds it; given a saved `state`, placed
+    there as the CheckpointManager places it."""
     cfg = _cfg(source, **kw)
     ids = sources.load_stream(cfg)
-    return streams.stream_train_batches(ids, cfg, 32, batch, seed, start_step, rank, world_size, start=start)
+    stream = streams.stream_train_batches(ids, cfg, 32, batch, seed, start_step, rank, world_size)
+    if state is not None:
+        stream.load_state_dict(state)
+    return stream
 
 
 def _take(stream, k: int) -> tuple[list, list[dict]]:
-    """k batches and the position before each."""
+    """k batches and the stream's state before each."""
     out, where = [], []
     for _ in range(k):
-        where.append(stream.position())
+        where.append(stream.state_dict())
         out.append(next(stream))
     return out, where
 
@@ -104,24 +108,26 @@ def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_d
     assert [w["epoch"] for w in where[11:14]] == [0, 0, 1]  # batch 12 spans the boundary, 13 is in epoch 1
     for k in (10, 17):  # before the boundary, and in epoch 1 (the recount walks through epoch 0)
         recounted = _stream(source_dirs[name], start_step=k, num_workers=workers)
-        assert recounted.position() == where[k]
+        assert recounted.state_dict() == where[k]
         assert _same(ref[k:], _take(recounted, 24 - k)[0]), f"recounted from micro-batch {k}"
         saved = json.loads(json.dumps(where[k]))  # as a checkpoint stores it
-        assert _same(ref[k:], _take(_stream(source_dirs[name], start_step=k, start=saved,
-                                            num_workers=workers),
-                                    24 - k)[0]), f"resumed from position {saved}"
+        assert _same(ref[k:], _take(_stream(source_dirs[name], state=saved, num_workers=workers),
+                                    24 - k)[0]), f"resumed from state {saved}"
 
 
-def test_the_position_counts_examples_into_the_epoch(straight):
+def test_the_state_counts_examples_into_the_epoch(straight):
     _, where = straight["parquet"]
-    expected = [{"step": k, "epoch": k * B // N, "examples": k * B % N} for k in range(24)]
+    expected = [{"kind": "streamed", "world_size": 1, "micro_batches": k, "epoch": k * B // N,
+                 "examples": k * B % N} for k in range(24)]
     assert where == expected
 
 
-def test_a_position_for_another_step_is_refused(source_dirs, straight):
+def test_a_state_of_another_world_size_or_kind_is_refused(source_dirs, straight):
     _, where = straight["parquet"]
-    with pytest.raises(DataError, match="micro-batch 5, not start_step=6"):
-        _stream(source_dirs["parquet"], start_step=6, start=where[5])
+    with pytest.raises(CheckpointError, match="written by 1 process"):
+        _stream(source_dirs["parquet"], rank=1, world_size=2, state=where[5])
+    with pytest.raises(CheckpointError, match="not a streamed stream's"):
+        _stream(source_dirs["parquet"], state={"kind": "mapped", "world_size": 1, "micro_batches": 5})
 
 
 # ---------------------------------------------------------------- ranks and seeds
@@ -130,7 +136,7 @@ def test_a_position_for_another_step_is_refused(source_dirs, straight):
 def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> list[int]:
     """The labels this rank sees in `epoch`, in order: micro-batches of one, each tagged by its position."""
     stream, seen = _stream(source, rank=rank, world_size=world_size, batch=1, hflip=False), []
-    while (at := stream.position())["epoch"] <= epoch:
+    while (at := stream.state_dict())["epoch"] <= epoch:
         y = next(stream)[1]
         if at["epoch"] == epoch:
             seen += y.tolist()
@@ -248,23 +254,29 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
     _one_line(error, "no split 'training'", "train, test")
 
 
+DEIT = ("data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
+        "data.cutmix_alpha=1.0")  # DeiT's augmentation, every part of it drawn per micro-batch
+
+
 def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch):
-    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead): stopped after step 4 of 9
-    (its checkpoint holds the stream's position), then run again, it resumes from the position and ends with
-    the weights of the run never stopped (torch.equal); the epoch of 200 rows ends inside step 7."""
+    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead) and DeiT's augmentation:
+    stopped after step 4 of 9 (its checkpoint holds the stream's state), then run again, it resumes from its
+    position and ends with the weights of the run never stopped (torch.equal); the epoch of 200 rows ends
+    inside step 7."""
     r = resolve("pretrain", None, [
         f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
         "data.micro_batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=9", "schedule.warmup_steps=1",
-        "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32"])
+        "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32", *DEIT])
     one_run(r, tmp_path / "straight")
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 6)
     saved = manager.latest_good_state(tmp_path / "resumed")[1]
     # 4 steps x 2 micro-batches of 16 read: the next starts at example 128 of epoch 0
     assert saved["step"] == 4
-    assert saved["data"]["streams"] == [{"step": 8, "epoch": 0, "examples": 128}]
+    assert saved["data"]["streams"] == [{"kind": "streamed", "world_size": 1, "micro_batches": 8, "epoch": 0,
+                                         "examples": 128}]
     one_run(r, tmp_path / "resumed")
     a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "resumed"))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data import batches, sources
+from vitcli.data import augmentations, batches, sources
 from vitcli.data.augment import finish, pack
 from vitcli.data.decode import Encoded
 from vitcli.data.synthetic import class_names, make_synthetic, render
@@ -240,7 +240,7 @@ def test_train_transform_shape_and_range_for_rgb_and_grayscale():
     for c in (cfg, DataConfig(crop_min_area=0.3)):
         pixels = build_transform(c, 24, train=True)(images, 0)
         assert pixels.pixels.dtype == torch.uint8
-        x = finish(pixels, torch.device("cpu"))
+        x = finish(pixels, torch.device("cpu"), augmentations.of(c, 24))
         assert x.shape == (2, 3, 24, 24) and x.dtype == torch.float32
         assert x.min() >= -1 and x.max() <= 1
     assert (x[0, 0] == 1).all() and (x[0, 1:] == -1).all() and (x[1] == -1).all()  # no RandAugment: colours
@@ -378,16 +378,23 @@ def _jpegs(n: int, truncated: int) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"image": rows, "label": list(range(n))}, features=features)
 
 
-@pytest.mark.parametrize("randaugment", ["", "rand-m9-mstd0.5"])
-def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypatch, randaugment):
+AUGMENTATIONS = {  # the plain route, DeiT's per-image augmentation, DeiT III's
+    "plain": {},
+    "deit": {"randaugment": "rand-m9-mstd0.5-inc1", "erasing": 0.25},
+    "3-augment": {"three_augment": True, "color_jitter": 0.3, "erasing": 0.25, "erasing_mode": "rand"},
+}
+
+
+@pytest.mark.parametrize("augmentation", AUGMENTATIONS)
+def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypatch, augmentation):
     """Past the cache (large datasets) images are read as bytes and only their crops decoded, some at 1/2 or
     1/4 scale; the batches stay a function of (seed, step), and a file that opens but does not decode gets
     the next row in its place in every process alike."""
     monkeypatch.setattr(batches, "DECODED_CACHE_BYTES", 0)
     ds, size = _jpegs(12, truncated=3), 16
-    cfg = DataConfig(num_workers=0, crop_min_area=0.3, randaugment=randaugment)
+    cfg = DataConfig(num_workers=0, crop_min_area=0.3, **AUGMENTATIONS[augmentation])
     main = _take(batches.train_batches(ds, cfg, size, 4, seed=2), 6)
-    two = DataConfig(num_workers=2, crop_min_area=0.3, randaugment=randaugment)
+    two = DataConfig(num_workers=2, crop_min_area=0.3, **AUGMENTATIONS[augmentation])
     workers = _take(batches.train_batches(ds, two, size, 4, seed=2), 6)
     resumed = _take(batches.train_batches(ds, cfg, size, 4, seed=2, start_step=4), 2)
     for (xa, ya), (xb, yb) in zip(main, workers, strict=True):
@@ -435,16 +442,6 @@ def test_eval_batches_in_order_sharded_without_drop():
     assert ranks[1] == list(range(1, 23, 3)) and sorted(itertools.chain(*ranks)) == list(range(23))
     x0 = next(iter(batches.eval_batches(ds, cfg, 8, 5)))[0]
     assert torch.equal(x0, next(iter(batches.eval_batches(ds, cfg, 8, 5)))[0])
-
-
-def test_build_mixup():
-    assert batches.build_mixup(DataConfig(mixup_alpha=0.0), 10, 0.1) is None
-    mixup = batches.build_mixup(DataConfig(mixup_alpha=0.2), 10, 0.0)
-    x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
-    mixed, target = mixup(x.clone(), y)
-    assert target.shape == (4, 10) and torch.allclose(target.sum(1), torch.ones(4))
-    lam = target[0, 0].item()  # row 0 is mixed with row 3 (timm pairs a batch with its reverse)
-    assert torch.allclose(mixed[0], lam * x[0] + (1 - lam) * x[3], atol=1e-6)
 
 
 def test_one_process_accumulating_sees_what_two_processes_see():

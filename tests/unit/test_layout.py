@@ -20,16 +20,15 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "names", "data_checks", "checks", "resolve"]),
-    # what every stage runs on: run file names, atomic files, precision, peak FLOP/s, RNGs, console and
-    # metrics, trackers, processes, output locations
-    ("runtime", ["run_files", "precision", "peak", "rngs", "files", "metrics", "trackers", "dist",
-                 "workdir"]),
+    # what every stage runs on: run file names, atomic files, precision, peak FLOP/s, console and metrics,
+    # trackers, processes, output locations
+    ("runtime", ["run_files", "precision", "peak", "files", "metrics", "trackers", "dist", "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops"]),
     # images into batches: how an image that does not decode is named and tallied, first (every
-    # reader of images uses it)
-    ("data", ["bad_images", "synthetic", "decode", "augment", "transforms", "tasks", "sources", "batches",
-              "streams", "prepare"]),
+    # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
+    ("data", ["bad_images", "synthetic", "decode", "randaugment", "three_augment", "erasing", "mixing",
+              "augmentations", "augment", "transforms", "tasks", "sources", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
@@ -150,8 +149,8 @@ def test_the_loop_never_asks_which_strategy_or_data_kind_it_runs_under():
 
 def test_one_module_owns_resume():
     """checkpoints.manager alone decides, saves and loads training state: nothing else imports the formats it
-    writes (checkpoints.state, checkpoints.sharded) or the RNG states it restores (runtime.rngs)."""
-    parts = {"checkpoints.state", "checkpoints.sharded", "runtime.rngs"}
+    writes (checkpoints.state, checkpoints.sharded)."""
+    parts = {"checkpoints.state", "checkpoints.sharded"}
     users = {name for name, path in modules().items()
              for m, _ in vitcli_imports(ast.parse(path.read_text())) if m in parts}
     assert users == {"checkpoints.manager"}, users

@@ -33,8 +33,6 @@ def test_past_a_tenth_it_names_both_rates_and_the_knobs():
     warning = input_bound(4.0, 10.0, 800, Feeding(2))
     assert "40%" in warning and "loader delivered 80 img/s" in warning and "take 133 img/s" in warning
     assert "data.num_workers (now 2)" in warning and "vit prepare-data" in warning
-    assert "decode_device" not in warning  # GPU decoding is no knob on a CPU
-    assert "data.decode_device=model" in input_bound(4.0, 10.0, 800, Feeding(2, cuda=True))
 
 
 def test_a_loader_faster_than_the_model_without_workers_is_told_apart():
@@ -64,10 +62,8 @@ def test_a_loader_about_as_fast_as_the_model_is_not_called_faster():
 
 
 @pytest.mark.parametrize("feeding, absent", [
-    (Feeding(2, cuda=True, prepared=True), "vit prepare-data"),  # already the prepared copy
-    (Feeding(2, cuda=True, builtin=True), "vit prepare-data"),  # the built-in data: nothing to prepare
-    (Feeding(2, cuda=True, builtin=True), "decode_device"),  # its PNGs never decode on the GPU
-    (Feeding(2, cuda=True, decode_device="model"), "decode_device"),  # already there
+    (Feeding(2, prepared=True), "vit prepare-data"),  # already the prepared copy
+    (Feeding(2, builtin=True), "vit prepare-data"),  # the built-in data: nothing to prepare
 ])
 def test_only_knobs_that_apply_are_offered(feeding, absent):
     warning = input_bound(4.0, 10.0, 800, feeding)

@@ -6,7 +6,7 @@ One concept per file, in the order a checkpoint travels:
 - `state.py`: the layout of a workdir's training states (`state-<step>.pt`, `state-<step>/`): names,
   discovery, rotation, and the whole-file format; `sharded.py`: the sharded (DCP) format.
 - `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving (whole or
-  sharded) with rotation, loading model, optimizer, RNG states and data position back.
+  sharded) with rotation, loading model, optimizer and the train stream's state back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
   are refused.

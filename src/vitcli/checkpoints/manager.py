@@ -1,18 +1,23 @@
 """The one owner of a run's training state (torchtitan's CheckpointManager): whether a run resumes and from
 which checkpoint, writing one (whole or sharded) and rotating, and loading one back into the model, the
-optimizer, every rank's RNGs and the data position.
+optimizer and the train stream.
 
 What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; the train state, `step` and
-`recipe`; `rng`, every rank's RNG states (runtime.rngs); and `data`, the position in the data (examples seen,
-the world size and, for a streamed split, every rank's stream position). A whole checkpoint
-(`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one (`state-<step>/`,
-checkpoints.sharded) keeps the model and optimizer as shards and the rest beside them.
+`recipe`; and `data`, the position in the data (examples seen, the world size, and `streams`, every rank's
+train stream state: its `state_dict()`, json). A whole checkpoint (`state-<step>.pt`, checkpoints.state)
+holds them all in one file; a sharded one (`state-<step>/`, checkpoints.sharded) keeps the model and
+optimizer as shards and the rest beside them.
+
+No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed, step,
+micro-batch) (batches.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
+An older checkpoint's `rng` entry is left unread.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -21,8 +26,8 @@ from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
 from vitcli.errors import CheckpointError, RecipeError
-from vitcli.recipe.schema import Recipe, to_dict
-from vitcli.runtime import files, rngs
+from vitcli.recipe.schema import Recipe, micro_batches, to_dict
+from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
@@ -42,9 +47,9 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
     """The newest checkpoint that verifies and is complete, as (path, state); None when there is none at all.
 
     For a file `state-<step>.pt`, state is all of it (state.STATE_KEYS). For a directory `state-<step>/` (a
-    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least, RNG byte tensors as tensors),
-    read without unpickling; the model and optimizer tensors stay on disk until CheckpointManager.load reads
-    them into the live, already sharded model. Either is checked against its checksums first.
+    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least), read without unpickling;
+    the model and optimizer tensors stay on disk until CheckpointManager.load reads them into the live,
+    already sharded model. Either is checked against its checksums first.
 
     Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names
     them, unless they were only cut short (a kill before their checksum: the run's first save), when the run
@@ -125,8 +130,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
+    """Refuse to continue a run whose recipe trains differently. A key the saved recipe lacks (a key
+    vitcli gained since the checkpoint was written) counts as its default: what the run trained with."""
     saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
-    diffs = [k for k in now if saved.get(k) != now[k] and not k.startswith(RESUMABLE)]
+    defaults = _flatten(to_dict(Recipe(stage=recipe.stage)))
+    saved = {k: saved.get(k, defaults.get(k)) for k in now}
+    diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
         raise RecipeError(
@@ -173,19 +182,32 @@ def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.op
     return path
 
 
+class TrainStream(Protocol):
+    """The train stream as a checkpointed part (data.batches.MappedTrainStream, data.streams.TrainStream):
+    placed before its first batch, by its saved state or, without one, at a micro-batch of the run."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def seek(self, micro_batch: int) -> None: ...
+
+
 class CheckpointManager:
     """Saves, rotates and loads the training state of one run, for the loop. `model` is the module as
-    parallelized (not compiled: its state dict has the plain names); `sharded`: parallelize sharded it, so its
-    parts are saved as shards in `state-<step>/`, else as one `state-<step>.pt`."""
+    parallelized (not compiled: its state dict has the plain names); `stream`: this rank's train stream, not
+    yet begun; `sharded`: parallelize sharded the model, so its parts are saved as shards in `state-<step>/`,
+    else as one `state-<step>.pt`."""
 
     def __init__(self, workdir: Path, recipe: Recipe, dist: Dist, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, sharded: bool, resume_from: Checkpoint | None = None):
+                 optimizer: torch.optim.Optimizer, stream: TrainStream, sharded: bool,
+                 resume_from: Checkpoint | None = None):
         self.workdir, self.recipe, self.dist = workdir, recipe, dist
-        self.model, self.optimizer, self.sharded = model, optimizer, sharded
+        self.model, self.optimizer, self.stream, self.sharded = model, optimizer, stream, sharded
         self.resume_from = resume_from
 
     def load(self) -> int:
-        """The model, optimizer and this rank's RNGs as the checkpoint left them; the step to continue from
+        """The model, optimizer and train stream as the checkpoint left them; the step to continue from
         (0: a fresh run, nothing loaded)."""
         if self.resume_from is None:
             return 0
@@ -195,48 +217,44 @@ class CheckpointManager:
         else:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
-        _restore_rngs(saved["rng"], self.dist)
+        step = int(saved["step"])
+        self._load_stream(saved.get("data", {}).get("streams") or [], step)
         if self.dist.is_main:
-            console.log(f"resuming from {path} at step {saved['step']}")
-        return int(saved["step"])
+            console.log(f"resuming from {path} at step {step}")
+        return step
 
-    def stream_position(self) -> dict | None:
-        """Where this rank's share of a streamed split went on at the resumed step, so that resuming need not
-        re-read it; None for a fresh run, a map-style split, or another world size (which re-reads)."""
-        saved = self.resume_from[1].get("data", {}).get("streams") if self.resume_from else None
-        if not saved:
-            return None
-        if len(saved) == self.dist.world_size:
-            return saved[self.dist.rank]
-        if self.dist.is_main:
-            console.log(f"[yellow]warning: the stream was split over {len(saved)} process(es), now "
-                        f"{self.dist.world_size}: each rank re-reads its new share up to this step, and the "
-                        "example order differs from the run's")
-        return None
+    def _load_stream(self, states: list[dict], step: int) -> None:
+        """This rank's train stream at `step`: where its state in the checkpoint says (a streamed split goes
+        on from its saved position, reading nothing twice), which must agree with the step; from a checkpoint
+        without one (an older map-style run's) or of another world size, placed by the step alone."""
+        micro_batch = step * micro_batches(self.recipe, self.dist.world_size)[1]
+        if len(states) != self.dist.world_size:
+            _warn_resplit(states, self.dist)
+            self.stream.seek(micro_batch)
+            return
+        self.stream.load_state_dict(states[self.dist.rank])
+        at = self.stream.state_dict()["micro_batches"]
+        if at != micro_batch:
+            raise CheckpointError(f"the checkpoint of step {step} has this rank's train stream at "
+                                  f"micro-batch {at}, not {micro_batch}: its data position and step disagree")
 
-    def save(self, step: int, stream_position: dict | None) -> Path:
-        """A checkpoint of everything resuming needs after `step`, with every rank's RNG states and
-        `stream_position` (None: the step alone says where the data goes on); the oldest beyond
-        run.keep_checkpoints go. Every rank calls it."""
+    def save(self, step: int) -> Path:
+        """A checkpoint of everything resuming needs after `step`, every rank's train stream state with it;
+        the oldest beyond run.keep_checkpoints go. Every rank calls it."""
         r, dist = self.recipe, self.dist
-        gathered = all_gather({"rng": rngs.capture(), "stream": stream_position}, dist)
-        data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size}
-        if stream_position is not None:
-            data["streams"] = [g["stream"] for g in gathered]
-        parts = {"step": step, "rng": [g["rng"] for g in gathered], "data": data, "recipe": to_dict(r)}
+        streams = all_gather(self.stream.state_dict(), dist)
+        data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size,
+                "streams": streams}
+        parts = {"step": step, "data": data, "recipe": to_dict(r)}
         return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded)
 
 
-def _restore_rngs(saved: list, dist: Dist) -> None:
-    """This rank's RNG states from the checkpoint's one entry per rank.
-
-    On another world size the states cannot pair up with ranks; nothing is lost, since training draws every
-    random number from (seed, step, micro-batch) seeds (loop._objective, batches.micro_seed), not from these.
-    """
-    if len(saved) == dist.world_size:
-        rngs.restore(saved[dist.rank])
-    elif dist.is_main:
-        console.log(f"[yellow]warning: the checkpoint was written by {len(saved)} process(es), this run has "
-                    f"{dist.world_size}: per-process RNG states are not restored "
-                    "(training's draws do not use them)")
+def _warn_resplit(states: list[dict], dist: Dist) -> None:
+    """A streamed split's saved positions are per rank: on another world size each rank re-reads its new
+    share (a map-style split's batches do not depend on the world size: nothing to say)."""
+    streamed = states and states[0].get("kind", "streamed") == "streamed"  # older states: streamed only
+    if streamed and dist.is_main:
+        console.log(f"[yellow]warning: the stream was split over {len(states)} process(es), now "
+                    f"{dist.world_size}: each rank re-reads its new share up to this step, and the "
+                    "example order differs from the run's")

@@ -2,7 +2,7 @@
 
 Each process writes its own shard with torch.distributed.checkpoint (DCP), which also reads them back into any
 number of processes, sharded or not, so a run may resume on another process count. The non-tensor part (step,
-recipe, RNG states, data position) sits beside the shards as extra.json (its tensors in extra.safetensors), so
+recipe, data position) sits beside the shards as extra.json (its tensors in extra.safetensors), so
 reading it never unpickles; a SHA256SUMS manifest seals the whole directory (files.atomic_dir). Where it lives
 among the others, and when it is written, is checkpoints.state's and checkpoints.manager's business.
 """
@@ -107,8 +107,8 @@ def _first_failure(error: BaseException) -> str:
 
 
 def write_extra(directory: Path, extra: dict) -> None:
-    """The non-tensor part of a sharded checkpoint (step, recipe, RNG states, data position), so that reading
-    it never unpickles: plain data as extra.json, the tensors in it (RNG byte tensors) in
+    """The non-tensor part of a sharded checkpoint (step, recipe, data position), so that reading it never
+    unpickles: plain data as extra.json, any tensors in it (an older run's RNG byte tensors) in
     extra.safetensors."""
     tensors: dict[str, torch.Tensor] = {}
     plain = _split_tensors(extra, tensors)

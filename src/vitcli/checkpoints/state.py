@@ -3,7 +3,7 @@
 Layout: `WORKDIR/state-<step>.pt`, each beside its checksum `state-<step>.pt.sha256` (`sha256sum -c
 state-500.pt.sha256` checks one by hand); the highest step is the latest checkpoint. A sharded (FSDP) run
 writes directories `WORKDIR/state-<step>/` instead (checkpoints.sharded): every rank's tensors in
-torch.distributed.checkpoint's files, the rest (step, recipe, RNG states, ...) in extra.json and
+torch.distributed.checkpoint's files, the rest (step, recipe, data position) in extra.json and
 extra.safetensors, and a SHA256SUMS manifest of them all. Both kinds are found, ordered, rotated and cleared
 here alike; checkpoints.manager decides which one a run resumes from.
 
@@ -25,7 +25,8 @@ import torch
 from vitcli.errors import CheckpointError
 from vitcli.runtime import files
 
-STATE_KEYS = ("step", "model", "optimizer", "rng", "recipe")  # what the trainer saves and needs back
+# what the trainer needs back (it saves `data` too; an older checkpoint may hold `rng`, left unread)
+STATE_KEYS = ("step", "model", "optimizer", "recipe")
 _NAME = re.compile(r"state-(\d+)(\.pt(\.sha256)?)?")
 _STALE_DIR = re.compile(r"\.state-\d+\.[a-z0-9_]{8}\.tmp")  # files.atomic_dir's and remove_dir's temporaries
 

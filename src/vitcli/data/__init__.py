@@ -1,6 +1,28 @@
-"""Images into batches: bad_images.py (an image that does not decode: named, stood in for, tallied),
-synthetic.py (the built-in dataset), decode.py (encoded bytes -> uint8 tensors),
-augment.py (batched crop boxes, resize, flip, scaling on the model's device), transforms.py (preprocessing in
-the loader workers), tasks.py (the task registry), sources.py (every image source as a datasets.Dataset),
-batches.py (map-style batch streams), streams.py (streamed training batches), prepare.py (a pre-resized copy
-of a source, `vit prepare-data`)."""
+"""Images into batches.
+
+bad_images.py (an image that does not decode: named, stood in for, tallied), synthetic.py (the built-in
+dataset), decode.py (encoded bytes -> uint8 tensors), randaugment.py, three_augment.py, erasing.py and
+mixing.py (the augmentation ops: drawn on the host, applied batched wherever the pixels are),
+augmentations.py (the recipe's augmentation: drawn per micro-batch, applied in order), augment.py (crop
+boxes, the batched resize, flip, scaling), transforms.py (what the loader workers do), tasks.py (the task
+registry), sources.py (every image source as a datasets.Dataset), batches.py (map-style batch streams),
+streams.py (streamed training batches), prepare.py (a pre-resized copy of a source, `vit prepare-data`).
+
+A training micro-batch takes one route; only *where* each step runs changes (W: a loader worker, D: the
+model's device), never the functions:
+
+| step                    | function                                   | model on the CPU | on a GPU |
+|-------------------------|--------------------------------------------|------------------|----------|
+| read the encoded bytes  | decode.read (batches, streams: rows)       | W                | W        |
+| draw boxes, flips       | augment.draws, from (seed, step, micro)    | W                | W        |
+| draw the augmentation   | augmentations.draw, its own numpy stream   | W                | W        |
+| decode + crop           | decode.Encoded.pixels (reduced-scale JPEG) | W                | W        |
+| resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | D        |
+| RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | D        |
+| scale to [-1, 1], erase | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |
+| Mixup / CutMix          | augmentations.mix, in the training loop    | D                | D        |
+
+(1) Both round to the nearest level (torch's uint8 kernel on the CPU, a batched gather on the device),
+within one level of each other; evaluation and few-shot keep big_vision's exact truncating resize
+(augment.tf_bilinear_levels). An image that does not decode has one stand-in rule (bad_images.stand_in).
+"""

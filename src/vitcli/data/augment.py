@@ -5,20 +5,17 @@ For a model on a GPU the loader workers only decode and cut crops (decode.py, tr
 runs the resize (`levels`, one batched gather), flip and normalisation there. For a model on the CPU the
 workers resize each crop themselves (`resize_each`, torch's own kernel, faster there), and `finish` only
 flips what is left and normalises. `finish` is the same code on either device.
-
-With data.decode_device=model the workers do not decode training JPEGs either: they ship the encoded bytes
-with the boxes and flips they drew (`Encodings`), and the stream decodes the micro-batch on its device
-(decode.decode_jpegs), cuts the crops and finishes them as above (`finish_crops`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcli.data.augmentations import Augmentation, Drawn, apply_levels, apply_normalised
 from vitcli.runtime.dist import to_device
 
 ASPECT_RANGE = (3 / 4, 4 / 3)  # big_vision inception_crop = TF sample_distorted_bounding_box's default
@@ -29,69 +26,31 @@ ATTEMPTS = 100  # TF's max_attempts default
 class Pixels:
     """A micro-batch as it leaves a loader worker: crops padded into one uint8 tensor (B, 3, Hmax, Wmax), each
     crop's own (height, width) (B, 2) int64, the flips still to apply (B,) bool, and the output side `size`.
-    A quarter of the bytes of the float batch, and the resize to size x size is left to `finish`."""
+    A quarter of the bytes of the float batch, and the resize to size x size is left to `finish`. `aug`: the
+    recipe's augmentation draws still to apply (augmentations.Drawn), None when there are none."""
 
     pixels: torch.Tensor
     sizes: torch.Tensor
     flips: torch.Tensor
     size: int
+    aug: Drawn | None = None
 
     def pin_memory(self) -> Pixels:
-        """The DataLoader pins what it ships (pin_memory=True on CUDA hosts) through this method: the sizes
-        and flips too, so `finish` copies all three without a sync (`to_device`)."""
-        return Pixels(self.pixels.pin_memory(), self.sizes.pin_memory(), self.flips.pin_memory(), self.size)
+        """The DataLoader pins what it ships (pin_memory=True on CUDA hosts) through this method: the sizes,
+        flips and augmentation draws too, so `finish` copies them all without a sync (`to_device`)."""
+        return Pixels(self.pixels.pin_memory(), self.sizes.pin_memory(), self.flips.pin_memory(), self.size,
+                      None if self.aug is None else self.aug.pin_memory())
 
 
-@dataclass
-class Encodings:
-    """A training micro-batch whose JPEGs the model's device decodes (data.decode_device=model), as it leaves
-    a loader worker: the files end to end in one uint8 tensor `data` (N,) (one tensor to share with the main
-    process and to pin, not B), where each ends `ends` (B,) int64, their header (height, width) `sizes`
-    (B, 2), the crop boxes (B, 4) (top, left, height, width) and flips (B,) bool the worker drew, the output
-    side `size`; `seed`, `area` (None: whole images) and `hflip` draw them again should an image be replaced
-    (`draws`); `ids` name each image (its row, or a stream's bad_images.image_name) for the stream's tally
-    of skipped images."""
-
-    data: torch.Tensor
-    ends: torch.Tensor
-    sizes: torch.Tensor
-    boxes: torch.Tensor
-    flips: torch.Tensor
-    size: int
-    seed: int
-    area: tuple[float, float] | None
-    hflip: bool
-    ids: list = field(default_factory=list)
-
-    def files(self) -> list[torch.Tensor]:
-        """Each encoded file, a uint8 (n_i,) view of `data`."""
-        starts = [0, *self.ends.tolist()[:-1]]
-        return [self.data[a:b] for a, b in zip(starts, self.ends.tolist())]
-
-    def pin_memory(self) -> Encodings:
-        """Pinned like Pixels (the DataLoader calls this on CUDA hosts): nvJPEG reads the bytes from there."""
-        return replace(self, data=self.data.pin_memory())
-
-
-def encodings(files: list[bytes], sizes: np.ndarray, boxes: np.ndarray, flips: np.ndarray, size: int,
-              seed: int, area: tuple[float, float] | None, hflip: bool) -> Encodings:
-    """Encoded files and what a worker drew for them (sizes (B, 2), boxes (B, 4), flips (B,)) -> Encodings."""
-    data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
-    ends = torch.tensor(np.cumsum([len(f) for f in files]), dtype=torch.int64).reshape(-1)
-    return Encodings(data, ends, torch.as_tensor(np.asarray(sizes, dtype=np.int64)).reshape(-1, 2),
-                     torch.as_tensor(np.asarray(boxes, dtype=np.int64)).reshape(-1, 4),
-                     torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size, seed, area, hflip)
-
-
-def pack(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> Pixels:
+def pack(crops: list[torch.Tensor], flips: np.ndarray, size: int, aug: Drawn | None = None) -> Pixels:
     """uint8 crops (3, h_i, w_i) -> one Pixels, zero-padded to the largest height and width, on the crops'
-    device."""
+    device, with the augmentation draws `aug`."""
     sizes = torch.tensor([c.shape[1:] for c in crops], dtype=torch.int64).reshape(-1, 2)  # (B, 2)
     h, w = (sizes.max(0).values.tolist() if len(crops) else (size, size))
     out = torch.zeros((len(crops), 3, h, w), dtype=torch.uint8, device=crops[0].device if crops else None)
     for o, c in zip(out, crops):
         o[:, : c.shape[1], : c.shape[2]] = c
-    return Pixels(out, sizes, torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size)
+    return Pixels(out, sizes, torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1), size, aug)
 
 
 def draws(sizes: np.ndarray, seed: int, area: tuple[float, float] | None,
@@ -268,22 +227,19 @@ def _needs_resize(batch: Pixels) -> bool:
     return batch.pixels.shape[-2:] != (s, s) or bool((batch.sizes != s).any())
 
 
-def finish(batch: Pixels, device: torch.device) -> torch.Tensor:
+def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None) -> torch.Tensor:
     """A worker's uint8 batch -> float32 (B, 3, S, S) in [-1, 1] on `device`: the copy (4x fewer bytes than
-    float, asynchronous from pinned memory), then resize, flip and x / 127.5 - 1 (the ViT's mean = std = 0.5)
+    float, asynchronous from pinned memory), then resize, flip, the recipe's augmentation `aug` (what the
+    worker left of it: the batch's draws say), x / 127.5 - 1 (the ViT's mean = std = 0.5) and erasing,
     there."""
     x = to_device(batch.pixels, device)
     if _needs_resize(batch):
         out = levels(x, to_device(batch.sizes, device), batch.size, batch.flips)
     else:
         out = (flip(x, batch.flips) if bool(batch.flips.any()) else x).to(torch.float32)
-    return out.div_(127.5).sub_(1.0)
-
-
-def finish_crops(images: list[torch.Tensor], boxes, flips, size: int, device: torch.device) -> torch.Tensor:
-    """Whole images decoded on `device`, uint8 (3, H_i, W_i), their boxes (B, 4) and flips (B,) -> float32
-    (B, 3, size, size) in [-1, 1] there: each cut to its box (a view), packed, then `finish` (the batched
-    resize, flip, scaling), the same code as for crops cut in a worker."""
-    crops = [x[:, t : t + h, left : left + w]
-             for x, (t, left, h, w) in zip(images, torch.as_tensor(boxes).tolist())]
-    return finish(pack(crops, np.asarray(flips, dtype=bool), size), device)
+    drawn = None if batch.aug is None or aug is None else batch.aug.to(device)
+    if drawn is not None and drawn.on_levels:  # `levels` rounded and clamped: exact uint8 levels
+        pixels, drawn = apply_levels(out.to(torch.uint8), aug, drawn)
+        out = pixels.to(torch.float32)
+    out = out.div_(127.5).sub_(1.0)
+    return out if drawn is None else apply_normalised(out, aug, drawn)

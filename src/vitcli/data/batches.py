@@ -10,14 +10,11 @@ them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`,
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
-keep their size and stay that pure function; evaluation leaves it out. With data.decode_device=model a
-truncated JPEG fails only on the model's device, and its stand-in is the next image of its micro-batch
-(`decode_on_device`). Each stream tallies such images
+keep their size and stay that pure function; evaluation leaves it out. Each stream tallies such images
 (`Skipped`), coming back with their batch from whichever worker process decoded it, and names each
 once as bad_images.image_name names an image everywhere: by its file's path, else its row and split.
-Every random draw of a
-micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the trainer, is seeded by
-`micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
+Every random draw of a micro-batch, augmentation here and in streams.py, mixup, dropout and masking in the
+trainer, is seeded by `micro_seed` from (run seed, optimizer step, global micro-batch) and its purpose.
 """
 
 from __future__ import annotations
@@ -29,15 +26,16 @@ from collections.abc import Callable, Iterable, Iterator
 import datasets
 import numpy as np
 import torch
-from timm.data import Mixup
 from torch.utils.data import DataLoader
 
-from vitcli.data.augment import Encodings, Pixels, draws, finish, finish_crops
+from vitcli.data import augmentations
+from vitcli.data.augment import Pixels, finish
+from vitcli.data.augmentations import Augmentation
 from vitcli.data.bad_images import Bad, Skipped, image_name, none_decode, one_line, stand_in, worker_error
-from vitcli.data.decode import Decoded, Encoded, decode_jpegs, encoded, read
+from vitcli.data.decode import Decoded, Encoded, encoded, read
 from vitcli.data.sources import origin
 from vitcli.data.transforms import Undecodable, build_transform
-from vitcli.errors import DataError
+from vitcli.errors import CheckpointError, DataError
 from vitcli.recipe.schema import DataConfig
 
 DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
@@ -127,8 +125,7 @@ class _Batches(KeyedBatches):
             raise none_decode(self.name, f"{n} rows", self.image(row), self.bad[row])
         return j
 
-    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | Encodings | None, torch.Tensor,
-                                                                dict[int, str]]:
+    def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
         while True:  # again when a row opened but its pixels did not decode: it is bad from now on
             images = self._decoded(rows)
             bad = {i: self.bad[i] for i in rows if i not in images}
@@ -143,37 +140,7 @@ class _Batches(KeyedBatches):
             except Undecodable as e:
                 self.bad[use[e.position]] = one_line(e.error)
                 continue
-            if isinstance(x, Encodings):
-                x.ids = use  # rows, for the stream's tally of what fails on its device
-            return x, self.labels[use], bad  # uint8 Pixels (or Encodings) of B, (B,)
-
-
-def decode_on_device(
-    batch: Encodings, y: torch.Tensor, device: torch.device, name: str,
-    image: Callable[[int | str], str] = str,
-) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """A micro-batch shipped encoded (data.decode_device=model) -> (x float32 (B, 3, S, S) in [-1, 1] on
-    `device`, y (B,), {id: reason} of the images that did not decode): one batched decode on `device`.
-    `image` names an image by its id (KeyedBatches.image) should none of them decode.
-
-    A file whose header parsed in the worker but whose data does not decode (a truncated one) fails only
-    here, where the rest of the split is out of reach: its stand-in is the next image of its own micro-batch
-    that decodes (`stand_in` over the micro-batch, the streams rule), unlike the worker path's next row of
-    the split. The boxes and flips are then drawn again from the micro-batch's seed for the images now in
-    it, as a worker would have drawn them had it known (for a stream: the very batch the worker path gives).
-    """
-    images = decode_jpegs(batch.files(), device)
-    failed = {i: one_line(e) for i, e in enumerate(images) if isinstance(e, Exception)}
-    if not failed:
-        return finish_crops(images, batch.boxes, batch.flips, batch.size, device), y, {}
-    bad = {batch.ids[i]: reason for i, reason in failed.items()}
-    if len(failed) == len(images):
-        ident, reason = next(iter(bad.items()))
-        raise none_decode(f"a micro-batch of {name}", str(len(images)), image(ident), reason)
-    n = len(images)
-    use = [stand_in(i, n, lambda j: j not in failed) if i in failed else i for i in range(n)]
-    boxes, flips = draws(batch.sizes[use].numpy(), batch.seed, batch.area, batch.hflip)
-    return finish_crops([images[i] for i in use], boxes, flips, batch.size, device), y[use], bad
+            return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
 
 
 class BatchStream:
@@ -181,11 +148,13 @@ class BatchStream:
     returned."""
 
     def __init__(self, loader: DataLoader, skipped: Skipped | None = None, device: torch.device | None = None,
-                 collective: bool = False):
-        self.batches, self.name = iter(loader), loader.dataset.name
+                 collective: bool = False, aug: Augmentation | None = None):
+        self.loader, self.name = loader, loader.dataset.name
+        self._batches: Iterator | None = None  # begun at the first batch (`batches`)
         self.image = loader.dataset.image  # names a skipped image here, whichever process decoded
         self.skipped = skipped if skipped is not None else Skipped()
         self.device = device if device is not None else torch.device("cpu")
+        self.aug = aug  # the recipe's augmentation, what of it each batch's draws leave to `finish`
         # collective: a pass where nothing decoded ends quietly; the caller decides with the other ranks
         # (nothing_decoded), since one rank raising alone would leave the others waiting in a gather
         self.collective = collective
@@ -197,20 +166,25 @@ class BatchStream:
     def __iter__(self) -> BatchStream:
         return self
 
+    @property
+    def batches(self) -> Iterator:
+        """The loader's batches, begun (workers started, keys drawn) when first asked for: until then a train
+        stream can still be placed (its `seek` and `load_state_dict`)."""
+        if self._batches is None:
+            self._batches = iter(self.loader)
+        return self._batches
+
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(x float32 (B, 3, S, S) in [-1, 1] on the stream's device, y (B,) int64 on the CPU)."""
         for item in self.batches:
             if isinstance(item, Exception):
                 # Let go of the loader now: its workers stop at once. Kept alive by the traceback, it would be
                 # torn down later by the garbage collector, in an order that costs 5 s per worker.
-                self.batches = iter(())
+                self._batches = iter(())
                 raise item
             x, y, bad = item
-            if isinstance(x, Encodings):  # data.decode_device=model: decoded here, on the stream's device
-                x, y, late = decode_on_device(x, y, self.device, self.name, self.image)
-                bad = {**bad, **late}
-            elif len(y):
-                x = finish(x, self.device)
+            if len(y):
+                x = finish(x, self.device, self.aug)
             self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
@@ -229,10 +203,64 @@ class BatchStream:
         first = next(iter(self.skipped.rows[self.name].values()))
         return none_decode(self.name, str(self.failed), first.image, first.reason)
 
-    def position(self) -> dict | None:
-        """None: where a map-style stream goes on follows from the step alone
-        (streams.TrainStream says more)."""
-        return None
+
+class Placed:
+    """A train loader's keys from where its stream was placed (`start`): `make(start)` gives them, called
+    only when the loader begins (BatchStream.batches), so a stream placed before its first batch begins there
+    and never draws a key before it."""
+
+    def __init__(self, make: Callable[[object], Iterator], start: object):
+        self.make, self.start = make, start
+
+    def __iter__(self) -> Iterator:
+        return self.make(self.start)
+
+
+def placeable(stream: BatchStream) -> None:
+    """Refuse to place a train stream that has begun: its loader has drawn its keys."""
+    if stream._batches is not None:
+        raise RuntimeError(f"the train stream of {stream.name} is placed before its first batch, not after")
+
+
+def checked_state(state: dict, kind: str, world_size: int, keys: tuple[str, ...]) -> dict:
+    """A train stream's saved state (its `state_dict`), refused unless a stream of this `kind` wrote it under
+    `world_size` processes with every one of `keys`: a state for another rank split would start elsewhere."""
+    if not isinstance(state, dict) or state.get("kind") != kind or any(k not in state for k in keys):
+        raise CheckpointError(f"the train stream's saved state {state!r} is not a {kind} stream's "
+                              f"({', '.join(keys)})")
+    if state["world_size"] != world_size:
+        raise CheckpointError(f"the train stream's saved state was written by {state['world_size']} "
+                              f"process(es), this run has {world_size}")
+    return state
+
+
+class MappedTrainStream(BatchStream):
+    """The map-style train stream as a checkpointed part (torchtitan's stateful dataloader). Its state is the
+    count of micro-batches this rank has taken, {kind: mapped, world_size, micro_batches}: its keys are a
+    function of that count alone (_train_keys), so the state only confirms what the step implies."""
+
+    def __init__(self, loader: DataLoader, keys: Placed, world_size: int, device: torch.device | None = None,
+                 aug: Augmentation | None = None):
+        super().__init__(loader, device=device, aug=aug)
+        self.keys, self.world_size, self.micro_batches = keys, world_size, keys.start
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = super().__next__()
+        self.micro_batches += 1
+        return batch
+
+    def seek(self, micro_batch: int) -> None:
+        """Start at this rank's micro-batch `micro_batch` of the run (step x accum): index arithmetic."""
+        placeable(self)
+        self.keys.start = self.micro_batches = micro_batch
+
+    def state_dict(self) -> dict:
+        """Where this rank's next micro-batch is, json-able."""
+        return {"kind": "mapped", "world_size": self.world_size, "micro_batches": self.micro_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start where `state_dict` was taken (before the first batch)."""
+        self.seek(checked_state(state, "mapped", self.world_size, ("micro_batches",))["micro_batches"])
 
 
 def _train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int,
@@ -305,23 +333,23 @@ def train_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
     device: torch.device | None = None,
-) -> BatchStream:
+) -> MappedTrainStream:
     """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, finished there by
     augment.finish; y (B,) int64) for this rank, `accum` per
     optimizer step, starting at this rank's micro-batch `start_step` of the uninterrupted stream (skipped
-    batches are never loaded). The stream's `skipped` counts the images that did not decode (each replaced
-    by the next row that does)."""
+    batches are never loaded; a checkpoint places it instead: MappedTrainStream). The stream's `skipped`
+    counts the images that did not decode (each replaced by the next row that does)."""
     global_batch = micro_batch_size * accum * world_size
     if len(ds) < global_batch:
         raise DataError(
             f"train split has {len(ds)} images: fewer than one batch of {global_batch} ({micro_batch_size} x "
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
-    keys = _train_keys(len(ds), micro_batch_size, accum, seed, start_step, rank, world_size)
+    keys = Placed(lambda start: _train_keys(len(ds), micro_batch_size, accum, seed, start, rank, world_size),
+                  start_step)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
-    cache = cfg.decode_device == "worker"  # the cache keeps images decoded: none left for the model's device
-    loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
-    stream = BatchStream(loader, device=device)
+    loader = _loader(ds, cfg, transform, keys, cache=True, replace=True)
+    stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size))
     if loader.dataset.cache is not None:  # decoded once per process: waits are judged once every image is
         # each worker caches the rows it decodes, a share that grows with the epochs
         stream.warm_after = len(ds) // (micro_batch_size * world_size) * max(1, cfg.num_workers)
@@ -349,12 +377,3 @@ def on_cpu(device: torch.device | None) -> bool:
     """Whether a stream's batches are finished on the CPU: then its loader workers resize them (the same
     augment code, run where the CPU work is shared out)."""
     return device is None or device.type == "cpu"
-
-
-def build_mixup(cfg: DataConfig, num_classes: int, label_smoothing: float):
-    """timm Mixup (mixup only, no cutmix) producing soft targets, or None when data.mixup_alpha is 0."""
-    if cfg.mixup_alpha <= 0:
-        return None
-    # timm's Mixup needs an even micro-batch (it pairs each sample with its mirror in the batch)
-    alpha, smoothing = cfg.mixup_alpha, label_smoothing
-    return Mixup(mixup_alpha=alpha, cutmix_alpha=0.0, label_smoothing=smoothing, num_classes=num_classes)

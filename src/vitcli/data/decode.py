@@ -4,10 +4,6 @@ torchvision's decoders (libjpeg-turbo, libpng) do the work; grey, palette and RG
 What they cannot read (BMP, TIFF, float images...) goes through PIL. A JPEG whose crop is much larger than the
 output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's DCT scaling (PIL's `draft`): measured on 500 px
 JPEGs, 547 us full (torchvision) against 514, 418 and 383 us at those scales, 16 us to read the header.
-
-With data.decode_device=model the training JPEGs skip the workers' decoding: `decode_jpegs` decodes a whole
-micro-batch where the model runs, in one torchvision call (nvJPEG on CUDA, libjpeg-turbo on the CPU), always
-at full resolution.
 """
 
 from __future__ import annotations
@@ -21,9 +17,7 @@ import datasets
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
-
-from vitcli.runtime.dist import to_device
+from torchvision.io import ImageReadMode, decode_image
 
 SCALES = (8, 4, 2)  # libjpeg's DCT scalings PIL's draft can ask for, largest first
 
@@ -86,12 +80,6 @@ class Encoded:
         """(height, width) at full resolution."""
         return self.header.height, self.header.width
 
-    @property
-    def jpeg(self) -> bool:
-        """Whether decode_jpegs may decode it on the model's device: a baseline-colour JPEG (RGB or grey).
-        CMYK/YCCK JPEGs (a few dozen in ImageNet) and 0/1 images stay with the workers' decoders."""
-        return self.header.format == "JPEG" and self.header.mode in ("RGB", "L") and not self.binary
-
     def full(self) -> torch.Tensor:
         """uint8 (3, H, W): torchvision's decoder, PIL for the formats it lacks."""
         try:
@@ -126,8 +114,6 @@ class Encoded:
 class Decoded:
     """An image already decoded (the small-dataset cache): the same `size` and `pixels` as Encoded."""
 
-    jpeg = False  # nothing left to decode on the model's device
-
     def __init__(self, x: torch.Tensor):
         self.x = x  # uint8 (3, H, W)
 
@@ -142,74 +128,6 @@ class Decoded:
             return self.x
         top, left, h, w = (int(v) for v in box)
         return self.x[:, top : top + h, left : left + w]
-
-
-def decode_jpegs(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | Exception]:
-    """Encoded JPEGs, each a uint8 (n_i,) CPU tensor -> uint8 (3, H_i, W_i) RGB on `device`, in one
-    torchvision call (nvJPEG's batched decode on CUDA; on the CPU the same call loops libjpeg-turbo). When
-    that call fails (a truncated file fails the whole batch) each file is decoded alone, and the ones that
-    still fail come back as their exception, in their place.
-
-    nvJPEG decodes a truncated file to whatever it reached without an error (seen on an H100, torchvision
-    0.26: libjpeg-turbo says "Image is incomplete or truncated"), so on CUDA a file that does not end with
-    the JPEG end-of-image marker is decoded by libjpeg-turbo on the CPU, which reports it, and the rare
-    one it reads anyway is copied to the device."""
-    cut = [i for i, f in enumerate(files) if device.type == "cuda" and not _ends_whole(f)]
-    if not cut:
-        return _decode_each(files, device)
-    whole = sorted(set(range(len(files))) - set(cut))
-    out: list = [None] * len(files)
-    for i, x in zip(whole, _decode_each([files[i] for i in whole], device)):
-        out[i] = x
-    for i, x in zip(cut, _decode_each([files[i] for i in cut], torch.device("cpu"))):
-        out[i] = x if isinstance(x, Exception) else to_device(x, device)
-    return out
-
-
-def _ends_whole(f: torch.Tensor) -> bool:
-    """Whether encoded JPEG bytes end with the end-of-image marker FF D9, as a whole file does."""
-    return len(f) >= 2 and f[-2:].tolist() == [0xFF, 0xD9]
-
-
-def _decode_each(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor | Exception]:
-    """`_decode_jpeg` of the whole batch, else of each file alone, a failure as its exception."""
-    if not files:
-        return []
-    try:
-        return _decode_jpeg(files, device)
-    except RuntimeError:
-        pass
-    out: list[torch.Tensor | Exception] = []
-    for f in files:
-        try:
-            out.extend(_decode_jpeg([f], device))
-        except RuntimeError as e:  # torchvision reports corrupt data as RuntimeError on either device
-            out.append(e)
-    return out
-
-
-def _decode_jpeg(files: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    if device.type != "cuda":
-        return _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
-    # nvJPEG writes its outputs without waiting for the work queued on the stream it is given, and
-    # torchvision allocates them on the caller's stream, from blocks the last backward freed while queued
-    # kernels still read them: silent corruption (pytorch/vision PR 9606: 199 of 200 batches on an H100; the
-    # NaN loss a lent H100 gave with data.decode_device=model). On a stream of its own the decode draws only
-    # from blocks that stream freed, which nothing else reads; the training stream then waits for it, and
-    # each output is marked as used there, so its block is not handed back to the decoder before that use.
-    main, side = torch.cuda.current_stream(device), _decode_stream(device)
-    with torch.cuda.stream(side):
-        out = _quietly(decode_jpeg, files, mode=ImageReadMode.RGB, device=device)
-    main.wait_stream(side)
-    for x in out:
-        x.record_stream(main)
-    return out
-
-
-@functools.cache
-def _decode_stream(device: torch.device) -> torch.cuda.Stream:
-    """The one stream each CUDA device decodes JPEGs on (_decode_jpeg)."""
-    return torch.cuda.Stream(device)
 
 
 def _quietly(decoder, *args, **kwargs):

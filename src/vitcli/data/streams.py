@@ -16,12 +16,13 @@ world_size, else every world_size-th example), `set_epoch(e)` per pass. The stre
 epochs 0, 1, 2, ... and micro-batch k holds its examples k*B .. k*B+B-1 (a micro-batch may span two epochs:
 nothing is dropped, and no epoch length needs to be known in advance).
 
-Resuming: the position of micro-batch k is (epoch, examples read in that epoch), `TrainStream.position()`. A
-stream started with `start=` that position (or, without it, by skipping k*B examples from the start) reads
-the epoch from its beginning and drops the examples before it: HF cannot restore a shuffle buffer, but it
-refills it identically. Skipped examples are never decoded. Augmentation is seeded per micro-batch as for
-map-style batches (batches.micro_seed of the optimizer step and global micro-batch, batches.micro_batch), so a
-resumed stream gives exactly the batches the uninterrupted one gives from k on.
+Resuming: the position of micro-batch k is (epoch, examples read in that epoch), in the stream's
+`state_dict()`, which a checkpoint keeps for every rank. A stream given it back (`load_state_dict`; or,
+without it, placed at k by re-reading k*B examples from the start: `seek`) reads the epoch from its beginning
+and drops the examples before it: HF cannot restore a shuffle buffer, but it refills it identically. Skipped
+examples are never decoded. Augmentation is seeded per micro-batch as for map-style batches
+(batches.micro_seed of the optimizer step and global micro-batch, batches.micro_batch), so a resumed stream
+gives exactly the batches the uninterrupted one gives from k on.
 
 An image that does not decode is replaced as map-style batches replace it (bad_images.stand_in), by the
 next one that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has
@@ -31,9 +32,10 @@ its path, or a digest of its bytes), so it counts once however many epochs meet 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import islice
 
 import datasets
@@ -41,18 +43,19 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.data.augment import Encodings
-from vitcli.data.bad_images import image_name
+from vitcli.data import augmentations
+from vitcli.data.augmentations import Augmentation
+from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
+    Placed,
+    checked_state,
     keyed_loader,
     micro_batch,
     micro_seed,
-    none_decode,
     on_cpu,
-    one_line,
-    stand_in,
+    placeable,
 )
 from vitcli.data.decode import Encoded, read
 from vitcli.data.sources import origin
@@ -95,8 +98,8 @@ def _epochs(ids: datasets.IterableDataset, epoch: int, skip: int, name: str) -> 
             yield current, (epoch, 0)
 
 
-def _position(step: int, at: tuple[int, int]) -> dict:
-    return {"step": step, "epoch": at[0], "examples": at[1]}
+def _position(micro_batch: int, at: tuple[int, int]) -> dict:
+    return {"micro_batches": micro_batch, "epoch": at[0], "examples": at[1]}
 
 
 def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[int, int, int],
@@ -115,9 +118,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, or Encodings
-    for the model's device to decode, y, bad); an image's id in `bad` is its name
-    (bad_images.image_name)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad); an
+    image's id in `bad` is its name (bad_images.image_name)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
@@ -144,55 +146,74 @@ class _Decode(KeyedBatches):
             except Undecodable as e:
                 images[use[e.position]] = e.error
                 continue
-            if isinstance(x, Encodings):
-                # for the tally of what fails on the device
-                x.ids = [image_name(rows[i][0], self.name) for i in use]
             return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
 
 
 class TrainStream(BatchStream):
-    """BatchStream over streamed micro-batches that also knows where it is: `position()`."""
+    """The streamed train stream as a checkpointed part (torchtitan's stateful dataloader). Its state is
+    where this rank's next micro-batch starts, {kind: streamed, world_size, micro_batches, epoch, examples}
+    (examples read into the epoch): given back, the stream goes on from there without reading its share
+    again.
 
-    def __init__(self, loader: DataLoader, positions: deque, at: dict, device: torch.device | None = None):
-        super().__init__(loader, device=device)
-        self.positions, self.at = positions, at
+    `start_at(micro_batch, at)` gives the raw examples from a micro-batch on, and where it starts (_start)."""
+
+    def __init__(self, loader: DataLoader, keys: Placed, start_at: Callable, positions: deque,
+                 world_size: int, device: torch.device | None = None, aug: Augmentation | None = None):
+        super().__init__(loader, device=device, aug=aug)
+        self.keys, self.start_at, self.positions, self.world_size = keys, start_at, positions, world_size
+        self.at = _position(0, (0, 0))
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().__next__()
         self.at = self.positions.popleft()  # keys are dealt and their batches return in the same order
         return x, y
 
-    def position(self) -> dict:
-        """Where the next micro-batch starts: {step, epoch, examples}, json-able; `start=` takes it back."""
-        return dict(self.at)
+    def _place(self, micro_batch: int, at: tuple[int, int] | None) -> None:
+        placeable(self)
+        examples, at = self.start_at(micro_batch, at)
+        self.keys.start, self.at = (micro_batch, examples), _position(micro_batch, at)
+
+    def seek(self, micro_batch: int) -> None:
+        """Start at this rank's micro-batch `micro_batch` of the run (step x accum) with no saved state: the
+        examples before it are read again (not decoded) from the first epoch on."""
+        self._place(micro_batch, None)
+
+    def state_dict(self) -> dict:
+        """Where this rank's next micro-batch starts, json-able."""
+        return {"kind": "streamed", "world_size": self.world_size, **self.at}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Start where `state_dict` was taken (before the first batch), reading nothing before it. An older
+        checkpoint's {step, epoch, examples} (step: micro-batches) is taken as well."""
+        if isinstance(state, dict) and sorted(state) == ["epoch", "examples", "step"]:
+            at = (state["epoch"], state["examples"])
+            state = {"kind": "streamed", "world_size": self.world_size, **_position(state["step"], at)}
+        state = checked_state(state, "streamed", self.world_size, ("micro_batches", "epoch", "examples"))
+        self._place(state["micro_batches"], (state["epoch"], state["examples"]))
 
 
-def _start(ids, batch: int, start_step: int, start: dict | None, name: str) -> tuple[Iterator, dict]:
-    """The raw examples from micro-batch `start_step` on, and its position; skipping decodes nothing."""
-    if start is not None:
-        if not isinstance(start, dict) or sorted(start) != ["epoch", "examples", "step"]:
-            raise DataError(f"stream position {start!r} is not a {{step, epoch, examples}} dict")
-        if start["step"] != start_step:
-            raise DataError(f"stream position is for micro-batch {start['step']}, not start_step="
-                            f"{start_step}; the checkpoint's position and step disagree")
-        return _epochs(ids, start["epoch"], start["examples"], name), dict(start)
+def _start(ids, batch: int, micro_batch: int, at: tuple[int, int] | None,
+           name: str) -> tuple[Iterator, tuple[int, int]]:
+    """The raw examples from this rank's micro-batch `micro_batch` on, and where it starts (epoch, examples
+    read into it): `at` when known, else found by reading the examples before it again (decoding none)."""
+    if at is not None:
+        return _epochs(ids, at[0], at[1], name), at
     examples, at = _epochs(ids, 0, 0, name), (0, 0)
-    for _, at in islice(examples, start_step * batch):
+    for _, at in islice(examples, micro_batch * batch):
         pass
-    return examples, _position(start_step, at)
+    return examples, at
 
 
 def stream_train_batches(
     ids: datasets.IterableDataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
-    start_step: int = 0, rank: int = 0, world_size: int = 1, start: dict | None = None, accum: int = 1,
+    start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
     device: torch.device | None = None,
 ) -> TrainStream:
     """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, y (B,) int64) of this rank's
     share of a
-    streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream.
-
-    `start`: the stream's `position()` saved at that micro-batch; without it, the examples before are read
-    (not decoded) again from the first epoch on. `accum` micro-batches make an optimizer step (they seed the
+    streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream (the
+    examples before are read, not decoded, again from the first epoch on; a checkpoint's `load_state_dict`
+    places it without reading them). `accum` micro-batches make an optimizer step (they seed the
     augmentation as map-style batches do). `skipped` counts the images that did not decode.
     """
     name = origin(ids)
@@ -200,12 +221,17 @@ def stream_train_batches(
     # parquet ends (apache/arrow#45214), at every epoch and every resume
     shuffled = ids.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer, max_buffer_input_shards=1)
     mine = split_dataset_by_node(shuffled, rank, world_size)
-    examples, at = _start(mine, micro_batch_size, start_step, start, name)
     positions: deque = deque()
-    keys = _keys(examples, cfg, micro_batch_size, seed, (start_step, accum, rank), positions)
+    # start: (micro-batch, its raw examples on), as TrainStream places it
+    keys = Placed(lambda start: _keys(start[1], cfg, micro_batch_size, seed, (start[0], accum, rank),
+                                      positions), None)
     transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
     decode = _Decode(name, transform, cfg.binary_pixels)
-    return TrainStream(keyed_loader(decode, keys, cfg.num_workers), positions, at, device)
+    start_at = functools.partial(_start, mine, micro_batch_size, name=name)
+    stream = TrainStream(keyed_loader(decode, keys, cfg.num_workers), keys, start_at, positions, world_size,
+                         device, augmentations.of(cfg, img_size))
+    stream.seek(start_step)
+    return stream
 
 
 def throughput(stream: Iterator, n_batches: int) -> float:

@@ -1,11 +1,12 @@
 """Preprocessing of a batch of images (decode.Encoded or decode.Decoded) into uint8 augment.Pixels, as the
-loader workers run it: the paper's Inception crop + flip (+ RandAugment) for training, resize + centre crop
-for eval, big_vision's square resize for few-shot features. augment.finish scales to [-1, 1] on the model's
-device.
+loader workers run it: the paper's Inception crop + flip (+ the recipe's augmentation, drawn here) for
+training, resize + centre crop for eval, big_vision's square resize for few-shot features. augment.finish
+scales to [-1, 1] on the model's device.
 
 Training crops leave a worker not yet resized when the model runs on a GPU (augment.finish resizes the
-whole batch there in one call). When it runs on the CPU, or with RandAugment (timm's PIL implementation,
-which needs final-size images), the worker resizes and flips each crop itself (augment.resize_each).
+whole batch there in one call, and applies the augmentation drawn here). When it runs on the CPU the worker
+resizes and flips each crop itself (augment.resize_each) and applies the uint8 part of the augmentation
+(RandAugment or 3-Augment) with the same functions; erasing, on normalised pixels, is left to finish.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from functools import partial
 
 import numpy as np
 import torch
-from PIL import Image
-from timm.data.auto_augment import rand_augment_transform
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data.augment import Pixels, draws, encodings, pack, per_shape, resize_each, tf_bilinear_levels
+from vitcli.data import augmentations
+from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_levels
+from vitcli.data.augmentations import Augmentation
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
-from vitcli.recipe.data_checks import check_randaugment
 from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
@@ -37,22 +37,6 @@ class Undecodable(Exception):
     def __init__(self, position: int, error: Exception):
         super().__init__(str(error))
         self.position, self.error = position, error
-
-
-def _randaugment(spec: str, img_size: int):
-    """timm RandAugment from a spec like `rand-m9-mstd0.5`, with timm's own defaults for our mean and size."""
-    check_randaugment(spec)
-    hparams = {
-        "translate_const": int(img_size * 0.45),
-        "img_mean": tuple(round(255 * m) for m in MEAN),
-        "interpolation": Image.BILINEAR,
-    }
-    try:
-        return rand_augment_transform(spec, hparams)
-    except (AssertionError, ValueError, KeyError, IndexError) as e:
-        raise DataError(
-            f"data.randaugment: cannot parse '{spec}' ({e!r}); use a timm spec like rand-m9-mstd0.5"
-        ) from None
 
 
 def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
@@ -85,35 +69,29 @@ def _crops(images: list, boxes, out: int) -> list[torch.Tensor]:
     return crops
 
 
-def _square(x: torch.Tensor, size: int) -> Pixels:
-    """uint8 (B, 3, size, size) -> Pixels that finish only normalises."""
+def _square(x: torch.Tensor, size: int, aug: augmentations.Drawn | None = None) -> Pixels:
+    """uint8 (B, 3, size, size) -> Pixels that finish only normalises (and erases, as `aug` says)."""
     sizes = torch.full((len(x), 2), size, dtype=torch.int64)
-    return Pixels(x, sizes, torch.zeros(len(x), dtype=torch.bool), size)
+    return Pixels(x, sizes, torch.zeros(len(x), dtype=torch.bool), size, aug)
 
 
-def _train(images: list, seed: int, cfg: DataConfig, size: int, randaugment, resize_here: bool):
+def _train(images: list, seed: int, cfg: DataConfig, size: int, aug: Augmentation | None, resize_here: bool):
     """Inception crop (data.crop_min_area..1 of the area; the whole image when data.inception_crop is off),
-    flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch; RandAugment if given.
-    The crops leave as they are, for augment.finish to resize on the model's device, unless `resize_here`.
-    With data.decode_device=model a micro-batch of JPEGs leaves encoded (augment.Encodings) with the same
-    draws; one holding any other image (PNG, a CMYK JPEG, the built-in data) is decoded here whole, so that
-    a batch is one type and its draws one list (such images are rare in a JPEG dataset)."""
+    flip (data.hflip), drawn from one numpy Generator seeded by the micro-batch, and the draws of the
+    recipe's augmentation `aug` from a stream of their own. The crops leave as they are, for augment.finish
+    to resize and augment on the model's device, unless `resize_here`: then they are resized, flipped and
+    given their uint8 augmentation here."""
     hw = np.array(_sizes(images), dtype=np.int64).reshape(-1, 2)  # (B, 2), headers only
     area = (cfg.crop_min_area, 1.0) if cfg.inception_crop else None
     boxes, flips = draws(hw, seed, area, cfg.hflip)
-    if cfg.decode_device == "model" and randaugment is None and all(img.jpeg for img in images):
-        return encodings([img.data for img in images], hw, boxes, flips, size, seed, area, cfg.hflip)
+    drawn = augmentations.draw(aug, len(images), size, seed) if aug is not None else None
     crops = _crops(images, boxes, size)
-    if randaugment is None and not resize_here:
-        return pack(crops, flips, size)
+    if not resize_here:
+        return pack(crops, flips, size, drawn)
     x = resize_each(crops, flips, size)  # (B, 3, S, S) uint8, flipped
-    if randaugment is None:
-        return _square(x, size)
-    x = x.permute(0, 2, 3, 1).numpy()  # (B, S, S, 3): timm's RandAugment works on PIL
-    with seeded(seed):  # it draws from `random` and numpy's global RNG
-        out = [torch.from_numpy(np.asarray(randaugment(Image.fromarray(img))).transpose(2, 0, 1).copy())
-               for img in x]
-    return _square(torch.stack(out), size)
+    if drawn is not None and drawn.on_levels:
+        x, drawn = augmentations.apply_levels(x, aug, drawn)
+    return _square(x, size, drawn)
 
 
 def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:
@@ -143,13 +121,13 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
     the worker (when the model runs on the CPU too: the workers share the work, and ship S x S, not crops).
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
-    off), optional horizontal flip and RandAugment. eval: resize the short side to img_size / eval_crop_pct,
-    centre crop. `resize` > 0 (few-shot): squash to resize x resize, centre crop img_size, resampled as
-    `resize_method` says (FEWSHOT_RESIZE_METHODS).
+    off), optional horizontal flip and the recipe's augmentation (augmentations.of). eval: resize the short
+    side to img_size / eval_crop_pct, centre crop. `resize` > 0 (few-shot): squash to resize x resize,
+    centre crop img_size, resampled as `resize_method` says (FEWSHOT_RESIZE_METHODS).
     """
     if train:
-        randaugment = _randaugment(cfg.randaugment, img_size) if cfg.randaugment else None
-        return partial(_train, cfg=cfg, size=img_size, randaugment=randaugment, resize_here=resize_here)
+        aug = augmentations.of(cfg, img_size)
+        return partial(_train, cfg=cfg, size=img_size, aug=aug, resize_here=resize_here)
     if resize > 0:
         if resize_method not in FEWSHOT_RESIZE_METHODS:
             raise DataError(f"fewshot.resize_method: '{resize_method}' is not one of "
@@ -162,7 +140,7 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
 
 @contextmanager
 def seeded(seed: int | None):
-    """Pin the global RNGs timm draws from (RandAugment: `random` and numpy; Mixup: numpy; dropout: torch) to
+    """Pin the global RNGs (python's, numpy's, torch's: dropout and drop-path draw from torch's) to
     `seed` for the block, then restore them so the caller's own streams are untouched. None: do nothing."""
     if seed is None:
         yield

@@ -18,11 +18,12 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
-    DECODE_DEVICES,
+    ERASING_MODES,
     FEWSHOT_RESIZE_METHODS,
     LABELLED,
     LOGGER_PACKAGES,
     LOGGERS,
+    MIX_MODES,
     MPP_CELLS,
     MPP_TARGETS,
     POSEMB_METHODS,
@@ -32,7 +33,7 @@ from vitcli.recipe.choices import (
     VIT_POS_EMBEDS,
     WEIGHTED,
 )
-from vitcli.recipe.data_checks import check_data, check_decode_device, check_randaugment, check_train_batch
+from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
@@ -51,18 +52,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "objective": ("supervised", "mpp"),
     "mpp.target": MPP_TARGETS,
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
-    "data.decode_device": DECODE_DEVICES,
+    "data.erasing_mode": ERASING_MODES,
+    "data.mix_mode": MIX_MODES,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
     "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
-    "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer",
+    "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size",
-    "data.num_classes", "data.mixup_alpha",
+    "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
@@ -71,11 +73,13 @@ NOT_NEGATIVE = (
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
              "optim.momentum", "mpp.mask_prob", "mpp.random_prob")
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
+PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob")  # [0, 1]
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
     (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
     (BELOW_ONE, lambda v: 0 <= v < 1, "in [0, 1)"),
     (UP_TO_ONE, lambda v: 0 < v <= 1, "in (0, 1]"),
+    (PROBABILITIES, lambda v: 0 <= v <= 1, "in [0, 1]"),
 )
 
 
@@ -217,13 +221,27 @@ def _batch(recipe: Recipe, world_size: int) -> None:
 
 
 def _augment(recipe: Recipe, world_size: int) -> None:
+    """The augmentation keys combine: one per-image policy, jitter only inside 3-Augment, and the
+    mixing on an even micro-batch of labelled images."""
     d = recipe.data
     if d.randaugment:
         check_randaugment(d.randaugment, "data.randaugment")
-    check_decode_device(d)
+    if d.randaugment and d.three_augment:  # DeiT III's 3-Augment replaces RandAugment, it does not add
+        raise RecipeError(f"data.randaugment='{d.randaugment}' and data.three_augment are two per-image "
+                          "policies (DeiT's and DeiT III's); keep one")
+    if d.color_jitter and not d.three_augment:
+        raise RecipeError(f"data.color_jitter={d.color_jitter} is 3-Augment's colour jitter; set "
+                          "data.three_augment: true, or data.color_jitter: 0")
+    mixing = [f"data.{k}={v}" for k, v in (("mixup_alpha", d.mixup_alpha), ("cutmix_alpha", d.cutmix_alpha))
+              if v]
+    if not mixing:
+        return
+    if recipe.objective == "mpp":
+        raise RecipeError(f"{mixing[0]} mixes labels, but objective: mpp has none (it predicts the "
+                          "input's own patches); set it to 0")
     micro, _ = micro_batches(recipe, world_size)
-    if d.mixup_alpha and micro % 2:  # timm's Mixup pairs each image with its mirror in the micro-batch
-        raise RecipeError(f"data.mixup_alpha={d.mixup_alpha} needs an even micro-batch, got {micro}; "
+    if micro % 2:  # Mixup and CutMix pair each image with its mirror in the micro-batch, as timm's
+        raise RecipeError(f"{mixing[0]} needs an even micro-batch, got {micro}; "
                           "set data.micro_batch_size (or data.batch_size) to an even number")
 
 

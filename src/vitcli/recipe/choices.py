@@ -29,7 +29,8 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
-DECODE_DEVICES = ("worker", "model")  # data.decode_device: the loader workers, or the model's device
+ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomErasing's modes
+MIX_MODES = ("batch", "pair", "elem")  # data.mix_mode: timm Mixup's modes
 # data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
 LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
                "dsprites_orientation")

@@ -30,21 +30,6 @@ def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
                         "(sections m, n, mstd, mmax, inc, p, each with a number)")
 
 
-def check_decode_device(d: DataConfig) -> None:
-    """data.decode_device=model leaves the pixels encoded until the model's device: nothing the loader
-    workers do to decoded pixels (timm's PIL RandAugment, the 0/1 stretch) can run on them."""
-    if d.decode_device != "model":
-        return
-    if d.randaugment:
-        raise RecipeError(f"data.decode_device=model decodes on the model's device, but data.randaugment="
-                          f"'{d.randaugment}' needs the pixels in the loader workers (PIL); use "
-                          "data.decode_device=worker or drop data.randaugment")
-    if d.binary_pixels:
-        raise RecipeError("data.decode_device=model decodes JPEGs on the model's device, but "
-                          "data.binary_pixels stretches 0/1 images in the loader workers; use "
-                          "data.decode_device=worker")
-
-
 def check_data(recipe: Recipe) -> None:
     """The source, the built-in data's splits and sizes, and what streaming can read."""
     d = recipe.data

@@ -1,8 +1,9 @@
 """Recipes: YAML -> typed dataclasses, with defaults < recipe file < `a.b=c` overrides, strictly checked.
 
 One recipe is one experiment. Every key has a declared type; values are coerced to it (PyYAML reads `1e-3`
-as a string), unknown keys are errors naming their dotted path with the closest valid key, and the resolved
-recipe is what gets written to `WORKDIR/recipe.yaml` and into every checkpoint.
+as a string), unknown keys are errors naming their dotted path with the closest valid key (a key vitcli
+removed says why it went: REMOVED_KEYS), and the resolved recipe is what gets written to
+`WORKDIR/recipe.yaml` and into every checkpoint.
 """
 
 from __future__ import annotations
@@ -76,9 +77,6 @@ class DataConfig:
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
     eval_batch_size: int = 256
     num_workers: int = 2
-    # where training JPEGs are decoded: `worker` (the loader workers, libjpeg-turbo) or `model` (the model's
-    # device, one batched decode_jpeg call per micro-batch: nvJPEG on CUDA); eval and few-shot use workers
-    decode_device: str = "worker"
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
     # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
     streaming: bool = False
@@ -86,8 +84,24 @@ class DataConfig:
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image
     crop_min_area: float = 0.05
     hflip: bool = True
-    randaugment: str = ""  # timm spec, e.g. "rand-m9-mstd0.5"; "" disables
-    mixup_alpha: float = 0.0  # 0 disables mixup
+    # per-image augmentation, batched on uint8 where the model runs (data/augmentations.py): a timm
+    # RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" ("" disables); or DeiT III's 3-Augment (one of
+    # grayscale, solarize, blur per image) with colour jitter of strength color_jitter
+    randaugment: str = ""
+    three_augment: bool = False
+    color_jitter: float = 0.0
+    # random erasing after normalisation, timm's RandomErasing: the probability per image (timm's reprob;
+    # 0 disables), the fill (pixel | rand | const) and the boxes per erased image
+    erasing: float = 0.0
+    erasing_mode: str = "pixel"
+    erasing_count: int = 1
+    # mixup and CutMix with timm's Mixup semantics, on the device: alphas (0 disables each), the
+    # probability a micro-batch is mixed at all, of CutMix when both are on, and batch | pair | elem
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    mix_prob: float = 1.0
+    mix_switch_prob: float = 0.5
+    mix_mode: str = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -270,6 +284,16 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
 
 
+# keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets (exit 2):
+# why the key went and what to do instead, rather than a "did you mean" guess at a neighbouring key
+REMOVED_KEYS = {
+    "data.decode_device": (
+        "data.decode_device was removed: decoding JPEGs on the model's device (nvJPEG) trained a third "
+        "slower than the loader workers on an H100 (2026-11-25); delete the key (the workers decode, the "
+        "device resizes and augments)"),
+}
+
+
 def merge(obj: Any, updates: dict, prefix: str = "") -> None:
     """Apply a nested dict of updates onto dataclass `obj` in place, coercing and rejecting unknown keys."""
     if not isinstance(updates, dict):
@@ -277,6 +301,8 @@ def merge(obj: Any, updates: dict, prefix: str = "") -> None:
     hints = typing.get_type_hints(type(obj))
     for key, value in updates.items():
         path = f"{prefix}{key}"
+        if key not in hints and path in REMOVED_KEYS:
+            raise RecipeError(REMOVED_KEYS[path])
         if key not in hints:
             close = difflib.get_close_matches(str(key), list(hints), n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(hints)}"

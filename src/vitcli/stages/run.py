@@ -90,10 +90,11 @@ def check_label(top: int, r: Recipe, num_classes: int) -> None:
 class LabelChecked:
     """A streamed train split's batches, each one's labels checked against the head as it arrives (one max
     over a (B,) CPU tensor, before it goes to the device): no scan of a stream can run ahead of training.
-    Everything else (position, skipped) is the stream's."""
+    The tally of skipped images and the state a checkpoint keeps are the stream's."""
 
-    def __init__(self, stream, r: Recipe, num_classes: int):
+    def __init__(self, stream: streams.TrainStream, r: Recipe, num_classes: int):
         self.stream, self.recipe, self.num_classes = stream, r, num_classes
+        self.skipped = stream.skipped
 
     def __iter__(self) -> LabelChecked:
         return self
@@ -104,8 +105,14 @@ class LabelChecked:
             check_label(int(y.max()), self.recipe, self.num_classes)
         return x, y
 
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+
+    def seek(self, micro_batch: int) -> None:
+        self.stream.seek(micro_batch)
 
 
 def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
@@ -131,18 +138,17 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
 
 
 def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
-    """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, which goes on from
-    the position a checkpoint saved, its labels checked against a `num_classes` head as they come), as
-    data.streaming says; both start at micro-batch start x accum."""
+    """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, its labels checked
+    against a `num_classes` head as they come), as data.streaming says; both from the run's first micro-batch
+    until the CheckpointManager places them where a checkpoint left them."""
 
-    def mapped(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
-        return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, start * accum,
-                                     dist.rank, dist.world_size, accum, device=dist.device)
+    def mapped(micro: int, accum: int, dist: Dist):
+        return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, 0, dist.rank,
+                                     dist.world_size, accum, device=dist.device)
 
-    def streamed(micro: int, accum: int, start: int, dist: Dist, position: dict | None):
-        stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed,
-                                              start * accum, dist.rank, dist.world_size, start=position,
-                                              accum=accum, device=dist.device)
+    def streamed(micro: int, accum: int, dist: Dist):
+        stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, 0,
+                                              dist.rank, dist.world_size, accum=accum, device=dist.device)
         return LabelChecked(stream, r, num_classes)
 
     return streamed if r.data.streaming else mapped

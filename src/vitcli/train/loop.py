@@ -23,6 +23,7 @@ import torch
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches
+from vitcli.data.augmentations import mix, mixing_of
 from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import Recipe, micro_batches, to_dict
@@ -50,11 +51,11 @@ class Evaluator(Protocol):
 
 
 class Feed(Protocol):
-    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from step
-    `start` on; `position`: where a streamed split went on (CheckpointManager.stream_position), else None. The
-    stream it returns counts undecodable images in `skipped` and says where it is with `position()`."""
+    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from the
+    first on: a stream the CheckpointManager places before its first batch and saves with each checkpoint
+    (checkpoints.manager.TrainStream). It counts undecodable images in `skipped`."""
 
-    def __call__(self, micro: int, accum: int, start: int, dist: Dist, position: dict | None) -> Iterator: ...
+    def __call__(self, micro: int, accum: int, dist: Dist) -> Iterator: ...
 
 
 @dataclass
@@ -90,16 +91,17 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
     model, ddp_model = parallel.model, parallel.train  # `model` is the one saved, evaluated and exported
     optimizer = build_optimizer(model, r.optim)
-    checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, parallel.sharded, job.resume_from)
-    start = checkpoints.load()
     micro, accum = micro_batches(r, dist.world_size)
     criterion = loss_fn(r.optim)
-    mixup = batches.build_mixup(r.data, job.num_classes, r.optim.label_smoothing)
-    stream = job.feed(micro, accum, start, dist, checkpoints.stream_position())
+    mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
+    stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
+    checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
+                                    job.resume_from)
+    start = checkpoints.load()
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
     waited = Waited(stream)
-    advise = functools.partial(input_bound, feeding=feeding(r, dist.device.type))
+    advise = functools.partial(input_bound, feeding=feeding(r))
     # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits before it
     # are the first epochs' decoding, which the input-bound warning leaves out
     warm = -(-getattr(stream, "warm_after", 0) // accum)
@@ -130,7 +132,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             bar.update(task, completed=done)
             _periodic(job, model, metrics, done)
             if save:
-                checkpoints.save(done, stream.position())
+                checkpoints.save(done)
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
@@ -262,8 +264,9 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
     micro-batch first_micro + i): supervised or masked patch prediction.
 
     Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
-    augmentation does (batches.micro_seed): timm's Mixup draws from numpy's global RNG, dropout and drop-path
-    from torch's, the masking of masked patch prediction from its own generator. So a run repeats exactly,
+    augmentation does (batches.micro_seed): Mixup and CutMix from a numpy Generator of their own
+    (augmentations.mix), dropout and drop-path from torch's global RNG (pinned for the call), the masking of
+    masked patch prediction from its own generator. So a run repeats exactly,
     resumes exactly, and trains the same with one process or several.
     """
 
@@ -272,8 +275,7 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
 
     def supervised(model, x, y, i):
         if mixup is not None:
-            with seeded(seed(i, MIXUP_STREAM)):
-                x, y = mixup(x, y)
+            x, y = mix(mixup, x, y, seed(i, MIXUP_STREAM))
         with seeded(seed(i, MODEL_STREAM)):
             return criterion(model(x).float(), y), None
 

@@ -42,22 +42,18 @@ class Waited:
 
 @dataclass(frozen=True)
 class Feeding:
-    """What the advice of `input_bound` depends on besides the rates: the loader workers, the device, where
-    JPEGs are decoded, and the data (`prepared`: `vit prepare-data`'s copy already; `builtin`: the
-    synthetic data, drawn as PNGs)."""
+    """What the advice of `input_bound` depends on besides the rates: the loader workers and the data
+    (`prepared`: `vit prepare-data`'s copy already; `builtin`: the synthetic data, drawn as PNGs)."""
 
     num_workers: int
-    cuda: bool = False
-    decode_device: str = "worker"
     prepared: bool = False
     builtin: bool = False
 
 
-def feeding(r: Recipe, device_type: str) -> Feeding:
-    """The recipe's Feeding on a device of `device_type`."""
+def feeding(r: Recipe) -> Feeding:
+    """The recipe's Feeding."""
     kind, _ = source_kind(r.data.source)
-    return Feeding(r.data.num_workers, device_type == "cuda", r.data.decode_device,
-                   prepared=kind == "prepared", builtin=kind == "synthetic")
+    return Feeding(r.data.num_workers, prepared=kind == "prepared", builtin=kind == "synthetic")
 
 
 FASTER = 1.1  # a loader below this multiple of the model's rate is not called faster ("1.0x faster")
@@ -72,8 +68,7 @@ def input_bound(wait_s: float, total_s: float, images: int, feeding: Feeding) ->
     the time in the background and the loop took every batch it made, so images / the whole window (the
     time spent waiting alone would flatter it), below the model's. Without workers the loader may well be
     the faster one and still cost the run its wait: decoding then never overlaps the model. Only knobs that
-    apply are offered: no `vit prepare-data` for data that is prepared or built in, no GPU decoding for the
-    built-in PNGs or where it is already on."""
+    apply are offered: no `vit prepare-data` for data that is prepared or built in."""
     if total_s <= 0 or wait_s / total_s <= INPUT_BOUND:
         return None
     f = feeding
@@ -87,8 +82,6 @@ def input_bound(wait_s: float, total_s: float, images: int, feeding: Feeding) ->
              f"more data.num_workers (now {f.num_workers})"]
     if not (f.prepared or f.builtin):
         knobs.append("`vit prepare-data` (a copy of the data resized once, so each image decodes smaller)")
-    if f.cuda and not f.builtin and f.decode_device != "model":
-        knobs.append("data.decode_device=model (decode JPEGs on the GPU)")
     return (f"input-bound: {wait_s / total_s:.0%} of the time went waiting for data; the loader delivered "
             f"{loader:.0f} img/s while the model could take {model:.0f} img/s. Try "
             + ", ".join(knobs))

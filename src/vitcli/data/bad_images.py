@@ -1,6 +1,7 @@
 """Images that do not decode: how every message names one (`image_name`), the one rule for what
-stands in for it in a training batch (`stand_in`), the tally that names each once (`Skipped`), and
-the errors when none decodes or a loader worker fails (`none_decode`, `worker_error`).
+stands in for it in a training batch (`stand_in`), the one retry loop when a file's pixels fail after
+its header parsed (`Undecodable`, `until_decoded`), the tally that names each once (`Skipped`), and the
+errors when none decodes or a loader worker fails (`none_decode`, `worker_error`).
 
 Training never ends on a bad image, evaluation leaves it out; either way the user learns which file
 and why, in one line, however many processes and workers decoded it. Kept apart from the streams
@@ -11,13 +12,16 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 import torch
 from rich.markup import escape
 
 from vitcli.errors import DataError, VitcliError
 from vitcli.runtime.metrics import console
+
+T = TypeVar("T")
 
 
 def image_name(raw: dict, where: str, row: int | None = None) -> str:
@@ -89,6 +93,28 @@ def one_line(e: Exception) -> str:
     """An exception as one line: its type and the first line of its message, less object addresses."""
     lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+class Undecodable(Exception):
+    """The image at `position` of a batch opened but its pixels did not decode (a truncated file)."""
+
+    def __init__(self, position: int, error: Exception):
+        super().__init__(str(error))
+        self.position, self.error = position, error
+
+
+def until_decoded(pick: Callable[[], tuple[list, list]], build: Callable[[list], T],
+                  mark_bad: Callable[[object, Exception], None]) -> tuple[list, T]:
+    """The one retry loop of every batch: `pick()` gives the ids to use (stand-ins in place of the images
+    known bad) and their images, `build(images)` makes the batch; when it raises Undecodable (a file whose
+    header parsed but whose pixels did not decode), that image is marked bad (`mark_bad(id, error)`) and
+    the batch is picked and built again. Returns (the ids used, the batch)."""
+    while True:
+        ids, images = pick()
+        try:
+            return ids, build(images)
+        except Undecodable as e:
+            mark_bad(ids[e.position], e.error)
 
 
 def stand_in(i: int, n: int, decodes) -> int | None:

@@ -31,10 +31,19 @@ from torch.utils.data import DataLoader
 from vitcli.data import augmentations
 from vitcli.data.augment import Pixels, finish
 from vitcli.data.augmentations import Augmentation
-from vitcli.data.bad_images import Bad, Skipped, image_name, none_decode, one_line, stand_in, worker_error
+from vitcli.data.bad_images import (
+    Bad,
+    Skipped,
+    image_name,
+    none_decode,
+    one_line,
+    stand_in,
+    until_decoded,
+    worker_error,
+)
 from vitcli.data.decode import Decoded, Encoded, encoded, read
 from vitcli.data.sources import origin
-from vitcli.data.transforms import Undecodable, build_transform
+from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError, DataError
 from vitcli.recipe.schema import DataConfig
 
@@ -126,21 +135,23 @@ class _Batches(KeyedBatches):
         return j
 
     def _batch(self, seed: int | None, rows: list[int]) -> tuple[Pixels | None, torch.Tensor, dict[int, str]]:
-        while True:  # again when a row opened but its pixels did not decode: it is bad from now on
+        def pick() -> tuple[list[int], list]:
             images = self._decoded(rows)
-            bad = {i: self.bad[i] for i in rows if i not in images}
             if self.replace:
                 # A stand-in rather than a shorter batch: the micro-batch keeps its size (mixup pairs rows,
                 # the loss is a mean per micro-batch, DDP ranks step together), the augmentation draws stay.
                 use = [i if i in images else self._substitute(i, images) for i in rows]
             else:
                 use = [i for i in rows if i in images]  # evaluation: a stand-in would count an image twice
-            try:
-                x = self.transform([images[i] for i in use], seed) if use else None
-            except Undecodable as e:
-                self.bad[use[e.position]] = one_line(e.error)
-                continue
-            return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
+            return use, [images[i] for i in use]
+
+        def mark_bad(row: int, error: Exception) -> None:  # bad from now on: never tried again
+            self.bad[row] = one_line(error)
+
+        use, x = until_decoded(pick, lambda chosen: self.transform(chosen, seed) if chosen else None,
+                               mark_bad)
+        bad = {i: self.bad[i] for i in rows if i in self.bad}
+        return x, self.labels[use], bad  # uint8 Pixels of B, (B,)
 
 
 class BatchStream:

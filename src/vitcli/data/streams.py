@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader
 
 from vitcli.data import augmentations
 from vitcli.data.augmentations import Augmentation
-from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in
+from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in, until_decoded
 from vitcli.data.batches import (
     BatchStream,
     KeyedBatches,
@@ -59,7 +59,7 @@ from vitcli.data.batches import (
 )
 from vitcli.data.decode import Encoded, read
 from vitcli.data.sources import origin
-from vitcli.data.transforms import Undecodable, build_transform
+from vitcli.data.transforms import build_transform
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 
@@ -132,21 +132,25 @@ class _Decode(KeyedBatches):
             return e
 
     def _batch(self, step: int, seed: int, rows: list[Example]):
-        images = [self._open(raw) for raw, _ in rows]
-        while True:  # again when an image opened but its pixels did not decode: it is bad from now on
+        images = [self._open(raw) for raw, _ in rows]  # an image, or why it did not open
+
+        def failed() -> dict[str, str]:
+            return {image_name(rows[i][0], self.name): one_line(e)
+                    for i, e in enumerate(images) if isinstance(e, Exception)}
+
+        def pick() -> tuple[list[int], list]:
             good = [i for i, img in enumerate(images) if not isinstance(img, Exception)]
-            bad = {image_name(rows[i][0], self.name): one_line(e)
-                   for i, e in enumerate(images) if isinstance(e, Exception)}
             if not good:
-                ident, reason = next(iter(bad.items()))
+                ident, reason = next(iter(failed().items()))
                 raise none_decode(f"micro-batch {step} of {self.name}", str(len(rows)), ident, reason)
             use = [i if i in good else stand_in(i, len(rows), good.__contains__) for i in range(len(rows))]
-            try:
-                x = self.transform([images[i] for i in use], seed)  # uint8 Pixels of B
-            except Undecodable as e:
-                images[use[e.position]] = e.error
-                continue
-            return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), bad  # (B,)
+            return use, [images[i] for i in use]
+
+        def mark_bad(i: int, error: Exception) -> None:  # bad from now on in this micro-batch
+            images[i] = error
+
+        use, x = until_decoded(pick, lambda chosen: self.transform(chosen, seed), mark_bad)  # uint8 Pixels
+        return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), failed()  # (B,)
 
 
 class TrainStream(BatchStream):

@@ -23,20 +23,13 @@ from torchvision.transforms.v2 import functional as TF
 from vitcli.data import augmentations
 from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_levels
 from vitcli.data.augmentations import Augmentation
+from vitcli.data.bad_images import Undecodable
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.schema import DataConfig
 
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
 INTERPOLATION = "bilinear"  # every resize here (big_vision's crop and few-shot resize, the eval resize)
-
-
-class Undecodable(Exception):
-    """The image at `position` of a batch opened but its pixels did not decode (a truncated file)."""
-
-    def __init__(self, position: int, error: Exception):
-        super().__init__(str(error))
-        self.position, self.error = position, error
 
 
 def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:

@@ -115,6 +115,18 @@ def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_d
                                     24 - k)[0]), f"resumed from state {saved}"
 
 
+def test_an_augmented_stream_is_the_same_with_workers_and_resumed(source_dirs):
+    """DeiT's per-image augmentation (RandAugment, erasing) drawn per micro-batch: 2 workers give the main
+    process's batches, and a stream placed at its saved state goes on with them, bit for bit."""
+    deit = {"randaugment": "rand-m9-mstd0.5-inc1", "erasing": 0.25}
+    ref, where = _take(_stream(source_dirs["saved"], **deit), 8)
+    assert _same(ref, _take(_stream(source_dirs["saved"], num_workers=2, **deit), 8)[0])
+    resumed = _stream(source_dirs["saved"], state=json.loads(json.dumps(where[5])), num_workers=2, **deit)
+    assert _same(ref[5:], _take(resumed, 3)[0])
+    plain = _take(_stream(source_dirs["saved"]), 1)[0][0][0]
+    assert not torch.equal(plain, ref[0][0])  # the augmentation was applied
+
+
 def test_the_state_counts_examples_into_the_epoch(straight):
     _, where = straight["parquet"]
     expected = [{"kind": "streamed", "world_size": 1, "micro_batches": k, "epoch": k * B // N,

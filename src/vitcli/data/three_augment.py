@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vitcli.data import pillow_ops
 from vitcli.runtime.dist import to_device
 
 GRAY, SOLARIZE, BLUR = 0, 1, 2  # the ops, DeiT's RandomChoice order
@@ -71,15 +72,13 @@ def draw(n: int, rng: np.random.Generator, color_jitter: float = 0.3) -> ThreeDr
 
 def grayscale(x: torch.Tensor) -> torch.Tensor:
     """uint8 (B, 3, H, W) -> uint8 (B, 3, H, W) grey: PIL's convert("L") (what torchvision's Grayscale(3)
-    does to a PIL image), in its fixed point: L = (19595 R + 38470 G + 7471 B + 2^15) >> 16."""
-    r, g, b = x.to(torch.int32).unbind(1)
-    grey = (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16
-    return grey.to(torch.uint8)[:, None].expand(-1, 3, -1, -1)
+    does to a PIL image), pillow_ops.grey, in each channel."""
+    return pillow_ops.grey(x).to(torch.uint8).expand(-1, 3, -1, -1)
 
 
 def solarize(x: torch.Tensor) -> torch.Tensor:
-    """uint8 -> uint8: ImageOps.solarize(threshold=128), every level >= 128 inverted."""
-    return torch.where(x >= THRESHOLD, 255 - x, x)
+    """uint8 -> uint8: ImageOps.solarize(threshold=128), every level >= 128 inverted (pillow_ops.solarize)."""
+    return pillow_ops.solarize(x, torch.full((len(x),), THRESHOLD, dtype=torch.float64, device=x.device))
 
 
 def kernel_radius(sigma: torch.Tensor) -> torch.Tensor:

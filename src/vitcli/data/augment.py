@@ -233,13 +233,14 @@ def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None)
     worker left of it: the batch's draws say), x / 127.5 - 1 (the ViT's mean = std = 0.5) and erasing,
     there."""
     x = to_device(batch.pixels, device)
-    if _needs_resize(batch):
-        out = levels(x, to_device(batch.sizes, device), batch.size, batch.flips)
-    else:
-        out = (flip(x, batch.flips) if bool(batch.flips.any()) else x).to(torch.float32)
     drawn = None if batch.aug is None or aug is None else batch.aug.to(device)
-    if drawn is not None and drawn.on_levels:  # `levels` rounded and clamped: exact uint8 levels
-        pixels, drawn = apply_levels(out.to(torch.uint8), aug, drawn)
-        out = pixels.to(torch.float32)
-    out = out.div_(127.5).sub_(1.0)
+    if _needs_resize(batch):
+        x = levels(x, to_device(batch.sizes, device), batch.size, batch.flips)  # float32 levels
+        if drawn is not None and drawn.on_levels:  # rounded and clamped: exact uint8 levels
+            x = x.to(torch.uint8)
+    elif bool(batch.flips.any()):
+        x = flip(x, batch.flips)
+    if drawn is not None and drawn.on_levels:
+        x, drawn = apply_levels(x, aug, drawn)
+    out = x.to(torch.float32).div_(127.5).sub_(1.0)
     return out if drawn is None else apply_normalised(out, aug, drawn)

@@ -12,8 +12,6 @@ resizes and flips each crop itself (augment.resize_each) and applies the uint8 p
 from __future__ import annotations
 
 import math
-import random
-from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
@@ -129,22 +127,3 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
             raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
         return partial(_fewshot, size=img_size, resize=resize)
     return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct)
-
-
-@contextmanager
-def seeded(seed: int | None):
-    """Pin the global RNGs (python's, numpy's, torch's: dropout and drop-path draw from torch's) to
-    `seed` for the block, then restore them so the caller's own streams are untouched. None: do nothing."""
-    if seed is None:
-        yield
-        return
-    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    try:
-        yield
-    finally:
-        random.setstate(saved[0])
-        np.random.set_state(saved[1])
-        torch.set_rng_state(saved[2])

@@ -9,6 +9,7 @@ nor which data kind it runs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -24,7 +25,6 @@ from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches
 from vitcli.data.augmentations import mix, mixing_of
-from vitcli.data.transforms import seeded
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import Recipe, micro_batches, to_dict
 from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
@@ -313,3 +313,16 @@ def _add(total, value):
 def _clip(model, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d tensor."""
     return parallelize.clip_grad_norm(model, max_norm)
+
+
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Pin torch's global RNG, which dropout and drop-path draw from, to `seed` for the block, then restore
+    it so the caller's own stream is untouched. (Nothing of training draws from python's or numpy's global
+    RNGs: the augmentation and the mixing take Generators of their own.)"""
+    saved = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved)

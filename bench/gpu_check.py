@@ -13,14 +13,21 @@ minutes from a bare checkout on a GPU machine with the project's own install.
               run.activation_checkpointing and with objective mpp
   throughput  ViT-S/16 and ViT-B/16 @224, compiled bf16: img/s and MFU of the trainer fed from tensors already
               on the GPU (`device`), the same fed from the JPEGs through our loader with data.num_workers =
-              cores (`jpeg`; `jpeg_resized_in_workers`: the crops resized to 224 in the loader workers, as
-              on a CPU, rather than shipped whole and resized on the GPU), and a bare loop over the same
-              model (forward, loss, backward, fused AdamW); jpeg_vs_device and device_vs_bare
-  targets     the goals on one H100 (issue 27) and whether each is met
+              cores (`jpeg`: the crops resized and augmented in the loader workers, vit's route;
+              `jpeg_shipped`: whole crops shipped, resized and augmented on the GPU), and a bare loop over
+              the same model (forward, loss, backward, fused AdamW); jpeg_vs_device and device_vs_bare
+  augmentation  issue 26's goal: per micro-batch of 256 crops from the JPEGs (as the loader ships them),
+              the time of augment.finish on the GPU (the copy, what is left of resize, flip and the uint8
+              ops, normalise, erasing) and Mixup/CutMix, for crop + flip alone, DeiT's recipe and 3-Augment,
+              on vit's route (`workers`: resized and augmented in the loader workers) and with whole crops
+              shipped (`shipped`), against one compiled bf16 ViT-S/16 @224 training step at batch 256
+              (goal: at most 5% of it)
+  targets     the goals on one H100 (issues 26, 27) and whether each is met
 
     make gpu-check                          # the whole check (a GPU machine)
     python bench/gpu_check.py --quick       # any machine, a minute: tiny model at 32 px; checks the script
-    python bench/gpu_check.py --only runs   # some sections (device, cuda_tests, runs, throughput)
+    python bench/gpu_check.py --only runs   # some sections (device, cuda_tests, runs, augmentation,
+                                            # throughput)
     python bench/gpu_check.py --only runs.mpp,throughput.ViT-B/16   # or some runs and models of them
 
 Exit 0 when every check passed (targets are reported, not enforced), 1 when one failed, 2 without a GPU.
@@ -46,8 +53,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
-SECTIONS = ("device", "cuda_tests", "runs", "throughput")
-FEEDS = ("device", "jpeg", "jpeg_resized_in_workers")  # the trainer's inputs `throughput` compares
+SECTIONS = ("device", "cuda_tests", "runs", "augmentation", "throughput")
+FEEDS = ("device", "jpeg", "jpeg_shipped")  # the trainer's inputs `throughput` compares
 # A run on the JPEG folder: no held-out splits (an image folder has only train), no few-shot
 ON_JPEGS = ["data.val_split=", "data.test_split=", "fewshot.every=0", "schedule.epochs=0",
             "optim.clip_grad_norm=1", "data.crop_min_area=0.08"]
@@ -57,6 +64,16 @@ TARGETS = {  # name -> (path in the results, goal): issue 27, one H100
     "vit_b16_jpeg_vs_device": (("throughput", "ViT-B/16", "jpeg_vs_device"), 0.95),
     "vit_s16_jpeg_vs_device": (("throughput", "ViT-S/16", "jpeg_vs_device"), 0.95),
 }
+AT_MOST = {  # name -> (path in the results, goal): a value met at or below its goal (issue 26)
+    "deit_augmentation_vs_vit_s16_step": (("augmentation", "ViT-S/16", "deit", "workers", "vs_step"), 0.05),
+    "three_augment_vs_vit_s16_step": (("augmentation", "ViT-S/16", "three_augment", "workers", "vs_step"),
+                                      0.05),
+}
+# the recipes' augmentation the `augmentation` section times (recipes/deit/*.yaml; DeiT III's 3-Augment)
+DEIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
+        "data.cutmix_alpha=1.0", "optim.label_smoothing=0.1"]
+THREE_AUGMENT = ["data.three_augment=true", "data.color_jitter=0.3", "data.cutmix_alpha=1.0"]
+AUGMENTATIONS = {"plain": [], "deit": DEIT, "three_augment": THREE_AUGMENT}
 
 
 class Plan:
@@ -136,7 +153,8 @@ def cuda_tests_section(plan: Plan, logs: Path) -> dict:
 
 # -------------------------------------------------------------------------------------------------- runs
 BRIEF = {"activation_checkpointing": ["run.activation_checkpointing=true"],  # the brief runs' overrides
-         "mpp": ["objective=mpp", "data.label_column="]}
+         "mpp": ["objective=mpp", "data.label_column="],
+         "deit": DEIT}
 
 
 def runs_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
@@ -209,6 +227,74 @@ def _losses_around(rows: list[dict], step: int | None) -> list[float] | None:
     return [before[-1], losses[-1][1]] if before else None
 
 
+# ------------------------------------------------------------------------------------------ augmentation
+def augmentation_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
+    """One child process: each AUGMENTATIONS entry's GPU time per micro-batch and a ViT-S/16 step's."""
+    name = next(iter(plan.throughput)) if plan.quick else "ViT-S/16"  # the model it is timed against
+    model, batch, _, _ = plan.throughput[name]
+    overrides = [*model, *plan.train, *ON_JPEGS, f"data.source={data}", f"data.batch_size={batch}",
+                 "data.micro_batch_size=0", "schedule.steps=30", f"data.num_workers={plan.workers}"]
+    result = train_child(plan, work / "augmentation", overrides, logs, feed="augmentation")
+    failed = {"rc": result.get("rc"), "log_tail": result.get("log_tail")}
+    return {name: result.get("summary", {}) if result.get("rc") == 0 else failed}
+
+
+def augmentation_child(r, overrides: list[str]) -> dict:
+    """In a child: per AUGMENTATIONS entry, the milliseconds of augment.finish and mix over micro-batches
+    the loader shipped (pinned, on the host: the copy is timed too), synchronised at both ends, best of
+    three passes; and a compiled training step of the recipe's model (bare_loop). `overrides`: the recipe's,
+    which each entry's are added to."""
+    from vitcli.data import sources
+    from vitcli.recipe.resolve import resolve
+    from vitcli.runtime.dist import setup
+
+    dist = setup(r.run.device)
+    ds = sources.load_split(r.data, r.data.train_split)
+    step_ms = 1000 * r.data.batch_size / bare_loop(r)["train/img_per_s"]
+    out: dict = {"batch": r.data.batch_size, "img_size": r.model.img_size, "model": r.model.name,
+                 "step_ms": step_ms}
+    for name, extra in AUGMENTATIONS.items():
+        v = resolve("pretrain", QUICKSTART, [*overrides, *extra])
+        out[name] = {}
+        for route, in_workers in (("workers", True), ("shipped", False)):
+            ms = _finish_ms(v, ds, dist.device, in_workers)
+            out[name][route] = {"ms": ms, "vs_step": ms / step_ms}
+    return out
+
+
+def _finish_ms(r, ds, device, in_workers: bool) -> float:
+    """Milliseconds per micro-batch of finish + mix on `device` for the recipe `r`, best of three passes
+    over six shipped micro-batches; `in_workers`: the loader workers resize and apply the uint8 ops (vit's
+    route), else they ship whole crops and the device does it all (batches.RESIZE_IN_WORKERS)."""
+    from vitcli.data import augmentations, batches
+
+    batches.RESIZE_IN_WORKERS = in_workers
+    try:
+        stream = batches.train_batches(ds, r.data, r.model.img_size, r.data.batch_size, seed=0,
+                                       device=device)
+        shipped = [next(stream.batches) for _ in range(6)]
+    finally:
+        batches.RESIZE_IN_WORKERS = True
+    aug = augmentations.of(r.data, r.model.img_size)
+    spec = augmentations.mixing_of(r.data, 10, r.optim.label_smoothing)
+    one_pass(shipped, aug, spec, device)  # kernels load, the allocator grows
+    return min(one_pass(shipped, aug, spec, device) for _ in range(3))
+
+
+def one_pass(shipped: list, aug, spec, device) -> float:
+    """Milliseconds per micro-batch to finish the `shipped` batches on `device` and mix them."""
+    from vitcli.data import augment, augmentations
+
+    _sync(device)
+    t0 = time.perf_counter()
+    for i, (pixels, y, _) in enumerate(shipped):
+        x = augment.finish(pixels, device, aug)
+        if spec is not None:
+            augmentations.mix(spec, x, y.to(device, non_blocking=True), i)
+    _sync(device)
+    return 1000 * (time.perf_counter() - t0) / len(shipped)
+
+
 # -------------------------------------------------------------------------------------------- throughput
 def throughput_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
     """Per model (those in `names`; all when it is empty): the trainer fed from device tensors and from
@@ -227,8 +313,8 @@ def throughput_section(plan: Plan, data: Path, work: Path, logs: Path, names: se
         row = {feed: _rate(r) for feed, r in {**runs, "bare": bare}.items()}
         dev, jpeg, bare_rate = (row[k].get("img_per_s") for k in ("device", "jpeg", "bare"))
         row["jpeg_vs_device"] = jpeg / dev if dev and jpeg else None
-        workers = row["jpeg_resized_in_workers"].get("img_per_s")
-        row["jpeg_resized_in_workers_vs_device"] = workers / dev if dev and workers else None
+        shipped = row["jpeg_shipped"].get("img_per_s")
+        row["jpeg_shipped_vs_device"] = shipped / dev if dev and shipped else None
         row["device_vs_bare"] = dev / bare_rate if dev and bare_rate else None
         out[name] = row
     return out
@@ -269,15 +355,17 @@ def child(spec_path: Path, out_path: Path) -> None:
     workdir = Path(spec["workdir"])
     if spec["feed"] == "bare":
         summary = bare_loop(r)
+    elif spec["feed"] == "augmentation":
+        summary = augmentation_child(r, spec["overrides"])
     else:
         from vitcli.stages import run as run_stage
 
         if spec["feed"] == "device":
             run_stage.train_feed = device_feed  # the trainer as it is, its input taken out
-        elif spec["feed"] == "jpeg_resized_in_workers":
+        elif spec["feed"] == "jpeg_shipped":
             from vitcli.data import batches
 
-            batches.on_cpu = lambda device: True  # the workers resize, as they do for a CPU model
+            batches.RESIZE_IN_WORKERS = False  # whole crops shipped, resized and augmented on the GPU
         summary = run_stage.one_run(r, workdir)
     cuda = torch.cuda.is_available()
     out = {"summary": summary,
@@ -409,12 +497,19 @@ def _summary(workdir: Path) -> dict:
 
 def targets(results: dict) -> dict:
     """Each goal with its value (None when not measured) and whether it is met."""
-    out = {}
-    for name, (path, goal) in TARGETS.items():
+    def at(path: tuple) -> float | None:
         value = results
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
+        return value
+
+    out = {}
+    for name, (path, goal) in TARGETS.items():
+        value = at(path)
         out[name] = {"target": goal, "value": value, "met": value is not None and value >= goal}
+    for name, (path, goal) in AT_MOST.items():
+        value = at(path)
+        out[name] = {"at_most": goal, "value": value, "met": value is not None and value <= goal}
     return out
 
 
@@ -485,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
                 results["cuda_tests"] = cuda_tests_section(plan, logs)
             else:
                 results.setdefault("data", write_data(plan, data))
-                section = runs_section if name == "runs" else throughput_section
+                section = {"runs": runs_section, "augmentation": augmentation_section,
+                           "throughput": throughput_section}[name]
                 results[name] = section(plan, data, work, logs, only[name])
             save()
         results["targets"] = targets(results)

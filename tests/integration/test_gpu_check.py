@@ -14,7 +14,7 @@ from PIL import Image
 from helpers import REPO
 
 SCRIPT = REPO / "bench/gpu_check.py"
-RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp"}
+RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp", "deit"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -27,7 +27,8 @@ def test_quick_gpu_check_prints_every_section_and_its_runs_pass(tmp_path):
     done = gpu_check("--quick", "--keep", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = json.loads(done.stdout)  # the whole of stdout: progress went to stderr
-    assert {"device", "cuda_tests", "data", "runs", "throughput", "targets", "seconds"} <= set(out)
+    sections = {"device", "cuda_tests", "data", "runs", "augmentation", "throughput", "targets", "seconds"}
+    assert sections <= set(out)
     cuda_tests = len(list((REPO / "tests/cuda").glob("test_*.py")))
     assert out["cuda_tests"]["ok"] and out["cuda_tests"]["skipped"] >= cuda_tests  # no GPU: every one skips
     assert set(out["runs"]) == RUN_KEYS and all(r["ok"] for r in out["runs"].values())
@@ -40,8 +41,13 @@ def test_quick_gpu_check_prints_every_section_and_its_runs_pass(tmp_path):
     row = out["throughput"]["tiny"]
     assert all(row[feed]["img_per_s"] > 0 for feed in ("device", "jpeg", "bare"))
     assert row["jpeg_vs_device"] > 0 and row["device_vs_bare"] > 0
+    timed = out["augmentation"]["tiny"]  # each recipe's augmentation against the tiny model's step
+    assert timed["step_ms"] > 0
+    assert all(timed[k][route]["ms"] > 0 for k in ("plain", "deit", "three_augment")
+               for route in ("workers", "shipped"))
     assert set(out["targets"]) == {"vit_b16_mfu", "vit_s16_img_s", "vit_b16_jpeg_vs_device",
-                                   "vit_s16_jpeg_vs_device"}
+                                   "vit_s16_jpeg_vs_device", "deit_augmentation_vs_vit_s16_step",
+                                   "three_augment_vs_vit_s16_step"}
     assert not any(t["met"] for t in out["targets"].values())  # the GPU models are not measured --quick
     files = sorted((tmp_path / "jpegs/train").rglob("*.jpg"))
     assert len(files) == out["data"]["images"] > 0

@@ -20,7 +20,7 @@ from scipy.stats import ks_2samp
 from timm.data import random_erasing
 from timm.data.random_erasing import RandomErasing
 
-from vitcli.data.erasing import ErasingDraws, ErasingSpec, apply, box_masks, draw
+from vitcli.data.erasing import ErasingDraws, ErasingSpec, apply, box_masks, draw, erased_images
 
 N = 20000
 ALPHA = 1e-4
@@ -212,7 +212,7 @@ def test_rand_mode_fills_each_box_with_one_normal_colour_per_channel():
 
 def test_where_boxes_overlap_the_later_box_wins_as_in_timm():
     boxes = torch.tensor([[[0, 0, 3, 3], [1, 1, 3, 3]]])
-    draws = ErasingDraws(boxes, torch.tensor([5]))
+    draws = ErasingDraws(boxes, torch.tensor([5]), erased_images(boxes))
     out = apply(torch.zeros(1, 3, 5, 5), draws, ErasingSpec(mode="rand", max_count=2))
     assert torch.equal(out[0, :, 0, 0], out[0, :, 0, 2]) and torch.equal(out[0, :, 1, 1], out[0, :, 3, 3])
     assert not torch.equal(out[0, :, 0, 0], out[0, :, 1, 1])

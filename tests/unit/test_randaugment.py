@@ -59,9 +59,10 @@ def forced(spec: ra.RandSpec, k: int, magnitude, sign) -> ra.RandDraws:
     """Draws that apply op k to every image, one layer, at the given magnitudes and signs (n,)."""
     magnitude, sign = np.asarray(magnitude, np.float64), np.asarray(sign, np.float64)
     n = len(magnitude)
-    return ra.RandDraws(op=torch.full((n, 1), k), applied=torch.ones(n, 1, dtype=torch.bool),
-                        magnitude=torch.from_numpy(magnitude[:, None]), sign=torch.from_numpy(sign[:, None]),
-                        arg=torch.from_numpy(spec.levels[k](magnitude, sign)[:, None]))
+    return ra.RandDraws.of(op=torch.full((n, 1), k), applied=torch.ones(n, 1, dtype=torch.bool),
+                           magnitude=torch.from_numpy(magnitude[:, None]),
+                           sign=torch.from_numpy(sign[:, None]),
+                           arg=torch.from_numpy(spec.levels[k](magnitude, sign)[:, None]))
 
 
 def timm_op(spec: ra.RandSpec, k: int):
@@ -256,7 +257,7 @@ def test_same_seed_same_draws_same_pixels_and_batching_changes_nothing():
     assert torch.equal(out, ra.apply(x, d2.to(torch.device("cpu")), spec))
     assert not torch.equal(out, x)
     for i in range(len(x)):
-        one = ra.RandDraws(**{name: getattr(d1, name)[i : i + 1] for name in ra.RandDraws.TENSORS})
+        one = ra.RandDraws.of(**{name: getattr(d1, name)[i : i + 1] for name in ra.RandDraws.DRAWN})
         assert torch.equal(ra.apply(x[i : i + 1], one, spec)[0], out[i]), i
 
 
@@ -265,9 +266,9 @@ def test_layers_run_in_order():
     spec = SPECS[0]
     k_inv, k_sol = spec.names.index("Invert"), spec.names.index("Solarize")
     img = drawn(8, 8)
-    d = ra.RandDraws(op=torch.tensor([[k_sol, k_inv]]), applied=torch.ones(1, 2, dtype=torch.bool),
-                     magnitude=torch.zeros(1, 2, dtype=torch.float64),
-                     sign=torch.ones(1, 2, dtype=torch.float64), arg=torch.tensor([[128.0, 0.0]]).double())
+    d = ra.RandDraws.of(op=torch.tensor([[k_sol, k_inv]]), applied=torch.ones(1, 2, dtype=torch.bool),
+                        magnitude=torch.zeros(1, 2, dtype=torch.float64),
+                        sign=torch.ones(1, 2, dtype=torch.float64), arg=torch.tensor([[128.0, 0.0]]).double())
     want = ImageOps.invert(ImageOps.solarize(Image.fromarray(img), 128))
     got = ra.apply(tensor([img]), d, spec)[0].permute(1, 2, 0).numpy()
     assert (got == np.asarray(want)).all()

@@ -9,8 +9,9 @@ boxes, the batched resize, flip, scaling), transforms.py (what the loader worker
 registry), sources.py (every image source as a datasets.Dataset), batches.py (map-style batch streams),
 streams.py (streamed training batches), prepare.py (a pre-resized copy of a source, `vit prepare-data`).
 
-A training micro-batch takes one route; only *where* each step runs changes (W: a loader worker, D: the
-model's device), never the functions:
+A training micro-batch takes one route (W: a loader worker, D: the model's device); the resize and uint8
+ops can run on the device instead (batches.RESIZE_IN_WORKERS, which gpu_check flips to compare), with the
+same functions:
 
 | step                    | function                                   | model on the CPU | on a GPU |
 |-------------------------|--------------------------------------------|------------------|----------|
@@ -18,12 +19,12 @@ model's device), never the functions:
 | draw boxes, flips       | augment.draws, from (seed, step, micro)    | W                | W        |
 | draw the augmentation   | augmentations.draw, its own numpy stream   | W                | W        |
 | decode + crop           | decode.Encoded.pixels (reduced-scale JPEG) | W                | W        |
-| resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | D        |
-| RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | D        |
+| resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | W        |
+| RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | W        |
 | scale to [-1, 1], erase | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |
 | Mixup / CutMix          | augmentations.mix, in the training loop    | D                | D        |
 
-(1) Both round to the nearest level (torch's uint8 kernel on the CPU, a batched gather on the device),
+(1) Both round to the nearest level (torch's uint8 kernel in the workers, a batched gather on a device),
 within one level of each other; evaluation and few-shot keep big_vision's exact truncating resize
 (augment.tf_bilinear_levels). An image that does not decode has one stand-in rule (bad_images.stand_in).
 """

@@ -1,10 +1,10 @@
 """Batched augmentation on uint8 pixels: big_vision's Inception crop boxes (drawn for a whole micro-batch in
 numpy), one batched half-pixel bilinear resize of crops of different sizes, flip and the [-1, 1] scaling.
 
-For a model on a GPU the loader workers only decode and cut crops (decode.py, transforms.py), and `finish`
-runs the resize (`levels`, one batched gather), flip and normalisation there. For a model on the CPU the
-workers resize each crop themselves (`resize_each`, torch's own kernel, faster there), and `finish` only
-flips what is left and normalises. `finish` is the same code on either device.
+The loader workers resize each crop themselves (`resize_each`, torch's own kernel), and `finish` only
+normalises on the model's device. With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) the workers
+ship whole crops and `finish` resizes them there (`levels`, one batched gather) and flips: the same code
+on any device.
 """
 
 from __future__ import annotations

@@ -51,23 +51,21 @@ class ErasingDraws:
 
     boxes: torch.Tensor
     noise_seed: torch.Tensor
-    # the images with a box, as indices on the boxes' device: found on the host before the draws leave it
-    # (`to`), so that apply neither asks the device (nonzero would sync) nor fills every image
-    erased: torch.Tensor | None = None
+    # the images with a box (erased_images), found where the draws are made, so that apply neither asks the
+    # device (nonzero would sync) nor fills every image, and pinned with the batch by the DataLoader
+    erased: torch.Tensor
 
     def pin_memory(self) -> ErasingDraws:
         """Page-locked copies, so that `to` copies the boxes to a GPU without a sync (the DataLoader calls
         this when it pins a batch)."""
-        return ErasingDraws(self.boxes.pin_memory(), self.noise_seed.pin_memory())
+        return ErasingDraws(self.boxes.pin_memory(), self.noise_seed.pin_memory(), self.erased.pin_memory())
 
     def to(self, device: torch.device | str) -> ErasingDraws:
         """The boxes and erased images on `device` (to_device: asynchronous from pinned memory). `noise_seed`
         stays on the host: it seeds a torch.Generator, which takes a Python int, and reading it back from a
         GPU would stall."""
         device = torch.device(device)
-        erased = erased_images(self.boxes) if self.boxes.device.type == "cpu" else self.erased
-        return ErasingDraws(to_device(self.boxes, device), self.noise_seed,
-                            None if erased is None else to_device(erased, device))
+        return ErasingDraws(to_device(self.boxes, device), self.noise_seed, to_device(self.erased, device))
 
 
 def erased_images(boxes: torch.Tensor) -> torch.Tensor:
@@ -115,7 +113,8 @@ def draw(spec: ErasingSpec, n: int, height: int, width: int, rng: np.random.Gene
     used = erased[:, None] & (np.arange(spec.max_count) < counts[:, None]) & ok & (h > 0) & (w > 0)
     boxes = np.stack([top, left, h, w], -1) * used[..., None]  # (n, K, 4), all zero where unused
     seeds = rng.integers(0, np.iinfo(np.int64).max, n, dtype=np.int64)
-    return ErasingDraws(torch.from_numpy(boxes.astype(np.int64)), torch.from_numpy(seeds))
+    boxes = torch.from_numpy(boxes.astype(np.int64))
+    return ErasingDraws(boxes, torch.from_numpy(seeds), erased_images(boxes))
 
 
 def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -131,11 +130,10 @@ def apply(x: torch.Tensor, draws: ErasingDraws, spec: ErasingSpec) -> torch.Tens
     """Float (B, C, H, W), normalised, on any device -> an erased copy (x itself is left as it was): the
     images with a box are erased (`erase`), the others copied. The fill comes from one torch.Generator on
     x's device seeded with draws.noise_seed[0] (a host tensor), so the result is a function of the draws
-    on a given device; no host sync (the erased images were found on the host: ErasingDraws.to)."""
-    erased = draws.erased if draws.erased is not None else erased_images(draws.boxes)
+    on a given device; no host sync (the erased images were found with the draws: ErasingDraws.erased)."""
     out = x.clone()
-    if len(erased):
-        idx = to_device(erased, x.device)
+    if len(draws.erased):
+        idx = to_device(draws.erased, x.device)
         boxes = to_device(draws.boxes, x.device)[idx]
         out.index_copy_(0, idx, erase(x[idx], boxes, int(draws.noise_seed[0]), spec))
     return out

@@ -73,9 +73,15 @@ class MixDraws:
         return MixDraws(self.lam.pin_memory(), self.use_cutmix.pin_memory(), self.boxes.pin_memory())
 
     def to(self, device: torch.device) -> MixDraws:
-        """The draws on `device`, copied without a host-device sync (runtime.dist.to_device)."""
+        """The draws on `device`, copied without a host-device sync (runtime.dist.to_device), in one copy of
+        one (B, 6) float64 tensor (exact: the boxes are integers far below 2**53) where they are not there:
+        the training loop draws them, so each tensor pinned is a page-locked block it allocates itself."""
         device = torch.device(device)
-        return MixDraws(*(to_device(t, device) for t in (self.lam, self.use_cutmix, self.boxes)))
+        if self.lam.device == device:
+            return self
+        packed = torch.cat([self.lam[:, None], self.use_cutmix[:, None].double(), self.boxes.double()], 1)
+        lam, use_cutmix, boxes = to_device(packed, device).split([1, 1, 4], 1)
+        return MixDraws(lam[:, 0], use_cutmix[:, 0].bool(), boxes.long())
 
 
 def draw(spec: MixSpec, n: int, height: int, width: int, rng: np.random.Generator) -> MixDraws:

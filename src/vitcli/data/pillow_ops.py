@@ -133,9 +133,13 @@ def autocontrast(x, arg):
 def equalize(x, arg):
     """ImageOps.equalize per channel, in Pillow's integers: step = (count - count of the highest level
     present) // 255; table[i] = (step // 2 + pixels below i) // step, clipped to 255 as Image.point does;
-    step 0 (one level present, or too few pixels) keeps the channel. Histograms: one bincount."""
+    step 0 (one level present, or too few pixels) keeps the channel. Histograms: one index_add_ into a
+    table of known size (bincount sizes its output by the largest index, which a GPU must send back to the
+    host first: a sync per call)."""
     idx = _levels(x)
-    h = torch.bincount(idx, minlength=x.shape[0] * 3 * 256).view(-1, 3, 256)
+    ones = torch.ones((), dtype=torch.int64, device=x.device).expand(idx.shape)
+    h = torch.zeros(x.shape[0] * 3 * 256, dtype=torch.int64, device=x.device).index_add_(0, idx, ones)
+    h = h.view(-1, 3, 256)
     top = 255 - (h > 0).flip(2).int().argmax(2, keepdim=True)  # highest level present, (n, 3, 1)
     step = (h.sum(2, keepdim=True) - h.gather(2, top)) // 255
     below = h.cumsum(2) - h
@@ -173,5 +177,13 @@ def affine(x: torch.Tensor, matrix: torch.Tensor, fill: tuple[int, int, int]) ->
     out = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border", align_corners=False)
     gx, gy = grid.unbind(3)
     inside = ((gx >= -1) & (gx < 1) & (gy >= -1) & (gy < 1)).unsqueeze(1)  # (n, 1, H, W)
-    fill = torch.tensor(fill, dtype=torch.uint8, device=x.device).view(1, 3, 1, 1)
-    return torch.where(inside, out.add_(TRUNCATE_SLACK).to(torch.uint8), fill)
+    return torch.where(inside, out.add_(TRUNCATE_SLACK).to(torch.uint8), _colour(fill, x.device))
+
+
+def _colour(fill: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """(1, 3, 1, 1) uint8 on `device`, filled there: torch.tensor(fill, device=cuda) copies from pageable
+    memory, which waits for the GPU, and pinning a block for three bytes costs more than three fills."""
+    out = torch.empty((1, 3, 1, 1), dtype=torch.uint8, device=device)
+    for c, v in enumerate(fill):
+        out[:, c].fill_(v)
+    return out

@@ -16,7 +16,7 @@ One deliberate difference: timm's Posterize at 0 bits (PosterizeIncreasing at ma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -175,48 +175,63 @@ class RandDraws:
     """One micro-batch's choices, (B, num_layers) each: op index into RandSpec.names, whether it applies, its
     magnitude after noise and clipping, the sign timm's `_randomly_negate` would have drawn (+-1), and the
     op's argument (level function of both), as apply reads it. Magnitudes, signs and arguments are float64,
-    as timm's Python floats (a shift of 0.405 * W pixels in float32 moves by a few 1e-6 of a pixel)."""
+    as timm's Python floats (a shift of 0.405 * W pixels in float32 moves by a few 1e-6 of a pixel).
+
+    `images` and `groups` say which images take which op, found where the draws are made (`draw`, in a
+    loader worker): `images` the indices of every (layer, op)'s images one after the other, `groups` each
+    (layer, op, start, count) of them. So apply never asks the device (nonzero would sync), and the one
+    index tensor is pinned with the batch by the DataLoader's pinning thread rather than by the training
+    loop (a fresh pinned block costs milliseconds of cudaHostAlloc)."""
 
     op: torch.Tensor
     applied: torch.Tensor
     magnitude: torch.Tensor
     sign: torch.Tensor
     arg: torch.Tensor
-    # per layer, op index -> the indices of the images that apply it, on the draws' device: found on the
-    # host (`chosen`) before the draws leave it, so that apply never asks the device (nonzero would sync)
-    chosen: list[dict[int, torch.Tensor]] | None = field(default=None, repr=False)
+    images: torch.Tensor
+    groups: tuple[tuple[int, int, int, int], ...]
 
-    TENSORS = ("op", "applied", "magnitude", "sign", "arg")
+    TENSORS = ("op", "applied", "magnitude", "sign", "arg", "images")
+    DRAWN = TENSORS[:5]  # what `of` takes
+
+    @classmethod
+    def of(cls, op: torch.Tensor, applied: torch.Tensor, magnitude: torch.Tensor, sign: torch.Tensor,
+           arg: torch.Tensor) -> RandDraws:
+        """Host draws (B, L) each, with the images of each op found (`_groups`)."""
+        images, groups = _groups(op.numpy(), applied.numpy())
+        return cls(op, applied, magnitude, sign, arg, images, groups)
 
     def pin_memory(self) -> RandDraws:
         """Every tensor in page-locked memory (the DataLoader calls this on what it ships)."""
-        return RandDraws(**{n: getattr(self, n).pin_memory() for n in self.TENSORS})
+        return replace(self, **{n: getattr(self, n).pin_memory() for n in self.TENSORS})
 
     def to(self, device) -> RandDraws:
-        """Every tensor on `device`, copied asynchronously where it can be, with the images of each op."""
+        """What apply reads, the arguments and the images' indices, on `device` (asynchronously from
+        pinned memory); the rest stays where it is."""
         device = torch.device(device)
-        chosen = (chosen_images(self.op, self.applied, device) if self.op.device.type == "cpu"
-                  else self.chosen)
-        return RandDraws(**{n: to_device(getattr(self, n), device) for n in self.TENSORS}, chosen=chosen)
+        return replace(self, arg=to_device(self.arg, device), images=to_device(self.images, device))
+
+    def chosen(self) -> list[dict[int, torch.Tensor]]:
+        """Per layer, op index -> the indices of its images, views of `images` on its device."""
+        out: list[dict[int, torch.Tensor]] = [{} for _ in range(self.op.shape[1])]
+        for layer, k, start, count in self.groups:
+            out[layer][k] = self.images[start : start + count]
+        return out
 
 
-def chosen_images(op: torch.Tensor, applied: torch.Tensor,
-                  device: torch.device) -> list[dict[int, torch.Tensor]]:
-    """Per layer, each drawn op's images (those that apply it) as int64 indices on `device`, from host
-    tensors op, applied (B, L): found on the host, copied in one transfer without a sync (to_device) and
-    cut into views there."""
-    found = []  # (layer, op, indices)
+def _groups(op: np.ndarray, applied: np.ndarray) -> tuple[torch.Tensor, tuple]:
+    """(images, groups) of RandDraws from host op, applied (B, L): each layer's drawn ops in increasing order,
+    each with the images that apply it."""
+    found, groups, start = [], [], 0
     for layer in range(op.shape[1]):
-        o, a = op[:, layer].cpu(), applied[:, layer].cpu()
-        found += [(layer, int(k), (a & (o == k)).nonzero().squeeze(1)) for k in o[a].unique().tolist()]
-    flat = to_device(torch.cat([idx for _, _, idx in found]) if found else torch.zeros(0, dtype=torch.int64),
-                     device)
-    out: list[dict[int, torch.Tensor]] = [{} for _ in range(op.shape[1])]
-    start = 0
-    for layer, k, idx in found:
-        out[layer][k] = flat[start : start + len(idx)]
-        start += len(idx)
-    return out
+        o, a = op[:, layer], applied[:, layer]
+        for k in np.unique(o[a]).tolist():
+            idx = np.flatnonzero(a & (o == k))
+            found.append(idx)
+            groups.append((layer, int(k), start, len(idx)))
+            start += len(idx)
+    images = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(images.astype(np.int64)), tuple(groups)
 
 
 def _choose(spec: RandSpec, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -258,9 +273,9 @@ def draw(spec: RandSpec, n: int, rng: np.random.Generator) -> RandDraws:
     magnitude = _magnitudes(spec, op, rng)
     sign = np.where(rng.random(op.shape) > 0.5, -1.0, 1.0)  # _randomly_negate: -v if random() > 0.5
     arg = _args(spec, op, magnitude, sign)
-    return RandDraws(op=torch.from_numpy(op.astype(np.int64)), applied=torch.from_numpy(applied),
-                     magnitude=torch.from_numpy(magnitude), sign=torch.from_numpy(sign),
-                     arg=torch.from_numpy(arg))
+    return RandDraws.of(op=torch.from_numpy(op.astype(np.int64)), applied=torch.from_numpy(applied),
+                        magnitude=torch.from_numpy(magnitude), sign=torch.from_numpy(sign),
+                        arg=torch.from_numpy(arg))
 
 
 PIXEL_OPS = {  # timm's op name -> uint8 op of (images, argument)
@@ -277,8 +292,9 @@ PIXEL_OPS = {  # timm's op name -> uint8 op of (images, argument)
 # pixel centre (x, y) to the input point (a x + b y + c, d x + e y + f).
 
 def _matrix(v: torch.Tensor, a, b, c, d, e, f) -> torch.Tensor:
-    """(n, 6) from six entries, each a number or an (n,) tensor like `v`."""
-    return torch.stack([torch.as_tensor(t, dtype=v.dtype, device=v.device).expand_as(v)
+    """(n, 6) from six entries, each a number or an (n,) tensor like `v`. A number is filled on v's device
+    (torch.as_tensor of a number on a GPU copies it from pageable memory: a sync)."""
+    return torch.stack([t.expand_as(v) if isinstance(t, torch.Tensor) else torch.full_like(v, t)
                         for t in (a, b, c, d, e, f)], 1)
 
 
@@ -341,9 +357,8 @@ def _layer(x: torch.Tensor, arg: torch.Tensor, chosen: dict[int, torch.Tensor],
 
 def apply(x: torch.Tensor, draws: RandDraws, spec: RandSpec) -> torch.Tensor:
     """RandAugment on uint8 (B, 3, H, W) with `draws` on x's device: layer 0's ops, then layer 1's, ...
-    Which images take which op was read on the host when the draws moved (RandDraws.to); draws that never
-    left the CPU are read here."""
-    chosen = draws.chosen if draws.chosen is not None else chosen_images(draws.op, draws.applied, x.device)
+    Which images take which op was found when the draws were made (RandDraws.chosen)."""
+    chosen = draws.chosen()
     for layer in range(draws.op.shape[1]):
         x = _layer(x, draws.arg[:, layer], chosen[layer], spec)
     return x

@@ -54,8 +54,8 @@ from vitcli.data.batches import (
     keyed_loader,
     micro_batch,
     micro_seed,
-    on_cpu,
     placeable,
+    resize_in_workers,
 )
 from vitcli.data.decode import Encoded, read
 from vitcli.data.sources import origin
@@ -229,7 +229,7 @@ def stream_train_batches(
     # start: (micro-batch, its raw examples on), as TrainStream places it
     keys = Placed(lambda start: _keys(start[1], cfg, micro_batch_size, seed, (start[0], accum, rank),
                                       positions), None)
-    transform = build_transform(cfg, img_size, train=True, resize_here=on_cpu(device))
+    transform = build_transform(cfg, img_size, train=True, resize_here=resize_in_workers(device))
     decode = _Decode(name, transform, cfg.binary_pixels)
     start_at = functools.partial(_start, mine, micro_batch_size, name=name)
     stream = TrainStream(keyed_loader(decode, keys, cfg.num_workers), keys, start_at, positions, world_size,

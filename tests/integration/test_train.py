@@ -109,6 +109,21 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
 
 
+def test_repeated_augmentation_trains_and_resumes_onto_the_same_weights(tmp_path, monkeypatch):
+    """data.repeated_aug=3 (DeiT's sampler, data/batches.step_rows) in a run of 2 steps; stopped after its
+    first checkpoint, it resumes onto the weights of the run that was not stopped."""
+    r = recipe("data.repeated_aug=3", "schedule.steps=2", "run.ckpt_every=1", "data.crop_min_area=0.3",
+               "data.val_split=", "data.test_split=")
+    one_run(r, tmp_path / "straight")
+    rows = [row for row in read_metrics(tmp_path / "straight" / "metrics.jsonl") if "train/loss" in row]
+    assert [row["step"] for row in rows] == [1, 2] and all(np.isfinite(row["train/loss"]) for row in rows)
+    stopped_at_call(monkeypatch, r, tmp_path / "resumed", 2)
+    one_run(r, tmp_path / "resumed")
+    a, _ = load_weights(tmp_path / "straight" / "model.safetensors")
+    b, _ = load_weights(tmp_path / "resumed" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
     real = loop.loss_fn
 

@@ -60,6 +60,7 @@ POSITIVE = (
     "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
+    "data.repeated_aug",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",

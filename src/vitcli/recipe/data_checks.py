@@ -99,3 +99,7 @@ def check_stream(d: DataConfig) -> None:
                         "data.streaming=false")
     if d.label_rule:
         raise DataError(f"data.label_rule '{d.label_rule}' needs the whole split; set data.streaming=false")
+    if d.repeated_aug > 1:  # its copies of a row go to other micro-batches, other processes: random access
+        raise DataError(f"data.repeated_aug={d.repeated_aug} deals each image's copies across the global "
+                        "batch, which a stream each process reads on its own cannot; set data.repeated_aug=1 "
+                        "or data.streaming=false")

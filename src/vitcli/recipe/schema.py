@@ -75,6 +75,11 @@ class DataConfig:
     binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
     micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
+    # repeated augmentation k, DeiT's RASampler: an epoch's images k times each, the copies in different
+    # micro-batches (on different processes when each takes one micro-batch per step), each copy with its
+    # own augmentation draws; an epoch stays len(split) images, so ~len / k distinct ones. 1 = off; DeiT: 3.
+    # A map-style split only (not data.streaming).
+    repeated_aug: int = 1
     eval_batch_size: int = 256
     num_workers: int = 2
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading

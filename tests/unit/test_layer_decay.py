@@ -12,6 +12,7 @@ from timm.layers import HybridEmbed, StdConv2dSame
 from timm.models.resnetv2 import ResNetV2
 from timm.optim import create_optimizer_v2
 
+from vitcli.models import layer_decay
 from vitcli.models.t2t import T2TViT
 from vitcli.models.zoo import ViT, build_model
 from vitcli.recipe.resolve import resolve
@@ -95,6 +96,13 @@ def test_off_is_one_group_per_decay_without_scales():
     model = MODELS["vit"]()
     groups = build_optimizer(model, OptimConfig(weight_decay=WD)).param_groups
     assert [g["weight_decay"] for g in groups] == [0.0, WD] and not any("lr_scale" in g for g in groups)
+
+
+def test_the_table_row_gives_the_lr_multipliers_from_the_embeddings_to_the_head():
+    model = MODELS["vit"]()
+    low = DECAY ** (TINY["depth"] + 1)
+    assert layer_decay.describe(model, DECAY) == (f"lr x {low:.2g} (embeddings) to 1 (head) over "
+                                                  f"{TINY['depth'] + 2} layers, {DECAY} per layer")
 
 
 @pytest.mark.parametrize("fused", [True, False])

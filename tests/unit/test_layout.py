@@ -24,7 +24,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # trackers, processes, output locations
     ("runtime", ["run_files", "precision", "peak", "files", "metrics", "trackers", "dist", "workdir"]),
     # the networks and their pure maths
-    ("models", ["posemb", "mpp", "t2t", "zoo", "flops"]),
+    ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches: how an image that does not decode is named and tallied, first (every
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "decode", "pillow_ops", "randaugment", "three_augment", "erasing",

@@ -14,7 +14,7 @@ import torch
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.models import zoo
+from vitcli.models import layer_decay, zoo
 from vitcli.recipe.names import PAPER_VITS, paper_size, size_origin
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
@@ -39,10 +39,16 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
     arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
-    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows]
+    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows, *lr_rows(model, recipe)]
     if dist.is_main:
         console.print(pairs_table("starting weights", rows))
     return rows
+
+
+def lr_rows(model: torch.nn.Module, recipe: Recipe) -> list[tuple[str, str]]:
+    """The row that says how optim.layer_decay spreads the lr over the layers; none when it is off."""
+    decay = recipe.optim.layer_decay
+    return [("layer decay", layer_decay.describe(model, decay))] if decay != 1 else []
 
 
 def load_for_eval(recipe: Recipe, num_classes: int = 0) -> torch.nn.Module:

@@ -201,6 +201,15 @@ class T2TViT(nn.Module):
         """Parameters the optimizer should not decay (the frozen pos_embed and `w` are not trained at all)."""
         return {"cls_token", "pos_embed"}
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter layers (layer-wise lr decay, timm.models.group_parameters): timm's ViT matcher
+        with the tokens-to-token module as the embedding, layer 0; block i is layer i + 1, the final norm
+        joins the last block (99999: timm's MATCH_PREV_GROUP), the head (unmatched) comes last. `coarse` is
+        timm's interface; like its ViT's, the matcher is the same either way."""
+        return {"stem": r"^cls_token|pos_embed|tokens_to_token",
+                "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
     def get_classifier(self) -> nn.Module:
         """The final Linear layer."""
         return self.head

@@ -73,7 +73,8 @@ NOT_NEGATIVE = (
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
              "optim.momentum", "mpp.mask_prob", "mpp.random_prob")
-UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct")  # (0, 1]: fractions of the image
+# (0, 1]: fractions of the image; a per-layer lr factor
+UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
 PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob")  # [0, 1]
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
@@ -260,6 +261,9 @@ def _objective(recipe: Recipe) -> None:
     if not is_vit_family(m.name) or m.name == HYBRID:
         raise RecipeError("objective: mpp needs a plain ViT (a paper ViT name or custom), "
                           f"not model.name={m.name}")
+    if recipe.optim.layer_decay != 1:  # the mpp wrapper has no layers for timm to number: all would be one
+        raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
+                          "tuning); objective: mpp trains every layer at the lr, set it to 1")
     if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
         raise RecipeError("mpp.target=color_4x4 pools each patch to 4x4 cells: "
                           f"model.patch_size={m.patch_size} must be a multiple of 4")

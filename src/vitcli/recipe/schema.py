@@ -122,6 +122,10 @@ class OptimConfig:
     # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before
     # the schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
     weight_decay_convention: str = "torch"  # torch | big_vision
+    # layer-wise lr decay (BEiT, MAE fine-tuning; timm's param_groups_layer_decay): of a ViT's L + 2 layers
+    # (the embeddings 0, block j at j + 1 and the final norm with the last, the head L + 1), layer i trains at
+    # lr_t * layer_decay^(L + 1 - i), and decays its weights in proportion. In (0, 1]; 1: off
+    layer_decay: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.999
     momentum: float = 0.9  # sgd only

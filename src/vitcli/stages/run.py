@@ -15,7 +15,7 @@ from rich.table import Table
 
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.manager import Checkpoint
-from vitcli.checkpoints.transfer import load_init
+from vitcli.checkpoints.transfer import load_init, lr_rows
 from vitcli.data import batches, sources, streams
 from vitcli.errors import RecipeError
 from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
@@ -233,6 +233,9 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
         f"of {r.data.batch_size}, {r.run.precision} ({why}){tf32(r, dist)}, "
         f"{'compiled' if r.run.compile else 'eager'} ({why_compile}) -> {job.workdir}"
     )
+    if not r.init.checkpoint:  # with starting weights their table says it (checkpoints.transfer.lr_rows)
+        for what, detail in lr_rows(job.model, r):
+            console.log(f"{what}: {detail}")
 
 
 def tf32(r: Recipe, dist: Dist) -> str:

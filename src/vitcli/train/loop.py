@@ -221,10 +221,11 @@ class _Window:
 
 
 def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
+    """Set the schedule's lr at `step`, times each group's lr_scale, on the optimizer; return the lr."""
     lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps,
                        warmup_steps=r.schedule.warmup_steps, decay=r.schedule.decay, end_lr=r.schedule.end_lr)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
+    for group in optimizer.param_groups:  # a layer's share under optim.layer_decay (train.optim.param_groups)
+        group["lr"] = lr * group.get("lr_scale", 1.0)
     return lr
 
 

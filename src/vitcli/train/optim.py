@@ -1,9 +1,9 @@
-"""Optimizer construction through timm, with the paper's no-decay set."""
+"""Optimizer construction through timm, with the paper's no-decay set and, optionally, layer-wise lr decay."""
 
 from __future__ import annotations
 
 import torch
-from timm.optim import create_optimizer_v2, param_groups_weight_decay
+from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from torch.distributed.tensor import DTensor
 
 from vitcli.recipe.schema import OptimConfig
@@ -37,6 +37,16 @@ def torch_weight_decay(cfg: OptimConfig) -> float:
     return cfg.weight_decay / cfg.lr if cfg.weight_decay_convention == "big_vision" else cfg.weight_decay
 
 
+def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
+    """timm's parameter groups: weight decay on all but biases, norms and no_decay_names; with
+    optim.layer_decay < 1, one group per layer and decay with its `lr_scale` (timm's param_groups_layer_decay,
+    the layers vitcli.models.layer_decay describes), which vitcli.train.loop._set_lr multiplies the lr by."""
+    wd, no_decay = torch_weight_decay(cfg), no_decay_names(model)
+    if cfg.layer_decay == 1:
+        return param_groups_weight_decay(model, wd, no_weight_decay_list=no_decay)
+    return param_groups_layer_decay(model, wd, no_weight_decay_list=no_decay, layer_decay=cfg.layer_decay)
+
+
 def step_kernel(opt: str, device: torch.device, sharded: bool = False) -> dict[str, bool]:
     """The fastest implementation torch offers for timm optimizer `opt` on `device`, for plain or `sharded`
     (DTensor) parameters: fused, else foreach."""
@@ -54,8 +64,7 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, fast: bool = True)
     fused or foreach on the parameters' device and kind (step_kernel); `fast=False` is torch's per-tensor
     loop, the same update.
     """
-    groups = param_groups_weight_decay(model, torch_weight_decay(cfg),
-                                       no_weight_decay_list=no_decay_names(model))
+    groups = param_groups(model, cfg)
     if cfg.name == "adamw":
         opt, kwargs = "adamw", {"betas": (cfg.beta1, cfg.beta2)}
     elif cfg.weight_decay_convention == "big_vision":

@@ -55,8 +55,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class WeightEma:
     """The EMA of `model`'s floating-point state dict entries, in fp32, on the model's device and in its
-    layout. The model is passed to each call rather than held: FSDP2 may swap a parameter's local tensor for
-    a padded one at its first forward, so the live tensors are looked up afresh each time."""
+    layout. The model is passed to each call rather than held, its tensors looked up afresh each time (a
+    state-dict walk): whatever replaces a parameter (load_state_dict(assign=True), module._apply, FSDP2
+    re-padding such a one at its first forward) cannot leave the EMA reading a stale tensor."""
 
     def __init__(self, model: nn.Module, cfg: EmaConfig):
         self.cfg = cfg

@@ -12,6 +12,7 @@ from torch import nn
 
 from helpers import tiny_vit
 from vitcli.errors import CheckpointError, RecipeError
+from vitcli.figures.curves import panel
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import EmaConfig
 from vitcli.train.ema import WeightEma, ema_decay, ema_metric
@@ -127,10 +128,12 @@ def test_a_saved_ema_loads_back_exactly_and_one_of_another_model_is_refused():
         fresh.load_state_dict({k: v for k, v in saved.items() if k != "head.bias"})
 
 
-def test_metrics_of_the_ema_weights_are_named_beside_the_live_ones():
+def test_metrics_of_the_ema_weights_are_named_beside_the_live_ones_and_drawn_in_their_panels():
     assert ema_metric("val/top1") == "val_ema/top1"
     assert ema_metric("test/loss") == "test_ema/loss"
     assert ema_metric("fewshot/cifar100/5shot") == "fewshot_ema/cifar100/5shot"
+    for name in ("val/top1", "val/loss", "test/mpp_accuracy", "fewshot/cifar100/5shot"):
+        assert panel(ema_metric(name)) == panel(name) is not None, name
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -13,6 +13,9 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
                       softmax not
   peak_rss_mb         getrusage ru_maxrss of the model's process; children_rss_mb: the largest of its children
                       (data workers, inductor's compiler processes), each a process of its own
+  ema                 (ViT-Ti/16) the weight EMA's update (train.ema.WeightEma, ema.warmup on) after each step
+                      of the bare loop, both timed step by step in one loop: seconds of each, and `cost`, the
+                      update's time over the step's
 The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
 JPEG photographs: our loader per core and `vit pretrain` against timm's own paths). `targets` holds the goals
 and whether met.
@@ -47,12 +50,13 @@ from vitcli.fewshot import features
 from vitcli.models import zoo
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import Recipe
+from vitcli.recipe.schema import EmaConfig, Recipe
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import read_metrics
 from vitcli.runtime.peak import matmul_flops
 from vitcli.runtime.precision import autocast, choose
 from vitcli.stages.run import one_run
+from vitcli.train.ema import WeightEma
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
@@ -81,6 +85,8 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "train_vs_timm_vit_ti16_224": (("input", "train", "vit_ti16_224", "ratio"), 1.0),
     "loader_224_deit_vs_timm_per_core": (("input", "loader_224_deit", "ours_vs_timm"), 1.5),
     "train_vs_timm_quickstart_32_deit": (("input", "train", "quickstart_32_deit", "ratio"), 1.5),
+    # a step's time over the step's and the EMA update's: at least 1 / 1.03, the update at most 3% of a step
+    "ema_vit_ti16_224": (("models", "vit_ti16_224", "ema", "step_share"), 1 / 1.03),
 }
 
 
@@ -122,20 +128,48 @@ def ours(recipe: Recipe, compile_: bool) -> float:
 
 def bare(recipe: Recipe, steps: int, warmup: int) -> float:
     """Images/s of the plainest loop on one batch kept in memory: what a user writes by hand."""
-    torch.manual_seed(0)
-    model = zoo.build_model(recipe.model, 10).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    img, batch = recipe.model.img_size, recipe.data.batch_size
-    x, y = torch.randn(batch, 3, img, img), torch.randint(0, 10, (batch,))
+    model, opt, x, y = bare_setup(recipe)
     for i in range(warmup + steps):
         if i == warmup:
             t0 = time.perf_counter()
-        with autocast(torch.device("cpu"), recipe.run.precision):
-            loss = torch.nn.functional.cross_entropy(model(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return steps * batch / (time.perf_counter() - t0)
+        bare_step(model, opt, x, y, recipe.run.precision)
+    return steps * recipe.data.batch_size / (time.perf_counter() - t0)
+
+
+def bare_setup(recipe: Recipe) -> tuple:
+    """(model, torch.optim.AdamW with its defaults, images, labels) of the bare loop: one batch in memory."""
+    torch.manual_seed(0)
+    model = zoo.build_model(recipe.model, 10).train()
+    img, batch = recipe.model.img_size, recipe.data.batch_size
+    return (model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.randn(batch, 3, img, img),
+            torch.randint(0, 10, (batch,)))
+
+
+def bare_step(model, opt, x, y, precision: str) -> None:
+    """One step of the bare loop: forward, cross-entropy, backward, the optimizer's step."""
+    with autocast(torch.device("cpu"), precision):
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def ema_cost(recipe: Recipe, steps: int, warmup: int) -> dict:
+    """The weight EMA's update against the training step it follows: `bare`'s loop with the update after
+    each optimizer step, the two timed apart step by step (on the CPU both are done when the call returns),
+    so machine noise moves both alike."""
+    model, opt, x, y = bare_setup(recipe)
+    ema = WeightEma(model, EmaConfig(decay=0.9999, warmup=True))
+    step_s = update_s = 0.0
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        bare_step(model, opt, x, y, recipe.run.precision)
+        t1 = time.perf_counter()
+        ema.update(model, i + 1)
+        if i >= warmup:
+            step_s, update_s = step_s + t1 - t0, update_s + time.perf_counter() - t1
+    return {"step_s": step_s / steps, "update_s": update_s / steps, "cost": update_s / step_s,
+            "step_share": step_s / (step_s + update_s)}
 
 
 def loader(recipe: Recipe, batches_: int) -> float:
@@ -189,6 +223,9 @@ def one_model(name: str, quick: bool, precision: str) -> dict:
     if name == "quickstart":
         progress(f"{name}: few-shot extraction")
         out["fewshot"] = extraction(r, 256 if quick else 4096)
+    if name == "vit_ti16_224":
+        progress(f"{name}: weight EMA beside the bare loop's steps")
+        out["ema"] = ema_cost(r, 2 if quick else max(steps // 2, 4), 1 if quick else 2)
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     out["children_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return out

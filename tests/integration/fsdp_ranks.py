@@ -16,15 +16,17 @@ from vitcli.checkpoints import manager
 from vitcli.checkpoints import sharded as sharded_format
 from vitcli.checkpoints.weights import save_weights
 from vitcli.models.zoo import build_model
-from vitcli.recipe.schema import ModelConfig, OptimConfig
+from vitcli.recipe.schema import EmaConfig, ModelConfig, OptimConfig
 from vitcli.runtime.dist import Dist, setup
 from vitcli.train import parallelize
+from vitcli.train.ema import WeightEma
 from vitcli.train.optim import build_optimizer
 
 TINY = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64)
 NUM_CLASSES, GLOBAL_BATCH, MICRO_BATCHES = 4, 8, 2  # per process: 2 micro-batches of 2 images
 STEPS, SAVE_AT = 4, 2
 OPTIM = OptimConfig(lr=1e-3, clip_grad_norm=0.05)  # a clip this low binds, so clipping is compared too
+EMA = EmaConfig(decay=0.9, warmup=True)
 
 
 def tiny_model(seed: int, cfg: ModelConfig = TINY) -> torch.nn.Module:
@@ -99,6 +101,48 @@ def resumed(out: Path, dist: Dist) -> None:
         save_weights(out / "resumed.safetensors", final, {})
 
 
+def train_with_ema(model, optimizer, ema: WeightEma, start: int, stop: int, rank: int = 0, world: int = 1,
+                   micro: int = 1) -> None:
+    """`train`, with the EMA updated after each optimizer step as the loop updates it."""
+    for step in range(start, stop):
+        train(model, optimizer, step, step + 1, rank, world, micro)
+        ema.update(model, step + 1)
+
+
+def whole(state: dict) -> dict[str, torch.Tensor]:
+    """A state dict with every DTensor gathered whole (every process calls it)."""
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+
+def ema_saved_and_resumed(out: Path, dist: Dist) -> None:
+    """The EMA beside sharded training: STEPS steps saving at SAVE_AT, then the state of SAVE_AT loaded into a
+    fresh model, optimizer and EMA and the rest run. Written: both EMAs gathered whole, the model's state
+    gathered with the EMA swapped in and after it, and the logits of a forward under `gathered` (the
+    evaluators' path) with the EMA swapped in."""
+    model, optimizer = sharded(0, dist)
+    ema = WeightEma(model, EMA)  # before the first forward, as the loop makes it
+    train_with_ema(model, optimizer, ema, 0, SAVE_AT, dist.rank, dist.world_size, MICRO_BATCHES)
+    extra = {"step": SAVE_AT, "recipe": {"run": {"strategy": "fsdp"}}}
+    manager.save(out / "ema_run", extra, model, optimizer, dist, keep=2, sharded=True, ema=ema)
+    train_with_ema(model, optimizer, ema, SAVE_AT, STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
+    straight = whole(ema.state_dict())
+    with ema.swapped(model):
+        swapped = parallelize.full_model_state(model)
+        with parallelize.gathered(model), torch.no_grad():
+            logits = model(global_batch(0)[0])
+    after, params = parallelize.full_model_state(model), full_params(model)
+    model, optimizer = sharded(1, dist)
+    fresh = WeightEma(model, EMA)
+    sharded_format.load(out / "ema_run" / f"state-{SAVE_AT}", model, optimizer, dist.control,
+                        states={"ema": fresh.state_dict()})
+    train_with_ema(model, optimizer, fresh, SAVE_AT, STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
+    resumed = whole(fresh.state_dict())
+    if dist.is_main:
+        for name, tensors in (("straight", straight), ("swapped", swapped), ("after", after),
+                              ("params", params), ("resumed", resumed), ("logits", {"logits": logits})):
+            save_file(tensors, str(out / f"ema_{name}.safetensors"))
+
+
 def checkpointed_grads(out: Path, dist: Dist) -> None:
     """One backward with and without activation checkpointing; dropout and drop-path on, so the recomputation
     must replay the same random draws."""
@@ -119,6 +163,7 @@ if __name__ == "__main__":
     rank_dist = setup("cpu")
     straight_and_saved(outdir, rank_dist)
     resumed(outdir, rank_dist)
+    ema_saved_and_resumed(outdir, rank_dist)
     checkpointed_grads(outdir, rank_dist)
     # every rank done with its last collective before any tears the group down: a rank that destroys it while
     # the other still finishes (rank 0 writing its files) now and then aborted at exit (SIGABRT, ~1 run in 10)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_ranks import OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train
+from fsdp_ranks import EMA, OPTIM, SAVE_AT, STEPS, TINY, global_batch, tiny_model, train, train_with_ema
 from safetensors.torch import load_file
 
 from helpers import flipped_bytes, run_ranks, warnings
@@ -28,6 +28,7 @@ from vitcli.recipe.schema import ModelConfig, MppConfig
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
 from vitcli.train import parallelize
+from vitcli.train.ema import WeightEma
 from vitcli.train.objectives import MppModel
 from vitcli.train.optim import build_optimizer
 
@@ -77,6 +78,37 @@ def test_resuming_a_sharded_checkpoint_ends_bit_identical_to_an_uninterrupted_ru
         "the same shards, the same Adam slots and step counts: every bit the same")
     at_save = load_file(ranks / "at_save.safetensors")
     assert not all(torch.equal(straight[k], at_save[k]) for k in straight), "and the resumed steps did train"
+
+
+def test_a_sharded_ema_resumes_bit_identical_and_averages_what_one_process_averages(ranks, one_thread):
+    """The EMA of 2 FSDP processes, sharded like the model: saved in the checkpoint's shards and loaded into
+    a fresh EMA, it ends bit-identical to the run never stopped; and it is the EMA one process keeps of
+    the same training, within the weights' 1-vs-2-process tolerance (ATOL)."""
+    straight, resumed = (load_file(ranks / f"ema_{run}.safetensors") for run in ("straight", "resumed"))
+    assert sorted(straight) == sorted(resumed) == sorted(tiny_model(0).state_dict())
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    model = tiny_model(0)
+    optimizer, ema = build_optimizer(model, OPTIM), WeightEma(model, EMA)
+    train_with_ema(model, optimizer, ema, 0, STEPS)
+    assert max((straight[k] - v).abs().max().item() for k, v in ema.state_dict().items()) < ATOL
+    assert max((straight[k] - v).abs().max().item() for k, v in model.state_dict().items()) > 100 * ATOL, (
+        "an average: far from the weights themselves")
+
+
+def test_a_sharded_model_evaluates_and_exports_its_ema_inside_swapped(ranks, one_thread):
+    """With the EMA swapped in, the gathered state (what model.safetensors gets) is the EMA and a forward
+    under `gathered` (the evaluators' path) computes the EMA's logits; after it, the model has its own
+    weights back, bit for bit."""
+    ema = load_file(ranks / "ema_straight.safetensors")
+    assert all(torch.equal(v, ema[k]) for k, v in load_file(ranks / "ema_swapped.safetensors").items())
+    params, after = load_file(ranks / "ema_params.safetensors"), load_file(ranks / "ema_after.safetensors")
+    assert all(torch.equal(after[k], v) for k, v in params.items())
+    plain = tiny_model(5)
+    plain.load_state_dict(ema)
+    with torch.no_grad():
+        expected = plain(global_batch(0)[0])
+    torch.testing.assert_close(load_file(ranks / "ema_logits.safetensors")["logits"], expected,
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_full_model_state_has_the_plain_models_keys_and_loads_strictly(ranks):

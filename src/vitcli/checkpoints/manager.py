@@ -2,11 +2,14 @@
 which checkpoint, writing one (whole or sharded) and rotating, and loading one back into the model, the
 optimizer and the train stream.
 
-What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; the train state, `step` and
-`recipe`; and `data`, the position in the data (examples seen, the world size, and `streams`, every rank's
-train stream state: its `state_dict()`, json). A whole checkpoint (`state-<step>.pt`, checkpoints.state)
-holds them all in one file; a sharded one (`state-<step>/`, checkpoints.sharded) keeps the model and
-optimizer as shards and the rest beside them.
+What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; `ema`, the weight EMA, when
+the recipe keeps one (ema.decay > 0); the train state, `step` and `recipe`; and `data`, the position in the
+data (examples seen, the world size, and `streams`, every rank's train stream state: its `state_dict()`,
+json). A whole checkpoint (`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one
+(`state-<step>/`, checkpoints.sharded) keeps the model, optimizer and EMA as shards and the rest beside them.
+A checkpoint from before a run kept an EMA has none, and its recipe's missing `ema` section reads as EMA
+off: a recipe that turns EMA on is then a changed recipe, refused on resume like any other
+(_check_same_training), never an EMA begun from the weights halfway through.
 
 No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed, step,
 micro-batch) (batches.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
@@ -33,12 +36,12 @@ from vitcli.runtime.metrics import console
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
-# Keys that may differ between a run and its resumption: they change how a run is watched and fed, not what
-# it trains. Everything else (the seed and the micro-batch included: they decide the data order, the initial
-# weights and the summation order) must match.
+# Keys that may differ between a run and its resumption: they change how a run is watched and fed (or, for
+# ema.save, which of its weights the end writes), not what it trains. Everything else (the seed and the
+# micro-batch included: they decide the data order, the initial weights and the summation order) must match.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
              "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size",
-             "fewshot.")
+             "fewshot.", "ema.save")
 
 Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
 
@@ -161,25 +164,35 @@ def prepare_workdir(workdir: Path, fresh: bool) -> Path | None:
 
 
 def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
-         keep: int, sharded: bool) -> Path:
-    """Write the checkpoint of parts["step"]: `parts` with the model and optimizer, as one file by rank 0 or
-    (`sharded`) as a directory every rank writes its shard into; then keep the `keep` newest. Every rank calls
-    it; it returns once the checkpoint is in place. Any checkpoint of that step or later goes first (an
-    abandoned run's), so that whatever a kill leaves behind, the newest checkpoint is from this run."""
+         keep: int, sharded: bool, ema: TensorState | None = None) -> Path:
+    """Write the checkpoint of parts["step"]: `parts` with the model, optimizer and `ema` (if any), as one
+    file by rank 0 or (`sharded`) as a directory every rank writes its shard into; then keep the `keep`
+    newest. Every rank calls it; it returns once the checkpoint is in place. Any checkpoint of that step or
+    later goes first (an abandoned run's), so that whatever a kill leaves behind, the newest checkpoint is
+    from this run."""
     step = int(parts["step"])
     if dist.is_main:
         state.discard_from(workdir, step)
+    tensors = {} if ema is None else {"ema": ema.state_dict()}
     if sharded:
-        path = write_shards(state.checkpoint_dir(workdir, step), model, optimizer, parts, dist)
+        path = write_shards(state.checkpoint_dir(workdir, step), model, optimizer, parts, dist, tensors)
     else:
         path = state.checkpoint_path(workdir, step)
         if dist.is_main:
-            whole = {**parts, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            whole = {**parts, "model": model.state_dict(), "optimizer": optimizer.state_dict(), **tensors}
             state.save_state(path, whole)
     if dist.is_main:
         state.keep_newest(workdir, keep)
     barrier(dist)  # no process moves on (or reads it) before the checkpoint is in place
     return path
+
+
+class TensorState(Protocol):
+    """A part saved as tensors laid out like the model's (train.ema.WeightEma): loaded in place."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None: ...
 
 
 class TrainStream(Protocol):
@@ -197,31 +210,46 @@ class CheckpointManager:
     """Saves, rotates and loads the training state of one run, for the loop. `model` is the module as
     parallelized (not compiled: its state dict has the plain names); `stream`: this rank's train stream, not
     yet begun; `sharded`: parallelize sharded the model, so its parts are saved as shards in `state-<step>/`,
-    else as one `state-<step>.pt`."""
+    else as one `state-<step>.pt`; `ema`: the weight EMA, if the run keeps one."""
 
     def __init__(self, workdir: Path, recipe: Recipe, dist: Dist, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, stream: TrainStream, sharded: bool,
-                 resume_from: Checkpoint | None = None):
+                 resume_from: Checkpoint | None = None, ema: TensorState | None = None):
         self.workdir, self.recipe, self.dist = workdir, recipe, dist
         self.model, self.optimizer, self.stream, self.sharded = model, optimizer, stream, sharded
-        self.resume_from = resume_from
+        self.resume_from, self.ema = resume_from, ema
 
     def load(self) -> int:
-        """The model, optimizer and train stream as the checkpoint left them; the step to continue from
+        """The model, optimizer, EMA and train stream as the checkpoint left them; the step to continue from
         (0: a fresh run, nothing loaded)."""
         if self.resume_from is None:
             return 0
         path, saved = self.resume_from
         if path.is_dir():  # `saved` is the part beside the shards
-            load_shards(path, self.model, self.optimizer, self.dist.control)
+            states = {} if self.ema is None else {"ema": self.ema.state_dict()}  # loaded in place
+            load_shards(path, self.model, self.optimizer, self.dist.control, states)
         else:
             self.model.load_state_dict(saved["model"])
             self.optimizer.load_state_dict(saved["optimizer"])
+            self._load_ema(path, saved)
         step = int(saved["step"])
         self._load_stream(saved.get("data", {}).get("streams") or [], step)
         if self.dist.is_main:
             console.log(f"resuming from {path} at step {step}")
         return step
+
+    def _load_ema(self, path: Path, saved: dict) -> None:
+        """The EMA of a whole checkpoint, in place; one this run keeps must be there (the recipe check lets
+        no EMA-less checkpoint resume into a run that keeps one, but a hand-made file could)."""
+        if self.ema is None:
+            return
+        if "ema" not in saved:
+            raise CheckpointError(f"{path}: holds no EMA weights, but ema.decay={self.recipe.ema.decay} "
+                                  "keeps them; resume with the recipe it was saved with")
+        try:
+            self.ema.load_state_dict(saved["ema"])
+        except CheckpointError as e:
+            raise CheckpointError(f"{path}: {e}") from None
 
     def _load_stream(self, states: list[dict], step: int) -> None:
         """This rank's train stream at `step`: where its state in the checkpoint says (a streamed split goes
@@ -247,7 +275,7 @@ class CheckpointManager:
                 "streams": streams}
         parts = {"step": step, "data": data, "recipe": to_dict(r)}
         return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
-                    self.sharded)
+                    self.sharded, self.ema)
 
 
 def _warn_resplit(states: list[dict], dist: Dist) -> None:

@@ -35,9 +35,10 @@ SHARDED_FILES = (DCP_METADATA, EXTRA_JSON, EXTRA_TENSORS)  # a sharded checkpoin
 _TENSOR = "__tensor__"  # extra.json's stand-in for a tensor kept in extra.safetensors: {"__tensor__": "t0"}
 
 
-def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist) -> Path:
-    """Write the directory `path`: every process its shard of the model and optimizer, rank 0 `extra`.
-    Every process calls it.
+def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,
+          states: dict[str, dict] | None = None) -> Path:
+    """Write the directory `path`: every process its shard of the model and optimizer (and of `states`, more
+    state dicts laid out like the model's: the weight EMA), rank 0 `extra`. Every process calls it.
 
     Into a temporary directory first; after a barrier (every shard written) rank 0 adds `extra` and seals it
     (SHA256SUMS, fsync, one rename, files.atomic_dir), so `path` exists only whole. Write after an optimizer
@@ -49,7 +50,7 @@ def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra:
         model_state, optim_state = get_state_dict(model, optimizer)
         # DCP's own waits for the slowest writer on `control` too, as runtime.dist.barrier says why
         with _single_process_is_intended():
-            dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp,
+            dcp.save({**(states or {}), "model": model_state, "optimizer": optim_state}, checkpoint_id=tmp,
                      process_group=dist.control, no_dist=dist.world_size == 1)
         barrier(dist)
         if dist.is_main:
@@ -75,10 +76,12 @@ def _rank0_path(path: Path | None, dist: Dist) -> Path:
     return Path(box[0])
 
 
-def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=None) -> dict:
+def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=None,
+         states: dict[str, dict] | None = None) -> dict:
     """Read the checkpoint directory `path` into the live model and optimizer (already sharded as they will
-    train, on any number of processes); return its extra part. Every process calls it; DCP's waits
-    for the slowest reader go through `group` (Dist.control: on the CPU, not under NCCL's watchdog).
+    train, on any number of processes), and `states` (as `write` took them) in place; return its extra
+    part. Every process calls it; DCP's waits for the slowest reader go through `group` (Dist.control: on
+    the CPU, not under NCCL's watchdog).
 
     The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a pickle, read
     only once its checksum matches. The tensors load in place through DCP, which reshards them as needed.
@@ -86,14 +89,14 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=N
     extra = verified_extra(path)
     # the layout to fill; an optimizer without state (a fresh one) first gets it from a step at lr 0
     model_state, optim_state = get_state_dict(model, optimizer)
-    loaded = {"model": model_state, "optimizer": optim_state}
+    loaded = {**(states or {}), "model": model_state, "optimizer": optim_state}
     try:
         with _single_process_is_intended():
             dcp.load(loaded, checkpoint_id=path, process_group=group,
                      no_dist=not torch_dist.is_initialized())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
-        raise CheckpointError(f"{path}: does not fit this model and optimizer "
-                              f"({_first_failure(e)})") from None
+        parts = " and ".join([", ".join(["model", *(states or {})]), "optimizer"])  # model, ema and optimizer
+        raise CheckpointError(f"{path}: does not fit this {parts} ({_first_failure(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
     return extra
 

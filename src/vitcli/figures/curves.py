@@ -30,6 +30,7 @@ def panel(key: str) -> str | None:
     """Which panel a metrics.jsonl key belongs to (train/loss, val/top1, fewshot/x/5shot...),
     None: not drawn."""
     split, _, name = key.partition("/")
+    split = split.removesuffix("_ema")  # the EMA weights' val_ema/top1 beside the trained weights' val/top1
     if split == "fewshot":
         return "few-shot accuracy"
     if name == "lr":

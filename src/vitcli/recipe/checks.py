@@ -18,6 +18,7 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
+    EMA_SAVES,
     ERASING_MODES,
     FEWSHOT_RESIZE_METHODS,
     LABELLED,
@@ -54,25 +55,26 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
     "data.erasing_mode": ERASING_MODES,
     "data.mix_mode": MIX_MODES,
+    "ema.save": EMA_SAVES,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
     "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
-    "data.repeated_aug",
+    "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
-    "fewshot.every", "fewshot.custom.num_classes",
+    "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
-             "optim.momentum", "mpp.mask_prob", "mpp.random_prob")
+             "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "ema.decay", "ema.min_decay")
 # (0, 1]: fractions of the image; a per-layer lr factor
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
 PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob")  # [0, 1]
@@ -112,6 +114,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_data(recipe)
     _fewshot(recipe)
     _objective(recipe)
+    _ema(recipe)
     _random_init(recipe)
     check_loggers(recipe.run.loggers)
     if inputs:  # last, the values being right: what the command needs in order to run
@@ -274,6 +277,17 @@ def _objective(recipe: Recipe) -> None:
     if round(p.corrupt_ratio * patches) < 1:  # models.mpp.corruption corrupts round(ratio * N) per image
         raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
                           f"raise it above {0.5 / patches:.3g}")
+
+
+def _ema(recipe: Recipe) -> None:
+    """EMA weights exist only with a decay, and the warm-up's floor sits below the decay it warms up to."""
+    e = recipe.ema
+    if e.save == "ema" and not e.decay:
+        raise RecipeError("ema.save=ema, but ema.decay=0 keeps no EMA weights; set ema.decay (timm: 0.9998) "
+                          "or ema.save=live")
+    if e.decay and e.min_decay > e.decay:
+        raise RecipeError(f"ema.min_decay={e.min_decay} is above ema.decay={e.decay}: the floor of the "
+                          "warmed-up decay must not exceed the decay itself")
 
 
 def _random_init(recipe: Recipe) -> None:

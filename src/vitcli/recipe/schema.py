@@ -146,6 +146,23 @@ class ScheduleConfig:
 
 
 @dataclass
+class EmaConfig:
+    """Weight EMA (timm's ModelEmaV3): an exponential moving average of the weights, updated after each
+    optimizer step, evaluated beside them (`val_ema/top1`) and kept in every checkpoint."""
+
+    # the average's decay per optimizer step; 0 turns EMA off (timm's train.py: 0.9998; DeiT: 0.99996)
+    decay: float = 0.0
+    min_decay: float = 0.0  # floor of the warmed-up decay (timm's min_decay)
+    update_after_step: int = 0  # optimizer steps after the first that only copy the weights (timm's)
+    # the decay warms up as min(decay, 1 - (1 + t / warmup_gamma) ** -warmup_power), t counting the
+    # averaging steps, so the early average is not the random initial weights' (timm's use_warmup)
+    warmup: bool = False
+    warmup_gamma: float = 1.0
+    warmup_power: float = 2 / 3  # timm's: reaches 0.999 at 31.6K steps, 0.9999 at 1M
+    save: str = "live"  # which weights model.safetensors holds: live (the trained ones) | ema
+
+
+@dataclass
 class RunConfig:
     """Everything about running that does not change the maths."""
 
@@ -237,6 +254,7 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
     run: RunConfig = field(default_factory=RunConfig)
     init: InitConfig = field(default_factory=InitConfig)
     fewshot: FewshotConfig = field(default_factory=FewshotConfig)

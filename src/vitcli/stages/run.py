@@ -197,9 +197,10 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
 
 def checkpoint_bytes(job: Job) -> int:
     """Disk a run needs at most: run.keep_checkpoints states and one being written (weights plus the
-    optimizer's slots: Adam keeps two per weight, SGD momentum one), and the final model, all fp32."""
+    optimizer's slots: Adam keeps two per weight, SGD momentum one; plus the EMA's copy, if kept), and the
+    final model, all fp32."""
     weights = 4 * zoo.count_params(job.model)
-    slots = 2 if job.recipe.optim.name == "adamw" else 1
+    slots = (2 if job.recipe.optim.name == "adamw" else 1) + (1 if job.recipe.ema.decay else 0)
     return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
 

@@ -33,6 +33,7 @@ from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
 from vitcli.runtime.trackers import open_trackers
 from vitcli.train import parallelize
+from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.objectives import exported, loss_fn, mpp_step
 from vitcli.train.optim import build_optimizer
@@ -78,9 +79,19 @@ class Job:
 
 
 
-def _evaluate(evaluators: list[Evaluator], model) -> dict[str, float]:
+def _evaluate(evaluators: list[Evaluator], model, ema: WeightEma | None = None) -> dict[str, float]:
+    """Every evaluator's metrics on the model's weights, then (with an EMA) on the EMA weights swapped in,
+    named `val_ema/top1`, `fewshot_ema/<task>/<k>shot` (ema.ema_metric)."""
     if not evaluators:
         return {}
+    results = _measure(evaluators, model)
+    if ema is not None:
+        with ema.swapped(model):
+            results.update({ema_metric(k): v for k, v in _measure(evaluators, model).items()})
+    return results
+
+
+def _measure(evaluators: list[Evaluator], model) -> dict[str, float]:
     with parallelize.gathered(model):  # sharded: each rank evaluates its rows with the whole weights
         return {name: value for ev in evaluators for name, value in ev.run(model)}
 
@@ -91,12 +102,13 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
     model, ddp_model = parallel.model, parallel.train  # `model` is the one saved, evaluated and exported
     optimizer = build_optimizer(model, r.optim)
+    ema = WeightEma(model, r.ema) if r.ema.decay else None  # in the model's layout: after sharding
     micro, accum = micro_batches(r, dist.world_size)
     criterion = loss_fn(r.optim)
     mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
-                                    job.resume_from)
+                                    job.resume_from, ema)
     start = checkpoints.load()
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
     # is still the honest measure on CUDA)
@@ -125,24 +137,22 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             # loss that became non-finite since is caught before any checkpoint could hold its weights.
             values = _read([loss, accuracy], dist, step) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
-            optimizer.step()
+            _step(optimizer, model, ema, done)
             window.images += r.data.batch_size
             if log:
                 _log(window, waited.take(), advise, metrics, bar, task, done, _row(values, lr, grad_norm))
             bar.update(task, completed=done)
-            _periodic(job, model, metrics, done)
+            _periodic(job, model, ema, metrics, done)
             if save:
                 checkpoints.save(done)
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
-    final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model)
+    final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model, ema)
     if final:
         metrics.write(job.total_steps, final)
     metrics.close()
-    weights = parallel.full_state(exported(model))  # every rank takes part: sharded weights are gathered
-    if dist.is_main:
-        save_weights(job.workdir / MODEL_FILE, weights, {"recipe": to_dict(r), "model": job.model_meta})
+    _save_final(job, parallel, ema, dist)
     # this rank's count of skipped images; the throughput of the whole run after the warm-up window
     return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total}
 
@@ -251,11 +261,30 @@ def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, d
     bar.update(task, stats=stats)
 
 
-def _periodic(job: Job, model, metrics: MetricsLog, done: int) -> None:
-    """Evaluators due at this step (the last step's run after the loop)."""
+def _step(optimizer, model, ema: WeightEma | None, done: int) -> None:
+    """The optimizer's step, then the EMA's update with its result (timm's train.py order): step `done`."""
+    optimizer.step()
+    if ema is not None:
+        ema.update(model, done)
+
+
+def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None, dist: Dist) -> None:
+    """model.safetensors: the weights ema.save names (the trained ones, or the EMA swapped in), and its
+    metadata saying which (`weights`), beside the recipe and the model spec."""
+    which = job.recipe.ema.save
+    with ema.swapped(parallel.model) if which == "ema" else contextlib.nullcontext():
+        # every rank takes part: sharded weights are gathered; written inside, where they are the EMA's
+        weights = parallel.full_state(exported(parallel.model))
+        if dist.is_main:
+            meta = {"recipe": to_dict(job.recipe), "model": job.model_meta, "weights": which}
+            save_weights(job.workdir / MODEL_FILE, weights, meta)
+
+
+def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done: int) -> None:
+    """Evaluators due at this step (the last step's run after the loop), on the EMA weights too if any."""
     due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
     if due:
-        results = _evaluate(due, model)
+        results = _evaluate(due, model, ema)
         metrics.write(done, results)
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
 

@@ -63,9 +63,13 @@ def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, m
     dist = setup("cpu")
     job = build_job(r, tmp_path, dist)
     before = {k: v.clone() for k, v in job.teacher.state_dict().items()}
-    built = []
-    monkeypatch.setattr(loop, "build_optimizer", lambda model, cfg: built.append(
-        torch.optim.AdamW(model.parameters(), lr=cfg.lr)) or built[-1])
+    built, build = [], loop.build_optimizer
+
+    def kept(model, cfg):  # the loop's own optimizer, kept to be looked at
+        built.append(build(model, cfg))
+        return built[-1]
+
+    monkeypatch.setattr(loop, "build_optimizer", kept)
     loop.train(job, dist)
     frozen = job.teacher
     assert not any(m.training for m in frozen.modules())
@@ -73,7 +77,7 @@ def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, m
     assert all(torch.equal(v, before[k]) for k, v in frozen.state_dict().items())
     optimized = {id(p) for group in built[0].param_groups for p in group["params"]}
     assert not optimized & {id(p) for p in frozen.parameters()}
-    assert set(map(id, built[0].state)) <= {id(p) for p in job.model.parameters()}
+    assert built[0].state and set(map(id, built[0].state)) <= {id(p) for p in job.model.parameters()}
 
 
 def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):

@@ -16,6 +16,10 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
   ema                 (ViT-Ti/16) the weight EMA's update (train.ema.WeightEma, ema.warmup on) after each step
                       of the bare loop, both timed step by step in one loop: seconds of each, and `cost`, the
                       update's time over the step's
+  distill             (ViT-Ti/16) a training step on a batch in memory, eager, our loss: without a teacher
+                      (step_s) and with hard distillation from a teacher as large as the student (its own
+                      architecture, from a checkpoint: distill_step_s), in turns, the fastest of each;
+                      step_cost = distill_step_s / step_s, speed its inverse
 The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
 JPEG photographs: our loader per core and `vit pretrain` against timm's own paths). `targets` holds the goals
 and whether met.
@@ -45,6 +49,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from vitcli.checkpoints.weights import save_weights
 from vitcli.data import batches, sources
 from vitcli.fewshot import features
 from vitcli.models import zoo
@@ -56,7 +61,9 @@ from vitcli.runtime.metrics import read_metrics
 from vitcli.runtime.peak import matmul_flops
 from vitcli.runtime.precision import autocast, choose
 from vitcli.stages.run import one_run
+from vitcli.train import distill
 from vitcli.train.ema import WeightEma
+from vitcli.train.objectives import loss_fn
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
@@ -87,6 +94,8 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "train_vs_timm_quickstart_32_deit": (("input", "train", "quickstart_32_deit", "ratio"), 1.5),
     # a step's time over the step's and the EMA update's: at least 1 / 1.03, the update at most 3% of a step
     "ema_vit_ti16_224": (("models", "vit_ti16_224", "ema", "step_share"), 1 / 1.03),
+    # a distilled step costs at most 1.6x an undistilled one: the teacher's forward, without autograd
+    "distill_speed_vit_ti16_224": (("models", "vit_ti16_224", "distill", "speed"), 1 / 1.6),
 }
 
 
@@ -172,6 +181,37 @@ def ema_cost(recipe: Recipe, steps: int, warmup: int) -> dict:
             "step_share": step_s / (step_s + update_s)}
 
 
+def distilled(recipe: Recipe, steps: int) -> dict:
+    """Seconds of one training step (forward, our loss, backward, AdamW) on a batch in memory, without a
+    teacher and with hard distillation from one as large as the student (its architecture, its initial
+    weights saved as a checkpoint of ours, loaded by train.distill.load_teacher), in turns, the fastest of
+    `steps` each: a load from other processes falls on both alike, and the data pipeline is left out."""
+    with tempfile.TemporaryDirectory() as d:
+        teacher_file = Path(d) / "teacher.safetensors"
+        save_weights(teacher_file, zoo.build_model(recipe.model, 10).state_dict(),
+                     {"model": zoo.model_spec(recipe.model, 10)})
+        taught = dataclasses.replace(recipe.distill, teacher=str(teacher_file), type="hard")
+        teacher = distill.load_teacher(dataclasses.replace(recipe, distill=taught), 10, torch.device("cpu"))
+    model = zoo.build_model(recipe.model, 10).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    img, batch = recipe.model.img_size, recipe.data.batch_size
+    x, y = torch.randn(batch, 3, img, img), torch.randint(0, 10, (batch,))
+    criteria = [distill.criterion(loss_fn(recipe.optim), t, taught) for t in (None, teacher)]
+    seconds = [[], []]
+    for _ in range(steps + 1):  # the first of each is warm-up
+        for which, criterion in enumerate(criteria):
+            t0 = time.perf_counter()
+            with autocast(torch.device("cpu"), recipe.run.precision):
+                loss = criterion(model(x), y, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            seconds[which].append(time.perf_counter() - t0)
+    plain, taught_s = (min(s[1:]) for s in seconds)
+    return {"step_s": plain, "distill_step_s": taught_s, "step_cost": taught_s / plain,
+            "speed": plain / taught_s}
+
+
 def loader(recipe: Recipe, batches_: int) -> float:
     """Images/s of our training stream alone: decode + augmentation, the recipe's num_workers."""
     ds = sources.load_split(recipe.data, recipe.data.train_split)
@@ -219,6 +259,9 @@ def one_model(name: str, quick: bool, precision: str) -> dict:
     for key, compile_ in (("ours_img_s", False), ("ours_compile_img_s", True)):
         progress(f"{name}: our trainer, compile={compile_}")
         out[key] = ours(r, compile_)
+    if name == "vit_ti16_224":
+        progress(f"{name}: our trainer with a teacher as large as the student")
+        out["distill"] = distilled(r, 2 if quick else 5)
     out["train_flops_per_img"] = train_flops_per_image(r.model)
     if name == "quickstart":
         progress(f"{name}: few-shot extraction")

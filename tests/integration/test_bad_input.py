@@ -110,6 +110,13 @@ CASES = {
                               "data.cutmix_alpha=1.0 mixes labels, but objective: mpp"),
     "zero erasing boxes": (pretrain("data.erasing=0.25", "data.erasing_count=0"),
                            "data.erasing_count must be positive"),
+    "distillation type typo": (pretrain("distill.type=sofft"),
+                               "distill.type: 'sofft' is not one of none, hard, soft"),
+    "distillation alpha 1.5": (pretrain("distill.alpha=1.5"), "distill.alpha must be in [0, 1]"),
+    "distillation without a teacher": (pretrain("distill.type=hard"), "distill.type=hard needs a teacher"),
+    "teacher of other classes": (pretrain("distill.teacher={root}/done", "distill.type=hard",
+                                          "data.synthetic.num_classes=4"),
+                                 "has a 10-class head, but the student has 4 classes"),
     "image size vs patch": (pretrain("model.img_size=30"), "model.img_size=30 is not a multiple of 4"),
     "warmup past the end": (pretrain("schedule.warmup_steps=5"), "schedule.warmup_steps=5"),
     "fewer classes than labels": (pretrain("model.num_classes=3"), "model.num_classes=3"),
@@ -194,7 +201,8 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatc
 # Refused only by the run: these need the data read (dry runs read none) or a workdir (dry runs name none)
 RUN_ONLY = {"fewer classes than labels", "missing data", "no such column", "workdir is a file",
             "workdir below a file", "fewshot workdir is a file", "finished run, --no-resume",
-            "finished run, typo after --no-resume", "custom task without its test split"}
+            "finished run, typo after --no-resume", "custom task without its test split",
+            "teacher of other classes"}  # the student's classes are the data's
 BOTH_WAYS = [c for c, (args, _) in CASES.items()
              if args[0] in ("pretrain", "finetune", "eval-fewshot") and c not in RUN_ONLY]
 

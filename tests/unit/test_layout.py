@@ -34,7 +34,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
-    ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "interrupt", "throughput", "loop"]),
+    ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
+               "loop"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "heldout"]),
     # linear few-shot evaluation in its steps

@@ -200,12 +200,19 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         model = _vit(cfg, num_classes)
     else:
         model = _timm(cfg, num_classes)
-    head = model.get_classifier() if num_classes > 0 else None
-    if cfg.head_zero_init and getattr(head, "weight", None) is not None:
-        nn.init.zeros_(head.weight)
-    if getattr(head, "bias", None) is not None:
-        nn.init.constant_(head.bias, cfg.head_bias_init)
+    for head in classifiers(model) if num_classes > 0 else ():
+        if cfg.head_zero_init and getattr(head, "weight", None) is not None:
+            nn.init.zeros_(head.weight)
+        if getattr(head, "bias", None) is not None:
+            nn.init.constant_(head.bias, cfg.head_bias_init)
     return model
+
+
+def classifiers(model: nn.Module) -> tuple[nn.Module, ...]:
+    """The model's classification heads: its one, or a DeiT distilled model's two (timm's get_classifier
+    gives the class token's and the distillation token's as a pair)."""
+    heads = model.get_classifier()
+    return heads if isinstance(heads, tuple) else (heads,)
 
 
 # ---------------------------------------------------------------- transfer surgery and bookkeeping

@@ -18,6 +18,7 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
+    DISTILL_TYPES,
     EMA_SAVES,
     ERASING_MODES,
     FEWSHOT_RESIZE_METHODS,
@@ -56,13 +57,14 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.erasing_mode": ERASING_MODES,
     "data.mix_mode": MIX_MODES,
     "ema.save": EMA_SAVES,
+    "distill.type": DISTILL_TYPES,
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
     "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
-    "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power",
+    "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
@@ -77,7 +79,8 @@ BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim
              "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "ema.decay", "ema.min_decay")
 # (0, 1]: fractions of the image; a per-layer lr factor
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
-PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob")  # [0, 1]
+# [0, 1]: probabilities, and the weight of one loss against another
+PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob", "distill.alpha")
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
     (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
@@ -115,6 +118,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     _fewshot(recipe)
     _objective(recipe)
     _ema(recipe)
+    _distill(recipe)
     _random_init(recipe)
     check_loggers(recipe.run.loggers)
     if inputs:  # last, the values being right: what the command needs in order to run
@@ -288,6 +292,23 @@ def _ema(recipe: Recipe) -> None:
     if e.decay and e.min_decay > e.decay:
         raise RecipeError(f"ema.min_decay={e.min_decay} is above ema.decay={e.decay}: the floor of the "
                           "warmed-up decay must not exceed the decay itself")
+
+
+def _distill(recipe: Recipe) -> None:
+    """A teacher and a way to distil from it come together, and they distil a classifier."""
+    d = recipe.distill
+    if d.type != "none" and not d.teacher:
+        raise RecipeError(f"distill.type={d.type} needs a teacher: set distill.teacher to a workdir, a "
+                          "weights file or a timm model name")
+    if d.teacher and d.type == "none":
+        raise RecipeError(f"distill.teacher={d.teacher} is set but distill.type is none; set distill.type "
+                          "to hard or soft (DeiT's best: hard), or distill.teacher to ''")
+    if d.teacher_model and not d.teacher:
+        raise RecipeError(f"distill.teacher_model={d.teacher_model} names the teacher's architecture, but "
+                          "distill.teacher (its weights) is empty")
+    if d.type != "none" and recipe.objective == "mpp":
+        raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: mpp has "
+                          "none; set distill.type=none, or objective: supervised")
 
 
 def _random_init(recipe: Recipe) -> None:

@@ -32,6 +32,7 @@ FEWSHOT_RESIZE_METHODS = ("big_vision",)
 ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomErasing's modes
 MIX_MODES = ("batch", "pair", "elem")  # data.mix_mode: timm Mixup's modes
 EMA_SAVES = ("live", "ema")  # ema.save: the weights model.safetensors holds
+DISTILL_TYPES = ("none", "hard", "soft")  # distill.type: DeiT's --distillation-type
 # data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
 LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
                "dsprites_orientation")

@@ -244,6 +244,22 @@ class MppConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Knowledge distillation as DeiT does it (Touvron et al. 2021; facebookresearch/deit losses.py): a frozen
+    teacher's logits on the images the student sees, a second target beside the labels (train/distill.py)."""
+
+    # the teacher's weights: a vitcli workdir / model.safetensors, a timm safetensors, a Google .npz, or a
+    # timm / Hub model name (timm downloads it); "" = no teacher
+    teacher: str = ""
+    # the teacher's architecture, any model.name (DeiT's regnety_160), for a file that does not say it (a
+    # foreign network that is not a ViT); "" = read from the checkpoint or the timm name
+    teacher_model: str = ""
+    type: str = "none"  # none | hard (cross-entropy on the teacher's top class) | soft (KL at temperature)
+    alpha: float = 0.5  # the distillation loss's weight; the labels' loss gets 1 - alpha (DeiT's 0.5)
+    tau: float = 1.0  # soft: the temperature of both softmaxes (DeiT's 1.0)
+
+
+@dataclass
 class Recipe:
     """One experiment."""
 
@@ -259,6 +275,7 @@ class Recipe:
     init: InitConfig = field(default_factory=InitConfig)
     fewshot: FewshotConfig = field(default_factory=FewshotConfig)
     mpp: MppConfig = field(default_factory=MppConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 # ---------------------------------------------------------------- coercion

@@ -33,6 +33,7 @@ from vitcli.runtime.peak import mfu, peak_flops
 from vitcli.runtime.precision import bf16_warning, resolved, resolved_compile
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir
+from vitcli.train import distill
 from vitcli.train.loop import Feed, Job, train
 from vitcli.train.objectives import MppModel, loss_fn
 from vitcli.train.schedule import total_steps
@@ -129,12 +130,14 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
         load_init(model, r, num_classes, dist)
     if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
         model = MppModel(model, r.mpp, r.model.patch_size)
+    teacher = distill.load_teacher(r, num_classes, dist.device)
+    distill.use_distillation_token(model, r.distill)
     periodic, final = _evaluators(r, dist)
     # the head's class names (vit predict prints them); a headless mpp ViT has none
     names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
     meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
     return Job(r, workdir, model, train_ds, train_feed(r, train_ds, num_classes), num_classes, steps, meta,
-               periodic, final, start)
+               periodic, final, start, teacher)
 
 
 def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
@@ -229,7 +232,7 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     console.log(
         f"{r.stage}: {r.model.name} ({zoo.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
-        f"{learns}, "
+        f"{learns}{distilled(r)}, "
         f"{job.total_steps} steps "
         f"of {r.data.batch_size}, {r.run.precision} ({why}){tf32(r, dist)}, "
         f"{'compiled' if r.run.compile else 'eager'} ({why_compile}) -> {job.workdir}"
@@ -237,6 +240,12 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     if not r.init.checkpoint:  # with starting weights their table says it (checkpoints.transfer.lr_rows)
         for what, detail in lr_rows(job.model, r):
             console.log(f"{what}: {detail}")
+
+
+def distilled(r: Recipe) -> str:
+    """The announce line's note of the teacher, if any."""
+    d = r.distill
+    return f" taught by {d.teacher} ({d.type} distillation, alpha {d.alpha:g})" if d.teacher else ""
 
 
 def tf32(r: Recipe, dist: Dist) -> str:

@@ -32,7 +32,7 @@ from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
 from vitcli.runtime.trackers import open_trackers
-from vitcli.train import parallelize
+from vitcli.train import distill, parallelize
 from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.objectives import exported, loss_fn, mpp_step
@@ -75,6 +75,7 @@ class Job:
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
     # (checkpoint path, its state) to continue from: checkpoints.manager
     resume_from: Checkpoint | None = None
+    teacher: torch.nn.Module | None = None  # frozen, on the run's device: train.distill.load_teacher
 
 
 
@@ -104,7 +105,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     optimizer = build_optimizer(model, r.optim)
     ema = WeightEma(model, r.ema) if r.ema.decay else None  # in the model's layout: after sharding
     micro, accum = micro_batches(r, dist.world_size)
-    criterion = loss_fn(r.optim)
+    criterion = distill.criterion(loss_fn(r.optim), job.teacher, r.distill)
     mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
@@ -291,7 +292,8 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
 
 def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
     """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch (global
-    micro-batch first_micro + i): supervised or masked patch prediction.
+    micro-batch first_micro + i): supervised (beside a teacher, if the recipe names one: train.distill) or
+    masked patch prediction.
 
     Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
     augmentation does (batches.micro_seed): Mixup and CutMix from a numpy Generator of their own
@@ -307,7 +309,7 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
         if mixup is not None:
             x, y = mix(mixup, x, y, seed(i, MIXUP_STREAM))
         with seeded(seed(i, MODEL_STREAM)):
-            return criterion(model(x).float(), y), None
+            return criterion(model(x), y, x), None  # x: the teacher's input too (train.distill)
 
     def masked_patches(model, x, y, i):
         with seeded(seed(i, MODEL_STREAM)):

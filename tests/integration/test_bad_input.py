@@ -114,6 +114,8 @@ CASES = {
                                "distill.type: 'sofft' is not one of none, hard, soft"),
     "distillation alpha 1.5": (pretrain("distill.alpha=1.5"), "distill.alpha must be in [0, 1]"),
     "distillation without a teacher": (pretrain("distill.type=hard"), "distill.type=hard needs a teacher"),
+    "a teacher that is not there": (pretrain("distill.teacher={root}/nope", "distill.type=soft"),
+                                    "distill.teacher: checkpoint not found"),
     "teacher of other classes": (pretrain("distill.teacher={root}/done", "distill.type=hard",
                                           "data.synthetic.num_classes=4"),
                                  "has a 10-class head, but the student has 4 classes"),

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from vitcli.checkpoints.describe import describe
-from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.checkpoints.read import Loaded, locate_checkpoint, read_checkpoint
 from vitcli.data import tasks
 from vitcli.errors import CheckpointError, ModelError, RecipeError
 from vitcli.models.zoo import resolve_name
@@ -36,7 +36,18 @@ def complete(recipe: Recipe, user_heads: bool) -> Recipe:
     if recipe.run.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
     _check_task_names(recipe)
+    _check_teacher(recipe)
     return dataclasses.replace(recipe, model=_model(recipe, user_heads))
+
+
+def _check_teacher(recipe: Recipe) -> None:
+    """A teacher named by a local path is there before anything runs (--dry-run says so too); its weights
+    are read when the run builds it (train.distill.load_teacher), a Hub or timm name then downloaded."""
+    if recipe.distill.teacher:
+        try:
+            locate_checkpoint(recipe.distill.teacher)
+        except CheckpointError as e:
+            raise CheckpointError(f"distill.teacher: {e}") from None
 
 
 def trained_with(checkpoint: str, own_data: bool = True) -> dict:

@@ -52,6 +52,16 @@ class Loaded:
 
 def read_checkpoint(src: str) -> Loaded:
     """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
+    where = locate_checkpoint(src)
+    if isinstance(where, Path):
+        stat = where.stat()  # an atomic rewrite is a new inode; an in-place one changes mtime or size
+        return _read_cached(str(where.resolve()), (stat.st_ino, stat.st_mtime_ns, stat.st_size))
+    return _read_cached(where, None)
+
+
+def locate_checkpoint(src: str) -> Path | str:
+    """Where `src` is, read nothing: a local weights file (a workdir's model.safetensors), or the Hub/timm
+    name it is; a local path that is not there (or a workdir without weights) is refused."""
     src = str(src)
     path = Path(src).expanduser()
     if path.is_dir():
@@ -61,11 +71,10 @@ def read_checkpoint(src: str) -> Loaded:
             )
         path = path / MODEL_FILE
     if path.is_file():
-        stat = path.stat()  # an atomic rewrite is a new inode; an in-place one changes mtime or size
-        return _read_cached(str(path.resolve()), (stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        return path
     looks_like_file = "/" in src or path.suffix.lower() in (".safetensors", ".npz", *PICKLE_SUFFIXES)
     if src.startswith(HUB_PREFIXES) or not looks_like_file:
-        return _read_cached(src, None)
+        return src
     raise CheckpointError(f"checkpoint not found: {src}{_near(src, path)}")
 
 

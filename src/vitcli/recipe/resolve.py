@@ -109,10 +109,11 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
 
 def needs_torch(recipe: Recipe) -> bool:
     """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm describes it),
-    a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one), or
-    few-shot task names (their registry, vitcli.data.tasks, imports datasets)."""
+    a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one),
+    few-shot task names (their registry, vitcli.data.tasks, imports datasets), or a teacher to find."""
     from_checkpoint = recipe.stage != "pretrain" and bool(recipe.init.checkpoint)
     heavy = from_checkpoint or recipe.run.device == "cuda" or bool(recipe.fewshot.tasks)
+    heavy = heavy or bool(recipe.distill.teacher)
     return recipe.model.name not in NAMED or heavy
 
 

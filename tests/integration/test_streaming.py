@@ -18,7 +18,7 @@ from PIL import Image
 from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import bad_images, batches, sources, streams
+from vitcli.data import bad_images, batches, sampler, sources, streams
 from vitcli.errors import CheckpointError, DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
@@ -183,8 +183,8 @@ def test_streamed_augmentation_is_seeded_as_map_style_batches():
     cfg = DataConfig(image_column="image", label_column="")
     streamed = [seed for _, seed, _
                 in itertools.islice(streams._keys(examples, cfg, 2, 7, (5, 2, 1), deque()), 3)]
-    expected = [batches.micro_seed(7, step, j) for step, j in ((2, 3), (3, 2), (3, 3))]
-    mapped = [seed for seed, _ in itertools.islice(batches._train_keys(64, 2, 2, 7, 5, 1, 2), 3)]
+    expected = [sampler.micro_seed(7, step, j) for step, j in ((2, 3), (3, 2), (3, 3))]
+    mapped = [seed for seed, _ in itertools.islice(sampler.train_keys(64, 2, 2, 7, 5, 1, 2), 3)]
     assert streamed == expected == mapped
 
 

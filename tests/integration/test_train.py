@@ -110,7 +110,7 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_repeated_augmentation_trains_and_resumes_onto_the_same_weights(tmp_path, monkeypatch):
-    """data.repeated_aug=3 (DeiT's sampler, data/batches.step_rows) in a run of 2 steps; stopped after its
+    """data.repeated_aug=3 (DeiT's sampler, data/sampler.step_rows) in a run of 2 steps; stopped after its
     first checkpoint, it resumes onto the weights of the run that was not stopped."""
     r = recipe("data.repeated_aug=3", "schedule.steps=2", "run.ckpt_every=1", "data.crop_min_area=0.3",
                "data.val_split=", "data.test_split=")

@@ -28,8 +28,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # images into batches: how an image that does not decode is named and tallied, first (every
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "decode", "pillow_ops", "randaugment", "three_augment", "erasing",
-              "mixing", "augmentations", "augment", "transforms", "tasks", "sources", "batches", "streams",
-              "prepare"]),
+              "mixing", "augmentations", "augment", "transforms", "tasks", "sources", "sampler", "batches",
+              "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from timm.data.distributed_sampler import RepeatAugSampler
 
-from vitcli.data import batches
+from vitcli.data import batches, sampler
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.checks import check
 from vitcli.recipe.schema import DataConfig, Recipe, merge
@@ -53,16 +53,16 @@ def deit_permute(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def rank_rows(n: int, micro: int, accum: int, world: int, rank: int, steps: int, k: int, start: int = 0,
-              permute=batches.epoch_order) -> list[list[int]]:
+              permute=sampler.epoch_order) -> list[list[int]]:
     """This rank's micro-batches' rows for `steps` optimizer steps from its micro-batch `start`."""
-    keys = batches._train_keys(n, micro, accum, 7, start, rank, world, k, permute)
+    keys = sampler.train_keys(n, micro, accum, 7, start, rank, world, k, permute)
     return [rows for _, rows in itertools.islice(keys, steps * accum - start)]
 
 
 def global_micro_batches(n: int, micro: int, accum: int, world: int, steps: int, k: int) -> list:
     """Per step, the global micro-batches j = 0 .. accum x world - 1 as (seed, rows), gathered from every
     rank (rank r's i-th of a step is j = r * accum + i)."""
-    per_rank = [list(itertools.islice(batches._train_keys(n, micro, accum, 7, 0, r, world, k), steps * accum))
+    per_rank = [list(itertools.islice(sampler.train_keys(n, micro, accum, 7, 0, r, world, k), steps * accum))
                 for r in range(world)]
     return [[per_rank[r][s * accum + i] for r in range(world) for i in range(accum)] for s in range(steps)]
 
@@ -71,7 +71,7 @@ def global_micro_batches(n: int, micro: int, accum: int, world: int, steps: int,
 def test_each_rank_reads_deits_indices_for_the_same_permutation(world):
     """One micro-batch per process (DeiT has no accumulation): rank r's batches are DeiT's rank r's, in order,
     for two epochs. n = 520, global batch 16 x world: both epochs are 520 // (16 x world) steps (DeiT's
-    512 // ... agrees, see _train_keys)."""
+    512 // ... agrees, see sampler.train_keys)."""
     n, batch = 520, 16
     steps = n // (batch * world)
     for r in range(world):
@@ -115,7 +115,7 @@ def test_each_image_k_times_per_epoch_across_ranks(k, counts):
         seen = Counter(row for r in range(3)
                        for rows in rank_rows(40, 4, 1, 3, r, 6, k)[3 * epoch : 3 * epoch + 3] for row in rows)
         assert sorted(seen.values()) == counts
-        assert set(seen) == set(batches.epoch_order(7, epoch, 40)[: len(counts)].tolist())
+        assert set(seen) == set(sampler.epoch_order(7, epoch, 40)[: len(counts)].tolist())
 
 
 @pytest.mark.parametrize(("world", "k"), [(3, 3), (4, 3), (2, 2), (8, 3)])
@@ -149,15 +149,15 @@ def test_the_global_sequence_is_the_same_for_1_2_and_4_processes():
 def test_keys_from_a_start_are_the_tail_of_the_keys_from_zero(start):
     """Rank 1 of 2, accumulating 2: its keys from micro-batch `start` (steps 0 .. 8, an epoch of 40 images
     is 5 steps of 8) are those it would have read after `start` keys from the beginning."""
-    straight = list(itertools.islice(batches._train_keys(40, 2, 2, 3, 0, 1, 2, 3), 18))
-    resumed = list(itertools.islice(batches._train_keys(40, 2, 2, 3, start, 1, 2, 3), 18 - start))
+    straight = list(itertools.islice(sampler.train_keys(40, 2, 2, 3, 0, 1, 2, 3), 18))
+    resumed = list(itertools.islice(sampler.train_keys(40, 2, 2, 3, start, 1, 2, 3), 18 - start))
     assert resumed == straight[start:]
 
 
 def test_repeats_1_is_the_plain_sampler():
     """data.repeated_aug=1 reads contiguous slices of the epoch order: the sampler vitcli has always had."""
-    order = batches.epoch_order(0, 0, 40)
-    keys = list(itertools.islice(batches._train_keys(40, 4, 2, 0, 0, 1, 2, 1), 2))
+    order = sampler.epoch_order(0, 0, 40)
+    keys = list(itertools.islice(sampler.train_keys(40, 4, 2, 0, 0, 1, 2, 1), 2))
     assert [rows for _, rows in keys] == [order[8:12].tolist(), order[12:16].tolist()]
 
 

@@ -12,7 +12,7 @@ off: a recipe that turns EMA on is then a changed recipe, refused on resume like
 (_check_same_training), never an EMA begun from the weights halfway through.
 
 No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed, step,
-micro-batch) (batches.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
+micro-batch) (sampler.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
 An older checkpoint's `rng` entry is left unread.
 """
 

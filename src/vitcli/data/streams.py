@@ -21,7 +21,7 @@ Resuming: the position of micro-batch k is (epoch, examples read in that epoch),
 without it, placed at k by re-reading k*B examples from the start: `seek`) reads the epoch from its beginning
 and drops the examples before it: HF cannot restore a shuffle buffer, but it refills it identically. Skipped
 examples are never decoded. Augmentation is seeded per micro-batch as for map-style batches
-(batches.micro_seed of the optimizer step and global micro-batch, batches.micro_batch), so a resumed stream
+(sampler.micro_seed of the optimizer step and global micro-batch, sampler.micro_batch), so a resumed stream
 gives exactly the batches the uninterrupted one gives from k on.
 
 An image that does not decode is replaced as map-style batches replace it (bad_images.stand_in), by the
@@ -52,12 +52,11 @@ from vitcli.data.batches import (
     Placed,
     checked_state,
     keyed_loader,
-    micro_batch,
-    micro_seed,
     placeable,
     resize_in_workers,
 )
 from vitcli.data.decode import Encoded, read
+from vitcli.data.sampler import micro_batch, micro_seed
 from vitcli.data.sources import origin
 from vitcli.data.transforms import build_transform
 from vitcli.errors import DataError, VitcliError

@@ -23,7 +23,7 @@ import torch
 
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import batches
+from vitcli.data import sampler
 from vitcli.data.augmentations import mix, mixing_of
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import Recipe, micro_batches, to_dict
@@ -41,7 +41,7 @@ from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
 
 log = logging.getLogger(__name__)
-MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of batches.micro_seed; 0 is the augmentation's
+MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of sampler.micro_seed; 0 is the augmentation's
 
 
 class Evaluator(Protocol):
@@ -296,14 +296,14 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
     masked patch prediction.
 
     Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
-    augmentation does (batches.micro_seed): Mixup and CutMix from a numpy Generator of their own
+    augmentation does (sampler.micro_seed): Mixup and CutMix from a numpy Generator of their own
     (augmentations.mix), dropout and drop-path from torch's global RNG (pinned for the call), the masking of
     masked patch prediction from its own generator. So a run repeats exactly,
     resumes exactly, and trains the same with one process or several.
     """
 
     def seed(i: int, purpose: int) -> int:
-        return batches.micro_seed(r.run.seed, step, first_micro + i, purpose)
+        return sampler.micro_seed(r.run.seed, step, first_micro + i, purpose)
 
     def supervised(model, x, y, i):
         if mixup is not None:

@@ -443,5 +443,6 @@ def test_a_finetune_recipe_states_only_what_differs_from_the_protocol(path):
     restated = [f"{s}.{k}" for s, keys in sections.items() for k, v in keys.items()
                 if getattr(getattr(defaults, s), k) == v]
     assert not restated, f"{path.name} restates the finetune defaults: {restated}"
-    before = [f"{k}={json.dumps(v)}" for k, v in {**PROTOCOL, **RESTATED[path.stem]}.items()]
-    assert resolve("finetune", path, []) == resolve("finetune", path, before), "it resolves as it did"
+    if path.stem in RESTATED:  # the paper's protocol files, shortened: still the recipes they were
+        before = [f"{k}={json.dumps(v)}" for k, v in {**PROTOCOL, **RESTATED[path.stem]}.items()]
+        assert resolve("finetune", path, []) == resolve("finetune", path, before), "it resolves as it did"

@@ -95,6 +95,15 @@ def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):
     sd, _ = load_weights(tmp_path / "run" / "model.safetensors")
     assert {"dist_token", "head_dist.weight"} <= set(sd)
     assert sd["head.weight"].any() and sd["head_dist.weight"].any(), "both heads left zero: trained"
+    # fine-tuned on other classes, as any checkpoint: both heads new, zero, of the new classes (a pair of
+    # heads once stopped `vit finetune` with "'tuple' object has no attribute 'weight'")
+    ft = resolve("finetune", None, [*TINY, f"init.checkpoint={tmp_path / 'run'}", "data.batch_size=8",
+                                    "data.synthetic.num_classes=6"], complete=complete)
+    job = build_job(ft, tmp_path / "ft-job", setup("cpu"))
+    heads = {k: v for k, v in job.model.state_dict().items() if k.startswith(("head.", "head_dist."))}
+    assert sorted(heads) == ["head.bias", "head.weight", "head_dist.bias", "head_dist.weight"]
+    assert all(v.shape[0] == 6 and not v.any() for v in heads.values())
+    one_run(ft, tmp_path / "ft")
 
 
 def test_a_timm_name_is_its_own_architecture():

@@ -15,6 +15,7 @@ from torch import nn
 
 from vitcli.checkpoints.describe import CheckpointSpec
 from vitcli.errors import CheckpointError
+from vitcli.models import zoo
 from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
 
 HEAD = "head."
@@ -39,7 +40,10 @@ def adapt_state_dict(
     """
     target = model.state_dict()
     sd = dict(sd)
-    rows = _fit_head(sd, target, keep_head, head_prefix(model)) + _fit_representation(sd, keep_representation)
+    prefixes = head_prefixes(model)  # the first is the head; a DeiT distilled model's second, head_dist
+    rows = [row for i, prefix in enumerate(prefixes)
+            for row in _fit_head(sd, target, keep_head, prefix, prefix[:-1] if i else "head")]
+    rows += _fit_representation(sd, keep_representation)
     _check_fit(sd, target, resizable=("pos_embed", *AXIS_TABLES))
     rows += _fit_posemb(sd, target, model, spec, method)
     _check_fit(sd, target)
@@ -50,12 +54,19 @@ def adapt_state_dict(
 
 def head_prefix(model: nn.Module) -> str:
     """State-dict prefix of the model's classifier: `head.` for ViTs, `fc.` for timm ResNets,
-    `head.fc.` BiT."""
-    head = model.get_classifier() if hasattr(model, "get_classifier") else None
-    return next((f"{name}." for name, module in model.named_modules() if name and module is head), HEAD)
+    `head.fc.` BiT; a DeiT distilled model's class-token head."""
+    return head_prefixes(model)[0]
 
 
-def _fit_head(sd: dict, target: dict, keep: bool, prefix: str) -> list[tuple[str, str]]:
+def head_prefixes(model: nn.Module) -> tuple[str, ...]:
+    """State-dict prefixes of every classifier the model has: one, or a DeiT distilled model's two
+    (`head.`, `head_dist.`), each fitted alike."""
+    heads = zoo.classifiers(model) if hasattr(model, "get_classifier") else ()
+    names = {id(module): f"{name}." for name, module in model.named_modules() if name}
+    return tuple(names[id(h)] for h in heads if id(h) in names) or (HEAD,)
+
+
+def _fit_head(sd: dict, target: dict, keep: bool, prefix: str, label: str) -> list[tuple[str, str]]:
     weight = f"{prefix}weight"  # (K, D)
     ckpt_k = sd[weight].shape[0] if weight in sd else 0
     model_k = target[weight].shape[0] if weight in target else 0
@@ -65,16 +76,16 @@ def _fit_head(sd: dict, target: dict, keep: bool, prefix: str) -> list[tuple[str
                 f"init.keep_head=true but the dataset has {model_k} classes and the checkpoint head has "
                 f"{ckpt_k}; set init.keep_head=false to start from a zero head"
             )
-        return [("head", f"kept ({ckpt_k} classes)")]
+        return [(label, f"kept ({ckpt_k} classes)")]
     for k in [k for k in sd if k.startswith(prefix)]:
         del sd[k]
     new = {k: v for k, v in target.items() if k.startswith(prefix)}
     sd.update(new)  # the model's own head: transfer.load_init zeroed it (zoo.zero_head)
     dropped = f"the checkpoint's {ckpt_k}-class head dropped" if ckpt_k else "the checkpoint has no head"
     if not model_k:
-        return [("head", f"none ({dropped})")]
+        return [(label, f"none ({dropped})")]
     zero = "zero-initialised " if all(not v.any() for v in new.values()) else ""
-    return [("head", f"a new {zero}head for {model_k} classes ({dropped})")]
+    return [(label, f"a new {zero}head for {model_k} classes ({dropped})")]
 
 
 def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:

@@ -219,13 +219,14 @@ def classifiers(model: nn.Module) -> tuple[nn.Module, ...]:
 
 
 def zero_head(model: nn.Module, num_classes: int) -> None:
-    """Replace the head by a fresh num_features x num_classes layer with zero weight and bias (paper's FT)."""
+    """Replace the head by a fresh num_features x num_classes layer with zero weight and bias (paper's FT);
+    a DeiT distilled model's two heads both."""
     if num_classes <= 0:
         raise ModelError(f"zero_head needs num_classes > 0, got {num_classes}")
     model.reset_classifier(num_classes)
-    head = model.get_classifier()
-    nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
+    for head in classifiers(model):
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
 
 
 def model_spec(cfg: ModelConfig, num_classes: int) -> dict:

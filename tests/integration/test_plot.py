@@ -64,6 +64,21 @@ def test_a_split_has_one_line_style_in_every_panel_and_the_legend_names_it(tmp_p
                       "val/top1": "--", "test/top1": ":"}
 
 
+def test_the_ema_weights_lines_keep_their_splits_style_with_hollow_squares(tmp_path):
+    """val_ema/top1 is dashed as val/top1 is (not the next free style, as it was), and its markers tell
+    the two apart in the plot and the legend."""
+    rows = [{"step": s, "train/loss": 1.0 / s, "val/top1": 0.1 * s, "val_ema/top1": 0.09 * s,
+             "test/top1": 0.5, "test_ema/top1": 0.52} for s in (1, 2, 3)]
+    fig = curves.curves_figure({"run": rows})
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    assert [lines[k].get_linestyle() for k in ("val/top1", "val_ema/top1", "test/top1", "test_ema/top1")] == [
+        "--", "--", ":", ":"]
+    assert (lines["val/top1"].get_marker(), lines["val_ema/top1"].get_marker()) == ("o", "s")
+    assert lines["val_ema/top1"].get_markerfacecolor() == "none" != lines["val/top1"].get_markerfacecolor()
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert legend == ["val/top1", "val_ema/top1", "test/top1", "test_ema/top1"]
+
+
 @pytest.mark.parametrize("lrs, scale", [((0.002, 0.03), "log"), ((1e-3, 2e-3), "linear")])
 def test_learning_rates_far_apart_share_a_log_axis(tmp_path, lrs, scale):
     runs = {f"r{i}": curves.read_run(workdir(tmp_path / f"r{i}", lr=lr)) for i, lr in enumerate(lrs)}

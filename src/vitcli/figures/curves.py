@@ -76,8 +76,13 @@ def curves_figure(runs: dict[str, list[dict]], losses: dict[str, str] | None = N
 
 
 def style(key: str, i: int):
-    """The line style of metric `key`, the i-th drawn in its panel: its split's, else the i-th other one."""
-    return SPLIT_STYLES.get(key.partition("/")[0], OTHER_STYLES[i % len(OTHER_STYLES)])
+    """The line style of metric `key`, the i-th drawn in its panel: its split's (the EMA weights' too:
+    val_ema is dashed as val is, told apart by its hollow squares, `_draw`), else the i-th other one."""
+    return SPLIT_STYLES.get(_split(key), OTHER_STYLES[i % len(OTHER_STYLES)])
+
+
+def _split(key: str) -> str:
+    return key.partition("/")[0].removesuffix("_ema")
 
 
 def spread(runs: dict[str, list[dict]], keys: list[str]) -> float:
@@ -121,16 +126,20 @@ def loss_name(workdir: Path) -> str:
 
 
 def _key_order(key: str) -> tuple[int, str]:
-    """train before val before test (solid, dashed, dotted lines), then by name."""
-    split = key.partition("/")[0]
-    return {"train": 0, "val": 1, "test": 2}.get(split, 3), key
+    """train before val before test (solid, dashed, dotted lines), each split's EMA after it, then by name."""
+    return {"train": 0, "val": 1, "test": 2}.get(_split(key), 3), key
 
 
 def _draw(ax, steps: np.ndarray, values: np.ndarray, colour: str, style: str, label: str) -> None:
-    """A line; with markers when the points are few (periodic evaluations, the one final test score)."""
-    if len(steps):
-        ax.plot(steps, values, color=colour, linestyle=style, marker="o" if len(steps) <= 20 else None,
-                markersize=3, label=label)
+    """A line; with markers when the points are few (periodic evaluations, the one final test score): dots,
+    or hollow squares on a thinner line for the EMA weights' metrics (`*_ema/...`)."""
+    if not len(steps):
+        return
+    ema = label.partition("/")[0].endswith("_ema")
+    few = len(steps) <= 20
+    ax.plot(steps, values, color=colour, linestyle=style, linewidth=0.9 if ema else 1.5,
+            marker=("s" if ema else "o") if few else None, markersize=4 if ema else 3,
+            markerfacecolor="none" if ema else colour, label=label)
 
 
 def rows_keys(rows: list[dict]) -> set[str]:

@@ -93,6 +93,15 @@ def test_one_run_goes_into_its_workdir(tmp_path, monkeypatch, capsys):
     assert png_size(run / "curves.png")[0] > 200
 
 
+@pytest.mark.parametrize("name", ["curves.pdf", "curves"])
+def test_an_out_that_is_not_a_png_is_refused_in_one_line(tmp_path, monkeypatch, capsys, name):
+    """It writes PNG bytes: a .pdf (or no suffix) once got them under that name."""
+    run = workdir(tmp_path / "run")
+    code, out, err = run_vit(monkeypatch, capsys, "plot", run, "--out", tmp_path / name)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "name a .png file" in err
+    assert not (tmp_path / name).exists()
+
+
 @pytest.mark.parametrize("make, named", [
     (lambda p: p / "nowhere", "nowhere"),
     (lambda p: (p / "w").mkdir() or p / "w", "metrics.jsonl"),

@@ -18,6 +18,9 @@ def plot(workdirs: list[Path], out: Path | None = None) -> Path:
     if not workdirs:
         raise OutputError("name at least one workdir")
     out = out or (Path(workdirs[0]) / CURVES_FILE if len(workdirs) == 1 else Path(CURVES_FILE))
+    if out.suffix.lower() != ".png":  # it writes PNG bytes whatever the name says
+        raise OutputError(f"--out {out}: vit plot writes a PNG; name a .png file, e.g. "
+                          f"{out.with_suffix('.png')}")
     check_output_file(out, "--out")
     labels = run_labels(workdirs)
     runs = dict(zip(labels, (read_run(w) for w in workdirs)))

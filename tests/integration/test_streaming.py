@@ -7,6 +7,11 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import deque
 
 import datasets
@@ -291,6 +296,39 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_d
                                          "examples": 128}]
     one_run(r, tmp_path / "resumed")
     a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "resumed"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights(source_dirs, tmp_path):
+    """The same, as a pre-empted node dies: `vit pretrain` SIGKILLed (process group, loader workers too: no
+    handler runs, no checkpoint is written on the way out) once its step-8 checkpoint is whole, then the same
+    command again: it resumes from the last good checkpoint and its stream's saved position and ends with the
+    weights of the uninterrupted run (torch.equal)."""
+    overrides = [
+        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
+        "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
+        "data.micro_batch_size=16", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32",
+        "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=20",
+        "schedule.warmup_steps=1", "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32", *DEIT]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # both runs as commands with one thread each: a thread count of its own would sum the same matmuls in
+    # another order, and the weights would differ by that alone
+    straight = [sys.executable, "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "straight")]
+    assert subprocess.run([*straight, *overrides], check=False, env=env, capture_output=True).returncode == 0
+    cmd = [sys.executable, "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "killed"), *overrides]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    whole = tmp_path / "killed" / "state-8.pt.sha256"  # written after its checkpoint: that one is whole
+    deadline = time.monotonic() + 240
+    while not whole.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "killed" / MODEL_FILE).exists()
+    done = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "resuming from" in " ".join(done.stderr.split())
+    a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "killed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

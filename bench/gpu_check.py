@@ -268,13 +268,13 @@ def _finish_ms(r, ds, device, in_workers: bool) -> float:
     route), else they ship whole crops and the device does it all (batches.RESIZE_IN_WORKERS)."""
     from vitcli.data import augmentations, batches
 
-    batches.RESIZE_IN_WORKERS = in_workers
+    route, batches.RESIZE_IN_WORKERS = batches.RESIZE_IN_WORKERS, in_workers
     try:
         stream = batches.train_batches(ds, r.data, r.model.img_size, r.data.batch_size, seed=0,
                                        device=device)
         shipped = [next(stream.batches) for _ in range(6)]
     finally:
-        batches.RESIZE_IN_WORKERS = True
+        batches.RESIZE_IN_WORKERS = route
     aug = augmentations.of(r.data, r.model.img_size)
     spec = augmentations.mixing_of(r.data, 10, r.optim.label_smoothing)
     one_pass(shipped, aug, spec, device)  # kernels load, the allocator grows

@@ -14,7 +14,8 @@ from helpers import REPO, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import OutputError
 from vitcli.models.zoo import build_model, model_spec
-from vitcli.recipe.schema import REMOVED_KEYS, ModelConfig, Recipe, to_dict
+from vitcli.recipe.layers import REMOVED_KEYS, to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe
 from vitcli.runtime import files
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_writable

@@ -12,8 +12,8 @@ from helpers import flipped_bytes, warnings
 from vitcli.checkpoints import manager, state
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError, RecipeError, TrainingError
+from vitcli.recipe.layers import to_dict
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import to_dict
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import MetricsLog, read_metrics

@@ -15,7 +15,8 @@ from vitcli.cli import entry
 from vitcli.errors import DataError, Interrupted
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.checks import get
-from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.recipe.layers import to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe
 from vitcli.runtime import precision
 from vitcli.runtime.run_files import SUMMARY_FILE
 from vitcli.stages import finetune as finetune_stage

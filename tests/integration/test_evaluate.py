@@ -24,8 +24,9 @@ from vitcli.checkpoints.weights import save_weights
 from vitcli.data import bad_images, sources
 from vitcli.data.synthetic import class_names, make_synthetic
 from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.layers import to_dict
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import ModelConfig, Recipe, SyntheticConfig, to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe, SyntheticConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, MODEL_FILE
 from vitcli.stages.evaluate import predictions

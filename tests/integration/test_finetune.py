@@ -26,8 +26,9 @@ from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval, load_init
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
+from vitcli.recipe.layers import to_dict
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe
 from vitcli.runtime import dist as dist_mod
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages import sweep as sweep_mod

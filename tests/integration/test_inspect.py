@@ -24,7 +24,8 @@ from vitcli.checkpoints.weights import save_weights
 from vitcli.figures import figure7
 from vitcli.models.t2t import T2TViT
 from vitcli.models.zoo import ViT, build_model, model_spec
-from vitcli.recipe.schema import ModelConfig, Recipe, to_dict
+from vitcli.recipe.layers import to_dict
+from vitcli.recipe.schema import ModelConfig, Recipe
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.inspect import (
     attention_probabilities,

@@ -19,8 +19,9 @@ from vitcli.data.transforms import build_transform, central_crop_offsets
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing
+from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import DataConfig, to_yaml
+from vitcli.recipe.schema import DataConfig
 
 TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation against a float64 reference
 

@@ -11,8 +11,9 @@ from vitcli.data import synthetic, tasks
 from vitcli.errors import RecipeError, VitcliError
 from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.data_checks import check_randaugment
+from vitcli.recipe.layers import parse_overrides, read_yaml, to_dict, to_yaml
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import micro_batches, parse_overrides, read_yaml, to_dict, to_yaml
+from vitcli.recipe.schema import micro_batches
 
 
 def write(tmp_path, text, name="r.yaml"):

@@ -19,7 +19,8 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from vitcli.data import batches, sampler
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.checks import check
-from vitcli.recipe.schema import DataConfig, Recipe, merge
+from vitcli.recipe.layers import merge
+from vitcli.recipe.schema import DataConfig, Recipe
 
 
 def deit_ra_sampler(n: int, num_replicas: int, rank: int, epoch: int, num_repeats: int) -> list[int]:

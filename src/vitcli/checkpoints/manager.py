@@ -29,7 +29,8 @@ from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
 from vitcli.errors import CheckpointError, RecipeError
-from vitcli.recipe.schema import Recipe, micro_batches, to_dict
+from vitcli.recipe.layers import to_dict
+from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console

@@ -126,7 +126,7 @@ def _print_recipe(r: Recipe) -> None:
     each `auto` of run.precision and run.compile becomes on this machine. Deciding that needs torch
     (is there a GPU, does this CPU run bf16): it is imported only now, every check passed, and only
     when a recipe says `auto`."""
-    from vitcli.recipe.schema import to_yaml
+    from vitcli.recipe.layers import to_yaml
 
     sys.stdout.write(to_yaml(r))
     if "auto" in (r.run.precision, r.run.compile):

@@ -19,7 +19,8 @@ from rich.table import Table
 from vitcli.data import bad_images, tasks
 from vitcli.fewshot.evaluate import draws, summarise
 from vitcli.fewshot.solver import DRAW_FIELDS
-from vitcli.recipe.schema import Recipe, to_dict
+from vitcli.recipe.layers import to_dict
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import atomic_path, write_text
 from vitcli.runtime.metrics import stdout
 from vitcli.runtime.run_files import FEWSHOT_CSV, FEWSHOT_FILE, FEWSHOT_PLOT

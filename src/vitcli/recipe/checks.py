@@ -1,6 +1,6 @@
 """Every value check of a recipe, in one place, run once at resolve time: one RecipeError naming the key.
 
-Types and unknown keys are schema.py's job (while merging); here are the values: choices, ranges, and the
+Types and unknown keys are layers.py's job (while merging); here are the values: choices, ranges, and the
 cross-field rules (image size vs patch, width vs heads, warmup vs steps, batch vs micro-batch x processes,
 which position embeddings a model family takes), the data keys (data_checks.py), and last what the command
 needs to run (a length, a batch, eval-fewshot's checkpoint and tasks). No torch: they run before it is

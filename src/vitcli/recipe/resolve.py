@@ -23,8 +23,9 @@ from pathlib import Path
 from vitcli.errors import RecipeError
 from vitcli.recipe.checks import check
 from vitcli.recipe.choices import SECTIONS, STAGES
+from vitcli.recipe.layers import merge, nest, parse_overrides, read_yaml
 from vitcli.recipe.names import NAMED, resolve_known
-from vitcli.recipe.schema import Recipe, merge, nest, parse_overrides, read_yaml
+from vitcli.recipe.schema import Recipe
 
 # (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and checked:
 # vitcli.checkpoints.complete.complete. This package imports no torch, so the caller hands it in.

@@ -23,7 +23,8 @@ from vitcli.errors import DataError
 from vitcli.evaluators import classify
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.figures.confusion import MAX_CLASSES, write_confusion
-from vitcli.recipe.schema import Recipe, to_yaml
+from vitcli.recipe.layers import to_yaml
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist, all_reduce_sum, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout

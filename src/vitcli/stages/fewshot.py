@@ -18,7 +18,8 @@ from vitcli.fewshot.evaluate import (
     preprocessing,
     recipe_tasks,
 )
-from vitcli.recipe.schema import Recipe, to_yaml
+from vitcli.recipe.layers import to_yaml
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout

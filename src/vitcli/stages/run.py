@@ -25,7 +25,8 @@ from vitcli.models import zoo
 from vitcli.models.flops import counted, train_flops_per_image
 from vitcli.recipe.checks import check_schedule
 from vitcli.recipe.data_checks import check_batch_fits
-from vitcli.recipe.schema import Recipe, to_yaml
+from vitcli.recipe.layers import to_yaml
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout

@@ -26,7 +26,8 @@ from vitcli.checkpoints.weights import save_weights
 from vitcli.data import sampler
 from vitcli.data.augmentations import mix, mixing_of
 from vitcli.errors import TrainingError
-from vitcli.recipe.schema import Recipe, micro_batches, to_dict
+from vitcli.recipe.layers import to_dict
+from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
 from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast

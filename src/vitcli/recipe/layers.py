@@ -1,0 +1,186 @@
+"""A recipe as text: YAML files read strictly (a key given twice is refused), `a.b=c` overrides, each layer
+merged onto the dataclasses of schema.py with its values coerced to their declared types (PyYAML reads
+`1e-3` as a string), and the resolved recipe written back as YAML. An unknown key names its dotted path and
+the closest valid one; a key vitcli removed says why it went (REMOVED_KEYS)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vitcli.errors import RecipeError
+from vitcli.recipe.schema import Recipe
+
+# ---------------------------------------------------------------- coercion
+
+
+def _coerce(value: Any, typ: Any, path: str) -> Any:
+    """Return `value` as `typ`, or raise a RecipeError naming the dotted path, the type and the value."""
+    origin = typing.get_origin(typ)
+    if origin is types.UnionType:  # `bool | str`: the first type that takes the value (true -> True, auto)
+        for option in typing.get_args(typ):
+            with contextlib.suppress(RecipeError):
+                return _coerce(value, option, path)
+        names = " or ".join(option.__name__ for option in typing.get_args(typ))
+        raise RecipeError(f"{path}: expected {names}, got {value!r}")
+    if origin is list:
+        (item_type,) = typing.get_args(typ)
+        if isinstance(value, str):  # `shots=1,5,10` on the command line
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # `--shots 5`
+            value = [value]
+        if not isinstance(value, list):
+            raise RecipeError(f"{path}: expected a list of {item_type.__name__}, got {value!r}")
+        return [_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value)]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            as_float = float(value)
+            if as_float.is_integer() and not isinstance(value, bool):  # 1e4 -> 10000
+                return int(as_float)
+        except (TypeError, ValueError):
+            pass
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # `l2_reg: 1024` or a numeric split name
+    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
+
+
+# keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets (exit 2):
+# why the key went and what to do instead, rather than a "did you mean" guess at a neighbouring key
+REMOVED_KEYS = {
+    "data.decode_device": (
+        "data.decode_device was removed: decoding JPEGs on the model's device (nvJPEG) trained a third "
+        "slower than the loader workers on an H100 (2026-11-25); delete the key (the workers decode, the "
+        "device resizes and augments)"),
+}
+
+
+def merge(obj: Any, updates: dict, prefix: str = "") -> None:
+    """Apply a nested dict of updates onto dataclass `obj` in place, coercing and rejecting unknown keys."""
+    if not isinstance(updates, dict):
+        raise RecipeError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {updates!r}")
+    hints = typing.get_type_hints(type(obj))
+    for key, value in updates.items():
+        path = f"{prefix}{key}"
+        if key not in hints and path in REMOVED_KEYS:
+            raise RecipeError(REMOVED_KEYS[path])
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {', '.join(hints)}"
+            raise RecipeError(f"unknown recipe key '{path}'{hint}")
+        typ = hints[key]
+        if dataclasses.is_dataclass(typ):
+            merge(getattr(obj, key), value if value is not None else {}, f"{path}.")
+        else:
+            setattr(obj, key, _coerce(value, typ, path))
+
+
+def nest(dotted: dict[str, Any]) -> dict:
+    """`{"optim.lr": 1e-3, "data.batch_size": 64}` ->
+    `{"optim": {"lr": 1e-3}, "data": {"batch_size": 64}}`."""
+    nested: dict = {}
+    for key, value in dotted.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RecipeError(f"'{key}' conflicts with an earlier value of '{part}'")
+        node[leaf] = value
+    return nested
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values parsed as YAML scalars."""
+    dotted: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"override '{pair}' is not KEY=VALUE (for example optim.lr=1e-3)")
+        try:
+            dotted[key] = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError:
+            dotted[key] = raw
+    return nest(dotted)
+
+
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping that gives one key twice."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice in one mapping is an error: PyYAML would keep the last silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """The mapping of `node`, once each explicit key in it is new (`<<` merges may repeat one)."""
+        first: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if key in first:
+                raise _DuplicateKey(problem=f"'{key}' is given twice (first at line {first[key] + 1})",
+                                    problem_mark=key_node.start_mark)
+            first[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a recipe file as safe_load does; malformed YAML or a key given twice is a one-line error with the
+    line number."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe file not found: {path}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise RecipeError(f"{path}: not a text file (not UTF-8), so not a YAML recipe") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # safe: a SafeLoader subclass
+    except _DuplicateKey as e:
+        line = e.problem_mark.line + 1
+        raise RecipeError(f"{path}: line {line}: {e.problem}; a recipe says each key once") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise RecipeError(f"{path}: malformed YAML at {where}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: malformed YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def to_dict(recipe: Recipe) -> dict:
+    """Plain nested dict of the recipe, in declaration order."""
+    return dataclasses.asdict(recipe)
+
+
+def to_yaml(recipe: Recipe) -> str:
+    """The resolved recipe as YAML, the way `--dry-run` prints it and recipe.yaml stores it."""
+    return yaml.safe_dump(to_dict(recipe), sort_keys=False, default_flow_style=False)

@@ -73,8 +73,8 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
 REMOVED_KEYS = {
     "data.decode_device": (
         "data.decode_device was removed: decoding JPEGs on the model's device (nvJPEG) trained a third "
-        "slower than the loader workers on an H100 (2026-11-25); delete the key (the workers decode, the "
-        "device resizes and augments)"),
+        "slower than the loader workers on an H100 (2026-11-25); delete the key (the loader workers decode, "
+        "resize and augment)"),
 }
 
 

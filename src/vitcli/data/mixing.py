@@ -20,6 +20,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
+from vitcli.data.erasing import box_masks
 from vitcli.runtime.dist import to_device
 
 MixMode = Literal["batch", "pair", "elem"]
@@ -211,12 +212,10 @@ def apply(x: torch.Tensor, y: torch.Tensor, draws: MixDraws,
 
 
 def _box_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, 1, H, W) bool: the pixels inside each image's box (y0, y1, x0, x1), ends excluded."""
-    rows = torch.arange(height, device=boxes.device)
-    cols = torch.arange(width, device=boxes.device)
-    in_rows = (rows >= boxes[:, 0:1]) & (rows < boxes[:, 1:2])  # (B, H)
-    in_cols = (cols >= boxes[:, 2:3]) & (cols < boxes[:, 3:4])  # (B, W)
-    return (in_rows[:, :, None] & in_cols[:, None, :])[:, None]
+    """(B, 1, H, W) bool: the pixels inside each image's box (y0, y1, x0, x1), ends excluded; erasing's
+    box_masks on the same boxes as (top, left, height, width)."""
+    y0, y1, x0, x1 = boxes.unbind(1)
+    return box_masks(torch.stack([y0, x0, y1 - y0, x1 - x0], 1)[:, None], height, width)
 
 
 def _targets(y: torch.Tensor, lam: torch.Tensor, spec: MixSpec) -> torch.Tensor:

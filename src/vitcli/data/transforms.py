@@ -3,10 +3,10 @@ loader workers run it: the paper's Inception crop + flip (+ the recipe's augment
 training, resize + centre crop for eval, big_vision's square resize for few-shot features. augment.finish
 scales to [-1, 1] on the model's device.
 
-Training crops leave a worker not yet resized when the model runs on a GPU (augment.finish resizes the
-whole batch there in one call, and applies the augmentation drawn here). When it runs on the CPU the worker
-resizes and flips each crop itself (augment.resize_each) and applies the uint8 part of the augmentation
-(RandAugment or 3-Augment) with the same functions; erasing, on normalised pixels, is left to finish.
+The worker resizes and flips each training crop itself (augment.resize_each) and applies the uint8 part of
+the augmentation (RandAugment or 3-Augment); erasing, on normalised pixels, is left to finish, on the
+model's device. With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) crops leave not yet resized,
+and augment.finish resizes and augments the whole batch there with the same functions.
 """
 
 from __future__ import annotations
@@ -108,8 +108,9 @@ def _fewshot(images: list, seed, size: int, resize: int) -> Pixels:
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,
                     resize_method: str = "big_vision", resize_here: bool = False):
     """transform(images, seed) -> augment.Pixels of img_size: random for train (seeded by the micro-batch),
-    deterministic for eval; picklable, for the loader workers. `resize_here`: training crops are resized in
-    the worker (when the model runs on the CPU too: the workers share the work, and ship S x S, not crops).
+    deterministic for eval; picklable, for the loader workers. `resize_here`: training crops are resized and
+    given their uint8 augmentation in the worker (batches.resize_in_workers: on every device since the
+    H100 measurements), which ships S x S, not crops.
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and the recipe's augmentation (augmentations.of). eval: resize the short

@@ -3,10 +3,11 @@
 Mixup and CutMix of images and labels in the training loop (`mix`).
 
 Every choice is drawn in the loader worker with the crop boxes, from the micro-batch's seed (`draw`), and
-travels with the batch as small tensors (`Drawn`, pinned like the pixels); the pixel work runs where the
-pixels are, batched: in the worker for a model on the CPU (the worker already resizes there), on the
-model's device otherwise (augment.finish). The same functions either way, so a batch is the same function
-of (seed, step, micro-batch) on any route, within the rounding of the resize that precedes them.
+travels with the batch as small tensors (`Drawn`, pinned like the pixels); the uint8 work runs batched in
+the worker, which resizes there (batches.resize_in_workers), erasing on the model's device (augment.finish).
+With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) the uint8 work runs on the device too: the same
+functions, so a batch is the same function of (seed, step, micro-batch) on either route, within the
+rounding of the resize that precedes them.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def of(cfg: DataConfig, img_size: int) -> Augmentation | None:
 @dataclass
 class Drawn:
     """A micro-batch's augmentation draws, CPU tensors until `to`; a part is None once applied (the
-    worker's uint8 ops on a CPU route) or when the recipe has none."""
+    worker's uint8 ops) or when the recipe has none."""
 
     rand: randaugment.RandDraws | None = None
     three: three_augment.ThreeDraws | None = None

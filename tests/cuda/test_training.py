@@ -15,7 +15,7 @@ from vitcli.recipe.schema import micro_batches
 from vitcli.runtime.dist import setup
 from vitcli.runtime.peak import matmul_flops, peak_flops, table_peak
 from vitcli.stages.run import one_run
-from vitcli.train import loop, parallelize
+from vitcli.train import distill, loop, parallelize
 from vitcli.train.objectives import loss_fn
 from vitcli.train.optim import build_optimizer
 
@@ -67,24 +67,43 @@ def test_the_peak_table_is_what_the_card_reaches(cuda):
     assert 0.6 * listed < measured < 1.05 * listed, (name, measured / 1e12, listed / 1e12)
 
 
-@pytest.mark.parametrize("augmentation", [[], DEIT], ids=["plain", "deit"])
-def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda, augmentation):
+def training_step(device: torch.device, augmentation: list[str]):
+    """One training step built as the trainer builds it (train.loop: the criterion, Mixup/CutMix, the stream),
+    on `device`: a callable returning the loss."""
     r = resolve("pretrain", None, [*TINY, "schedule.steps=3", "data.crop_min_area=0.3", *augmentation])
-    dist = setup("cuda")
+    dist = setup(device.type)
     ds = sources.load_split(r.data, r.data.train_split)
     micro, accum = micro_batches(r, 1)
     stream = batches.train_batches(ds, r.data, 32, micro, seed=0, accum=accum, device=dist.device)
     model = zoo.build_model(r.model, 4).to(dist.device)
     parallel = parallelize.apply(model, dataclasses.replace(r.run, compile=False), dist)
     optimizer = build_optimizer(parallel.model, r.optim)
-    objective = loop._objective(r, loss_fn(r.optim), mixing_of(r.data, 4, r.optim.label_smoothing), 0, 0)
+    criterion = distill.criterion(loss_fn(r.optim), None, r.distill)
+    objective = loop._objective(r, criterion, mixing_of(r.data, 4, r.optim.label_smoothing), 0, 0)
+    precision = "bf16" if device.type == "cuda" else "fp32"
 
     def step():
-        loss, _ = loop._accumulate_grads(parallel, optimizer, stream, accum, objective, "bf16", dist)
+        loss, _ = loop._accumulate_grads(parallel, optimizer, stream, accum, objective, precision, dist)
         parallelize.clip_grad_norm(parallel.train, 1.0)
         optimizer.step()
         return loss
 
+    return step
+
+
+@pytest.mark.anywhere
+@pytest.mark.parametrize("augmentation", [[], DEIT], ids=["plain", "deit"])
+def test_the_gpu_step_is_built_as_the_trainer_builds_it(augmentation):
+    """`make test` builds and runs the step the next test times on a GPU, so that a change to the trainer's
+    calls breaks here, on a CPU, and not first on a rare GPU machine (the distillation criterion's third
+    argument once did)."""
+    step = training_step(torch.device("cpu"), augmentation)
+    assert math.isfinite(float(step())) and math.isfinite(float(step()))
+
+
+@pytest.mark.parametrize("augmentation", [[], DEIT], ids=["plain", "deit"])
+def test_a_training_step_and_its_input_never_wait_for_the_gpu(cuda, augmentation):
+    step = training_step(cuda, augmentation)
     step()  # the first step allocates, builds cuBLAS handles and the optimizer's state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

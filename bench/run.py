@@ -21,7 +21,8 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
                       architecture, from a checkpoint: distill_step_s), in turns, the fastest of each;
                       step_cost = distill_step_s / step_s, speed its inverse
 The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
-JPEG photographs: our loader per core and `vit pretrain` against timm's own paths). `targets` holds the goals
+JPEG photographs: our loader per core and `vit pretrain` against timm's own paths), `transfer`
+bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction). `targets` holds the goals
 and whether met.
 
     python bench/run.py           # the measurement (~3-10 min on 2 cores);
@@ -96,6 +97,8 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "ema_vit_ti16_224": (("models", "vit_ti16_224", "ema", "step_share"), 1 / 1.03),
     # a distilled step costs at most 1.6x an undistilled one: the teacher's forward, without autograd
     "distill_speed_vit_ti16_224": (("models", "vit_ti16_224", "distill", "speed"), 1 / 1.6),
+    # bench/transfer.py: every frozen-feature protocol on one cached pass at most 10% of the extraction
+    "transfer_protocols_vit_b16_vtab1k": (("transfer", "extraction_share"), 1 / 1.1),
 }
 
 
@@ -334,6 +337,11 @@ def main() -> None:
         cmd = [sys.executable, str(Path(__file__).with_name("input.py")), "--out", f.name]
         subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
         results["input"] = json.loads(Path(f.name).read_text())
+    progress("frozen-feature protocols vs the extraction (bench/transfer.py)")
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(Path(__file__).with_name("transfer.py")), "--out", f.name]
+        subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
+        results["transfer"] = json.loads(Path(f.name).read_text())
     results["targets"] = targets(results)
     results["seconds"] = time.perf_counter() - t0
     json.dump(results, sys.stdout, indent=2)

@@ -32,4 +32,6 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     assert set(results["models"]["quickstart"]["fewshot"]) == {"extract_ours_img_s", "extract_bare_img_s",
                                                               "extract_ratio"}
     assert set(results["models"]["vit_ti16_224"]["ema"]) == {"step_s", "update_s", "cost", "step_share"}
+    assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
+    assert 0 < results["transfer"]["extraction_share"] <= 1
     assert all(set(t) == {"target", "value", "met"} for t in results["targets"].values())

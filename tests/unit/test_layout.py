@@ -39,7 +39,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "heldout"]),
     # linear few-shot evaluation in its steps
-    ("fewshot", ["solver", "features", "evaluate", "report"]),
+    ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # pictures: Figure 7, training curves, a confusion matrix
     ("figures", ["figure7", "curves", "confusion"]),
     # one driver per command

@@ -62,17 +62,20 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
 @app.command("eval-fewshot")
 def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
                  ckpt: opt.Ckpt = None, tasks: opt.Tasks = None, shots: opt.Shots = None,
-                 seeds: opt.Seeds = None, l2: opt.L2 = None, data_root: opt.DataRoot = None,
+                 seeds: opt.Seeds = None, l2: opt.L2 = None, protocols: opt.Protocols = None,
+                 data_root: opt.DataRoot = None,
                  list_tasks: opt.ListTasks = False, random_init: opt.RandomInit = False,
                  dry_run: opt.DryRun = False, json_out: opt.Json = False,
                  overrides: opt.FewshotOverrides = None) -> None:
-    """Linear few-shot accuracy by closed-form least squares on frozen features (big_vision fewshot_lsr)."""
+    """Frozen features scored: linear few-shot by closed-form least squares (big_vision fewshot_lsr); with
+    --protocols also DINO's weighted kNN, a logistic probe (CLIP's protocol) and ridge on all train data."""
     if list_tasks:
         from vitcli.stages.fewshot import print_registry
 
         return dispatch(lambda: print_registry, None, output=output_format(json_out))
     flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots,
              "fewshot.seeds": seeds, "fewshot.l2_reg": l2, "fewshot.data_root": data_root,
+             "fewshot.protocols": "fewshot,knn,linear,ridge" if protocols == "all" else protocols,
              "init.random": random_init or None}
     r = resolve_recipe("eval-fewshot", recipe, overrides, flags)
 

@@ -94,6 +94,8 @@ Tasks = Annotated[str | None, typer.Option(help="vtab, vtab/natural, vtab/cifar1
 Shots = Annotated[str | None, typer.Option(help="Shot counts, e.g. 1,5,10,25.")]
 Seeds = Annotated[int | None, typer.Option(help="Shot-set draws per shot count.")]
 L2 = Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")]
+Protocols = Annotated[str | None, typer.Option(
+    help="What scores the features, comma-separated: fewshot (default), knn, linear, ridge; or all.")]
 ListTasks = Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")]
 RandomInit = Annotated[bool, typer.Option(
     "--random-init", help="Score --ckpt's network with fresh weights (run.seed): the baseline.")]

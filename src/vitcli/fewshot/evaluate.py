@@ -1,7 +1,8 @@
-"""Few-shot evaluation of one model on the recipe's tasks: frozen features -> every shots x seed score.
+"""Frozen-feature evaluation of one model on the recipe's tasks: features -> every shots x seed few-shot
+score, and the all-data protocols (fewshot.protocols) on the same features.
 
 Shared by `vit eval-fewshot` (stages/fewshot.py, with a feature cache) and by the in-training evaluator
-below (no cache: the weights change between calls). Both score through `solver.score`.
+below (no cache: the weights change between calls). Both score few-shot through `solver.score`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 
 from vitcli.data import bad_images, sources, tasks
 from vitcli.errors import DataError
-from vitcli.fewshot import features, solver
+from vitcli.fewshot import features, protocols, solver
 from vitcli.recipe.schema import DataConfig, Recipe
 from vitcli.runtime.dist import Dist
 
@@ -115,7 +116,8 @@ def summarise(rows: list[dict]) -> dict[tuple[str, int], tuple[float, float]]:
 
 
 class FewshotEvaluator:
-    """Few-shot accuracy of the model being trained, logged as `fewshot/<task>/<k>shot` (no feature cache)."""
+    """Frozen-feature scores of the model being trained (no feature cache), one extraction per split serving
+    every protocol of fewshot.protocols: `fewshot/<task>/<k>shot`, `knn/<task>/top1`, `linear/...`."""
 
     def __init__(self, recipe: Recipe, dist: Dist):
         self.recipe, self.dist = recipe, dist
@@ -125,18 +127,26 @@ class FewshotEvaluator:
         self.skipped = bad_images.Skipped()  # kept across runs: a corrupt image is warned about once
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
-        """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also `.../<k>shot/short_classes`
-        and `.../<k>shot/examples` (the shot set's size, below k * classes)."""
         img_size, resize, method = preprocessing(self.recipe)
         for task in self.tasks:
             cfg = data_cfg(task, self.recipe)
             sets = [features.extract(model, ds, cfg, img_size, resize, self.dist, self.recipe.run.precision,
                                      skipped=self.skipped, resize_method=method)
                     for ds in self.splits[task.name]]
-            rows = evaluate_task(sets[0], sets[1], task.num_classes, self.recipe, task.name)
-            drawn = draws(rows)
-            for (name, shots), (mean, _) in summarise(rows).items():
-                yield f"fewshot/{name}/{shots}shot", mean
-                if drawn[(name, shots)]["short_classes"]:
-                    yield f"fewshot/{name}/{shots}shot/short_classes", drawn[(name, shots)]["short_classes"]
-                    yield f"fewshot/{name}/{shots}shot/examples", drawn[(name, shots)]["examples"]
+            if "fewshot" in self.recipe.fewshot.protocols:
+                yield from fewshot_metrics(evaluate_task(sets[0], sets[1], task.num_classes, self.recipe,
+                                                         task.name))
+            scored = protocols.task_rows(sets[0], sets[1], task.num_classes, self.recipe.fewshot, task.name,
+                                         self.dist.device)
+            yield from protocols.metrics(scored)
+
+
+def fewshot_metrics(rows: list[dict]) -> Iterator[tuple[str, float]]:
+    """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also `.../<k>shot/short_classes` and
+    `.../<k>shot/examples` (the shot set's size, below k * classes)."""
+    drawn = draws(rows)
+    for (name, shots), (mean, _) in summarise(rows).items():
+        yield f"fewshot/{name}/{shots}shot", mean
+        if drawn[(name, shots)]["short_classes"]:
+            yield f"fewshot/{name}/{shots}shot/short_classes", drawn[(name, shots)]["short_classes"]
+            yield f"fewshot/{name}/{shots}shot/examples", drawn[(name, shots)]["examples"]

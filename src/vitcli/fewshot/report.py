@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -26,8 +27,9 @@ from vitcli.runtime.metrics import stdout
 from vitcli.runtime.run_files import FEWSHOT_CSV, FEWSHOT_FILE, FEWSHOT_PLOT
 
 
-def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tuple[str, int], float]:
-    """Mean accuracy per (VTAB group or `vtab` overall, shots), over the tasks evaluated in that group."""
+def group_means(summary: dict[tuple[str, Any], tuple[float, float]]) -> dict[tuple[str, Any], float]:
+    """Mean accuracy per (VTAB group or `vtab` overall, shots or protocol), over the tasks evaluated in that
+    group."""
     groups = {t.name: t.group for t in tasks.get_tasks("vtab")}
     buckets: dict[tuple[str, int], list[float]] = {}
     for (name, shots), (mean, _) in summary.items():
@@ -37,38 +39,78 @@ def group_means(summary: dict[tuple[str, int], tuple[float, float]]) -> dict[tup
     return {k: float(np.mean(v)) for k, v in sorted(buckets.items())}
 
 
-def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.Skipped | None = None) -> dict:
-    """Print the table and write results.json, results.csv and fewshot.png into the workdir; returns what
-    results.json holds."""
-    summary, drawn = summarise(rows), draws(rows)
-    _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
-    payload = results(rows, recipe, skipped)
+def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.Skipped | None = None,
+          probes: list[dict] | None = None) -> dict:
+    """Print the tables and write results.json (and with few-shot rows results.csv and fewshot.png) into the
+    workdir; returns what results.json holds. `probes`: the all-data protocols' rows (fewshot.protocols)."""
+    probes = probes or []
+    outputs = [workdir / FEWSHOT_FILE]
+    if rows:
+        summary, drawn = summarise(rows), draws(rows)
+        _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
+    if probes:
+        _probe_table(probes)
+    payload = results(rows, recipe, skipped, probes)
     write_text(workdir / FEWSHOT_FILE, json.dumps(payload, indent=2) + "\n")
-    with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
-        w.writeheader()
-        w.writerows(rows)
-    _plot(summary, workdir / FEWSHOT_PLOT)
-    stdout.print(f"results: {workdir / FEWSHOT_FILE}, {workdir / FEWSHOT_CSV}, {workdir / FEWSHOT_PLOT}")
+    for stale in (FEWSHOT_CSV, FEWSHOT_PLOT) if not rows else ():  # an earlier run's, that results.json no
+        (workdir / stale).unlink(missing_ok=True)  # longer describes
+    if rows:
+        with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
+            w.writeheader()
+            w.writerows(rows)
+        _plot(summary, workdir / FEWSHOT_PLOT)
+        outputs += [workdir / FEWSHOT_CSV, workdir / FEWSHOT_PLOT]
+    stdout.print(f"results: {', '.join(map(str, outputs))}")
     return payload
 
 
-def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None = None) -> dict:
-    """results.json: every run, the mean ± std per (task, shots), the group means and the recipe; with the
-    tally, the images left out because they do not decode (`data/skipped_images`) and where they are."""
+def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None = None,
+            probes: list[dict] | None = None) -> dict:
+    """results.json: every few-shot run, the mean ± std per (task, shots), the group means, the all-data
+    protocols' rows and their group means, and the recipe; with the tally, the images left out because they
+    do not decode (`data/skipped_images`) and where they are."""
     summary, drawn = summarise(rows), draws(rows)
+    probes = probes or []
     payload = {
         "checkpoint": recipe.init.checkpoint,
         "random_init": recipe.init.random,  # true: the checkpoint's network with fresh weights (run.seed)
+        "protocols": recipe.fewshot.protocols,
         "runs": rows,
         "summary": [{"task": t, "shots": k, "mean": m, "std": s, **drawn[(t, k)]}
                     for (t, k), (m, s) in summary.items()],
         "group_means": [{"group": g, "shots": k, "mean": m} for (g, k), m in group_means(summary).items()],
+        "all_data": probes,
+        "all_data_group_means": [{"group": g, "protocol": p, "top1": m}
+                                 for (g, p), m in group_means(_probe_summary(probes)).items()],
         "recipe": to_dict(recipe),
     }
     if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
     return payload
+
+
+def _probe_summary(probes: list[dict]) -> dict[tuple[str, str], tuple[float, float]]:
+    """(task, protocol) -> (top1, 0): the shape group_means averages."""
+    return {(r["task"], r["protocol"]): (r["top1"], 0.0) for r in probes}
+
+
+def _probe_table(probes: list[dict]) -> None:
+    """Top-1 (top-5) per task and protocol, with the VTAB group means."""
+    names = list(dict.fromkeys(r["protocol"] for r in probes))
+    table = Table(title="frozen features, all train data: top-1 (top-5)")
+    table.add_column("task")
+    for name in names:
+        table.add_column(name, justify="right")
+    by = {(r["task"], r["protocol"]): r for r in probes}
+    cell = lambda r: f"{100 * r['top1']:.1f}" + (f" ({100 * r['top5']:.1f})" if "top5" in r else "")
+    for task in dict.fromkeys(r["task"] for r in probes):
+        table.add_row(task, *[cell(by[(task, p)]) if (task, p) in by else "-" for p in names])
+    means = group_means(_probe_summary(probes))
+    for group in dict.fromkeys(g for g, _ in means):
+        table.add_row(f"[bold]{group} mean",
+                      *[f"{100 * means[(group, p)]:.1f}" if (group, p) in means else "-" for p in names])
+    stdout.print(table)
 
 
 def footnote(name: str, shots: int, draw: dict) -> str:

@@ -18,7 +18,8 @@ from vitcli.figures.figure7 import save_figure
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE, RECIPE_FILE
 
-PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy")
+PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy",
+          "frozen features, all train data")
 # one line style per split, the same in every panel (val is dashed wherever it is drawn); other keys (the
 # few-shot table's shot counts) take the rest in turn
 SPLIT_STYLES = {"train": "-", "val": "--", "test": ":"}
@@ -33,6 +34,8 @@ def panel(key: str) -> str | None:
     split = split.removesuffix("_ema")  # the EMA weights' val_ema/top1 beside the trained weights' val/top1
     if split == "fewshot":
         return "few-shot accuracy"
+    if split in ("knn", "linear", "ridge") and name.endswith("/top1"):  # fewshot.protocols' top-1
+        return "frozen features, all train data"
     if name == "lr":
         return "learning rate"
     if name in ("loss", "mpp_loss"):

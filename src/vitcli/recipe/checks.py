@@ -32,6 +32,7 @@ from vitcli.recipe.choices import (
     PRECISIONS,
     STAGES,
     TRAINS,
+    TRANSFER_PROTOCOLS,
     VIT_POS_EMBEDS,
     WEIGHTED,
 )
@@ -64,7 +65,8 @@ POSITIVE = (
     "model.mlp_dim",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
-    "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau",
+    "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau", "fewshot.knn_k",
+    "fewshot.knn_temperature",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
@@ -76,7 +78,8 @@ NOT_NEGATIVE = (
 )
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
-             "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "ema.decay", "ema.min_decay")
+             "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "ema.decay", "ema.min_decay",
+             "fewshot.probe_holdout")
 # (0, 1]: fractions of the image; a per-layer lr factor
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
 # [0, 1]: probabilities, and the weight of one loss against another
@@ -331,6 +334,14 @@ def _fewshot(recipe: Recipe) -> None:
     bad = [k for k in f.shots if k < 1]
     if bad:
         raise RecipeError(f"fewshot.shots must be >= 1 per class, got {bad[0]} in {f.shots}")
+    unknown = [p for p in f.protocols if p not in TRANSFER_PROTOCOLS]
+    if unknown:
+        raise RecipeError(f"fewshot.protocols: '{unknown[0]}' is not one of {', '.join(TRANSFER_PROTOCOLS)}")
+    if not f.protocols:
+        raise RecipeError(f"fewshot.protocols is empty: name some of {', '.join(TRANSFER_PROTOCOLS)}")
+    if f.probe_holdout == 0 and "linear" in f.protocols:
+        raise RecipeError("fewshot.probe_holdout=0 holds nothing out to choose the linear probe's λ on: "
+                          "give a fraction of train in (0, 1), e.g. 0.2")
     if f.l2_reg != "auto":
         try:
             ok = float(f.l2_reg) > 0 and math.isfinite(float(f.l2_reg))

@@ -29,6 +29,8 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
+# fewshot.protocols: what scores frozen features (vitcli.fewshot.protocols runs each)
+TRANSFER_PROTOCOLS = ("fewshot", "knn", "linear", "ridge")
 ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomErasing's modes
 MIX_MODES = ("batch", "pair", "elem")  # data.mix_mode: timm Mixup's modes
 EMA_SAVES = ("live", "ema")  # ema.save: the weights model.safetensors holds

@@ -216,6 +216,13 @@ class FewshotConfig:
     resize_method: str = "big_vision"
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
     custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)
+    # what scores the frozen features, in training and in eval-fewshot, all from one extraction per split:
+    # fewshot (the above), knn (DINO's weighted kNN), linear (a logistic probe on all of train, CLIP's
+    # protocol), ridge (the closed-form least squares on all of train, λ by leave-one-out)
+    protocols: list[str] = field(default_factory=lambda: ["fewshot"])
+    knn_k: int = 20  # DINO's headline k
+    knn_temperature: float = 0.07  # DINO's T: each neighbour's vote is exp(cosine similarity / T)
+    probe_holdout: float = 0.2  # linear: the fraction of train that chooses λ (VTAB-1k's 200 of 1,000)
 
 
 @dataclass

@@ -32,7 +32,8 @@ from vitcli.runtime.workdir import check_out_dir, published_dir
 
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
-RESULT_PREFIXES = ("val/", "test/", "fewshot/")  # what a model card reports of summary.json
+# what a model card reports of summary.json: held-out and frozen-feature figures (fewshot.protocols)
+RESULT_PREFIXES = ("val/", "test/", "fewshot/", "knn/", "linear/", "ridge/")
 FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", "README.md", MANIFEST],
          "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
          "timm": ["config.json", MODEL_FILE, MANIFEST]}

@@ -1,4 +1,5 @@
-"""`vit eval-fewshot`: features per task (cached), every shots x seed score, table + json/csv/png (rank 0)."""
+"""`vit eval-fewshot`: features per task (cached), every shots x seed few-shot score and the all-data
+protocols (fewshot.protocols: kNN, logistic probe, ridge) on the same features; tables, files (rank 0)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.table import Table
 
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data import bad_images, tasks
-from vitcli.fewshot import features, report
+from vitcli.fewshot import features, protocols, report
 from vitcli.fewshot.evaluate import (
     data_cfg,
     data_id,
@@ -50,17 +51,21 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
     model = model.to(dist.device)
     # undecodable rows over every task's splits, extracted or read from the cache
     skipped = bad_images.Skipped()
-    rows = [row for task in chosen
-            for row in _task_rows(task, model, weights, recipe, workdir, dist, skipped)]
+    rows, probes = [], []
+    for task in chosen:
+        few, all_data = _task_rows(task, model, weights, recipe, workdir, dist, skipped)
+        rows += few
+        probes += all_data
     if not dist.is_main:
-        return report.results(rows, recipe, skipped)
+        return report.results(rows, recipe, skipped, probes)
     write_text(workdir / RECIPE_FILE, to_yaml(recipe))
-    return report.write(rows, workdir, recipe, skipped)
+    return report.write(rows, workdir, recipe, skipped, probes)
 
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,
-               skipped: bad_images.Skipped) -> list[dict]:
-    """Features of the task's train and test splits (from the cache when there), then its score rows."""
+               skipped: bad_images.Skipped) -> tuple[list[dict], list[dict]]:
+    """Features of the task's train and test splits (from the cache when there), then its few-shot rows and
+    its all-data protocols' rows (fewshot.protocols), every protocol on the same features."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / FEATURES_DIR
     img_size, resize, method = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
@@ -79,7 +84,10 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
                                             dist=dist)
         console.log(f"{task.name} {split}: {len(labels)} features {'(cached)' if hit else 'extracted'}")
         sets.append((feats, labels))
-    return evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
+    few = (evaluate_task(sets[0], sets[1], task.num_classes, recipe, task.name)
+           if "fewshot" in recipe.fewshot.protocols else [])
+    return few, protocols.task_rows(sets[0], sets[1], task.num_classes, recipe.fewshot, task.name,
+                                    dist.device)
 
 
 def print_registry() -> list[dict]:

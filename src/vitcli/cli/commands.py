@@ -113,7 +113,8 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
         from vitcli.stages.suite import evaluate_suite
         return evaluate if suite is None else evaluate_suite
 
-    sets = {"root": suite} if suite is not None else {"imagenet_set": imagenet_set and imagenet_set.value}
+    sets = ({"root": suite} if suite is not None
+            else {"imagenet_set": imagenet_set.value} if imagenet_set is not None else {})
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
              real_path=real_labels, real=real, **sets)
 

@@ -95,8 +95,12 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
     r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
                        own_data=data is None and suite is None)
     if real_timm:
-        from vitcli.data.imagenet import REAL_FILE
+        from vitcli.data.imagenet import NUM_CLASSES, REAL_FILE
+        from vitcli.errors import DataError
 
+        if r.model.num_classes != NUM_CLASSES:
+            raise DataError(f"--real scores an ImageNet-1k head (1000 classes), but {r.init.checkpoint} has "
+                            f"{r.model.num_classes} classes")
         real_labels = REAL_FILE
     real = None
     if real_labels:  # read and checked here, so that --dry-run refuses a bad file as the run would

@@ -38,7 +38,7 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
     found = robustness.find_sets(root)
     if recipe.model.num_classes != imagenet.NUM_CLASSES:
         raise DataError(f"--suite scores an ImageNet-1k head (1000 classes), but {recipe.init.checkpoint} "
-                        f"has {recipe.model.num_classes}: evaluate a 1000-class checkpoint")
+                        f"has {recipe.model.num_classes} classes: evaluate a 1000-class checkpoint")
     console.log(f"suite {root}: {', '.join(path.name for _, path in found)}")
     sets = {}
     for name, path in found:

@@ -28,8 +28,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # images into batches: how an image that does not decode is named and tallied, first (every
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "decode", "pillow_ops", "randaugment", "three_augment", "erasing",
-              "mixing", "augmentations", "augment", "transforms", "tasks", "sources", "sampler", "batches",
-              "streams", "prepare"]),
+              "mixing", "augmentations", "augment", "transforms", "tasks", "imagenet", "sources", "sampler",
+              "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
@@ -37,14 +37,14 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
                "loop"]),
     # what the loop runs when due
-    ("evaluators", ["inference", "classify", "heldout"]),
+    ("evaluators", ["inference", "classify", "robustness", "heldout"]),
     # linear few-shot evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # pictures: Figure 7, training curves, a confusion matrix
     ("figures", ["figure7", "curves", "confusion"]),
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "export", "evaluate", "predict"]),
+                "export", "evaluate", "predict", "suite"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

@@ -14,6 +14,7 @@ import torch
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
+from vitcli.data import imagenet
 from vitcli.models import layer_decay, zoo
 from vitcli.recipe.names import PAPER_VITS, paper_size, size_origin
 from vitcli.recipe.schema import Recipe
@@ -76,6 +77,17 @@ def class_names(loaded: Loaded, num_classes: int) -> list[str] | None:
     names = model.get("class_names") if isinstance(model, dict) else None
     fits = isinstance(names, list) and len(names) == num_classes
     return [str(name) for name in names] if fits else None
+
+
+def head_names(loaded: Loaded, num_classes: int) -> tuple[list[str] | None, str]:
+    """(the head's class names, where they come from): the checkpoint's own ("checkpoint"); else, for a file
+    that stores none (Google's .npz, timm weights) with a head of ImageNet's width, timm's WordNet lemmas
+    ("timm imagenet-1k lemmas"); else (None, "")."""
+    own = class_names(loaded, num_classes)
+    if own is not None:
+        return own, "checkpoint"
+    found = imagenet.head_names(num_classes)
+    return (found[0], f"timm {found[1]} lemmas") if found else (None, "")
 
 
 def architecture_row(spec: CheckpointSpec) -> str:

@@ -88,24 +88,53 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
 
 @app.command("evaluate")
 def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.EvalData = None,
-             split: opt.EvalSplit = None, real_labels: opt.RealLabels = None,
+             split: opt.EvalSplit = None, real_labels: opt.RealLabels = None, real_timm: opt.Real = False,
+             imagenet_set: opt.EvalImagenetSet = None, suite: opt.Suite = None,
              workdir: opt.Workdir = None, dry_run: opt.DryRun = False, json_out: opt.Json = False,
              overrides: opt.EvalOverrides = None) -> None:
     """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
+    _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm)
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
-    r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt, own_data=data is None)
+    r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
+                       own_data=data is None and suite is None)
+    if real_timm:
+        from vitcli.data.imagenet import NUM_CLASSES, REAL_FILE
+        from vitcli.errors import DataError
+
+        if r.model.num_classes != NUM_CLASSES:
+            raise DataError(f"--real scores an ImageNet-1k head (1000 classes), but {r.init.checkpoint} has "
+                            f"{r.model.num_classes} classes")
+        real_labels = REAL_FILE
     real = None
     if real_labels:  # read and checked here, so that --dry-run refuses a bad file as the run would
         from vitcli.evaluators.classify import read_real_labels
 
         real = read_real_labels(real_labels, r.model.num_classes)
+    if suite is not None:
+        from vitcli.evaluators.robustness import find_sets
+
+        find_sets(suite)  # here too: --dry-run refuses a root without a set
 
     def stage():
         from vitcli.stages.evaluate import evaluate
-        return evaluate
+        from vitcli.stages.suite import evaluate_suite
+        return evaluate if suite is None else evaluate_suite
 
+    sets = ({"root": suite} if suite is not None
+            else {"imagenet_set": imagenet_set.value} if imagenet_set is not None else {})
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             real_path=real_labels, real=real)
+             real_path=real_labels, real=real, **sets)
+
+
+def _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm) -> None:
+    """--suite picks each set's data and split; --real and --real-labels name one ReaL file."""
+    if real_timm and real_labels:
+        raise typer.BadParameter("--real (timm's copy) and --real-labels FILE both name ReaL's labels: "
+                                 "pass one")
+    given = [name for name, value in (("--data", data), ("--split", split), ("--imagenet-set", imagenet_set))
+             if value is not None]
+    if suite is not None and given:
+        raise typer.BadParameter(f"--suite finds each set's data and split itself: drop {given[0]}")
 
 
 @app.command("predict")

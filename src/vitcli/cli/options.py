@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from vitcli.recipe.choices import EXPORT_FORMATS, POSEMB_METHODS
+from vitcli.recipe.choices import EXPORT_FORMATS, IMAGENET_SETS, POSEMB_METHODS
 
 # Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so
 # show no type. A private method: some Typer releases lack it (0.27.2 raised AttributeError at
@@ -36,6 +36,7 @@ def choice(name: str, values: tuple[str, ...]) -> type[Choice]:
 
 ExportFormat = choice("ExportFormat", EXPORT_FORMATS)
 PosembMethod = choice("PosembMethod", POSEMB_METHODS)
+ImagenetSet = choice("ImagenetSet", IMAGENET_SETS)
 
 
 def overrides(examples: str) -> type:
@@ -110,6 +111,16 @@ EvalSplit = Annotated[str | None, typer.Option(
     "--split", help="Split to evaluate (HF syntax); default data.test_split, else data.val_split.")]
 RealLabels = Annotated[Path | None, typer.Option(
     help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
+# a flag of its own, not --real-labels without a value: Typer (0.29) gives an option no optional value,
+# and `--real-labels data.x=1` would be ambiguous with the overrides that follow
+Real = Annotated[bool, typer.Option(
+    "--real", help="--real-labels with timm's copy of ReaL's real.json (timm/data/_info).")]
+EvalImagenetSet = Annotated[ImagenetSet | None, typer.Option(
+    "--imagenet-set", help="The ImageNet set the split is, scored with a 1000-class head (A and R over "
+                           "their 200 classes); default: detected from its class folders.")]
+Suite = Annotated[Path | None, typer.Option(
+    "--suite", help="Evaluate on every ImageNet set under this folder (imagenet, imagenet-v2, imagenet-a, "
+                    "imagenet-r, imagenet-sketch, ...: see docs/evaluate.md) and print one table.")]
 EvalOverrides = overrides("data.eval_crop_pct=0.875 run.precision=fp32")
 Images = Annotated[list[Path], typer.Argument(
     help="Image files, and folders searched recursively.")]

@@ -6,7 +6,8 @@ an argument per image), randaugment.py, three_augment.py, erasing.py and
 mixing.py (the augmentation ops: drawn on the host, applied batched wherever the pixels are),
 augmentations.py (the recipe's augmentation: drawn per micro-batch, applied in order), augment.py (crop
 boxes, the batched resize, flip, scaling), transforms.py (what the loader workers do), tasks.py (the task
-registry), sources.py (every image source as a datasets.Dataset), sampler.py (which rows and draws each
+registry), imagenet.py (ImageNet's label spaces as timm ships them), sources.py (every image source as
+a datasets.Dataset), sampler.py (which rows and draws each
 training micro-batch gets), batches.py (map-style batch streams),
 streams.py (streamed training batches), prepare.py (a pre-resized copy of a source, `vit prepare-data`).
 

@@ -22,6 +22,8 @@ SECTIONS = {"prepare-data": ("data",)}
 EXPORT_FORMATS = ("hf", "onnx", "timm")  # `vit export --format`: vitcli.stages.export writes each
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
+# `vit evaluate --imagenet-set`: the ImageNet sets an ImageNet-1k head is scored on (evaluators.robustness)
+IMAGENET_SETS = ("imagenet", "imagenet-v2", "imagenet-a", "imagenet-r", "imagenet-sketch")
 MPP_TARGETS = ("mean_color", "color_4x4", "pixels_l2")
 MPP_CELLS = 4  # color_4x4 pools each patch to MPP_CELLS x MPP_CELLS cells
 PRECISIONS = ("auto", "fp32", "bf16")

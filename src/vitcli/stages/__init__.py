@@ -4,6 +4,7 @@ run.py (one training run; `vit pretrain`) < sweep.py (one run per learning rate)
 protocol, per task) < finetune.py (`vit finetune`: which of the three); fewshot.py (`vit eval-fewshot`);
 inspect.py (`vit inspect`); plot.py (`vit plot`); resize.py (`vit resize-posemb`); prepare.py
 (`vit prepare-data`); export.py (`vit export`); evaluate.py (`vit evaluate`: a checkpoint's head on a split)
-< predict.py (`vit predict`: on image files). Each returns what it reports (its results file's content, or
+< predict.py (`vit predict`: on image files); suite.py (`vit evaluate --suite`: every ImageNet set
+under a folder). Each returns what it reports (its results file's content, or
 the file it wrote): the command line prints that and never names a results file.
 """

@@ -17,10 +17,10 @@ import torch
 from rich.table import Table
 
 from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checkpoints.transfer import class_names, load_for_eval
+from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval
 from vitcli.data import bad_images, batches, sources
 from vitcli.errors import DataError
-from vitcli.evaluators import classify
+from vitcli.evaluators import classify, robustness
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.figures.confusion import MAX_CLASSES, write_confusion
 from vitcli.recipe.layers import to_yaml
@@ -38,9 +38,10 @@ TOP_K = 5  # top-5 is reported when the head has at least this many classes
 
 
 def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
-             real: list[list[int]] | None = None) -> dict:
+             real: list[list[int]] | None = None, imagenet_set: str | None = None) -> dict:
     """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the parsed ReaL
-    lists of `real_path` (vitcli.evaluators.classify.read_real_labels). Returns what results.json holds."""
+    lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`: the ImageNet set the
+    split is (robustness.SETS), else detected from its folder names. Returns what results.json holds."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
@@ -48,18 +49,27 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     split = recipe.data.test_split or recipe.data.val_split
     ds = sources.load_split(recipe.data, split)
     num_classes = recipe.model.num_classes
-    _check_labels(ds, recipe, split)
+    scoring = _scoring(ds, recipe, imagenet_set)  # None: the split's labels are the head's own
+    if scoring is None:
+        _check_labels(ds, recipe, split)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
     skipped = bad_images.Skipped()
-    rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, min(TOP_K, num_classes))
-    names = (class_names(read_checkpoint(recipe.init.checkpoint), num_classes)
-             or sources.class_names(recipe.data, ds, num_classes))  # the checkpoint's, else the split's
+    k = min(TOP_K, num_classes if scoring is None else len(scoring.columns))
+    rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, k, scoring)
+    names, names_from = head_names(read_checkpoint(recipe.init.checkpoint), num_classes)
+    if names is None and scoring is None:  # the split's labels are the head's classes: its names are theirs
+        names, names_from = sources.class_names(recipe.data, ds, num_classes), "split"
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
                "split": split, "images": len(rows), "classes": num_classes,
                **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision}
+    if names is not None:
+        results["class_names_from"] = names_from
+    if scoring is not None:
+        results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
+                        "imagenet_set/labels_by": scoring.labels_by})
     if entries is not None:
         results.update(real_scores(top, entries[0][rows], real, entries[1]))
     if skipped.total:
@@ -78,17 +88,29 @@ def _check_labels(ds, recipe: Recipe, split: str) -> None:
                         "data it was trained on")
 
 
+def _scoring(ds, recipe: Recipe, named: str | None) -> robustness.Scoring | None:
+    """How the split is scored when it is an ImageNet set (robustness.detect); None otherwise."""
+    column = recipe.data.label_column
+    own = class_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
+    top = int(batches.labels(ds, column).max())
+    return robustness.detect(robustness.label_names(ds.features, column), top, recipe.model.num_classes, own,
+                             named, recipe.init.checkpoint)
+
+
 def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: bad_images.Skipped,
-                k: int) -> tuple[np.ndarray, ...]:
+                k: int, scoring: robustness.Scoring | None = None) -> tuple[np.ndarray, ...]:
     """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
     the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
     for a sigmoid-loss model). Undecodable rows are left out and join `skipped`, which names each
-    once (this rank's own tally stays quiet). A collective call."""
+    once (this rank's own tally stays quiet). With `scoring` (an ImageNet set) the logits are cut to its
+    classes and classes and labels are the head's. A collective call."""
     loss = loss_fn(recipe.optim)
     own = bad_images.Skipped(warn=False)
 
     def per_batch(model, i, x, y):
         logits = model(x).float()  # (B, K)
+        if scoring is not None:
+            logits, y = scoring.restrict(logits, y)  # (B, S) of the set's classes; y: positions among them
         probs = logits.softmax(-1) if recipe.optim.loss == "softmax" else logits.sigmoid()
         p, idx = probs.topk(k, dim=-1)  # (B, k), best first
         return idx.cpu().numpy(), p.cpu().numpy(), y.cpu().numpy(), loss(logits, y).item() * len(y)
@@ -100,6 +122,8 @@ def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped:
     gathered = in_row_order(arrays, own.rows, len(ds), dist, skipped)
     if gathered is None:  # an empty split (load_split refuses one; a caller's own Dataset may be)
         raise DataError(f"{sources.origin(ds)}: no images")
+    if scoring is not None:  # positions among the set's classes -> the head's classes
+        gathered = (gathered[0], scoring.columns[gathered[1]], gathered[2], scoring.columns[gathered[3]])
     return (*gathered, loss_sum)
 
 
@@ -150,11 +174,23 @@ def _write(results: dict, top: np.ndarray, labels: np.ndarray, names: list[str] 
     report(results)
 
 
+def robustness_line(results: dict) -> str:
+    """How an ImageNet set was scored, for the report's first line; "" for any other split."""
+    name = results.get("imagenet_set")
+    if name is None:
+        return ""
+    over = f"its {results['imagenet_set/classes']} classes" if results["imagenet_set/classes"] < 1000 else (
+        "all 1000 classes")
+    return (f"; scored as {robustness.TITLES[name]} over {over} (labels by "
+            f"{results['imagenet_set/labels_by']})")
+
+
 def report(results: dict) -> None:
     """The numbers as a table; per-class accuracy as a second one when there are few classes."""
     matched = results.get("real/matched_by")
     stdout.print(f"{results['checkpoint']} on {results['images']} images of {results['data']} split "
-                 f"'{results['split']}'" + (f"; ReaL labels matched by {matched}" if matched else ""))
+                 f"'{results['split']}'" + (f"; ReaL labels matched by {matched}" if matched else "")
+                 + robustness_line(results))
     table = Table(title="evaluate")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -1,5 +1,5 @@
 """`vit predict`: a checkpoint's top-k classes for image files and folders, with class names where the
-checkpoint stores them.
+checkpoint stores them (else timm's ImageNet lemmas for a head of ImageNet-1k's or -21k's width).
 
 The images go through `vit evaluate`'s own pass (vitcli.stages.evaluate.predictions: the same eval
 preprocessing, batching and precision), so a file scores exactly as the same image in a split does. An image
@@ -20,7 +20,7 @@ from rich.table import Table
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checkpoints.transfer import class_names, load_for_eval
+from vitcli.checkpoints.transfer import head_names, load_for_eval
 from vitcli.data import bad_images
 from vitcli.errors import DataError
 from vitcli.recipe.schema import Recipe
@@ -93,19 +93,23 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     k = min(top_k, recipe.model.num_classes)
     rows, top, probs, _, _ = predictions(model, ds, recipe, dist, bad_images.Skipped(), k)
-    names = class_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
+    names, names_from = head_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)
     records = [{"path": str(files[row]),
                 "top": [{"rank": j + 1, "class_index": int(c), "class_name": names[c] if names else str(c),
                          "probability": float(p)} for j, (c, p) in enumerate(zip(top[i], probs[i]))]}
                for i, row in enumerate(rows)]
     if dist.is_main:
-        show(records, recipe.optim.loss)
+        if names_from not in ("", "checkpoint"):
+            console.log(f"class names: {names_from} ({recipe.init.checkpoint} stores none)")
+        show(records, recipe.optim.loss, names_from)
     return records
 
 
-def show(records: list[dict], loss: str) -> None:
-    """A table: each image's path, then its top-k classes with their probabilities."""
-    table = Table(title=f"predictions ({'softmax' if loss == 'softmax' else 'sigmoid'} probabilities)")
+def show(records: list[dict], loss: str, names_from: str = "") -> None:
+    """A table: each image's path, then its top-k classes with their probabilities; its title says where
+    the class names come from when the checkpoint does not store them."""
+    names = f"; class names: {names_from}" if names_from not in ("", "checkpoint") else ""
+    table = Table(title=f"predictions ({'softmax' if loss == 'softmax' else 'sigmoid'} probabilities{names})")
     for col in ("image", "rank", "class", "probability"):
         table.add_column(col, justify="right" if col in ("rank", "probability") else "left")
     for record in records:

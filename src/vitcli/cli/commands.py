@@ -85,10 +85,11 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
 
 @app.command("evaluate")
 def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.EvalData = None,
-             split: opt.EvalSplit = None, real_labels: opt.RealLabels = None,
-             workdir: opt.Workdir = None, dry_run: opt.DryRun = False, json_out: opt.Json = False,
-             overrides: opt.EvalOverrides = None) -> None:
-    """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
+             split: opt.EvalSplit = None, real_labels: opt.RealLabels = None, tta: opt.Tta = None,
+             calibrate_on: opt.CalibrateOn = None, workdir: opt.Workdir = None, dry_run: opt.DryRun = False,
+             json_out: opt.Json = False, overrides: opt.EvalOverrides = None) -> None:
+    """Top-1, top-5, loss, calibration, per-class accuracy and a confusion matrix of a checkpoint's head on a
+    split."""
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
     r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt, own_data=data is None)
     real = None
@@ -96,13 +97,18 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
         from vitcli.evaluators.classify import read_real_labels
 
         real = read_real_labels(real_labels, r.model.num_classes)
+    if calibrate_on:  # here too, so that --dry-run refuses it as the run would
+        from vitcli.stages.evaluate_extra import check_held_out
+
+        check_held_out(calibrate_on, r.data.test_split or r.data.val_split, r.optim.loss)
 
     def stage():
         from vitcli.stages.evaluate import evaluate
         return evaluate
 
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             real_path=real_labels, real=real)
+             real_path=real_labels, real=real, tta=tuple(dict.fromkeys(str(v) for v in tta or ())),
+             calibrate_on=calibrate_on)
 
 
 @app.command("predict")

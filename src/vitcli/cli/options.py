@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from vitcli.recipe.choices import EXPORT_FORMATS, POSEMB_METHODS
+from vitcli.recipe.choices import EXPORT_FORMATS, POSEMB_METHODS, TTA_VIEWS
 
 # Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so
 # show no type. A private method: some Typer releases lack it (0.27.2 raised AttributeError at
@@ -36,6 +36,7 @@ def choice(name: str, values: tuple[str, ...]) -> type[Choice]:
 
 ExportFormat = choice("ExportFormat", EXPORT_FORMATS)
 PosembMethod = choice("PosembMethod", POSEMB_METHODS)
+TtaView = choice("TtaView", TTA_VIEWS)
 
 
 def overrides(examples: str) -> type:
@@ -108,6 +109,12 @@ EvalSplit = Annotated[str | None, typer.Option(
     "--split", help="Split to evaluate (HF syntax); default data.test_split, else data.val_split.")]
 RealLabels = Annotated[Path | None, typer.Option(
     help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
+Tta = Annotated[list[TtaView] | None, typer.Option(
+    "--tta", help="Test-time views, repeatable: flip (x and its mirror), multicrop (five crops); both: ten "
+                  "crops. Reports tta/top1 beside the plain top1.")]
+CalibrateOn = Annotated[str | None, typer.Option(
+    "--calibrate-on", help="Held-out split (HF syntax) to fit a softmax temperature on; reports ts/ece, "
+                           "ts/nll beside the raw ece, nll.")]
 EvalOverrides = overrides("data.eval_crop_pct=0.875 run.precision=fp32")
 Images = Annotated[list[Path], typer.Argument(
     help="Image files, and folders searched recursively.")]

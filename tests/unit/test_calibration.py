@@ -3,6 +3,7 @@ loop over the bins (Guo et al.'s reference code, gt(lower) & le(upper)), NLL aga
 fitted temperature against a grid search and against the temperature the labels were drawn with, and the
 averaged test-time probabilities against the model run on each view by hand."""
 
+import itertools
 import math
 
 import numpy as np
@@ -14,18 +15,23 @@ from vitcli.evaluators import calibration
 from vitcli.evaluators.tta import averaged_probs, views
 
 
-def loop_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
-    """ECE as Guo et al.'s code writes it: for each bin (lower, upper], the rows in it, their mean accuracy and
-    confidence, weighted by their share; the edges torchmetrics' float32 linspace."""
+def loop_bins(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> list[tuple[int, float, float]]:
+    """(rows, accuracy, mean confidence) of each bin (lower, upper] as Guo et al.'s code finds them, one bin
+    at a time; the edges torchmetrics' float32 linspace; (0, 0, 0) for an empty bin."""
     edges = torch.linspace(0, 1, n_bins + 1).tolist()
     conf32 = torch.as_tensor(confidence, dtype=torch.float32)
-    total = 0.0
-    for lower, upper in zip(edges[:-1], edges[1:]):
+    out = []
+    for lower, upper in itertools.pairwise(edges):
         inside = ((conf32 > lower) & (conf32 <= upper)).numpy()
-        if inside.any():
-            gap = np.mean(correct[inside].astype(np.float64)) - np.mean(confidence[inside].astype(np.float64))
-            total += inside.mean() * abs(gap)
-    return total
+        out.append((int(inside.sum()), float(np.mean(correct[inside])), float(np.mean(confidence[inside])))
+                   if inside.any() else (0, 0.0, 0.0))
+    return out
+
+
+def loop_ece(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> float:
+    """ECE from loop_bins: each bin's |accuracy - confidence| weighted by its share of the rows."""
+    bins = loop_bins(confidence, correct, n_bins)
+    return sum(n / len(confidence) * abs(acc - conf) for n, acc, conf in bins)
 
 
 def test_ece_of_four_predictions_in_two_bins_by_hand():
@@ -33,7 +39,8 @@ def test_ece_of_four_predictions_in_two_bins_by_hand():
     correct = np.array([True, False, True, True])
     low = 2 / 4 * abs(1 / 2 - (0.3 + 0.4) / 2)  # (0, 0.5]: one of two right, mean confidence 0.35
     high = 2 / 4 * abs(2 / 2 - (0.8 + 0.9) / 2)  # (0.5, 1]: both right, mean confidence 0.85
-    assert calibration.expected_calibration_error(confidence, correct, 2) == pytest.approx(low + high, abs=1e-7)
+    ece = calibration.expected_calibration_error(confidence, correct, 2)
+    assert ece == pytest.approx(low + high, abs=1e-7)
 
 
 def test_a_confidence_on_a_bin_edge_belongs_to_the_lower_bin():
@@ -56,7 +63,9 @@ def test_ece_equals_a_loop_over_the_bins_on_random_predictions():
         assert calibration.expected_calibration_error(confidence, correct, n_bins) == pytest.approx(
             loop_ece(confidence, correct, n_bins), abs=1e-6)
     counts, accuracy, mean_confidence = calibration.reliability_bins(confidence, correct)
-    assert counts.sum() == 2000 and len(counts) == calibration.N_BINS
+    expected = np.array(loop_bins(confidence, correct, calibration.N_BINS))  # (15, 3)
+    assert counts.tolist() == expected[:, 0].astype(int).tolist()
+    np.testing.assert_allclose(np.stack([accuracy, mean_confidence], 1), expected[:, 1:], atol=1e-6, rtol=0)
 
 
 def test_nll_equals_cross_entropy():

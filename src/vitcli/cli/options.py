@@ -110,8 +110,8 @@ EvalSplit = Annotated[str | None, typer.Option(
 RealLabels = Annotated[Path | None, typer.Option(
     help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
 Tta = Annotated[list[TtaView] | None, typer.Option(
-    "--tta", help="Test-time views, repeatable: flip (x and its mirror), multicrop (five crops); both: ten "
-                  "crops. Reports tta/top1 beside the plain top1.")]
+    "--tta", help="Test-time views: flip (x and its mirror), multicrop (five crops); both (--tta flip "
+                  "--tta multicrop): ten crops. Reports tta/top1 beside the plain top1.")]
 CalibrateOn = Annotated[str | None, typer.Option(
     "--calibrate-on", help="Held-out split (HF syntax) to fit a softmax temperature on; reports ts/ece, "
                            "ts/nll beside the raw ece, nll.")]

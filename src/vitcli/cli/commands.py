@@ -107,8 +107,8 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
         return evaluate
 
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             real_path=real_labels, real=real, tta=tuple(dict.fromkeys(str(v) for v in tta or ())),
-             calibrate_on=calibrate_on)
+             real_path=real_labels, real=real, tta=tuple(str(v) for v in opt.TtaView if v in (tta or ())),
+             calibrate_on=calibrate_on)  # each view once, in TTA_VIEWS' order
 
 
 @app.command("predict")

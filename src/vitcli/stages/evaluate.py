@@ -80,7 +80,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     if skipped.total:
         results["skipped_images"] = skipped.total
     if dist.is_main:
-        evaluate_extra.write_plot(results, top, probs, labels, _title(recipe, results), workdir)
+        evaluate_extra.write_plot(results, top, probs, labels, workdir)
         _write(results, top, labels, names, recipe, workdir)
     return results
 
@@ -96,11 +96,6 @@ def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logit
     console.log(f"evaluate: temperature {temperature:.4f} fitted on split '{held_split}' "
                 f"({len(held_labels)} images)")
     return evaluate_extra.scaled_results(temperature, held_split, len(held_labels), logits, top, labels)
-
-
-def _title(recipe: Recipe, results: dict) -> str:
-    """The figures' title: the checkpoint on the data and split."""
-    return f"{Path(recipe.init.checkpoint).name} on {results['data']} {results['split']}"
 
 
 def _check_labels(ds, recipe: Recipe, split: str) -> None:
@@ -176,7 +171,8 @@ def _write(results: dict, top: np.ndarray, labels: np.ndarray, names: list[str] 
     """recipe.yaml, confusion.png (up to MAX_CLASSES classes), results.json; then the report (rank 0)."""
     k = results["classes"]
     if k <= MAX_CLASSES:
-        title = f"{_title(recipe, results)}: top-1 {results['top1']:.3f}"
+        title = (f"{Path(recipe.init.checkpoint).name} on {results['data']} {results['split']}: "
+                 f"top-1 {results['top1']:.3f}")
         write_confusion(classify.confusion_matrix(labels, top[:, 0], k), names or [str(i) for i in range(k)],
                         title, workdir / CONFUSION_PLOT)
         results["confusion_png"] = str(workdir / CONFUSION_PLOT)

@@ -86,13 +86,13 @@ def scaled_results(temperature: float, held_out: str, held_rows: int, logits: np
             "ts/ece": calibration.expected_calibration_error(confidence, top[:, 0] == labels), "ts/nll": nll}
 
 
-def write_plot(results: dict, top: np.ndarray, probs: np.ndarray, labels: np.ndarray, title: str,
-               workdir: Path) -> None:
+def write_plot(results: dict, top: np.ndarray, probs: np.ndarray, labels: np.ndarray, workdir: Path) -> None:
     """reliability.png of the plain predictions, its path in results (rank 0; softmax models only)."""
     if "ece" not in results:
         console.log(f"a sigmoid-loss model: no ece, nll or {RELIABILITY_PLOT} (per-class probabilities)")
         return
     bins = calibration.reliability_bins(probs[:, 0], top[:, 0] == labels)
+    title = f"{Path(results['checkpoint']).name} on {results['data']} {results['split']}"
     write_reliability(*bins, f"{title}\nECE {results['ece']:.4f} ({calibration.N_BINS} bins)",
                       workdir / RELIABILITY_PLOT)
     results["reliability_png"] = str(workdir / RELIABILITY_PLOT)

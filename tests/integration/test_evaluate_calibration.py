@@ -134,6 +134,7 @@ def test_a_sigmoid_loss_model_has_no_calibration(tmp_path, monkeypatch, capsys):
     (["--calibrate-on", "test", "--dry-run"], "overlaps the evaluated split"),
     (["--calibrate-on", "nope"], "no split 'nope'"),
     (["--calibrate-on"], "Option '--calibrate-on' requires an argument"),
+    (["--calibrate-on", " "], "--calibrate-on needs a split name"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(ckpt, tmp_path, monkeypatch, capsys, args, message):
     code, _, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", ckpt[1], "--workdir", tmp_path / "w",

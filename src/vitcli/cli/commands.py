@@ -97,7 +97,7 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
         from vitcli.evaluators.classify import read_real_labels
 
         real = read_real_labels(real_labels, r.model.num_classes)
-    if calibrate_on:  # here too, so that --dry-run refuses it as the run would
+    if calibrate_on is not None:  # here too, so that --dry-run refuses it as the run would
         from vitcli.stages.evaluate_extra import check_held_out
 
         check_held_out(calibrate_on, r.data.test_split or r.data.val_split, r.optim.loss)

@@ -32,6 +32,8 @@ def check_held_out(held_out: str | None, split: str, loss: str) -> None:
     overlap (test[:600] and test[500:]) are not detected."""
     if held_out is None:
         return
+    if not held_out.strip():
+        raise RecipeError("--calibrate-on needs a split name, e.g. validation or train[:5000]")
     base, other = held_out.split("[")[0].strip(), split.split("[")[0].strip()
     whole = base == other and ("[" not in held_out or "[" not in split)  # one of them is the whole split
     if held_out.strip() == split.strip() or whole:

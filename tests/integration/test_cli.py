@@ -205,8 +205,11 @@ def handed(ckpt: Path, tmp: Path) -> dict:
 
     return {
         "evaluate": (
-            ["evaluate", "--ckpt", ckpt, "--workdir", tmp / "w", "--split", "test[:8]"],
-            "vitcli.stages.evaluate.evaluate", ((tmp / "w",), {"real_path": None, "real": None}),
+            ["evaluate", "--ckpt", ckpt, "--workdir", tmp / "w", "--split", "test[:8]", "--tta", "multicrop",
+             "--tta", "flip", "--tta", "multicrop", "--calibrate-on", "validation"],
+            "vitcli.stages.evaluate.evaluate", ((tmp / "w",), {"real_path": None, "real": None,
+                                                               "tta": ("flip", "multicrop"),
+                                                               "calibrate_on": "validation"}),
             {"stage": "evaluate", "init.checkpoint": str(ckpt), "data.test_split": "test[:8]",
              "model.num_classes": 4, "model.img_size": 32}),
         "predict": (

@@ -217,7 +217,8 @@ def test_fsdp_trains_as_ddp_resumes_bit_identical_and_exports_the_same_file(tmp_
 
 def test_evaluate_split_across_two_processes_matches_one(tmp_path):
     """vit evaluate under torchrun: each rank predicts every other image, the rows are gathered back in order,
-    so top-1, per-class counts and ReaL (matched by row order, so order matters) equal one process's."""
+    so top-1, per-class counts, ReaL (matched by row order, so order matters), test-time flips, calibration
+    and the temperature fitted on a held-out split equal one process's."""
     ckpt = tmp_path / "ckpt"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
                       head_zero_init=False)
@@ -227,12 +228,14 @@ def test_evaluate_split_across_two_processes_matches_one(tmp_path):
     real.write_text(json.dumps([[i % 4, (i + 1) % 4] if i % 3 else [] for i in range(51)]))
     args = ["evaluate", "--ckpt", str(ckpt), "--real-labels", str(real), "data.synthetic.num_classes=4",
             "data.synthetic.test_size=51", "data.eval_batch_size=8", "data.num_workers=0",
-            "run.precision=fp32"]
+            "run.precision=fp32", "--tta", "flip", "--calibrate-on", "validation",
+            "data.synthetic.val_size=25"]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     run([sys.executable, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "one")])
     run([*launcher, "-m", "vitcli.cli", *args, "--workdir", str(tmp_path / "two")])
     one, two = (json.loads((tmp_path / w / "results.json").read_text()) for w in ("one", "two"))
     assert one["images"] == two["images"] == 51 and one["real/matched_by"] == "row order"
-    for key in ("top1", "per_class", "real/top1", "real/images"):
+    for key in ("top1", "per_class", "real/top1", "real/images", "tta/top1", "ts/images"):
         assert one[key] == two[key], key
-    assert abs(one["loss"] - two["loss"]) < 1e-6
+    for key in ("loss", "ece", "nll", "ts/temperature", "ts/ece", "ts/nll"):
+        assert abs(one[key] - two[key]) < 1e-6, key

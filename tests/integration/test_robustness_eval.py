@@ -101,6 +101,30 @@ def test_an_r_folder_is_scored_over_rs_200_classes(tmp_path, monkeypatch, capsys
         top_k_accuracy(logits, np.arange(1000), labels, 5), abs=1e-12)
 
 
+def test_an_r_folder_with_tta_and_calibration_is_scored_over_its_200_classes(tmp_path, monkeypatch, capsys):
+    """--tta flip on an R folder: the views' softmax is over R's 200 classes, as the plain one's (evaluate's
+    views and the set's mask come from two features: this is where they meet); nll is the cut loss."""
+    folders = {SYNSETS[c]: 3 for c in R_CLASSES[2:6]}
+    image_folder(tmp_path / "imagenet-r", folders)
+    model = checkpoint(tmp_path / "c.safetensors", {0: 50, **{c: 3 for c in R_CLASSES[2:6]}})
+    logits, files = logits_of(model, tmp_path / "imagenet-r")
+    x = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
+    with torch.no_grad():
+        flipped = model(x.flip(-1).float() / 127.5 - 1).numpy()
+    labels = np.array([SYNSETS.index(f.parent.name) for f in files])
+    r = np.array(R_CLASSES)
+    soft = lambda a: torch.from_numpy(a[:, r]).softmax(-1).numpy()
+    averaged = (soft(logits) + soft(flipped)) / 2
+    by_hand = float((r[averaged.argmax(1)] == labels).mean())
+    results, _ = evaluate(monkeypatch, capsys, tmp_path / "c.safetensors", tmp_path / "ev", "--data",
+                          tmp_path / "imagenet-r", "--split", "train", "--imagenet-set", "imagenet-r",
+                          "--tta", "flip")
+    assert by_hand > 0 and (logits.argmax(1) == 0).all()  # unmasked, every view would say tench
+    assert results["tta/top1"] == pytest.approx(by_hand, abs=1e-12) and results["tta/views"] == "flip"
+    assert results["nll"] == pytest.approx(results["loss"], abs=1e-5)  # the cut logits' cross-entropy
+    assert 0 <= results["ece"] <= 1
+
+
 def test_v2_index_folders_are_classes_by_number(tmp_path, monkeypatch, capsys):
     """Folders 1, 2, 10 (an image folder numbers them 0, 2, 1: '10' sorts before '2'); the head prefers
     class 10, then 2: top-1 is the share of folder 10's images, as numpy counts it."""

@@ -37,14 +37,14 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
                "loop"]),
     # what the loop runs when due
-    ("evaluators", ["inference", "classify", "robustness", "heldout"]),
-    # linear few-shot evaluation in its steps
+    ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
+    # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
-    # pictures: Figure 7, training curves, a confusion matrix
-    ("figures", ["figure7", "curves", "confusion"]),
+    # pictures: Figure 7, training curves, a confusion matrix, a reliability diagram
+    ("figures", ["figure7", "curves", "confusion", "reliability"]),
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "export", "evaluate", "predict", "suite"]),
+                "export", "evaluate_extra", "evaluate", "predict", "suite"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

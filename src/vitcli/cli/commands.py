@@ -89,11 +89,12 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
 @app.command("evaluate")
 def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.EvalData = None,
              split: opt.EvalSplit = None, real_labels: opt.RealLabels = None, real_timm: opt.Real = False,
-             imagenet_set: opt.EvalImagenetSet = None, suite: opt.Suite = None,
-             workdir: opt.Workdir = None, dry_run: opt.DryRun = False, json_out: opt.Json = False,
-             overrides: opt.EvalOverrides = None) -> None:
-    """Top-1, top-5, loss, per-class accuracy and a confusion matrix of a checkpoint's head on a split."""
-    _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm)
+             imagenet_set: opt.EvalImagenetSet = None, suite: opt.Suite = None, tta: opt.Tta = None,
+             calibrate_on: opt.CalibrateOn = None, workdir: opt.Workdir = None, dry_run: opt.DryRun = False,
+             json_out: opt.Json = False, overrides: opt.EvalOverrides = None) -> None:
+    """Top-1, top-5, loss, calibration, per-class accuracy and a confusion matrix of a checkpoint's head on a
+    split, or on every ImageNet set under a folder (--suite)."""
+    _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on)
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
     r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
                        own_data=data is None and suite is None)
@@ -114,25 +115,30 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
         from vitcli.evaluators.robustness import find_sets
 
         find_sets(suite)  # here too: --dry-run refuses a root without a set
+    if calibrate_on is not None:  # here too, so that --dry-run refuses it as the run would
+        from vitcli.stages.evaluate_extra import check_held_out
+
+        check_held_out(calibrate_on, r.data.test_split or r.data.val_split, r.optim.loss)
 
     def stage():
         from vitcli.stages.evaluate import evaluate
         from vitcli.stages.suite import evaluate_suite
         return evaluate if suite is None else evaluate_suite
 
-    sets = ({"root": suite} if suite is not None
-            else {"imagenet_set": imagenet_set.value} if imagenet_set is not None else {})
+    named = {"imagenet_set": imagenet_set.value} if imagenet_set is not None else {}
+    sets = {"root": suite} if suite is not None else {"calibrate_on": calibrate_on, **named}
+    views = tuple(str(v) for v in opt.TtaView if v in (tta or ()))  # each view once, in TTA_VIEWS' order
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             real_path=real_labels, real=real, **sets)
+             real_path=real_labels, real=real, tta=views, **sets)
 
 
-def _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm) -> None:
+def _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on) -> None:
     """--suite picks each set's data and split; --real and --real-labels name one ReaL file."""
     if real_timm and real_labels:
         raise typer.BadParameter("--real (timm's copy) and --real-labels FILE both name ReaL's labels: "
                                  "pass one")
-    given = [name for name, value in (("--data", data), ("--split", split), ("--imagenet-set", imagenet_set))
-             if value is not None]
+    given = [name for name, value in (("--data", data), ("--split", split), ("--imagenet-set", imagenet_set),
+                                      ("--calibrate-on", calibrate_on)) if value is not None]
     if suite is not None and given:
         raise typer.BadParameter(f"--suite finds each set's data and split itself: drop {given[0]}")
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from vitcli.recipe.choices import EXPORT_FORMATS, IMAGENET_SETS, POSEMB_METHODS
+from vitcli.recipe.choices import EXPORT_FORMATS, IMAGENET_SETS, POSEMB_METHODS, TTA_VIEWS
 
 # Typer labels flags `<bool>` as if they took a value (`--dry-run <bool>`); a flag takes none, so
 # show no type. A private method: some Typer releases lack it (0.27.2 raised AttributeError at
@@ -37,6 +37,7 @@ def choice(name: str, values: tuple[str, ...]) -> type[Choice]:
 ExportFormat = choice("ExportFormat", EXPORT_FORMATS)
 PosembMethod = choice("PosembMethod", POSEMB_METHODS)
 ImagenetSet = choice("ImagenetSet", IMAGENET_SETS)
+TtaView = choice("TtaView", TTA_VIEWS)
 
 
 def overrides(examples: str) -> type:
@@ -121,6 +122,12 @@ EvalImagenetSet = Annotated[ImagenetSet | None, typer.Option(
 Suite = Annotated[Path | None, typer.Option(
     "--suite", help="Evaluate on every ImageNet set under this folder (imagenet, imagenet-v2, imagenet-a, "
                     "imagenet-r, imagenet-sketch, ...: see docs/evaluate.md) and print one table.")]
+Tta = Annotated[list[TtaView] | None, typer.Option(
+    "--tta", help="Test-time views: flip (x and its mirror), multicrop (five crops); both (--tta flip "
+                  "--tta multicrop): ten crops. Reports tta/top1 beside the plain top1.")]
+CalibrateOn = Annotated[str | None, typer.Option(
+    "--calibrate-on", help="Held-out split (HF syntax) to fit a softmax temperature on; reports ts/ece, "
+                           "ts/nll beside the raw ece, nll.")]
 EvalOverrides = overrides("data.eval_crop_pct=0.875 run.precision=fp32")
 Images = Annotated[list[Path], typer.Argument(
     help="Image files, and folders searched recursively.")]

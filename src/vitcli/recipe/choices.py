@@ -21,6 +21,7 @@ WEIGHTED = (*AS_TRAINED, *CLASSIFIES)  # the stages that need a checkpoint named
 SECTIONS = {"prepare-data": ("data",)}
 EXPORT_FORMATS = ("hf", "onnx", "timm")  # `vit export --format`: vitcli.stages.export writes each
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
+TTA_VIEWS = ("flip", "multicrop")  # `vit evaluate --tta`: vitcli.evaluators.tta makes each view
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)
 # `vit evaluate --imagenet-set`: the ImageNet sets an ImageNet-1k head is scored on (evaluators.robustness)
 IMAGENET_SETS = ("imagenet", "imagenet-v2", "imagenet-a", "imagenet-r", "imagenet-sketch")

@@ -27,6 +27,7 @@ VTAB_FILE = "vtab.json"  # `--task vtab...`: every task's lr and test top-1
 FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewshot.png"
 VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it
 EVALUATE_FILE, CONFUSION_PLOT = "results.json", "confusion.png"  # `vit evaluate`'s numbers and matrix
+RELIABILITY_PLOT = "reliability.png"  # `vit evaluate`'s reliability diagram (softmax models)
 FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_dir says where
 
 

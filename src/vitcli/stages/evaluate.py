@@ -20,7 +20,7 @@ from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval
 from vitcli.data import bad_images, batches, sources
 from vitcli.errors import DataError
-from vitcli.evaluators import classify, robustness
+from vitcli.evaluators import calibration, classify, robustness
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.figures.confusion import MAX_CLASSES, write_confusion
 from vitcli.recipe.layers import to_yaml
@@ -31,6 +31,7 @@ from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import resolved
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
+from vitcli.stages import evaluate_extra
 from vitcli.stages.run import number
 from vitcli.train.objectives import loss_fn
 
@@ -38,45 +39,74 @@ TOP_K = 5  # top-5 is reported when the head has at least this many classes
 
 
 def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
-             real: list[list[int]] | None = None, imagenet_set: str | None = None) -> dict:
+             real: list[list[int]] | None = None, imagenet_set: str | None = None, tta: tuple[str, ...] = (),
+             calibrate_on: str | None = None) -> dict:
     """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the parsed ReaL
     lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`: the ImageNet set the
-    split is (robustness.SETS), else detected from its folder names. Returns what results.json holds."""
+    split is (robustness.SETS), else detected from its folder names; `tta`: the test-time views
+    (vitcli.evaluators.tta); `calibrate_on`: a held-out split to fit a temperature on
+    (vitcli.stages.evaluate_extra). Returns what results.json holds."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
     recipe, why = resolved(recipe, dist.device)
     split = recipe.data.test_split or recipe.data.val_split
+    evaluate_extra.check_held_out(calibrate_on, split, recipe.optim.loss)
     ds = sources.load_split(recipe.data, split)
+    held = sources.load_split(recipe.data, calibrate_on) if calibrate_on else None  # before the long pass
     num_classes = recipe.model.num_classes
     scoring = _scoring(ds, recipe, imagenet_set)  # None: the split's labels are the head's own
     if scoring is None:
         _check_labels(ds, recipe, split)
+        if held is not None:
+            _check_labels(held, recipe, calibrate_on)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
     skipped = bad_images.Skipped()
     k = min(TOP_K, num_classes if scoring is None else len(scoring.columns))
-    rows, top, _, labels, loss_sum = predictions(model, ds, recipe, dist, skipped, k, scoring)
+    columns = None if scoring is None else torch.as_tensor(scoring.columns, device=dist.device)
+    extra = evaluate_extra.per_row(recipe.optim.loss == "softmax", tuple(tta), held is not None, k, columns)
+    rows, top, probs, labels, loss_sum, (nll, tta_top, logits) = predictions(model, ds, recipe, dist, skipped,
+                                                                              k, extra, scoring)
     names, names_from = head_names(read_checkpoint(recipe.init.checkpoint), num_classes)
     if names is None and scoring is None:  # the split's labels are the head's classes: its names are theirs
         names, names_from = sources.class_names(recipe.data, ds, num_classes), "split"
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
                "split": split, "images": len(rows), "classes": num_classes,
-               **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision}
+               **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision,
+               **evaluate_extra.calibration_results(top, probs, labels, nll),
+               **evaluate_extra.tta_results(tta_top, labels, tuple(tta), k >= TOP_K)}
     if names is not None:
         results["class_names_from"] = names_from
     if scoring is not None:
         results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
                         "imagenet_set/labels_by": scoring.labels_by})
+    if held is not None:
+        results.update(_temperature(model, held, calibrate_on, recipe, dist, logits, top, labels, scoring))
     if entries is not None:
         results.update(real_scores(top, entries[0][rows], real, entries[1]))
     if skipped.total:
         results["skipped_images"] = skipped.total
     if dist.is_main:
+        evaluate_extra.write_plot(results, top, probs, labels, workdir)
         _write(results, top, labels, names, recipe, workdir)
     return results
+
+
+def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logits: np.ndarray,
+                 top: np.ndarray, labels: np.ndarray, scoring: robustness.Scoring | None) -> dict:
+    """ts/...: a temperature fitted on the held-out split's logits (its own pass; an ImageNet set's cut to
+    its classes, as the evaluated split's), applied to the evaluated split's `logits` (N, K) for ECE and NLL
+    after scaling."""
+    extra = evaluate_extra.per_row(True, (), True, 1)
+    found = predictions(model, held, recipe, dist, bad_images.Skipped(), 1, extra, scoring)
+    held_labels, held_logits = found[3], found[5][2]
+    temperature = calibration.fit_temperature(held_logits, held_labels)
+    console.log(f"evaluate: temperature {temperature:.4f} fitted on split '{held_split}' "
+                f"({len(held_labels)} images)")
+    return evaluate_extra.scaled_results(temperature, held_split, len(held_labels), logits, top, labels)
 
 
 def _check_labels(ds, recipe: Recipe, split: str) -> None:
@@ -98,12 +128,14 @@ def _scoring(ds, recipe: Recipe, named: str | None) -> robustness.Scoring | None
 
 
 def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: bad_images.Skipped,
-                k: int, scoring: robustness.Scoring | None = None) -> tuple[np.ndarray, ...]:
+                k: int, extra=None, scoring: robustness.Scoring | None = None) -> tuple:
     """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
     the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
     for a sigmoid-loss model). Undecodable rows are left out and join `skipped`, which names each
-    once (this rank's own tally stays quiet). With `scoring` (an ImageNet set) the logits are cut to its
-    classes and classes and labels are the head's. A collective call."""
+    once (this rank's own tally stays quiet). With `extra(model, x, logits, y)`, which returns more per-row
+    arrays of a batch (each (B, ...)), those too, gathered in row order, as a sixth element (a tuple). With
+    `scoring` (an ImageNet set) the logits are cut to its classes (`extra` sees them cut) and the classes
+    and labels returned are the head's. A collective call."""
     loss = loss_fn(recipe.optim)
     own = bad_images.Skipped(warn=False)
 
@@ -113,18 +145,21 @@ def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped:
             logits, y = scoring.restrict(logits, y)  # (B, S) of the set's classes; y: positions among them
         probs = logits.softmax(-1) if recipe.optim.loss == "softmax" else logits.sigmoid()
         p, idx = probs.topk(k, dim=-1)  # (B, k), best first
-        return idx.cpu().numpy(), p.cpu().numpy(), y.cpu().numpy(), loss(logits, y).item() * len(y)
+        more = extra(model, x, logits, y) if extra else ()
+        return idx.cpu().numpy(), p.cpu().numpy(), y.cpu().numpy(), *more, loss(logits, y).item() * len(y)
 
     parts = sharded_pass(model, ds, recipe.data, recipe.model.img_size, dist, recipe.run.precision, per_batch,
                          own)
-    arrays = tuple(np.concatenate([part[j] for part in parts]) for j in range(3)) if parts else None
-    (loss_sum,) = all_reduce_sum([sum(part[3] for part in parts)], dist)
+    columns = range(len(parts[0]) - 1) if parts else ()  # the per-row arrays; the loss sum last
+    arrays = tuple(np.concatenate([part[j] for part in parts]) for j in columns) if parts else None
+    (loss_sum,) = all_reduce_sum([sum(part[-1] for part in parts)], dist)
     gathered = in_row_order(arrays, own.rows, len(ds), dist, skipped)
     if gathered is None:  # an empty split (load_split refuses one; a caller's own Dataset may be)
         raise DataError(f"{sources.origin(ds)}: no images")
     if scoring is not None:  # positions among the set's classes -> the head's classes
-        gathered = (gathered[0], scoring.columns[gathered[1]], gathered[2], scoring.columns[gathered[3]])
-    return (*gathered, loss_sum)
+        gathered = (gathered[0], scoring.columns[gathered[1]], gathered[2], scoring.columns[gathered[3]],
+                    *gathered[4:])
+    return (*gathered[:4], loss_sum, *((tuple(gathered[4:]),) if extra else ()))
 
 
 def scores(top: np.ndarray, labels: np.ndarray, loss_sum: float, num_classes: int,
@@ -194,7 +229,8 @@ def report(results: dict) -> None:
     table = Table(title="evaluate")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("top1", "top5", "loss", "real/top1", "real/top5", "real/images", "skipped_images"):
+    for key in ("top1", "top5", "loss", *evaluate_extra.REPORTED, "real/top1", "real/top5", "real/images",
+                "skipped_images"):
         if key in results:
             value = results[key]
             table.add_row(key, number(value) if isinstance(value, float) else str(value))

@@ -26,13 +26,14 @@ from vitcli.stages.evaluate import evaluate
 from vitcli.stages.run import number
 
 ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1", "real/top5", "real/images",
-            "skipped_images")
+            "ece", "nll", "tta/top1", "tta/top5", "skipped_images")
 
 
 def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | None = None,
-                   real: list[list[int]] | None = None) -> dict:
+                   real: list[list[int]] | None = None, tta: tuple[str, ...] = ()) -> dict:
     """Evaluate the checkpoint on each set under `root`; `real` (read from `real_path`) scores ImageNet's
-    val, else timm's copy of ReaL does when its files are ILSVRC2012_val_*. Returns results.json's content."""
+    val, else timm's copy of ReaL does when its files are ILSVRC2012_val_*; `tta`: evaluate's test-time
+    views, on every set. Returns results.json's content."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     found = robustness.find_sets(root)
@@ -44,7 +45,7 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
     for name, path in found:
         r = set_recipe(recipe, path)
         given = _real_for(r, real_path, real) if name == "imagenet" else {}
-        results = evaluate(r, workdir / path.name, imagenet_set=name, **given)
+        results = evaluate(r, workdir / path.name, imagenet_set=name, tta=tta, **given)
         sets[path.name] = {"set": name, "path": str(path), "split": r.data.test_split,
                            **{k: results[k] for k in ROW_KEYS if k in results}}
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "suite": str(root), "sets": sets,

@@ -106,7 +106,7 @@ def test_an_r_folder_with_tta_and_calibration_is_scored_over_its_200_classes(tmp
     views and the set's mask come from two features: this is where they meet); nll is the cut loss."""
     folders = {SYNSETS[c]: 3 for c in R_CLASSES[2:6]}
     image_folder(tmp_path / "imagenet-r", folders)
-    model = checkpoint(tmp_path / "c.safetensors", {0: 50, **{c: 3 for c in R_CLASSES[2:6]}})
+    model = checkpoint(tmp_path / "c.safetensors", {0: 50, **{c: 6 for c in R_CLASSES[2:6]}})
     logits, files = logits_of(model, tmp_path / "imagenet-r")
     x = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
     with torch.no_grad():

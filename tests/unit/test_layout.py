@@ -19,7 +19,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # typed errors, imported by every layer
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
-    ("recipe", ["choices", "schema", "layers", "names", "data_checks", "checks", "resolve"]),
+    ("recipe", ["choices", "schema", "layers", "names", "data_checks", "fewshot_checks", "checks",
+                "resolve"]),
     # what every stage runs on: run file names, atomic files, precision, peak FLOP/s, console and metrics,
     # trackers, processes, output locations
     ("runtime", ["run_files", "precision", "peak", "files", "metrics", "trackers", "dist", "workdir"]),

@@ -16,6 +16,14 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
   ema                 (ViT-Ti/16) the weight EMA's update (train.ema.WeightEma, ema.warmup on) after each step
                       of the bare loop, both timed step by step in one loop: seconds of each, and `cost`, the
                       update's time over the step's
+  fewshot             few-shot feature extraction at the recipe's eval batch, workers and precision
+                      (`extraction`), on the quickstart's 32 px PNGs (4096) and, for ViT-Ti/16, on 200 JPEG
+                      photographs of 375-640 px (bench/jpegs.py), three ways in turns, the fastest of each:
+                      ours (features.extract: extract_ours_img_s), a hand-written loop over the same encoded
+                      images (torchvision.io decode, the same squash-resize and centre crop, [-1, 1], stack,
+                      forward under inference_mode, one process: extract_bare_img_s) and the forward alone on
+                      tensors in memory (extract_forward_img_s, the ceiling). extract_ratio = ours over the
+                      hand-written loop (the goal), extract_vs_forward = ours over the forward alone
   distill             (ViT-Ti/16) a training step on a batch in memory, eager, our loss: without a teacher
                       (step_s) and with hard distillation from a teacher as large as the student (its own
                       architecture, from a checkpoint: distill_step_s), in turns, the fastest of each;
@@ -27,6 +35,7 @@ and whether met.
     python bench/run.py           # the measurement (~3-10 min on 2 cores);
                                   # make bench also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
+    python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
 """
 
 from __future__ import annotations

@@ -52,9 +52,10 @@ def sharded_pass(
 def built_on_one_thread(stream: Iterator) -> Iterator:
     """The stream's batches, each built (decoded and resized, where no loader worker does it) and finished
     on one intra-op thread, as a loader worker builds one; the forward in between keeps the process's
-    threads. A batch's ops are small (256 x 3 x 37 x 37 at 32 px) and decoding is serial anyway: two
-    threads gained nothing there, and on 2 cores with another process running they cost 4x (measured 80
-    against 340 us an image for the quickstart's batches)."""
+    threads. A batch's ops are small (256 x 3 x 37 x 37 at 32 px) and decoding is serial anyway: measured
+    on 2 cores shared with other processes, the quickstart's 32 px batches alone took 70-80 us an image on
+    one thread against 98 (the quietest moment) to 340 on two; the whole extraction was no slower for it
+    with the cores quiet (4251 against 4138 img/s, the fastest of 8 turns each)."""
     while True:
         with intra_op_threads(1):
             batch = next(stream, None)

@@ -16,6 +16,15 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
   ema                 (ViT-Ti/16) the weight EMA's update (train.ema.WeightEma, ema.warmup on) after each step
                       of the bare loop, both timed step by step in one loop: seconds of each, and `cost`, the
                       update's time over the step's
+  fewshot             few-shot feature extraction at the recipe's workers and precision (`extraction`), on the
+                      quickstart's 32 px PNGs (4096, its eval batch) and, for ViT-Ti/16, on 380 JPEG
+                      photographs of 375-640 px (bench/jpegs.py, eval batches of 128), three ways in turns,
+                      the fastest of each:
+                      ours (features.extract: extract_ours_img_s), a hand-written loop over the same encoded
+                      images (torchvision.io decode, the same squash-resize and centre crop, [-1, 1], stack,
+                      forward under inference_mode, one process: extract_bare_img_s) and the forward alone on
+                      tensors in memory (extract_forward_img_s, the ceiling). extract_ratio = ours over the
+                      hand-written loop (the goal), extract_vs_forward = ours over the forward alone
   distill             (ViT-Ti/16) a training step on a batch in memory, eager, our loss: without a teacher
                       (step_s) and with hard distillation from a teacher as large as the student (its own
                       architecture, from a checkpoint: distill_step_s), in turns, the fastest of each;
@@ -28,6 +37,7 @@ and whether met.
     python bench/run.py           # the measurement (~3-10 min on 2 cores);
                                   # make bench also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
+    python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
 """
 
 from __future__ import annotations
@@ -44,8 +54,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 import torch
+import torchvision.io as tio
+from jpegs import write_jpegs  # bench/jpegs.py
+from torchvision.transforms.v2 import functional as v2F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -86,7 +100,9 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "ratio_quickstart": (("models", "quickstart", "best_ratio"), 0.95),  # the same rule
     "loader_vs_model_vit_ti16_224": (("models", "vit_ti16_224", "loader_vs_model"), 2.0),
     "mfu_vit_ti16_224": (("models", "vit_ti16_224", "best_mfu"), 0.35),
+    # few-shot extraction against a hand-written loop over the same images (bench `extraction`)
     "fewshot_extraction_vs_bare": (("models", "quickstart", "fewshot", "extract_ratio"), 0.9),
+    "fewshot_extraction_vs_bare_vit_ti16_224": (("models", "vit_ti16_224", "fewshot", "extract_ratio"), 0.9),
     # bench/input.py: real-size JPEG photographs
     "loader_224_vs_timm_per_core": (("input", "loader_224", "ours_vs_timm"), 2.0),
     "train_vs_timm_quickstart_32": (("input", "train", "quickstart_32", "ratio"), 2.0),
@@ -226,25 +242,88 @@ def loader(recipe: Recipe, batches_: int) -> float:
     return batches_ * recipe.data.batch_size / (time.perf_counter() - t0)
 
 
-def extraction(recipe: Recipe, n: int) -> dict:
-    """Few-shot feature extraction (decode + transform + forward) vs the same forward on in-memory tensors."""
+def extraction(recipe: Recipe, ds, n_rounds: int) -> dict:
+    """Few-shot feature extraction of the split `ds` at the recipe's model, size, eval batch, workers and
+    precision, three ways, in turns (the fastest of `n_rounds` each, so a load from other processes falls on
+    all alike): ours (features.extract), `bare_extraction` over the same encoded images, and the forward
+    alone on in-memory tensors (`forward_only`, the ceiling no decoding pipeline reaches). Each is warmed up
+    first on the first 64 images (allocator, kernels, file cache)."""
+    torch.manual_seed(0)
     model = zoo.build_model(recipe.model, 10).eval()
-    cfg = dataclasses.replace(recipe.data, synthetic=dataclasses.replace(recipe.data.synthetic, test_size=n))
-    ds = sources.load_split(cfg, "test")
-    dist = setup("cpu")
+    cfg, dist, precision = recipe.data, setup("cpu"), recipe.run.precision
     img, resize = recipe.model.img_size, round(recipe.model.img_size * 256 / 224)
-    features.extract(model, ds.select(range(min(64, n))), cfg, img, resize, dist, recipe.run.precision)
-    t0 = time.perf_counter()
-    features.extract(model, ds, cfg, img, resize, dist, recipe.run.precision)
-    ours_rate = n / (time.perf_counter() - t0)
-    x = torch.randn(cfg.eval_batch_size, 3, img, img)
-    with torch.inference_mode(), autocast(dist.device, recipe.run.precision):
-        t0 = time.perf_counter()
-        for _ in range(max(1, n // len(x))):
-            features.pre_logits(model, x)
-    bare_rate = max(1, n // len(x)) * len(x) / (time.perf_counter() - t0)
-    return {"extract_ours_img_s": ours_rate, "extract_bare_img_s": bare_rate,
-            "extract_ratio": ours_rate / bare_rate}
+    raws = ds.cast_column(cfg.image_column, datasets.Image(decode=False))[cfg.image_column]  # bytes or path
+    sides = {
+        "ours": lambda n: features.extract(model, ds.select(range(n)), cfg, img, resize, dist, precision),
+        "bare": lambda n: bare_extraction(model, raws[:n], img, resize, cfg.eval_batch_size, precision),
+        "forward": lambda n: forward_only(model, n, img, cfg.eval_batch_size, precision),
+    }
+    seconds = {k: [] for k in sides}
+    for side in sides.values():
+        side(min(64, len(ds)))
+    for _ in range(n_rounds):
+        for k, side in sides.items():
+            t0 = time.perf_counter()
+            side(len(ds))
+            seconds[k].append(time.perf_counter() - t0)
+    rates = {k: len(ds) / min(s) for k, s in seconds.items()}
+    return {"images": len(ds), "img_size": img, "batch": cfg.eval_batch_size, "num_workers": cfg.num_workers,
+            "torch_threads": torch.get_num_threads(), "extract_ours_img_s": rates["ours"],
+            "extract_bare_img_s": rates["bare"], "extract_forward_img_s": rates["forward"],
+            "extract_ratio": rates["ours"] / rates["bare"],
+            "extract_vs_forward": rates["ours"] / rates["forward"]}
+
+
+def bare_extraction(model, raws: list[dict], img: int, resize: int, batch: int, precision: str) -> np.ndarray:
+    """Pre-logits features of every image as a user writes the loop by hand with the dependencies: read and
+    decode each image (torchvision.io), squash to resize x resize (bilinear, no antialias: big_vision's
+    resize) on uint8, centre crop, stack, scale to [-1, 1], forward under inference_mode; one process."""
+    out = []
+    with torch.inference_mode(), autocast(torch.device("cpu"), precision):
+        for i in range(0, len(raws), batch):
+            x = torch.stack([v2F.center_crop(v2F.resize(_decoded(raw), [resize, resize], antialias=False),
+                                              [img, img]) for raw in raws[i : i + batch]])
+            out.append(features.pre_logits(model, x.float().div_(127.5).sub_(1.0)).float())
+    return torch.cat(out).numpy()
+
+
+def _decoded(raw: dict) -> torch.Tensor:
+    """uint8 (3, H, W) RGB of an encoded dataset row: its bytes, else its file."""
+    data = raw["bytes"] if raw.get("bytes") is not None else tio.read_file(raw["path"])
+    data = torch.frombuffer(bytearray(data), dtype=torch.uint8) if isinstance(data, bytes) else data
+    return tio.decode_image(data, mode=tio.ImageReadMode.RGB)
+
+
+def forward_only(model, n: int, img: int, batch: int, precision: str) -> None:
+    """The forward of `n` images, in batches of `batch` from one tensor already in memory."""
+    x = torch.randn(batch, 3, img, img)
+    with torch.inference_mode(), autocast(torch.device("cpu"), precision):
+        for i in range(0, n, batch):
+            features.pre_logits(model, x[: min(batch, n - i)])
+
+
+def extraction_data(name: str, recipe: Recipe, quick: bool, workdir: Path) -> tuple[Recipe, object]:
+    """(recipe, split) the extraction is measured on: the quickstart's own synthetic 32 px PNGs (4096; 256
+    quick); for ViT-Ti/16, JPEG photographs of 375-640 px (bench/jpegs.py: 380; 20 quick) in `workdir`, in
+    eval batches of 128: three batches, so the measure sees the loader workers decode while the model runs
+    as on a real split (of one batch, nothing can overlap the first batch's decoding, on either side)."""
+    if name == "quickstart":
+        n = 256 if quick else 4096
+        synthetic = dataclasses.replace(recipe.data.synthetic, test_size=n)
+        cfg = dataclasses.replace(recipe.data, synthetic=synthetic)
+        return dataclasses.replace(recipe, data=cfg), sources.load_split(cfg, "test")
+    root = write_jpegs(workdir, 2 if quick else 38)
+    cfg = dataclasses.replace(recipe.data, source=str(root), eval_batch_size=recipe.data.eval_batch_size
+                              if quick else 128)
+    return dataclasses.replace(recipe, data=cfg), sources.load_split(cfg, "train")
+
+
+def extraction_only(name: str, quick: bool, precision: str) -> dict:
+    """`extraction` of one model on its data (extraction_data), alone: --extraction's per-model part."""
+    spec = (QUICK if quick else MODELS)[name]
+    with tempfile.TemporaryDirectory() as d:
+        recipe, ds = extraction_data(name, recipe_for(spec, precision, 256), quick, Path(d))
+        return extraction(recipe, ds, 1 if quick else 2 if name == "vit_ti16_224" else 5)
 
 
 def one_model(name: str, quick: bool, precision: str) -> dict:
@@ -266,9 +345,8 @@ def one_model(name: str, quick: bool, precision: str) -> dict:
         progress(f"{name}: our trainer with a teacher as large as the student")
         out["distill"] = distilled(r, 2 if quick else 5)
     out["train_flops_per_img"] = train_flops_per_image(r.model)
-    if name == "quickstart":
-        progress(f"{name}: few-shot extraction")
-        out["fewshot"] = extraction(r, 256 if quick else 4096)
+    progress(f"{name}: few-shot extraction")
+    out["fewshot"] = extraction_only(name, quick, precision)
     if name == "vit_ti16_224":
         progress(f"{name}: weight EMA beside the bare loop's steps")
         out["ema"] = ema_cost(r, 2 if quick else max(steps // 2, 4), 1 if quick else 2)
@@ -287,10 +365,10 @@ def derived(m: dict, peak: float) -> dict:
             "mfu_compile": mfu["ours_compile"], "best_mfu": max(mfu.values())}
 
 
-def targets(results: dict) -> dict:
-    """Each goal with the value measured and whether it is met."""
+def targets(results: dict, names: list[str] | None = None) -> dict:
+    """Each goal (of `names`; None: all) with the value measured and whether it is met."""
     out = {}
-    for name, (path, goal) in TARGETS.items():
+    for name, (path, goal) in TARGETS.items() if names is None else ((k, TARGETS[k]) for k in names):
         value = results
         for key in path:
             value = value[key]
@@ -298,23 +376,35 @@ def targets(results: dict) -> dict:
     return out
 
 
-def spawn(name: str, quick: bool, precision: str) -> dict:
+def extraction_results(quick: bool, chosen: dict[str, str]) -> dict:
+    """--extraction: the few-shot extraction of each model alone, each in its own process, and its goals."""
+    models = {name: {"precision": chosen[name], "fewshot": spawn(name, quick, chosen[name], True)}
+              for name in MODELS}
+    results = {"machine": machine(), "torch": torch.__version__, "quick": quick, "models": models}
+    results["targets"] = targets(results, [k for k in TARGETS if k.startswith("fewshot_")])
+    return results
+
+
+def spawn(name: str, quick: bool, precision: str, only_extraction: bool = False) -> dict:
     """One model's numbers from a fresh process, so its ru_maxrss is its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, __file__, "--model", name, "--precision", precision, "--out", f.name]
-        subprocess.run(cmd + (["--quick"] if quick else []), check=True, stdout=sys.stderr)
+        cmd += ["--quick"] if quick else []
+        subprocess.run(cmd + (["--extraction"] if only_extraction else []), check=True, stdout=sys.stderr)
         return json.loads(Path(f.name).read_text())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, not the machine")
+    p.add_argument("--extraction", action="store_true", help="only the few-shot extraction of each model")
     p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
     p.add_argument("--precision", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.model:
-        Path(a.out).write_text(json.dumps(one_model(a.model, a.quick, a.precision)))
+        measure = extraction_only if a.extraction else one_model
+        Path(a.out).write_text(json.dumps(measure(a.model, a.quick, a.precision)))
         return
     t0 = time.perf_counter()
     auto, why = choose("auto", torch.device("cpu"))
@@ -323,6 +413,10 @@ def main() -> None:
     chosen = {name: choose(resolve("pretrain", spec[0], spec[1], inputs=False).run.precision,
                            torch.device("cpu"))[0]
               for name, spec in MODELS.items()}
+    if a.extraction:
+        json.dump(extraction_results(a.quick, chosen), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
     peaks = {}
     for precision in sorted(set(chosen.values())):
         progress(f"matmul peak at {precision}")

@@ -13,6 +13,8 @@ from helpers import REPO
 MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_img_s", "bare_img_s",
               "ours_img_s", "ours_compile_img_s", "train_flops_per_img", "peak_rss_mb", "children_rss_mb",
               "ratio", "ratio_compile", "best_ratio", "loader_vs_model", "mfu", "mfu_compile", "best_mfu"}
+FEWSHOT_KEYS = {"images", "img_size", "batch", "num_workers", "torch_threads", "extract_ours_img_s",
+                "extract_bare_img_s", "extract_forward_img_s", "extract_ratio", "extract_vs_forward"}
 
 SPEC = importlib.util.spec_from_file_location("bench_run", REPO / "bench/run.py")
 bench = importlib.util.module_from_spec(SPEC)
@@ -29,8 +31,8 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     assert set(results["models"]) == {"quickstart", "vit_ti16_224"}
     for m in results["models"].values():
         assert MODEL_KEYS <= set(m), MODEL_KEYS - set(m)
-    assert set(results["models"]["quickstart"]["fewshot"]) == {"extract_ours_img_s", "extract_bare_img_s",
-                                                              "extract_ratio"}
+    for m in results["models"].values():
+        assert FEWSHOT_KEYS == set(m["fewshot"]), FEWSHOT_KEYS ^ set(m["fewshot"])
     assert set(results["models"]["vit_ti16_224"]["ema"]) == {"step_s", "update_s", "cost", "step_share"}
     assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
     assert 0 < results["transfer"]["extraction_share"] <= 1

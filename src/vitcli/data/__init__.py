@@ -28,5 +28,5 @@ same functions:
 
 (1) Both round to the nearest level (torch's uint8 kernel in the workers, a batched gather on a device),
 within one level of each other; evaluation and few-shot keep big_vision's exact truncating resize
-(augment.tf_bilinear_levels). An image that does not decode has one stand-in rule (bad_images.stand_in).
+(augment.tf_bilinear_clamped). An image that does not decode has one stand-in rule (bad_images.stand_in).
 """

@@ -169,38 +169,51 @@ def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
     return y if x.dim() == 4 else y[0]
 
 
-def per_shape(images: list[torch.Tensor], fn, empty: tuple) -> torch.Tensor:
+def per_shape(images: list[torch.Tensor], fn, empty: tuple, channels_last: bool = False) -> torch.Tensor:
     """fn over uint8 images (3, h_i, w_i) grouped by shape, each group stacked (n, 3, h, w) into one call;
-    the results (B, ...) in the images' order (`empty`: the shape of none). Torch's resize kernels take one
-    source size per call, so images of one shape (a 32 px dataset's, whole) cost one call a batch, not one
-    each: ~20x less time at 32 px."""
+    the results (B, ...) as uint8 in the images' order (`empty`: the shape of none; a float result is cast,
+    which truncates). Torch's resize kernels take one source size per call, so images of one shape (a 32 px
+    dataset's, whole) cost one call a batch, not one each: ~20x less time at 32 px. `channels_last`: each
+    group is stacked channels-last, the layout decoders write, for an `fn` that reads it so (stack_hwc)."""
     shapes: dict[tuple, list[int]] = {}
     for i, x in enumerate(images):
         shapes.setdefault(tuple(x.shape), []).append(i)
     out = torch.empty(empty, dtype=torch.uint8)
     for rows in shapes.values():
-        y = fn(images[rows[0]][None] if len(rows) == 1 else torch.stack([images[i] for i in rows]))
+        group = [images[i] for i in rows]
+        stack = stack_hwc if channels_last else torch.stack
+        y = fn(group[0][None] if len(rows) == 1 else stack(group))
         if len(out) != len(images):
-            out = y.new_empty((len(images), *y.shape[1:]))
-        out[rows] = y
+            out = torch.empty((len(images), *y.shape[1:]), dtype=torch.uint8)
+        if len(rows) == len(images):
+            out.copy_(y)  # one shape (the usual batch): one copy, the cast and the change of layout together
+        else:
+            out[rows] = y.to(torch.uint8)
     return out
 
 
-def tf_bilinear_levels(x: torch.Tensor, size: int) -> torch.Tensor:
-    """uint8 (n, 3, h, w) -> uint8 (n, 3, size, size): `tf_bilinear`, then big_vision's cast back to the
-    decoded dtype (clip to [0, 255], truncate). A batch already size x size is returned as it is: half-pixel
-    centres at scale 1 sample every pixel exactly."""
+def stack_hwc(images: list[torch.Tensor]) -> torch.Tensor:
+    """uint8 images (3, h, w) of one shape -> (n, 3, h, w) channels-last, stacked without the transposing
+    copy torch.stack makes of views over (h, w, 3) memory (what the decoders return)."""
+    return torch.stack([x.permute(1, 2, 0) for x in images]).permute(0, 3, 1, 2)
+
+
+def tf_bilinear_clamped(x: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 (n, 3, h, w) -> float32 (n, 3, size, size): `tf_bilinear`, clipped to [0, 255]: big_vision's
+    cast back to the decoded dtype but its truncation, left to the caller's cast into uint8 (per_shape's
+    copy: one pass fewer). A batch already size x size is returned as it is: half-pixel centres at scale 1
+    sample every pixel exactly."""
     if tuple(x.shape[-2:]) == (size, size):
         return x
     x = x.contiguous(memory_format=torch.channels_last).to(torch.float32)  # converted once, channels-last
-    return tf_bilinear(x, size).clamp_(0, 255).to(torch.uint8)  # the float -> uint8 cast truncates: tf.cast
+    return tf_bilinear(x, size).clamp_(0, 255)
 
 
 def bilinear_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 (n, 3, h, w) -> uint8 (n, 3, size, size): TF's half-pixel bilinear (no antialias), computed by
     torch's uint8 kernel, which rounds where big_vision's cast truncates (+0.5 level on average; `levels`
     rounds too), at a quarter of the float path's time on a CPU (measured 63 vs 245 us, a 300 x 250 crop to
-    224, one thread). Training only: few-shot features keep the exact cast (tf_bilinear_levels)."""
+    224, one thread). Training only: few-shot features keep the exact cast (tf_bilinear_clamped)."""
     if tuple(x.shape[-2:]) == (size, size):
         return x
     x = x.contiguous(memory_format=torch.channels_last)  # the layout decoders write, the kernel's fast one

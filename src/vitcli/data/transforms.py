@@ -19,7 +19,7 @@ import torch
 from torchvision.transforms.v2 import functional as TF
 
 from vitcli.data import augmentations
-from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_levels
+from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_clamped
 from vitcli.data.augmentations import Augmentation
 from vitcli.data.bad_images import Undecodable
 from vitcli.errors import DataError
@@ -98,11 +98,13 @@ def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:
 def _fewshot(images: list, seed, size: int, resize: int) -> Pixels:
     """big_vision's few-shot pp `decode|resize(R)|central_crop(S)`: its resize casts back to the decoded dtype
     (clip to [0, 255], then tf.cast truncates to uint8). Images of one shape in one F.interpolate call,
-    bit-identical to the per-image float pipeline this replaced."""
+    bit-identical to the per-image float pipeline this replaced. Stacked channels-last, cropped in float and
+    truncated in per_shape's one copy into uint8: 13 against 20 us an image before (256 PNGs of 32 px to
+    37, one thread)."""
     top, left = central_crop_offsets(resize, resize, size)
-    out = per_shape(_crops(images, None, 0), lambda x: tf_bilinear_levels(x, resize)
-                    [:, :, top : top + size, left : left + size], (0, 3, size, size))  # (B, 3, S, S)
-    return _square(out, size)
+    out = per_shape(_crops(images, None, 0), lambda x: tf_bilinear_clamped(x, resize)
+                    [:, :, top : top + size, left : left + size], (0, 3, size, size), channels_last=True)
+    return _square(out, size)  # (B, 3, S, S) uint8
 
 
 def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0,

@@ -22,7 +22,7 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.run_files import EVALUATE_FILE, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
-from vitcli.stages.evaluate import evaluate
+from vitcli.stages import evaluate as one_set  # looked up at call time, as the CLI looks the stage up
 from vitcli.stages.run import number
 
 ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1", "real/top5", "real/images",
@@ -45,7 +45,7 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
     for name, path in found:
         r = set_recipe(recipe, path)
         given = _real_for(r, real_path, real) if name == "imagenet" else {}
-        results = evaluate(r, workdir / path.name, imagenet_set=name, tta=tta, **given)
+        results = one_set.evaluate(r, workdir / path.name, imagenet_set=name, tta=tta, **given)
         sets[path.name] = {"set": name, "path": str(path), "split": r.data.test_split,
                            **{k: results[k] for k in ROW_KEYS if k in results}}
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "suite": str(root), "sets": sets,

@@ -115,6 +115,8 @@ def test_a_sigmoid_loss_model_has_no_calibration(tmp_path, monkeypatch, capsys):
     trained.optim.loss, trained.data.eval_crop_pct = "sigmoid", 1.0
     path = tmp_path / "sig.safetensors"
     save_weights(path, model.state_dict(), {"recipe": to_dict(trained), "model": model_spec(cfg, K)})
+    (tmp_path / "sig").mkdir()
+    (tmp_path / "sig" / RELIABILITY_PLOT).write_bytes(b"an earlier run's")  # results.json will not name it
     got = evaluate(monkeypatch, capsys, path, tmp_path / "sig", "--tta", "flip")
     x, y = split_pixels("test", TEST)
     with torch.no_grad():

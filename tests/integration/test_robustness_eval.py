@@ -92,6 +92,7 @@ def test_an_r_folder_is_scored_over_rs_200_classes(tmp_path, monkeypatch, capsys
     assert "scored as ImageNet-R over its 200 classes" in " ".join(out.split())
     named = {row["class"]: row["name"] for row in results["per_class"] if row["images"]}
     assert named == {c: LEMMA[SYNSETS[c]] for c in R_CLASSES[2:6]}
+    assert [row["class"] for row in results["per_class"]] == sorted(R_CLASSES)  # R's classes, not all 1000
     assert results["class_names_from"] == "timm imagenet-1k lemmas"
     # the same folder without --imagenet-set: four synset folders are any ImageNet folder, all 1000 classes
     results, _ = evaluate(monkeypatch, capsys, tmp_path / "c.safetensors", tmp_path / "ev_all", "--data",

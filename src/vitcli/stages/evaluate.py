@@ -83,6 +83,8 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     if scoring is not None:
         results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
                         "imagenet_set/labels_by": scoring.labels_by})
+        scored = set(scoring.columns.tolist())  # A's and R's 200: the other 800 rows could only be empty
+        results["per_class"] = [row for row in results["per_class"] if row["class"] in scored]
     if held is not None:
         results.update(_temperature(model, held, calibrate_on, recipe, dist, logits, top, labels, scoring))
     if entries is not None:

@@ -99,6 +99,7 @@ def write_plot(results: dict, top: np.ndarray, probs: np.ndarray, labels: np.nda
     """reliability.png of the plain predictions, its path in results (rank 0; softmax models only)."""
     if "ece" not in results:
         console.log(f"a sigmoid-loss model: no ece, nll or {RELIABILITY_PLOT} (per-class probabilities)")
+        (workdir / RELIABILITY_PLOT).unlink(missing_ok=True)  # an earlier run's, not named in results.json
         return
     bins = calibration.reliability_bins(probs[:, 0], top[:, 0] == labels)
     title = f"{Path(results['checkpoint']).name} on {results['data']} {results['split']}"

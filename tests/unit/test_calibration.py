@@ -123,6 +123,23 @@ def test_flip_averages_the_probabilities_of_x_and_its_mirror():
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
+def test_flip_takes_the_plain_views_probabilities_instead_of_a_second_forward():
+    """The pass has x's probabilities already: given them, flip runs the model once (on the mirror); the
+    crops, none of which is x, run it for every view."""
+    net, x = tiny_net(), torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    seen = []
+    counted = lambda v: seen.append(v) or net(v)
+    with torch.no_grad():
+        plain = net(x).softmax(-1)
+        got = averaged_probs(counted, x, ("flip",), lambda z: z.softmax(-1), plain)
+        assert len(seen) == 1 and torch.equal(seen[0], x.flip(-1))
+        torch.testing.assert_close(got, averaged_probs(net, x, ("flip",), lambda z: z.softmax(-1)),
+                                   atol=0, rtol=0)
+        seen.clear()
+        averaged_probs(counted, x, ("multicrop",), lambda z: z.softmax(-1), plain)
+        assert len(seen) == 5
+
+
 def test_multicrop_is_the_centre_and_corner_crops_resized_back():
     """28-pixel crops of 32 (0.875): rows/cols 0-27 and 4-31 at the corners, 2-29 in the centre; each
     upsampled back to 32 by plain bilinear interpolation; with flip, their mirrors too."""

@@ -39,8 +39,11 @@ def views(x: torch.Tensor, kinds: tuple[str, ...]) -> list[torch.Tensor]:
 
 
 def averaged_probs(model: torch.nn.Module, x: torch.Tensor, kinds: tuple[str, ...],
-                   probs: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                   probs: Callable[[torch.Tensor], torch.Tensor],
+                   plain: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K) float32: the mean over the views of x of probs(logits), probs the loss's own (softmax, or
-    sigmoid for a sigmoid-loss model)."""
+    sigmoid for a sigmoid-loss model). `plain`: the probabilities of x itself, which the caller's pass has
+    already computed: the view that is x (`flip`'s first) takes them instead of a second forward."""
     made = views(x, kinds)
-    return sum(probs(model(view).float()) for view in made) / len(made)  # (B, K)
+    known = [plain] if plain is not None and made[0] is x else []
+    return (sum(known) + sum(probs(model(view).float()) for view in made[len(known):])) / len(made)  # (B, K)

@@ -57,7 +57,8 @@ def per_row(softmax: bool, tta: tuple[str, ...], keep_logits: bool, k: int,
     def extra(model, x, logits, y) -> tuple[np.ndarray, ...]:
         empty = np.zeros((len(y), 0), dtype=np.float32)
         nll = calibration.row_nll(logits, y)[:, None].cpu().numpy() if softmax else empty
-        tta_top = averaged_probs(model, x, tta, probs).topk(k, dim=-1).indices if tta else None
+        own = logits.softmax(-1) if softmax else logits.sigmoid()  # x's own: already cut to `columns`
+        tta_top = averaged_probs(model, x, tta, probs, own).topk(k, dim=-1).indices if tta else None
         if tta_top is not None and columns is not None:  # positions among the set's classes -> the head's
             tta_top = columns[tta_top]
         tta_top = empty if tta_top is None else tta_top.cpu().numpy()

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from vitcli.fewshot import knn, probe, solver
+from vitcli.recipe.choices import ALL_DATA_PROTOCOLS
 from vitcli.recipe.schema import FewshotConfig
 
-ALL_DATA = ("knn", "linear", "ridge")  # the protocols of this module; "fewshot" is fewshot.evaluate's
+ALL_DATA = ALL_DATA_PROTOCOLS  # the protocols of this module; "fewshot" is fewshot.evaluate's
 
 
 def score(protocol: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],

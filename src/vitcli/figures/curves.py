@@ -15,6 +15,7 @@ from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
 from vitcli.figures.figure7 import save_figure
+from vitcli.recipe.choices import ALL_DATA_PROTOCOLS
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE, RECIPE_FILE
 
@@ -34,7 +35,7 @@ def panel(key: str) -> str | None:
     split = split.removesuffix("_ema")  # the EMA weights' val_ema/top1 beside the trained weights' val/top1
     if split == "fewshot":
         return "few-shot accuracy"
-    if split in ("knn", "linear", "ridge") and name.endswith("/top1"):  # fewshot.protocols' top-1
+    if split in ALL_DATA_PROTOCOLS and name.endswith("/top1"):  # fewshot.protocols' top-1
         return "frozen features, all train data"
     if name == "lr":
         return "learning rate"

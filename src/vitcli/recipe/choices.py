@@ -33,7 +33,9 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
 # fewshot.protocols: what scores frozen features (vitcli.fewshot.protocols runs each)
-TRANSFER_PROTOCOLS = ("fewshot", "knn", "linear", "ridge")
+# the all-data protocols (vitcli.fewshot.protocols), each logged as PROTOCOL/TASK/top1, and few-shot
+ALL_DATA_PROTOCOLS = ("knn", "linear", "ridge")
+TRANSFER_PROTOCOLS = ("fewshot", *ALL_DATA_PROTOCOLS)
 ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomErasing's modes
 MIX_MODES = ("batch", "pair", "elem")  # data.mix_mode: timm Mixup's modes
 EMA_SAVES = ("live", "ema")  # ema.save: the weights model.safetensors holds

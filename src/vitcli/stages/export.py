@@ -23,7 +23,7 @@ from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_
 from vitcli.data.transforms import INTERPOLATION, MEAN
 from vitcli.errors import RecipeError
 from vitcli.models import zoo
-from vitcli.recipe.choices import EXPORT_FORMATS
+from vitcli.recipe.choices import ALL_DATA_PROTOCOLS, EXPORT_FORMATS
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import MANIFEST
 from vitcli.runtime.metrics import pairs_table, stdout
@@ -33,7 +33,7 @@ from vitcli.runtime.workdir import check_out_dir, published_dir
 STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
 # what a model card reports of summary.json: held-out and frozen-feature figures (fewshot.protocols)
-RESULT_PREFIXES = ("val/", "test/", "fewshot/", "knn/", "linear/", "ridge/")
+RESULT_PREFIXES = ("val/", "test/", "fewshot/", *(f"{p}/" for p in ALL_DATA_PROTOCOLS))
 FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", "README.md", MANIFEST],
          "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
          "timm": ["config.json", MODEL_FILE, MANIFEST]}

@@ -97,13 +97,19 @@ def progress(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _rate(batches_iter, n_batches: int, batch: int) -> float:
-    """Images/s over n_batches of an iterator, after one warm-up batch."""
-    next(batches_iter)
-    t0 = time.perf_counter()
+def _rates(makers: list[tuple[str, object]], n_batches: int, batch: int) -> dict[str, float]:
+    """Images/s of each named batch iterator over n_batches, after one warm-up batch each, taken in turns
+    (one batch of each, then the next round): a slower spell of a shared machine then falls on every side
+    alike, where timing one side after the other put it on whichever ran then."""
+    spent = dict.fromkeys([name for name, _ in makers], 0.0)
+    for _, it in makers:
+        next(it)
     for _ in range(n_batches):
-        next(batches_iter)
-    return n_batches * batch / (time.perf_counter() - t0)
+        for name, it in makers:
+            t0 = time.perf_counter()
+            next(it)
+            spent[name] += time.perf_counter() - t0
+    return {name: n_batches * batch / s for name, s in spent.items()}
 
 
 def _files(root: Path) -> list[Path]:
@@ -148,7 +154,7 @@ def loader_rates(root: Path, n_batches: int, batch: int = 64, deit: bool = False
         makers = [("ours", _ours(root, batch, deit)), ("timm_pil", _timm_pil(files, batch, deit))]
         if not deit:
             makers.append(("torchvision_uint8", _torchvision_uint8(files, batch)))
-        out = {name: _rate(make, n_batches, batch) for name, make in makers}
+        out = _rates(makers, n_batches, batch)
     finally:
         torch.set_num_threads(threads)
     return {**{f"{k}_img_s": v for k, v in out.items()}, "ours_vs_timm": out["ours"] / out["timm_pil"],
@@ -210,7 +216,7 @@ def measure(quick: bool, workers: int = 1) -> dict:
     with tempfile.TemporaryDirectory() as d:
         root = write_jpegs(Path(d), 16 if quick else 130)
         progress("input: loaders per core on JPEG photographs")
-        n, batch = (1, 16) if quick else (6, 64)
+        n, batch = (1, 16) if quick else (12, 64)
         out = {"loader_224": loader_rates(root, n, batch), "train": {}}
         progress("input: loaders per core with DeiT's augmentation")
         out["loader_224_deit"] = loader_rates(root, n, batch, deit=True)

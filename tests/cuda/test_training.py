@@ -49,7 +49,7 @@ def test_the_loader_ships_pinned_batches(cuda):
     pixels, y, _ = next(stream.batches)  # what the DataLoader hands over, before `finish`
     assert all(t.is_pinned() for t in (pixels.pixels, pixels.sizes, pixels.flips, y))
     assert pixels.aug.rand is None and pixels.pixels.shape[-2:] == (32, 32)  # resized, augmented in workers
-    assert all(t.is_pinned() for t in (pixels.aug.erasing.boxes, pixels.aug.erasing.erased))
+    assert pixels.aug.erasing.boxes.device.type == "cpu"  # read as host ints by erasing.apply: no sync
     x, _ = next(stream)
     assert x.device == cuda and x.dtype == torch.float32
 

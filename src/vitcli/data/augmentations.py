@@ -90,7 +90,7 @@ def apply_levels(x: torch.Tensor, aug: Augmentation, drawn: Drawn) -> tuple[torc
 
 
 def apply_normalised(x: torch.Tensor, aug: Augmentation, drawn: Drawn) -> torch.Tensor:
-    """The normalised float batch after random erasing (draws on x's device)."""
+    """The normalised float batch after random erasing, in place (draws on x's device)."""
     if drawn.erasing is None:
         return x
     return erasing.apply(x, drawn.erasing, aug.erasing)

@@ -1,5 +1,5 @@
 """Random erasing with timm's `RandomErasing` semantics, its boxes drawn on the host for a whole micro-batch
-(numpy, from the caller's Generator) and erased on the model's device in one batched pass.
+(numpy, from the caller's Generator) and erased where the images are, box by box in place.
 
 timm erases image by image in the dataset transform (timm/data/random_erasing.py): per image, with
 probability `prob`, `count` boxes (fixed, or uniform in [min_count, max_count]); each box tries up to 10
@@ -17,8 +17,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-
-from vitcli.runtime.dist import to_device
 
 ATTEMPTS = 10  # timm's tries per box
 
@@ -47,30 +45,20 @@ class ErasingSpec:
 @dataclass
 class ErasingDraws:
     """A micro-batch's erasing as drawn on the host: `boxes` (B, max_count, 4) int64 (top, left, height,
-    width), height 0 for no box; `noise_seed` (B,) int64, which seeds the fill (apply reads the first)."""
+    width), height 0 for no box; `noise_seed` (B,) int64, which seeds the fill (apply reads the first).
+    Both stay on the host wherever the images go: `apply` reads the boxes as Python ints to slice them, which
+    asks a GPU nothing (a device copy would have to be read back: a sync)."""
 
     boxes: torch.Tensor
     noise_seed: torch.Tensor
-    # the images with a box (erased_images), found where the draws are made, so that apply neither asks the
-    # device (nonzero would sync) nor fills every image, and pinned with the batch by the DataLoader
-    erased: torch.Tensor
 
     def pin_memory(self) -> ErasingDraws:
-        """Page-locked copies, so that `to` copies the boxes to a GPU without a sync (the DataLoader calls
-        this when it pins a batch)."""
-        return ErasingDraws(self.boxes.pin_memory(), self.noise_seed.pin_memory(), self.erased.pin_memory())
+        """Itself: nothing of it is copied to a device (the DataLoader calls this when it pins a batch)."""
+        return self
 
     def to(self, device: torch.device | str) -> ErasingDraws:
-        """The boxes and erased images on `device` (to_device: asynchronous from pinned memory). `noise_seed`
-        stays on the host: it seeds a torch.Generator, which takes a Python int, and reading it back from a
-        GPU would stall."""
-        device = torch.device(device)
-        return ErasingDraws(to_device(self.boxes, device), self.noise_seed, to_device(self.erased, device))
-
-
-def erased_images(boxes: torch.Tensor) -> torch.Tensor:
-    """(n,) int64 indices of the images with at least one box, from host boxes (B, K, 4)."""
-    return (boxes[:, :, 2] > 0).any(1).nonzero().squeeze(1)
+        """Itself, on the host, for images on any `device` (see the class)."""
+        return self
 
 
 def _counts(spec: ErasingSpec, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -113,8 +101,7 @@ def draw(spec: ErasingSpec, n: int, height: int, width: int, rng: np.random.Gene
     used = erased[:, None] & (np.arange(spec.max_count) < counts[:, None]) & ok & (h > 0) & (w > 0)
     boxes = np.stack([top, left, h, w], -1) * used[..., None]  # (n, K, 4), all zero where unused
     seeds = rng.integers(0, np.iinfo(np.int64).max, n, dtype=np.int64)
-    boxes = torch.from_numpy(boxes.astype(np.int64))
-    return ErasingDraws(boxes, torch.from_numpy(seeds), erased_images(boxes))
+    return ErasingDraws(torch.from_numpy(boxes.astype(np.int64)), torch.from_numpy(seeds))
 
 
 def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -127,33 +114,27 @@ def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def apply(x: torch.Tensor, draws: ErasingDraws, spec: ErasingSpec) -> torch.Tensor:
-    """Float (B, C, H, W), normalised, on any device -> an erased copy (x itself is left as it was): the
-    images with a box are erased (`erase`), the others copied. The fill comes from one torch.Generator on
-    x's device seeded with draws.noise_seed[0] (a host tensor), so the result is a function of the draws
-    on a given device; no host sync (the erased images were found with the draws: ErasingDraws.erased)."""
-    out = x.clone()
-    if len(draws.erased):
-        idx = to_device(draws.erased, x.device)
-        boxes = to_device(draws.boxes, x.device)[idx]
-        out.index_copy_(0, idx, erase(x[idx], boxes, int(draws.noise_seed[0]), spec))
-    return out
-
-
-def erase(x: torch.Tensor, boxes: torch.Tensor, seed: int, spec: ErasingSpec) -> torch.Tensor:
-    """Images x (n, C, H, W) with their boxes (n, K, 4) on x's device -> erased copies, the fill from a
-    torch.Generator seeded with `seed`. Where boxes overlap the later one's fill wins, as timm writes box
-    after box."""
-    b, c, height, width = x.shape
-    masks = box_masks(boxes, height, width)[:, :, None]  # (n, K, 1, H, W)
-    if spec.mode == "const":
-        return x.masked_fill(masks.any(1), 0.0)
-    gen = torch.Generator(device=x.device)
-    gen.manual_seed(seed)
-    if spec.mode == "pixel":  # each pixel is noise once, whichever box wrote it last
-        noise = torch.randn(x.shape, generator=gen, device=x.device, dtype=torch.float32)
-        return torch.where(masks.any(1), noise.to(x.dtype), x)
-    colours = torch.randn((b, masks.shape[1], c, 1, 1), generator=gen, device=x.device).to(x.dtype)
-    out = x
-    for k in range(masks.shape[1]):  # max_count boxes, in timm's order
-        out = torch.where(masks[:, k], colours[:, k], out)
-    return out.clone() if out is x else out
+    """Float (B, C, H, W), normalised, on any device, erased in place and returned: box after box, in
+    timm's order, so that where boxes overlap the later one's fill wins. The fill comes from one
+    torch.Generator on x's device seeded with draws.noise_seed[0], drawn box after box, so the result is a
+    function of the draws on a given device. Only the boxes' pixels are drawn and written (a box is a fifth
+    of an image on average): noise drawn for whole images and blended in cost 0.6 ms per 224 px image on a
+    core, three times timm's whole RandAugment + erasing. No host sync: the boxes are host ints."""
+    gen = None
+    for i, image in enumerate(draws.boxes.tolist()):
+        for top, left, h, w in image:
+            if not (h and w):
+                continue
+            region = x[i, :, top : top + h, left : left + w]
+            if spec.mode == "const":
+                region.zero_()
+                continue
+            if gen is None:
+                gen = torch.Generator(device=x.device)
+                gen.manual_seed(int(draws.noise_seed[0]))
+            # drawn contiguous, then copied: torch's normal_ on a strided view draws number by number on a
+            # CPU (measured 0.98 vs 0.14 ms for a 100 x 120 box, one thread)
+            shape = region.shape if spec.mode == "pixel" else (x.shape[1], 1, 1)  # rand: a colour per channel
+            noise = torch.randn(shape, generator=gen, device=x.device, dtype=torch.float32)
+            region.copy_(noise.expand_as(region))
+    return x

@@ -169,11 +169,15 @@ def tf_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
     return y if x.dim() == 4 else y[0]
 
 
-def per_shape(images: list[torch.Tensor], fn, empty: tuple, channels_last: bool = False) -> torch.Tensor:
+def per_shape(images: list[torch.Tensor], fn, empty: tuple, channels_last: bool = False,
+              mirror: np.ndarray | None = None) -> torch.Tensor:
     """fn over uint8 images (3, h_i, w_i) grouped by shape, each group stacked (n, 3, h, w) into one call;
     the results (B, ...) as uint8 in the images' order (`empty`: the shape of none; a float result is cast,
-    which truncates). Torch's resize kernels take one source size per call, so images of one shape (a 32 px
-    dataset's, whole) cost one call a batch, not one each: ~20x less time at 32 px. `channels_last`: each
+    which truncates), those `mirror` (B,) bool marks flipped left-right on their way in. Torch's resize
+    kernels take one source size per call, so images of one shape (a 32 px dataset's, whole) cost one call a
+    batch, not one each: ~20x less time at 32 px. A crop of its own shape (most, from photographs) is copied
+    straight to its row, flipped in the same copy: indexing with a list of rows, then flipping the mirrored
+    rows of the whole batch, cost 0.44 against 0.26 ms per 224 px crop on one thread. `channels_last`: each
     group is stacked channels-last, the layout decoders write, for an `fn` that reads it so (stack_hwc)."""
     shapes: dict[tuple, list[int]] = {}
     for i, x in enumerate(images):
@@ -185,8 +189,15 @@ def per_shape(images: list[torch.Tensor], fn, empty: tuple, channels_last: bool 
         y = fn(group[0][None] if len(rows) == 1 else stack(group))
         if len(out) != len(images):
             out = torch.empty((len(images), *y.shape[1:]), dtype=torch.uint8)
+        flipped = np.zeros(len(rows), dtype=bool) if mirror is None else np.asarray(mirror, dtype=bool)[rows]
+        if flipped.all():
+            y = y.flip(-1)
+        elif flipped.any():
+            y = torch.where(torch.from_numpy(flipped)[:, None, None, None], y.flip(-1), y)
         if len(rows) == len(images):
             out.copy_(y)  # one shape (the usual batch): one copy, the cast and the change of layout together
+        elif len(rows) == 1:
+            out[rows[0]].copy_(y[0])
         else:
             out[rows] = y.to(torch.uint8)
     return out
@@ -224,10 +235,8 @@ def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torc
     """uint8 crops (3, h_i, w_i) -> uint8 (B, 3, size, size), flipped where `flips` (B,) says, for a loader
     worker on a CPU: torch's uint8 kernel, one call per crop shape (per_shape); the batched gather of
     `levels` is ~3x slower there (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224, one thread)."""
-    out = per_shape(crops, lambda x: bilinear_uint8(x, size), (0, 3, size, size))
-    mirror = torch.as_tensor(np.asarray(flips, dtype=bool)).reshape(-1)
-    out[mirror] = out[mirror].flip(-1)
-    return out
+    return per_shape(crops, lambda x: bilinear_uint8(x, size), (0, 3, size, size),
+                     mirror=np.asarray(flips, dtype=bool).reshape(-1))
 
 
 def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 torchvision's decoders (libjpeg-turbo, libpng) do the work; grey, palette and RGBA images become RGB there.
 What they cannot read (BMP, TIFF, float images...) goes through PIL. A JPEG whose crop is much larger than the
 output is decoded at 1/2, 1/4 or 1/8 scale by libjpeg's DCT scaling (PIL's `draft`): measured on 500 px
-JPEGs, 547 us full (torchvision) against 514, 418 and 383 us at those scales, 16 us to read the header.
+JPEGs, 547 us full (torchvision) against 514, 418 and 383 us at those scales.
 """
 
 from __future__ import annotations
@@ -58,14 +58,52 @@ def _pil_pixels(img: Image.Image, binary: bool) -> torch.Tensor:
     return torch.from_numpy(arr).permute(2, 0, 1)
 
 
+# A JPEG's start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic coded):
+# the segment that holds the size. DHT (C4), JPG (C8) and DAC (CC) share the range but are not frames.
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def header_size(data: bytes) -> tuple[str, int, int] | None:
+    """("JPEG" or "PNG", height, width) read from the first bytes of a JPEG (its start-of-frame segment) or
+    a PNG (its IHDR chunk); None for any other file, or one these few lines cannot vouch for (PIL then
+    decides). By hand because PIL's header parse reads every table in Python: 93 us per JPEG of ImageNet's
+    size, ~7% of what a training crop costs on a core, where walking the segment lengths costs ~2 us."""
+    if data[:8] == _PNG and data[12:16] == b"IHDR" and len(data) >= 24:
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        return ("PNG", height, width) if height and width else None
+    if data[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            return None  # not at a marker: leave the file to PIL
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte before a marker
+            i += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            i += 2
+        elif marker in _SOF:
+            if i + 9 > len(data):
+                return None
+            height, width = (int.from_bytes(data[j : j + 2], "big") for j in (i + 5, i + 7))
+            return ("JPEG", height, width) if height and width else None  # height 0: given later (DNL)
+        else:
+            length = int.from_bytes(data[i + 2 : i + 4], "big")
+            if length < 2 or marker == 0xDA:  # a broken length, or the scan reached before any frame
+                return None
+            i += 2 + length
+    return None
+
+
 class Encoded:
-    """One encoded image: its header (format, size) read when first asked for, its pixels decoded on demand,
+    """One encoded image: its size read from its header when first asked for, its pixels decoded on demand,
     whole or a crop.
 
     Reading the header raises for bytes no decoder knows (PIL's UnidentifiedImageError): such an image is
     undecodable before any pixel is read. A truncated file fails later, in `pixels`. Lazily: a whole-image
-    decode (evaluation, few-shot) never needs it, and PIL's parse of a small PNG costs more than its decode
-    (measured 30 vs 27 us at 32 px)."""
+    decode (evaluation, few-shot) never needs it. A JPEG's or PNG's size is read by header_size; PIL parses
+    the headers of the rest."""
 
     def __init__(self, data: bytes, binary: bool = False):
         self.data, self.binary = data, binary  # binary: 0/1 images stretched to 0/255 (data.binary_pixels)
@@ -75,10 +113,20 @@ class Encoded:
         """PIL's view of the file's header; no pixel decoded."""
         return Image.open(io.BytesIO(self.data))
 
+    @functools.cached_property
+    def found(self) -> tuple[str, int, int] | None:
+        """header_size's reading of the bytes."""
+        return header_size(self.data)
+
+    @property
+    def format(self) -> str:
+        """"JPEG", "PNG", or PIL's name for the file's format."""
+        return self.found[0] if self.found else self.header.format
+
     @property
     def size(self) -> tuple[int, int]:
         """(height, width) at full resolution."""
-        return self.header.height, self.header.width
+        return self.found[1:] if self.found else (self.header.height, self.header.width)
 
     def full(self) -> torch.Tensor:
         """uint8 (3, H, W): torchvision's decoder, PIL for the formats it lacks."""
@@ -100,12 +148,13 @@ class Encoded:
             return self.full()
         top, left, h, w = (int(v) for v in box)
         k = next((k for k in SCALES if min(h, w) >= out * k), 1) if out and not self.binary else 1
-        if k == 1 or self.header.format != "JPEG":
+        if k == 1 or self.format != "JPEG":
             return self.full()[:, top : top + h, left : left + w]
-        img = Image.open(io.BytesIO(self.data))
-        img.draft("RGB", (self.header.width // k, self.header.height // k))
+        height, width = self.size
+        img = self.__dict__.pop("header", None) or Image.open(io.BytesIO(self.data))  # drafted below
+        img.draft("RGB", (width // k, height // k))
         x = _pil_pixels(img, False)  # (3, ~H/k, ~W/k)
-        sy, sx = x.shape[1] / self.header.height, x.shape[2] / self.header.width
+        sy, sx = x.shape[1] / height, x.shape[2] / width
         y0, x0 = int(top * sy), int(left * sx)
         y1, x1 = max(y0 + 1, round((top + h) * sy)), max(x0 + 1, round((left + w) * sx))
         return x[:, y0:y1, x0:x1]

@@ -54,8 +54,13 @@ from torchvision.transforms import v2
 
 from vitcli.data import batches, sources
 from vitcli.recipe.resolve import resolve
+from vitcli.runtime.allocator import keep_freed_memory
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
+
+# glibc's allocator as `vit` sets it when it starts (cli/entry.py): every side measured in this process,
+# the reference's included, runs with it
+ALLOCATOR = keep_freed_memory()
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
@@ -217,7 +222,7 @@ def measure(quick: bool, workers: int = 1) -> dict:
         root = write_jpegs(Path(d), 16 if quick else 130)
         progress("input: loaders per core on JPEG photographs")
         n, batch = (1, 16) if quick else (12, 64)
-        out = {"loader_224": loader_rates(root, n, batch), "train": {}}
+        out = {"allocator": ALLOCATOR, "loader_224": loader_rates(root, n, batch), "train": {}}
         progress("input: loaders per core with DeiT's augmentation")
         out["loader_224_deit"] = loader_rates(root, n, batch, deit=True)
         runs = [(name, net, False) for name, net in NETWORKS.items()]

@@ -71,6 +71,7 @@ from vitcli.models import zoo
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import EmaConfig, Recipe
+from vitcli.runtime.allocator import keep_freed_memory
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import read_metrics
 from vitcli.runtime.peak import matmul_flops
@@ -79,6 +80,10 @@ from vitcli.stages.run import one_run
 from vitcli.train import distill
 from vitcli.train.ema import WeightEma
 from vitcli.train.objectives import loss_fn
+
+# glibc's allocator as `vit` sets it when it starts (cli/entry.py): every side measured in this process,
+# the reference's included, runs with it
+ALLOCATOR = keep_freed_memory()
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
@@ -421,8 +426,8 @@ def main() -> None:
     for precision in sorted(set(chosen.values())):
         progress(f"matmul peak at {precision}")
         peaks[precision] = matmul_flops(precision, 512 if a.quick else 4096, 2 if a.quick else 10)
-    results = {"machine": machine(), "auto_precision": auto, "auto_reason": why, "torch": torch.__version__,
-               "quick": a.quick, "matmul_flops": peaks, "models": {}}
+    results = {"machine": machine(), "allocator": ALLOCATOR, "auto_precision": auto, "auto_reason": why,
+               "torch": torch.__version__, "quick": a.quick, "matmul_flops": peaks, "models": {}}
     for name in MODELS:
         m = spawn(name, a.quick, chosen[name])
         results["models"][name] = {"precision": chosen[name], **m, **derived(m, peaks[chosen[name]])}

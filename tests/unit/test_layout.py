@@ -21,9 +21,10 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "layers", "names", "data_checks", "fewshot_checks", "checks",
                 "resolve"]),
-    # what every stage runs on: run file names, atomic files, precision, peak FLOP/s, console and metrics,
-    # trackers, processes, output locations
-    ("runtime", ["run_files", "precision", "peak", "files", "metrics", "trackers", "dist", "workdir"]),
+    # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
+    # FLOP/s, console and metrics, trackers, processes, output locations
+    ("runtime", ["allocator", "run_files", "precision", "peak", "files", "metrics", "trackers", "dist",
+                 "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches: how an image that does not decode is named and tallied, first (every

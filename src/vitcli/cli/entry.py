@@ -16,6 +16,7 @@ import typer
 
 from vitcli.cli.commands import COMMANDS, app
 from vitcli.errors import Interrupted, Terminated, VitcliError
+from vitcli.runtime.allocator import keep_freed_memory
 
 # What a stop outside the training loop leaves (the loop's own stop writes a checkpoint and says
 # so): every file is written under a temporary name and renamed when whole, and the temporary ones
@@ -28,6 +29,7 @@ def main() -> None:
     """Entry point: known errors become one red line (rank 0's alone) and exit 2; VITCLI_DEBUG=1
     shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
+    keep_freed_memory()  # large tensors reused, not faulted in afresh every step (runtime/allocator.py)
     # unwind (temporary files removed) rather than die mid-write
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, _interrupt)

@@ -1,4 +1,5 @@
-"""What every stage runs on: run_files.py (the files of a run directory, named once), precision.py (and
-run.compile's auto), peak.py (a device's peak FLOP/s, for MFU), files.py (atomic writes,
-checksums), metrics.py (metrics.jsonl, the console, the progress bar, tables), trackers.py (TensorBoard,
-W&B), dist.py (processes and devices), workdir.py (output locations checked before anything is written)."""
+"""What every stage runs on: allocator.py (glibc told to reuse what a process frees), run_files.py (the
+files of a run directory, named once), precision.py (and run.compile's auto), peak.py (a device's peak
+FLOP/s, for MFU), files.py (atomic writes, checksums), metrics.py (metrics.jsonl, the console, the progress
+bar, tables), trackers.py (TensorBoard, W&B), dist.py (processes and devices), workdir.py (output locations
+checked before anything is written)."""

@@ -184,3 +184,13 @@ def test_extracted_features_equal_a_plain_loop_over_the_reference_pipeline_bit_f
             want.append(features.pre_logits(model, torch.stack(x)))
     assert labels.tolist() == [i for i, x in enumerate(images) if x is not None]
     assert got.dtype == np.float32 and np.array_equal(got, torch.cat(want).numpy())
+
+
+def test_intra_op_threads_are_restored_on_the_way_out_even_by_an_error():
+    from vitcli.evaluators.inference import intra_op_threads
+
+    before = torch.get_num_threads()
+    with pytest.raises(KeyError), intra_op_threads(1):
+        assert torch.get_num_threads() == 1
+        raise KeyError
+    assert torch.get_num_threads() == before

@@ -67,12 +67,10 @@ def built_on_one_thread(stream: Iterator) -> Iterator:
 @contextlib.contextmanager
 def intra_op_threads(n: int) -> Iterator[None]:
     """torch's intra-op thread count set to `n` inside, the process's own restored after (~0.5 us)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
+    with contextlib.ExitStack() as restore:
+        restore.callback(torch.set_num_threads, torch.get_num_threads())
+        torch.set_num_threads(n)
         yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def raise_if_nothing_decoded(decoded: int, tallies: list[bad_images.Tally]) -> None:

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import yaml
 from timm.data.auto_augment import rand_augment_transform
 
 from helpers import REPO
@@ -252,6 +253,14 @@ def test_a_key_given_twice_in_a_recipe_file_names_the_file_line_and_key(tmp_path
     p = write(tmp_path, text)
     with pytest.raises(RecipeError, match=re.escape(f"{p}: line {line}: '{key}' is given twice")):
         resolve("pretrain", p)
+
+
+def test_a_recipe_is_read_as_safe_load_reads_it_python_tags_refused(tmp_path):
+    text = "run:\n  seed: !!python/object/apply:os.system ['echo owned']\n"
+    with pytest.raises(RecipeError, match="malformed YAML at line 2"):
+        read_yaml(write(tmp_path, text))
+    plain = "model: {name: ViT-B/16, dims: [1, 2.5, null, true]}\n"
+    assert read_yaml(write(tmp_path, plain)) == yaml.safe_load(plain)
 
 
 def test_yaml_merge_keys_are_not_keys_given_twice(tmp_path):

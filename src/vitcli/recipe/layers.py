@@ -148,6 +148,17 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _strict_safe_load(text: str):
+    """yaml.safe_load's result, with a key given twice refused: _StrictLoader is SafeLoader with that one
+    check, run as safe_load runs its loader (safe_load takes no Loader, and a load with a Loader passed in is
+    the call a safety review must read twice)."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict:
     """Read a recipe file as safe_load does; malformed YAML or a key given twice is a one-line error with the
     line number."""
@@ -159,7 +170,7 @@ def read_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not a text file (not UTF-8), so not a YAML recipe") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # safe: a SafeLoader subclass
+        data = _strict_safe_load(text)
     except _DuplicateKey as e:
         line = e.problem_mark.line + 1
         raise RecipeError(f"{path}: line {line}: {e.problem}; a recipe says each key once") from None

@@ -69,13 +69,15 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
                  overrides: opt.FewshotOverrides = None) -> None:
     """Frozen features scored: linear few-shot by closed-form least squares (big_vision fewshot_lsr); with
     --protocols also DINO's weighted kNN, a logistic probe (CLIP's protocol) and ridge on all train data."""
+    from vitcli.recipe.choices import TRANSFER_PROTOCOLS
+
     if list_tasks:
         from vitcli.stages.fewshot import print_registry
 
         return dispatch(lambda: print_registry, None, output=output_format(json_out))
     flags = {"init.checkpoint": ckpt, "fewshot.tasks": tasks, "fewshot.shots": shots,
              "fewshot.seeds": seeds, "fewshot.l2_reg": l2, "fewshot.data_root": data_root,
-             "fewshot.protocols": "fewshot,knn,linear,ridge" if protocols == "all" else protocols,
+             "fewshot.protocols": ",".join(TRANSFER_PROTOCOLS) if protocols == "all" else protocols,
              "init.random": random_init or None}
     r = resolve_recipe("eval-fewshot", recipe, overrides, flags)
 

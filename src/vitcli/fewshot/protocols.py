@@ -21,8 +21,6 @@ from vitcli.fewshot import knn, probe, solver
 from vitcli.recipe.choices import ALL_DATA_PROTOCOLS
 from vitcli.recipe.schema import FewshotConfig
 
-ALL_DATA = ALL_DATA_PROTOCOLS  # the protocols of this module; "fewshot" is fewshot.evaluate's
-
 
 def score(protocol: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
           num_classes: int, cfg: FewshotConfig, device: torch.device | str = "cpu") -> dict:
@@ -42,10 +40,10 @@ def score(protocol: str, train: tuple[np.ndarray, np.ndarray], test: tuple[np.nd
 
 def task_rows(train, test, num_classes: int, cfg: FewshotConfig, name: str,
               device: torch.device | str = "cpu") -> list[dict]:
-    """A row per all-data protocol the recipe names, in ALL_DATA's order: task, protocol, the train and test
-    sizes, score()'s figures and the seconds it took (on the features: no extraction)."""
+    """A row per all-data protocol the recipe names, in ALL_DATA_PROTOCOLS' order: task, protocol, the train
+    and test sizes, score()'s figures and the seconds it took (on the features: no extraction)."""
     rows = []
-    for p in (p for p in ALL_DATA if p in cfg.protocols):
+    for p in (p for p in ALL_DATA_PROTOCOLS if p in cfg.protocols):
         start = time.perf_counter()
         figures = score(p, train, test, num_classes, cfg, device)
         rows.append({"task": name, "protocol": p, "train": len(train[1]), "test": len(test[1]), **figures,

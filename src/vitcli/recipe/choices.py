@@ -32,8 +32,8 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
-# fewshot.protocols: what scores frozen features (vitcli.fewshot.protocols runs each)
-# the all-data protocols (vitcli.fewshot.protocols), each logged as PROTOCOL/TASK/top1, and few-shot
+# fewshot.protocols: what scores frozen features; the all-data ones (vitcli.fewshot.protocols runs each)
+# are logged as PROTOCOL/TASK/top1, and few-shot beside them
 ALL_DATA_PROTOCOLS = ("knn", "linear", "ridge")
 TRANSFER_PROTOCOLS = ("fewshot", *ALL_DATA_PROTOCOLS)
 ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomErasing's modes

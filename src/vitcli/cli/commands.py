@@ -101,12 +101,9 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
     r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
                        own_data=data is None and suite is None)
     if real_timm:
-        from vitcli.data.imagenet import NUM_CLASSES, REAL_FILE
-        from vitcli.errors import DataError
+        from vitcli.data.imagenet import REAL_FILE, require_imagenet_head
 
-        if r.model.num_classes != NUM_CLASSES:
-            raise DataError(f"--real scores an ImageNet-1k head (1000 classes), but {r.init.checkpoint} has "
-                            f"{r.model.num_classes} classes")
+        require_imagenet_head("--real", r.init.checkpoint, r.model.num_classes)
         real_labels = REAL_FILE
     real = None
     if real_labels:  # read and checked here, so that --dry-run refuses a bad file as the run would

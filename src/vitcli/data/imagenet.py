@@ -16,10 +16,19 @@ import numpy as np
 import timm.data
 from timm.data import ImageNetInfo, infer_imagenet_subset
 
+from vitcli.errors import DataError
+
 NUM_CLASSES = 1000  # ImageNet-1k's head: what A, R, V2, Sketch and ReaL are scored with
 SUBSET_FILES = {"imagenet-a": "imagenet_a_indices.txt", "imagenet-r": "imagenet_r_indices.txt"}
 # timm's copy of ReaL's real.json (what RealLabelsImagenet reads when given no file)
 REAL_FILE = Path(timm.data.__file__).parent / "_info" / "imagenet_real_labels.json"
+
+
+def require_imagenet_head(flag: str, checkpoint: str, num_classes: int) -> None:
+    """Refuse `flag` (--real, --suite), which scores ImageNet-1k's classes, for a head of another width."""
+    if num_classes != NUM_CLASSES:
+        raise DataError(f"{flag} scores an ImageNet-1k head ({NUM_CLASSES} classes), but {checkpoint} has "
+                        f"{num_classes} classes: evaluate a {NUM_CLASSES}-class checkpoint")
 
 
 def _info(name: str) -> str:

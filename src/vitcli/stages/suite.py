@@ -37,9 +37,7 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     found = robustness.find_sets(root)
-    if recipe.model.num_classes != imagenet.NUM_CLASSES:
-        raise DataError(f"--suite scores an ImageNet-1k head (1000 classes), but {recipe.init.checkpoint} "
-                        f"has {recipe.model.num_classes} classes: evaluate a 1000-class checkpoint")
+    imagenet.require_imagenet_head("--suite", recipe.init.checkpoint, recipe.model.num_classes)
     console.log(f"suite {root}: {', '.join(path.name for _, path in found)}")
     sets = {}
     for name, path in found:

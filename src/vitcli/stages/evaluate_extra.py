@@ -50,14 +50,16 @@ def per_row(softmax: bool, tta: tuple[str, ...], keep_logits: bool, k: int,
     (B, K)), each (B, 0) when not asked for (NLL: a sigmoid-loss model). `columns`: an ImageNet set's classes
     (robustness.Scoring): the views' logits are cut to them as the plain ones are, and TTA's classes are the
     head's."""
-    def probs(logits: torch.Tensor) -> torch.Tensor:
-        logits = logits if columns is None else logits[:, columns]
+    def activate(logits: torch.Tensor) -> torch.Tensor:
         return logits.softmax(-1) if softmax else logits.sigmoid()
+
+    def probs(logits: torch.Tensor) -> torch.Tensor:  # a view's: the head's logits, cut as x's were
+        return activate(logits if columns is None else logits[:, columns])
 
     def extra(model, x, logits, y) -> tuple[np.ndarray, ...]:
         empty = np.zeros((len(y), 0), dtype=np.float32)
         nll = calibration.row_nll(logits, y)[:, None].cpu().numpy() if softmax else empty
-        own = logits.softmax(-1) if softmax else logits.sigmoid()  # x's own: already cut to `columns`
+        own = activate(logits)  # x's own: already cut to `columns`
         tta_top = averaged_probs(model, x, tta, probs, own).topk(k, dim=-1).indices if tta else None
         if tta_top is not None and columns is not None:  # positions among the set's classes -> the head's
             tta_top = columns[tta_top]

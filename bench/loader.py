@@ -97,9 +97,8 @@ def compare_jpegs(photos: Path, batch: int, rounds: int = 3) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_jpegs(photos, Path(tmp))
         files = [p.read_bytes() for p in paths]
-        cfg = DataConfig(source=tmp, num_workers=0, val_split="")
+        cfg = DataConfig(source=tmp, num_workers=0, val_split="", cache_mb=0)  # as ImageNet: never cached
         ds = sources.load_split(cfg, "train")
-        batches.DECODED_CACHE_BYTES = 0  # a dataset of ImageNet's size is never cached
         n = 2 * len(files) // batch
         timm_pp = create_transform(224, is_training=True)
         crop = v2.RandomResizedCrop(224, antialias=True)

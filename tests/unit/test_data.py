@@ -386,15 +386,14 @@ AUGMENTATIONS = {  # the plain route, DeiT's per-image augmentation, DeiT III's
 
 
 @pytest.mark.parametrize("augmentation", AUGMENTATIONS)
-def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(monkeypatch, augmentation):
+def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(augmentation):
     """Past the cache (large datasets) images are read as bytes and only their crops decoded, some at 1/2 or
     1/4 scale; the batches stay a function of (seed, step), and a file that opens but does not decode gets
     the next row in its place in every process alike."""
-    monkeypatch.setattr(batches, "DECODED_CACHE_BYTES", 0)
     ds, size = _jpegs(12, truncated=3), 16
-    cfg = DataConfig(num_workers=0, crop_min_area=0.3, **AUGMENTATIONS[augmentation])
+    cfg = DataConfig(num_workers=0, crop_min_area=0.3, cache_mb=0, **AUGMENTATIONS[augmentation])
     main = _take(batches.train_batches(ds, cfg, size, 4, seed=2), 6)
-    two = DataConfig(num_workers=2, crop_min_area=0.3, **AUGMENTATIONS[augmentation])
+    two = DataConfig(num_workers=2, crop_min_area=0.3, cache_mb=0, **AUGMENTATIONS[augmentation])
     workers = _take(batches.train_batches(ds, two, size, 4, seed=2), 6)
     resumed = _take(batches.train_batches(ds, cfg, size, 4, seed=2, start_step=4), 2)
     for (xa, ya), (xb, yb) in zip(main, workers, strict=True):

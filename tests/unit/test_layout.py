@@ -23,7 +23,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                 "resolve"]),
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, console and metrics, trackers, processes, output locations
-    ("runtime", ["allocator", "run_files", "precision", "peak", "files", "metrics", "trackers", "dist",
+    ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers", "dist",
                  "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
@@ -31,7 +31,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "decode", "pillow_ops", "randaugment", "three_augment", "erasing",
               "mixing", "augmentations", "augment", "transforms", "tasks", "imagenet", "sources", "sampler",
-              "batches", "streams", "prepare"]),
+              "image_cache", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

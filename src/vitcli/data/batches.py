@@ -19,6 +19,7 @@ trainer, is seeded by `micro_seed` from (run seed, optimizer step, global micro-
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
 
@@ -40,13 +41,13 @@ from vitcli.data.bad_images import (
     worker_error,
 )
 from vitcli.data.decode import Decoded, Encoded, encoded, read
+from vitcli.data.image_cache import CACHE_ENCODED_BYTES, SharedImages, cache_for
 from vitcli.data.sampler import train_keys
 from vitcli.data.sources import origin
 from vitcli.data.transforms import build_transform
 from vitcli.errors import CheckpointError, DataError
 from vitcli.recipe.schema import DataConfig
-
-DECODED_CACHE_BYTES = 192 * 2**20  # encoded image bytes up to which training keeps images decoded (CIFAR)
+from vitcli.runtime.metrics import console
 
 
 class KeyedBatches(torch.utils.data.Dataset):
@@ -73,12 +74,13 @@ class _Batches(KeyedBatches):
 
     `bad` maps each row of the key whose image does not decode to the reason; with `replace` (training) the
     next row that decodes stands in for it, otherwise (evaluation) it is left out.
-    With `cache`, small datasets keep each image decoded (uint8, whole) after its first use (per process): at
-    32 px PNG decoding costs as much as all augmentation together, and from the second epoch on it is gone.
-    Without it an image is read as bytes and its header, and only its crop is decoded (decode.Encoded).
+    With `cache` (image_cache.SharedImages), an image is kept decoded (uint8, whole) after its first use, one
+    copy for this process and its workers, while the cache has room. Without it, or for a row that found no
+    room, an image is read as bytes and its header, and only its crop is decoded (decode.Encoded).
     """
 
-    def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: bool, replace: bool):
+    def __init__(self, ds: datasets.Dataset, cfg: DataConfig, transform, cache: SharedImages | None,
+                 replace: bool):
         missing = [c for c in (cfg.image_column, cfg.label_column) if c and c not in ds.column_names]
         if missing:
             raise DataError(f"no column '{missing[0]}' to batch; columns: {', '.join(ds.column_names)}")
@@ -87,7 +89,7 @@ class _Batches(KeyedBatches):
         self.name = origin(ds)
         self.images = encoded(ds.select_columns([cfg.image_column]), cfg.image_column)
         self.labels = labels(ds, cfg.label_column)  # (N,)
-        self.cache = {} if cache and self.images.data.nbytes <= DECODED_CACHE_BYTES else None
+        self.cache = cache
         self.bad: dict[int, str] = {}  # rows found undecodable in this process: never tried twice
 
     def _open(self, row: int, raw: dict) -> Encoded | Decoded | None:
@@ -95,7 +97,7 @@ class _Batches(KeyedBatches):
         that fails later, in the transform, is recorded there (Undecodable)."""
         try:
             img = Encoded(read(raw), self.binary)
-            return img if self.cache is None else Decoded(img.full())
+            return img if self.cache is None or self.cache.full else Decoded(img.full())
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
             self.bad[row] = one_line(e)
             return None
@@ -114,8 +116,10 @@ class _Batches(KeyedBatches):
     def _decoded(self, rows: list[int]) -> dict[int, object]:
         if self.cache is None:
             return self._load(rows)
-        self.cache.update(self._load([i for i in rows if i not in self.cache]))
-        return {i: self.cache[i] for i in rows if i in self.cache}
+        found = {i: Decoded(x) for i, x in self.cache.get(rows).items()}
+        loaded = self._load([i for i in rows if i not in found])
+        self.cache.put({i: img.x for i, img in loaded.items() if isinstance(img, Decoded)})
+        return {**found, **loaded}
 
     def _substitute(self, row: int, images: dict) -> int:
         """The row standing in for `row` over the whole split (stand_in); its image joins `images`. The walk
@@ -286,7 +290,8 @@ def _ignore_interrupts(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: bool, replace: bool):
+def _loader(ds: datasets.Dataset, cfg: DataConfig, transform, keys: Iterable, cache: SharedImages | None,
+            replace: bool):
     return keyed_loader(_Batches(ds, cfg, transform, cache, replace), keys, cfg.num_workers)
 
 
@@ -322,14 +327,35 @@ def train_batches(
     keys = Placed(lambda start: train_keys(len(ds), micro_batch_size, accum, seed, start, rank, world_size,
                                             cfg.repeated_aug), start_step)
     transform = build_transform(cfg, img_size, train=True, resize_here=resize_in_workers(device))
-    loader = _loader(ds, cfg, transform, keys, cache=True, replace=True)
+    cache, on_disk = cache_for(encoded(ds.select_columns([cfg.image_column]), cfg.image_column),
+                               cfg.image_column, cache_capacity(cfg))
+    loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
     stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size))
-    if loader.dataset.cache is not None:  # decoded once per process: waits are judged once every image is
-        # each worker caches the rows it decodes, a share that grows with the epochs; an epoch of repeated
-        # augmentation reads about 1 / repeated_aug of the rows
-        stream.warm_after = (len(ds) // (micro_batch_size * world_size) * max(1, cfg.num_workers)
-                             * cfg.repeated_aug)
+    stream.cache = cache
+    if rank == 0:
+        console.log(cache_line(cfg, cache, on_disk, len(ds)))
+    if cache is not None:  # decoded once for all workers: waits are judged once every image is
+        # an epoch of repeated augmentation reads about 1 / repeated_aug of the rows
+        stream.warm_after = len(ds) // (micro_batch_size * world_size) * cfg.repeated_aug
     return stream
+
+
+def cache_capacity(cfg: DataConfig) -> int:
+    """Bytes of decoded pixels this training process and its workers may keep: data.cache_mb shared by the
+    training processes on this host (torchrun's LOCAL_WORLD_SIZE), so the host holds at most data.cache_mb."""
+    return cfg.cache_mb * 2**20 // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def cache_line(cfg: DataConfig, cache: SharedImages | None, on_disk: int, rows: int) -> str:
+    """The log line that says whether training keeps images decoded, and why."""
+    if cfg.cache_mb <= 0:
+        return "decoded-image cache: off (data.cache_mb=0)"
+    if cache is None:
+        limit = CACHE_ENCODED_BYTES / 2**20
+        return (f"decoded-image cache: off: the train images take more than {limit:.0f} MiB on disk; each "
+                "crop is decoded from its file (at reduced scale where it allows)")
+    return (f"decoded-image cache: on: {rows} images of {on_disk / 2**20:.1f} MiB on disk, kept decoded "
+            f"once for all loader workers, at most {cache.capacity / 2**20:.0f} MiB (data.cache_mb)")
 
 
 def eval_batches(
@@ -345,7 +371,7 @@ def eval_batches(
     rows = list(range(rank, len(ds), world_size))
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)
-    loader = _loader(ds, cfg, transform, keys, cache=False, replace=False)
+    loader = _loader(ds, cfg, transform, keys, cache=None, replace=False)
     return BatchStream(loader, skipped, device, collective)
 
 

@@ -70,7 +70,7 @@ POSITIVE = (
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
-    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size",
+    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size", "data.cache_mb",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step",

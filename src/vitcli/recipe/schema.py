@@ -67,6 +67,10 @@ class DataConfig:
     repeated_aug: int = 1
     eval_batch_size: int = 256
     num_workers: int = 2
+    # training keeps its images decoded, one copy shared by the loader workers, when they take at most
+    # 192 MiB on disk (CIFAR, a VTAB-1k task; data/image_cache.py): at most this many MiB of pixels on this
+    # host, whatever the images turn out to be. 0 turns the cache off.
+    cache_mb: int = 1024
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
     # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
     streaming: bool = False

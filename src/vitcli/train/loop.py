@@ -29,6 +29,7 @@ from vitcli.errors import TrainingError
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
+from vitcli.runtime.memory import PeakMemory
 from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
@@ -156,7 +157,20 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     metrics.close()
     _save_final(job, parallel, ema, dist)
     # this rank's count of skipped images; the throughput of the whole run after the warm-up window
-    return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total}
+    return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total,
+            **_footprint(window.memory, getattr(stream, "cache", None), dist)}
+
+
+def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
+    """The peak resident MiB of the main process and of its largest loader worker, the most of any rank,
+    and what the decoded-image cache held (data/image_cache.py), if the stream kept one."""
+    memory.sample()  # the stream, and so its workers, still alive
+    found = memory.metrics()
+    found = dict(zip(found, all_reduce_max(list(found.values()), dist)))
+    if cache is not None:
+        held, images = cache.held()
+        found.update({"data/cache_held_mb": held / 2**20, "data/cache_images": images})
+    return found
 
 
 class _Clock:
@@ -213,6 +227,7 @@ class _Window:
     warm: int = 0  # the step from which the data are warm (decoded from the loader's cache, if it keeps one)
     since: int = 0  # the step the current window began after
     judged: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # warm windows: the totals, then a count
+    memory: PeakMemory = field(default_factory=PeakMemory)  # the process's and its workers', at each log
 
     def add(self, elapsed: float, wait: float, done: int) -> None:
         """Count a logging window ending at step `done` that ran `elapsed` seconds, `wait` of them waiting
@@ -250,6 +265,7 @@ def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, d
                    "train/data_wait": min(wait / elapsed, 1.0)}
     metrics.write(done, window.last)
     window.add(elapsed, wait, done)
+    window.memory.sample()
     # judged on the steady windows together, from the second on: one window that met a slow batch (a
     # checkpoint written, the machine busy for a moment) is not a run that waits for its data
     seconds, waited, images, judged = window.judged

@@ -1,0 +1,69 @@
+"""Peak resident memory of a training process and of its children (the loader workers), for summary.json.
+
+Linux keeps each process's high-water mark (VmHWM in /proc/PID/status), so a sample now and then loses no
+peak: a worker's is read while it lives (it exits with its loader), at each logging step and at the end.
+Elsewhere the main process's figure comes from getrusage and the workers' are not known.
+
+Shared pages count in every process that touched them (the decoded-image cache, data/image_cache.py, is one
+copy however many workers read it), so a worker's figure includes what it read of the cache.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's peak resident set in MiB (VmHWM); None when it has gone or /proc is not there."""
+    try:
+        for line in (PROC / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def children(pid: int | str = "self") -> list[int]:
+    """The pids of a process's children (those of every thread: a DataLoader starts its workers from the
+    main thread, a compiler pool may from another)."""
+    found = []
+    try:
+        for task in (PROC / str(pid) / "task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+    return found
+
+
+def _own_peak_mb() -> float:
+    """This process's peak in MiB where /proc is missing: ru_maxrss, kB on Linux, bytes on macOS."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+class PeakMemory:
+    """The largest peak seen of this process and of each of its children over the samples taken."""
+
+    def __init__(self):
+        self.workers: dict[int, float] = {}  # pid -> MiB
+        self.main = 0.0
+
+    def sample(self) -> None:
+        """Read this process's peak and every living child's."""
+        self.main = max(self.main, peak_rss_mb() or _own_peak_mb())
+        for pid in children():
+            peak = peak_rss_mb(pid)
+            if peak is not None:
+                self.workers[pid] = max(self.workers.get(pid, 0.0), peak)
+
+    def metrics(self) -> dict[str, float]:
+        """mem/main_peak_mb, and mem/worker_peak_mb (the largest child's) when there were children."""
+        found = {"mem/main_peak_mb": self.main}
+        if self.workers:
+            found["mem/worker_peak_mb"] = max(self.workers.values())
+        return found

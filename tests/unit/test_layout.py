@@ -22,9 +22,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("recipe", ["choices", "schema", "layers", "names", "data_checks", "fewshot_checks", "checks",
                 "resolve"]),
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
-    # FLOP/s, console and metrics, trackers, processes, output locations
-    ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers", "dist",
-                 "workdir"]),
+    # FLOP/s, peak memory, console and metrics, trackers, processes, output locations
+    ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers",
+                 "dist", "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches: how an image that does not decode is named and tallied, first (every

@@ -351,7 +351,7 @@ def cache_line(cfg: DataConfig, cache: SharedImages | None, on_disk: int, rows: 
     if cfg.cache_mb <= 0:
         return "decoded-image cache: off (data.cache_mb=0)"
     if cache is None:
-        limit = CACHE_ENCODED_BYTES / 2**20
+        limit = min(CACHE_ENCODED_BYTES, cache_capacity(cfg)) / 2**20
         return (f"decoded-image cache: off: the train images take more than {limit:.0f} MiB on disk; each "
                 "crop is decoded from its file (at reduced scale where it allows)")
     return (f"decoded-image cache: on: {rows} images of {on_disk / 2**20:.1f} MiB on disk, kept decoded "

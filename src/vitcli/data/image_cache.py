@@ -129,11 +129,13 @@ class SharedImages:
 
 def cache_for(images: datasets.Dataset, column: str, capacity: int) -> tuple[SharedImages | None, int]:
     """(the shared cache for a training split, or None, and the bytes its images take on disk as far as they
-    were counted): on when the images take at most CACHE_ENCODED_BYTES on disk and `capacity` (data.cache_mb,
-    per training process on this host) is above 0."""
+    were counted): on when the images take at most CACHE_ENCODED_BYTES on disk, and no more than the cache's
+    `capacity` (data.cache_mb, per training process on this host; 0: off) either, since an image decoded
+    takes more than its encoded bytes."""
     if capacity <= 0:
         return None, 0
-    on_disk = encoded_bytes(images, column, CACHE_ENCODED_BYTES)
-    if on_disk > CACHE_ENCODED_BYTES:
+    limit = min(CACHE_ENCODED_BYTES, capacity)
+    on_disk = encoded_bytes(images, column, limit)
+    if on_disk > limit:
         return None, on_disk
     return SharedImages(len(images), capacity), on_disk

@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo record quotes lint bench bench-memory bench-startup gpu-check clean
+.PHONY: setup test demo record quotes lint bench rehearse bench-memory bench-startup gpu-check clean
 
 setup: $(VENV_STAMP)
 
@@ -43,6 +43,14 @@ lint: setup
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py > bench/last.json && cat bench/last.json
+
+# ImageNet met before a user meets it: a 1,000 x 1,281 folder of hard links, `vit pretrain` on it as a user
+# types it beside timm's train.py (TIMM_TRAIN=path/to/timm/train.py, from timm's repository at the installed
+# version; without it vit's side alone): start, img/s and every process's peak memory, one JSON, also kept in
+# bench/rehearsal.json (not committed). ARGS=... passes options (--quick, --keep DIR, --steps N). ~30 min.
+rehearse: setup
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/rehearse.py $(if $(TIMM_TRAIN),--timm-train $(TIMM_TRAIN)) --out bench/rehearsal.json $(ARGS)
 
 # Peak RSS of one ViT-B/16 384 px fine-tuning step (recipes/finetune/imagenet.yaml's micro-batch). Minutes.
 bench-memory: setup

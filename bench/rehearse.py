@@ -1,0 +1,352 @@
+"""`make rehearse`: ImageNet met before a user meets it. An ImageNet-shaped folder that costs no disk, and
+`vit pretrain` on it as a user types it, beside timm's own `train.py` on the same folder; one JSON object.
+
+The tree: ROOT/train/<wnid>/<wnid>_<i>.JPEG for `--classes` folders of `--per-class` entries (ImageNet-1k:
+1,000 x 1,281) and ROOT/val/<wnid>/ with `--val-per-class` (50), every entry a hard link to one of a few
+hundred real photographs at ImageNet's sizes (bench/jpegs.py: scikit-image's photographs, 375-640 px on the
+longer side, quality 90). 1.28M names, ~140 GB as any tool sees it (so no decoded-image cache takes it),
+~30 MB of distinct bytes on disk.
+
+Each side runs as a command in its own process, with its own defaults, from a cold start:
+  vit    `vit pretrain --recipe recipes/quickstart/pretrain.yaml data.source=ROOT ...`: the quickstart network
+         at 32 px, batch 128, fp32, crops over 8-100% of the area (timm's default), AdamW
+  timm   timm's own `train.py` (give its path: --timm-train; from timm's repository at the installed
+         version) with the same network (`vit_tiny_patch16_224` with the quickstart's sizes as
+         --model-kwargs), image size, batch, crop range, optimiser, interpolation and [-1, 1] scaling, colour
+         jitter off (vit has none), on the CPU
+For each: the seconds from the command to its first training step (`start`, twice: the first builds what
+the tool builds, the second reuses what it kept), images/s over the steps after a warm-up, read from the
+outside on both sides (the times at which each step's log line appears: metrics.jsonl rows for vit,
+train.py's `Train:` lines, both logging every step), and the peak resident memory (VmHWM) of the main process
+and of each loader worker, sampled from /proc every 0.2 s. With and without one loader worker, plain and
+with DeiT's augmentation on both sides (RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 pixel,
+Mixup 0.8 / CutMix 1.0, label smoothing 0.1).
+
+    python bench/rehearse.py [--timm-train PATH] [--classes 1000 --per-class 1281 --val-per-class 50]
+                             [--steps 60] [--keep DIR] [--out F]
+    python bench/rehearse.py --quick     # 1,000 classes x 8 entries, a few steps: checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jpegs import write_jpegs  # bench/jpegs.py
+
+from vitcli.runtime.memory import children, peak_rss_mb
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
+VIT = Path(sys.executable).with_name("vit")
+PHOTOS_PER_PICTURE = 30  # x 10 pictures: 300 distinct photographs behind the links
+BATCH, IMG = 128, 32
+# the quickstart network (recipes/quickstart/pretrain.yaml) as timm builds it
+TIMM_MODEL = ["--model", "vit_tiny_patch16_224", "--model-kwargs", "img_size=32", "patch_size=4",
+              "embed_dim=64", "depth=2", "num_heads=4", "mlp_ratio=2.0"]
+DEIT_VIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.erasing_mode=pixel",
+            "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.mix_switch_prob=0.5",
+            "optim.label_smoothing=0.1"]
+DEIT_TIMM = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--remode", "pixel", "--mixup", "0.8",
+             "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--smoothing", "0.1"]
+SAMPLE_S = 0.2
+
+
+def progress(msg: str) -> None:
+    print(f"[rehearse {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- the tree ----------------------------------------------------------------------------------------------
+
+
+def photographs(where: Path) -> list[Path]:
+    """A few hundred real photographs at ImageNet's sizes (bench/jpegs.py), written once into `where`."""
+    write_jpegs(where, PHOTOS_PER_PICTURE, processes=os.cpu_count() or 1)
+    return sorted((where / "train").rglob("*.jpg"))
+
+
+def build_tree(root: Path, photos: list[Path], classes: int, per_class: int, val_per_class: int) -> dict:
+    """ROOT/{train,val}/<wnid>/<wnid>_<i>.JPEG, each a hard link to a photograph (entry k of the tree to
+    photo k mod len(photos), so every class holds a mix); returns the counts and the seconds it took."""
+    t0, made = time.perf_counter(), 0
+    for split, n in (("train", per_class), ("val", val_per_class)):
+        for c in range(classes if n else 0):
+            wnid = f"n{c:08d}"
+            folder = root / split / wnid
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                os.link(photos[made % len(photos)], folder / f"{wnid}_{i}.JPEG")
+                made += 1
+    return {"classes": classes, "train_per_class": per_class, "val_per_class": val_per_class,
+            "entries": made, "distinct_photographs": len(photos),
+            "apparent_gb": sum(p.stat().st_size for p in photos) / len(photos) * made / 1e9,
+            "build_s": time.perf_counter() - t0}
+
+
+# --- a command watched from the outside ---------------------------------------------------------------------
+
+
+@dataclass
+class Watched:
+    """What was seen of one command: when each training step was first seen, and each process's peak."""
+
+    t0: float
+    steps: dict[int, float] = field(default_factory=dict)  # step -> seconds after the command started
+    peaks: dict[int, float] = field(default_factory=dict)  # pid -> MiB
+    main_pid: int = 0
+    returncode: int | None = None
+    tail: list[str] = field(default_factory=list)  # the last lines it printed
+
+    def result(self, batch: int, warmup: int) -> dict:
+        """first_step_s; img_s over the steps after `warmup`; the main process's and each worker's peak."""
+        seen = sorted(self.steps.items())
+        timed = [(s, t) for s, t in seen if s >= warmup]
+        img_s = None
+        if len(timed) >= 2:
+            (s0, t0), (s1, t1) = timed[0], timed[-1]
+            img_s = (s1 - s0) * batch / (t1 - t0)
+        workers = sorted((mb for pid, mb in self.peaks.items() if pid != self.main_pid), reverse=True)
+        return {"first_step_s": seen[0][1] if seen else None, "img_s": img_s,
+                "steps_timed": (timed[-1][0] - timed[0][0]) if len(timed) >= 2 else 0,
+                "main_peak_mb": self.peaks.get(self.main_pid), "worker_peak_mb": workers,
+                "returncode": self.returncode}
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and all its descendants."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children(p)
+    return found
+
+
+def watch(cmd: list[str], env: dict, steps_seen, until_step: int, timeout: float, log: Path,
+          lines: bool = False) -> Watched:
+    """Run `cmd` in its own session until `steps_seen(watched)` has seen `until_step` (then kill the whole
+    session) or it exits; sample every process's peak memory all along. With `lines`, its output is read
+    line by line (timestamped) for `steps_seen` to parse; else it goes to `log`."""
+    w = Watched(time.perf_counter())
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if lines else out,
+                                stderr=subprocess.STDOUT, start_new_session=True, text=True, cwd=REPO)
+        w.main_pid = proc.pid
+        reader = None
+        if lines:
+            reader = threading.Thread(target=_read_lines, args=(proc, w, steps_seen, out), daemon=True)
+            reader.start()
+        try:
+            while proc.poll() is None and time.perf_counter() - w.t0 < timeout:
+                for pid in _tree(proc.pid):
+                    peak = peak_rss_mb(pid)
+                    if peak is not None:
+                        w.peaks[pid] = max(w.peaks.get(pid, 0.0), peak)
+                if not lines:
+                    steps_seen(w)
+                if w.steps and max(w.steps) >= until_step:
+                    break
+                time.sleep(SAMPLE_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            w.returncode = proc.wait()
+            if reader is not None:
+                reader.join(timeout=5)
+    w.tail = log.read_text(errors="replace").splitlines()[-15:]
+    return w
+
+
+def _read_lines(proc: subprocess.Popen, w: Watched, steps_seen, out) -> None:
+    for line in proc.stdout:
+        out.write(line)
+        steps_seen(w, line)
+
+
+# --- the two sides -----------------------------------------------------------------------------------------
+
+
+def vit_side(root: Path, workdir: Path, workers: int, deit: bool, steps: int, val: bool) -> list[str]:
+    """`vit pretrain` on the tree as a user types it: the quickstart recipe, the tree as its data."""
+    return [str(VIT), "pretrain", "--recipe", str(QUICKSTART), "--workdir", str(workdir),
+            f"data.source={root}", "data.train_split=train",
+            f"data.val_split={'validation' if val else ''}", "data.test_split=",
+            "model.num_classes=0", f"data.num_workers={workers}", "data.crop_min_area=0.08",
+            f"data.batch_size={BATCH}", "fewshot.every=0", f"schedule.steps={steps}", "schedule.epochs=0",
+            "schedule.warmup_steps=0",
+            "run.log_every=1", f"run.ckpt_every={10 * steps}", "run.eval_every=0",
+            *(DEIT_VIT if deit else [])]
+
+
+def vit_steps(workdir: Path):
+    """Steps seen in the run's metrics.jsonl (a row per step: run.log_every=1)."""
+    path, offset = workdir / "metrics.jsonl", [0]
+
+    def seen(w: Watched) -> None:
+        if not path.exists():
+            return
+        with path.open() as f:
+            f.seek(offset[0])
+            chunk = f.read()
+        done = chunk.rfind("\n") + 1
+        offset[0] += len(chunk[:done].encode())
+        now = time.perf_counter() - w.t0
+        for line in chunk[:done].splitlines():
+            step = json.loads(line).get("step")
+            if step is not None and "train/loss" in line:
+                w.steps.setdefault(step, now)
+
+    return seen
+
+
+def timm_side(train_py: Path, root: Path, out: Path, workers: int, deit: bool, classes: int,
+              val: bool) -> list[str]:
+    """timm's train.py on the tree with the quickstart network and what vit's side does."""
+    return [sys.executable, str(train_py), "--data-dir", str(root), "--train-split", "train",
+            "--val-split", "val" if val else "", *TIMM_MODEL, "--img-size", str(IMG), "-b", str(BATCH),
+            "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--epochs", "1",
+            "--warmup-epochs", "0", "--workers", str(workers), "--device", "cpu", "--log-interval", "1",
+            "--scale", "0.08", "1", "--color-jitter", "0", "--interpolation", "bilinear",
+            "--mean", "0.5", "0.5", "0.5", "--std", "0.5", "0.5", "0.5", "--num-classes", str(classes),
+            "--output", str(out), *(DEIT_TIMM if deit else [])]
+
+
+def timm_steps(w: Watched, line: str) -> None:
+    """train.py's `Train: EPOCH [ IDX/N ...` line: IDX + 1 updates done."""
+    if line.startswith("Train:") and "[" in line:
+        idx = int(line.split("[", 1)[1].split("/", 1)[0])
+        w.steps.setdefault(idx + 1, time.perf_counter() - w.t0)
+
+
+# --- the measurement ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    root: Path
+    scratch: Path
+    classes: int
+    steps: int
+    warmup: int
+    timeout: float
+    timm_train: Path | None
+
+
+def run_vit(plan: Plan, name: str, workers: int, deit: bool, steps: int, val: bool, env: dict) -> dict:
+    workdir = plan.scratch / f"vit-{name}"
+    shutil.rmtree(workdir, ignore_errors=True)
+    cmd = vit_side(plan.root, workdir, workers, deit, steps, val)
+    w = watch(cmd, env, vit_steps(workdir), steps, plan.timeout, plan.scratch / f"vit-{name}.log")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {**w.result(BATCH, plan.warmup), "log_tail": w.tail if not w.steps else []}
+
+
+def run_timm(plan: Plan, name: str, workers: int, deit: bool, steps: int, val: bool, env: dict) -> dict:
+    out = plan.scratch / f"timm-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = timm_side(plan.timm_train, plan.root, out, workers, deit, plan.classes, val)
+    w = watch(cmd, env, timm_steps, steps, plan.timeout, plan.scratch / f"timm-{name}.log", lines=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return {**w.result(BATCH, plan.warmup), "log_tail": w.tail if not w.steps else []}
+
+
+def measure(plan: Plan, workers_list: list[int], augs: list[str]) -> dict:
+    """Start twice (val split included, as a run with evaluation starts), then each (workers, augmentation)
+    throughput run, on each side."""
+    cache = plan.scratch / "vit-cache"  # vit's folder index: empty for the first start, reused after
+    env = {**os.environ, "VITCLI_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    sides = {"vit": run_vit}
+    if plan.timm_train:
+        sides["timm"] = run_timm
+    out = {side: {"start": {}, "train": {}} for side in sides}
+    for attempt in ("first", "second"):
+        for side, run in sides.items():
+            progress(f"{side}: {attempt} start (to the first step)")
+            out[side]["start"][attempt] = run(plan, f"start-{attempt}", 0, False, 1, True, env)
+    for workers in workers_list:
+        for aug in augs:
+            for side, run in sides.items():
+                name = f"{aug}_workers{workers}"
+                progress(f"{side}: {name}, {plan.steps} steps")
+                out[side]["train"][name] = run(plan, name, workers, aug == "deit", plan.steps, False, env)
+    if "timm" in out:
+        out["ratio"] = {name: _ratio(out["vit"]["train"][name], out["timm"]["train"][name])
+                        for name in out["vit"]["train"]}
+    return out
+
+
+def _ratio(ours: dict, theirs: dict) -> float | None:
+    return ours["img_s"] / theirs["img_s"] if ours["img_s"] and theirs["img_s"] else None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--timm-train", type=Path, help="timm's train.py (its repository, the installed version)")
+    p.add_argument("--classes", type=int, default=1000)
+    p.add_argument("--per-class", type=int, default=1281)
+    p.add_argument("--val-per-class", type=int, default=50)
+    p.add_argument("--steps", type=int, default=60, help="training steps of each throughput run")
+    p.add_argument("--warmup", type=int, default=10, help="steps left out of img/s")
+    p.add_argument("--workers", default="0,1", help="loader workers of the throughput runs")
+    p.add_argument("--augmentation", default="plain,deit")
+    p.add_argument("--keep", type=Path, help="build the tree here and keep it (else a temporary directory)")
+    p.add_argument("--quick", action="store_true", help="1,000 classes x 8 entries, a few steps")
+    p.add_argument("--out", type=Path, help="write the JSON here too")
+    a = p.parse_args()
+    if a.quick:
+        a.per_class, a.val_per_class, a.steps, a.warmup, a.workers = 8, 2, 6, 2, "0"
+        a.augmentation = "plain"
+    if a.timm_train and not a.timm_train.is_file():
+        p.error(f"--timm-train {a.timm_train}: no such file")
+    base = a.keep or Path(tempfile.mkdtemp(prefix="rehearse-"))
+    try:
+        results = rehearse(a, base)
+    finally:
+        if not a.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    text = json.dumps(results, indent=2) + "\n"
+    if a.out:
+        a.out.write_text(text)
+    sys.stdout.write(text)
+
+
+def rehearse(a: argparse.Namespace, base: Path) -> dict:
+    root, scratch = base / "imagenet", base / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    if not (root / "train").is_dir():
+        progress("photographs")
+        photos = photographs(base / "photos")
+        progress(f"tree: {a.classes} classes x {a.per_class} (+ {a.val_per_class} val) hard links")
+        tree = build_tree(root, photos, a.classes, a.per_class, a.val_per_class)
+    else:
+        tree = {"reused": str(root)}
+    plan = Plan(root, scratch, a.classes, a.steps, a.warmup, 1800.0, a.timm_train)
+    results = {"machine": _machine(), "tree": tree, "batch": BATCH, "img_size": IMG,
+               "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
+               **measure(plan, [int(w) for w in a.workers.split(",")], a.augmentation.split(","))}
+    return results
+
+
+def _machine() -> dict:
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "")
+    import timm
+    import torch
+
+    return {"cpu": name, "nproc": os.cpu_count(), "torch": torch.__version__, "timm": timm.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+if __name__ == "__main__":
+    main()

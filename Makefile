@@ -39,10 +39,11 @@ quotes: setup
 lint: setup
 	.venv/bin/ruff check src tests bench scripts
 
-# One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~10 min.
+# One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~20 min.
+# TIMM_TRAIN=path/to/timm/train.py adds the command-level comparison against timm's own train.py.
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/run.py > bench/last.json && cat bench/last.json
+	$(PY) bench/run.py $(if $(TIMM_TRAIN),--timm-train $(TIMM_TRAIN)) > bench/last.json && cat bench/last.json
 
 # ImageNet met before a user meets it: a 1,000 x 1,281 folder of hard links, `vit pretrain` on it as a user
 # types it beside timm's train.py (TIMM_TRAIN=path/to/timm/train.py, from timm's repository at the installed

@@ -50,10 +50,27 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
 VIT = Path(sys.executable).with_name("vit")
 PHOTOS_PER_PICTURE = 30  # x 10 pictures: 300 distinct photographs behind the links
-BATCH, IMG = 128, 32
-# the quickstart network (recipes/quickstart/pretrain.yaml) as timm builds it
-TIMM_MODEL = ["--model", "vit_tiny_patch16_224", "--model-kwargs", "img_size=32", "patch_size=4",
-              "embed_dim=64", "depth=2", "num_heads=4", "mlp_ratio=2.0"]
+
+@dataclass(frozen=True)
+class Network:
+    """A network as each side builds it, with its image size and batch."""
+
+    img: int
+    batch: int
+    vit: tuple[str, ...]  # overrides of recipes/quickstart/pretrain.yaml
+    timm: tuple[str, ...]  # train.py's model arguments
+
+
+NETWORKS = {
+    # the input decides: the quickstart network (recipes/quickstart/pretrain.yaml), built by timm the same
+    "quickstart_32": Network(32, 128, (), (
+        "--model", "vit_tiny_patch16_224", "--model-kwargs", "img_size=32", "patch_size=4", "embed_dim=64",
+        "depth=2", "num_heads=4", "mlp_ratio=2.0")),
+    # the model decides: ViT-Ti/16 at 224
+    "vit_ti16_224": Network(224, 32, (
+        "model.name=custom", "model.img_size=224", "model.patch_size=16", "model.embed_dim=192",
+        "model.depth=12", "model.num_heads=3", "model.mlp_dim=768"), ("--model", "vit_tiny_patch16_224")),
+}
 DEIT_VIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.erasing_mode=pixel",
             "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "data.mix_switch_prob=0.5",
             "optim.label_smoothing=0.1"]
@@ -176,13 +193,14 @@ def _read_lines(proc: subprocess.Popen, w: Watched, steps_seen, out) -> None:
 # --- the two sides -----------------------------------------------------------------------------------------
 
 
-def vit_side(root: Path, workdir: Path, workers: int, deit: bool, steps: int, val: bool) -> list[str]:
+def vit_side(root: Path, workdir: Path, workers: int, deit: bool, steps: int, val: bool,
+             net: Network = NETWORKS["quickstart_32"]) -> list[str]:
     """`vit pretrain` on the tree as a user types it: the quickstart recipe, the tree as its data."""
-    return [str(VIT), "pretrain", "--recipe", str(QUICKSTART), "--workdir", str(workdir),
+    return [str(VIT), "pretrain", "--recipe", str(QUICKSTART), "--workdir", str(workdir), *net.vit,
             f"data.source={root}", "data.train_split=train",
             f"data.val_split={'validation' if val else ''}", "data.test_split=",
             "model.num_classes=0", f"data.num_workers={workers}", "data.crop_min_area=0.08",
-            f"data.batch_size={BATCH}", "fewshot.every=0", f"schedule.steps={steps}", "schedule.epochs=0",
+            f"data.batch_size={net.batch}", "fewshot.every=0", f"schedule.steps={steps}", "schedule.epochs=0",
             "schedule.warmup_steps=0",
             "run.log_every=1", f"run.ckpt_every={10 * steps}", "run.eval_every=0",
             *(DEIT_VIT if deit else [])]
@@ -209,11 +227,11 @@ def vit_steps(workdir: Path):
     return seen
 
 
-def timm_side(train_py: Path, root: Path, out: Path, workers: int, deit: bool, classes: int,
-              val: bool) -> list[str]:
-    """timm's train.py on the tree with the quickstart network and what vit's side does."""
+def timm_side(train_py: Path, root: Path, out: Path, workers: int, deit: bool, classes: int, val: bool,
+              net: Network = NETWORKS["quickstart_32"]) -> list[str]:
+    """timm's train.py on the tree with the network and what vit's side does."""
     return [sys.executable, str(train_py), "--data-dir", str(root), "--train-split", "train",
-            "--val-split", "val" if val else "", *TIMM_MODEL, "--img-size", str(IMG), "-b", str(BATCH),
+            "--val-split", "val" if val else "", *net.timm, "--img-size", str(net.img), "-b", str(net.batch),
             "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--epochs", "1",
             "--warmup-epochs", "0", "--workers", str(workers), "--device", "cpu", "--log-interval", "1",
             "--scale", "0.08", "1", "--color-jitter", "0", "--interpolation", "bilinear",
@@ -233,53 +251,64 @@ def timm_steps(w: Watched, line: str) -> None:
 
 @dataclass
 class Plan:
+    """Where and how long each command runs."""
+
     root: Path
     scratch: Path
     classes: int
     steps: int
     warmup: int
-    timeout: float
     timm_train: Path | None
+    timeout: float = 1800.0
 
 
-def run_vit(plan: Plan, name: str, workers: int, deit: bool, steps: int, val: bool, env: dict) -> dict:
-    workdir = plan.scratch / f"vit-{name}"
+@dataclass(frozen=True)
+class Run:
+    """One command's settings."""
+
+    name: str
+    workers: int = 0
+    deit: bool = False
+    steps: int = 1
+    val: bool = False
+    net: Network = NETWORKS["quickstart_32"]
+
+
+def run_vit(plan: Plan, run: Run, env: dict) -> dict:
+    workdir = plan.scratch / f"vit-{run.name}"
     shutil.rmtree(workdir, ignore_errors=True)
-    cmd = vit_side(plan.root, workdir, workers, deit, steps, val)
-    w = watch(cmd, env, vit_steps(workdir), steps, plan.timeout, plan.scratch / f"vit-{name}.log")
+    cmd = vit_side(plan.root, workdir, run.workers, run.deit, run.steps, run.val, run.net)
+    w = watch(cmd, env, vit_steps(workdir), run.steps, plan.timeout, plan.scratch / f"vit-{run.name}.log")
     shutil.rmtree(workdir, ignore_errors=True)
-    return {**w.result(BATCH, plan.warmup), "log_tail": w.tail if not w.steps else []}
+    return {**w.result(run.net.batch, plan.warmup), "log_tail": w.tail if not w.steps else []}
 
 
-def run_timm(plan: Plan, name: str, workers: int, deit: bool, steps: int, val: bool, env: dict) -> dict:
-    out = plan.scratch / f"timm-{name}"
+def run_timm(plan: Plan, run: Run, env: dict) -> dict:
+    out = plan.scratch / f"timm-{run.name}"
     shutil.rmtree(out, ignore_errors=True)
-    cmd = timm_side(plan.timm_train, plan.root, out, workers, deit, plan.classes, val)
-    w = watch(cmd, env, timm_steps, steps, plan.timeout, plan.scratch / f"timm-{name}.log", lines=True)
+    cmd = timm_side(plan.timm_train, plan.root, out, run.workers, run.deit, plan.classes, run.val, run.net)
+    w = watch(cmd, env, timm_steps, run.steps, plan.timeout, plan.scratch / f"timm-{run.name}.log",
+              lines=True)
     shutil.rmtree(out, ignore_errors=True)
-    return {**w.result(BATCH, plan.warmup), "log_tail": w.tail if not w.steps else []}
+    return {**w.result(run.net.batch, plan.warmup), "log_tail": w.tail if not w.steps else []}
 
 
-def measure(plan: Plan, workers_list: list[int], augs: list[str]) -> dict:
-    """Start twice (val split included, as a run with evaluation starts), then each (workers, augmentation)
-    throughput run, on each side."""
+def measure(plan: Plan, runs: list[Run], start: bool) -> dict:
+    """With `start`, each side started twice to its first step (the val split included, as a run with
+    evaluation starts); then each throughput run on each side, the sides in turn."""
     cache = plan.scratch / "vit-cache"  # vit's folder index: empty for the first start, reused after
     env = {**os.environ, "VITCLI_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONUNBUFFERED": "1"}
-    sides = {"vit": run_vit}
-    if plan.timm_train:
-        sides["timm"] = run_timm
+    sides = {"vit": run_vit, **({"timm": run_timm} if plan.timm_train else {})}
     out = {side: {"start": {}, "train": {}} for side in sides}
-    for attempt in ("first", "second"):
-        for side, run in sides.items():
+    for attempt in ("first", "second") if start else ():
+        for side, go in sides.items():
             progress(f"{side}: {attempt} start (to the first step)")
-            out[side]["start"][attempt] = run(plan, f"start-{attempt}", 0, False, 1, True, env)
-    for workers in workers_list:
-        for aug in augs:
-            for side, run in sides.items():
-                name = f"{aug}_workers{workers}"
-                progress(f"{side}: {name}, {plan.steps} steps")
-                out[side]["train"][name] = run(plan, name, workers, aug == "deit", plan.steps, False, env)
+            out[side]["start"][attempt] = go(plan, Run(f"start-{attempt}", val=True), env)
+    for run in runs:
+        for side, go in sides.items():
+            progress(f"{side}: {run.name}, {run.steps} steps")
+            out[side]["train"][run.name] = go(plan, run, env)
     if "timm" in out:
         out["ratio"] = {name: _ratio(out["vit"]["train"][name], out["timm"]["train"][name])
                         for name in out["vit"]["train"]}
@@ -290,6 +319,12 @@ def _ratio(ours: dict, theirs: dict) -> float | None:
     return ours["img_s"] / theirs["img_s"] if ours["img_s"] and theirs["img_s"] else None
 
 
+def throughput_runs(networks: list[str], workers: list[int], augs: list[str], steps: int) -> list[Run]:
+    """Every (network, workers, augmentation) named `<network>_<aug>_workers<N>`."""
+    return [Run(f"{net}_{aug}_workers{w}", w, aug == "deit", steps, False, NETWORKS[net])
+            for net in networks for w in workers for aug in augs]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--timm-train", type=Path, help="timm's train.py (its repository, the installed version)")
@@ -298,8 +333,11 @@ def main() -> None:
     p.add_argument("--val-per-class", type=int, default=50)
     p.add_argument("--steps", type=int, default=60, help="training steps of each throughput run")
     p.add_argument("--warmup", type=int, default=10, help="steps left out of img/s")
+    p.add_argument("--networks", default="quickstart_32", help=f"of {', '.join(NETWORKS)}")
     p.add_argument("--workers", default="0,1", help="loader workers of the throughput runs")
     p.add_argument("--augmentation", default="plain,deit")
+    p.add_argument("--no-start", action="store_true", help="skip the two start measurements")
+    p.add_argument("--only", help="of the throughput runs, only these names (<network>_<aug>_workers<N>)")
     p.add_argument("--keep", type=Path, help="build the tree here and keep it (else a temporary directory)")
     p.add_argument("--quick", action="store_true", help="1,000 classes x 8 entries, a few steps")
     p.add_argument("--out", type=Path, help="write the JSON here too")
@@ -322,6 +360,7 @@ def main() -> None:
 
 
 def rehearse(a: argparse.Namespace, base: Path) -> dict:
+    """Build (or reuse) the tree under `base`, then measure."""
     root, scratch = base / "imagenet", base / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
     if not (root / "train").is_dir():
@@ -331,11 +370,21 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
         tree = build_tree(root, photos, a.classes, a.per_class, a.val_per_class)
     else:
         tree = {"reused": str(root)}
-    plan = Plan(root, scratch, a.classes, a.steps, a.warmup, 1800.0, a.timm_train)
-    results = {"machine": _machine(), "tree": tree, "batch": BATCH, "img_size": IMG,
-               "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
-               **measure(plan, [int(w) for w in a.workers.split(",")], a.augmentation.split(","))}
-    return results
+    plan = Plan(root, scratch, a.classes, a.steps, a.warmup, a.timm_train)
+    runs = throughput_runs(a.networks.split(","), [int(w) for w in a.workers.split(",")],
+                           a.augmentation.split(","), a.steps)
+    runs = [r for r in runs if not a.only or r.name in a.only.split(",")]
+    return {"machine": _machine(), "tree": tree,
+            "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
+            "baseline_mb": import_baseline(), **measure(plan, runs, not a.no_start)}
+
+
+def import_baseline() -> float:
+    """The peak resident MiB of a process that only imports what both sides import (torch, timm): what a
+    process costs before it holds any data or model (the CUDA build of torch maps much of it)."""
+    code = "import resource, torch, timm; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    return float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout)
 
 
 def _machine() -> dict:

@@ -30,12 +30,14 @@ ViT-Ti/16, width 192, depth 12, 3 heads, at 224 px), in its own process so `peak
                       architecture, from a checkpoint: distill_step_s), in turns, the fastest of each;
                       step_cost = distill_step_s / step_s, speed its inverse
 The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
-JPEG photographs: our loader per core and `vit pretrain` against timm's own paths), `transfer`
+JPEG photographs: our loader per core against timm's and torchvision's, in-process), `rehearsal`
+bench/rehearse.py's (`vit pretrain` against timm's own train.py, both as commands in their own processes on an
+ImageNet-shaped folder of 1,000 x 64 hard links; timm's side only with --timm-train), `transfer`
 bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction). `targets` holds the goals
-and whether met.
+and whether met (null: not measured).
 
-    python bench/run.py           # the measurement (~3-10 min on 2 cores);
-                                  # make bench also writes bench/last.json
+    python bench/run.py [--timm-train PATH]   # the measurement (~20 min on 2 cores);
+                                              # make bench [TIMM_TRAIN=PATH] also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
 """
@@ -108,12 +110,15 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     # few-shot extraction against a hand-written loop over the same images (bench `extraction`)
     "fewshot_extraction_vs_bare": (("models", "quickstart", "fewshot", "extract_ratio"), 0.9),
     "fewshot_extraction_vs_bare_vit_ti16_224": (("models", "vit_ti16_224", "fewshot", "extract_ratio"), 0.9),
-    # bench/input.py: real-size JPEG photographs
-    "loader_224_vs_timm_per_core": (("input", "loader_224", "ours_vs_timm"), 2.0),
-    "train_vs_timm_quickstart_32": (("input", "train", "quickstart_32", "ratio"), 2.0),
-    "train_vs_timm_vit_ti16_224": (("input", "train", "vit_ti16_224", "ratio"), 1.0),
+    # bench/input.py, in-process: the loaders per core on real-size JPEG photographs
+    "loader_224_vs_timm_per_core": (("input", "loader_224", "ours_vs_timm"), 2.5),
+    "loader_224_vs_torchvision_per_core": (("input", "loader_224", "ours_vs_torchvision"), 1.5),
     "loader_224_deit_vs_timm_per_core": (("input", "loader_224_deit", "ours_vs_timm"), 1.5),
-    "train_vs_timm_quickstart_32_deit": (("input", "train", "quickstart_32_deit", "ratio"), 1.5),
+    # bench/rehearse.py: `vit pretrain` against timm's train.py, commands on an ImageNet-shaped folder
+    **{f"train_vs_timm_{run}": (("rehearsal", "ratio", run), goal) for run, goal in (
+        ("quickstart_32_plain_workers0", 2.0), ("quickstart_32_plain_workers1", 2.0),
+        ("quickstart_32_deit_workers0", 1.75), ("quickstart_32_deit_workers1", 1.75),
+        ("vit_ti16_224_plain_workers1", 1.0))},
     # a step's time over the step's and the EMA update's: at least 1 / 1.03, the update at most 3% of a step
     "ema_vit_ti16_224": (("models", "vit_ti16_224", "ema", "step_share"), 1 / 1.03),
     # a distilled step costs at most 1.6x an undistilled one: the teacher's forward, without autograd
@@ -376,8 +381,9 @@ def targets(results: dict, names: list[str] | None = None) -> dict:
     for name, (path, goal) in TARGETS.items() if names is None else ((k, TARGETS[k]) for k in names):
         value = results
         for key in path:
-            value = value[key]
-        out[name] = {"target": goal, "value": value, "met": bool(value >= goal)}
+            value = value.get(key) if isinstance(value, dict) else None
+        # None: not measured (the rehearsal without timm's train.py)
+        out[name] = {"target": goal, "value": value, "met": None if value is None else bool(value >= goal)}
     return out
 
 
@@ -388,6 +394,23 @@ def extraction_results(quick: bool, chosen: dict[str, str]) -> dict:
     results = {"machine": machine(), "torch": torch.__version__, "quick": quick, "models": models}
     results["targets"] = targets(results, [k for k in TARGETS if k.startswith("fewshot_")])
     return results
+
+
+# bench/rehearse.py's comparison on a smaller tree (1,000 classes x 64: 7 GB as any tool sees it, past every
+# cache), without its start measurements (make rehearse has them, at 1.28M entries)
+REHEARSAL = ["--per-class", "64", "--val-per-class", "0", "--no-start", "--steps", "40",
+             "--networks", "quickstart_32,vit_ti16_224", "--only", ",".join(
+                 k.removeprefix("train_vs_timm_") for k in TARGETS if k.startswith("train_vs_timm_"))]
+
+
+def rehearsal(quick: bool, timm_train: str | None) -> dict:
+    """bench/rehearse.py's JSON: `vit pretrain` and (given its path) timm's train.py as commands."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(Path(__file__).with_name("rehearse.py")), "--out", f.name]
+        cmd += ["--quick"] if quick else REHEARSAL
+        cmd += ["--timm-train", timm_train] if timm_train else []
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(Path(f.name).read_text())
 
 
 def spawn(name: str, quick: bool, precision: str, only_extraction: bool = False) -> dict:
@@ -403,6 +426,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, not the machine")
     p.add_argument("--extraction", action="store_true", help="only the few-shot extraction of each model")
+    p.add_argument("--timm-train", help="timm's train.py, for the command-level comparison (rehearse.py)")
     p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
     p.add_argument("--precision", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
@@ -436,6 +460,8 @@ def main() -> None:
         cmd = [sys.executable, str(Path(__file__).with_name("input.py")), "--out", f.name]
         subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
         results["input"] = json.loads(Path(f.name).read_text())
+    progress("vit pretrain vs timm's train.py, as commands (bench/rehearse.py)")
+    results["rehearsal"] = rehearsal(a.quick, a.timm_train)
     progress("frozen-feature protocols vs the extraction (bench/transfer.py)")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, str(Path(__file__).with_name("transfer.py")), "--out", f.name]

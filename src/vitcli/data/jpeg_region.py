@@ -47,8 +47,9 @@ def crop(data: bytes, size: tuple[int, int], box: tuple[int, int, int, int], k: 
     """uint8 (3, h, w) over (h, w, 3) memory: the JPEG `data`'s crop `box` (top, left, height, width) of its
     full `size` (height, width), decoded at 1/k scale (k = 1, 2, 4, 8; the box scaled by scaled_box).
 
-    None where the whole-image decoders should decide: no extension; a colour space libjpeg does not turn
-    into RGB (CMYK, YCCK); data libjpeg fails on; a file that does not end in EOI. The last one because this
+    None where the whole-image decoders should decide, as they did before: no extension; a colour space
+    libjpeg does not turn into RGB (CMYK, YCCK); data libjpeg fails on (they fail too, in their own words);
+    a box outside the frame libjpeg reads; a file that does not end in EOI. The last one because this
     decoder stops at the crop's last row, so a file cut short below it would decode here, where torchvision
     and PIL refuse every crop of it ("Image is incomplete or truncated"): a bad image stays bad whatever
     crop is drawn, named with the same reason as before."""
@@ -58,6 +59,6 @@ def crop(data: bytes, size: tuple[int, int], box: tuple[int, int, int, int], k: 
     out = np.empty((h, w, 3), dtype=np.uint8)
     try:
         decoded = _jpeg_region.decode(data, out, top, left, h, w, 8 // k)
-    except OSError:  # libjpeg's error: torchvision's decoder will name it
+    except (OSError, ValueError):  # libjpeg's error, or a frame of another size than the header said
         return None
     return torch.from_numpy(out).permute(2, 0, 1) if decoded else None

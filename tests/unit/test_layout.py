@@ -29,9 +29,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches: how an image that does not decode is named and tallied, first (every
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
-    ("data", ["bad_images", "synthetic", "decode", "pillow_ops", "randaugment", "three_augment", "erasing",
-              "mixing", "augmentations", "augment", "transforms", "tasks", "imagenet", "sources", "sampler",
-              "image_cache", "batches", "streams", "prepare"]),
+    ("data", ["bad_images", "synthetic", "jpeg_region", "decode", "pillow_ops", "randaugment",
+              "three_augment", "erasing", "mixing", "augmentations", "augment", "transforms", "tasks",
+              "imagenet", "sources", "sampler", "image_cache", "batches", "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

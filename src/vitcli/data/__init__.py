@@ -1,7 +1,8 @@
 """Images into batches.
 
 bad_images.py (an image that does not decode: named, stood in for, tallied), synthetic.py (the built-in
-dataset), decode.py (encoded bytes -> uint8 tensors), pillow_ops.py (Pillow's uint8 ops, batched with
+dataset), jpeg_region.py (a JPEG crop decoded alone, by the C extension _jpeg_region.c where it is built),
+decode.py (encoded bytes -> uint8 tensors), pillow_ops.py (Pillow's uint8 ops, batched with
 an argument per image), randaugment.py, three_augment.py, erasing.py and
 mixing.py (the augmentation ops: drawn on the host, applied batched wherever the pixels are),
 augmentations.py (the recipe's augmentation: drawn per micro-batch, applied in order), augment.py (crop

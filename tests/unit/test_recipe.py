@@ -297,7 +297,7 @@ def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
 def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming_the_way_out(tmp_path):
     """WebDataset shards loaded whole would be copied into HF's cache first: a training stage streams them
     (the resolved recipe, saved with the run, says so); a user's data.streaming=false is one line; a stage
-    that only evaluates is left as it is."""
+    that does not train (prepare-data) is left as it is."""
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "train-0.tar").write_bytes(b"")
     base = ["schedule.steps=10", "schedule.warmup_steps=1"]

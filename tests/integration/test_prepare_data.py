@@ -1,11 +1,14 @@
 """`vit prepare-data`: a pre-resized copy of a source that data.source reads like the original (labels, names,
-row order; images at the new size, close to an exact resize), map-style and streamed; the manifest counts and
-digests what is on disk; training on it resumes exactly; bad input is one line, exit 2, nothing written; an
-existing copy is kept unless --overwrite, and then set aside."""
+row order; images at the new size, close to an exact resize), map-style and streamed; as WebDataset tar shards
+(--shards tar) the same images, which HF's webdataset builder reads and training streams; the manifest counts
+and digests what is on disk; training on it resumes exactly; bad input is one line, exit 2, nothing written;
+an existing copy is kept unless --overwrite, and then set aside."""
 
 import hashlib
 import io
 import json
+import shutil
+import tarfile
 
 import datasets
 import numpy as np
@@ -18,6 +21,7 @@ from helpers import run_vit, stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.data import prepare, sources
+from vitcli.errors import DataError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 from vitcli.runtime.run_files import MODEL_FILE
@@ -43,6 +47,16 @@ def prepare_data(source, out, overrides=(), **kwargs):
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared") / "synthetic-24"
     prepare_data("synthetic", out, overrides=SIZES, options=prepare.Options(max_size=MAX, shard_mb=SHARD_MB))
+    assert len(_manifest(out)["splits"]["train"]["shards"]) > 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def prepared_tar(tmp_path_factory):
+    """The same copy as WebDataset tar shards."""
+    out = tmp_path_factory.mktemp("prepared") / "synthetic-24-tar"
+    options = prepare.Options(max_size=MAX, shard_mb=SHARD_MB, shards="tar")
+    prepare_data("synthetic", out, overrides=SIZES, options=options)
     assert len(_manifest(out)["splits"]["train"]["shards"]) > 1
     return out
 
@@ -113,6 +127,82 @@ def test_a_shard_cut_short_is_named(prepared, tmp_path):
         sources.load_source(str(copy), "test")
 
 
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_hf_webdataset_builder_reads_the_tar_shards_as_the_parquet_copy_holds_them(prepared, prepared_tar,
+                                                                                   split):
+    """The real client reads the tars: each key's image and label, in order, are the parquet copy's row (the
+    same JPEG bytes), members `KEY.jpg` then `KEY.cls`, adjacent; and data.source reads them as it reads the
+    copy (default columns, class names from the manifest), loaded or streamed."""
+    entry = _manifest(prepared_tar)["splits"][split]
+    files = [str(prepared_tar / shard["file"]) for shard in entry["shards"]]
+    assert [f.rsplit("/", 1)[1] for f in files] == [f"{split}-{k:05d}-of-{len(files):05d}.tar"
+                                                    for k in range(len(files))]
+    read = datasets.load_dataset("webdataset", data_files={split: files}, split=split)
+    read = read.cast_column("jpg", datasets.Image(decode=False))
+    parquet = sources.load_source(str(prepared), split).cast_column("image", datasets.Image(decode=False))
+    assert read["__key__"] == [f"{row:08d}" for row in range(len(parquet))]
+    assert read["cls"] == parquet["label"]
+    assert [img["bytes"] for img in read["jpg"]] == [img["bytes"] for img in parquet["image"]]
+    with tarfile.open(files[0]) as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members[:4]] == ["00000000.jpg", "00000000.cls", "00000001.jpg", "00000001.cls"]
+    assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
+    copy = sources.load_source(str(prepared_tar), split)
+    assert copy["label"] == parquet["label"]
+    assert copy.features["label"].names == parquet.features["label"].names
+    streamed = list(sources.load_stream(DataConfig(source=str(prepared_tar), streaming=True,
+                                                   train_split=split)))
+    assert [row["label"] for row in streamed] == parquet["label"]
+    # the stored bytes themselves: never decoded and encoded again on the way
+    assert [row["image"]["bytes"] for row in streamed] == [img["bytes"] for img in parquet["image"]]
+
+
+def test_the_tar_copy_is_written_through_the_command_the_same_bytes_every_time(tmp_path, monkeypatch, capsys):
+    args = ["prepare-data", "synthetic", "--max-size", MAX, "--shards", "tar", "--workers", 2, "--json",
+            *SIZES]
+    digests = []
+    for out in ("a", "b"):
+        code, stdout, err = run_vit(monkeypatch, capsys, *args, "--out", tmp_path / out)
+        assert code == 0, err
+        written = json.loads(stdout)
+        assert written["shards"] == "tar" and written["splits"]["test"]["rows"] == 16
+        digests.append([s["sha256"] for e in written["splits"].values() for s in e["shards"]])
+        for entry in written["splits"].values():
+            for shard in entry["shards"]:
+                file = tmp_path / out / shard["file"]
+                assert file.stat().st_size == shard["bytes"]
+                assert hashlib.sha256(file.read_bytes()).hexdigest() == shard["sha256"]
+    assert digests[0] == digests[1]
+
+
+def test_a_tar_shard_missing_cut_short_or_miscounted_is_named(prepared_tar, tmp_path):
+    """Rows of a tar are vouched for by its size (the manifest's `bytes`), not by reading every header."""
+    def damaged(name, damage):
+        copy = tmp_path / name
+        shutil.copytree(prepared_tar, copy)
+        damage(copy, _manifest(copy))
+        return str(copy)
+
+    def drop(copy, manifest):
+        (copy / manifest["splits"]["test"]["shards"][0]["file"]).unlink()
+
+    def cut(copy, manifest):
+        shard = copy / manifest["splits"]["test"]["shards"][0]["file"]
+        shard.write_bytes(shard.read_bytes()[:-10240])
+
+    def miscount(copy, manifest):
+        manifest["splits"]["test"]["rows"] += 1
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+
+    shard = "test-00000-of-00001.tar"
+    with pytest.raises(DataError, match=rf"shard .*{shard} listed in manifest.json is missing"):
+        sources.load_source(damaged("dropped", drop), "test")
+    with pytest.raises(DataError, match=rf"{shard} is \d+ bytes but \d+ in manifest.json; prepare"):
+        sources.load_stream(DataConfig(source=damaged("cut", cut), streaming=True, train_split="test"))
+    with pytest.raises(DataError, match="split 'test' has 16 rows in its shards but 17"):
+        sources.load_source(damaged("miscounted", miscount), "test")
+
+
 def _png(w, h, seed):
     pixels = np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     buf = io.BytesIO()
@@ -160,6 +250,7 @@ BAD = {
     "max-size too small": (["synthetic", "--max-size", "8"], "--max-size 8"),
     "max-size not an int": (["synthetic", "--max-size", "big"], "--max-size"),
     "unknown format": (["synthetic", "--format", "tiff"], "--format tiff"),
+    "unknown shards": (["synthetic", "--shards", "zip"], "--shards zip"),
     "not a data key": (["synthetic", "model.depth=2"], "model.depth=2"),
     "a file as --out": (["synthetic"], "is a file"),
     "a Hub id, offline": (["someone/images"], "the Hub is offline"),
@@ -217,15 +308,19 @@ def test_an_interrupted_copy_leaves_nothing_behind(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_training_on_the_copy_interrupted_and_resumed_ends_bit_identical(prepared, tmp_path, monkeypatch,
-                                                                         streaming):
+@pytest.mark.parametrize(("copy", "streaming"), [("prepared", ["data.streaming=false"]),
+                                               ("prepared", ["data.streaming=true"]),
+                                               ("prepared_tar", [])],  # a tar copy streams unasked
+                         ids=["parquet-mapped", "parquet-streamed", "tar"])
+def test_training_on_the_copy_interrupted_and_resumed_ends_bit_identical(request, tmp_path, monkeypatch,
+                                                                         copy, streaming):
     r = resolve("pretrain", None, [
-        f"data.source={prepared}", f"data.streaming={str(streaming).lower()}", "data.shuffle_buffer=32",
+        f"data.source={request.getfixturevalue(copy)}", *streaming, "data.shuffle_buffer=32",
         "data.num_workers=0", "data.val_split=", "data.test_split=", "data.batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=6", "schedule.warmup_steps=1",
         "run.ckpt_every=3", "run.log_every=1", "run.precision=fp32"])
+    assert r.data.streaming == (streaming != ["data.streaming=false"])
     one_run(r, tmp_path / "straight")
     stopped_at_call(monkeypatch, r, tmp_path / "resumed", 5)
     assert manager.latest_good_state(tmp_path / "resumed")[1]["step"] == 3

@@ -1,6 +1,7 @@
-"""data.streaming=true: the train split streams from parquet files or a save_to_disk directory, split by rank,
-shuffled through a seeded buffer, and resumes at any micro-batch to exactly the batches the uninterrupted
-stream gives, whatever the worker count; corrupt images are replaced and counted; bad recipes are one line."""
+"""data.streaming=true: the train split streams from parquet files, a save_to_disk directory or WebDataset tar
+shards, split by rank, shuffled through a seeded buffer, and resumes at any micro-batch to exactly the batches
+the uninterrupted stream gives, whatever the worker count; corrupt images are replaced and counted; bad
+recipes are one line."""
 
 from __future__ import annotations
 
@@ -23,12 +24,12 @@ from PIL import Image
 from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import bad_images, batches, sampler, sources, streams
+from vitcli.data import bad_images, batches, sampler, sources, streams, tar_shards
 from vitcli.errors import CheckpointError, DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
-from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 from vitcli.stages.run import one_run
 
 N, FILES = 200, 4  # the label of an example is its row, so the labels of a batch say which rows it holds
@@ -56,14 +57,26 @@ def _parquet(tmp, bad=()) -> str:
     return str(tmp / "part-*.parquet")
 
 
+def _tars(tmp) -> str:
+    """The rows as a standard WebDataset (KEY.png + KEY.cls, no class names), 4 shards, named by a brace
+    pattern as WebDataset users name them."""
+    rows = _rows().cast_column("image", datasets.Image(decode=False))
+    for k in range(FILES):
+        shard = rows.shard(FILES, k, contiguous=True)
+        examples = ((f"{row['label']:06d}", row["image"]["bytes"], row["label"]) for row in shard)
+        tar_shards.write_shard(tmp / f"part-{k:02d}.tar", examples, "png")
+    return str(tmp / "part-{00..03}.tar")
+
+
 @pytest.fixture(scope="module")
 def source_dirs(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("streaming")
-    (root / "pq").mkdir()
-    (root / "bad").mkdir()
+    for sub in ("pq", "bad", "tar"):
+        (root / sub).mkdir()
     saved = str(root / "saved")
     datasets.DatasetDict({"train": _rows(), "test": _rows().select(range(40))}).save_to_disk(saved)
-    return {"parquet": _parquet(root / "pq"), "saved": saved, "bad": _parquet(root / "bad", BAD)}
+    return {"parquet": _parquet(root / "pq"), "saved": saved, "bad": _parquet(root / "bad", BAD),
+            "tar": _tars(root / "tar")}
 
 
 def _cfg(source: str, **kw) -> DataConfig:
@@ -100,14 +113,14 @@ def _same(a: list, b: list) -> bool:
 @pytest.fixture(scope="module")
 def straight(source_dirs) -> dict[str, tuple[list, list[dict]]]:
     """24 micro-batches (almost two epochs) of each source, uninterrupted, in the main process."""
-    return {name: _take(_stream(source_dirs[name]), 24) for name in ("parquet", "saved")}
+    return {name: _take(_stream(source_dirs[name]), 24) for name in ("parquet", "saved", "tar")}
 
 
 # ---------------------------------------------------------------- resuming
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("name", ["parquet", "saved"])
+@pytest.mark.parametrize("name", ["parquet", "saved", "tar"])
 def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_dirs, straight, name, workers):
     ref, where = straight[name]
     assert [w["epoch"] for w in where[11:14]] == [0, 0, 1]  # batch 12 spans the boundary, 13 is in epoch 1
@@ -160,9 +173,10 @@ def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> li
     return seen
 
 
-@pytest.mark.parametrize(("name", "world_size"), [("parquet", 2), ("parquet", 3), ("saved", 2)])
+@pytest.mark.parametrize(("name", "world_size"), [("parquet", 2), ("parquet", 3), ("saved", 2), ("tar", 2)])
 def test_ranks_see_disjoint_shares_whose_union_is_the_epoch(source_dirs, name, world_size):
-    # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards over 2
+    # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards over 2; tar:
+    # whole tars per rank
     for epoch in (0, 1):
         shares = [_epoch_labels(source_dirs[name], r, world_size, epoch) for r in range(world_size)]
         everything = [y for share in shares for y in share]
@@ -273,15 +287,19 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
 
 DEIT = ("data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
         "data.cutmix_alpha=1.0")  # DeiT's augmentation, every part of it drawn per micro-batch
+# the streamed sources a run is resumed on: a tar source streams unasked, and its .cls labels have no names
+STREAMED = {"saved": ["data.streaming=true"], "tar": ["data.num_classes=200"]}
 
 
-def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", STREAMED)
+def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch,
+                                                                        name):
     """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead) and DeiT's augmentation:
     stopped after step 4 of 9 (its checkpoint holds the stream's state), then run again, it resumes from its
     position and ends with the weights of the run never stopped (torch.equal); the epoch of 200 rows ends
     inside step 7."""
     r = resolve("pretrain", None, [
-        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
+        f"data.source={source_dirs[name]}", *STREAMED[name], "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
         "data.micro_batch_size=16",
         "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -299,13 +317,14 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_d
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights(source_dirs, tmp_path):
+@pytest.mark.parametrize("name", STREAMED)
+def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights(source_dirs, tmp_path, name):
     """The same, as a pre-empted node dies: `vit pretrain` SIGKILLed (process group, loader workers too: no
     handler runs, no checkpoint is written on the way out) once its step-8 checkpoint is whole, then the same
     command again: it resumes from the last good checkpoint and its stream's saved position and ends with the
     weights of the uninterrupted run (torch.equal)."""
     overrides = [
-        f"data.source={source_dirs['saved']}", "data.streaming=true", "data.shuffle_buffer=64",
+        f"data.source={source_dirs[name]}", *STREAMED[name], "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
         "data.micro_batch_size=16", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32",
         "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=20",
@@ -330,6 +349,7 @@ def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights
     assert "resuming from" in " ".join(done.stderr.split())
     a, b = (load_weights(tmp_path / w / MODEL_FILE)[0] for w in ("straight", "killed"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+    assert "streaming: true" in (tmp_path / "killed" / RECIPE_FILE).read_text()  # as the run read it
 
 
 @pytest.mark.parametrize("streaming", [True, False])

@@ -1,11 +1,15 @@
-"""The data layer: every source kind loads with HF split slicing, errors are one line naming the culprit, the
-synthetic set is deterministic and balanced, transforms match torchvision references, and the batch streams
+"""The data layer: every source kind loads with HF split slicing, tar shards are named as the shell names them
+and read with the default columns, errors are one line naming the culprit, the synthetic set is deterministic
+and balanced, transforms match torchvision references, and the batch streams
 are deterministic, resumable by index arithmetic and disjoint across ranks."""
 
 from __future__ import annotations
 
 import io
 import itertools
+import shutil
+import subprocess
+import tarfile
 
 import datasets
 import numpy as np
@@ -14,7 +18,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data import augmentations, batches, sources
+from vitcli.data import augmentations, batches, sources, tar_shards
 from vitcli.data.augment import finish, pack
 from vitcli.data.decode import Encoded
 from vitcli.data.synthetic import class_names, make_synthetic, render
@@ -185,6 +189,81 @@ def test_one_dispatch_says_what_a_source_is_for_loading_and_streaming(tmp_path):
     for load in (lambda: sources.load_split(DataConfig(source=missing), "train"),
                  lambda: sources.load_stream(DataConfig(source=missing))):
         assert _one_line_error(load, missing) == f"dataset path not found: {missing}"
+
+
+BRACES = {
+    "/d/train-{000000..000002}.tar": ["/d/train-000000.tar", "/d/train-000001.tar", "/d/train-000002.tar"],
+    "{8..010}": ["008", "009", "010"],  # a bound written with a leading zero pads to the wider one
+    "{9..11}": ["9", "10", "11"],
+    "{3..1}": ["3", "2", "1"],
+    "{a,b}-{1..2}.tar": ["a-1.tar", "a-2.tar", "b-1.tar", "b-2.tar"],
+    "{a,b{1..2}}": ["a", "b1", "b2"],
+    "{x}{1,2}": ["{x}1", "{x}2"],  # a group of one is text
+    "x{a,b": ["x{a,b"],  # unbalanced: text
+    "plain.tar": ["plain.tar"],
+}
+
+
+@pytest.mark.parametrize("pattern", BRACES)
+def test_brace_patterns_expand_as_the_shell_expands_them(pattern):
+    assert tar_shards.expand_braces(pattern) == BRACES[pattern]
+    if shutil.which("bash"):  # the reference: bash's own brace expansion
+        shell = subprocess.run(["bash", "-c", f"printf '%s\\n' {pattern}"], capture_output=True, text=True,
+                               check=True)
+        assert shell.stdout.split() == BRACES[pattern]
+
+
+def _tar(path, examples: list[dict[str, bytes]]) -> str:
+    """A tar of `examples`, each {member extension: bytes}, keyed 0, 1, 2, ..."""
+    with tarfile.open(path, "w") as tar:
+        for key, members in enumerate(examples):
+            for ext, data in members.items():
+                info = tarfile.TarInfo(f"{key:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return str(path)
+
+
+def _png_bytes(i: int) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def test_tar_shards_are_a_file_a_pattern_or_a_folder_split_by_file_names(tmp_path):
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    for name in ("imagenet-train-0.tar", "imagenet-train-1.tar", "imagenet-validation-0.tar"):
+        _tar(shards / name, [{"jpg": _png_bytes(1), "cls": b"1"}])
+    (shards / "README.md").write_text("a dataset card: not a split")
+    train = [str(shards / f"imagenet-train-{k}.tar") for k in (0, 1)]
+    kinds = {train[0]: ("shards", train[:1]), str(shards / "imagenet-train-{0..1}.tar"): ("shards", train),
+             str(shards / "*-train-*.tar"): ("shards", train), str(shards): ("shards", shards)}
+    assert {source: sources.source_kind(source) for source in kinds} == kinds
+    assert sources.available_splits(str(shards), SMALL) == ["train", "validation"]
+    assert sources.available_splits(train[0], SMALL) == ["train"]
+    _one_line_error(lambda: sources.source_kind(str(shards / "imagenet-train-{0..2}.tar")),
+                    "imagenet-train-2.tar is not a file")
+    _tar(shards / "extra-0.tar", [{"jpg": _png_bytes(1), "cls": b"1"}])
+    _one_line_error(lambda: sources.available_splits(str(shards), SMALL), "extra-0.tar names no split")
+
+
+def test_a_standard_webdataset_reads_with_the_default_columns_an_ambiguous_one_names_its_columns(tmp_path):
+    """KEY.jpg + KEY.cls (timm's layout; a mask beside it is no rival) reads as image and label, streamed
+    or loaded; images no name decides between, or no label, are one line listing the columns there are."""
+    standard = _tar(tmp_path / "std.tar", [{"jpg": _png_bytes(i), "seg.png": _png_bytes(0), "cls": b"%d" % i}
+                                           for i in range(3)])
+    assert sources.load_source(standard, "train")["label"] == [0, 1, 2]
+    streamed = sources.load_stream(DataConfig(source=standard, streaming=True))
+    assert [row["label"] for row in streamed] == [0, 1, 2]
+    pair = _tar(tmp_path / "pair.tar", [{"left.png": _png_bytes(i), "right.png": _png_bytes(i)}
+                                        for i in range(3)])
+    _one_line_error(lambda: sources.load_source(pair, "train"), "no image column 'image' (data.image_column)",
+                    "columns: left.png, right.png, __key__, __url__")
+    assert len(sources.load_source(pair, "train", image_column="left.png", label_column="")) == 3
+    unlabelled = _tar(tmp_path / "json.tar", [{"jpg": _png_bytes(i), "json": b'{"y": 1}'} for i in range(3)])
+    _one_line_error(lambda: sources.load_stream(DataConfig(source=unlabelled, streaming=True)),
+                    "no label column 'label' (data.label_column)", "columns: image, json, __key__, __url__")
 
 
 def test_a_slice_past_the_end_of_a_local_split_is_an_error_not_clamped(tmp_path):

@@ -294,6 +294,26 @@ def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
                                    *overrides])
 
 
+def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming_the_way_out(tmp_path):
+    """WebDataset shards loaded whole would be copied into HF's cache first: a training stage streams them
+    (the resolved recipe, saved with the run, says so); a user's data.streaming=false is one line; a stage
+    that does not train (prepare-data) is left as it is."""
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "train-0.tar").write_bytes(b"")
+    base = ["schedule.steps=10", "schedule.warmup_steps=1"]
+    for source in (str(tmp_path / "shards"), str(tmp_path / "shards" / "train-{0..0}.tar"),
+                   "/anywhere/train-*.tar"):
+        assert resolve("pretrain", None, [*base, f"data.source={source}"]).data.streaming, source
+    refused = r"data.streaming=false: .* is WebDataset tar shards, .*vit prepare-data"
+    with pytest.raises(VitcliError, match=refused):
+        resolve("pretrain", None, [*base, f"data.source={tmp_path / 'shards'}", "data.streaming=false"])
+    with pytest.raises(VitcliError, match=re.escape("data.streaming=true (a tar-shard source streams) needs "
+                                                    "schedule.steps")):
+        resolve("pretrain", None, ["schedule.epochs=1", "schedule.warmup_steps=1", "data.source=/d/x.tar"])
+    assert not resolve("prepare-data", None, [f"data.source={tmp_path / 'shards'}"]).data.streaming
+    assert not resolve("pretrain", None, [*base, f"data.source={tmp_path}"]).data.streaming  # no tar in it
+
+
 def test_a_sliced_train_split_of_the_built_in_data_is_counted_when_loaded():
     """train[:10%] of 64 images holds 6: known only once sliced, so stages.run.build_job refuses it (before
     it writes anything); resolve lets it through."""

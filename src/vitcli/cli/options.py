@@ -171,7 +171,7 @@ CurvesOut = Annotated[Path | None, typer.Option(
 
 Source = Annotated[str, typer.Argument(
     help="Any data.source: synthetic, an image folder, a save_to_disk directory, parquet files or "
-         "a glob, a Hub id.")]
+         "a glob, WebDataset .tar shards, a Hub id.")]
 MaxSize = Annotated[int, typer.Option(
     help="Shorter side at most this many pixels; smaller images are copied unchanged.")]
 Splits = Annotated[str | None, typer.Option(
@@ -180,6 +180,9 @@ ImageFormat = Annotated[str, typer.Option(
     "--format", help="jpeg (re-encoded at --quality) or png (lossless, larger: the exact-pixels "
                      "option, since an image column holds encoded images, not raw arrays).")]
 Quality = Annotated[int, typer.Option(help="JPEG quality, 1-100.")]
+Shards = Annotated[str, typer.Option(
+    help="parquet (read map-style or streamed) or tar (WebDataset shards, KEY.jpg + KEY.cls, that "
+         "training streams).")]
 Workers = Annotated[int, typer.Option(help="Processes that resize (0: this one).")]
 DataOverrides = Annotated[list[str] | None, typer.Argument(
     help="data.* overrides by dotted path: data.image_column=img data.label_column=fine_label "

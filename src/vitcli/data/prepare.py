@@ -1,5 +1,6 @@
-"""`vit prepare-data`: a pre-resized copy of an image source, as parquet shards and a manifest.json, that any
-data.source then reads (map-style or streamed; sources.py recognises the directory by its manifest).
+"""`vit prepare-data`: a pre-resized copy of an image source, as parquet or WebDataset tar shards and a
+manifest.json, that any data.source then reads (parquet map-style or streamed, tar streamed; sources.py
+recognises the directory by its manifest).
 
 Why: decoding dominates the input pipeline, and its cost grows with the pixels stored, not the pixels trained
 on. An ImageNet JPEG of 500x375 decodes in ~550 us; at 256 px on the shorter side it holds a third of the
@@ -7,7 +8,10 @@ pixels. FFCV's gain comes largely from this one step, done once, offline.
 
 What is written, per split: `DIR/<split>-00000-of-000NN.parquet` in source order, every column kept as it was
 except the image, re-encoded with its shorter side at most `max_size` (never upscaled: a smaller image is
-copied byte for byte), and an integer label column cast to a `ClassLabel` with names. An image that does not
+copied byte for byte), and an integer label column cast to a `ClassLabel` with names. With `--shards tar`,
+`DIR/<split>-00000-of-000NN.tar` instead, WebDataset's layout (tar_shards.py): per row `KEY.jpg` (or `.png`,
+as --format says, whatever the bytes of an image copied unchanged are) and `KEY.cls`, KEY its row in the
+split; the other columns are not kept, and the class names are the manifest's. An image that does not
 decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
 manifest counts it too (`undecodable`) and names it (`undecodable_images`: its file's path, else
 its row and split, as bad_images.image_name names an image everywhere). The directory is filled under
@@ -30,7 +34,7 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from vitcli.data import bad_images, sources
+from vitcli.data import bad_images, sources, tar_shards
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.files import sha256_of
@@ -49,7 +53,8 @@ QUALITY = 95
 # it smears every colour edge (24 px synthetic images: mean error 7.8 grey levels vs 3.0 in 4:4:4), so
 # images whose shorter side is below this keep full chroma; they decode in microseconds either way.
 FULL_CHROMA_BELOW = 128
-SHARD_MB = 256  # parquet shard size: large enough to read fast, several per split so streams split by rank
+SHARD_MB = 256  # shard size: large enough to read fast, several per split so streams split by rank
+SHARDS = ("parquet", "tar")  # tar: WebDataset shards, streamed when training (recipe.resolve)
 # per-row tallies, dropped before writing: an undecodable image's name (None: it decodes), bytes
 _UNDECODABLE, _BYTES = "__undecodable", "__bytes"
 
@@ -63,6 +68,7 @@ class Options:
     quality: int = QUALITY  # jpeg only
     workers: int = 0  # processes for the resize (datasets map num_proc); 0 or 1: this one
     shard_mb: float = SHARD_MB  # MiB per shard: a split is cut into ceil(its bytes / this) shards
+    shards: str = "parquet"  # parquet | tar
 
     def __post_init__(self) -> None:
         if self.max_size < MIN_SIZE:
@@ -73,6 +79,8 @@ class Options:
             raise DataError(f"--quality {self.quality}: must be between 1 and 100")
         if self.workers < 0:
             raise DataError(f"--workers {self.workers}: must be 0 or more")
+        if self.shards not in SHARDS:
+            raise DataError(f"--shards {self.shards}: must be one of {', '.join(SHARDS)}")
 
 
 def target_size(width: int, height: int, max_size: int) -> tuple[int, int]:
@@ -197,20 +205,38 @@ def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, s
 
 def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[str], opts: Options,
                  into: Path) -> dict:
-    """One resized split as contiguous parquet shards of about opts.shard_mb in `into`; its manifest entry."""
+    """One resized split as contiguous shards (opts.shards) of about opts.shard_mb in `into`; its manifest
+    entry."""
     undecodable, total = [name for name in ds[_UNDECODABLE] if name is not None], sum(ds[_BYTES])
     ds = ds.remove_columns([_UNDECODABLE, _BYTES]).cast_column(cfg.image_column, datasets.Image())
     if cfg.label_column:
         ds = ds.cast_column(cfg.label_column, datasets.ClassLabel(names=names))
     count = min(len(ds), max(1, math.ceil(total / (opts.shard_mb * 2**20))))
-    shards = []
+    shards, first = [], 0
     for k in range(count):
-        name = f"{split}-{k:05d}-of-{count:05d}.parquet"
+        file = into / f"{split}-{k:05d}-of-{count:05d}.{opts.shards}"
         shard = ds.shard(count, k, contiguous=True)  # contiguous: the shards in order are the source order
-        shard.to_parquet(str(into / name))
-        shards.append({"file": name, "rows": len(shard), "sha256": sha256_of(into / name)})
+        if opts.shards == "tar":
+            _write_tar(shard, file, first, cfg, opts)
+        else:
+            shard.to_parquet(str(file))
+        # bytes: how a tar shard's rows are vouched for when read (sources.prepared_files)
+        shards.append({"file": file.name, "rows": len(shard), "bytes": file.stat().st_size,
+                       "sha256": sha256_of(file)})
+        first += len(shard)
     return {"rows": len(ds), "undecodable": len(undecodable), "undecodable_images": undecodable,
             "shards": shards}
+
+
+def _write_tar(shard: datasets.Dataset, file: Path, first: int, cfg: DataConfig, opts: Options) -> None:
+    """A shard's rows as one WebDataset tar (tar_shards.write_shard), `first` the split's row of its first:
+    the encoded image as it is, keyed by its row in the split, and its label id."""
+    image, label = cfg.image_column, cfg.label_column
+    rows = shard.select_columns([image, *([label] if label else [])])
+    rows = rows.cast_column(image, datasets.Image(decode=False))  # the bytes, not decoded
+    examples = ((tar_shards.example_key(first + i), row[image]["bytes"], row[label] if label else None)
+                for i, row in enumerate(rows))
+    tar_shards.write_shard(file, examples, tar_shards.IMAGE_MEMBER[opts.format])
 
 
 def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> dict:
@@ -223,7 +249,7 @@ def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> 
         "source": cfg.source,
         "synthetic": dataclasses.asdict(cfg.synthetic) if cfg.source == "synthetic" else None,
         "image_column": cfg.image_column, "label_column": cfg.label_column,
-        "max_size": opts.max_size, "format": opts.format,
+        "max_size": opts.max_size, "format": opts.format, "shards": opts.shards,
         "quality": opts.quality if opts.format == "jpeg" else None,
         "label_names": names, "splits": splits,
     }

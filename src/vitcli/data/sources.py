@@ -2,7 +2,8 @@
 
 Sources: `synthetic`, a `save_to_disk` directory, parquet/arrow file(s) or a glob of them, a directory that
 `load_dataset` understands (imagefolder class subdirectories, parquet shards), a `vit prepare-data` copy
-(parquet shards named by its manifest.json), or a Hub id. Every kind
+(parquet or tar shards named by its manifest.json), WebDataset tar shards (a .tar, a glob or brace pattern
+of them, a folder of them), or a Hub id. Every kind
 accepts HF split syntax with slicing and `+` (`train[:98%]`, `train[:800]+validation`), resolved by
 `datasets.ReadInstruction` so percentages round exactly as HF does; a slice reaching past the end of its
 split, or selecting nothing, is an error (HF would clamp it silently: a short local copy of a VTAB task).
@@ -21,10 +22,10 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitcli.data import tasks
+from vitcli.data import tar_shards, tasks
 from vitcli.data.synthetic import SPLIT_IDS, make_synthetic, split_size
 from vitcli.errors import DataError
-from vitcli.recipe.data_checks import split_names
+from vitcli.recipe.data_checks import names_tar_shards, split_names
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 _TRUE = ("1", "on", "yes", "true")
@@ -85,33 +86,51 @@ def _files(paths: list[str], source: str) -> dict[str, datasets.Dataset]:
         return {"train": datasets.concatenate_datasets([datasets.Dataset.from_file(p) for p in paths])}
     if kinds == {".parquet"}:
         return {"train": datasets.load_dataset("parquet", data_files=paths, split="train")}
-    raise DataError(f"{source}: expected .parquet or .arrow files, found {', '.join(sorted(kinds))}")
+    tar = " (tar shards: a pattern that ends in .tar, e.g. DIR/*.tar)" if ".tar" in kinds else ""
+    raise DataError(f"{source}: expected .parquet or .arrow files, found {', '.join(sorted(kinds))}{tar}")
 
 
 def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
     """What a data.source names, decided once for loading and streaming: ("synthetic", None), ("hub", None),
-    or a local ("files", the files of a file or glob), ("saved", a save_to_disk directory), ("prepared", a
-    `vit prepare-data` directory) or ("folder", a directory HF infers the builder of: imagefolder, parquet
-    shards, ...). A missing path is an error."""
+    or a local ("files", the files of a file, glob or brace pattern), ("shards", the WebDataset .tar files
+    of a file or pattern, or a folder of them), ("saved", a save_to_disk directory), ("prepared", a
+    `vit prepare-data` directory, parquet or tar) or ("folder", a directory HF infers the builder of:
+    imagefolder, parquet shards, ...). A missing path is an error."""
     if source == "synthetic":
         return "synthetic", None
-    path, pattern = Path(source).expanduser(), any(c in source for c in "*?[")
+    path, pattern = Path(source).expanduser(), any(c in source for c in "*?[{")
     if not pattern and not path.exists():
         if _looks_like_path(source):
             raise DataError(f"dataset path not found: {source}")
         return "hub", None
-    if pattern:
-        matches = sorted(glob.glob(str(path)))
-        if not matches:
-            raise DataError(f"dataset path not found: {source} (the glob matches no file)")
-        return "files", matches
-    if path.is_file():
-        return "files", [str(path)]
+    if pattern or path.is_file():
+        files = _pattern_files(source) if pattern else [str(path)]
+        return ("shards" if names_tar_shards(source) else "files"), files
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         return "saved", path
     if _is_prepared(path / PREPARED_MANIFEST):
         return "prepared", path
+    if names_tar_shards(source):
+        return "shards", path
     return "folder", path
+
+
+def _pattern_files(source: str) -> list[str]:
+    """The files a glob or brace pattern names, in order: braces expanded first (tar_shards.expand_braces),
+    then each part globbed. A part with no glob that names no file is an error, not dropped: a brace pattern
+    lists the shards a dataset has, and a lost one would go unnoticed."""
+    files = []
+    for part in tar_shards.expand_braces(source):
+        path = str(Path(part).expanduser())
+        if any(c in part for c in "*?["):
+            files += sorted(glob.glob(path))
+        elif Path(path).is_file():
+            files.append(path)
+        else:
+            raise DataError(f"{source}: {part} is not a file")
+    if not files:
+        raise DataError(f"dataset path not found: {source} (the glob matches no file)")
+    return files
 
 
 def _is_prepared(manifest: Path) -> bool:
@@ -124,7 +143,8 @@ def _is_prepared(manifest: Path) -> bool:
 
 def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
     """A prepared directory's shard files per split, each split checked to hold the rows its manifest counts
-    (from the parquet footers: cheap), so a shard lost or cut short is named before anything trains."""
+    (from the parquet footers, or a tar's size: cheap), so a shard lost or cut short is named before anything
+    trains."""
     splits = json.loads((path / PREPARED_MANIFEST).read_text())["splits"]
     files = {}
     for split, entry in splits.items():
@@ -132,11 +152,24 @@ def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
         missing = [f for f in files[split] if not Path(f).is_file()]
         if missing:
             raise DataError(f"{source}: shard {missing[0]} listed in {PREPARED_MANIFEST} is missing")
-        rows = sum(pq.read_metadata(f).num_rows for f in files[split])
+        rows = sum(_shard_rows(path / shard["file"], shard, source) for shard in entry["shards"])
         if rows != entry["rows"]:
             raise DataError(f"{source}: split '{split}' has {rows} rows in its shards but {entry['rows']} in "
                             f"{PREPARED_MANIFEST}; prepare the copy again (vit prepare-data --overwrite)")
     return files
+
+
+def _shard_rows(file: Path, shard: dict, source: str) -> int:
+    """A prepared shard's rows: a parquet footer's count; a tar's as its manifest entry says, once the tar
+    has the size recorded with it. Counting a tar's members would read a header per member, ~2.6 million
+    for ImageNet at every start; a tar lost, cut short or grown has another size."""
+    if file.suffix != tar_shards.TAR:
+        return pq.read_metadata(file).num_rows
+    size = file.stat().st_size
+    if size != shard["bytes"]:
+        raise DataError(f"{source}: shard {file} is {size} bytes but {shard['bytes']} in "
+                        f"{PREPARED_MANIFEST}; prepare the copy again (vit prepare-data --overwrite)")
+    return shard["rows"]
 
 
 def _saved_splits(path: Path) -> dict[str, datasets.Dataset]:
@@ -163,6 +196,8 @@ def available_splits(source: str, synthetic: SyntheticConfig) -> list[str]:
         return [name for name in SPLIT_IDS if split_size(synthetic, name)]
     if kind == "prepared":
         return list(json.loads((where / PREPARED_MANIFEST).read_text())["splits"])
+    if kind == "shards":
+        return list(_tar_splits(where, source))
     if kind != "hub":
         with _readable(source):
             return list(_local(kind, where, source))
@@ -237,6 +272,7 @@ def load_source(
     All columns are kept; `label_column=""` skips the label checks for callers that derive labels themselves.
     """
     ds = _open(source, split, synthetic or SyntheticConfig())
+    ds = tar_shards.named_columns(ds, image_column, label_column)
     ds = _check(ds, source, split, image_column, label_column)
     # HF copies `info` through select, map, casts and into worker processes, so a row that fails to decode
     # deep in a batch stream can still be named with its split (see `origin`)
@@ -252,8 +288,41 @@ def _open(source: str, split: str, synthetic: SyntheticConfig, streaming: bool =
     if kind == "synthetic":
         return _synthetic_stream(synthetic, split) if streaming else _synthetic(synthetic, split)
     with _readable(source):
+        if kind == "shards" or (kind == "prepared" and _prepared_tars(where)):
+            return _tars(where, source, split, streaming)
         found = _local_stream(kind, where, source, split) if streaming else _local(kind, where, source)
     return found if streaming else _select(found, split, source)
+
+
+# --- WebDataset tar shards (tar_shards.py), read by HF's `webdataset` builder -------------------------------
+
+
+def _prepared_tars(path: Path) -> bool:
+    """Whether a `vit prepare-data` copy holds tar shards (`--shards tar`), not parquet."""
+    return json.loads((path / PREPARED_MANIFEST).read_text()).get("shards") == "tar"
+
+
+def _tar_splits(where: list[str] | Path, source: str) -> dict[str, list[str]]:
+    """The tar shards of each split of a "shards" source: a file or pattern is the split `train`; a folder's
+    split by their names (tar_shards.folder_splits)."""
+    return {"train": where} if isinstance(where, list) else tar_shards.folder_splits(where, source)
+
+
+def _tars(where: list[str] | Path, source: str, split: str, streaming: bool):
+    """Tar shards (a "shards" source, or a prepared copy's) through HF's webdataset builder, one shard per
+    tar: with `streaming` the stream of a whole split; else the splits `split` names (HF syntax), loaded
+    whole, which HF does by copying their images into its cache: fine for evaluation splits, which is what
+    reads a tar source map-style (a training split streams: recipe.resolve)."""
+    prepared = isinstance(where, Path) and _is_prepared(where / PREPARED_MANIFEST)
+    splits = prepared_files(where, source) if prepared else _tar_splits(where, source)
+    features = tar_shards.features(json.loads((where / PREPARED_MANIFEST).read_text())) if prepared else None
+    wanted = [split] if streaming else list(dict.fromkeys(split_names(split)))
+    missing = [name for name in wanted if name not in splits]
+    if missing:
+        raise DataError(f"{source}: no split '{missing[0]}'; available: {', '.join(splits)}")
+    loaded = datasets.load_dataset("webdataset", data_files={name: splits[name] for name in wanted},
+                                   features=features, streaming=streaming)
+    return loaded[split] if streaming else _select(dict(loaded), split, source)
 
 
 def _synthetic(synthetic: SyntheticConfig, split: str) -> datasets.Dataset:
@@ -390,6 +459,9 @@ def load_stream(cfg: DataConfig) -> datasets.IterableDataset:
     ids = _open(cfg.source, split, cfg.synthetic, streaming=True)
     if ids.features is None:  # json without a schema: read the first rows for the column types
         ids = ids._resolve_features()
+    # encoded before any step: one that maps (named_columns' rename) would decode every image in this process,
+    # and the cast below encode it again
+    ids = tar_shards.named_columns(ids.decode(False), cfg.image_column, cfg.label_column)
     _check_columns(ids.features, cfg.source, cfg.image_column, cfg.label_column)
     ids = ids.cast_column(cfg.image_column, datasets.Image(decode=False))
     ids.info.description = f"{cfg.source} split '{split}'"  # for messages, as `origin` reads it

@@ -35,7 +35,7 @@ from vitcli.recipe.choices import (
     VIT_POS_EMBEDS,
     WEIGHTED,
 )
-from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch
+from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch, names_tar_shards
 from vitcli.recipe.fewshot_checks import check_fewshot
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
@@ -329,7 +329,8 @@ def _length(recipe: Recipe) -> None:
     if not s.steps and not s.epochs:
         raise RecipeError("set schedule.steps or schedule.epochs (both are 0)")
     if recipe.data.streaming and not s.steps:
-        raise RecipeError("data.streaming=true needs schedule.steps: a stream has no length to count "
+        tar = " (a tar-shard source streams)" if names_tar_shards(recipe.data.source) else ""
+        raise RecipeError(f"data.streaming=true{tar} needs schedule.steps: a stream has no length to count "
                           f"schedule.epochs={s.epochs} in")
 
 

@@ -7,7 +7,9 @@ the run does before it writes anything into its workdir.
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
@@ -40,8 +42,28 @@ def check_data(recipe: Recipe) -> None:
         raise DataError(f"data.label_rule '{d.label_rule}' is not one of {', '.join(LABEL_RULES)}")
     if d.source == "synthetic":
         _synthetic(d)
+    if recipe.stage in TRAINS and not d.streaming and names_tar_shards(d.source):
+        # the resolve step streams a tar source (recipe.resolve); this is a user's explicit false
+        raise DataError(f"data.streaming=false: {d.source} is WebDataset tar shards, which train as a stream "
+                        "(loaded whole, HF would first copy every image into its cache); drop "
+                        "data.streaming=false, or train map-style from a parquet copy (vit prepare-data)")
     if d.streaming:
         check_stream(d)
+
+
+def names_tar_shards(source: str) -> bool:
+    """Whether data.source names WebDataset tar shards: a .tar file, or a glob or brace pattern of them
+    (`/d/train-{000000..000146}.tar`), or a folder with .tar files in it (a `vit prepare-data --shards tar`
+    copy among them). Decided from the name and at most one directory listing, no file read, so the
+    recipe can say before the run that such a source streams."""
+    if source.endswith(".tar"):
+        return True
+    path = Path(source).expanduser()
+    try:
+        with os.scandir(path) as entries:
+            return any(e.name.endswith(".tar") and e.is_file() for e in entries)
+    except OSError:  # not a folder, or not one we may list: whatever it is, loading it will say
+        return False
 
 
 def check_train_batch(recipe: Recipe) -> None:
@@ -93,13 +115,15 @@ def check_batch_fits(rows: int, batch_size: int, where: str) -> None:
 def check_stream(d: DataConfig) -> None:
     """A stream reads a whole split once, in order of its shards: no slices, nothing that needs the split."""
     split = d.train_split
+    # a tar source cannot be read map-style: its way out is a parquet copy
+    instead = ("train from a parquet copy (vit prepare-data)" if names_tar_shards(d.source)
+               else "set data.streaming=false")
     if "[" in split or "+" in split:
         raise DataError(f"data.train_split='{split}': slices and '+' need random access, which "
-                        "data.streaming=true has not; give a whole split such as 'train', or set "
-                        "data.streaming=false")
+                        f"data.streaming=true has not; give a whole split such as 'train', or {instead}")
     if d.label_rule:
-        raise DataError(f"data.label_rule '{d.label_rule}' needs the whole split; set data.streaming=false")
+        raise DataError(f"data.label_rule '{d.label_rule}' needs the whole split; {instead}")
     if d.repeated_aug > 1:  # its copies of a row go to other micro-batches, other processes: random access
         raise DataError(f"data.repeated_aug={d.repeated_aug} deals each image's copies across the global "
                         "batch, which a stream each process reads on its own cannot; set data.repeated_aug=1 "
-                        "or data.streaming=false")
+                        f"or {instead}")

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.checks import check
-from vitcli.recipe.choices import SECTIONS, STAGES
+from vitcli.recipe.choices import SECTIONS, STAGES, TRAINS
+from vitcli.recipe.data_checks import names_tar_shards
 from vitcli.recipe.layers import merge, nest, parse_overrides, read_yaml
 from vitcli.recipe.names import NAMED, resolve_known
 from vitcli.recipe.schema import Recipe
@@ -105,7 +106,18 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
     recipe = Recipe(stage=stage)
     for layer in [STAGE_DEFAULTS[stage], base, *user]:
         merge(recipe, layer)
+    _stream_tar_shards(recipe, user)
     return dataclasses.replace(recipe, model=resolve_known(recipe.model)), _says_num_heads(user)
+
+
+def _stream_tar_shards(recipe: Recipe, layers: list[dict]) -> None:
+    """A training stage on WebDataset tar shards streams its train split (data.streaming=true, so the saved
+    recipe says so) unless the user set data.streaming, whose false data_checks refuses. Why not load it
+    whole: HF's webdataset builder would first copy every image into its arrow cache, ImageNet's 140 GB
+    a second time, before the first step."""
+    said = any(isinstance(layer.get("data"), dict) and "streaming" in layer["data"] for layer in layers)
+    if recipe.stage in TRAINS and not said and names_tar_shards(recipe.data.source):
+        recipe.data.streaming = True
 
 
 def needs_torch(recipe: Recipe) -> bool:

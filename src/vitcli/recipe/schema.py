@@ -49,7 +49,8 @@ class SyntheticConfig:
 class DataConfig:
     """Where images come from and how they are batched and augmented."""
 
-    source: str = "synthetic"  # synthetic | Hub id | save_to_disk dir | parquet/arrow file(s) | image folder
+    # synthetic | Hub id | save_to_disk dir | parquet/arrow file(s) | image folder | WebDataset .tar shards
+    source: str = "synthetic"
     image_column: str = "image"
     label_column: str = "label"
     train_split: str = "train"  # HF split syntax, slicing allowed: train[:98%]
@@ -73,6 +74,7 @@ class DataConfig:
     cache_mb: int = 1024
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
     # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
+    # WebDataset tar shards always stream (resolve sets it; an explicit false is refused).
     streaming: bool = False
     shuffle_buffer: int = 10_000  # streaming: examples mixed at once (HF IterableDataset.shuffle buffer_size)
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image

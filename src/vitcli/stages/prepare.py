@@ -35,6 +35,7 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
     how = f"shorter side <= {manifest['max_size']} px, {manifest['format']}"
     if manifest["quality"]:
         how += f" quality {manifest['quality']}"
+    how += f", {manifest['shards']} shards"
     rows = [("source", manifest["source"]), ("out", str(out)), ("images", how),
             ("classes", str(len(manifest["label_names"])))]
     for split, entry in manifest["splits"].items():

@@ -30,6 +30,7 @@ Mixup 0.8 / CutMix 1.0, label smoothing 0.1).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -293,12 +294,17 @@ def run_timm(plan: Plan, run: Run, env: dict) -> dict:
     return {**w.result(run.net.batch, plan.warmup), "log_tail": w.tail if not w.steps else []}
 
 
+def environment(plan: Plan) -> dict:
+    """Both sides' environment: offline, unbuffered; vit's folder index in the scratch directory (empty for
+    the first start, reused after), HF's cache too (its copies of a tar source's evaluation splits)."""
+    return {**os.environ, "VITCLI_CACHE": str(plan.scratch / "vit-cache"), "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(plan.scratch / "hf"), "PYTHONUNBUFFERED": "1"}
+
+
 def measure(plan: Plan, runs: list[Run], start: bool) -> dict:
     """With `start`, each side started twice to its first step (the val split included, as a run with
     evaluation starts); then each throughput run on each side, the sides in turn."""
-    cache = plan.scratch / "vit-cache"  # vit's folder index: empty for the first start, reused after
-    env = {**os.environ, "VITCLI_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = environment(plan)
     sides = {"vit": run_vit, **({"timm": run_timm} if plan.timm_train else {})}
     out = {side: {"start": {}, "train": {}} for side in sides}
     for attempt in ("first", "second") if start else ():
@@ -313,6 +319,37 @@ def measure(plan: Plan, runs: list[Run], start: bool) -> dict:
         out["ratio"] = {name: _ratio(out["vit"]["train"][name], out["timm"]["train"][name])
                         for name in out["vit"]["train"]}
     return out
+
+
+def shards(plan: Plan, photos: list[Path], per_class: int, runs: list[Run], env: dict) -> dict:
+    """The same figures on WebDataset tar shards, vit's side (timm's train.py reads them only through the
+    `webdataset` package): `vit prepare-data --shards tar` of a tree of plan.classes x `per_class` (its
+    time and peak memory), then two starts and the throughput runs on the shards."""
+    source, out = plan.scratch.parent / "shard-source", plan.scratch.parent / "shards"
+    if not (source / "train").is_dir():
+        build_tree(source, photos, plan.classes, per_class, 0)
+    found = {"images": plan.classes * per_class}
+    if not (out / "manifest.json").is_file():
+        shutil.rmtree(out, ignore_errors=True)
+        progress(f"vit prepare-data --shards tar: {found['images']} images")
+        cmd = [str(VIT), "prepare-data", str(source), "--out", str(out), "--shards", "tar",
+               "--workers", str(os.cpu_count() or 1)]
+        w = watch(cmd, env, lambda _: None, 1, plan.timeout * 4, plan.scratch / "prepare.log")
+        seconds = time.perf_counter() - w.t0
+        found["prepare"] = {"seconds": seconds, "img_s": found["images"] / seconds,
+                            "returncode": w.returncode, "main_peak_mb": w.peaks.get(w.main_pid),
+                            "worker_peak_mb": sorted((v for k, v in w.peaks.items() if k != w.main_pid),
+                                                     reverse=True)}
+    found["tars"] = len(list(out.glob("*.tar")))
+    on_shards = dataclasses.replace(plan, root=out)
+    for attempt in ("first", "second"):
+        progress(f"vit on tar shards: {attempt} start")
+        found.setdefault("start", {})[attempt] = run_vit(on_shards, Run(f"shards-start-{attempt}"), env)
+    for run in runs:
+        progress(f"vit on tar shards: {run.name}, {run.steps} steps")
+        found.setdefault("train", {})[run.name] = run_vit(on_shards, dataclasses.replace(
+            run, name=f"shards-{run.name}"), env)
+    return found
 
 
 def _ratio(ours: dict, theirs: dict) -> float | None:
@@ -338,12 +375,16 @@ def main() -> None:
     p.add_argument("--augmentation", default="plain,deit")
     p.add_argument("--no-start", action="store_true", help="skip the two start measurements")
     p.add_argument("--only", help="of the throughput runs, only these names (<network>_<aug>_workers<N>)")
+    p.add_argument("--shard-per-class", type=int, default=32,
+                   help="entries per class of the tree made into tar shards (vit prepare-data re-encodes "
+                        "every image); 0 skips the shards")
     p.add_argument("--keep", type=Path, help="build the tree here and keep it (else a temporary directory)")
     p.add_argument("--quick", action="store_true", help="1,000 classes x 8 entries, a few steps")
     p.add_argument("--out", type=Path, help="write the JSON here too")
     a = p.parse_args()
     if a.quick:
         a.per_class, a.val_per_class, a.steps, a.warmup, a.workers = 8, 2, 6, 2, "0"
+        a.shard_per_class = 2
         a.augmentation = "plain"
     if a.timm_train and not a.timm_train.is_file():
         p.error(f"--timm-train {a.timm_train}: no such file")
@@ -363,9 +404,8 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
     """Build (or reuse) the tree under `base`, then measure."""
     root, scratch = base / "imagenet", base / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
+    photos = sorted((base / "photos" / "train").rglob("*.jpg")) or photographs(base / "photos")
     if not (root / "train").is_dir():
-        progress("photographs")
-        photos = photographs(base / "photos")
         progress(f"tree: {a.classes} classes x {a.per_class} (+ {a.val_per_class} val) hard links")
         tree = build_tree(root, photos, a.classes, a.per_class, a.val_per_class)
     else:
@@ -374,9 +414,12 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
     runs = throughput_runs(a.networks.split(","), [int(w) for w in a.workers.split(",")],
                            a.augmentation.split(","), a.steps)
     runs = [r for r in runs if not a.only or r.name in a.only.split(",")]
-    return {"machine": _machine(), "tree": tree,
-            "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
-            "baseline_mb": import_baseline(), **measure(plan, runs, not a.no_start)}
+    results = {"machine": _machine(), "tree": tree,
+               "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
+               "baseline_mb": import_baseline(), **measure(plan, runs, not a.no_start)}
+    if a.shard_per_class:
+        results["shards"] = shards(plan, photos, a.shard_per_class, runs, environment(plan))
+    return results
 
 
 def import_baseline() -> float:

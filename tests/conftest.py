@@ -1,9 +1,23 @@
 """Fixtures shared by several test files."""
 
+import os
+
 import pytest
 import torch
 
 from vitcli.runtime.metrics import console
+
+
+@pytest.fixture(autouse=True, scope="session")
+def vitcli_cache(tmp_path_factory):
+    """vitcli's cache (folder indexes) in a temporary directory, not the ~/.cache/vitcli of whoever tests."""
+    before = os.environ.get("VITCLI_CACHE")
+    os.environ["VITCLI_CACHE"] = str(tmp_path_factory.mktemp("vitcli-cache"))
+    yield
+    if before is None:
+        os.environ.pop("VITCLI_CACHE")
+    else:
+        os.environ["VITCLI_CACHE"] = before
 
 
 @pytest.fixture(scope="module")

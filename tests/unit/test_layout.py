@@ -31,8 +31,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
     ("data", ["bad_images", "synthetic", "jpeg_region", "decode", "pillow_ops", "randaugment",
               "three_augment", "erasing", "mixing", "augmentations", "augment", "transforms", "tasks",
-              "imagenet", "tar_shards", "sources", "sampler", "image_cache", "batches", "streams",
-              "prepare"]),
+              "imagenet", "tar_shards", "folder_index", "sources", "sampler", "image_cache", "batches",
+              "streams", "prepare"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),

@@ -8,9 +8,10 @@ mixing.py (the augmentation ops: drawn on the host, applied batched wherever the
 augmentations.py (the recipe's augmentation: drawn per micro-batch, applied in order), augment.py (crop
 boxes, the batched resize, flip, scaling), transforms.py (what the loader workers do), tasks.py (the task
 registry), imagenet.py (ImageNet's label spaces as timm ships them), tar_shards.py (WebDataset tar shards:
-naming, columns, writing), sources.py (every image source as a datasets.Dataset), sampler.py (which rows and
-draws each training micro-batch gets), image_cache.py (decoded training images, one bounded copy for all
-loader workers, kept only for splits small on disk), batches.py (map-style batch streams),
+naming, columns, writing), folder_index.py (a plain image folder's rows as HF's imagefolder gives them,
+listed in seconds and cached), sources.py (every image source as a datasets.Dataset), sampler.py (which
+rows and draws each training micro-batch gets), image_cache.py (decoded training images, one bounded copy
+for all loader workers, kept only for splits small on disk), batches.py (map-style batch streams),
 streams.py (streamed training batches), prepare.py (a pre-resized copy of a source, `vit prepare-data`).
 
 A training micro-batch takes one route (W: a loader worker, D: the model's device); the resize and uint8

@@ -1,7 +1,8 @@
 """Every image source as a Hugging Face `datasets.Dataset` (the batch streams built on them are batches.py).
 
 Sources: `synthetic`, a `save_to_disk` directory, parquet/arrow file(s) or a glob of them, a directory that
-`load_dataset` understands (imagefolder class subdirectories, parquet shards), a `vit prepare-data` copy
+`load_dataset` understands (imagefolder class subdirectories, parquet shards; a plain image tree is read from
+its cached index, folder_index.py, with the rows HF's imagefolder gives), a `vit prepare-data` copy
 (parquet or tar shards named by its manifest.json), WebDataset tar shards (a .tar, a glob or brace pattern
 of them, a folder of them), or a Hub id. Every kind
 accepts HF split syntax with slicing and `+` (`train[:98%]`, `train[:800]+validation`), resolved by
@@ -22,7 +23,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitcli.data import tar_shards, tasks
+from vitcli.data import folder_index, tar_shards, tasks
 from vitcli.data.synthetic import SPLIT_IDS, make_synthetic, split_size
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import names_tar_shards, split_names
@@ -186,7 +187,14 @@ def _local(kind: str, where, source: str) -> dict[str, datasets.Dataset]:
         return _saved_splits(where)
     if kind == "prepared":
         return dict(datasets.load_dataset("parquet", data_files=prepared_files(where, source)))
-    return dict(datasets.load_dataset(str(where)))
+    return _folder(where)
+
+
+def _folder(path: Path) -> dict[str, datasets.Dataset]:
+    """A directory HF infers the builder of: a plain image tree from its index (folder_index: seconds, where
+    HF's builder takes minutes at ImageNet's size), anything else (parquet shards, metadata files) by HF."""
+    indexed = folder_index.splits(path)
+    return indexed if indexed is not None else dict(datasets.load_dataset(str(path)))
 
 
 def available_splits(source: str, synthetic: SyntheticConfig) -> list[str]:
@@ -417,9 +425,8 @@ def _file_stream(paths: list[str], source: str, split: str) -> datasets.Iterable
     return datasets.load_dataset(builders.pop(), data_files=paths, split="train", streaming=True)
 
 
-def _saved_stream(path: Path, source: str, split: str) -> datasets.IterableDataset:
-    """A split of a save_to_disk directory, streamed from its memory-mapped arrow files."""
-    splits = _saved_splits(path)
+def _split_stream(splits: dict[str, datasets.Dataset], source: str, split: str) -> datasets.IterableDataset:
+    """A split of a save_to_disk directory or a folder's index, streamed from its memory-mapped arrow."""
     if split not in splits:
         raise DataError(f"{source}: no split '{split}'; available: {', '.join(splits)}")
     return _sharded(splits[split])
@@ -435,16 +442,20 @@ def _synthetic_stream(synthetic: SyntheticConfig, split: str) -> datasets.Iterab
 
 
 def _local_stream(kind: str, where, source: str, split: str) -> datasets.IterableDataset:
-    """One split of a local source, streamed: a shard per file, a saved directory's arrow, a folder by HF."""
+    """One split of a local source, streamed: a shard per file, a saved directory's or a plain folder's
+    index's arrow, any other folder by HF."""
     if kind == "files":
         return _file_stream(where, source, split)
     if kind == "saved":
-        return _saved_stream(where, source, split)
+        return _split_stream(_saved_splits(where), source, split)
     if kind == "prepared":
         files = prepared_files(where, source)
         if split not in files:
             raise DataError(f"{source}: no split '{split}'; available: {', '.join(files)}")
         return datasets.load_dataset("parquet", data_files={split: files[split]}, split=split, streaming=True)
+    indexed = folder_index.splits(where)
+    if indexed is not None:
+        return _split_stream(indexed, source, split)
     return datasets.load_dataset(str(where), split=split, streaming=True)
 
 

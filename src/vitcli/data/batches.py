@@ -281,7 +281,9 @@ def labels(ds: datasets.Dataset, column: str) -> torch.Tensor:
     """The label column as int64 (N,); zeros for unlabeled images (data.label_column="", for mpp)."""
     if not column:
         return torch.zeros(len(ds), dtype=torch.int64)
-    return torch.as_tensor(ds.select_columns([column]).with_format("numpy")[:][column], dtype=torch.int64)
+    # through arrow: 8 ms for ImageNet's 1.28M labels, where the numpy format took 0.42 s (twice a start)
+    values = ds.select_columns([column]).with_format("arrow")[:][column]  # (N,) pa.ChunkedArray
+    return torch.tensor(values.to_numpy(), dtype=torch.int64)
 
 
 def _ignore_interrupts(worker_id: int) -> None:

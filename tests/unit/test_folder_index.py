@@ -7,6 +7,7 @@ from __future__ import annotations
 import fnmatch
 import io
 import os
+import threading
 import time
 
 import datasets
@@ -209,6 +210,26 @@ def test_adding_or_removing_a_file_builds_it_again(tmp_path, monkeypatch, change
         (root / "a" / "1.jpg").rename(root / "a" / "2.jpg")
     assert_same_as_hf(root, tmp_path)
     assert len(calls) == 1 and any("changed since" in m for m in logged), logged
+
+
+def test_a_start_beside_one_building_the_index_waits_for_it_and_reuses_it(tmp_path, monkeypatch):
+    """Ranks (or runs) starting together: the one holding the index's lock builds it, the others wait."""
+    root = tree(tmp_path / "data", ["a/0.jpg", "b/0.jpg"], settle=True)
+    calls, path = scans(monkeypatch), folder_index.index_file(root)
+    holding, built = threading.Event(), []
+
+    def other_rank():
+        with folder_index.exclusive(path.with_suffix(".lock")):
+            holding.set()
+            time.sleep(0.5)  # without the lock, the start below would find no index and list the folder too
+            built.append(folder_index.build(root, path))
+
+    thread = threading.Thread(target=other_rank)
+    thread.start()
+    holding.wait()
+    ours = folder_index.splits(root)
+    thread.join()
+    assert len(calls) == 1 and built[0] and rows(ours["train"]) == rows(built[0]["train"])
 
 
 def test_an_index_of_a_folder_changed_just_now_is_used_but_not_kept(tmp_path, logged):

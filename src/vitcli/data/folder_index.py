@@ -338,7 +338,8 @@ def split_ranges(ds: datasets.Dataset, spans: dict[str, list[int]]) -> dict[str,
 
 # --- reused or built ---------------------------------------------------------------------------------------
 
-_ANNOUNCED: set[Path] = set()  # indexes this process has said it reuses: one line each, not one per split
+# the indexes this process said it reuses and the folders it said HF reads: one line each, not one per split
+_ANNOUNCED: set[Path] = set()
 
 
 def splits(root: Path) -> dict[str, datasets.Dataset] | None:
@@ -401,9 +402,9 @@ def reuse(path: Path, root: Path) -> dict[str, datasets.Dataset] | None:
             raise ValueError(f"{len(ds)} rows")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
-        console.log(f"[yellow]warning: folder index {path} is damaged ({type(e).__name__}); building it "
-                    "again")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as e:
+        console.log(f"[yellow]warning: folder index {path} is unreadable or damaged ({type(e).__name__}); "
+                    "building it again")
         return None
     if path not in _ANNOUNCED:
         _ANNOUNCED.add(path)
@@ -420,7 +421,9 @@ def build(root: Path, path: Path) -> dict[str, datasets.Dataset] | None:
         tab, spans = table(root, listing)
         tab = with_metadata(tab, root, listing, spans)
     except (NotPlain, UnicodeEncodeError) as e:  # a name that is not UTF-8 cannot be an arrow string
-        console.log(f"{root} is not a plain image folder ({e}): HF's imagefolder builder reads it")
+        if root not in _ANNOUNCED:
+            _ANNOUNCED.add(root)
+            console.log(f"{root} is not a plain image folder ({e}): HF's imagefolder builder reads it")
         return None
     recent = [rel or "." for rel, mtime_ns in listing.dirs.items() if mtime_ns > started - SETTLE_NS]
     kept = keep(path, tab, recent)

@@ -3,10 +3,9 @@
 beside timm's own scan of the same folder and HF's imagefolder builder (what `load_dataset` ran for every
 plain folder before the index). Every figure is one fresh process, as a user's start is.
 
-The folder is built without the disk: `--classes` class directories of `--per-class` hard links each under
-train/ (and `--val-per-class` under val/), each linking to one of `--photos` small JPEGs kept in ROOT/.photos
-(hidden: no row of the folder's), with ImageNet's names (train/n01440764/n01440764_10026.JPEG,
-val/n01440764/ILSVRC2012_val_00000001.JPEG). One JSON object on stdout.
+The folder is bench/rehearse.py's (its `build_tree`), built without the disk: `--classes` class directories
+of `--per-class` hard links each under train/ (and `--val-per-class` under val/), each linking to one of
+`--photos` small JPEGs kept in ROOT/.photos (hidden: no row of the folder's). One JSON object on stdout.
 
     PYTHONPATH=src python bench/index_scan.py --root /tmp/inet   # 1000 x 1281 (+ 1000 x 50): ~20 min
     PYTHONPATH=src python bench/index_scan.py --root /tmp/inet --hf-limit 0  # without HF: ~2 min
@@ -16,7 +15,6 @@ HF's builder takes about 23 minutes at full size (fsspec's glob stats every file
 patterns HF tries): `--hf-limit S` stops each of its loads after S seconds (600), and then it is timed again
 on a folder of `--hf-classes` classes (100) for a rate in files/s. The folder is removed afterwards unless
 `--keep`; one of the same shape already at --root is used as it is (building 1.33M links takes 30-60 s).
-Other benches build their folder with `build_tree(root, classes, per_class, val_per_class, photos)`.
 """
 
 from __future__ import annotations
@@ -34,72 +32,38 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+import numpy as np
+from PIL import Image
+from rehearse import build_tree  # bench/rehearse.py: the same ImageNet-shaped tree of hard links
+
 from vitcli.data.folder_index import SETTLE_NS
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = ".photos"  # the JPEGs linked to, inside the folder (hard links stay on one file system), hidden
-FIRST_WNID = 1440764  # ImageNet's first class, n01440764; the others here are made up past it
 
 
 def make_photos(folder: Path, n: int, seed: int = 0) -> list[Path]:
-    """`n` small JPEGs (random pixels, 32-96 px) to link to: scanning never opens them, reading does."""
-    import numpy as np
-    from PIL import Image
-
+    """`n` small JPEGs (random pixels, 32-96 px) to link to: listing never opens them, reading rows does."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(n):
         h, w = (int(v) for v in rng.integers(32, 97, 2))
-        path = folder / f"photo{i:04d}.jpg"
         buf = io.BytesIO()
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
-        path.write_bytes(buf.getvalue())
-        paths.append(path)
+        paths.append(folder / f"photo{i:04d}.jpg")
+        paths[-1].write_bytes(buf.getvalue())
     return paths
 
 
-def wnid(i: int) -> str:
-    """The i-th class directory's name, ImageNet-like (n01440764, ...)."""
-    return f"n{FIRST_WNID + 997 * i:08d}"
-
-
-def build_tree(root: Path, classes: int, per_class: int, val_per_class: int, photos: list[Path]) -> dict:
-    """root/train/<wnid>/<wnid>_<k>.JPEG (`per_class` each) and root/val/<wnid>/ILSVRC2012_val_<n>.JPEG
-    (`val_per_class` each, none if 0), every one a hard link (os.link) to one of `photos` in turn; the
-    photos must be on root's file system. Returns {"train": rows, "val": rows, "seconds": s}."""
-    t0, n, val_id = time.perf_counter(), 0, 0
-    for c in range(classes):
-        name = wnid(c)
-        folder = root / "train" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        for k in range(per_class):
-            os.link(photos[n % len(photos)], folder / f"{name}_{10026 + 7 * k}.JPEG")
-            n += 1
-        if val_per_class:
-            folder = root / "val" / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for _ in range(val_per_class):
-                val_id += 1
-                os.link(photos[n % len(photos)], folder / f"ILSVRC2012_val_{val_id:08d}.JPEG")
-                n += 1
-    return {"train": classes * per_class, "val": val_id, "seconds": round(time.perf_counter() - t0, 1)}
-
-
 def has_tree(root: Path, classes: int, per_class: int, val_per_class: int) -> bool:
-    """A tree of this shape is already there (its last class directories complete)."""
-    last = wnid(classes - 1)
-    train, val = root / "train" / last, root / "val" / last
-    if not train.is_dir() or len(os.listdir(root / "train")) != classes:
-        return False
-    val_ok = not val_per_class or len(os.listdir(val)) == val_per_class
-    return len(os.listdir(train)) == per_class and val_ok
-
-
-def timed(fn) -> tuple[float, object]:
-    t0 = time.perf_counter()
-    out = fn()
-    return round(time.perf_counter() - t0, 2), out
+    """A tree of this shape is already at `root` (its class directories there, the last ones complete)."""
+    shape = [(root / "train", per_class)] + ([(root / "val", val_per_class)] if val_per_class else [])
+    for split, n in shape:
+        names = sorted(os.listdir(split)) if split.is_dir() else []
+        if len(names) != classes or len(os.listdir(split / names[-1])) != n:
+            return False
+    return True
 
 
 def in_process(code: str, env: dict | None = None, timeout: float | None = None) -> dict:
@@ -121,7 +85,7 @@ import json, time
 from timm.data import create_dataset
 t0 = time.perf_counter()
 ds = create_dataset("", root={root!r}, split="train")
-print(json.dumps({{"seconds": round(time.perf_counter() - t0, 2), "rows": len(ds)}}))
+print(json.dumps({{"seconds": round(time.perf_counter() - t0, 3), "rows": len(ds)}}))
 """
 
 INDEX = """
@@ -129,7 +93,7 @@ import json, time
 from vitcli.data import folder_index
 t0 = time.perf_counter()
 splits = folder_index.splits({root!r})
-seconds = round(time.perf_counter() - t0, 2)
+seconds = round(time.perf_counter() - t0, 3)
 print(json.dumps({{"seconds": seconds, "rows": {{k: len(v) for k, v in splits.items()}}}}))
 """
 
@@ -191,7 +155,7 @@ def measure(root: Path, hf_limit: float) -> dict:
     out["index_reused"] = in_process(INDEX.format(root=str(root)), env)
     out["load_split_reused"] = in_process(LOAD_SPLIT.format(root=str(root)), env)
     out["pretrain_one_step_reused"] = pretrain_start(root, cache, cache / "run")
-    out["first_over_timm"] = round(out["index_first"]["seconds"] / out["timm_scan"]["seconds"], 2)
+    out["first_over_timm"] = round(out["index_first"]["seconds"] / max(out["timm_scan"]["seconds"], 1e-3), 2)
     if hf_limit:
         out["hf_imagefolder"] = hf_loads(root, cache / "hf", hf_limit)
     shutil.rmtree(cache, ignore_errors=True)
@@ -210,7 +174,7 @@ def hf_rate(root: Path, classes: int, per_class: int, val_per_class: int, limit:
     time grows with the files (fsspec stats every file once per split pattern it tries, 57 of them here)."""
     sub = root.parent / f"{root.name}-hf{classes}"
     shutil.rmtree(sub, ignore_errors=True)
-    build_tree(sub, classes, per_class, val_per_class, sorted((root / PHOTOS).glob("*.jpg")))
+    build_tree(sub, sorted((root / PHOTOS).glob("*.jpg")), classes, per_class, val_per_class)
     try:
         loads = hf_loads(sub, sub.parent / f"{sub.name}-cache", limit)
     finally:
@@ -240,7 +204,7 @@ def main() -> None:
     if not has_tree(root, *shape):
         shutil.rmtree(root, ignore_errors=True)
         photos = make_photos(root / PHOTOS, args.photos)  # hidden: no image of the folder's
-        built = build_tree(root, *shape, photos)
+        built = build_tree(root, photos, *shape)
         time.sleep(SETTLE_NS / 1e9)  # the index keeps no listing of a directory younger than this
     try:
         out = {"tree": {"root": str(root), "built": built}, **measure(root, args.hf_limit)}

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -147,8 +148,15 @@ def machine() -> str:
 
 def measure(root: Path, hf_limit: float) -> dict:
     """Every figure on the folder at `root`, each start in a fresh process, the index's cache fresh."""
-    cache = Path(os.environ.get("TMPDIR", "/tmp")) / f"index-scan-cache-{os.getpid()}"
-    shutil.rmtree(cache, ignore_errors=True)
+    cache = Path(tempfile.mkdtemp(prefix="index-scan-cache-"))
+    try:
+        return figures(root, cache, hf_limit)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def figures(root: Path, cache: Path, hf_limit: float) -> dict:
+    """measure's figures, the index kept in `cache`."""
     env = {"VITCLI_CACHE": str(cache)}
     out = {"machine": machine(), "timm_scan": in_process(TIMM.format(root=str(root)))}
     out["index_first"] = in_process(INDEX.format(root=str(root)), env)
@@ -158,7 +166,6 @@ def measure(root: Path, hf_limit: float) -> dict:
     out["first_over_timm"] = round(out["index_first"]["seconds"] / max(out["timm_scan"]["seconds"], 1e-3), 2)
     if hf_limit:
         out["hf_imagefolder"] = hf_loads(root, cache / "hf", hf_limit)
-    shutil.rmtree(cache, ignore_errors=True)
     return out
 
 

@@ -13,7 +13,8 @@ Each side runs as a command in its own process, with its own defaults, from a co
   timm   timm's own `train.py` (give its path: --timm-train; from timm's repository at the installed
          version) with the same network (`vit_tiny_patch16_224` with the quickstart's sizes as
          --model-kwargs), image size, batch, crop range, optimiser, interpolation and [-1, 1] scaling, colour
-         jitter off (vit has none), on the CPU
+         jitter off (vit has none), on the CPU; launched through bench/timm_train_pillow13.py, which makes its
+         RandAugment's 0-bit posterize black where Pillow 13 refuses it (DeiT's spec draws it)
 For each: the seconds from the command to its first training step (`start`, twice: the first builds what
 the tool builds, the second reuses what it kept), images/s over the steps after a warm-up, read from the
 outside on both sides (the times at which each step's log line appears: metrics.jsonl rows for vit,
@@ -78,6 +79,7 @@ DEIT_VIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.
 DEIT_TIMM = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--remode", "pixel", "--mixup", "0.8",
              "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--smoothing", "0.1"]
 SAMPLE_S = 0.2
+PILLOW13 = Path(__file__).with_name("timm_train_pillow13.py")  # train.py, its posterize runnable on Pillow 13
 
 
 def progress(msg: str) -> None:
@@ -231,7 +233,7 @@ def vit_steps(workdir: Path):
 def timm_side(train_py: Path, root: Path, out: Path, workers: int, deit: bool, classes: int, val: bool,
               net: Network = NETWORKS["quickstart_32"]) -> list[str]:
     """timm's train.py on the tree with the network and what vit's side does."""
-    return [sys.executable, str(train_py), "--data-dir", str(root), "--train-split", "train",
+    return [sys.executable, str(PILLOW13), str(train_py), "--data-dir", str(root), "--train-split", "train",
             "--val-split", "val" if val else "", *net.timm, "--img-size", str(net.img), "-b", str(net.batch),
             "--opt", "adamw", "--lr", "2e-3", "--weight-decay", "0.05", "--epochs", "1",
             "--warmup-epochs", "0", "--workers", str(workers), "--device", "cpu", "--log-interval", "1",
@@ -415,7 +417,9 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
                            a.augmentation.split(","), a.steps)
     runs = [r for r in runs if not a.only or r.name in a.only.split(",")]
     results = {"machine": _machine(), "tree": tree,
-               "timm_side": f"train.py: {a.timm_train}" if a.timm_train else "not run (no --timm-train)",
+               "timm_side": (f"train.py: {a.timm_train} (through bench/timm_train_pillow13.py: posterize at "
+                             "0 bits black, which Pillow 13 refuses)") if a.timm_train else
+                            "not run (no --timm-train)",
                "baseline_mb": import_baseline(), **measure(plan, runs, not a.no_start)}
     if a.shard_per_class:
         results["shards"] = shards(plan, photos, a.shard_per_class, runs, environment(plan))

@@ -8,7 +8,7 @@ export HF_DATASETS_OFFLINE := 1
 
 setup: $(VENV_STAMP)
 
-$(VENV_STAMP): pyproject.toml setup.py src/vitcli/data/_jpeg_region.c
+$(VENV_STAMP): pyproject.toml setup.py src/vitcli/data/decoding/_jpeg_region.c
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

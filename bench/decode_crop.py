@@ -32,9 +32,9 @@ from torchvision.io import decode_jpeg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jpegs import write_jpegs  # bench/jpegs.py
 
-from vitcli.data import jpeg_region
-from vitcli.data.augment import draws, resize_each
-from vitcli.data.decode import Encoded
+from vitcli.data.augmentation.augment import draws, resize_each
+from vitcli.data.decoding import jpeg_region
+from vitcli.data.decoding.decode import Encoded
 
 OUTS = (224, 32)
 AREA = (0.08, 1.0)  # RandomResizedCrop's default scale, the recipes' data.crop_min_area..1
@@ -144,8 +144,8 @@ def main() -> None:
     parser.add_argument("--eighths", action="store_true", help="also time libjpeg's M/8 scalings")
     args = parser.parse_args()
     if jpeg_region._jpeg_region is None:
-        sys.exit("the C extension vitcli.data._jpeg_region is not built: pip install -e . where gcc and "
-                 "jpeglib.h are")
+        sys.exit("the C extension vitcli.data.decoding._jpeg_region is not built: pip install -e . where gcc "
+                 "and jpeglib.h are")
     torch.set_num_threads(1)
     cases = crops(args.images)
     variants = {"encoded_with_extension": encoded, "encoded_without_extension": without_extension,

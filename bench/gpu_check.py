@@ -244,7 +244,7 @@ def augmentation_child(r, overrides: list[str]) -> dict:
     the loader shipped (pinned, on the host: the copy is timed too), synchronised at both ends, best of
     three passes; and a compiled training step of the recipe's model (bare_loop). `overrides`: the recipe's,
     which each entry's are added to."""
-    from vitcli.data import sources
+    from vitcli.data.rows import sources
     from vitcli.recipe.resolve import resolve
     from vitcli.runtime.dist import setup
 
@@ -266,7 +266,8 @@ def _finish_ms(r, ds, device, in_workers: bool) -> float:
     """Milliseconds per micro-batch of finish + mix on `device` for the recipe `r`, best of three passes
     over six shipped micro-batches; `in_workers`: the loader workers resize and apply the uint8 ops (vit's
     route), else they ship whole crops and the device does it all (batches.RESIZE_IN_WORKERS)."""
-    from vitcli.data import augmentations, batches
+    from vitcli.data.augmentation import augmentations
+    from vitcli.data.batching import batches
 
     route, batches.RESIZE_IN_WORKERS = batches.RESIZE_IN_WORKERS, in_workers
     try:
@@ -283,7 +284,7 @@ def _finish_ms(r, ds, device, in_workers: bool) -> float:
 
 def one_pass(shipped: list, aug, spec, device) -> float:
     """Milliseconds per micro-batch to finish the `shipped` batches on `device` and mix them."""
-    from vitcli.data import augment, augmentations
+    from vitcli.data.augmentation import augment, augmentations
 
     _sync(device)
     t0 = time.perf_counter()
@@ -363,7 +364,7 @@ def child(spec_path: Path, out_path: Path) -> None:
         if spec["feed"] == "device":
             run_stage.train_feed = device_feed  # the trainer as it is, its input taken out
         elif spec["feed"] == "jpeg_shipped":
-            from vitcli.data import batches
+            from vitcli.data.batching import batches
 
             batches.RESIZE_IN_WORKERS = False  # whole crops shipped, resized and augmented on the GPU
         summary = run_stage.one_run(r, workdir)

@@ -1,5 +1,6 @@
 """How long a start takes on an ImageNet-shaped image folder (issue 36): vitcli's folder index
-(data/folder_index.py: first build, reuse), `sources.load_split` and a whole one-step `vit pretrain` on it,
+(data/rows/folder_index.py: first build, reuse), `sources.load_split` and a whole one-step `vit pretrain` on
+it,
 beside timm's own scan of the same folder and HF's imagefolder builder (what `load_dataset` ran for every
 plain folder before the index). Every figure is one fresh process, as a user's start is.
 
@@ -37,7 +38,7 @@ import numpy as np
 from PIL import Image
 from rehearse import build_tree  # bench/rehearse.py: the same ImageNet-shaped tree of hard links
 
-from vitcli.data.folder_index import SETTLE_NS
+from vitcli.data.rows.folder_index import SETTLE_NS
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = ".photos"  # the JPEGs linked to, inside the folder (hard links stay on one file system), hidden
@@ -91,7 +92,7 @@ print(json.dumps({{"seconds": round(time.perf_counter() - t0, 3), "rows": len(ds
 
 INDEX = """
 import json, time
-from vitcli.data import folder_index
+from vitcli.data.rows import folder_index
 t0 = time.perf_counter()
 splits = folder_index.splits({root!r})
 seconds = round(time.perf_counter() - t0, 3)
@@ -101,7 +102,7 @@ print(json.dumps({{"seconds": seconds, "rows": {{k: len(v) for k, v in splits.it
 LOAD_SPLIT = """
 import json, random, time
 t0 = time.perf_counter()
-from vitcli.data import sources
+from vitcli.data.rows import sources
 from vitcli.recipe.schema import DataConfig
 t1 = time.perf_counter()
 ds = sources.load_split(DataConfig(source={root!r}), "train")

@@ -44,7 +44,8 @@ from PIL import Image
 from timm.data import create_transform
 from torchvision.transforms import v2
 
-from vitcli.data import batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.allocator import keep_freed_memory
 

@@ -36,8 +36,9 @@ from timm.data import create_transform
 from torchvision.io import decode_jpeg
 from torchvision.transforms import v2
 
-from vitcli.data import batches, sources, streams
-from vitcli.data.synthetic import make_synthetic
+from vitcli.data.batching import batches, streams
+from vitcli.data.rows import sources
+from vitcli.data.rows.synthetic import make_synthetic
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 FILES = 4

@@ -25,7 +25,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import numpy as np
 from PIL import Image
 
-from vitcli.data import batches, prepare, sources, streams
+from vitcli.data.batching import batches, streams
+from vitcli.data.rows import prepare, sources
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "ihc.png", "motorcycle_left.png",

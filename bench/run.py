@@ -67,7 +67,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.fewshot import features
 from vitcli.models import zoo
 from vitcli.models.flops import train_flops_per_image

@@ -42,7 +42,7 @@ def vit(args: list[str], env: dict) -> None:
 
 def read_rate(source: str) -> float:
     """Examples/s of one epoch of the copy's raw train stream, in this process (the median of 3)."""
-    from vitcli.data import sources
+    from vitcli.data.rows import sources
     from vitcli.recipe.schema import DataConfig
 
     rates = []

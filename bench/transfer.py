@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from jpegs import write_jpegs  # bench/jpegs.py
 
-from vitcli.data import sources
+from vitcli.data.rows import sources
 from vitcli.fewshot import evaluate, features, protocols
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve

@@ -19,7 +19,7 @@ import datasets
 import numpy as np
 from PIL import Image
 
-from vitcli.data import tasks
+from vitcli.data.rows import tasks
 
 TRAIN, VAL = 800, 200  # what train800val200 reads: train[:800] + validation[:200]
 

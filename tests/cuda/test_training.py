@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from vitcli.data import batches, sources
-from vitcli.data.augmentations import mixing_of
+from vitcli.data.augmentation.augmentations import mixing_of
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import micro_batches

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from vitcli.data import sources
+from vitcli.data.rows import sources
 from vitcli.errors import DataError
 from vitcli.evaluators.heldout import ClassificationEvaluator
 from vitcli.fewshot import features

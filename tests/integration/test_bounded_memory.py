@@ -7,7 +7,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from vitcli.data import batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.memory import PeakMemory
 

@@ -201,7 +201,7 @@ def ckpt(tmp_path_factory) -> Path:
 def handed(ckpt: Path, tmp: Path) -> dict:
     """command -> (its arguments, the stage function it hands over to, what that receives after the
     recipe, and what the recipe it receives says by dotted key; None: it receives none)."""
-    from vitcli.data.prepare import Options
+    from vitcli.data.rows.prepare import Options
 
     return {
         "evaluate": (

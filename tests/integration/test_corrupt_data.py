@@ -21,7 +21,9 @@ import torch
 from PIL import Image
 
 from helpers import REPO, run_vit
-from vitcli.data import bad_images, batches, sources, streams
+from vitcli.data.batching import batches, streams
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources
 from vitcli.errors import DataError
 from vitcli.evaluators import heldout, inference
 from vitcli.evaluators.heldout import ClassificationEvaluator

@@ -21,8 +21,9 @@ from helpers import export_npz, run_vit, tiny_vit
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import bad_images, sources
-from vitcli.data.synthetic import class_names, make_synthetic
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources
+from vitcli.data.rows.synthetic import class_names, make_synthetic
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.resolve import resolve

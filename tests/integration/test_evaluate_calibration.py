@@ -15,7 +15,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from helpers import run_vit, tiny_vit
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data.synthetic import make_synthetic
+from vitcli.data.rows.synthetic import make_synthetic
 from vitcli.evaluators.calibration import expected_calibration_error, fit_temperature
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.layers import to_dict

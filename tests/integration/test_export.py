@@ -29,9 +29,9 @@ from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli.options import ExportFormat
-from vitcli.data.augment import finish
-from vitcli.data.decode import Encoded
-from vitcli.data.transforms import build_transform
+from vitcli.data.augmentation.augment import finish
+from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.decoding.decode import Encoded
 from vitcli.errors import CheckpointError
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.schema import DataConfig, ModelConfig

@@ -13,7 +13,8 @@ from vitcli import cli
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import bad_images, tasks
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import tasks
 from vitcli.evaluators import inference
 from vitcli.fewshot import features, solver
 from vitcli.fewshot.evaluate import data_id, load_task_split

@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer
 from helpers import run_vit
 from vitcli.checkpoints import state
 from vitcli.checkpoints.complete import complete
-from vitcli.data.synthetic import make_synthetic
+from vitcli.data.rows.synthetic import make_synthetic
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SyntheticConfig

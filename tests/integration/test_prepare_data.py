@@ -20,7 +20,7 @@ from torchvision.transforms.v2 import functional as TF
 from helpers import run_vit, stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import prepare, sources
+from vitcli.data.rows import prepare, sources
 from vitcli.errors import DataError
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig, SyntheticConfig

@@ -24,7 +24,9 @@ from PIL import Image
 from helpers import stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import bad_images, batches, sampler, sources, streams, tar_shards
+from vitcli.data.batching import batches, sampler, streams
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources, tar_shards
 from vitcli.errors import CheckpointError, DataError, RecipeError
 from vitcli.recipe.data_checks import check_stream
 from vitcli.recipe.resolve import resolve

@@ -7,7 +7,8 @@ import torch
 
 from helpers import bv_sigmoid_xent, bv_softmax_xent
 from vitcli.checkpoints.weights import load_weights
-from vitcli.data import batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics

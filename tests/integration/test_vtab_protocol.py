@@ -12,7 +12,9 @@ import yaml
 from PIL import Image
 
 from helpers import run_vit
-from vitcli.data import batches, decode, sources, tasks
+from vitcli.data.batching import batches
+from vitcli.data.decoding import decode
+from vitcli.data.rows import sources, tasks
 from vitcli.fewshot.evaluate import data_cfg
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics

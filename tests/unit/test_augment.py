@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitcli.data.augment import (
+from vitcli.data.augmentation.augment import (
     Pixels,
     finish,
     inception_boxes,

@@ -11,10 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli.data import augmentations, batches
-from vitcli.data.augment import finish
-from vitcli.data.decode import Encoded
-from vitcli.data.transforms import build_transform
+from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augment import finish
+from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.batching import batches
+from vitcli.data.decoding.decode import Encoded
 from vitcli.recipe.schema import DataConfig
 
 CPU = torch.device("cpu")

@@ -18,11 +18,13 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vitcli.data import augmentations, batches, sources, tar_shards
-from vitcli.data.augment import finish, pack
-from vitcli.data.decode import Encoded
-from vitcli.data.synthetic import class_names, make_synthetic, render
-from vitcli.data.transforms import build_transform
+from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augment import finish, pack
+from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.batching import batches
+from vitcli.data.decoding.decode import Encoded
+from vitcli.data.rows import sources, tar_shards
+from vitcli.data.rows.synthetic import class_names, make_synthetic, render
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import check_data
 from vitcli.recipe.schema import DataConfig, Recipe, SyntheticConfig

@@ -20,7 +20,7 @@ from scipy.stats import ks_2samp
 from timm.data import random_erasing
 from timm.data.random_erasing import RandomErasing
 
-from vitcli.data.erasing import ErasingDraws, ErasingSpec, apply, box_masks, draw
+from vitcli.data.augmentation.erasing import ErasingDraws, ErasingSpec, apply, box_masks, draw
 
 N = 20000
 ALPHA = 1e-4

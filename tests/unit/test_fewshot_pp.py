@@ -15,9 +15,9 @@ from PIL import Image
 from torchvision import transforms as T
 
 from helpers import tiny_vit
-from vitcli.data.augment import finish, tf_bilinear
-from vitcli.data.decode import Encoded
-from vitcli.data.transforms import build_transform, central_crop_offsets
+from vitcli.data.augmentation.augment import finish, tf_bilinear
+from vitcli.data.augmentation.transforms import build_transform, central_crop_offsets
+from vitcli.data.decoding.decode import Encoded
 from vitcli.errors import RecipeError
 from vitcli.fewshot import features
 from vitcli.fewshot.evaluate import preprocessing

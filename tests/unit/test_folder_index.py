@@ -20,7 +20,7 @@ from datasets.data_files import (
 )
 from PIL import Image
 
-from vitcli.data import folder_index, sources
+from vitcli.data.rows import folder_index, sources
 from vitcli.recipe.schema import DataConfig
 
 _buf = io.BytesIO()

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli.data.decode import Encoded, header_size
+from vitcli.data.decoding.decode import Encoded, header_size
 
 
 def _image(mode: str, size: tuple[int, int], seed: int = 0) -> Image.Image:

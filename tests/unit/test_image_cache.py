@@ -11,9 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli.data import batches, image_cache, sources
-from vitcli.data.decode import encoded
-from vitcli.data.image_cache import SharedImages, cache_for, encoded_bytes
+from vitcli.data.batching import batches
+from vitcli.data.decoding import image_cache
+from vitcli.data.decoding.decode import encoded
+from vitcli.data.decoding.image_cache import SharedImages, cache_for, encoded_bytes
+from vitcli.data.rows import sources
 from vitcli.recipe.schema import DataConfig
 
 

@@ -17,12 +17,12 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from vitcli.data import jpeg_region
-from vitcli.data.decode import Encoded
+from vitcli.data.decoding import jpeg_region
+from vitcli.data.decoding.decode import Encoded
 
 built = pytest.mark.skipif(jpeg_region._jpeg_region is None, reason=(
-    "the C extension vitcli.data._jpeg_region is not built (pip install -e . builds it where gcc and "
-    "jpeglib.h are found: Debian's libjpeg-dev)"))
+    "the C extension vitcli.data.decoding._jpeg_region is not built (pip install -e . builds it where gcc "
+    "and jpeglib.h are found: Debian's libjpeg-dev)"))
 
 SIZES = [(237, 301), (100, 81), (17, 33), (1, 40)]  # (height, width): none a whole number of 16 px MCUs
 KINDS = {  # PIL's save options: 4:2:0 (its default), 4:2:2, 4:4:4, grey, progressive, restart markers

@@ -27,12 +27,15 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                  "dist", "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
-    # images into batches: how an image that does not decode is named and tallied, first (every
-    # reader of images uses it); the recipe's augmentation ops, then what draws and applies them
-    ("data", ["bad_images", "synthetic", "jpeg_region", "decode", "pillow_ops", "randaugment",
-              "three_augment", "erasing", "mixing", "augmentations", "augment", "transforms", "tasks",
-              "imagenet", "tar_shards", "folder_index", "sources", "sampler", "image_cache", "batches",
-              "streams", "prepare"]),
+    # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how an image
+    # that does not decode is named and tallied (every reader of images uses it), the crop-only JPEG decode,
+    # the decoded-image cache; then the augmentation ops and what draws and applies them; then where rows come
+    # from (sources, the folder index, tar shards, prepared copies); then what batches them
+    ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
+    ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
+                           "augment", "transforms"]),
+    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "sources", "prepare"]),
+    ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "complete", "fit",
                      "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
@@ -93,7 +96,7 @@ def test_only_the_command_line_and_the_errors_sit_at_the_top_level():
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_each_package_says_what_it_holds(package):
-    doc = ast.get_docstring(ast.parse((SRC / package / "__init__.py").read_text()))
+    doc = ast.get_docstring(ast.parse(SRC.joinpath(*package.split("."), "__init__.py").read_text()))
     assert doc, f"{package}/__init__.py has no docstring naming its modules"
     missing = [n for n in dict(LAYERS)[package] if f"{n}.py" not in doc]
     assert not missing, f"{package}/__init__.py does not name {missing}"

@@ -19,7 +19,7 @@ from scipy.stats import ks_2samp
 from timm.data import Mixup
 from timm.data import mixup as timm_mixup
 
-from vitcli.data.mixing import MixDraws, MixSpec, apply, draw
+from vitcli.data.augmentation.mixing import MixDraws, MixSpec, apply, draw
 
 K = 10  # classes
 SPECS = {  # timm Mixup arguments; every one of them is also a MixSpec

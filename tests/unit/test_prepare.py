@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data import prepare
+from vitcli.data.rows import prepare
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 

@@ -1,7 +1,7 @@
-"""Batched RandAugment (vitcli.data.randaugment) is timm's: each op on a batch of uint8 tensors equals timm's
-PIL op (timm.data.auto_augment.NAME_TO_OP) on the same image with the same argument, the level functions
-equal timm's for both signs, the draws follow timm's RandAugment's distribution (ops, how often applied,
-arguments), any image size works, and the result depends only on the draws."""
+"""Batched RandAugment (vitcli.data.augmentation.randaugment) is timm's: each op on a batch of uint8 tensors
+equals timm's PIL op (timm.data.auto_augment.NAME_TO_OP) on the same image with the same argument, the level
+functions equal timm's for both signs, the draws follow timm's RandAugment's distribution (ops, how often
+applied, arguments), any image size works, and the result depends only on the draws."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from PIL import Image, ImageOps
 from timm.data import auto_augment as aa
 
-from vitcli.data import randaugment as ra
+from vitcli.data.augmentation import randaugment as ra
 from vitcli.errors import DataError
 
 try:  # real photographs when scikit-image is there; drawn images with edges and gradients otherwise

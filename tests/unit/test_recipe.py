@@ -8,7 +8,7 @@ from timm.data.auto_augment import rand_augment_transform
 
 from helpers import REPO
 from vitcli.checkpoints.complete import complete
-from vitcli.data import synthetic, tasks
+from vitcli.data.rows import synthetic, tasks
 from vitcli.errors import RecipeError, VitcliError
 from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES
 from vitcli.recipe.data_checks import check_randaugment

@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from timm.data.distributed_sampler import RepeatAugSampler
 
-from vitcli.data import batches, sampler
+from vitcli.data.batching import batches, sampler
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.checks import check
 from vitcli.recipe.layers import merge

@@ -12,7 +12,7 @@ import pytest
 import timm.data
 import torch
 
-from vitcli.data import imagenet
+from vitcli.data.rows import imagenet
 from vitcli.errors import DataError
 from vitcli.evaluators import robustness
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from vitcli.data import batches, streams
+from vitcli.data.batching import batches, streams
 from vitcli.errors import CheckpointError
 from vitcli.recipe.schema import DataConfig
 

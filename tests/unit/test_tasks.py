@@ -7,7 +7,7 @@ import pytest
 from datasets import ClassLabel, Dataset
 from datasets.arrow_reader import ReadInstruction
 
-from vitcli.data import tasks
+from vitcli.data.rows import tasks
 from vitcli.errors import DataError
 
 # TFDS train-split sizes and task_adaptation's train percentages: val200 starts where its "train" ends.

@@ -22,7 +22,7 @@ import torchvision.transforms.v2.functional as TF
 from PIL import Image, ImageFilter, ImageOps
 from scipy.stats import kstest
 
-from vitcli.data.three_augment import (
+from vitcli.data.augmentation.three_augment import (
     BLUR,
     GRAY,
     SOLARIZE,

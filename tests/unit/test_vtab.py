@@ -8,7 +8,7 @@ import numpy as np
 from PIL import Image
 
 from vitcli import cli
-from vitcli.data.sources import load_split
+from vitcli.data.rows.sources import load_split
 from vitcli.recipe.schema import DataConfig
 
 

@@ -14,7 +14,7 @@ import torch
 
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import Loaded, locate_checkpoint, read_checkpoint
-from vitcli.data import tasks
+from vitcli.data.rows import tasks
 from vitcli.errors import CheckpointError, ModelError, RecipeError
 from vitcli.models.zoo import resolve_name
 from vitcli.recipe.choices import AS_TRAINED, CLASSIFIES

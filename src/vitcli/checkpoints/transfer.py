@@ -14,7 +14,7 @@ import torch
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.data import imagenet
+from vitcli.data.rows import imagenet
 from vitcli.models import layer_decay, zoo
 from vitcli.recipe.names import PAPER_VITS, paper_size, size_origin
 from vitcli.recipe.schema import Recipe

@@ -101,7 +101,7 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
     r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
                        own_data=data is None and suite is None)
     if real_timm:
-        from vitcli.data.imagenet import REAL_FILE, require_imagenet_head
+        from vitcli.data.rows.imagenet import REAL_FILE, require_imagenet_head
 
         require_imagenet_head("--real", r.init.checkpoint, r.model.num_classes)
         real_labels = REAL_FILE
@@ -212,7 +212,7 @@ def prepare_data(source: opt.Source, out: opt.OutDir, max_size: opt.MaxSize = 25
                  json_out: opt.Json = False, overrides: opt.DataOverrides = None) -> None:
     """A pre-resized copy of a dataset (parquet or tar shards + manifest.json) that data.source=OUT reads
     faster."""
-    from vitcli.data.prepare import Options
+    from vitcli.data.rows.prepare import Options
     from vitcli.stages.prepare import prepare_data
 
     options = Options(max_size=max_size, format=fmt, quality=quality, workers=workers, shards=shards)

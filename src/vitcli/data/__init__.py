@@ -1,18 +1,19 @@
 """Images into batches.
 
-bad_images.py (an image that does not decode: named, stood in for, tallied), synthetic.py (the built-in
-dataset), jpeg_region.py (a JPEG crop decoded alone, by the C extension _jpeg_region.c where it is built),
-decode.py (encoded bytes -> uint8 tensors), pillow_ops.py (Pillow's uint8 ops, batched with
-an argument per image), randaugment.py, three_augment.py, erasing.py and
-mixing.py (the augmentation ops: drawn on the host, applied batched wherever the pixels are),
-augmentations.py (the recipe's augmentation: drawn per micro-batch, applied in order), augment.py (crop
-boxes, the batched resize, flip, scaling), transforms.py (what the loader workers do), tasks.py (the task
-registry), imagenet.py (ImageNet's label spaces as timm ships them), tar_shards.py (WebDataset tar shards:
-naming, columns, writing), folder_index.py (a plain image folder's rows as HF's imagefolder gives them,
-listed in seconds and cached), sources.py (every image source as a datasets.Dataset), sampler.py (which
-rows and draws each training micro-batch gets), image_cache.py (decoded training images, one bounded copy
-for all loader workers, kept only for splits small on disk), batches.py (map-style batch streams),
-streams.py (streamed training batches), prepare.py (a pre-resized copy of a source, `vit prepare-data`).
+Four packages, in the order a training image meets them, each `__init__` naming its files:
+
+rows/          where rows come from: every source as a datasets.Dataset (sources.py), a plain image
+               folder's cached index (folder_index.py), WebDataset tar shards (tar_shards.py), the
+               built-in data (synthetic.py), the task registry (tasks.py), ImageNet's label spaces
+               (imagenet.py), and `vit prepare-data`'s pre-resized copies (prepare.py)
+decoding/      encoded bytes into uint8 pixels: decode.py, a JPEG crop decoded alone (jpeg_region.py, by the
+               C extension _jpeg_region.c), the bounded decoded-image cache (image_cache.py), and the one
+               rule for an image that does not decode (bad_images.py)
+augmentation/  crops, resizes and the recipe's augmentation, batched (augment.py, augmentations.py, the ops
+               pillow_ops.py, randaugment.py, three_augment.py, erasing.py, mixing.py) and what the loader
+               workers run (transforms.py)
+batching/      which rows and draws each micro-batch gets (sampler.py), map-style batch streams
+               (batches.py) and streamed ones (streams.py)
 
 A training micro-batch takes one route (W: a loader worker, D: the model's device); the resize and uint8
 ops can run on the device instead (batches.RESIZE_IN_WORKERS, which gpu_check flips to compare), with the
@@ -23,7 +24,7 @@ same functions:
 | read the encoded bytes  | decode.read (batches, streams: rows)       | W                | W        |
 | draw boxes, flips       | augment.draws, from (seed, step, micro)    | W                | W        |
 | draw the augmentation   | augmentations.draw, its own numpy stream   | W                | W        |
-| decode + crop           | decode.Encoded.pixels (reduced-scale JPEG) | W                | W        |
+| decode + crop           | decode.Encoded.pixels (JPEG: the crop alone) | W                | W        |
 | resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | W        |
 | RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | W        |
 | scale to [-1, 1], erase | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |

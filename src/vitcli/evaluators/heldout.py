@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vitcli.data import bad_images
+from vitcli.data.decoding import bad_images
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
 from vitcli.recipe.schema import DataConfig, MppConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcli.data import bad_images, batches
+from vitcli.data.batching import batches
+from vitcli.data.decoding import bad_images
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_gather
 from vitcli.runtime.precision import autocast

@@ -19,7 +19,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from vitcli.data import imagenet
+from vitcli.data.rows import imagenet
 from vitcli.errors import DataError
 from vitcli.recipe.choices import IMAGENET_SETS
 

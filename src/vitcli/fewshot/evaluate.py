@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vitcli.data import bad_images, sources, tasks
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources, tasks
 from vitcli.errors import DataError
 from vitcli.fewshot import features, protocols, solver
 from vitcli.recipe.schema import DataConfig, Recipe

@@ -16,7 +16,7 @@ from rich.markup import escape
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from vitcli.data import bad_images
+from vitcli.data.decoding import bad_images
 from vitcli.errors import DataError
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.recipe.schema import DataConfig

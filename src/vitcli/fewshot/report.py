@@ -17,7 +17,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from vitcli.data import bad_images, tasks
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import tasks
 from vitcli.fewshot.evaluate import draws, summarise
 from vitcli.fewshot.solver import DRAW_FIELDS
 from vitcli.recipe.layers import to_dict

@@ -40,8 +40,9 @@ ERASING_MODES = ("pixel", "rand", "const")  # data.erasing_mode: timm RandomEras
 MIX_MODES = ("batch", "pair", "elem")  # data.mix_mode: timm Mixup's modes
 EMA_SAVES = ("live", "ema")  # ema.save: the weights model.safetensors holds
 DISTILL_TYPES = ("none", "hard", "soft")  # distill.type: DeiT's --distillation-type
-# data.label_rule: labels derived from raw columns (VTAB); vitcli.data.tasks.LABEL_RULES holds their functions
+# data.label_rule: labels derived from raw columns (VTAB); vitcli.data.rows.tasks.LABEL_RULES holds their
+# functions
 LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprites_location",
                "dsprites_orientation")
-# data.source=synthetic, the built-in data: 6 shapes x 5 textures (vitcli.data.synthetic draws them)
+# data.source=synthetic, the built-in data: 6 shapes x 5 textures (vitcli.data.rows.synthetic draws them)
 SYNTHETIC_MAX_CLASSES = 30

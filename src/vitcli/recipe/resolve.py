@@ -123,7 +123,7 @@ def _stream_tar_shards(recipe: Recipe, layers: list[dict]) -> None:
 def needs_torch(recipe: Recipe) -> bool:
     """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm describes it),
     a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one),
-    few-shot task names (their registry, vitcli.data.tasks, imports datasets), or a teacher to find."""
+    few-shot task names (their registry, vitcli.data.rows.tasks, imports datasets), or a teacher to find."""
     from_checkpoint = recipe.stage != "pretrain" and bool(recipe.init.checkpoint)
     heavy = from_checkpoint or recipe.run.device == "cuda" or bool(recipe.fewshot.tasks)
     heavy = heavy or bool(recipe.distill.teacher)

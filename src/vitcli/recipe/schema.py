@@ -69,8 +69,8 @@ class DataConfig:
     eval_batch_size: int = 256
     num_workers: int = 2
     # training keeps its images decoded, one copy shared by the loader workers, when they take at most
-    # 192 MiB on disk (CIFAR, a VTAB-1k task; data/image_cache.py): at most this many MiB of pixels on this
-    # host, whatever the images turn out to be. 0 turns the cache off.
+    # 192 MiB on disk (CIFAR, a VTAB-1k task; data/decoding/image_cache.py): at most this many MiB of pixels
+    # on this host, whatever the images turn out to be. 0 turns the cache off.
     cache_mb: int = 1024
     # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
     # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
@@ -80,8 +80,8 @@ class DataConfig:
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image
     crop_min_area: float = 0.05
     hflip: bool = True
-    # per-image augmentation, batched on uint8 where the model runs (data/augmentations.py): a timm
-    # RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" ("" disables); or DeiT III's 3-Augment (one of
+    # per-image augmentation, batched on uint8 where the model runs (data/augmentation/augmentations.py): a
+    # timm RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" ("" disables); or DeiT III's 3-Augment (one of
     # grayscale, solarize, blur per image) with colour jitter of strength color_jitter
     randaugment: str = ""
     three_augment: bool = False

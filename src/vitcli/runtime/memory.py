@@ -4,8 +4,9 @@ Linux keeps each process's high-water mark (VmHWM in /proc/PID/status), so a sam
 peak: a worker's is read while it lives (it exits with its loader), at each logging step and at the end.
 Elsewhere the main process's figure comes from getrusage and the workers' are not known.
 
-Shared pages count in every process that touched them (the decoded-image cache, data/image_cache.py, is one
-copy however many workers read it), so a worker's figure includes what it read of the cache.
+Shared pages count in every process that touched them (the decoded-image cache,
+data/decoding/image_cache.py, is one copy however many workers read it), so a worker's figure includes what
+it read of the cache.
 """
 
 from __future__ import annotations

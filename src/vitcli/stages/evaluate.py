@@ -18,7 +18,9 @@ from rich.table import Table
 
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval
-from vitcli.data import bad_images, batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources
 from vitcli.errors import DataError
 from vitcli.evaluators import calibration, classify, robustness
 from vitcli.evaluators.inference import in_row_order, sharded_pass

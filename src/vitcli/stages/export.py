@@ -20,7 +20,7 @@ from vitcli.checkpoints import export_hf, export_onnx, export_timm
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval
-from vitcli.data.transforms import INTERPOLATION, MEAN
+from vitcli.data.augmentation.transforms import INTERPOLATION, MEAN
 from vitcli.errors import RecipeError
 from vitcli.models import zoo
 from vitcli.recipe.choices import ALL_DATA_PROTOCOLS, EXPORT_FORMATS

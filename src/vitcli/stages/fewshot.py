@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.table import Table
 
 from vitcli.checkpoints.transfer import load_for_eval
-from vitcli.data import bad_images, tasks
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import tasks
 from vitcli.fewshot import features, protocols, report
 from vitcli.fewshot.evaluate import (
     data_cfg,

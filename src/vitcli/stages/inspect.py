@@ -21,7 +21,8 @@ from rich.table import Table
 from torch import nn
 
 from vitcli.checkpoints.transfer import load_for_eval
-from vitcli.data import batches, sources
+from vitcli.data.batching import batches
+from vitcli.data.rows import sources
 from vitcli.errors import DataError, ModelError
 from vitcli.figures import figure7
 from vitcli.models import zoo

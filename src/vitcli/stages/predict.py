@@ -21,7 +21,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import head_names, load_for_eval
-from vitcli.data import bad_images
+from vitcli.data.decoding import bad_images
 from vitcli.errors import DataError
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import setup

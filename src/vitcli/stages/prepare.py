@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from vitcli.data.prepare import Options, prepare
+from vitcli.data.rows.prepare import Options, prepare
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.metrics import pairs_table, stdout
 

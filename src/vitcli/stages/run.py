@@ -16,7 +16,8 @@ from rich.table import Table
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.manager import Checkpoint
 from vitcli.checkpoints.transfer import load_init, lr_rows
-from vitcli.data import batches, sources, streams
+from vitcli.data.batching import batches, streams
+from vitcli.data.rows import sources
 from vitcli.errors import RecipeError
 from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator

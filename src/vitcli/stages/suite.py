@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.data import imagenet, sources
+from vitcli.data.rows import imagenet, sources
 from vitcli.errors import DataError
 from vitcli.evaluators import classify, robustness
 from vitcli.recipe.layers import to_yaml

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.data import sources, tasks
+from vitcli.data.rows import sources, tasks
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.resolve import derive
 from vitcli.recipe.schema import Recipe

@@ -23,8 +23,8 @@ import torch
 
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data import sampler
-from vitcli.data.augmentations import mix, mixing_of
+from vitcli.data.augmentation.augmentations import mix, mixing_of
+from vitcli.data.batching import sampler
 from vitcli.errors import TrainingError
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
@@ -163,7 +163,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
     """The peak resident MiB of the main process and of its largest loader worker, the most of any rank,
-    and what the decoded-image cache held (data/image_cache.py), if the stream kept one."""
+    and what the decoded-image cache held (data/decoding/image_cache.py), if the stream kept one."""
     memory.sample()  # the stream, and so its workers, still alive
     found = memory.metrics()
     found = dict(zip(found, all_reduce_max(list(found.values()), dist)))

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from vitcli.data.sources import source_kind
+from vitcli.data.rows.sources import source_kind
 from vitcli.recipe.schema import Recipe
 
 INPUT_BOUND = 0.10  # past this fraction of a logging window spent waiting, the run says so (once)

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
-from vitcli.data import jpeg_region
+from vitcli.data.decoding import jpeg_region
 
 SCALES = (8, 4, 2)  # libjpeg's DCT scalings PIL's draft can ask for, largest first
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 try:
-    from vitcli.data import _jpeg_region
+    from vitcli.data.decoding import _jpeg_region
 except ImportError:  # not built (setup.py's extension is optional): decode.py's whole-image paths serve
     _jpeg_region = None
 

@@ -43,10 +43,10 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.data import augmentations
-from vitcli.data.augmentations import Augmentation
-from vitcli.data.bad_images import image_name, none_decode, one_line, stand_in, until_decoded
-from vitcli.data.batches import (
+from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augmentations import Augmentation
+from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.batching.batches import (
     BatchStream,
     KeyedBatches,
     Placed,
@@ -55,10 +55,10 @@ from vitcli.data.batches import (
     placeable,
     resize_in_workers,
 )
-from vitcli.data.decode import Encoded, read
-from vitcli.data.sampler import micro_batch, micro_seed
-from vitcli.data.sources import origin
-from vitcli.data.transforms import build_transform
+from vitcli.data.batching.sampler import micro_batch, micro_seed
+from vitcli.data.decoding.bad_images import image_name, none_decode, one_line, stand_in, until_decoded
+from vitcli.data.decoding.decode import Encoded, read
+from vitcli.data.rows.sources import origin
 from vitcli.errors import DataError, VitcliError
 from vitcli.recipe.schema import DataConfig
 

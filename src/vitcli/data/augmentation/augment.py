@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcli.data.augmentations import Augmentation, Drawn, apply_levels, apply_normalised
+from vitcli.data.augmentation.augmentations import Augmentation, Drawn, apply_levels, apply_normalised
 from vitcli.runtime.dist import to_device
 
 ASPECT_RANGE = (3 / 4, 4 / 3)  # big_vision inception_crop = TF sample_distorted_bounding_box's default

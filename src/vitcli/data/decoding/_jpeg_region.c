@@ -1,4 +1,4 @@
-/* vitcli.data._jpeg_region: decode only a box of a JPEG, at M/8 scale, with libjpeg(-turbo).
+/* vitcli.data.decoding._jpeg_region: decode only a box of a JPEG, at M/8 scale, with libjpeg(-turbo).
  *
  * A training crop is a fraction of its image (RandomResizedCrop draws 8-100% of the area), yet a whole-image
  * decoder runs the inverse DCT, upsampling and colour conversion on every pixel. libjpeg-turbo's API can
@@ -174,7 +174,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_jpeg_region",
-    "Decode only a box of a JPEG, at M/8 scale, with libjpeg-turbo (see vitcli.data.jpeg_region).", -1,
+    "Decode only a box of a JPEG, at M/8 scale, with libjpeg-turbo (see vitcli.data.decoding.jpeg_region).", -1,
     methods,
 };
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from vitcli.data import erasing, mixing, randaugment, three_augment
+from vitcli.data.augmentation import erasing, mixing, randaugment, three_augment
 from vitcli.recipe.schema import DataConfig
 
 # the draws' own numpy stream beside the crop boxes' (augment.draws), so the boxes stay as they were

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torchvision.transforms.v2 import functional as TF
 
-from vitcli.data import augmentations
-from vitcli.data.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_clamped
-from vitcli.data.augmentations import Augmentation
-from vitcli.data.bad_images import Undecodable
+from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augment import Pixels, draws, pack, per_shape, resize_each, tf_bilinear_clamped
+from vitcli.data.augmentation.augmentations import Augmentation
+from vitcli.data.decoding.bad_images import Undecodable
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.schema import DataConfig

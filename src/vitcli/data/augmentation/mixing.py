@@ -20,7 +20,7 @@ from typing import Literal, get_args
 import numpy as np
 import torch
 
-from vitcli.data.erasing import box_masks
+from vitcli.data.augmentation.erasing import box_masks
 from vitcli.runtime.dist import to_device
 
 MixMode = Literal["batch", "pair", "elem"]

@@ -34,7 +34,8 @@ from pathlib import Path
 import datasets
 from PIL import Image
 
-from vitcli.data import bad_images, sources, tar_shards
+from vitcli.data.decoding import bad_images
+from vitcli.data.rows import sources, tar_shards
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.files import sha256_of

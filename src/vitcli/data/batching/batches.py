@@ -27,10 +27,12 @@ import datasets
 import torch
 from torch.utils.data import DataLoader
 
-from vitcli.data import augmentations
-from vitcli.data.augment import Pixels, finish
-from vitcli.data.augmentations import Augmentation
-from vitcli.data.bad_images import (
+from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augment import Pixels, finish
+from vitcli.data.augmentation.augmentations import Augmentation
+from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.batching.sampler import train_keys
+from vitcli.data.decoding.bad_images import (
     Bad,
     Skipped,
     image_name,
@@ -40,11 +42,9 @@ from vitcli.data.bad_images import (
     until_decoded,
     worker_error,
 )
-from vitcli.data.decode import Decoded, Encoded, encoded, read
-from vitcli.data.image_cache import CACHE_ENCODED_BYTES, SharedImages, cache_for
-from vitcli.data.sampler import train_keys
-from vitcli.data.sources import origin
-from vitcli.data.transforms import build_transform
+from vitcli.data.decoding.decode import Decoded, Encoded, encoded, read
+from vitcli.data.decoding.image_cache import CACHE_ENCODED_BYTES, SharedImages, cache_for
+from vitcli.data.rows.sources import origin
 from vitcli.errors import CheckpointError, DataError
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.metrics import console

@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 from timm.data import auto_augment as aa
 
-from vitcli.data.pillow_ops import (
+from vitcli.data.augmentation.pillow_ops import (
     affine,
     autocontrast,
     brightness,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from vitcli.data import pillow_ops
+from vitcli.data.augmentation import pillow_ops
 from vitcli.runtime.dist import to_device
 
 GRAY, SOLARIZE, BLUR = 0, 1, 2  # the ops, DeiT's RandomChoice order

@@ -23,14 +23,14 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitcli.data import folder_index, tar_shards, tasks
-from vitcli.data.synthetic import SPLIT_IDS, make_synthetic, split_size
+from vitcli.data.rows import folder_index, tar_shards, tasks
+from vitcli.data.rows.synthetic import SPLIT_IDS, make_synthetic, split_size
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import names_tar_shards, split_names
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
 _TRUE = ("1", "on", "yes", "true")
-PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"  # data/prepare.py writes them
+PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"  # data/rows/prepare.py writes them
 
 
 def _offline() -> bool:

@@ -18,13 +18,19 @@ Each side runs as a command in its own process, with its own defaults, from a co
 For each: the seconds from the command to its first training step (`start`, twice: the first builds what
 the tool builds, the second reuses what it kept), images/s over the steps after a warm-up, read from the
 outside on both sides (the times at which each step's log line appears: metrics.jsonl rows for vit,
-train.py's `Train:` lines, both logging every step), and the peak resident memory (VmHWM) of the main process
-and of each loader worker, sampled from /proc every 0.2 s. With and without one loader worker, plain and
-with DeiT's augmentation on both sides (RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25 pixel,
-Mixup 0.8 / CutMix 1.0, label smoothing 0.1).
+train.py's `Train:` lines, both logging every step), and the peak resident memory of the main process and of
+each loader worker (VmHWM, `*_peak_mb`; and the most RssAnon seen, `*_anon_mb`: the process's own memory
+without the pages of files it maps), sampled from /proc every 0.2 s. With and without one loader worker,
+plain and with DeiT's augmentation on both sides (RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25
+pixel, Mixup 0.8 / CutMix 1.0, label smoothing 0.1); `--networks` adds ViT-Ti/16 at 224 (the model decides).
+`baseline_mb` is what a process that only imports torch and timm peaks at (the CUDA build of torch maps
+most of it). `shards`: the same for vit on WebDataset tar shards that `vit prepare-data --shards tar` writes
+from a smaller tree (its time and memory too); timm's train.py reads tars only through the `webdataset`
+package, not installed here.
 
     python bench/rehearse.py [--timm-train PATH] [--classes 1000 --per-class 1281 --val-per-class 50]
-                             [--steps 60] [--keep DIR] [--out F]
+                             [--steps 60] [--networks quickstart_32,vit_ti16_224] [--only NAMES]
+                             [--shard-per-class 32] [--keep DIR] [--out F]
     python bench/rehearse.py --quick     # 1,000 classes x 8 entries, a few steps: checks the script
 """
 
@@ -46,7 +52,7 @@ from pathlib import Path
 
 from jpegs import write_jpegs  # bench/jpegs.py
 
-from vitcli.runtime.memory import children, peak_rss_mb
+from vitcli.runtime.memory import children, peak_rss_mb, status_mb
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
@@ -79,6 +85,9 @@ DEIT_VIT = ["data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.
 DEIT_TIMM = ["--aa", "rand-m9-mstd0.5-inc1", "--reprob", "0.25", "--remode", "pixel", "--mixup", "0.8",
              "--cutmix", "1.0", "--mixup-switch-prob", "0.5", "--smoothing", "0.1"]
 SAMPLE_S = 0.2
+# a child process below this peak is not a loader worker (a worker imports torch: ~500 MB) but a short helper
+# a library starts (a shell, a compiler probe): counted as other_children
+WORKER_MB = 100
 PILLOW13 = Path(__file__).with_name("timm_train_pillow13.py")  # train.py, its posterize runnable on Pillow 13
 
 
@@ -122,7 +131,10 @@ class Watched:
 
     t0: float
     steps: dict[int, float] = field(default_factory=dict)  # step -> seconds after the command started
-    peaks: dict[int, float] = field(default_factory=dict)  # pid -> MiB
+    peaks: dict[int, float] = field(default_factory=dict)  # pid -> MiB (VmHWM)
+    # pid -> the most RssAnon seen: the process's own memory, without the pages of files it maps (an arrow
+    # index, shards being written), which VmHWM counts and the kernel can drop
+    anon: dict[int, float] = field(default_factory=dict)
     main_pid: int = 0
     returncode: int | None = None
     tail: list[str] = field(default_factory=list)  # the last lines it printed
@@ -135,11 +147,14 @@ class Watched:
         if len(timed) >= 2:
             (s0, t0), (s1, t1) = timed[0], timed[-1]
             img_s = (s1 - s0) * batch / (t1 - t0)
-        workers = sorted((mb for pid, mb in self.peaks.items() if pid != self.main_pid), reverse=True)
+        children = {pid: mb for pid, mb in self.peaks.items() if pid != self.main_pid}
+        workers = [pid for pid, mb in children.items() if mb >= WORKER_MB]
         return {"first_step_s": seen[0][1] if seen else None, "img_s": img_s,
                 "steps_timed": (timed[-1][0] - timed[0][0]) if len(timed) >= 2 else 0,
-                "main_peak_mb": self.peaks.get(self.main_pid), "worker_peak_mb": workers,
-                "returncode": self.returncode}
+                "main_peak_mb": self.peaks.get(self.main_pid), "main_anon_mb": self.anon.get(self.main_pid),
+                "worker_peak_mb": sorted((children[p] for p in workers), reverse=True),
+                "worker_anon_mb": sorted((self.anon.get(p, 0.0) for p in workers), reverse=True),
+                "other_children": len(children) - len(workers), "returncode": self.returncode}
 
 
 def _tree(pid: int) -> list[int]:
@@ -169,9 +184,10 @@ def watch(cmd: list[str], env: dict, steps_seen, until_step: int, timeout: float
         try:
             while proc.poll() is None and time.perf_counter() - w.t0 < timeout:
                 for pid in _tree(proc.pid):
-                    peak = peak_rss_mb(pid)
+                    peak, anon = peak_rss_mb(pid), status_mb(pid, "RssAnon")
                     if peak is not None:
                         w.peaks[pid] = max(w.peaks.get(pid, 0.0), peak)
+                        w.anon[pid] = max(w.anon.get(pid, 0.0), anon or 0.0)
                 if not lines:
                     steps_seen(w)
                 if w.steps and max(w.steps) >= until_step:
@@ -339,9 +355,7 @@ def shards(plan: Plan, photos: list[Path], per_class: int, runs: list[Run], env:
         w = watch(cmd, env, lambda _: None, 1, plan.timeout * 4, plan.scratch / "prepare.log")
         seconds = time.perf_counter() - w.t0
         found["prepare"] = {"seconds": seconds, "img_s": found["images"] / seconds,
-                            "returncode": w.returncode, "main_peak_mb": w.peaks.get(w.main_pid),
-                            "worker_peak_mb": sorted((v for k, v in w.peaks.items() if k != w.main_pid),
-                                                     reverse=True)}
+                            **{k: v for k, v in w.result(1, 0).items() if "_mb" in k or k == "returncode"}}
     found["tars"] = len(list(out.glob("*.tar")))
     on_shards = dataclasses.replace(plan, root=out)
     for attempt in ("first", "second"):
@@ -423,7 +437,50 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
                "baseline_mb": import_baseline(), **measure(plan, runs, not a.no_start)}
     if a.shard_per_class:
         results["shards"] = shards(plan, photos, a.shard_per_class, runs, environment(plan))
-    return results
+    return {"summary": summary(results), **results}
+
+
+def summary(results: dict) -> dict:
+    """The figures a reader wants, rounded: each side's two starts, images/s of each run (and vit's over
+    timm's), and per network the largest peak (VmHWM) and own memory (RssAnon) of any main process and any
+    worker of each side (the starts run the quickstart network); the same for the shards."""
+    sides = [s for s in ("vit", "timm") if s in results]
+    out = {"start_s": {s: _starts(results[s]) for s in sides},
+           "img_s": {name: {**{s: _round(results[s]["train"][name]["img_s"]) for s in sides},
+                            **({"ratio": _round(results["ratio"][name], 2)} if "ratio" in results else {})}
+                     for name in results["vit"]["train"]},
+           "memory_mb": {"baseline": round(results["baseline_mb"]),
+                         **{s: _memory(results[s]) for s in sides}}}
+    if "shards" in results:
+        sh = results["shards"]
+        out["shards"] = {"images": sh["images"], "tars": sh["tars"],
+                         "prepare_img_s": _round(sh.get("prepare", {}).get("img_s")),
+                         "start_s": _starts(sh), "memory_mb": _memory(sh),
+                         "img_s": {k: _round(v["img_s"]) for k, v in sh["train"].items()}}
+    return out
+
+
+def _starts(side: dict) -> dict:
+    return {k: _round(v["first_step_s"]) for k, v in side.get("start", {}).items()}
+
+
+def _memory(side: dict) -> dict:
+    """Per network: the largest of each memory figure over its runs (the starts count as quickstart_32)."""
+    by_net: dict[str, list[dict]] = {}
+    for name, run in [*(("quickstart_32", r) for r in side.get("start", {}).values()),
+                      *side.get("train", {}).items()]:
+        by_net.setdefault(next(n for n in NETWORKS if name.startswith(n)), []).append(run)
+    return {net: {k: round(max([v for r in runs for v in _as_list(r.get(k))] or [0]))
+                  for k in ("main_peak_mb", "main_anon_mb", "worker_peak_mb", "worker_anon_mb")}
+            for net, runs in by_net.items()}
+
+
+def _as_list(v) -> list[float]:
+    return [] if v is None else v if isinstance(v, list) else [v]
+
+
+def _round(v: float | None, digits: int = 1) -> float | None:
+    return None if v is None else round(v, digits)
 
 
 def import_baseline() -> float:

@@ -20,9 +20,15 @@ PROC = Path("/proc")
 
 def peak_rss_mb(pid: int | str = "self") -> float | None:
     """A process's peak resident set in MiB (VmHWM); None when it has gone or /proc is not there."""
+    return status_mb(pid, "VmHWM")
+
+
+def status_mb(pid: int | str, field: str) -> float | None:
+    """A figure of /proc/PID/status in MiB (VmHWM: the peak resident set; RssAnon: the resident memory that
+    is the process's own, not pages of files it maps); None when it has gone or /proc is not there."""
     try:
         for line in (PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024  # kB
     except (OSError, ValueError, IndexError):
         return None

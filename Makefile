@@ -48,7 +48,7 @@ bench: setup
 # ImageNet met before a user meets it: a 1,000 x 1,281 folder of hard links, `vit pretrain` on it as a user
 # types it beside timm's train.py (TIMM_TRAIN=path/to/timm/train.py, from timm's repository at the installed
 # version; without it vit's side alone): start, img/s and every process's peak memory, one JSON, also kept in
-# bench/rehearsal.json (not committed). ARGS=... passes options (--quick, --keep DIR, --steps N). ~30 min.
+# bench/rehearsal.json (not committed). ARGS=... passes options (--quick, --keep DIR, --steps N). ~20 min.
 rehearse: setup
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/rehearse.py $(if $(TIMM_TRAIN),--timm-train $(TIMM_TRAIN)) --out bench/rehearsal.json $(ARGS)

@@ -424,13 +424,15 @@ def rehearse(a: argparse.Namespace, base: Path) -> dict:
     if not (root / "train").is_dir():
         progress(f"tree: {a.classes} classes x {a.per_class} (+ {a.val_per_class} val) hard links")
         tree = build_tree(root, photos, a.classes, a.per_class, a.val_per_class)
-    else:
-        tree = {"reused": str(root)}
+        (base / "tree.json").write_text(json.dumps(tree))
+    else:  # a kept tree (--keep): what it was built with
+        tree = {**json.loads((base / "tree.json").read_text()), "reused": True}
     plan = Plan(root, scratch, a.classes, a.steps, a.warmup, a.timm_train)
     runs = throughput_runs(a.networks.split(","), [int(w) for w in a.workers.split(",")],
                            a.augmentation.split(","), a.steps)
     runs = [r for r in runs if not a.only or r.name in a.only.split(",")]
-    results = {"machine": _machine(), "tree": tree,
+    results = {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+               "command": " ".join(["python", *sys.argv]), "tree": tree,
                "timm_side": (f"train.py: {a.timm_train} (through bench/timm_train_pillow13.py: posterize at "
                              "0 bits black, which Pillow 13 refuses)") if a.timm_train else
                             "not run (no --timm-train)",
@@ -497,8 +499,7 @@ def _machine() -> dict:
     import timm
     import torch
 
-    return {"cpu": name, "nproc": os.cpu_count(), "torch": torch.__version__, "timm": timm.__version__,
-            "date": time.strftime("%Y-%m-%d")}
+    return {"cpu": name, "cores": os.cpu_count(), "torch": torch.__version__, "timm": timm.__version__}
 
 
 if __name__ == "__main__":

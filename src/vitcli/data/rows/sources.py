@@ -120,18 +120,20 @@ def _pattern_files(source: str) -> list[str]:
     """The files a glob or brace pattern names, in order: braces expanded first (tar_shards.expand_braces),
     then each part globbed. A part with no glob that names no file is an error, not dropped: a brace pattern
     lists the shards a dataset has, and a lost one would go unnoticed."""
-    files = []
-    for part in tar_shards.expand_braces(source):
-        path = str(Path(part).expanduser())
-        if any(c in part for c in "*?["):
-            files += sorted(glob.glob(path))
-        elif Path(path).is_file():
-            files.append(path)
-        else:
-            raise DataError(f"{source}: {part} is not a file")
+    files = [file for part in tar_shards.expand_braces(source) for file in _part_files(part, source)]
     if not files:
         raise DataError(f"dataset path not found: {source} (the glob matches no file)")
     return files
+
+
+def _part_files(part: str, source: str) -> list[str]:
+    """The files one expanded part of `source` names: a glob's matches, sorted, or the one file it is."""
+    path = str(Path(part).expanduser())
+    if any(c in part for c in "*?["):
+        return sorted(glob.glob(path))
+    if not Path(path).is_file():
+        raise DataError(f"{source}: {part} is not a file")
+    return [path]
 
 
 def _is_prepared(manifest: Path) -> bool:

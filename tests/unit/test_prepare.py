@@ -88,7 +88,8 @@ def test_grey_stays_grey_and_alpha_is_dropped_only_in_jpeg():
 
 @pytest.mark.parametrize(("kw", "culprit"), [
     ({"max_size": 15}, "--max-size 15"), ({"format": "raw"}, "--format"), ({"quality": 0}, "--quality 0"),
-    ({"workers": -1}, "--workers")])
+    ({"workers": -1}, "--workers"), ({"format": "wds"}, "--format wds: .* give --shards tar"),
+    ({"shards": "wds"}, "--shards wds")])
 def test_bad_options_name_their_flag(kw, culprit):
     with pytest.raises(DataError, match=culprit):
         prepare.Options(**kw)

@@ -74,6 +74,10 @@ class Options:
     def __post_init__(self) -> None:
         if self.max_size < MIN_SIZE:
             raise DataError(f"--max-size {self.max_size}: must be at least {MIN_SIZE}")
+        if self.format in ("wds", "webdataset", *SHARDS):
+            # --format names how each image is encoded; the container is --shards
+            raise DataError(f"--format {self.format}: --format is the image encoding "
+                            f"({', '.join(FORMATS)}); for WebDataset tar shards give --shards tar")
         if self.format not in FORMATS:
             raise DataError(f"--format {self.format}: must be one of {', '.join(FORMATS)}")
         if not 1 <= self.quality <= 100:

@@ -1,6 +1,7 @@
 """`vit plot`: training curves of one or several workdirs in one PNG; bad workdirs are one-line errors."""
 
 import math
+import re
 
 import pytest
 import yaml
@@ -130,12 +131,91 @@ def test_losses_share_a_panel_only_when_they_are_one_quantity(tmp_path):
                         ("smooth", {"loss": "softmax", "label_smoothing": 0.1})):
         (workdir(tmp_path / name) / "recipe.yaml").write_text(yaml.safe_dump({"optim": optim}))
         runs[name] = curves.loss_name(tmp_path / name)
-    assert runs == {"soft": "softmax xent", "sig": "sigmoid xent", "sig2": "sigmoid xent",
-                    "smooth": "softmax xent, smoothing 0.1"}
+    assert runs == {"soft": "softmax xent", "sig": "sigmoid xent (per-class BCE)",
+                    "sig2": "sigmoid xent (per-class BCE)", "smooth": "softmax xent, smoothing 0.1"}
     fig = curves.curves_figure({n: curves.read_run(tmp_path / n) for n in runs}, runs)
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles[:3] == ["loss (softmax xent)", "loss (sigmoid xent)", "loss (softmax xent, smoothing 0.1)"]
+    assert titles[:3] == ["loss: softmax xent", "loss: sigmoid xent (per-class BCE)",
+                          "loss: softmax xent, smoothing 0.1"]
     legend = [t.get_text() for t in fig.axes[1].get_legend().get_texts()]
     assert legend == ["sig: train/loss", "sig: val/loss", "sig: test/loss", "sig2: train/loss",
                       "sig2: val/loss", "sig2: test/loss"]
     assert curves.loss_name(tmp_path) == ""  # no recipe.yaml: a plain "loss" panel, as before
+
+
+def lines_by_label(fig):
+    return {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+
+
+def test_the_legend_draws_each_line_as_it_is_drawn(tmp_path):
+    """A user read val as solid: the legend's dashed handle was too short to show a gap beside its marker.
+    Each handle has its line's colour, style and marker, and is long enough for a dash pattern."""
+    a, b = workdir(tmp_path / "a"), workdir(tmp_path / "b", lr=3e-3, fewshot=True)
+    for runs in ({"a": curves.read_run(a)}, {"a": curves.read_run(a), "b": curves.read_run(b)}):
+        fig = curves.curves_figure(runs)
+        for ax in fig.axes:
+            legend = ax.get_legend()
+            lines = {line.get_label(): line for line in ax.get_lines()}
+            assert legend.handlelength >= 4
+            for handle, text in zip(legend.legend_handles, legend.get_texts(), strict=True):
+                line = lines[text.get_text()]
+                assert (handle.get_linestyle(), handle.get_color(), handle.get_marker()) == (
+                    line.get_linestyle(), line.get_color(), line.get_marker()), text.get_text()
+
+
+def test_a_series_has_its_own_colour_the_same_in_every_panel(tmp_path):
+    """All lines of a run were one colour: now every line in a panel has its own, and a split keeps its
+    colour across panels (val/loss and val/top1 alike), its style telling train from val too."""
+    fig = curves.curves_figure({"run": curves.read_run(workdir(tmp_path / "run"))})
+    for ax in fig.axes:
+        colours = [line.get_color() for line in ax.get_lines()]
+        assert len(set(colours)) == len(colours), ax.get_title()
+    lines = lines_by_label(fig)
+    assert lines["val/loss"].get_color() == lines["val/top1"].get_color() != lines["train/loss"].get_color()
+    assert lines["test/loss"].get_color() == lines["test/top1"].get_color()
+    assert (lines["train/loss"].get_linestyle(), lines["val/loss"].get_linestyle()) == ("-", "--")
+
+
+def test_several_runs_are_told_apart_by_a_marker_each_and_named_in_the_legend(tmp_path):
+    """Across runs a key keeps its colour and style; each run has its own marker shape, on every line,
+    dense ones included, and the legend says which run a line is."""
+    runs = {n: curves.read_run(workdir(tmp_path / n, steps=60)) for n in ("a", "b", "c")}
+    fig = curves.curves_figure(runs)
+    lines = lines_by_label(fig)
+    keys = ("train/loss", "val/loss", "train/lr", "val/top1")
+    markers = {n: {lines[f"{n}: {k}"].get_marker() for k in keys} for n in runs}
+    assert all(len(m) == 1 for m in markers.values()) and len(set.union(*markers.values())) == 3
+    assert len({lines[f"{n}: train/loss"].get_color() for n in runs}) == 1
+    assert len({lines[f"{n}: val/top1"].get_linestyle() for n in runs}) == 1
+    dense = lines["b: train/loss"].get_markevery()
+    assert 0 < dense[0] < dense[1] < 60  # a marker every few steps, offset from run a's so both show
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert all(f"{n}: train/loss" in legend for n in runs)
+
+
+@pytest.mark.parametrize("recipe, title", [
+    ({"optim": {"loss": "softmax"}}, "loss: softmax xent"),
+    ({"optim": {"loss": "sigmoid", "label_smoothing": 0.1}},
+     "loss: sigmoid xent (per-class BCE), smoothing 0.1"),
+    ({"objective": "mpp", "mpp": {"target": "mean_color"}}, "loss: masked patches, mean_color xent"),
+    ({"objective": "mpp", "mpp": {"target": "pixels_l2"}}, "loss: masked patches, pixels_l2 squared error"),
+    ({"data": {"mixup_alpha": 0.8, "mix_prob": 0.0}}, "loss: softmax xent"),  # nothing is ever mixed
+    ({"data": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}},
+     "loss | train: softmax xent, on mixup / CutMix targets | val: softmax xent"),
+    ({"data": {"cutmix_alpha": 1.0}, "optim": {"label_smoothing": 0.1}},
+     "loss | train: softmax xent, smoothing 0.1, on CutMix targets | val: softmax xent, smoothing 0.1"),
+    ({"distill": {"type": "hard", "alpha": 0.5, "teacher": "t"}},
+     "loss | train: 0.5 x (softmax xent) + 0.5 x hard distillation | val: softmax xent"),
+    ({"distill": {"type": "soft", "alpha": 0.3, "tau": 2.0, "teacher": "t"}, "data": {"mixup_alpha": 0.8}},
+     ("loss | train: 0.7 x (softmax xent, on mixup targets) + 0.3 x soft distillation (tau 2)"
+      " | val: softmax xent")),
+])
+def test_the_loss_panel_says_what_train_loss_is_under_the_recipe(tmp_path, recipe, title):
+    """Under distillation train/loss is DeiT's weighted sum and under mixup / CutMix the loss on mixed
+    targets, while val/loss is the plain loss on labels: the title says both, a line each ("|" below; long
+    lines wrap), read from recipe.yaml."""
+    run = workdir(tmp_path / "run")
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    fig = curves.curves_figure({"run": curves.read_run(run)}, {"run": curves.loss_name(run)})
+    shown = fig.axes[0].get_title()
+    assert " | ".join(" ".join(line.split()) for line in re.split(r"\n(?=train:|val:)", shown)) == title

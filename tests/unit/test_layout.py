@@ -1,7 +1,7 @@
 """The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
 
 LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime <
-models < data < checkpoints < train < evaluators < fewshot < figures < stages < cli. A module may import
+models < data < checkpoints < train < evaluators < figures < fewshot < stages < cli. A module may import
 only packages below its own and, inside its package, modules listed before it: so no import runs back up
 and no cycle can form. A new module has to be given its place here.
 """
@@ -44,10 +44,11 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                "loop"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
+    # pictures drawn from numbers: Figure 7, training curves, a confusion matrix, a reliability diagram,
+    # few-shot accuracy against shots (below fewshot, whose report draws that one)
+    ("figures", ["figure7", "curves", "confusion", "reliability", "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
-    # pictures: Figure 7, training curves, a confusion matrix, a reliability diagram
-    ("figures", ["figure7", "curves", "confusion", "reliability"]),
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
                 "export", "evaluate_extra", "evaluate", "predict", "suite"]),

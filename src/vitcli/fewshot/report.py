@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import tasks
 from vitcli.fewshot.evaluate import draws, summarise
 from vitcli.fewshot.solver import DRAW_FIELDS
+from vitcli.figures.fewshot import weights_label, write_fewshot_figure
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import atomic_path, write_text
@@ -60,7 +60,9 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.S
             w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
             w.writeheader()
             w.writerows(rows)
-        _plot(summary, workdir / FEWSHOT_PLOT)
+        write_fewshot_figure(summary, {t: d["classes"] for (t, _), d in drawn.items()},
+                             weights_label(recipe.init.checkpoint, recipe.init.random, recipe.run.seed),
+                             workdir / FEWSHOT_PLOT)
         outputs += [workdir / FEWSHOT_CSV, workdir / FEWSHOT_PLOT]
     stdout.print(f"results: {', '.join(map(str, outputs))}")
     return payload
@@ -142,25 +144,3 @@ def _table(summary: dict, means: dict, short: dict) -> None:
     stdout.print(table)
     for (name, k), draw in short.items():  # scored on what the classes have, as big_vision: say so
         stdout.print(footnote(name, k, draw), soft_wrap=True, markup=False)
-
-
-def _plot(summary: dict, path: Path) -> None:
-    fig = Figure(figsize=(6, 4))  # the object API: no pyplot state, no GUI backend, files only
-    ax = fig.subplots()
-    for name in dict.fromkeys(t for t, _ in summary):
-        ks = sorted(k for t, k in summary if t == name)
-        m = np.array([summary[(name, k)][0] for k in ks])
-        s = np.array([summary[(name, k)][1] for k in ks])
-        ax.errorbar(ks, 100 * m, yerr=100 * s, marker="o", capsize=3, label=name)
-    ax.set_xscale("log")
-    shots = sorted({k for _, k in summary})
-    ax.set_xticks(shots, [str(k) for k in shots])
-    ax.minorticks_off()
-    ax.set_xlabel("shots per class")
-    ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title("linear few-shot")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)

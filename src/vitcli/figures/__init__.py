@@ -1,2 +1,3 @@
 """Pictures: figure7.py (the paper's Figure 7 as numbers and PNGs), curves.py (training curves from
-metrics.jsonl), confusion.py (`vit evaluate`'s confusion matrix), reliability.py (its reliability diagram)."""
+metrics.jsonl), confusion.py (`vit evaluate`'s confusion matrix), reliability.py (its reliability diagram),
+fewshot.py (`vit eval-fewshot`'s accuracy against shots)."""

@@ -52,7 +52,7 @@ def fewshot_figure(summary: dict[tuple[str, int], tuple[float, float]], classes:
     ax.set_ylim(0, 100)
     ax.set_xlabel("shots per class")
     ax.set_ylabel("top-1 accuracy (%)")
-    ax.set_title(f"linear few-shot: {weights}", fontsize="medium", wrap=True)
+    ax.set_title(": ".join(filter(None, ("linear few-shot", weights))), fontsize="medium", wrap=True)
     ax.grid(alpha=0.3)
     key = Line2D([], [], color="0.3", linestyle=":", linewidth=1.2,
                  label="chance: 1/classes (dotted, in the task's colour)")

@@ -214,6 +214,27 @@ def test_exports_carry_the_runs_preprocessing_to_transformers_and_timm(monkeypat
     assert {k: stated[k] for k in ("mean", "std", "interpolation", "crop_pct")} == {**IMAGENET, **THEIRS}
 
 
+def test_a_transformers_preprocessor_config_beside_the_weights_is_read(monkeypatch, capsys, tmp_path,
+                                                                       timm_dir):
+    """The preprocessor_config.json `vit export --format hf` writes (BitImageProcessor: resample 3, shortest
+    edge 36, crop 32), beside timm-named weights: bicubic, its mean and std, crop 32 / 36."""
+    folder, model = timm_dir
+    ours = tmp_path / "ours.safetensors"
+    save_weights(ours, model.state_dict(), {"model": model_spec(TINY, NUM_CLASSES),
+                                            "recipe": {"data": {**IMAGENET, **OURS}}})
+    code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", ours, "--format", "hf",
+                           "--out", tmp_path / "hf")
+    assert code == 0, err
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    (beside / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
+    processor = (tmp_path / "hf" / "preprocessor_config.json").read_bytes()
+    (beside / "preprocessor_config.json").write_bytes(processor)
+    data = _resolved("predict", beside)
+    assert (data.mean, data.std, data.interpolation) == (*IMAGENET.values(), "bicubic")
+    assert data.eval_crop_pct == pytest.approx(32 / 36)  # the same resize: floor(32 / (32 / 36)) = 36
+
+
 def test_finetune_records_the_checkpoints_preprocessing_and_says_where_it_came_from(
         monkeypatch, capsys, tmp_path, timm_dir):
     folder, _ = timm_dir

@@ -207,8 +207,8 @@ def _read_hub(name: str) -> Loaded:
         offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
         why = "offline" if offline else (str(e).splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"cannot download {name}: {why}; pass a local file") from None
-    cfg = {k: model.pretrained_cfg[k] for k in ("mean", "std", "interpolation", "crop_pct")
-           if model.pretrained_cfg.get(k) is not None}
+    stated = getattr(model, "pretrained_cfg", None) or {}  # timm sets it on every model it creates
+    cfg = {k: stated[k] for k in ("mean", "std", "interpolation", "crop_pct") if stated.get(k) is not None}
     return Loaded(model.state_dict(), {}, "hub", name, _attention_heads(model),
                   {"from": "its pretrained_cfg (timm)", **cfg} if cfg else {})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.checkpoints.preprocessing import FEED
+from vitcli.checkpoints.preprocessing import FEED, SIGNED
 from vitcli.checkpoints.transfer import load_for_eval, preprocessing_row
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import tasks
@@ -73,7 +73,9 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
     img_size, resize, method = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
            # dSprites' 0/1 pixels decode differently since they are scaled
-           "binary_pixels": task.binary_pixels, "mean": recipe.data.mean, "std": recipe.data.std}
+           "binary_pixels": task.binary_pixels}
+    if recipe.data.mean != SIGNED["mean"] or recipe.data.std != SIGNED["std"]:  # [-1, 1]: the keys it had
+        pre.update(mean=recipe.data.mean, std=recipe.data.std)
     sets = []
     for split in (task.train_split, task.test_split):
         key = features.cache_key(weights, f"{task.name}:{data_id(task, recipe)}", split, pre)

@@ -122,7 +122,7 @@ def split_predictions(runs, split: str) -> tuple[np.ndarray, np.ndarray]:
     """evaluate's own per-row pass over a split of the fine-tune's data: (top classes (N, 3), probs)."""
     ckpt = str(runs["ft"][0])
     r = resolve("evaluate", None, [*FP32, f"data.test_split={split}"], {"init.checkpoint": ckpt},
-                complete=complete, base=lambda: trained_with(ckpt))
+                complete=complete, base=trained_with)
     model = load_for_eval(r, r.model.num_classes)
     ds = sources.load_split(r.data, split)
     _, top, probs, _, _ = predictions(model, ds, r, setup("cpu"), bad_images.Skipped(), 3)

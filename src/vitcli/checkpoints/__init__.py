@@ -11,6 +11,8 @@ One concept per file, in the order a checkpoint travels:
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
   are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).
+- `preprocessing.py`: the pixels a checkpoint's weights expect (mean, std, interpolation, eval crop), and
+  where it says so.
 - `complete.py`: the torch step of recipe resolution: the starting checkpoint's network fills the model.
 - `fit.py`: `adapt_state_dict`, a checkpoint fitted to a model (head, pre-logits, position embedding).
 - `resize.py`: a file's position embedding resized to a new grid (`vit resize-posemb`'s maths).

@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import describe
 from vitcli.checkpoints.read import Loaded, locate_checkpoint, read_checkpoint
 from vitcli.data.rows import tasks
@@ -20,12 +21,11 @@ from vitcli.models.zoo import resolve_name
 from vitcli.recipe.choices import AS_TRAINED, CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
 
-# what `vit evaluate` / `vit predict` take from the recipe a vitcli checkpoint was trained with: how its eval
-# images were prepared and its loss; and, unless --data names other data, where its test images are
-# what `vit evaluate` takes from our own checkpoint's recipe: its eval preprocessing, its loss, and the
-# precision it ran at (the resolved one: a run's test top-1 is reproduced, not re-rolled by `auto`)
-TRAINED_EVAL = {"data": ("eval_crop_pct", "binary_pixels"), "optim": ("loss", "label_smoothing"),
-                "run": ("precision",)}
+# what `vit evaluate` and `vit predict` take from our own checkpoint's recipe: how its eval images were
+# prepared (beside the preprocessing module's keys), its loss, and the precision it ran at (the resolved one:
+# a run's test top-1 is reproduced, not re-rolled by `auto`); and, unless --data names other data, where its
+# test images are
+TRAINED_EVAL = {"data": ("binary_pixels",), "optim": ("loss", "label_smoothing"), "run": ("precision",)}
 TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "val_split",
                 "test_split", "synthetic")
 
@@ -50,14 +50,24 @@ def _check_teacher(recipe: Recipe) -> None:
             raise CheckpointError(f"distill.teacher: {e}") from None
 
 
-def trained_with(checkpoint: str, own_data: bool = True) -> dict:
-    """The recipe layer a checkpoint gives `vit evaluate` and `vit predict` (vitcli.recipe.resolve's `base`):
-    its native resolution, and for our own files the eval preprocessing, loss and precision it was trained
-    with, plus with `own_data` its data (source, columns, splits). Foreign files say only their
-    resolution; {} when not even that, so the recipe's defaults hold."""
-    loaded = read_checkpoint(checkpoint)
+def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
+    """The recipe layer the starting checkpoint gives (vitcli.recipe.resolve's `base`), from the recipe
+    resolved without it (its stage, init.checkpoint and model.name): the pixels its weights expect
+    (preprocessing.FEED; export and, with the eval crop, evaluate and predict: preprocessing.KEYS). evaluate
+    and predict also take its native resolution, and from our own files the eval settings, loss and
+    precision it was trained with, plus with `own_data` its data (source, columns, splits). {} for a stage
+    that starts from no checkpoint."""
+    if recipe.stage in ("pretrain", "prepare-data") or not recipe.init.checkpoint or recipe.init.random:
+        return {}
+    loaded = read_checkpoint(recipe.init.checkpoint)
+    said = preprocessing.said_by(loaded, recipe.model.name)
+    whole = recipe.stage in (*CLASSIFIES, "export")
+    layer = preprocessing.layer(said, preprocessing.KEYS if whole else preprocessing.FEED)
+    if recipe.stage not in CLASSIFIES:
+        return layer
     img_size = describe(loaded).img_size
-    layer: dict = {"model": {"img_size": img_size}} if img_size else {}
+    if img_size:
+        layer["model"] = {"img_size": img_size}
     trained = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
     if not isinstance(trained, dict):
         return layer

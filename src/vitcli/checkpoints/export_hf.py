@@ -40,7 +40,8 @@ TOP_NAMES = {
     "head.bias": "classifier.bias",
 }
 LAYER_NORM_EPS = 1e-6  # timm's VisionTransformer: partial(nn.LayerNorm, eps=1e-6)
-PIL_BILINEAR = 2  # PIL.Image.Resampling.BILINEAR, as transformers' processors store `resample`
+# data.interpolation -> PIL.Image.Resampling, as transformers' processors store `resample`
+PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
 
 def check_hf(model: ModelConfig, num_classes: int, path: str) -> None:
@@ -107,7 +108,7 @@ def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
 
 def hf_processor_config(prep: dict) -> dict:
     """preprocessor_config.json reproducing our eval transform: shorter side to floor(size / crop_pct)
-    (bilinear), centre crop, (x / 255 - mean) / std.
+    (data.interpolation), centre crop, (x / 255 - mean) / std.
 
     transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole image to
     size x size, which differs from our eval on any non-square image or crop_pct < 1. The classifier does not
@@ -116,7 +117,8 @@ def hf_processor_config(prep: dict) -> dict:
     size = prep["size"]
     return {
         "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
-        "do_resize": True, "size": {"shortest_edge": prep["resize_shorter_side"]}, "resample": PIL_BILINEAR,
+        "do_resize": True, "size": {"shortest_edge": prep["resize_shorter_side"]},
+        "resample": PIL_RESAMPLE[prep["interpolation"]],
         "do_center_crop": True, "crop_size": {"height": size, "width": size},
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
@@ -137,7 +139,8 @@ def model_card(network: str, params: int, prep: dict, class_names: list[str], re
                *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                  for k, v in summary.items())]
     pp = ["## Preprocessing", "", (f"As vitcli evaluates: the shorter side resized to "
-                                   f"{prep['resize_shorter_side']} px (bilinear), centre crop {size} px, "
+                                   f"{prep['resize_shorter_side']} px ({prep['interpolation']}), centre crop "
+                                   f"{size} px, "
                                    f"{scale} (`BitImageProcessor`).")]
     parts = [front, intro, arch, *_training(recipe), results if summary else [], pp]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"

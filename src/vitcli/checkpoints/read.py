@@ -1,7 +1,10 @@
 """Starting weights from wherever the paper's models live, read into timm names.
 
 Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
-big_vision layout, or a Hub / timm model name (timm downloads it). Pickle files (.pt/.pth/.bin/.ckpt) are
+big_vision layout, or a Hub / timm model name (timm downloads it). What a foreign source says of the pixels
+its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std, interpolation, crop_pct): a Hub
+model's own, or a folder's beside its model.safetensors (timm's config.json, transformers'
+preprocessor_config.json). Pickle files (.pt/.pth/.bin/.ckpt) are
 refused, never unpickled: unpickling runs whatever code the file carries.
 
 Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import json
 import os
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +52,9 @@ class Loaded:
     path: str
     # evidence the source itself carries: npz query kernels, a Hub model's attn.num_heads; 0 = none
     num_heads: int = 0
+    # a foreign source's preprocessing in timm's pretrained_cfg terms (mean, std, interpolation, crop_pct)
+    # and where it was read; {} when it says none
+    pretrained_cfg: dict = field(default_factory=dict)
 
 
 def read_checkpoint(src: str) -> Loaded:
@@ -110,11 +117,51 @@ def _read_file(path: Path) -> Loaded:
     # safetensors: 8-byte little-endian header length, then the JSON header
     if path.suffix.lower() == ".safetensors" or head[8:9] == b"{":
         state_dict, meta = load_weights(path)
-        ours = str(meta.get("format", "")).startswith("vitcli")
-        return Loaded(state_dict, meta if ours else {}, "vitcli" if ours else "timm", str(path))
+        if str(meta.get("format", "")).startswith("vitcli"):
+            return Loaded(state_dict, meta, "vitcli", str(path))
+        return Loaded(state_dict, {}, "timm", str(path), pretrained_cfg=_folder_cfg(path))
     raise CheckpointError(
         f"{path}: unknown weights format; expected .safetensors, a Google .npz or a workdir"
     )
+
+
+# transformers' `resample` (PIL's Resampling numbers) -> timm's interpolation names
+PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
+
+
+def _folder_cfg(path: Path) -> dict:
+    """The preprocessing a model folder states beside its model.safetensors: timm's config.json
+    (pretrained_cfg, or the legacy flat form), else transformers' preprocessor_config.json (image_mean,
+    image_std, resample; crop_pct, or crop_size over size.shortest_edge); {} for anything else."""
+    if path.name != MODEL_FILE:
+        return {}
+    timm_cfg = _json(path.parent / "config.json")
+    timm_cfg = timm_cfg.get("pretrained_cfg", timm_cfg)
+    if "mean" in timm_cfg:
+        keys = ("mean", "std", "interpolation", "crop_pct")
+        return {"from": "its config.json (timm)", **{k: timm_cfg[k] for k in keys if k in timm_cfg}}
+    hf = _json(path.parent / "preprocessor_config.json")
+    if "image_mean" not in hf:
+        return {}
+    out = {"from": "its preprocessor_config.json (transformers)", "mean": hf["image_mean"],
+           "std": hf.get("image_std")}
+    if hf.get("resample") in PIL_RESAMPLE:
+        out["interpolation"] = PIL_RESAMPLE[hf["resample"]]
+    crop, edge = hf.get("crop_size"), (hf.get("size") or {}).get("shortest_edge")
+    if hf.get("crop_pct"):
+        out["crop_pct"] = hf["crop_pct"]
+    elif hf.get("do_center_crop") and isinstance(crop, dict) and edge:
+        out["crop_pct"] = crop.get("height", edge) / edge
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _json(path: Path) -> dict:
+    """A JSON object from `path`; {} when it is not there or not an object."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return content if isinstance(content, dict) else {}
 
 
 def _zip_names(path: Path) -> list[str]:
@@ -160,7 +207,10 @@ def _read_hub(name: str) -> Loaded:
         offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
         why = "offline" if offline else (str(e).splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"cannot download {name}: {why}; pass a local file") from None
-    return Loaded(model.state_dict(), {}, "hub", name, _attention_heads(model))
+    stated = getattr(model, "pretrained_cfg", None) or {}  # timm sets it on every model it creates
+    cfg = {k: stated[k] for k in ("mean", "std", "interpolation", "crop_pct") if stated.get(k) is not None}
+    return Loaded(model.state_dict(), {}, "hub", name, _attention_heads(model),
+                  {"from": "its pretrained_cfg (timm)", **cfg} if cfg else {})
 
 
 def _attention_heads(model: nn.Module) -> int:

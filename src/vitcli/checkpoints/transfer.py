@@ -4,13 +4,14 @@ evaluation.
 The architecture was already taken from the checkpoint when the recipe was resolved (vitcli.recipe.resolve),
 so the model built from the recipe is the checkpoint's network. Here the pretrained head (and by default the
 representation layer) is replaced by a zero-initialised D x K head and the position embedding is resized once,
-in 2-D, to the model's grid; a table says what was loaded, dropped and resized.
+in 2-D, to the model's grid; a table says what was loaded, dropped and resized, and how images are fed.
 """
 
 from __future__ import annotations
 
 import torch
 
+from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import adapt_state_dict
 from vitcli.checkpoints.read import Loaded, read_checkpoint
@@ -40,10 +41,17 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
     arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
-    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows, *lr_rows(model, recipe)]
+    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows,
+            preprocessing_row(recipe, preprocessing.FEED), *lr_rows(model, recipe)]
     if dist.is_main:
         console.print(pairs_table("starting weights", rows))
     return rows
+
+
+def preprocessing_row(recipe: Recipe, keys: tuple[str, ...] = preprocessing.KEYS) -> tuple[str, str]:
+    """("preprocessing", the `keys` of it the run feeds the starting weights, and where each came from)."""
+    said = preprocessing.said_by(read_checkpoint(recipe.init.checkpoint), recipe.model.name)
+    return "preprocessing", preprocessing.row(recipe.data, said, keys)
 
 
 def lr_rows(model: torch.nn.Module, recipe: Recipe) -> list[tuple[str, str]]:

@@ -98,7 +98,7 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
     split, or on every ImageNet set under a folder (--suite)."""
     _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on)
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
-    r = resolve_recipe("evaluate", recipe, overrides, flags, ckpt_base=ckpt,
+    r = resolve_recipe("evaluate", recipe, overrides, flags,
                        own_data=data is None and suite is None)
     if real_timm:
         from vitcli.data.rows.imagenet import REAL_FILE, require_imagenet_head
@@ -149,7 +149,7 @@ def predict(images: opt.Images, ckpt: opt.Ckpt = None, top_k: opt.TopK = 5,
     """Top-k classes of image files with a checkpoint's head, with its class names where it stores them."""
     output = output_format(json_out, csv_out)
     flags = {"init.checkpoint": ckpt, "data.eval_batch_size": batch_size}
-    r = resolve_recipe("predict", recipe, overrides, flags, ckpt_base=ckpt)
+    r = resolve_recipe("predict", recipe, overrides, flags)
 
     def stage():
         from vitcli.stages.predict import predict

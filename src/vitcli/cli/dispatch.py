@@ -30,23 +30,25 @@ WORKDIR_NAMES = {"pretrain": "pretrain", "finetune": "finetune", "eval-fewshot":
 
 
 def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | None,
-                   flags: dict | None = None, *, vtab: bool = False, ckpt_base: str | None = None,
-                   own_data: bool = False) -> Recipe:
+                   flags: dict | None = None, *, vtab: bool = False, own_data: bool = False) -> Recipe:
     """The checked recipe of `vit STAGE`; torch is imported only if the recipe needs it (after every
-    torch-free check). `ckpt_base`: a checkpoint whose resolution and, for ours, preprocessing (and
-    with `own_data` its data) lie below the recipe file (evaluate, predict)."""
+    torch-free check). What the starting checkpoint says of itself lies below the recipe file: the
+    pixels its weights expect, and for evaluate and predict its resolution (and for ours, with `own_data`,
+    its data)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
-    base = (lambda: _trained_with(ckpt_base, own_data)) if ckpt_base else None
+    base = None if stage in ("pretrain", "prepare-data") else (lambda first: _trained_with(first, own_data))
     return resolve(stage, recipe_file, list(overrides or []), flags, vtab=vtab,
                    world_size=world_size, complete=_complete, base=base)
 
 
-def _trained_with(ckpt: str, own_data: bool) -> dict:
+def _trained_with(first: Recipe, own_data: bool) -> dict:
+    if not first.init.checkpoint or first.init.random:  # nothing to read: torch stays unimported
+        return {}
     from vitcli.checkpoints.complete import trained_with
 
-    return trained_with(ckpt, own_data)
+    return trained_with(first, own_data)
 
 
 def _complete(recipe: Recipe, user_heads: bool) -> Recipe:

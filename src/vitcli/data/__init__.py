@@ -27,7 +27,7 @@ same functions:
 | decode + crop           | decode.Encoded.pixels (JPEG: the crop alone) | W                | W        |
 | resize to S x S, flip   | augment.resize_each / augment.levels (1)   | W                | W        |
 | RandAugment, 3-Augment  | augmentations.apply_levels, uint8          | W                | W        |
-| scale to [-1, 1], erase | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |
+| normalise, erase        | augment.finish, augmentations.apply_normalised | D (the CPU)  | D        |
 | Mixup / CutMix          | augmentations.mix, in the training loop    | D                | D        |
 
 (1) Both round to the nearest level (torch's uint8 kernel in the workers, a batched gather on a device),

@@ -84,7 +84,7 @@ def state_id(model: torch.nn.Module) -> str:
 
 def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
     """Key of one cached feature set: the four things that determine it (`preprocessing` holds img_size,
-    resize, resize_method and precision)."""
+    resize, resize_method, precision, and the mean and std that normalise unless they are [-1, 1]'s)."""
     blob = json.dumps({"weights": weights, "task": task, "split": split, "pre": preprocessing},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]

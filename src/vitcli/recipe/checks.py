@@ -22,6 +22,7 @@ from vitcli.recipe.choices import (
     EMA_SAVES,
     ERASING_MODES,
     FEWSHOT_RESIZE_METHODS,
+    INTERPOLATIONS,
     LABELLED,
     LOGGER_PACKAGES,
     LOGGERS,
@@ -57,6 +58,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
     "data.erasing_mode": ERASING_MODES,
     "data.mix_mode": MIX_MODES,
+    "data.interpolation": INTERPOLATIONS,
     "ema.save": EMA_SAVES,
     "distill.type": DISTILL_TYPES,
 }

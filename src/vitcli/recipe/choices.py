@@ -32,6 +32,7 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 # logger -> the package it needs (= the pip extra)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # data.interpolation: the train and eval resizes
 # fewshot.protocols: what scores frozen features; the all-data ones (vitcli.fewshot.protocols runs each)
 # are logged as PROTOCOL/TASK/top1, and few-shot beside them
 ALL_DATA_PROTOCOLS = ("knn", "linear", "ridge")

@@ -19,6 +19,7 @@ from vitcli.recipe.schema import DataConfig, Recipe
 # timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a
 # section without a number (`rand-m`) silently; we refuse both at resolve time. tests/unit/test_recipe.py
 # holds this grammar against timm's own parser.
+IMAGENET_MEAN, IMAGENET_STD = "0.485,0.456,0.406", "0.229,0.224,0.225"  # as the messages spell them
 RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
 
 
@@ -35,6 +36,7 @@ def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
 def check_data(recipe: Recipe) -> None:
     """The source, the built-in data's splits and sizes, and what streaming can read."""
     d = recipe.data
+    check_normalisation(d.mean, d.std)
     if not d.source.strip():
         raise RecipeError("data.source is empty: name a dataset (a Hub id, a save_to_disk directory, parquet "
                           "or arrow files, an image folder), or 'synthetic' for the built-in data")
@@ -49,6 +51,19 @@ def check_data(recipe: Recipe) -> None:
                         "data.streaming=false, or train map-style from a parquet copy (vit prepare-data)")
     if d.streaming:
         check_stream(d)
+
+
+def check_normalisation(mean: list[float], std: list[float]) -> None:
+    """data.mean and data.std: one value per RGB channel, a mean in [0, 1] (of x / 255) and a positive std."""
+    for key, values, imagenet in (("data.mean", mean, IMAGENET_MEAN), ("data.std", std, IMAGENET_STD)):
+        if len(values) != 3:
+            raise RecipeError(f"{key}: {len(values)} values {values}; give one per RGB channel, as "
+                              f"{key}={imagenet}")
+    if not all(0 <= m <= 1 for m in mean):
+        raise RecipeError(f"data.mean: {mean} is not in [0, 1]; it is the mean of x / 255 (ImageNet's "
+                          f"{IMAGENET_MEAN}; 0.5,0.5,0.5 with std 0.5,0.5,0.5: the ViT paper's [-1, 1])")
+    if not all(s > 0 for s in std):
+        raise RecipeError(f"data.std: {std} must be positive (ImageNet's {IMAGENET_STD})")
 
 
 def names_tar_shards(source: str) -> bool:

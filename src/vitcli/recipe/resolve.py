@@ -1,12 +1,12 @@
 """One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) -> Recipe.
 
-Layers, later wins: defaults < the stage's defaults < what the checkpoint says of itself (`base`: evaluate,
-predict) < the VTAB protocol (`--task`) < the recipe file < `KEY=VALUE` overrides < command flags (`--res`,
-`--init`, `--shots`, ...). Then the model is filled in: a known name's sizes, and every key and value is
-checked (vitcli.recipe.checks), all without torch, so a misspelt key costs no import of torch. Only then, and
-only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`,
-`inspect`, `export`: its architecture; eval-fewshot, inspect and export its native resolution and
-pre-logits, evaluate and predict its head),
+Layers, later wins: defaults < the stage's defaults < what the starting checkpoint says of itself (`base`:
+the pixels its weights expect; evaluate and predict: its resolution too) < the VTAB protocol (`--task`) <
+the recipe file < `KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model
+is filled in: a known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without
+torch, so a misspelt key costs no import of torch. Only then, and only for a timm model name, a starting
+checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`, `inspect`, `export`: its architecture;
+eval-fewshot, inspect and export its native resolution and pre-logits, evaluate and predict its head),
 run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
 datasets) and everything is checked again.
 Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
@@ -31,6 +31,9 @@ from vitcli.recipe.schema import Recipe
 # (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and checked:
 # vitcli.checkpoints.complete.complete. This package imports no torch, so the caller hands it in.
 Complete = Callable[[Recipe, bool], Recipe]
+# the recipe resolved without it -> the layer its starting checkpoint gives: vitcli.checkpoints.complete.
+# trained_with, handed in for the same reason
+Base = Callable[[Recipe], dict]
 
 # The paper's transfer protocol (Sec. 4.1, App. B.1.1) is the finetune stage's default, below the recipe file:
 # SGD momentum 0.9, global batch 512, global-norm clip 1, no weight decay, dropout 0, cosine decay after a
@@ -65,22 +68,25 @@ def resolve(
     world_size: int = 1,
     complete: Complete | None = None,
     inputs: bool = True,
-    base: Callable[[], dict] | None = None,
+    base: Base | None = None,
 ) -> Recipe:
     """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given).
 
-    `base` gives a nested layer just above the stage's defaults: what a checkpoint says about itself (`vit
-    evaluate` and `vit predict`: the resolution and preprocessing it was trained with), so that the recipe
-    file, overrides and flags still win. Reading it needs torch, so it is called only once the other layers
-    have passed the torch-free checks (a misspelt key is still reported at once).
+    `base(recipe)` gives a nested layer just above the stage's defaults from the recipe resolved without it:
+    what its starting checkpoint says about itself (the pixels its weights expect; for `vit evaluate` and
+    `vit predict` also the resolution it was trained at), so that the recipe file, overrides and flags
+    still win. Reading it needs torch, so it is called only once the other layers have passed the
+    torch-free checks (a misspelt key is still reported at once).
 
     `complete` is required when the recipe needs torch to be complete (`needs_torch`); `inputs=False` skips
     the check that the command's inputs are named (vitcli.recipe.checks.check).
     """
+    layer = {}
     if base is not None:
-        check(_layered(stage, recipe_file, overrides, flags, vtab, {})[0], world_size, model=False,
-              inputs=False)
-    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, base() if base else {})
+        first = _layered(stage, recipe_file, overrides, flags, vtab, {})[0]
+        check(first, world_size, model=False, inputs=False)
+        layer = base(first)
+    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, layer)
     late = needs_torch(recipe)
     check(recipe, world_size, model=not late, inputs=inputs)  # a model to fill in: checked once it is
     if not late:

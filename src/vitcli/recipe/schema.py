@@ -99,6 +99,15 @@ class DataConfig:
     mix_switch_prob: float = 0.5
     mix_mode: str = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
+    # what the model is fed: (x / 255 - mean) / std per RGB channel. 0.5 and 0.5 are the ViT paper's [-1, 1];
+    # weights trained on other inputs say theirs (timm's pretrained_cfg, a transformers preprocessor, our
+    # own recipe: vitcli.checkpoints.preprocessing), which this recipe's keys override
+    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    # the resize of training crops and eval images: bilinear (training: big_vision's, no antialias; eval:
+    # antialiased, as timm's) | bicubic (antialiased, PIL's and timm's) | nearest. Few-shot features keep
+    # fewshot.resize_method
+    interpolation: str = "bilinear"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -17,7 +17,7 @@ import torch
 from rich.table import Table
 
 from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval
+from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval, preprocessing_row
 from vitcli.data.batching import batches
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import sources
@@ -66,6 +66,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
+    console.log("{}: {}".format(*preprocessing_row(recipe)))
     skipped = bad_images.Skipped()
     k = min(TOP_K, num_classes if scoring is None else len(scoring.columns))
     columns = None if scoring is None else torch.as_tensor(scoring.columns, device=dist.device)

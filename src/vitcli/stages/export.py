@@ -19,8 +19,7 @@ from safetensors.torch import save_file
 from vitcli.checkpoints import export_hf, export_onnx, export_timm
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
-from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval
-from vitcli.data.augmentation.transforms import INTERPOLATION, MEAN
+from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval, preprocessing_row
 from vitcli.errors import RecipeError
 from vitcli.models import zoo
 from vitcli.recipe.choices import ALL_DATA_PROTOCOLS, EXPORT_FORMATS
@@ -30,7 +29,6 @@ from vitcli.runtime.metrics import pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_out_dir, published_dir
 
-STD = (0.5, 0.5, 0.5)  # transforms.to_signed_tensor: x / 127.5 - 1 = (x / 255 - 0.5) / 0.5
 PREPROCESSING_FILE = "preprocessing.json"
 # what a model card reports of summary.json: held-out and frozen-feature figures (fewshot.protocols)
 RESULT_PREFIXES = ("val/", "test/", "fewshot/", *(f"{p}/" for p in ALL_DATA_PROTOCOLS))
@@ -54,7 +52,8 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
               "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
               "class_names": ("the checkpoint's" if class_names(loaded, spec.num_classes)
                               else "indices (the checkpoint names none)"),
-              "files": FILES[fmt], "dry_run": dry_run, "set_aside": None}
+              "preprocessing": preprocessing_row(recipe)[1], "files": FILES[fmt], "dry_run": dry_run,
+              "set_aside": None}
     if not dry_run:
         model = load_for_eval(recipe, spec.num_classes)  # the whole network, head and pre-logits layer
         with published_dir(out.absolute()) as into:
@@ -87,12 +86,14 @@ def _class_names(loaded: Loaded, num_classes: int) -> list[str]:
     return class_names(loaded, num_classes) or [str(i) for i in range(num_classes)]
 
 
-def preprocessing(loaded: Loaded, img_size: int) -> dict:
-    """The eval preprocessing the checkpoint's run used (data.transforms.build_transform, eval): shorter side
-    to floor(size / crop_pct), bilinear, centre crop, (x / 255 - mean) / std."""
-    crop_pct = float(loaded.meta.get("recipe", {}).get("data", {}).get("eval_crop_pct", 1.0))
-    return {"size": img_size, "crop_pct": crop_pct, "resize_shorter_side": math.floor(img_size / crop_pct),
-            "interpolation": INTERPOLATION, "rescale_factor": 1 / 255, "mean": list(MEAN), "std": list(STD)}
+def preprocessing(recipe: Recipe) -> dict:
+    """The eval preprocessing of the resolved recipe (what the checkpoint says, vitcli.checkpoints.
+    preprocessing, under the user's keys), as data.transforms.build_transform runs it: shorter side to
+    floor(size / crop_pct) with data.interpolation, centre crop, (x / 255 - mean) / std."""
+    d, size = recipe.data, recipe.model.img_size
+    return {"size": size, "crop_pct": d.eval_crop_pct,
+            "resize_shorter_side": math.floor(size / d.eval_crop_pct), "interpolation": d.interpolation,
+            "rescale_factor": 1 / 255, "mean": list(d.mean), "std": list(d.std)}
 
 
 # ---------------------------------------------------------------- the three formats
@@ -100,7 +101,7 @@ def preprocessing(loaded: Loaded, img_size: int) -> dict:
 
 def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
     names = _class_names(loaded, spec.num_classes)
-    prep = preprocessing(loaded, recipe.model.img_size)
+    prep = preprocessing(recipe)
     weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
     save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
     _write_json(out / "config.json", export_hf.hf_config(recipe.model, names))
@@ -114,7 +115,7 @@ def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out
     output = export_onnx.write_onnx(model, out, recipe.model.img_size, headless=spec.num_classes == 0)
     about = {"input": export_onnx.INPUT, "input_shape": ["batch", 3, recipe.model.img_size,
                                                          recipe.model.img_size],
-             "output": output, **preprocessing(loaded, recipe.model.img_size),
+             "output": output, **preprocessing(recipe),
              "class_names": _class_names(loaded, spec.num_classes)}
     _write_json(out / PREPROCESSING_FILE, about)
 
@@ -122,7 +123,7 @@ def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out
 def _write_timm(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
     net = export_timm.timm_model(recipe.model, spec.num_classes)
     names = class_names(loaded, spec.num_classes)  # timm: no names, no labels
-    export_timm.write_timm(net, model.state_dict(), out, names, preprocessing(loaded, recipe.model.img_size))
+    export_timm.write_timm(net, model.state_dict(), out, names, preprocessing(recipe))
 
 
 _WRITERS = {"hf": _write_hf, "onnx": _write_onnx, "timm": _write_timm}
@@ -147,7 +148,8 @@ def _summary(loaded: Loaded) -> dict:
 def _print(report: dict) -> None:
     classes = f"{report['num_classes']}, named by {report['class_names']}"
     rows = [("checkpoint", report["checkpoint"]), ("network", report["network"]),
-            ("image size", f"{report['img_size']} px"), ("classes", classes)]
+            ("image size", f"{report['img_size']} px"), ("classes", classes),
+            ("preprocessing", report["preprocessing"])]
     verb = "would write" if report["dry_run"] else "wrote"
     rows.append((verb, ", ".join(f"{report['out']}/{f}" for f in report["files"])))
     stdout.print(pairs_table(f"vit export --format {report['format']}", rows))

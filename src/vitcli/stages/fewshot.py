@@ -7,7 +7,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from vitcli.checkpoints.transfer import load_for_eval
+from vitcli.checkpoints.preprocessing import FEED, SIGNED
+from vitcli.checkpoints.transfer import load_for_eval, preprocessing_row
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import tasks
 from vitcli.fewshot import features, protocols, report
@@ -48,6 +49,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
                     f"{recipe.run.seed}); nothing is loaded")
         weights = features.state_id(model)
     else:
+        console.log("{}: {}".format(*preprocessing_row(recipe, FEED)))
         weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
     model = model.to(dist.device)
     # undecodable rows over every task's splits, extracted or read from the cache
@@ -72,6 +74,8 @@ def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: P
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
            # dSprites' 0/1 pixels decode differently since they are scaled
            "binary_pixels": task.binary_pixels}
+    if recipe.data.mean != SIGNED["mean"] or recipe.data.std != SIGNED["std"]:  # [-1, 1]: the keys it had
+        pre.update(mean=recipe.data.mean, std=recipe.data.std)
     sets = []
     for split in (task.train_split, task.test_split):
         key = features.cache_key(weights, f"{task.name}:{data_id(task, recipe)}", split, pre)

@@ -20,7 +20,7 @@ from rich.table import Table
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checkpoints.transfer import head_names, load_for_eval
+from vitcli.checkpoints.transfer import head_names, load_for_eval, preprocessing_row
 from vitcli.data.decoding import bad_images
 from vitcli.errors import DataError
 from vitcli.recipe.schema import Recipe
@@ -91,6 +91,7 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     ds = datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": [0] * len(files)}, features)
     ds.info.description = "the images given"
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
+    console.log("{}: {}".format(*preprocessing_row(recipe)))
     k = min(top_k, recipe.model.num_classes)
     rows, top, probs, _, _ = predictions(model, ds, recipe, dist, bad_images.Skipped(), k)
     names, names_from = head_names(read_checkpoint(recipe.init.checkpoint), recipe.model.num_classes)

@@ -131,7 +131,7 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     if r.init.checkpoint:
         load_init(model, r, num_classes, dist)
     if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
-        model = MppModel(model, r.mpp, r.model.patch_size)
+        model = MppModel(model, r.mpp, r.model.patch_size, r.data.mean, r.data.std)
     teacher = distill.load_teacher(r, num_classes, dist.device)
     distill.use_distillation_token(model, r.distill)
     periodic, final = _evaluators(r, dist)

@@ -4,19 +4,23 @@ prediction (paper App. B.1.2) on a plain ViT. The trainer and the evaluators bot
 
 `MppModel` wraps the ViT the run exports: a learned [mask] embedding replaces patch embeddings before the
 position embedding is added (so a masked patch still knows where it is), and a linear head reads each
-patch's output token. Only the ViT (`backbone`) is exported to model.safetensors; the wrapper hands
-`forward_features` / `forward_head` through, so few-shot evaluation during pretraining sees the backbone.
+patch's output token. Its targets are read from the pixels as the paper's [-1, 1] whatever data.mean and
+data.std normalised them to (the colour bins are of (x + 1) / 2). Only the ViT (`backbone`) is exported to
+model.safetensors; the wrapper hands `forward_features` / `forward_head` through, so few-shot evaluation
+during pretraining sees the backbone.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import nn
 
+from vitcli.data.augmentation.augment import SIGNED
 from vitcli.models import mpp
 from vitcli.recipe.schema import MppConfig, OptimConfig
 
@@ -63,16 +67,20 @@ def _sigmoid_xent(smoothing: float):
 class MppModel(nn.Module):
     """A ViT plus the [mask] embedding and per-patch prediction head of masked patch prediction."""
 
-    def __init__(self, backbone: nn.Module, cfg: MppConfig, patch_size: int):
+    def __init__(self, backbone: nn.Module, cfg: MppConfig, patch_size: int,
+                 mean: Sequence[float] = SIGNED, std: Sequence[float] = SIGNED):
         super().__init__()
         self.backbone, self.cfg, self.patch_size = backbone, cfg, patch_size
+        # normalised x -> x / 127.5 - 1 of its pixel: x * 2 std + (2 mean - 1), per channel (2, 1, 3, 1, 1)
+        signed = torch.tensor([[2 * s for s in std], [2 * m - 1 for m in mean]]).view(2, 1, 3, 1, 1)
+        self.register_buffer("signed", signed, persistent=False)  # on the model's device, in no checkpoint
         dim = backbone.embed_dim
         self.mask_token = nn.Parameter(trunc_normal_(torch.empty(dim), std=0.02))  # (D,)
         self.pred_shape = mpp.pred_shape(cfg.target, patch_size)
         self.head = nn.Linear(dim, math.prod(self.pred_shape))
 
     def forward(self, images: torch.Tensor, mode: torch.Tensor, other: torch.Tensor):
-        """(pred, target) for images (B, 3, H, W) in [-1, 1] corrupted as drawn (`mode` (B, N) from
+        """(pred, target) for normalised images (B, 3, H, W) corrupted as drawn (`mode` (B, N) from
         mpp.corruption, `other` (B*N,) from mpp.other_patches: mpp_step draws them)."""
         b = self.backbone
         tokens = b.patch_embed(images)  # (B, N, D)
@@ -80,7 +88,8 @@ class MppModel(nn.Module):
         x = b.norm(b.blocks(b.norm_pre(b.patch_drop(x))))
         out = x[:, b.num_prefix_tokens:]  # (B, N, D): the patches' own output tokens
         pred = self.head(out).unflatten(-1, self.pred_shape)
-        return pred, mpp.make_target(mpp.patchify(images, self.patch_size), self.cfg.target)
+        pixels = torch.addcmul(self.signed[1], images, self.signed[0])  # (B, 3, H, W) in [-1, 1]
+        return pred, mpp.make_target(mpp.patchify(pixels, self.patch_size), self.cfg.target)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """The backbone's tokens: evaluators read the ViT, not the pretext head."""

@@ -1,5 +1,6 @@
 """Batched augmentation on uint8 pixels: big_vision's Inception crop boxes (drawn for a whole micro-batch in
-numpy), one batched half-pixel bilinear resize of crops of different sizes, flip and the [-1, 1] scaling.
+numpy), one batched half-pixel bilinear resize of crops of different sizes, flip and the normalisation
+(data.mean and data.std; the ViT paper's [-1, 1] by default).
 
 The loader workers resize each crop themselves (`resize_each`, torch's own kernel), and `finish` only
 normalises on the model's device. With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) the workers
@@ -9,6 +10,7 @@ on any device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,8 +20,29 @@ import torch.nn.functional as F
 from vitcli.data.augmentation.augmentations import Augmentation, Drawn, apply_levels, apply_normalised
 from vitcli.runtime.dist import to_device
 
+SIGNED = (0.5, 0.5, 0.5)  # mean = std = 0.5: x / 127.5 - 1, the ViT paper's [-1, 1]
 ASPECT_RANGE = (3 / 4, 4 / 3)  # big_vision inception_crop = TF sample_distorted_bounding_box's default
 ATTEMPTS = 100  # TF's max_attempts default
+
+
+class Normalise:
+    """uint8 levels x (B, 3, H, W) -> float32 (x / 255 - mean) / std per RGB channel, as one op that also
+    casts (torch.addcdiv promotes uint8): x / (255 std) + (-mean / std), each (1, 3, 1, 1), made once per
+    device. The default is the ViT paper's [-1, 1]: x / 127.5 - 1, bit for bit as before these keys, and
+    exactly -1 and 1 at 0 and 255 (a multiply by 1 / 127.5 would give 1 + 1.2e-7)."""
+
+    def __init__(self, mean: Sequence[float] = SIGNED, std: Sequence[float] = SIGNED):
+        self.mean, self.std = tuple(mean), tuple(std)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device not in self._on:
+            divisor = [255 * s for s in self.std]
+            shift = [-m / s for m, s in zip(self.mean, self.std)]
+            self._on[x.device] = tuple(torch.tensor(v, dtype=torch.float32, device=x.device).view(1, 3, 1, 1)
+                                       for v in (divisor, shift))
+        divisor, shift = self._on[x.device]
+        return torch.addcdiv(shift, x, divisor)  # (B, 3, H, W) float32
 
 
 @dataclass
@@ -231,11 +254,26 @@ def bilinear_uint8(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False, antialias=False)
 
 
-def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
+def resample_uint8(x: torch.Tensor, size: int, interpolation: str = "bilinear") -> torch.Tensor:
+    """uint8 (n, 3, h, w) -> uint8 (n, 3, size, size) as data.interpolation says: bilinear is big_vision's
+    (`bilinear_uint8`, no antialias); bicubic is antialiased, as PIL's resize that timm's RandomResizedCrop
+    runs (torch's uint8 kernel, within a level or two of PIL's); nearest samples pixel centres, as PIL's
+    (torch's nearest-exact; its `nearest` is off by half a pixel)."""
+    if interpolation == "bilinear" or tuple(x.shape[-2:]) == (size, size):
+        return bilinear_uint8(x, size)
+    x = x.contiguous(memory_format=torch.channels_last)
+    if interpolation == "nearest":
+        return F.interpolate(x, size=(size, size), mode="nearest-exact")
+    return F.interpolate(x, size=(size, size), mode=interpolation, align_corners=False, antialias=True)
+
+
+def resize_each(crops: list[torch.Tensor], flips: np.ndarray, size: int,
+                interpolation: str = "bilinear") -> torch.Tensor:
     """uint8 crops (3, h_i, w_i) -> uint8 (B, 3, size, size), flipped where `flips` (B,) says, for a loader
-    worker on a CPU: torch's uint8 kernel, one call per crop shape (per_shape); the batched gather of
-    `levels` is ~3x slower there (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224, one thread)."""
-    return per_shape(crops, lambda x: bilinear_uint8(x, size), (0, 3, size, size),
+    worker on a CPU: torch's uint8 kernel (`resample_uint8`), one call per crop shape (per_shape); the
+    batched gather of `levels` is ~3x slower there (measured: 31 vs 94 ms for 32 crops of 100-640 px to 224,
+    one thread)."""
+    return per_shape(crops, lambda x: resample_uint8(x, size, interpolation), (0, 3, size, size),
                      mirror=np.asarray(flips, dtype=bool).reshape(-1))
 
 
@@ -244,16 +282,20 @@ def flip(pixels: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
     return torch.where(to_device(flips, pixels.device)[:, None, None, None], pixels.flip(-1), pixels)
 
 
+_SIGNED = Normalise()
+
+
 def _needs_resize(batch: Pixels) -> bool:
     s = batch.size
     return batch.pixels.shape[-2:] != (s, s) or bool((batch.sizes != s).any())
 
 
-def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None) -> torch.Tensor:
-    """A worker's uint8 batch -> float32 (B, 3, S, S) in [-1, 1] on `device`: the copy (4x fewer bytes than
-    float, asynchronous from pinned memory), then resize, flip, the recipe's augmentation `aug` (what the
-    worker left of it: the batch's draws say), x / 127.5 - 1 (the ViT's mean = std = 0.5) and erasing,
-    there."""
+def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None,
+           normalise: Normalise | None = None) -> torch.Tensor:
+    """A worker's uint8 batch -> float32 (B, 3, S, S) on `device`: the copy (4x fewer bytes than float,
+    asynchronous from pinned memory), then resize, flip, the recipe's augmentation `aug` (what the worker
+    left of it: the batch's draws say), `normalise` (the recipe's data.mean and data.std; [-1, 1] when None)
+    and erasing, there."""
     x = to_device(batch.pixels, device)
     drawn = None if batch.aug is None or aug is None else batch.aug.to(device)
     if _needs_resize(batch):
@@ -264,5 +306,5 @@ def finish(batch: Pixels, device: torch.device, aug: Augmentation | None = None)
         x = flip(x, batch.flips)
     if drawn is not None and drawn.on_levels:
         x, drawn = apply_levels(x, aug, drawn)
-    out = x.to(torch.float32).div_(127.5).sub_(1.0)
+    out = (normalise or _SIGNED)(x)  # levels: uint8, or float32 after a resize here
     return out if drawn is None else apply_normalised(out, aug, drawn)

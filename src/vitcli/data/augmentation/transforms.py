@@ -1,12 +1,14 @@
 """Preprocessing of a batch of images (decode.Encoded or decode.Decoded) into uint8 augment.Pixels, as the
 loader workers run it: the paper's Inception crop + flip (+ the recipe's augmentation, drawn here) for
-training, resize + centre crop for eval, big_vision's square resize for few-shot features. augment.finish
-scales to [-1, 1] on the model's device.
+training, resize + centre crop for eval, big_vision's square resize for few-shot features, each resize
+as data.interpolation says but the few-shot one (fewshot.resize_method). augment.finish normalises
+(data.mean, data.std) on the model's device.
 
 The worker resizes and flips each training crop itself (augment.resize_each) and applies the uint8 part of
 the augmentation (RandAugment or 3-Augment); erasing, on normalised pixels, is left to finish, on the
 model's device. With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) crops leave not yet resized,
-and augment.finish resizes and augments the whole batch there with the same functions.
+and augment.finish resizes (bilinear: other interpolations always resize in the worker) and augments the
+whole batch there with the same functions.
 """
 
 from __future__ import annotations
@@ -25,9 +27,6 @@ from vitcli.data.decoding.bad_images import Undecodable
 from vitcli.errors import DataError
 from vitcli.recipe.choices import FEWSHOT_RESIZE_METHODS
 from vitcli.recipe.schema import DataConfig
-
-MEAN = (0.5, 0.5, 0.5)  # the ViT paper feeds pixels scaled to [-1, 1], not ImageNet-normalised ones
-INTERPOLATION = "bilinear"  # every resize here (big_vision's crop and few-shot resize, the eval resize)
 
 
 def central_crop_offsets(height: int, width: int, size: int) -> tuple[int, int]:
@@ -79,19 +78,24 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, aug: Augmentatio
     crops = _crops(images, boxes, size)
     if not resize_here:
         return pack(crops, flips, size, drawn)
-    x = resize_each(crops, flips, size)  # (B, 3, S, S) uint8, flipped
+    x = resize_each(crops, flips, size, cfg.interpolation)  # (B, 3, S, S) uint8, flipped
     if drawn is not None and drawn.on_levels:
         x, drawn = augmentations.apply_levels(x, aug, drawn)
     return _square(x, size, drawn)
 
 
-def _eval(images: list, seed, size: int, crop_pct: float) -> Pixels:
+def _eval(images: list, seed, size: int, crop_pct: float, interpolation: str = "bilinear") -> Pixels:
     """timm's eval resize: short side to floor(size / crop_pct), then torchvision's CenterCrop(size).
-    torchvision's antialiased bilinear resize of uint8 tensors is PIL's algorithm (same support, same
-    triangle filter), equal to it within a level or two of rounding. Images of one shape in one call."""
+    torchvision's antialiased bilinear and bicubic resizes of uint8 tensors are PIL's algorithms (same
+    support, same filters), equal to them within a level or two of rounding; nearest-exact is PIL's nearest.
+    Images of one shape in one call."""
     short = math.floor(size / crop_pct)
-    out = per_shape(_crops(images, None, 0), lambda x: TF.center_crop(TF.resize(x, [short], antialias=True),
-                                                                      [size, size]), (0, 3, size, size))
+    mode = TF.InterpolationMode("nearest-exact" if interpolation == "nearest" else interpolation)
+
+    def resize_crop(x: torch.Tensor) -> torch.Tensor:
+        return TF.center_crop(TF.resize(x, [short], interpolation=mode, antialias=True), [size, size])
+
+    out = per_shape(_crops(images, None, 0), resize_crop, (0, 3, size, size))
     return _square(out, size)
 
 
@@ -116,12 +120,15 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and the recipe's augmentation (augmentations.of). eval: resize the short
-    side to img_size / eval_crop_pct, centre crop. `resize` > 0 (few-shot): squash to resize x resize,
-    centre crop img_size, resampled as `resize_method` says (FEWSHOT_RESIZE_METHODS).
+    side to img_size / eval_crop_pct, centre crop. Both resize as data.interpolation says. `resize` > 0
+    (few-shot): squash to resize x resize, centre crop img_size, resampled as `resize_method` says
+    (FEWSHOT_RESIZE_METHODS).
     """
     if train:
         aug = augmentations.of(cfg, img_size)
-        return partial(_train, cfg=cfg, size=img_size, aug=aug, resize_here=resize_here)
+        # augment.levels, the resize on the model's device, is bilinear only
+        here = resize_here or cfg.interpolation != "bilinear"
+        return partial(_train, cfg=cfg, size=img_size, aug=aug, resize_here=here)
     if resize > 0:
         if resize_method not in FEWSHOT_RESIZE_METHODS:
             raise DataError(f"fewshot.resize_method: '{resize_method}' is not one of "
@@ -129,4 +136,4 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
         if resize < img_size:
             raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
         return partial(_fewshot, size=img_size, resize=resize)
-    return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct)
+    return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct, interpolation=cfg.interpolation)

@@ -6,7 +6,7 @@ Training batches are a pure function of (seed, optimizer step, global micro-batc
 `num_workers` is, and one process sees what several see between them.
 
 Batches leave the loader workers as uint8 (augment.Pixels: a quarter of float's bytes); the stream finishes
-them (augment.finish: resize where still needed, flip, [-1, 1]) on its `device`, the model's.
+them (augment.finish: resize where still needed, flip, normalise) on its `device`, the model's.
 
 An image that does not decode never ends a run: training puts the next one that decodes in its place
 (`stand_in`: the next row of the split here, the next example of the micro-batch in streams.py), so batches
@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vitcli.data.augmentation import augmentations
-from vitcli.data.augmentation.augment import Pixels, finish
+from vitcli.data.augmentation.augment import Normalise, Pixels, finish
 from vitcli.data.augmentation.augmentations import Augmentation
 from vitcli.data.augmentation.transforms import build_transform
 from vitcli.data.batching.sampler import train_keys
@@ -162,13 +162,15 @@ class BatchStream:
     returned."""
 
     def __init__(self, loader: DataLoader, skipped: Skipped | None = None, device: torch.device | None = None,
-                 collective: bool = False, aug: Augmentation | None = None):
+                 collective: bool = False, aug: Augmentation | None = None,
+                 normalise: Normalise | None = None):
         self.loader, self.name = loader, loader.dataset.name
         self._batches: Iterator | None = None  # begun at the first batch (`batches`)
         self.image = loader.dataset.image  # names a skipped image here, whichever process decoded
         self.skipped = skipped if skipped is not None else Skipped()
         self.device = device if device is not None else torch.device("cpu")
         self.aug = aug  # the recipe's augmentation, what of it each batch's draws leave to `finish`
+        self.normalise = normalise  # data.mean and data.std ([-1, 1] when None), applied by `finish`
         # collective: a pass where nothing decoded ends quietly; the caller decides with the other ranks
         # (nothing_decoded), since one rank raising alone would leave the others waiting in a gather
         self.collective = collective
@@ -189,7 +191,7 @@ class BatchStream:
         return self._batches
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x float32 (B, 3, S, S) in [-1, 1] on the stream's device, y (B,) int64 on the CPU)."""
+        """(x float32 (B, 3, S, S) normalised on the stream's device, y (B,) int64 on the CPU)."""
         for item in self.batches:
             if isinstance(item, Exception):
                 # Let go of the loader now: its workers stop at once. Kept alive by the traceback, it would be
@@ -198,7 +200,7 @@ class BatchStream:
                 raise item
             x, y, bad = item
             if len(y):
-                x = finish(x, self.device, self.aug)
+                x = finish(x, self.device, self.aug, self.normalise)
             self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
             if len(y):
@@ -254,8 +256,8 @@ class MappedTrainStream(BatchStream):
     function of that count alone (sampler.train_keys), so the state only confirms what the step implies."""
 
     def __init__(self, loader: DataLoader, keys: Placed, world_size: int, device: torch.device | None = None,
-                 aug: Augmentation | None = None):
-        super().__init__(loader, device=device, aug=aug)
+                 aug: Augmentation | None = None, normalise: Normalise | None = None):
+        super().__init__(loader, device=device, aug=aug, normalise=normalise)
         self.keys, self.world_size, self.micro_batches = keys, world_size, keys.start
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,7 +317,7 @@ def train_batches(
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
     device: torch.device | None = None,
 ) -> MappedTrainStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, finished there by
+    """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, finished there by
     augment.finish; y (B,) int64) for this rank, `accum` per
     optimizer step, starting at this rank's micro-batch `start_step` of the uninterrupted stream (skipped
     batches are never loaded; a checkpoint places it instead: MappedTrainStream). The stream's `skipped`
@@ -332,7 +334,8 @@ def train_batches(
     cache, on_disk = cache_for(encoded(ds.select_columns([cfg.image_column]), cfg.image_column),
                                cfg.image_column, cache_capacity(cfg))
     loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
-    stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size))
+    stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size),
+                               Normalise(cfg.mean, cfg.std))
     stream.cache = cache
     if rank == 0:
         console.log(cache_line(cfg, cache, on_disk, len(ds)))
@@ -374,7 +377,7 @@ def eval_batches(
     keys = [(None, rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
     transform = build_transform(cfg, img_size, train=False, resize=resize, resize_method=resize_method)
     loader = _loader(ds, cfg, transform, keys, cache=None, replace=False)
-    return BatchStream(loader, skipped, device, collective)
+    return BatchStream(loader, skipped, device, collective, normalise=Normalise(cfg.mean, cfg.std))
 
 
 # Whether the loader workers resize the training crops and run the uint8 augmentation (RandAugment,

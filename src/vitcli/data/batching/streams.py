@@ -44,6 +44,7 @@ from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
 from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation.augment import Normalise
 from vitcli.data.augmentation.augmentations import Augmentation
 from vitcli.data.augmentation.transforms import build_transform
 from vitcli.data.batching.batches import (
@@ -161,8 +162,9 @@ class TrainStream(BatchStream):
     `start_at(micro_batch, at)` gives the raw examples from a micro-batch on, and where it starts (_start)."""
 
     def __init__(self, loader: DataLoader, keys: Placed, start_at: Callable, positions: deque,
-                 world_size: int, device: torch.device | None = None, aug: Augmentation | None = None):
-        super().__init__(loader, device=device, aug=aug)
+                 world_size: int, device: torch.device | None = None, aug: Augmentation | None = None,
+                 normalise: Normalise | None = None):
+        super().__init__(loader, device=device, aug=aug, normalise=normalise)
         self.keys, self.start_at, self.positions, self.world_size = keys, start_at, positions, world_size
         self.at = _position(0, (0, 0))
 
@@ -212,7 +214,7 @@ def stream_train_batches(
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
     device: torch.device | None = None,
 ) -> TrainStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) in [-1, 1] on `device`, y (B,) int64) of this rank's
+    """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, y (B,) int64) of this rank's
     share of a
     streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream (the
     examples before are read, not decoded, again from the first epoch on; a checkpoint's `load_state_dict`
@@ -232,7 +234,7 @@ def stream_train_batches(
     decode = _Decode(name, transform, cfg.binary_pixels)
     start_at = functools.partial(_start, mine, micro_batch_size, name=name)
     stream = TrainStream(keyed_loader(decode, keys, cfg.num_workers), keys, start_at, positions, world_size,
-                         device, augmentations.of(cfg, img_size))
+                         device, augmentations.of(cfg, img_size), Normalise(cfg.mean, cfg.std))
     stream.seek(start_step)
     return stream
 

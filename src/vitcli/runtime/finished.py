@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from vitcli.errors import OutputError
-from vitcli.recipe.layers import flatten, to_dict
+from vitcli.recipe.layers import flatten, to_dict, to_yaml
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import sha256_of
 from vitcli.runtime.metrics import console
@@ -118,7 +118,9 @@ def _recipe_differences(path: Path, recipe: Recipe) -> list[tuple[str, object, o
         saved = flatten(yaml.safe_load(path.read_text()) or {})
     except (OSError, yaml.YAMLError, AttributeError):
         return [(str(path), "missing or damaged", "a recipe")]
-    now, defaults = flatten(to_dict(recipe)), flatten(to_dict(Recipe(stage=recipe.stage)))
+    # as recipe.yaml holds it (a tuple reads back as a list), so that only values can differ
+    now = flatten(yaml.safe_load(to_yaml(recipe)))
+    defaults = flatten(yaml.safe_load(to_yaml(Recipe(stage=recipe.stage))))
     skip = HOW_RUN + PATH_KEYS
     return [(k, saved.get(k, defaults.get(k)), v) for k, v in now.items()
             if not k.startswith(skip) and saved.get(k, defaults.get(k)) != v]

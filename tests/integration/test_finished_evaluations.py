@@ -194,3 +194,11 @@ def test_evaluate_says_when_the_split_names_its_classes_otherwise(run, tmp_path,
             assert found == 4  # reversed, every class is at another index
         else:
             assert "class names" not in err and found is None, (name, err)
+
+
+def test_evaluate_records_that_it_scored_the_ema_weights(tmp_path, monkeypatch, capsys):
+    one_run(resolve("pretrain", None, TINY + ["ema.decay=0.9", "ema.save=ema"]), tmp_path / "ema")
+    capsys.readouterr()  # the training's report
+    code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", tmp_path / "ema", "--workdir",
+                             tmp_path / "w", *EVAL, "--json")
+    assert code == 0 and json.loads(out)["weights"] == "ema", err

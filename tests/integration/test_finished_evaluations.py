@@ -16,6 +16,7 @@ from vitcli.data.rows.synthetic import class_names, make_synthetic
 from vitcli.fewshot import features, protocols, report
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SyntheticConfig
+from vitcli.runtime import precision
 from vitcli.runtime.files import sha256_of
 from vitcli.stages import evaluate as evaluate_stage
 from vitcli.stages.run import one_run
@@ -202,3 +203,15 @@ def test_evaluate_records_that_it_scored_the_ema_weights(tmp_path, monkeypatch, 
     code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", tmp_path / "ema", "--workdir",
                              tmp_path / "w", *EVAL, "--json")
     assert code == 0 and json.loads(out)["weights"] == "ema", err
+
+
+def test_what_auto_precision_chose_stands_when_it_would_choose_otherwise_now(run, tmp_path, monkeypatch,
+                                                                             capsys):
+    """auto's bf16 probe times a matmul: on a busy machine it may flip, and the request has not changed."""
+    args = [a for a in fewshot(run, tmp_path / "w") if a != "run.precision=fp32"]  # eval-fewshot: auto
+    for native, says in ((False, "features in fp32"), (True, "nothing to do")):
+        monkeypatch.setattr(precision, "detect_bf16", lambda device, native=native: (native, "stand-in"))
+        code, _, err = run_vit(monkeypatch, capsys, *args)
+        assert code == 0 and says in err, err
+    code, _, err = run_vit(monkeypatch, capsys, *args, "run.precision=bf16")  # asked for: another request
+    assert code == 2 and "run.precision: 'fp32' there, 'bf16' now" in err, err

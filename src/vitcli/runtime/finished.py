@@ -36,6 +36,7 @@ HOW_RUN = ("run.device", "run.compile", "run.log_every", "run.eval_every", "run.
            "data.num_workers", "data.eval_batch_size", "data.cache_mb", "fewshot.cache_dir", "fewshot.every")
 # Recipe keys naming a local path or a Hub name: compared as `inputs` records them (absolute, or by content)
 PATH_KEYS = ("init.checkpoint", "data.source", "fewshot.data_root", "fewshot.custom.source")
+Difference = tuple[str, object, object]  # (what, its value in the finished request, its value now)
 
 
 def inputs(recipe: Recipe, weights: Path | str, **options) -> dict:
@@ -60,15 +61,18 @@ def sealed(record: dict) -> dict:
     return {**record, "checkpoint": {**checkpoint, "sha256": sha256_of(checkpoint["path"])}}
 
 
-def stored(workdir: Path, results_file: str, recipe: Recipe, now: dict, overwrite: bool,
-           what: str) -> dict | None:
+def stored(workdir: Path, results_file: str, recipe: Recipe, now: dict, overwrite: bool, what: str,
+           auto_precision: bool = False) -> dict | None:
     """The results the same request finished with in `workdir` (read from `results_file`), after saying so;
     None when there are none to reuse (nothing finished there, or `overwrite`). Another request's finished
-    results are an OutputError naming the first difference and the two ways on."""
+    results are an OutputError naming the first difference and the two ways on. With `auto_precision` (the
+    user's run.precision is auto) the precision auto chose then stands: its bf16 probe times a matmul, and
+    on a busy machine may choose otherwise now."""
     found = _finished(workdir / results_file)
     if found is None or overwrite:
         return None
-    diffs = _differences(workdir, recipe, found.get("inputs") or {}, now)
+    skip = HOW_RUN + PATH_KEYS + (("run.precision",) if auto_precision else ())
+    diffs = _differences(workdir, recipe, found.get("inputs") or {}, now, skip)
     if diffs:
         key, there, here = diffs[0]
         more = f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""
@@ -97,7 +101,8 @@ def _finished(path: Path) -> dict | None:
     return found if isinstance(found, dict) else None
 
 
-def _differences(workdir: Path, recipe: Recipe, saved: dict, now: dict) -> list[tuple[str, object, object]]:
+def _differences(workdir: Path, recipe: Recipe, saved: dict, now: dict,
+                 skip: tuple[str, ...]) -> list[Difference]:
     """(key, there, now) for each way the finished request differs from this one; [] when it is the same."""
     diffs = []
     if not _same_checkpoint(saved.get("checkpoint") or {}, now["checkpoint"]):
@@ -108,12 +113,12 @@ def _differences(workdir: Path, recipe: Recipe, saved: dict, now: dict) -> list[
         old, new = saved.get(group) or {}, now[group]
         keys = dict.fromkeys([*new, *old])
         diffs += [(k, old.get(k), new.get(k)) for k in keys if old.get(k) != new.get(k)]
-    return diffs + _recipe_differences(workdir / RECIPE_FILE, recipe)
+    return diffs + _recipe_differences(workdir / RECIPE_FILE, recipe, skip)
 
 
-def _recipe_differences(path: Path, recipe: Recipe) -> list[tuple[str, object, object]]:
-    """The recipe keys (HOW_RUN and PATH_KEYS aside) whose value recipe.yaml does not share; a key it lacks
-    (one vitcli gained since) counts as its default."""
+def _recipe_differences(path: Path, recipe: Recipe, skip: tuple[str, ...]) -> list[Difference]:
+    """The recipe keys (those under `skip` aside) whose value recipe.yaml does not share; a key it lacks (one
+    vitcli gained since) counts as its default."""
     try:
         saved = flatten(yaml.safe_load(path.read_text()) or {})
     except (OSError, yaml.YAMLError, AttributeError):
@@ -121,7 +126,6 @@ def _recipe_differences(path: Path, recipe: Recipe) -> list[tuple[str, object, o
     # as recipe.yaml holds it (a tuple reads back as a list), so that only values can differ
     now = flatten(yaml.safe_load(to_yaml(recipe)))
     defaults = flatten(yaml.safe_load(to_yaml(Recipe(stage=recipe.stage))))
-    skip = HOW_RUN + PATH_KEYS
     return [(k, saved.get(k, defaults.get(k)), v) for k, v in now.items()
             if not k.startswith(skip) and saved.get(k, defaults.get(k)) != v]
 

@@ -54,13 +54,14 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
+    auto = recipe.run.precision == "auto"
     recipe, why = resolved(recipe, dist.device)
     split = recipe.data.test_split or recipe.data.val_split
     evaluate_extra.check_held_out(calibrate_on, split, recipe.optim.loss)
     request = finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint), tta=list(tta),
                               calibrate_on=calibrate_on, imagenet_set=imagenet_set,
                               real_labels=real_path and f"{Path(real_path).resolve()} {sha256_of(real_path)}")
-    done = finished.stored(workdir, EVALUATE_FILE, recipe, request, overwrite, "evaluation")
+    done = finished.stored(workdir, EVALUATE_FILE, recipe, request, overwrite, "evaluation", auto)
     if done is not None:
         if dist.is_main:
             report(done)

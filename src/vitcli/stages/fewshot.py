@@ -42,10 +42,11 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
         check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
     dist = setup(recipe.run.device)
+    auto = recipe.run.precision == "auto"
     # the cache key and the extraction see fp32 or bf16, never auto
     recipe, why = resolved(recipe, dist.device)
     request = finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint))
-    done = finished.stored(workdir, FEWSHOT_FILE, recipe, request, overwrite, "few-shot evaluation")
+    done = finished.stored(workdir, FEWSHOT_FILE, recipe, request, overwrite, "few-shot evaluation", auto)
     if done is not None:
         if dist.is_main:
             report.show(done["runs"], done["all_data"], workdir)

@@ -75,6 +75,9 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
         if held is not None:
             _check_labels(held, recipe, calibrate_on)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
+    loaded = read_checkpoint(recipe.init.checkpoint)
+    split_names = sources.class_names(recipe.data, ds, num_classes) if scoring is None else None
+    other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)  # said early
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
@@ -84,9 +87,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     extra = evaluate_extra.per_row(recipe.optim.loss == "softmax", tuple(tta), held is not None, k, columns)
     rows, top, probs, labels, loss_sum, (nll, tta_top, logits) = predictions(model, ds, recipe, dist, skipped,
                                                                               k, extra, scoring)
-    loaded = read_checkpoint(recipe.init.checkpoint)
     names, names_from = head_names(loaded, num_classes)
-    split_names = sources.class_names(recipe.data, ds, num_classes) if scoring is None else None
     if names is None and scoring is None:  # the split's labels are the head's classes: its names are theirs
         names, names_from = split_names, "split"
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
@@ -96,7 +97,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
                **evaluate_extra.tta_results(tta_top, labels, tuple(tta), k >= TOP_K)}
     if names is not None:
         results["class_names_from"] = names_from
-    results.update(_other_names(class_names(loaded, num_classes), split_names, recipe, split))
+    results.update(other_names)
     if scored_weights(loaded):
         results["weights"] = scored_weights(loaded)
     if scoring is not None:

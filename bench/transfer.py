@@ -15,7 +15,10 @@ protocols together at most 10% of the extraction).
   protocols_vs_extraction  all protocols' seconds over the extraction's; extraction_share, the extraction's
               over both (the target: at least 1 / 1.1, the protocols at most 10% of the extraction)
 
-    python bench/transfer.py [--quick] [--out F]   # its JSON alone; bench/run.py includes it
+    python bench/transfer.py [--quick] [--train N] [--out F]   # its JSON alone; bench/run.py includes it
+
+  --train N: the task with N train examples instead of 1,000 (the logistic probe's time grows with it, the
+  extraction's per image does not: docs/eval-fewshot.md quotes --train 4000)
 """
 
 from __future__ import annotations
@@ -102,9 +105,10 @@ def protocol_seconds(r, task: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, not the machine")
+    p.add_argument("--train", type=int, help="train examples of the task (default: VTAB-1k's 1,000)")
     p.add_argument("--out", help="also write the JSON here")
     a = p.parse_args()
-    task = QUICK_TASK if a.quick else TASK
+    task = {**(QUICK_TASK if a.quick else TASK), **({"train": a.train} if a.train else {})}
     with tempfile.TemporaryDirectory(prefix="bench-transfer-") as tmp:
         folder = write_jpegs(Path(tmp), 8 if a.quick else 12)  # 12 photographs: 144 images
         r = recipe(a.quick, folder)

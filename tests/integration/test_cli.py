@@ -148,7 +148,7 @@ def tiny_checkpoint(path: Path) -> Path:
      ["schedule.steps=10", "schedule.warmup_steps=1"],
      {"resume": False, "overwrite": False, "lrs": [0.01, 0.03], "chosen": None}),
     (["eval-fewshot", "--tasks", "synthetic"], "vitcli.stages.fewshot.eval_fewshot",
-     ["--ckpt", "{ckpt}"], {}),
+     ["--ckpt", "{ckpt}", "--overwrite"], {"overwrite": True}),
 ])
 def test_a_command_hands_its_stage_the_parsed_flags_and_prints_what_it_returns(
         monkeypatch, capsys, tmp_path, command, driver, extra, handed):
@@ -209,7 +209,8 @@ def handed(ckpt: Path, tmp: Path) -> dict:
              "--tta", "flip", "--tta", "multicrop", "--calibrate-on", "validation"],
             "vitcli.stages.evaluate.evaluate", ((tmp / "w",), {"real_path": None, "real": None,
                                                                "tta": ("flip", "multicrop"),
-                                                               "calibrate_on": "validation"}),
+                                                               "calibrate_on": "validation",
+                                                               "overwrite": False}),
             {"stage": "evaluate", "init.checkpoint": str(ckpt), "data.test_split": "test[:8]",
              "model.num_classes": 4, "model.img_size": 32}),
         "predict": (

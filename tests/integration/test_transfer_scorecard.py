@@ -33,11 +33,11 @@ def ckpt(tmp_path_factory):
     return path
 
 
-def scorecard(ckpt, workdir, protocols: str, *extra):
+def scorecard(ckpt, workdir, protocols: str, *extra, overwrite=False):
     r = resolve("eval-fewshot", None, [*TINY, *DATA, f"init.checkpoint={ckpt}", "fewshot.tasks=synthetic",
                                        "fewshot.shots=2,5", "fewshot.seeds=1",
                                        f"fewshot.protocols=[{protocols}]", *extra], complete=complete)
-    return eval_fewshot(r, workdir)
+    return eval_fewshot(r, workdir, overwrite=overwrite)
 
 
 def counted_forwards(monkeypatch) -> list[int]:
@@ -59,7 +59,7 @@ def test_every_protocol_scores_the_cached_features_and_a_second_run_extracts_not
     first = scorecard(ckpt, tmp_path, "fewshot")
     assert sum(forwards) == 180 and first["all_data"] == []  # 120 train + 60 test images, once
     forwards.clear()
-    second = scorecard(ckpt, tmp_path, "knn,linear,ridge")
+    second = scorecard(ckpt, tmp_path, "knn,linear,ridge", overwrite=True)  # another request: it says so
     assert forwards == []  # the same checkpoint, task and preprocessing: all from the cache
     (x_tr, y_tr), (x_te, y_te) = cached_features(tmp_path)
     rows = {row["protocol"]: row for row in second["all_data"]}
@@ -72,8 +72,10 @@ def test_every_protocol_scores_the_cached_features_and_a_second_run_extracts_not
     assert all(row["train"] == 120 and row["test"] == 60 for row in rows.values())
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["all_data"] == second["all_data"] and on_disk["protocols"] == ["knn", "linear", "ridge"]
-    # few-shot's files described the first run: results.json no longer does, so they went with it
+    # few-shot's files described the first run: results.json no longer does, so they went aside with it
     assert not (tmp_path / "results.csv").exists() and not (tmp_path / "fewshot.png").exists()
+    (kept,) = tmp_path.glob("previous-*")
+    assert {p.name for p in kept.iterdir()} == {"results.json", "results.csv", "fewshot.png", "recipe.yaml"}
 
 
 def test_knn_settings_reach_the_protocol(ckpt, tmp_path):

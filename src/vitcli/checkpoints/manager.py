@@ -29,7 +29,7 @@ from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
 from vitcli.errors import CheckpointError, RecipeError
-from vitcli.recipe.layers import to_dict
+from vitcli.recipe.layers import flatten, to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
@@ -126,18 +126,11 @@ def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
     return {**saved, "run": {**saved["run"], "precision": recipe.run.precision}}
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
     """Refuse to continue a run whose recipe trains differently. A key the saved recipe lacks (a key
     vitcli gained since the checkpoint was written) counts as its default: what the run trained with."""
-    saved, now = _flatten(saved_recipe), _flatten(to_dict(recipe))
-    defaults = _flatten(to_dict(Recipe(stage=recipe.stage)))
+    saved, now = flatten(saved_recipe), flatten(to_dict(recipe))
+    defaults = flatten(to_dict(Recipe(stage=recipe.stage)))
     saved = {k: saved.get(k, defaults.get(k)) for k in now}
     diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:

@@ -87,6 +87,12 @@ def class_names(loaded: Loaded, num_classes: int) -> list[str] | None:
     return [str(name) for name in names] if fits else None
 
 
+def scored_weights(loaded: Loaded) -> str | None:
+    """Which weights our model.safetensors holds, as its metadata says (ema.save: "live" or "ema"; a file from
+    before the EMA existed holds the live ones); None for a foreign file, which does not say."""
+    return loaded.meta.get("weights", "live") if loaded.kind == "vitcli" else None
+
+
 def head_names(loaded: Loaded, num_classes: int) -> tuple[list[str] | None, str]:
     """(the head's class names, where they come from): the checkpoint's own ("checkpoint"); else, for a file
     that stores none (Google's .npz, timm weights) with a head of ImageNet's width, timm's WordNet lemmas

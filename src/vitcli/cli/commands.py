@@ -65,7 +65,7 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
                  seeds: opt.Seeds = None, l2: opt.L2 = None, protocols: opt.Protocols = None,
                  data_root: opt.DataRoot = None,
                  list_tasks: opt.ListTasks = False, random_init: opt.RandomInit = False,
-                 dry_run: opt.DryRun = False, json_out: opt.Json = False,
+                 dry_run: opt.DryRun = False, overwrite: opt.Again = False, json_out: opt.Json = False,
                  overrides: opt.FewshotOverrides = None) -> None:
     """Frozen features scored: linear few-shot by closed-form least squares (big_vision fewshot_lsr); with
     --protocols also DINO's weighted kNN, a logistic probe (CLIP's protocol) and ridge on all train data."""
@@ -85,7 +85,7 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
         from vitcli.stages.fewshot import eval_fewshot
         return eval_fewshot
 
-    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out))
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out), overwrite=overwrite)
 
 
 @app.command("evaluate")
@@ -93,7 +93,8 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
              split: opt.EvalSplit = None, real_labels: opt.RealLabels = None, real_timm: opt.Real = False,
              imagenet_set: opt.EvalImagenetSet = None, suite: opt.Suite = None, tta: opt.Tta = None,
              calibrate_on: opt.CalibrateOn = None, workdir: opt.Workdir = None, dry_run: opt.DryRun = False,
-             json_out: opt.Json = False, overrides: opt.EvalOverrides = None) -> None:
+             overwrite: opt.Again = False, json_out: opt.Json = False,
+             overrides: opt.EvalOverrides = None) -> None:
     """Top-1, top-5, loss, calibration, per-class accuracy and a confusion matrix of a checkpoint's head on a
     split, or on every ImageNet set under a folder (--suite)."""
     _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on)
@@ -128,7 +129,7 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
     sets = {"root": suite} if suite is not None else {"calibrate_on": calibrate_on, **named}
     views = tuple(str(v) for v in opt.TtaView if v in (tta or ()))  # each view once, in TTA_VIEWS' order
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             real_path=real_labels, real=real, tta=views, **sets)
+             real_path=real_labels, real=real, tta=views, overwrite=overwrite, **sets)
 
 
 def _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on) -> None:

@@ -68,6 +68,9 @@ Resume = Annotated[bool | None, typer.Option(
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite", help="Start over in a workdir that holds a run, finished or not (its files are "
                         "moved to previous-<time>/, not deleted).")]
+Again = Annotated[bool, typer.Option(
+    "--overwrite", help="Run again into a workdir that holds this command's finished results (they are moved "
+                        "to previous-<time>/, not deleted); without it the same request prints them again.")]
 Replace = Annotated[bool, typer.Option(
     "--overwrite", help="Replace a non-empty --out (the old one is kept as <out>.previous-<time>, "
                         "not deleted).")]

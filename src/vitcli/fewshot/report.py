@@ -41,38 +41,45 @@ def group_means(summary: dict[tuple[str, Any], tuple[float, float]]) -> dict[tup
 
 
 def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.Skipped | None = None,
-          probes: list[dict] | None = None) -> dict:
-    """Print the tables and write results.json (and with few-shot rows results.csv and fewshot.png) into the
-    workdir; returns what results.json holds. `probes`: the all-data protocols' rows (fewshot.protocols)."""
+          probes: list[dict] | None = None, inputs: dict | None = None) -> dict:
+    """Write results.csv and fewshot.png (with few-shot rows), then results.json, last: it marks the
+    evaluation finished (vitcli.runtime.finished); print the tables. Returns what results.json holds.
+    `probes`: the all-data protocols' rows (fewshot.protocols); `inputs`: the request's record."""
     probes = probes or []
-    outputs = [workdir / FEWSHOT_FILE]
-    if rows:
-        summary, drawn = summarise(rows), draws(rows)
-        _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
-    if probes:
-        _probe_table(probes)
-    payload = results(rows, recipe, skipped, probes)
-    write_text(workdir / FEWSHOT_FILE, json.dumps(payload, indent=2) + "\n")
-    for stale in (FEWSHOT_CSV, FEWSHOT_PLOT) if not rows else ():  # an earlier run's, that results.json no
-        (workdir / stale).unlink(missing_ok=True)  # longer describes
+    for stale in (FEWSHOT_CSV, FEWSHOT_PLOT) if not rows else ():  # an earlier run's, that results.json will
+        (workdir / stale).unlink(missing_ok=True)  # not describe
     if rows:
         with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["task", "shots", "seed", "l2_reg", "accuracy", *DRAW_FIELDS])
             w.writeheader()
             w.writerows(rows)
-        write_fewshot_figure(summary, {t: d["classes"] for (t, _), d in drawn.items()},
+        drawn = draws(rows)
+        write_fewshot_figure(summarise(rows), {t: d["classes"] for (t, _), d in drawn.items()},
                              weights_label(recipe.init.checkpoint, recipe.init.random, recipe.run.seed),
                              workdir / FEWSHOT_PLOT)
-        outputs += [workdir / FEWSHOT_CSV, workdir / FEWSHOT_PLOT]
-    stdout.print(f"results: {', '.join(map(str, outputs))}")
+    payload = results(rows, recipe, skipped, probes, inputs)
+    write_text(workdir / FEWSHOT_FILE, json.dumps(payload, indent=2) + "\n")
+    show(rows, probes, workdir)
     return payload
 
 
+def show(rows: list[dict], probes: list[dict], workdir: Path) -> None:
+    """The tables of few-shot `rows` and all-data `probes` (as results.json stores them), and the files."""
+    if rows:
+        summary, drawn = summarise(rows), draws(rows)
+        _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
+    if probes:
+        _probe_table(probes)
+    outputs = [workdir / FEWSHOT_FILE, *((workdir / FEWSHOT_CSV, workdir / FEWSHOT_PLOT) if rows else ())]
+    stdout.print(f"results: {', '.join(map(str, outputs))}")
+
+
 def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None = None,
-            probes: list[dict] | None = None) -> dict:
+            probes: list[dict] | None = None, inputs: dict | None = None) -> dict:
     """results.json: every few-shot run, the mean ± std per (task, shots), the group means, the all-data
     protocols' rows and their group means, and the recipe; with the tally, the images left out because they
-    do not decode (`data/skipped_images`) and where they are."""
+    do not decode (`data/skipped_images`) and where they are; `inputs`, the request's record
+    (vitcli.runtime.finished)."""
     summary, drawn = summarise(rows), draws(rows)
     probes = probes or []
     payload = {
@@ -90,6 +97,8 @@ def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None
     }
     if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
+    if inputs is not None:
+        payload["inputs"] = inputs
     return payload
 
 

@@ -113,6 +113,15 @@ def nest(dotted: dict[str, Any]) -> dict:
     return nested
 
 
+def flatten(nested: dict, prefix: str = "") -> dict:
+    """The inverse of `nest`: `{"optim": {"lr": 1e-3}}` -> `{"optim.lr": 1e-3}`."""
+    out = {}
+    for key, value in nested.items():
+        dotted = f"{prefix}{key}"
+        out.update(flatten(value, f"{dotted}.") if isinstance(value, dict) else {dotted: value})
+    return out
+
+
 def parse_overrides(pairs: list[str]) -> dict:
     """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values parsed as YAML scalars."""
     dotted: dict[str, Any] = {}

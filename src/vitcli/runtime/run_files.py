@@ -28,6 +28,9 @@ FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewsho
 VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it
 EVALUATE_FILE, CONFUSION_PLOT = "results.json", "confusion.png"  # `vit evaluate`'s numbers and matrix
 RELIABILITY_PLOT = "reliability.png"  # `vit evaluate`'s reliability diagram (softmax models)
+# What an evaluation writes, set aside together by --overwrite; results.json first: it marks them finished
+EVALUATE_OUTPUTS = (EVALUATE_FILE, RECIPE_FILE, CONFUSION_PLOT, RELIABILITY_PLOT)
+FEWSHOT_OUTPUTS = (FEWSHOT_FILE, RECIPE_FILE, FEWSHOT_CSV, FEWSHOT_PLOT)
 FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_dir says where
 
 

@@ -65,7 +65,7 @@ def refuse_finished(workdir: Path, overwrite: bool) -> None:
 def refuse_other_run(workdir: Path, stage: str) -> None:
     """A stage that writes its results into a workdir (recipe.yaml, results.json) refuses one that holds
     another stage's run: its recipe.yaml would be replaced, its model left beside results it did not make.
-    A workdir of the same stage is written again, as eval-fewshot's is."""
+    A workdir of the same stage is its own: whether it runs again there is vitcli.runtime.finished's call."""
     recipe = workdir / RECIPE_FILE
     said = _stage_line(recipe) if recipe.is_file() else stage
     if (workdir / MODEL_FILE).is_file() or said != stage:

@@ -10,14 +10,21 @@ numbers do not depend on how many processes ran it; images that do not decode ar
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import torch
 from rich.table import Table
 
-from vitcli.checkpoints.read import read_checkpoint
-from vitcli.checkpoints.transfer import class_names, head_names, load_for_eval, preprocessing_row
+from vitcli.checkpoints.read import locate_checkpoint, read_checkpoint
+from vitcli.checkpoints.transfer import (
+    class_names,
+    head_names,
+    load_for_eval,
+    preprocessing_row,
+    scored_weights,
+)
 from vitcli.data.batching import batches
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import sources
@@ -27,11 +34,12 @@ from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.figures.confusion import MAX_CLASSES, write_confusion
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
+from vitcli.runtime import finished
 from vitcli.runtime.dist import Dist, all_reduce_sum, setup
-from vitcli.runtime.files import write_text
+from vitcli.runtime.files import sha256_of, write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import resolved
-from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, RECIPE_FILE
+from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, EVALUATE_OUTPUTS, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
 from vitcli.stages import evaluate_extra
 from vitcli.stages.run import number
@@ -42,27 +50,34 @@ TOP_K = 5  # top-5 is reported when the head has at least this many classes
 
 def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
              real: list[list[int]] | None = None, imagenet_set: str | None = None, tta: tuple[str, ...] = (),
-             calibrate_on: str | None = None) -> dict:
+             calibrate_on: str | None = None, overwrite: bool = False) -> dict:
     """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the parsed ReaL
     lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`: the ImageNet set the
     split is (robustness.SETS), else detected from its folder names; `tta`: the test-time views
     (vitcli.evaluators.tta); `calibrate_on`: a held-out split to fit a temperature on
-    (vitcli.stages.evaluate_extra). Returns what results.json holds."""
+    (vitcli.stages.evaluate_extra). A workdir where this request finished is read, not evaluated again
+    (vitcli.runtime.finished), unless `overwrite`. Returns what results.json holds."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
+    auto = recipe.run.precision == "auto"
     recipe, why = resolved(recipe, dist.device)
     split = recipe.data.test_split or recipe.data.val_split
     evaluate_extra.check_held_out(calibrate_on, split, recipe.optim.loss)
+    request = _request(recipe, real_path, imagenet_set, tta, calibrate_on)
+    done = finished.stored(workdir, EVALUATE_FILE, recipe, request, overwrite, "evaluation", auto)
+    if done is not None:
+        if dist.is_main:
+            report(done)
+        return done
     ds = sources.load_split(recipe.data, split)
     held = sources.load_split(recipe.data, calibrate_on) if calibrate_on else None  # before the long pass
     num_classes = recipe.model.num_classes
-    scoring = _scoring(ds, recipe, imagenet_set)  # None: the split's labels are the head's own
-    if scoring is None:
-        _check_labels(ds, recipe, split)
-        if held is not None:
-            _check_labels(held, recipe, calibrate_on)
+    scoring = _checked_scoring(ds, held, recipe, imagenet_set, split, calibrate_on)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
+    loaded = read_checkpoint(recipe.init.checkpoint)
+    split_names = sources.class_names(recipe.data, ds, num_classes) if scoring is None else None
+    other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)  # said early
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
@@ -73,31 +88,71 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     extra = evaluate_extra.per_row(recipe.optim.loss == "softmax", tuple(tta), held is not None, k, columns)
     rows, top, probs, labels, loss_sum, (nll, tta_top, logits) = predictions(model, ds, recipe, dist, skipped,
                                                                               k, extra, scoring)
-    names, names_from = head_names(read_checkpoint(recipe.init.checkpoint), num_classes)
+    names, names_from = head_names(loaded, num_classes)
     if names is None and scoring is None:  # the split's labels are the head's classes: its names are theirs
-        names, names_from = sources.class_names(recipe.data, ds, num_classes), "split"
+        names, names_from = split_names, "split"
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
                "split": split, "images": len(rows), "classes": num_classes,
                **scores(top, labels, loss_sum, num_classes, names), "run/precision": recipe.run.precision,
                **evaluate_extra.calibration_results(top, probs, labels, nll),
                **evaluate_extra.tta_results(tta_top, labels, tuple(tta), k >= TOP_K)}
-    if names is not None:
-        results["class_names_from"] = names_from
-    if scoring is not None:
-        results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
-                        "imagenet_set/labels_by": scoring.labels_by})
-        scored = set(scoring.columns.tolist())  # A's and R's 200: the other 800 rows could only be empty
-        results["per_class"] = [row for row in results["per_class"] if row["class"] in scored]
+    _describe(results, names_from if names is not None else None, other_names, loaded, scoring)
     if held is not None:
         results.update(_temperature(model, held, calibrate_on, recipe, dist, logits, top, labels, scoring))
     if entries is not None:
         results.update(real_scores(top, entries[0][rows], real, entries[1]))
     if skipped.total:
         results["skipped_images"] = skipped.total
+    results["inputs"] = finished.sealed(request)
     if dist.is_main:
-        evaluate_extra.write_plot(results, top, probs, labels, workdir)
-        _write(results, top, labels, names, recipe, workdir)
+        _save(results, (top, probs, labels), names, recipe, workdir, overwrite)
     return results
+
+
+def _request(recipe: Recipe, real_path: Path | None, imagenet_set: str | None, tta: tuple[str, ...],
+             calibrate_on: str | None) -> dict:
+    """What makes this evaluation the one a workdir may hold finished (vitcli.runtime.finished): the recipe,
+    the checkpoint file, and the options that change what is scored."""
+    return finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint), tta=list(tta),
+                           calibrate_on=calibrate_on, imagenet_set=imagenet_set,
+                           real_labels=real_path and f"{Path(real_path).resolve()} {sha256_of(real_path)}")
+
+
+def _checked_scoring(ds, held, recipe: Recipe, imagenet_set: str | None, split: str,
+                     calibrate_on: str | None) -> robustness.Scoring | None:
+    """How the split is scored (None: its labels are the head's own, then checked against the head, as the
+    held-out split's are)."""
+    scoring = _scoring(ds, recipe, imagenet_set)
+    if scoring is None:
+        _check_labels(ds, recipe, split)
+        if held is not None:
+            _check_labels(held, recipe, calibrate_on)
+    return scoring
+
+
+def _save(results: dict, scored: tuple, names, recipe: Recipe, workdir: Path, overwrite: bool) -> None:
+    """The files, results.json last; with `overwrite` the finished ones set aside first. `scored`: (top,
+    probs, labels) of the long pass."""
+    top, probs, labels = scored
+    if overwrite:
+        finished.set_aside_results(workdir, EVALUATE_OUTPUTS)
+    evaluate_extra.write_plot(results, top, probs, labels, workdir)
+    _write(results, top, labels, names, recipe, workdir)
+
+
+def _describe(results: dict, names_from: str | None, other_names: dict, loaded, scoring) -> None:
+    """What results.json says of what was scored, in place: where the class names come from, how many differ
+    from the split's, which weights (live or EMA), and an ImageNet set's classes (per_class cut to them)."""
+    if names_from is not None:
+        results["class_names_from"] = names_from
+    results.update(other_names)
+    if scored_weights(loaded):
+        results["weights"] = scored_weights(loaded)
+    if scoring is not None:
+        results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
+                        "imagenet_set/labels_by": scoring.labels_by})
+        scored = set(scoring.columns.tolist())  # A's and R's 200: the other 800 rows could only be empty
+        results["per_class"] = [row for row in results["per_class"] if row["class"] in scored]
 
 
 def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logits: np.ndarray,
@@ -112,6 +167,29 @@ def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logit
     console.log(f"evaluate: temperature {temperature:.4f} fitted on split '{held_split}' "
                 f"({len(held_labels)} images)")
     return evaluate_extra.scaled_results(temperature, held_split, len(held_labels), logits, top, labels)
+
+
+def _other_names(own: list[str] | None, split_names: list[str] | None, recipe: Recipe, split: str) -> dict:
+    """Warn, once, when the checkpoint's own class names and the split's (its ClassLabel, an image folder's
+    folders) differ beyond spelling: a Fashion-MNIST head scored on MNIST digits would otherwise call digit 0
+    "tshirt" in silence. A warning and `class_names/differ` (how many) in results.json, not a refusal: one
+    dataset's copies name their classes differently ("T-shirt/top", "tshirt", "0") and that evaluation is
+    right; a label beyond the head, which is certainly another dataset, is refused (_check_labels). Where
+    either side has no names (foreign weights, integer labels, a label rule) there is nothing to compare."""
+    if own is None or split_names is None:
+        return {}
+    # "T-shirt/top" and "tshirt_top" are one name
+    mine, theirs = ([re.sub(r"[^0-9a-z]", "", n.lower()) for n in names] for names in (own, split_names))
+    differ = [k for k, (a, b) in enumerate(zip(mine, theirs, strict=True)) if a != b]
+    if not differ:
+        return {}
+    shown = "; ".join(f"label {k}: '{own[k]}' in the checkpoint, '{split_names[k]}' in the split"
+                      for k in differ[:3]) + ("; ..." if len(differ) > 3 else "")
+    order = " (the same names in another order)" if sorted(mine) == sorted(theirs) else ""
+    console.log(f"[yellow]warning: {len(differ)} of {len(own)} class names of {recipe.init.checkpoint} "
+                f"differ from {recipe.data.source} split '{split}'{order} ({shown}): is this the data it was "
+                "trained on? Labels are scored by their index")
+    return {"class_names/differ": len(differ)}
 
 
 def _check_labels(ds, recipe: Recipe, split: str) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from vitcli.checkpoints.preprocessing import FEED, SIGNED
+from vitcli.checkpoints.read import locate_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval, preprocessing_row
 from vitcli.data.decoding import bad_images
 from vitcli.data.rows import tasks
@@ -23,25 +24,35 @@ from vitcli.fewshot.evaluate import (
 )
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
+from vitcli.runtime import finished
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.precision import resolved
-from vitcli.runtime.run_files import FEATURES_DIR, RECIPE_FILE
-from vitcli.runtime.workdir import check_workdir
+from vitcli.runtime.run_files import FEATURES_DIR, FEWSHOT_FILE, FEWSHOT_OUTPUTS, RECIPE_FILE
+from vitcli.runtime.workdir import check_workdir, refuse_other_run
 
 
-def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
+def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict:
     """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache.
-    Returns what results.json holds (every run under `runs`), on every rank."""
+    A workdir where this request finished is read, not scored again (vitcli.runtime.finished), unless
+    `overwrite`. Returns what results.json holds (every run under `runs`), on every rank."""
     check_workdir(workdir)
+    refuse_other_run(workdir, recipe.stage)
     if recipe.fewshot.cache_dir:
         check_workdir(Path(recipe.fewshot.cache_dir))
     chosen = recipe_tasks(recipe)
-    open_splits(chosen, recipe)  # a missing split is refused before any feature is extracted or written
     dist = setup(recipe.run.device)
+    auto = recipe.run.precision == "auto"
     # the cache key and the extraction see fp32 or bf16, never auto
     recipe, why = resolved(recipe, dist.device)
+    request = finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint))
+    done = finished.stored(workdir, FEWSHOT_FILE, recipe, request, overwrite, "few-shot evaluation", auto)
+    if done is not None:
+        if dist.is_main:
+            report.show(done["runs"], done["all_data"], workdir)
+        return done
+    open_splits(chosen, recipe)  # a missing split is refused before any feature is extracted or written
     console.log(f"features in {recipe.run.precision} ({why})")
     model = load_for_eval(recipe)
     if recipe.init.random:
@@ -59,10 +70,13 @@ def eval_fewshot(recipe: Recipe, workdir: Path) -> dict:
         few, all_data = _task_rows(task, model, weights, recipe, workdir, dist, skipped)
         rows += few
         probes += all_data
+    request = finished.sealed(request)
     if not dist.is_main:
-        return report.results(rows, recipe, skipped, probes)
+        return report.results(rows, recipe, skipped, probes, request)
+    if overwrite:
+        finished.set_aside_results(workdir, FEWSHOT_OUTPUTS)
     write_text(workdir / RECIPE_FILE, to_yaml(recipe))
-    return report.write(rows, workdir, recipe, skipped, probes)
+    return report.write(rows, workdir, recipe, skipped, probes, request)
 
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,

@@ -17,6 +17,7 @@ from vitcli.errors import DataError
 from vitcli.evaluators import classify, robustness
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
+from vitcli.runtime import finished
 from vitcli.runtime.dist import setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
@@ -30,10 +31,13 @@ ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1
 
 
 def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | None = None,
-                   real: list[list[int]] | None = None, tta: tuple[str, ...] = ()) -> dict:
+                   real: list[list[int]] | None = None, tta: tuple[str, ...] = (),
+                   overwrite: bool = False) -> dict:
     """Evaluate the checkpoint on each set under `root`; `real` (read from `real_path`) scores ImageNet's
     val, else timm's copy of ReaL does when its files are ILSVRC2012_val_*; `tta`: evaluate's test-time
-    views, on every set. Returns results.json's content."""
+    views, on every set. A set this request finished is read, not evaluated again, unless `overwrite`
+    (vitcli.runtime.finished), and the suite's own files are rewritten only when they change. Returns
+    results.json's content."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     found = robustness.find_sets(root)
@@ -43,14 +47,19 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
     for name, path in found:
         r = set_recipe(recipe, path)
         given = _real_for(r, real_path, real) if name == "imagenet" else {}
-        results = one_set.evaluate(r, workdir / path.name, imagenet_set=name, tta=tta, **given)
+        results = one_set.evaluate(r, workdir / path.name, imagenet_set=name, tta=tta, overwrite=overwrite,
+                                   **given)
         sets[path.name] = {"set": name, "path": str(path), "split": r.data.test_split,
                            **{k: results[k] for k in ROW_KEYS if k in results}}
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "suite": str(root), "sets": sets,
                "run/precision": recipe.run.precision}
     if setup(recipe.run.device).is_main:
-        write_text(workdir / RECIPE_FILE, to_yaml(recipe))
-        write_text(workdir / EVALUATE_FILE, json.dumps(results, indent=2) + "\n")
+        if overwrite:
+            finished.set_aside_results(workdir, (EVALUATE_FILE, RECIPE_FILE))
+        texts = ((RECIPE_FILE, to_yaml(recipe)), (EVALUATE_FILE, json.dumps(results, indent=2) + "\n"))
+        for name, text in texts:
+            if not (workdir / name).is_file() or (workdir / name).read_text() != text:  # a repeat: no write
+                write_text(workdir / name, text)
         report(results)
     return results
 

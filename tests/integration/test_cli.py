@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO, machine, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli import entry
-from vitcli.errors import DataError, Interrupted
+from vitcli.errors import DataError, Interrupted, Terminated
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.checks import get
 from vitcli.recipe.layers import to_dict
@@ -131,6 +131,24 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     code, out, err = run_vit(monkeypatch, capsys, "pretrain")
     assert code == 143 and out == ""
     assert ("SIGTERM at step 3/9" in err) == says
+
+
+@pytest.mark.parametrize("stop, code, says", [
+    (Interrupted("stopped by SIGINT at step 28/60: checkpoint written in w; run the same command again",
+                 exit_code=130), 130, "stopped by SIGINT at step 28/60"),
+    (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"), (Terminated(), 143, "terminated (SIGTERM)")],
+    ids=["the loop's stop", "ctrl-c", "sigterm"])
+def test_a_stop_asked_for_is_one_plain_line_not_an_error(monkeypatch, capsys, stop, code, says):
+    """Ctrl-C stops cleanly and says where the checkpoint is: it was once told as `error: SIGINT at ...`.
+    The exit code still tells a script that the command did not finish."""
+    def stopped(**kwargs):
+        raise stop
+
+    monkeypatch.setattr(entry, "app", stopped)
+    exit_code, _, err = run_vit(monkeypatch, capsys, "pretrain")
+    lines = err.strip().splitlines()
+    assert exit_code == code and len(lines) == 1 and lines[0].startswith(says), err
+    assert "error" not in err.lower() and "Traceback" not in err
 
 
 def tiny_checkpoint(path: Path) -> Path:

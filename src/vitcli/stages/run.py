@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from rich.table import Table
+from rich.text import Text
 
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.manager import Checkpoint
@@ -260,12 +261,19 @@ def report(summary: dict, workdir: Path) -> None:
     """Print the final numbers as a table."""
     table = Table(title=f"{summary['stage']} finished in {summary['seconds']:.0f} s", show_header=True)
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")
     for k, v in summary.items():
         if "/" in k:
-            table.add_row(k, number(v) if isinstance(v, float) else str(v))
+            table.add_row(k, _cell(v))
     stdout.print(table)
     stdout.print(f"weights: {workdir / MODEL_FILE}")
+
+
+def _cell(v) -> str | Text:
+    """Numbers to the right; words (train/mfu_skipped's reason) wrap from the left."""
+    if isinstance(v, float):
+        return number(v)
+    return Text(v, justify="left") if isinstance(v, str) else str(v)
 
 
 def number(v: float) -> str:

@@ -24,7 +24,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, peak memory, console and metrics, trackers, processes, output locations
     ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers",
-                 "dist", "workdir"]),
+                 "dist", "threads", "workdir"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how an image

@@ -29,7 +29,7 @@ from vitcli.recipe.checks import check_schedule
 from vitcli.recipe.data_checks import check_batch_fits
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
-from vitcli.runtime import files
+from vitcli.runtime import files, threads
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.peak import mfu, peak_flops
@@ -230,6 +230,9 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     r = job.recipe
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
+    shared = dist.device.type == "cpu" and threads.check(r.data.num_workers)
+    if shared:
+        console.log(f"[yellow]warning: {shared}")
     learns = (f"masked patch prediction ({r.mpp.target})" if r.objective == "mpp"
               else f"{job.num_classes} classes")
     console.log(

@@ -148,7 +148,10 @@ def with_grid(spec: CheckpointSpec, sd: dict, given: str) -> CheckpointSpec:
 
 
 def _after(prefix: int) -> str:
-    return f" after its {prefix} class/register token row{'s' * (prefix > 1)}" if prefix else ""
+    """` after its class-token row`: the table's rows that are no grid position."""
+    if prefix < 2:
+        return " after its class-token row" if prefix else ""
+    return f" after its {prefix} class- and register-token rows"
 
 
 def _grids(n: int, most: int = 4) -> str:

@@ -120,14 +120,14 @@ def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, 
     return []  # none: BiT and other models without a position table
 
 
-def with_grid(spec: CheckpointSpec, sd: dict, given: str) -> CheckpointSpec:
-    """`spec` with the patch grid of its learned 1-D position table known: init.grid's (`given`, HxW),
+def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid") -> CheckpointSpec:
+    """`spec` with the patch grid of its learned 1-D position table known: `given` (HxW, from `key`),
     which also says whether the table has rows for the class and register tokens, else the file's own.
     One line naming the file, the tensor and the grids its rows would fit when neither tells."""
     learned = spec.pos_embed == "learned_1d" and "pos_embed" in sd
     if given and not learned:
-        raise CheckpointError(f"init.grid={given}: {spec.path} has no learned 1-D position table "
-                              f"({spec.pos_embed}), so there is no grid to tell; drop init.grid")
+        raise CheckpointError(f"{key}={given}: {spec.path} has no learned 1-D position table "
+                              f"({spec.pos_embed}), so there is no grid to tell; drop {key}")
     if not learned or (spec.grid and not given):
         return spec
     table = tuple(sd["pos_embed"].shape)  # (1, P+N, D)
@@ -136,11 +136,11 @@ def with_grid(spec: CheckpointSpec, sd: dict, given: str) -> CheckpointSpec:
     if not given:
         raise CheckpointError(f"{spec.path}: pos_embed {table} holds {n} grid positions"
                               f"{_after(spec.num_prefix_tokens)}, not a square, so the grid it was trained "
-                              f"at is unknown; set init.grid=HxW, rows x columns of patches ({_grids(n)})")
-    gh, gw = parse_grid(given, "init.grid")
+                              f"at is unknown; set {key}=HxW, rows x columns of patches ({_grids(n)})")
+    gh, gw = parse_grid(given, key)
     if gh * gw not in (table[1], table[1] - tokens):
-        raise CheckpointError(f"init.grid={given} is {gh * gw} positions, but {spec.path}: pos_embed {table} "
-                              f"holds {table[1] - tokens}{_after(tokens)}; e.g. init.grid="
+        raise CheckpointError(f"{key}={given} is {gh * gw} positions, but {spec.path}: pos_embed {table} "
+                              f"holds {table[1] - tokens}{_after(tokens)}; e.g. {key}="
                               f"{_grids(table[1] - tokens)}")
     prefix = 0 if gh * gw == table[1] else tokens  # 0: timm's no_embed_class, a table of the patches alone
     img_size = gh * spec.patch_size if gh == gw else spec.img_size

@@ -235,9 +235,10 @@ def handed(ckpt: Path, tmp: Path) -> dict:
             "vitcli.stages.predict.predict", (([tmp / "a.png"], 3), {}),
             {"stage": "predict", "data.eval_batch_size": 2, "model.num_classes": 4}),
         "resize-posemb": (
-            ["resize-posemb", "--ckpt", ckpt, "--res", "64", "--method", "bicubic", "--dry-run"],
+            ["resize-posemb", "--ckpt", ckpt, "--res", "64", "--method", "bicubic", "--old-grid", "4x4",
+             "--dry-run"],
             "vitcli.stages.resize.run_resize",
-            ((str(ckpt),), {"out": None, "res": 64, "grid": None, "patch": None,
+            ((str(ckpt),), {"out": None, "res": 64, "grid": None, "old_grid": "4x4", "patch": None,
                             "method": "bicubic", "dry_run": True}),
             None),
         "inspect": (

@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo record quotes lint bench rehearse bench-memory bench-startup gpu-check clean
+.PHONY: setup test demo record quotes lint bench rehearse bench-memory bench-startup threads-ab gpu-check clean
 
 setup: $(VENV_STAMP)
 
@@ -61,6 +61,11 @@ bench-memory: setup
 # processes each; the target: the misspelt key reported in under 1 s. Seconds.
 bench-startup: setup
 	$(PY) bench/startup.py
+
+# The quickstart at 2 threads and at 1, twice each: img/s, the load, and whether the run advised fewer
+# threads (src/vitcli/runtime/threads.py quotes what it gave on 2 shared cores). ~2 min.
+threads-ab: setup
+	bash scripts/threads_ab.sh
 
 # On a GPU machine: one JSON object on stdout (progress on stderr), under 10 min; bench/gpu_check.py says what
 # it checks, `--quick` checks the script anywhere (CI does). `make gpu-check PY=python3` runs it in an

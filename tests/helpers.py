@@ -134,9 +134,10 @@ def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
             one_run(r, workdir)
 
 
-def warnings(messages, but=("input-bound",)):
+def warnings(messages, but=("input-bound", "the cores are shared")):
     """The console's warnings, less those that name any of `but`: a tiny test run's model often waits for
-    its data (the loop then says so, once), which is no test's subject but test_throughput_runs'."""
+    its data (the loop then says so, once), and a test machine is often shared (runtime.threads then
+    advises fewer threads), which are no test's subject but test_throughput_runs' and test_threads'."""
     return [m for m in messages if m.startswith("[yellow]warning:") and not any(b in m for b in but)]
 
 

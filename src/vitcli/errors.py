@@ -32,7 +32,8 @@ class OutputError(VitcliError):
 
 
 class Interrupted(VitcliError):
-    """Training stopped on a signal after writing a checkpoint; exit 130 (SIGINT) or 143 (SIGTERM)."""
+    """Training stopped on a signal after writing a checkpoint; exit 130 (SIGINT) or 143 (SIGTERM), its
+    line plain, not an error's (cli.entry)."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)

@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO, machine, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli import entry
-from vitcli.errors import DataError, Interrupted
+from vitcli.errors import DataError, Interrupted, Terminated
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.checks import get
 from vitcli.recipe.layers import to_dict
@@ -133,6 +133,24 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     assert ("SIGTERM at step 3/9" in err) == says
 
 
+@pytest.mark.parametrize("stop, code, says", [
+    (Interrupted("stopped by SIGINT at step 28/60: checkpoint written in w; run the same command again",
+                 exit_code=130), 130, "stopped by SIGINT at step 28/60"),
+    (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"), (Terminated(), 143, "terminated (SIGTERM)")],
+    ids=["the loop's stop", "ctrl-c", "sigterm"])
+def test_a_stop_asked_for_is_one_plain_line_not_an_error(monkeypatch, capsys, stop, code, says):
+    """Ctrl-C stops cleanly and says where the checkpoint is: it was once told as `error: SIGINT at ...`.
+    The exit code still tells a script that the command did not finish."""
+    def stopped(**kwargs):
+        raise stop
+
+    monkeypatch.setattr(entry, "app", stopped)
+    exit_code, _, err = run_vit(monkeypatch, capsys, "pretrain")
+    lines = err.strip().splitlines()
+    assert exit_code == code and len(lines) == 1 and lines[0].startswith(says), err
+    assert "error" not in err.lower() and "Traceback" not in err
+
+
 def tiny_checkpoint(path: Path) -> Path:
     """Weights with our metadata, so a recipe resolves from them without a network."""
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
@@ -218,9 +236,10 @@ def handed(ckpt: Path, tmp: Path) -> dict:
             "vitcli.stages.predict.predict", (([tmp / "a.png"], 3), {}),
             {"stage": "predict", "data.eval_batch_size": 2, "model.num_classes": 4}),
         "resize-posemb": (
-            ["resize-posemb", "--ckpt", ckpt, "--res", "64", "--method", "bicubic", "--dry-run"],
+            ["resize-posemb", "--ckpt", ckpt, "--res", "64", "--method", "bicubic", "--old-grid", "4x4",
+             "--dry-run"],
             "vitcli.stages.resize.run_resize",
-            ((str(ckpt),), {"out": None, "res": 64, "grid": None, "patch": None,
+            ((str(ckpt),), {"out": None, "res": 64, "grid": None, "old_grid": "4x4", "patch": None,
                             "method": "bicubic", "dry_run": True}),
             None),
         "inspect": (

@@ -253,6 +253,35 @@ def test_overwrite_sets_the_old_folder_aside_and_dry_run_writes_nothing(monkeypa
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no staging left
 
 
+def _files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("ckpt, out, how", [
+    ("wd", "wd", "is the folder"), ("wd", "wd/hf", "is inside the folder"),
+    ("wd/model.safetensors", "wd", "holds the path"), ("wd", ".", "holds the path"),
+    ("./wd/../wd", "wd", "is the folder"), ("link", "wd", "is the folder"), ("wd", "link/hf", "is inside"),
+], ids=["same", "out inside", "ckpt file inside", "out holds it", "relative", "symlink", "out via symlink"])
+def test_an_out_that_is_or_holds_the_checkpoint_is_refused_and_nothing_moves(monkeypatch, capsys, tmp_path,
+                                                                             ckpt, out, how):
+    """--overwrite would set the training workdir aside and put the export in its place (or nest it
+    in the run): refused before anything is read or written, --dry-run as the run."""
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    _save(wd / "model.safetensors", tiny_vit(num_classes=3), TINY, 3)
+    (wd / "recipe.yaml").write_text("stage: pretrain\n")
+    (tmp_path / "link").symlink_to(wd)
+    before, listing = _files(wd), sorted(os.listdir(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    for dry in ([], ["--dry-run"]):
+        code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", ckpt, "--format", "timm",
+                               "--out", out, "--overwrite", *dry)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and how in err and f"--out {out} " in err, err
+        assert f"--ckpt {ckpt}:" in err and "-export" in err, err
+    assert _files(wd) == before and sorted(os.listdir(tmp_path)) == listing
+
+
 # ---------------------------------------------------------------- python -m vitcli, vit --version
 
 

@@ -316,6 +316,51 @@ def test_init_pickle_is_refused_with_the_conversion(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "w" / MODEL_FILE).exists()
 
 
+def non_square(tmp_path, img_size=(40, 32)) -> tuple:
+    """A timm file whose 1-D position table spans a non-square grid (40x32 px at patch 8: 5x4 + [cls])."""
+    path = tmp_path / "rect.safetensors"
+    sd = timm_vit({"img_size": img_size, "num_classes": 4, **TINY_MODEL}).state_dict()
+    save_file(sd, str(path), metadata={"format": "pt"})
+    return path, sd
+
+
+def test_a_non_square_table_names_the_file_the_tensor_and_init_grid(tmp_path, monkeypatch, capsys, data):
+    """Once "give the old grid (image size and patch size) explicitly", which no key or flag could do, and
+    only when training started: --dry-run accepted it."""
+    init, _ = non_square(tmp_path)
+    for dry in ([], ["--dry-run"]):
+        code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
+                               *finetune_args(data), *dry)
+        assert_one_line_error(code, err, str(init), "pos_embed (1, 21, 32)", "20 grid positions",
+                              "init.grid=HxW", "4x5 or 5x4")
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
+                           *finetune_args(data), "init.grid=4x6")
+    assert_one_line_error(code, err, "init.grid=4x6 is 24 positions", str(init), "holds 20", "4x5 or 5x4")
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--workdir", tmp_path / "w",
+                           *finetune_args(data), "init.grid=5by4", "--dry-run")
+    assert_one_line_error(code, err, "init.grid='5by4'", "HxW")
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("img_size, grid", [((40, 32), (5, 4)), ((32, 48), (4, 6))],
+                         ids=["20 positions", "24 positions + [cls] = 25 rows, a square"])
+def test_init_grid_resizes_a_non_square_table_from_that_grid(tmp_path, monkeypatch, capsys, data, img_size,
+                                                             grid):
+    """The table is resampled from init.grid to the model's 8x8, its class row kept; a 4x6 table with its
+    class row is 25 rows, which alone reads as a 5x5 table without one (and then fitted no model)."""
+    init, sd = non_square(tmp_path, img_size)
+    given = f"init.grid={grid[0]}x{grid[1]}"
+    r = finetune_recipe(data[64], init, given)
+    model = build_model(r.model, 4)
+    rows = dict(load_init(model, r, 4, dist_mod.setup("cpu")))
+    expected = fit.resample_posemb(sd["pos_embed"], grid, (8, 8), 1, "bilinear")
+    assert torch.equal(model.pos_embed.detach(), expected)
+    assert f"grid {grid[0]}x{grid[1]} -> 8x8" in rows["position embedding"], rows
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
+                           *finetune_args(data), given, "model.num_heads=2")
+    assert code == 0 and (tmp_path / "w" / MODEL_FILE).is_file(), err
+
+
 def mismatch_vitcli(tmp_path) -> tuple:
     """Our checkpoint with one tensor's shape tampered: the recipe in it says mlp_dim 64, fc1 has 48 rows."""
     init = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)

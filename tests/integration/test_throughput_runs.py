@@ -6,12 +6,14 @@ import json
 import time
 
 import pytest
+import torch
 import yaml
 
-from helpers import stopped_at_call, warnings
+from helpers import run_vit, stopped_at_call, warnings
 from vitcli.checkpoints import manager
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
+from vitcli.runtime import threads
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages import run as run_stage
 from vitcli.stages.run import one_run
@@ -107,3 +109,30 @@ def test_a_run_started_with_compile_auto_resumes_with_auto(tmp_path, monkeypatch
     assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["compile"] is False
     one_run(r, tmp_path)  # auto again: resumes
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row] == [2, 4]
+
+
+@pytest.mark.parametrize("timings, says", [({1: 0.05, 2: 0.30}, True), ({1: 0.10, 2: 0.06}, False)],
+                         ids=["fewer threads are faster", "the threads pay"])
+def test_a_run_on_a_shared_machine_says_once_which_thread_count_helps(tmp_path, monkeypatch, capsys,
+                                                                      timings, says):
+    """The load average says other work holds the cores; the timed ops decide whether to say so. The
+    load reader, the cores and the timing are stand-ins: this machine's own load must not decide a test."""
+    torch.set_num_threads(2)  # torch's default on 2 cores; the module's one_thread fixture puts it back
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "timed", lambda counts: {n: timings[n] for n in counts})
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", *TINY, "schedule.steps=6", "--workdir", tmp_path)
+    said = [line for line in err.splitlines() if "OMP_NUM_THREADS=1" in line]
+    assert code == 0 and len(said) == int(says), err
+    if says:
+        assert "the cores are shared (load 3.0 on 2 cores)" in " ".join(err.split()), err
+        assert "6.0x faster at 1 thread than at this run's 2" in " ".join(err.split()), err
+
+
+def test_an_idle_machine_times_nothing(tmp_path, monkeypatch, logged):
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "timed", lambda counts: pytest.fail("timed on an idle machine"))
+    one_run(resolve("pretrain", None, TINY + ["schedule.steps=2"]), tmp_path)
+    assert not [m for m in logged if "cores are shared" in m]

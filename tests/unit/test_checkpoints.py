@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
@@ -428,12 +428,17 @@ def test_prefix_tokens_of_timm_models(tmp_path, kw, prefix):
     assert "grid 4x4 -> 6x6" in rows["position embedding"]
 
 
-def test_a_non_square_1d_table_without_metadata_has_no_grid(tmp_path):
+def test_a_non_square_1d_table_without_metadata_has_no_grid_until_old_grid_tells_it(tmp_path):
     path = timm_file(tmp_path / "w.safetensors", tiny_vit(img_size=(40, 32)))  # 5x4 patches + [cls]
     spec = describe(read_checkpoint(path))
     assert (spec.grid, spec.img_size, spec.num_prefix_tokens, spec.pos_embed) == (None, None, 1, "learned_1d")
-    with pytest.raises(CheckpointError, match="20 grid rows is not a square"):
+    with pytest.raises(CheckpointError, match="20 grid positions after its class-token row, not a square.*"
+                                              "set --old-grid=HxW.*5x4"):
         resize_checkpoint(path, res=48, out=str(tmp_path / "o.safetensors"))
+    rows = dict(resize_checkpoint(path, res=48, old_grid="5x4", out=str(tmp_path / "o.safetensors")))
+    assert rows["grid"].startswith("5x4 -> 6x6") and rows["pos_embed"] == "(1, 21, 32) -> (1, 37, 32)"
+    assert torch.equal(load_file(tmp_path / "o.safetensors")["pos_embed"],
+                       resample_posemb(read_checkpoint(path).state_dict["pos_embed"], (5, 4), (6, 6), 1))
 
 
 def test_what_is_not_a_plain_vit_is_described_but_cannot_be_rebuilt():

@@ -24,7 +24,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, peak memory, console and metrics, trackers, processes, output locations
     ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers",
-                 "dist", "workdir", "finished"]),
+                 "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how an image
@@ -38,7 +38,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "preprocessing",
-                     "complete", "fit", "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
+                     "fit", "complete", "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
                "loop"]),

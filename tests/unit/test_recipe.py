@@ -201,6 +201,7 @@ def test_flags_are_the_top_layer_and_none_means_not_given():
     (["fewshot.l2_reg=-1"], "fewshot.l2_reg"),
     (["fewshot.resize=32"], "fewshot.resize=32 is below 224"),  # a size at 224 px, not in pixels of the model
     (["init.random=true"], "init.random applies to eval-fewshot only"),
+    (["init.grid=5x"], "init.grid='5x': expected HxW"),
     (["optim.weight_decay_convention=optax"],
      "optim.weight_decay_convention: 'optax' is not one of torch, big_vision"),
     (["run.compile=atuo"], "run.compile: 'atuo' is not one of auto, true, false"),

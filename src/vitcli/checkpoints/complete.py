@@ -14,6 +14,7 @@ import torch
 
 from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import describe
+from vitcli.checkpoints.fit import with_grid
 from vitcli.checkpoints.read import Loaded, locate_checkpoint, read_checkpoint
 from vitcli.data.rows import tasks
 from vitcli.errors import CheckpointError, ModelError, RecipeError
@@ -97,6 +98,8 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
     named = loaded.kind != "vitcli" and model.name != "custom"  # the recipe names a foreign file's network
     foreign_heads = user_heads and loaded.kind != "vitcli" and not named  # ours: metadata wins, as for sizes
     spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
+    if not recipe.init.random:  # its table is loaded: its grid must be known now, for --dry-run too
+        spec = with_grid(spec, loaded.state_dict, recipe.init.grid)
     if not named:
         model = resolve_name(dataclasses.replace(model, **spec.architecture()))
     if recipe.stage in CLASSIFIES:  # the checkpoint as it is: its head and representation layer

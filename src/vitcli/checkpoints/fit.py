@@ -8,6 +8,7 @@ names the first keys that do not fit.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -17,6 +18,7 @@ from vitcli.checkpoints.describe import CheckpointSpec
 from vitcli.errors import CheckpointError
 from vitcli.models import zoo
 from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
+from vitcli.recipe.checks import parse_grid
 
 HEAD = "head."
 REPRESENTATION = "pre_logits."  # the i21k Dense+tanh before the head, `pre_logits.fc.*`
@@ -116,6 +118,46 @@ def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, 
     if spec.pos_embed == "learned_1d" and "pos_embed" in sd and "pos_embed" in target:
         return _fit_table(sd, target, tuple(model.patch_embed.grid_size), spec, method)
     return []  # none: BiT and other models without a position table
+
+
+def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid") -> CheckpointSpec:
+    """`spec` with the patch grid of its learned 1-D position table known: `given` (HxW, from `key`),
+    which also says whether the table has rows for the class and register tokens, else the file's own.
+    One line naming the file, the tensor and the grids its rows would fit when neither tells."""
+    learned = spec.pos_embed == "learned_1d" and "pos_embed" in sd
+    if given and not learned:
+        raise CheckpointError(f"{key}={given}: {spec.path} has no learned 1-D position table "
+                              f"({spec.pos_embed}), so there is no grid to tell; drop {key}")
+    if not learned or (spec.grid and not given):
+        return spec
+    table = tuple(sd["pos_embed"].shape)  # (1, P+N, D)
+    n = table[1] - spec.num_prefix_tokens
+    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)  # reg (1, R, D)
+    if not given:
+        raise CheckpointError(f"{spec.path}: pos_embed {table} holds {n} grid positions"
+                              f"{_after(spec.num_prefix_tokens)}, not a square, so the grid it was trained "
+                              f"at is unknown; set {key}=HxW, rows x columns of patches ({_grids(n)})")
+    gh, gw = parse_grid(given, key)
+    if gh * gw not in (table[1], table[1] - tokens):
+        raise CheckpointError(f"{key}={given} is {gh * gw} positions, but {spec.path}: pos_embed {table} "
+                              f"holds {table[1] - tokens}{_after(tokens)}; e.g. {key}="
+                              f"{_grids(table[1] - tokens)}")
+    prefix = 0 if gh * gw == table[1] else tokens  # 0: timm's no_embed_class, a table of the patches alone
+    img_size = gh * spec.patch_size if gh == gw else spec.img_size
+    return dataclasses.replace(spec, grid=(gh, gw), num_prefix_tokens=prefix, img_size=img_size)
+
+
+def _after(prefix: int) -> str:
+    """` after its class-token row`: the table's rows that are no grid position."""
+    if prefix < 2:
+        return " after its class-token row" if prefix else ""
+    return f" after its {prefix} class- and register-token rows"
+
+
+def _grids(n: int, most: int = 4) -> str:
+    """The grids of `n` positions, the squarest first: `4x5 or 5x4 or 2x10 or 10x2`."""
+    grids = sorted(((h, n // h) for h in range(1, n + 1) if n % h == 0), key=lambda g: abs(g[0] - g[1]))
+    return " or ".join(f"{h}x{w}" for h, w in grids[:most])
 
 
 def _fit_table(sd: dict, target: dict, new_grid: tuple[int, int], spec: CheckpointSpec, method: str) -> list:

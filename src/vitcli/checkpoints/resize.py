@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 
 from vitcli.checkpoints.describe import CheckpointSpec, describe
-from vitcli.checkpoints.fit import move_posemb
+from vitcli.checkpoints.fit import move_posemb, with_grid
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.errors import CheckpointError
@@ -32,21 +32,23 @@ def resize_checkpoint(
     res: int | None = None,
     patch_size: int | None = None,
     method: str = "bilinear",
+    old_grid: str = "",
     out: str | None = None,
     dry_run: bool = False,
 ) -> list[tuple[str, str]]:
     """Resize the position embedding of `src` to `new_grid` (or res / patch) and write `out` atomically.
 
-    `out` defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source. Returns (what, detail) rows:
+    `old_grid` (HxW) is the grid a 1-D table spans where the file cannot tell (fit.with_grid). `out`
+    defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source. Returns (what, detail) rows:
     old and new grid, and old and new shape of every resized tensor.
     """
     _check_request(new_grid, res, patch_size, method, out)
     loaded = read_checkpoint(src)
-    spec = describe(loaded)
+    spec = with_grid(describe(loaded), loaded.state_dict, old_grid, "--old-grid")
     patch = _patch_size(spec, patch_size)
     new = (tuple(new_grid) if new_grid is not None
            else grid_for(res, patch, "--res", "the checkpoint's patch size"))
-    old = _old_grid(loaded.state_dict, spec)
+    old = _old_grid(spec)
     rows = [
         ("grid", f"{old[0]}x{old[1]} -> {new[0]}x{new[1]} (patch {patch}, {spec.pos_embed}, {method})"),
         ("img_size", f"{old[0] * patch}x{old[1] * patch} -> {new[0] * patch}x{new[1] * patch}"),
@@ -92,17 +94,12 @@ def _patch_size(spec: CheckpointSpec, given: int | None) -> int:
     return spec.patch_size or given
 
 
-def _old_grid(sd: dict, spec: CheckpointSpec) -> tuple[int, int]:
-    """The grid the checkpoint's position tables span; an error when nothing tells it."""
-    if spec.grid is not None:
-        return spec.grid
-    if spec.pos_embed == "none" or "pos_embed" not in sd:
+def _old_grid(spec: CheckpointSpec) -> tuple[int, int]:
+    """The grid the checkpoint's position tables span (a 1-D table that does not tell it was refused,
+    or told by --old-grid, in fit.with_grid)."""
+    if spec.grid is None:
         raise CheckpointError("the checkpoint has no position embedding, so there is nothing to resize")
-    grid = sd["pos_embed"].shape[1] - spec.num_prefix_tokens
-    raise CheckpointError(
-        f"pos_embed {tuple(sd['pos_embed'].shape)}: {grid} grid rows is not a square, "
-        "so the old grid is unknown"
-    )
+    return spec.grid
 
 
 def _new_meta(loaded: Loaded, new: tuple[int, int], patch: int) -> dict:

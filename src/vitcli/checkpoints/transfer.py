@@ -13,7 +13,7 @@ import torch
 
 from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import CheckpointSpec, describe
-from vitcli.checkpoints.fit import adapt_state_dict
+from vitcli.checkpoints.fit import adapt_state_dict, with_grid
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.data.rows import imagenet
 from vitcli.models import layer_decay, zoo
@@ -25,9 +25,10 @@ from vitcli.runtime.metrics import console, pairs_table
 
 def _spec(loaded: Loaded, recipe: Recipe) -> CheckpointSpec:
     """The checkpoint's spec, its heads labelled by their evidence (Table 1, kernels) when the
-    recipe's agree."""
+    recipe's agree, and its position table's grid known."""
     spec = describe(loaded)
-    return spec if spec.num_heads == recipe.model.num_heads else describe(loaded, recipe.model.num_heads)
+    spec = spec if spec.num_heads == recipe.model.num_heads else describe(loaded, recipe.model.num_heads)
+    return with_grid(spec, loaded.state_dict, recipe.init.grid)  # a 1-D table's grid, init.grid if given
 
 
 def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Dist) -> list[tuple[str, str]]:

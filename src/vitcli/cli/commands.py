@@ -161,7 +161,7 @@ def predict(images: opt.Images, ckpt: opt.Ckpt = None, top_k: opt.TopK = 5,
 
 @app.command("resize-posemb")
 def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = None,
-                  grid: opt.Grid = None, patch: opt.Patch = None,
+                  grid: opt.Grid = None, old_grid: opt.OldGrid = None, patch: opt.Patch = None,
                   method: opt.Method = opt.PosembMethod.bilinear, dry_run: opt.Plan = False,
                   json_out: opt.Json = False) -> None:
     """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
@@ -170,8 +170,8 @@ def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = N
         from vitcli.stages.resize import run_resize
         return run_resize
 
-    dispatch(stage, None, ckpt, out=out, res=res, grid=grid, patch=patch, method=method.value,
-             dry_run=dry_run, output=output_format(json_out))
+    dispatch(stage, None, ckpt, out=out, res=res, grid=grid, old_grid=old_grid, patch=patch,
+             method=method.value, dry_run=dry_run, output=output_format(json_out))
 
 
 @app.command("inspect")

@@ -1,7 +1,8 @@
 """`vit`'s entry point: every way a command ends becomes its exit code and at most one line. A
 return is 0; bad input (a VitcliError, a usage error) one red line and 2; Ctrl-C 130 and SIGTERM
-143, saying what is kept; a bug one line and 1 (VITCLI_DEBUG=1 shows the traceback). Under torchrun
-rank 0 alone prints the line, and every rank leaves it in torchrun's error file."""
+143, one plain line (a stop asked for is no error) saying what is kept; a bug one line and 1
+(VITCLI_DEBUG=1 shows the traceback). Under torchrun rank 0 alone prints the line, and every rank
+leaves it in torchrun's error file."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def main() -> None:
             # Typer turns Ctrl-C into this return value: not success
             if app(standalone_mode=False) == 130:
                 raise KeyboardInterrupt
+    except Interrupted as e:  # the loop's own stop, its checkpoint written: said, not an error
+        _stop(str(e), e.exit_code)
     except VitcliError as e:
         if debug:
             raise
@@ -45,12 +48,12 @@ def main() -> None:
     except typer.TyperException as e:  # Typer's own copy of click: a usage error, named in one line
         _usage_error(e)
     except (typer.Abort, KeyboardInterrupt):
-        _fail(f"interrupted (Ctrl-C); {KEPT}", 130)
+        _stop(f"interrupted (Ctrl-C); {KEPT}", 130)
     except Terminated:
-        _fail(f"terminated (SIGTERM); {KEPT}", 143)
+        _stop(f"terminated (SIGTERM); {KEPT}", 143)
     except Exception as e:  # a bug: still one line unless debugging
         if _STOPPED:  # what a signal turned into on its way up (an import it cut short): the stop
-            _fail(f"{_STOPPED[0]}; {KEPT}", 130 if _STOPPED[0].startswith("interrupted") else 143)
+            _stop(f"{_STOPPED[0]}; {KEPT}", 130 if _STOPPED[0].startswith("interrupted") else 143)
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
@@ -123,14 +126,23 @@ def _fail(message: str, code: int) -> None:
     same error (the same recipe and data, the same agreed step), so rank 0 alone prints it; each
     rank also leaves it in torchrun's error file, where torchrun's failure summary shows it (an
     error one rank met alone is named there too)."""
+    _say("[bold red]error:[/] ", message, code)
+
+
+def _stop(message: str, code: int) -> None:
+    """A stop that Ctrl-C or a scheduler's SIGTERM asked for, as one plain yellow line: not an error,
+    though its exit code (130, 143) tells a script it did not finish. Told as `_fail` tells an error."""
+    _say("[yellow]", message, code)
+
+
+def _say(prefix: str, message: str, code: int) -> None:
     _tell_torchrun(message)
     if int(os.environ.get("RANK", "0")) == 0:
         from rich.console import Console
         from rich.markup import escape
 
         # escaped: a message's own brackets (pip install 'vitcli[export]') are text, not rich markup
-        line = f"[bold red]error:[/] {escape(message)}"
-        Console(stderr=True, highlight=False, soft_wrap=True).print(line)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(f"{prefix}{escape(message)}")
     sys.exit(code)
 
 

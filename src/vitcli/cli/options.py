@@ -150,6 +150,8 @@ ResizeOut = Annotated[Path | None, typer.Option(
                   "(a Hub model: in the current directory).")]
 NewRes = Annotated[int | None, typer.Option("--res", help="New resolution (grid = res / patch).")]
 Grid = Annotated[str | None, typer.Option(help="New grid as HxW, e.g. 24x24.")]
+OldGrid = Annotated[str | None, typer.Option(help="The grid the table spans as HxW, if the checkpoint does "
+                                              "not say (a non-square table without metadata).")]
 Patch = Annotated[int | None, typer.Option(help="Patch size, if the checkpoint does not say.")]
 Method = Annotated[PosembMethod, typer.Option(help="bilinear (big_vision) or bicubic (timm).")]
 

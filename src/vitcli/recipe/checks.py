@@ -125,6 +125,8 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     _ema(recipe)
     _distill(recipe)
     _random_init(recipe)
+    if recipe.init.grid:
+        parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
@@ -179,6 +181,14 @@ def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int],
         raise RecipeError(f"{name}={size} is not a multiple of {patch} ({patch_name}); use a multiple "
                           f"such as {near}")
     return h // ph, w // pw
+
+
+def parse_grid(text: str, name: str) -> tuple[int, int]:
+    """`4x5` -> (4, 5): rows x columns of patches; a RecipeError naming `name` for anything else."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise RecipeError(f"{name}={text!r}: expected HxW, rows x columns of patches, e.g. 14x14")
+    return int(parts[0]), int(parts[1])
 
 
 def check_model(recipe: Recipe) -> None:

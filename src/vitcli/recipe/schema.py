@@ -200,6 +200,9 @@ class InitConfig:
     keep_head: bool = False  # False: drop the pretrained head, attach a zero-initialised D x K head
     keep_representation: bool = False  # the paper drops the pre-logits layer when fine-tuning
     posemb_method: str = "bilinear"  # bilinear (big_vision / vit_jax) | bicubic (timm, antialiased)
+    # HxW: the patch grid the checkpoint's 1-D position table spans, for a file that cannot tell (a table of
+    # 4x5 = 20 positions, trained on 32x40 images at patch 8); "" = the file's own (metadata, or a square)
+    grid: str = ""
     random: bool = False  # eval-fewshot: the checkpoint's network with fresh weights (run.seed), the baseline
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -14,10 +15,24 @@ from rich.table import Table
 from vitcli.errors import TrainingError
 from vitcli.runtime.files import write_text
 
+
+def result_width() -> int | None:
+    """The width of the tables on stdout: None (rich measures the terminal) when stdout is one; the
+    terminal's when stdout is piped but stderr still shows one (`vit ... | tee log`, where a table
+    once ran 109 columns wide past an 80-column terminal); else, into a file or a pipe with no
+    terminal, 160, where rich would cut tables at 80."""
+    if sys.stdout.isatty():
+        return None
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns or 160
+    except (OSError, ValueError, AttributeError):  # not a terminal, or a stream without a descriptor
+        return 160
+
+
 # progress and log lines (no source locations: users read these)
 console = Console(stderr=True, log_path=False)
-# Results a user may pipe: tables and paths. Piped, rich would cut tables at 80 columns; give them room.
-stdout = Console(width=None if sys.stdout.isatty() else 160)
+# Results a user may pipe: tables and paths
+stdout = Console(width=result_width())
 
 
 class MetricsLog:
@@ -90,7 +105,7 @@ def pairs_table(title: str, rows: list[tuple[str, str]]) -> Table:
     `console` for a log, on `stdout` for a result)."""
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # a long path folds within the width, never cut to `…`
     for what, detail in rows:
         table.add_row(what, detail)
     return table

@@ -115,6 +115,25 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
                           f"is then kept beside it as {out.name}.previous-<time>)")
 
 
+def check_apart(source: str, out: Path, flag: str = "--ckpt") -> None:
+    """--out neither the folder `source` is read from nor inside it, nor holding it (symlinks and
+    relative paths resolved): publishing --out with --overwrite would set a training workdir aside and
+    put the export in its place, or nest the export inside the run it came from. A source that is
+    not a local path (a hub name) is no folder of the user's."""
+    src = Path(source)
+    if not src.exists():
+        return
+    src, where = src.resolve(), out.resolve()
+    if not (where.is_relative_to(src) or src.is_relative_to(where)):
+        return
+    how = ("is the folder" if where == src else "is inside the folder" if where.is_relative_to(src)
+           else "holds the path")
+    outer = Path(os.path.normpath(source if where.is_relative_to(src) else out))  # the one the other is in
+    outer = outer if outer.name else outer.resolve()  # `.` has no name to build on
+    raise OutputError(f"--out {out} {how} {flag} {source}: name an --out folder apart from it, "
+                      f"e.g. {outer.parent / (outer.name + '-export')}")
+
+
 @dataclass
 class Published:
     """The folder `published_dir` fills (`tmp`), and where the old --out went (`aside`; None: nothing)."""

@@ -5,7 +5,7 @@ native resolution; the network is built with its own head, so whatever vit reads
 What a format cannot hold is refused before anything is built or written. The folder is filled under
 a temporary name and renamed into place; a non-empty --out is replaced only with --overwrite, and
 then set aside first as `<out>.previous-<time>` beside it (not inside: a model folder is uploaded or
-loaded as a whole).
+loaded as a whole). --out is never --ckpt's folder, inside it, or around it (runtime.workdir.check_apart).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import MANIFEST
 from vitcli.runtime.metrics import pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
-from vitcli.runtime.workdir import check_out_dir, published_dir
+from vitcli.runtime.workdir import check_apart, check_out_dir, published_dir
 
 PREPROCESSING_FILE = "preprocessing.json"
 # what a model card reports of summary.json: held-out and frozen-feature figures (fewshot.protocols)
@@ -43,8 +43,9 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
     what would be written); returns the report that --json prints."""
     if fmt not in EXPORT_FORMATS:
         raise RecipeError(f"--format {fmt!r}: one of {', '.join(EXPORT_FORMATS)}")
-    check_out_dir(out, overwrite)
     ckpt = recipe.init.checkpoint
+    check_apart(ckpt, out)
+    check_out_dir(out, overwrite)
     loaded = read_checkpoint(ckpt)
     spec = describe(loaded, recipe.model.num_heads)
     _refuse(fmt, recipe, spec.num_classes, ckpt)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from rich.table import Table
 from torch import nn
 
 from vitcli.checkpoints.transfer import load_for_eval
@@ -30,7 +29,7 @@ from vitcli.models.t2t import TokensToToken
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import pick_device
 from vitcli.runtime.files import write_text
-from vitcli.runtime.metrics import console, stdout
+from vitcli.runtime.metrics import console, pairs_table, stdout
 from vitcli.runtime.workdir import check_workdir
 
 FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.png", "attention_distance.png"
@@ -218,17 +217,12 @@ def attention_probabilities(blocks: nn.Module,
 
 def _print(report: Report) -> None:
     """The summary table and the files written."""
-    table = Table(title="vit inspect", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
     s = report.summary
     rows = [("checkpoint", s["checkpoint"]), ("model", s["model"]), ("parameters", f"{s['parameters']:,}"),
             ("width / depth / heads", f"{s['width']} / {s['depth']} / {s['heads']}"),
             ("grid", f"{s['grid'][0]}x{s['grid'][1]}"), ("patch size", f"{s['patch_size']} px"),
             ("pooling", s["pool"]), ("position embedding", s["pos_embed"]),
             ("image size", f"{s['img_size']} px")]
-    for what, detail in rows:
-        table.add_row(what, str(detail))
-    stdout.print(table)
+    stdout.print(pairs_table("vit inspect", [(what, str(detail)) for what, detail in rows]))
     for path in report.written:
         stdout.print(f"wrote {path}", highlight=False)

@@ -112,7 +112,8 @@ def show(records: list[dict], loss: str, names_from: str = "") -> None:
     names = f"; class names: {names_from}" if names_from not in ("", "checkpoint") else ""
     table = Table(title=f"predictions ({'softmax' if loss == 'softmax' else 'sigmoid'} probabilities{names})")
     for col in ("image", "rank", "class", "probability"):
-        table.add_column(col, justify="right" if col in ("rank", "probability") else "left")
+        table.add_column(col, justify="right" if col in ("rank", "probability") else "left",
+                         overflow="fold")  # a long path folds, never cut to `…`
     for record in records:
         for guess in record["top"]:
             first = guess["rank"] == 1

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from rich.table import Table
+from rich.text import Text
 
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.manager import Checkpoint
@@ -28,7 +29,7 @@ from vitcli.recipe.checks import check_schedule
 from vitcli.recipe.data_checks import check_batch_fits
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
-from vitcli.runtime import files
+from vitcli.runtime import files, threads
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.peak import mfu, peak_flops
@@ -229,6 +230,9 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     r = job.recipe
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
+    shared = dist.device.type == "cpu" and threads.check(r.data.num_workers)
+    if shared:
+        console.log(f"[yellow]warning: {shared}")
     learns = (f"masked patch prediction ({r.mpp.target})" if r.objective == "mpp"
               else f"{job.num_classes} classes")
     console.log(
@@ -260,12 +264,19 @@ def report(summary: dict, workdir: Path) -> None:
     """Print the final numbers as a table."""
     table = Table(title=f"{summary['stage']} finished in {summary['seconds']:.0f} s", show_header=True)
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")
     for k, v in summary.items():
         if "/" in k:
-            table.add_row(k, number(v) if isinstance(v, float) else str(v))
+            table.add_row(k, _cell(v))
     stdout.print(table)
     stdout.print(f"weights: {workdir / MODEL_FILE}")
+
+
+def _cell(v) -> str | Text:
+    """Numbers to the right; words (train/mfu_skipped's reason) wrap from the left."""
+    if isinstance(v, float):
+        return number(v)
+    return Text(v, justify="left") if isinstance(v, str) else str(v)
 
 
 def number(v: float) -> str:

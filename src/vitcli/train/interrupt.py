@@ -45,5 +45,5 @@ class StopRequest:
 def interrupted(signum: int, step: int, total: int, workdir) -> Interrupted:
     """The one-line outcome: where the checkpoint is and how to resume; exit 128 + the signal's number."""
     name = signal.Signals(signum).name
-    return Interrupted(f"{name} at step {step}/{total}: checkpoint written in {workdir}; "
+    return Interrupted(f"stopped by {name} at step {step}/{total}: checkpoint written in {workdir}; "
                        "run the same command again to resume from it", exit_code=128 + signum)

@@ -15,8 +15,11 @@ $(VENV_STAMP): pyproject.toml setup.py src/vitcli/data/decoding/_jpeg_region.c
 	touch $(VENV_STAMP)
 
 # The lint first: ruff enforces the line length and import order (pyproject.toml), in seconds.
+# One pytest-xdist worker per core, at most 4 (each imports torch; tests/conftest.py gives each its share of
+# the cores' threads); each test goes to whichever worker is free. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 demo: setup
 	bash scripts/quickstart.sh

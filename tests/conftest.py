@@ -36,3 +36,15 @@ def logged(monkeypatch):
     messages = []
     monkeypatch.setattr(console, "log", lambda *args, **kwargs: messages.append(" ".join(map(str, args))))
     return messages
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (make test runs one worker per core, up to 4) each worker gets its share of the
+    cores for torch's intra-op threads, and the processes tests start inherit it (OMP_NUM_THREADS), unless the
+    caller set it: two workers of two threads on two cores spin against each other and ran several times
+    slower than one thread each."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)

@@ -319,7 +319,7 @@ def test_vit_h14_npz_heads_come_from_its_attention_kernels(vit_h14):
     assert (spec.num_heads, spec.heads_from) == (16, "attention kernels")  # width // 64 would say 20
     assert spec.architecture() == {
         "name": "custom", "patch_size": 14, "embed_dim": 1280, "depth": 1, "num_heads": 16, "mlp_dim": 5120,
-        "pool": "token", "pos_embed": "learned_1d", "representation_size": 0,
+        "pool": "token", "pos_embed": "learned_1d", "representation_size": 0, "layer_norm_eps": 1e-6,
     }
     assert (spec.grid, spec.num_prefix_tokens, spec.img_size, spec.num_classes) == ((16, 16), 1, 224, 10)
     query = arrays["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"]  # (D, H, D/H)

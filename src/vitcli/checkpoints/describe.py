@@ -25,9 +25,9 @@ from vitcli.recipe.names import HYBRID, PAPER_VITS, T2T_VITS, t2t_name
 PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}
 ARCH_FIELDS = (
     "name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_dim", "pool", "pos_embed",
-    "representation_size",
+    "representation_size", "layer_norm_eps",
 )
-HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model"}
+HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model", "hf": "config.json"}
 # official T2T-ViT state dicts: the first token layer's attention input weights name the token mixer
 T2T_MIXER_KEYS = {"tokens_to_token.attention1.kqv.weight": "performer",
                   "tokens_to_token.attention1.attn.qkv.weight": "transformer"}
@@ -56,6 +56,7 @@ class CheckpointSpec:
     num_classes: int  # rows of the checkpoint's head, 0 if none
     img_size: int | None  # native resolution: our metadata, else grid x patch when the grid is square
     path: str = ""  # the file or Hub name it was read from, for messages
+    layer_norm_eps: float = 1e-6  # our metadata's, a transformers config.json's; else timm's
 
     def architecture(self) -> dict:
         """The ModelConfig fields that rebuild this network; a CheckpointError when the
@@ -78,7 +79,9 @@ def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
     model, sd = _our_model(loaded), loaded.state_dict
     fields = _ours(sd, model) if model is not None else _t2t(sd, loaded.path) or _foreign(sd, loaded.path)
     heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads, fields["name"])
-    return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path)
+    said = model if model is not None else loaded.meta if loaded.kind == "hf" else {}
+    return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path,
+                          layer_norm_eps=float(said.get("layer_norm_eps") or 1e-6))
 
 
 def _our_model(loaded: Loaded) -> dict | None:

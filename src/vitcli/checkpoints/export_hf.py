@@ -1,15 +1,15 @@
 """A plain ViT in Hugging Face transformers' layout: `ViTForImageClassification` weights, config and image
 processor, so that `from_pretrained(DIR)` rebuilds the same network.
 
-The key mapping is the one transformers' own `convert_vit_timm_to_pytorch.py` applies (written here from it,
-not imported: that script is not part of the installed package): timm's fused qkv (3D, D) is split into
-query, key and value, `norm1`/`norm2` become `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 become
+The key mapping is the one transformers' own `convert_vit_timm_to_pytorch.py` applies (hf_vit.py holds it,
+and reads such a folder back): timm's fused qkv (3D, D) is split into query, key and value,
+`norm1`/`norm2` become `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 become
 `intermediate`/`output` dense layers, the final norm `vit.layernorm` and the head `classifier`.
 
 `ViTForImageClassification` is one architecture: class token read after the final LayerNorm, a learned 1-D
-table over [class; patches], exact GELU, LayerNorm eps 1e-6 (timm's, set in the config; transformers' default
-is 1e-12), no pre-logits layer (ViTModel's tanh `pooler` is not used by the classifier). Anything else is
-refused by `check_hf`, never exported as a different network.
+table over [class; patches], exact GELU, the model's LayerNorm eps (model.layer_norm_eps, set in the config:
+timm's 1e-6, where transformers' default is 1e-12), no pre-logits layer (ViTModel's tanh `pooler` is not
+used by the classifier). Anything else is refused by `check_hf`, never exported as a different network.
 """
 
 from __future__ import annotations
@@ -17,29 +17,11 @@ from __future__ import annotations
 import torch
 
 from vitcli.checkpoints.export_timm import timm_refusal
+from vitcli.checkpoints.hf_vit import BLOCK_NAMES, TOP_NAMES
 from vitcli.errors import CheckpointError
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import ModelConfig
 
-# timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
-BLOCK_NAMES = {
-    "norm1": "layernorm_before",
-    "attn.proj": "attention.output.dense",
-    "norm2": "layernorm_after",
-    "mlp.fc1": "intermediate.dense",
-    "mlp.fc2": "output.dense",
-}
-TOP_NAMES = {
-    "cls_token": "vit.embeddings.cls_token",
-    "pos_embed": "vit.embeddings.position_embeddings",
-    "patch_embed.proj.weight": "vit.embeddings.patch_embeddings.projection.weight",
-    "patch_embed.proj.bias": "vit.embeddings.patch_embeddings.projection.bias",
-    "norm.weight": "vit.layernorm.weight",
-    "norm.bias": "vit.layernorm.bias",
-    "head.weight": "classifier.weight",
-    "head.bias": "classifier.bias",
-}
-LAYER_NORM_EPS = 1e-6  # timm's VisionTransformer: partial(nn.LayerNorm, eps=1e-6)
 # data.interpolation -> PIL.Image.Resampling, as transformers' processors store `resample`
 PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
@@ -100,7 +82,8 @@ def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
         "num_attention_heads": model.num_heads, "intermediate_size": model.mlp_dim,
         "image_size": model.img_size, "patch_size": model.patch_size, "num_channels": 3, "qkv_bias": True,
         "hidden_act": "gelu",  # exact erf GELU, as timm's nn.GELU; "gelu_new" would be the tanh one
-        "layer_norm_eps": LAYER_NORM_EPS, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "layer_norm_eps": model.layer_norm_eps,
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
         "id2label": {str(i): name for i, name in enumerate(class_names)},
         "label2id": {name: i for i, name in enumerate(class_names)},
     }

@@ -1,11 +1,13 @@
 """Starting weights from wherever the paper's models live, read into timm names.
 
 Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
-big_vision layout, or a Hub / timm model name (timm downloads it). What a foreign source says of the pixels
+big_vision layout, a folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm downloads
+it). What a foreign source says of the pixels
 its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std, interpolation, crop_pct): a Hub
 model's own, or a folder's beside its model.safetensors (timm's config.json, transformers'
 preprocessor_config.json). Pickle files (.pt/.pth/.bin/.ckpt) are
-refused, never unpickled: unpickling runs whatever code the file carries.
+refused, never unpickled: unpickling runs whatever code the file carries (a transformers folder's
+pytorch_model.bin alone goes through torch's weights-only unpickler, which builds tensors and nothing else).
 
 Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
 the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the
@@ -27,6 +29,7 @@ import timm
 import torch
 from torch import nn
 
+from vitcli.checkpoints import hf_vit
 from vitcli.checkpoints.npz import npz_to_timm
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError
@@ -47,8 +50,10 @@ class Loaded:
     """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model spec."""
 
     state_dict: dict[str, torch.Tensor]  # timm names
-    meta: dict  # ours: {"format", "recipe", "model"}; {} for foreign files
-    kind: str  # vitcli | timm | npz | hub
+    # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps", "notes"};
+    # {} for other foreign files
+    meta: dict
+    kind: str  # vitcli | timm | npz | hub | hf (a transformers ViT folder)
     path: str
     # evidence the source itself carries: npz query kernels, a Hub model's attn.num_heads; 0 = none
     num_heads: int = 0
@@ -72,11 +77,13 @@ def locate_checkpoint(src: str) -> Path | str:
     src = str(src)
     path = Path(src).expanduser()
     if path.is_dir():
-        if not (path / MODEL_FILE).is_file():
+        found = hf_vit.weights_file(path) or path / MODEL_FILE  # a transformers ViT may have a .bin only
+        if not found.is_file():
             raise CheckpointError(
-                f"{path} has no {MODEL_FILE}; pass a finished vitcli workdir or a weights file"
+                f"{path} has no {MODEL_FILE}; pass a finished vitcli workdir, a transformers ViT folder or a "
+                "weights file"
             )
-        path = path / MODEL_FILE
+        path = found
     if path.is_file():
         return path
     looks_like_file = "/" in src or path.suffix.lower() in (".safetensors", ".npz", *PICKLE_SUFFIXES)
@@ -108,6 +115,8 @@ def _read_file(path: Path) -> Loaded:
             head = f.read(16)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    if path.name in hf_vit.WEIGHTS_FILES and hf_vit.is_vit_folder(path.parent):
+        return _read_hf(path)
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
     is_pickle = head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS
     if path.suffix.lower() in PICKLE_SUFFIXES or is_pickle or any(n.endswith(".pkl") for n in names):
@@ -125,6 +134,13 @@ def _read_file(path: Path) -> Loaded:
     )
 
 
+def _read_hf(path: Path) -> Loaded:
+    """A transformers ViT folder's weights, config.json and preprocessor_config.json."""
+    vit = hf_vit.read_vit_folder(path)
+    meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps, "notes": vit.notes}
+    return Loaded(vit.state_dict, meta, "hf", str(path), vit.num_heads, _folder_cfg(path))
+
+
 # transformers' `resample` (PIL's Resampling numbers) -> timm's interpolation names
 PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
@@ -133,7 +149,7 @@ def _folder_cfg(path: Path) -> dict:
     """The preprocessing a model folder states beside its model.safetensors: timm's config.json
     (pretrained_cfg, or the legacy flat form), else transformers' preprocessor_config.json (image_mean,
     image_std, resample; crop_pct, or crop_size over size.shortest_edge); {} for anything else."""
-    if path.name != MODEL_FILE:
+    if path.name not in hf_vit.WEIGHTS_FILES:  # MODEL_FILE, or a transformers folder's pytorch_model.bin
         return {}
     timm_cfg = _json(path.parent / "config.json")
     timm_cfg = timm_cfg.get("pretrained_cfg", timm_cfg)

@@ -42,11 +42,16 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
     arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
-    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *rows,
+    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *read_rows(loaded), *rows,
             preprocessing_row(recipe, preprocessing.FEED), *lr_rows(model, recipe)]
     if dist.is_main:
         console.print(pairs_table("starting weights", rows))
     return rows
+
+
+def read_rows(loaded: Loaded) -> list[tuple[str, str]]:
+    """What reading a transformers folder decided (its config, a pooler kept or dropped); [] for others."""
+    return [tuple(row) for row in loaded.meta.get("notes", [])] if loaded.kind == "hf" else []
 
 
 def preprocessing_row(recipe: Recipe, keys: tuple[str, ...] = preprocessing.KEYS) -> tuple[str, str]:
@@ -71,6 +76,8 @@ def load_for_eval(recipe: Recipe, num_classes: int = 0) -> torch.nn.Module:
             torch.manual_seed(recipe.run.seed)
             return zoo.build_model(recipe.model, 0).eval()
     loaded = read_checkpoint(recipe.init.checkpoint)
+    for what, said in read_rows(loaded):
+        console.log(f"{recipe.init.checkpoint}: {what}: {said}")
     model = zoo.build_model(recipe.model, num_classes)
     sd, _ = adapt_state_dict(loaded.state_dict, model, _spec(loaded, recipe), keep_head=num_classes > 0,
                              keep_representation=recipe.model.representation_size > 0,
@@ -80,9 +87,10 @@ def load_for_eval(recipe: Recipe, num_classes: int = 0) -> torch.nn.Module:
 
 
 def class_names(loaded: Loaded, num_classes: int) -> list[str] | None:
-    """The names our checkpoint stores for its head's `num_classes` classes (metadata model.class_names); None
-    for foreign files, headless runs, files written before names were stored, or names of another count."""
-    model = loaded.meta.get("model") if loaded.kind == "vitcli" else None
+    """The names our checkpoint stores for its head's `num_classes` classes (metadata model.class_names), or a
+    transformers folder's id2label; None for other foreign files, headless runs, files written before names
+    were stored, or names of another count."""
+    model = {"vitcli": loaded.meta.get("model"), "hf": loaded.meta}.get(loaded.kind)
     names = model.get("class_names") if isinstance(model, dict) else None
     fits = isinstance(names, list) and len(names) == num_classes
     return [str(name) for name in names] if fits else None
@@ -109,6 +117,8 @@ def architecture_row(spec: CheckpointSpec) -> str:
     """`ViT-Ti/16 (DeiT-Ti / AugReg Ti), grid 14x14` for a paper or DeiT/AugReg size, else
     `custom patch 16, width 96, depth 4, 3 heads (metadata), grid 14x14`."""
     grid = f", grid {spec.grid[0]}x{spec.grid[1]}" if spec.grid else ""
+    if spec.layer_norm_eps != 1e-6:  # timm's; transformers' configs say 1e-12
+        grid += f", LayerNorm eps {spec.layer_norm_eps:g}"
     size = paper_size(spec.patch_size, spec.embed_dim, spec.depth, spec.num_heads, spec.mlp_dim)
     if size and (spec.name == "custom" or spec.name in PAPER_VITS):  # not a hybrid or T2T of the same widths
         return f"{size} ({size_origin(size)}){grid}"

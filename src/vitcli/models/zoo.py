@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import timm
 import torch
-from timm.layers import HybridEmbed, StdConv2dSame, trunc_normal_
+from timm.layers import HybridEmbed, LayerNorm, StdConv2dSame, trunc_normal_
 from timm.models.resnetv2 import ResNetV2
 from timm.models.vision_transformer import VisionTransformer, init_weights_vit_timm
 from torch import nn
@@ -161,6 +161,7 @@ def _vit(cfg: ModelConfig, num_classes: int) -> ViT:
         # gap as in big_vision/vit_jax: final LayerNorm before pooling, not timm's fc_norm after it, so
         # Google GAP checkpoints (and timm's *_gap_* models) load unchanged.
         "fc_norm": False,
+        "norm_layer": functools.partial(LayerNorm, eps=cfg.layer_norm_eps),  # timm's own default is 1e-6
         # the paper's dropout: after every dense layer except qkv, and after adding position embeddings
         "pos_drop_rate": cfg.dropout, "proj_drop_rate": cfg.dropout, "drop_path_rate": cfg.drop_path}
     if hybrid:  # the ResNet's stride-16 map is cut into 1x1 "patches"

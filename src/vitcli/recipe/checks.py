@@ -64,7 +64,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
-    "model.mlp_dim",
+    "model.mlp_dim", "model.layer_norm_eps",
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
     "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau", "fewshot.knn_k",
@@ -195,6 +195,9 @@ def check_model(recipe: Recipe) -> None:
     """Image size vs patch, width vs heads, and the position embeddings each model family takes."""
     m = recipe.model
     family = "vit" if is_vit_family(m.name) else "t2t" if m.name in T2T_VITS else "timm"
+    if family != "vit" and m.layer_norm_eps != 1e-6:  # T2T-ViT and timm's own builds keep their norms
+        raise RecipeError(f"model.layer_norm_eps={m.layer_norm_eps:g} is only honoured by the paper's ViTs, "
+                          f"the hybrid and custom, not '{m.name}'; leave it at 1e-6")
     if family == "timm":
         if m.representation_size:
             raise RecipeError(f"model.representation_size={m.representation_size} is only supported for the "

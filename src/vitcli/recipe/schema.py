@@ -24,6 +24,8 @@ class ModelConfig:
     # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
     pos_embed: str = "learned_1d"
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints
+    # every LayerNorm's eps: timm's ViT 1e-6; transformers' ViTConfig (and google's converted folders) 1e-12
+    layer_norm_eps: float = 1e-6
     dropout: float = 0.0
     drop_path: float = 0.0
     num_classes: int = 0  # 0: taken from the dataset's ClassLabel feature or data.num_classes

@@ -1,0 +1,209 @@
+"""transformers' ViT layout, both ways: the names `vit export --format hf` writes, and a folder transformers
+wrote (`ViTForImageClassification` or `ViTModel.save_pretrained`, e.g. a local copy of
+google/vit-base-patch16-224) read back into timm's names.
+
+The mapping is transformers' own `convert_vit_timm_to_pytorch.py` (written here from it, not imported: that
+script is not part of the installed package): timm's fused qkv (3D, D) is query, key and value stacked,
+`norm1`/`norm2` are `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 the `intermediate`/`output`
+dense layers, the final norm `vit.layernorm` and the head `classifier`. transformers 5 renames these in
+memory but still saves them so; a ViTModel saves them without the `vit.` prefix.
+
+The network comes from config.json, and everything timm's ViT cannot be is refused in one line naming the
+file and the key: only exact GELU, 3 channels, square patches and images. `layer_norm_eps` is honoured
+(model.layer_norm_eps): transformers' default, and google's converted checkpoints, say 1e-12 where timm's
+ViT has 1e-6. `qkv_bias: false` is zero biases, the same network. A ViTModel's `pooler` (Dense + tanh on
+the class token) is timm's pre-logits layer when no classifier reads past it (google's in21k folders); beside
+a `classifier`, which reads the class token itself, or with another `pooler_act`, it is dropped, and the
+load table says so. The class names are `id2label`'s, unless they are transformers' LABEL_0, LABEL_1, ...
+placeholders.
+
+Weights are model.safetensors, or pytorch_model.bin through torch's weights-only unpickler (tensors and
+plain containers, no code runs); a sharded folder (model.safetensors.index.json) is not read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from vitcli.errors import CheckpointError
+
+# timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
+BLOCK_NAMES = {
+    "norm1": "layernorm_before",
+    "attn.proj": "attention.output.dense",
+    "norm2": "layernorm_after",
+    "mlp.fc1": "intermediate.dense",
+    "mlp.fc2": "output.dense",
+}
+TOP_NAMES = {
+    "cls_token": "vit.embeddings.cls_token",
+    "pos_embed": "vit.embeddings.position_embeddings",
+    "patch_embed.proj.weight": "vit.embeddings.patch_embeddings.projection.weight",
+    "patch_embed.proj.bias": "vit.embeddings.patch_embeddings.projection.bias",
+    "norm.weight": "vit.layernorm.weight",
+    "norm.bias": "vit.layernorm.bias",
+    "head.weight": "classifier.weight",
+    "head.bias": "classifier.bias",
+}
+QKV = ("query", "key", "value")
+WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")  # what save_pretrained writes, newest first
+ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
+# transformers' ViTConfig defaults: what a config.json that leaves a key out means
+DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+            "hidden_act": "gelu", "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16,
+            "num_channels": 3, "qkv_bias": True, "pooler_act": "tanh"}
+TIMM_EPS = 1e-6  # timm's VisionTransformer LayerNorm
+
+
+@dataclass(frozen=True)
+class HfVit:
+    """A transformers ViT folder in timm's terms."""
+
+    state_dict: dict[str, torch.Tensor]  # timm names
+    num_heads: int
+    layer_norm_eps: float
+    class_names: list[str] | None  # id2label's, None when it holds transformers' placeholders
+    notes: list[tuple[str, str]]  # load-table rows: what the config says and what was dropped or filled
+
+
+def is_vit_folder(folder: Path) -> bool:
+    """Whether `folder` holds a transformers ViT: its config.json says model_type "vit"."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "vit"
+
+
+def weights_file(folder: Path) -> Path | None:
+    """The weights save_pretrained wrote into a transformers ViT folder; None for any other folder."""
+    if not is_vit_folder(folder):
+        return None
+    return next((folder / n for n in WEIGHTS_FILES if (folder / n).is_file()), None)
+
+
+def read_vit_folder(path: Path) -> HfVit:
+    """`path` (a transformers ViT folder's weights file) and its config.json as timm's VisionTransformer."""
+    where = path.parent / "config.json"
+    config = {**DEFAULTS, **json.loads(where.read_text())}
+    check_config(config, where)
+    sd, notes = timm_state_dict(_tensors(path), config, path)
+    depth = config["num_hidden_layers"]
+    eps = float(config["layer_norm_eps"])
+    names = _class_names(config.get("id2label"), sd.get("head.weight"))
+    arch = (config.get("architectures") or ["ViTModel"])[0]
+    said = [f"{arch}, depth {depth}", f"LayerNorm eps {eps:g} (layer_norm_eps; timm's ViT: {TIMM_EPS:g})"]
+    said.append("class names from id2label" if names else "no class names (id2label holds none)")
+    return HfVit(sd, config["num_attention_heads"], eps, names, [("transformers", "; ".join(said)), *notes])
+
+
+def check_config(config: dict, where: Path) -> None:
+    """A CheckpointError naming `where` and the first key timm's ViT cannot be."""
+    arch = [a for a in config.get("architectures") or [] if a not in ARCHITECTURES]
+    heads = config["num_attention_heads"]
+    why = {
+        "architectures": f"{arch[0]} is not {' or '.join(ARCHITECTURES)}" if arch else "",
+        "hidden_act": "" if config["hidden_act"] == "gelu" else
+        f"'{config['hidden_act']}' is not exact GELU ('gelu'), the only activation timm's ViT has here",
+        "num_channels": "" if config["num_channels"] == 3 else f"{config['num_channels']} is not 3 (RGB)",
+        "patch_size": "" if _side(config["patch_size"]) else f"{config['patch_size']} is not square",
+        "image_size": "" if _side(config["image_size"]) else f"{config['image_size']} is not square",
+        "num_attention_heads": "" if heads > 0 and config["hidden_size"] % heads == 0 else
+        f"{config['num_attention_heads']} does not divide hidden_size {config['hidden_size']}",
+        "layer_norm_eps": "" if float(config["layer_norm_eps"]) > 0 else "is not positive",
+    }
+    key = next((k for k, v in why.items() if v), None)
+    if key:
+        raise CheckpointError(f"{where}: {key} {why[key]}, which vitcli's ViT cannot be")
+
+
+def _side(size) -> int:
+    """A square size's side (an int, or [s, s]); 0 when it is not square."""
+    if isinstance(size, int):
+        return size
+    return size[0] if isinstance(size, list) and len(size) == 2 and size[0] == size[1] else 0
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors by transformers' names; a pickle only through torch's weights-only unpickler."""
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: not readable as transformers' weights "
+                              f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+
+
+def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path
+                    ) -> tuple[dict[str, torch.Tensor], list[tuple[str, str]]]:
+    """transformers' names -> timm's (and load-table rows for what had no place); every tensor is used
+    once or named in a row, and anything else is refused."""
+    left = {k.removeprefix("vit."): v for k, v in raw.items()}  # a ViTModel saves without the prefix
+
+    def take(name: str) -> torch.Tensor:
+        if name not in left:
+            raise CheckpointError(f"{path}: no tensor {name}, which a ViT of the config.json beside it "
+                                  f"({config['num_hidden_layers']} layers) has")
+        return left.pop(name)
+
+    sd = {timm: take(hf.removeprefix("vit.")) for timm, hf in TOP_NAMES.items() if "head" not in timm}
+    if "classifier.weight" in left:
+        sd.update({"head.weight": take("classifier.weight"), "head.bias": take("classifier.bias")})
+    for i in range(config["num_hidden_layers"]):
+        sd.update(_block(take, f"encoder.layer.{i}.", f"blocks.{i}.", config["qkv_bias"]))
+    notes = _pooler(take, left, config, "head.weight" in sd, sd)
+    if "embeddings.mask_token" in left:  # ViTModel(use_mask_token=True): masked image modelling only
+        take("embeddings.mask_token")
+        notes.append(("dropped", "embeddings.mask_token (masked image modelling's; no classifier reads it)"))
+    if not config["qkv_bias"]:
+        notes.append(("filled", "qkv bias zeros (config.json qkv_bias: false; the same network)"))
+    if left:
+        raise CheckpointError(f"{path}: tensors with no place in a ViT of {config['num_hidden_layers']} "
+                              f"layers (config.json): {', '.join(sorted(left)[:3])}")
+    return {k: v.contiguous() for k, v in sd.items()}, notes
+
+
+def _block(take, src: str, dst: str, qkv_bias: bool) -> dict[str, torch.Tensor]:
+    """One encoder layer: query, key and value stacked into timm's qkv, weight (3D, D) and bias (3D,)."""
+    attn = f"{src}attention.attention."
+    out = {f"{dst}attn.qkv.weight": torch.cat([take(f"{attn}{n}.weight") for n in QKV])}
+    biases = [take(f"{attn}{n}.bias") for n in QKV] if qkv_bias else []
+    out[f"{dst}attn.qkv.bias"] = torch.cat(biases) if biases else out[f"{dst}attn.qkv.weight"].new_zeros(
+        out[f"{dst}attn.qkv.weight"].shape[0])
+    for timm, hf in BLOCK_NAMES.items():
+        out.update({f"{dst}{timm}.{p}": take(f"{src}{hf}.{p}") for p in ("weight", "bias")})
+    return out
+
+
+def _pooler(take, left: dict, config: dict, has_head: bool, sd: dict) -> list[tuple[str, str]]:
+    """ViTModel's pooler into `sd` as timm's pre-logits (Dense + tanh) when nothing reads past it; else
+    dropped. The load-table row that says which."""
+    if "pooler.dense.weight" not in left:
+        return []
+    weight, bias = take("pooler.dense.weight"), take("pooler.dense.bias")  # (R, D), (R,)
+    if has_head:
+        return [("dropped", "pooler.dense (the classifier reads the class token, not the pooler)")]
+    if config["pooler_act"] != "tanh":
+        act = config["pooler_act"]
+        return [("dropped", f"pooler.dense (pooler_act '{act}'; timm's pre-logits is Dense + tanh)")]
+    sd.update({"pre_logits.fc.weight": weight, "pre_logits.fc.bias": bias})
+    return [("pre-logits", f"pooler.dense -> pre_logits.fc ({weight.shape[0]} wide, tanh)")]
+
+
+def _class_names(id2label, head: torch.Tensor | None) -> list[str] | None:
+    """id2label as a list over the head's rows; None without a head, for another count, or for
+    transformers' LABEL_{i} placeholders (a config that named no classes)."""
+    if head is None or not isinstance(id2label, dict) or len(id2label) != head.shape[0]:
+        return None
+    try:
+        names = [str(id2label[str(i)] if str(i) in id2label else id2label[i]) for i in range(head.shape[0])]
+    except KeyError:
+        return None
+    return None if names == [f"LABEL_{i}" for i in range(len(names))] else names

@@ -27,6 +27,7 @@ from PIL import Image
 from helpers import REPO, run_vit, tiny_vit
 from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
+from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli.options import ExportFormat
 from vitcli.data.augmentation.augment import finish
@@ -121,6 +122,23 @@ def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
     theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
     mine = _our_eval(img, DataConfig(eval_crop_pct=0.875))
     assert (theirs - mine).abs().max().item() <= LEVEL
+
+
+def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
+    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; read back the same."""
+    model = tiny_vit(num_classes=3)
+    meta = {**model_spec(TINY, 3), "class_names": NAMES}
+    data = {"eval_crop_pct": 0.875, "eval_crop_mode": "squash"}
+    save_weights(tmp_path / "m.safetensors", model.state_dict(), {"model": meta, "recipe": {"data": data}})
+    _export(monkeypatch, capsys, tmp_path / "m.safetensors", "hf", tmp_path / "hf")
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    img = _image(40, 64)
+    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+    assert (theirs - _our_eval(img, DataConfig(**data))).abs().max().item() <= LEVEL
+    centre = _our_eval(img, DataConfig(eval_crop_pct=0.875))
+    assert (theirs - centre).abs().max().item() > 0.1
+    said = read_checkpoint(str(tmp_path / "hf")).pretrained_cfg
+    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 32 / 36)
 
 
 def test_onnx_export_runs_in_onnxruntime_at_any_batch(monkeypatch, capsys, tmp_path, ours):

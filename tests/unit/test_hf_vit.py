@@ -123,11 +123,13 @@ def test_a_pytorch_model_bin_is_read_weights_only(tmp_path):
 
 
 @pytest.mark.parametrize("change, named", [
-    ({"hidden_act": "relu"}, "config.json: hidden_act 'relu' is not exact GELU"),
-    ({"hidden_act": "gelu_new"}, "hidden_act 'gelu_new'"),
-    ({"num_channels": 1}, "config.json: num_channels 1 is not 3 (RGB)"),
-    ({"patch_size": [8, 4]}, "config.json: patch_size [8, 4] is not square"),
-    ({"architectures": ["ViTForMaskedImageModeling"]}, "architectures ViTForMaskedImageModeling is not"),
+    ({"hidden_act": "relu"}, 'config.json: hidden_act "relu": timm\'s ViT has exact GELU ("gelu") only'),
+    ({"hidden_act": "gelu_new"}, 'hidden_act "gelu_new"'),
+    ({"num_channels": 1}, "config.json: num_channels 1: vitcli feeds RGB images (3)"),
+    ({"patch_size": [8, 4]}, "config.json: patch_size [8, 4]: only square patches"),
+    ({"num_attention_heads": 3}, "num_attention_heads 3: the heads must divide hidden_size 32"),
+    ({"architectures": ["ViTForMaskedImageModeling"]},
+     'architectures ["ViTForMaskedImageModeling"]: vitcli reads ViTForImageClassification and ViTModel'),
 ])
 def test_what_timms_vit_cannot_be_is_refused_naming_the_file_and_key(tmp_path, change, named):
     folder, _ = _folder(tmp_path / "hf")

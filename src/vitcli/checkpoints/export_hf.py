@@ -90,8 +90,9 @@ def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """preprocessor_config.json reproducing our eval transform: shorter side to floor(size / crop_pct)
-    (data.interpolation), centre crop, (x / 255 - mean) / std.
+    """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both sides,
+    transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre crop,
+    (x / 255 - mean) / std.
 
     transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole image to
     size x size, which differs from our eval on any non-square image or crop_pct < 1. The classifier does not
@@ -100,12 +101,17 @@ def hf_processor_config(prep: dict) -> dict:
     size = prep["size"]
     return {
         "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
-        "do_resize": True, "size": {"shortest_edge": prep["resize_shorter_side"]},
+        "do_resize": True, "size": _resized(prep["resize_shorter_side"], prep["crop_mode"]),
         "resample": PIL_RESAMPLE[prep["interpolation"]],
         "do_center_crop": True, "crop_size": {"height": size, "width": size},
         "do_rescale": True, "rescale_factor": 1 / 255,
         "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
     }
+
+
+def _resized(side: int, crop_mode: str) -> dict:
+    """The processor's `size`: the shorter side (aspect kept), or both sides (squash)."""
+    return {"shortest_edge": side} if crop_mode == "center" else {"height": side, "width": side}
 
 
 def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
@@ -121,7 +127,8 @@ def model_card(network: str, params: int, prep: dict, class_names: list[str], re
     results = ["## Results (the run's summary.json)", "", "| metric | value |", "|---|---|",
                *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
                  for k, v in summary.items())]
-    pp = ["## Preprocessing", "", (f"As vitcli evaluates: the shorter side resized to "
+    sides = "the shorter side" if prep["crop_mode"] == "center" else "both sides (squashed)"
+    pp = ["## Preprocessing", "", (f"As vitcli evaluates: {sides} resized to "
                                    f"{prep['resize_shorter_side']} px ({prep['interpolation']}), centre crop "
                                    f"{size} px, "
                                    f"{scale} (`BitImageProcessor`).")]

@@ -74,7 +74,7 @@ def write_timm(net: nn.Module, sd: dict[str, torch.Tensor], out: Path, class_nam
         raise CheckpointError(f"the weights do not fit timm's {type(net).__name__}: "
                               f"{str(e).splitlines()[1].strip()}") from None
     data = {"mean": tuple(prep["mean"]), "std": tuple(prep["std"]), "interpolation": prep["interpolation"],
-            "crop_pct": prep["crop_pct"], "crop_mode": "center"}
+            "crop_pct": prep["crop_pct"], "crop_mode": prep["crop_mode"]}
     config = {"label_names": list(class_names)} if class_names else None
     # timm's registered weights for the architecture name are not these: their tag and licence are dropped
     net.pretrained_cfg = {**{k: v for k, v in net.pretrained_cfg.items() if k not in ("tag", "license")},

@@ -104,23 +104,22 @@ def read_vit_folder(path: Path) -> HfVit:
 
 
 def check_config(config: dict, where: Path) -> None:
-    """A CheckpointError naming `where` and the first key timm's ViT cannot be."""
-    arch = [a for a in config.get("architectures") or [] if a not in ARCHITECTURES]
-    heads = config["num_attention_heads"]
-    why = {
-        "architectures": f"{arch[0]} is not {' or '.join(ARCHITECTURES)}" if arch else "",
-        "hidden_act": "" if config["hidden_act"] == "gelu" else
-        f"'{config['hidden_act']}' is not exact GELU ('gelu'), the only activation timm's ViT has here",
-        "num_channels": "" if config["num_channels"] == 3 else f"{config['num_channels']} is not 3 (RGB)",
-        "patch_size": "" if _side(config["patch_size"]) else f"{config['patch_size']} is not square",
-        "image_size": "" if _side(config["image_size"]) else f"{config['image_size']} is not square",
-        "num_attention_heads": "" if heads > 0 and config["hidden_size"] % heads == 0 else
-        f"{config['num_attention_heads']} does not divide hidden_size {config['hidden_size']}",
-        "layer_norm_eps": "" if float(config["layer_norm_eps"]) > 0 else "is not positive",
+    """A CheckpointError naming `where`, the first key timm's ViT cannot be, its value and why."""
+    heads, arch = config["num_attention_heads"], config.get("architectures") or []
+    refused = {  # key -> why, when its value is refused
+        "architectures": (any(a not in ARCHITECTURES for a in arch),
+                          f"vitcli reads {' and '.join(ARCHITECTURES)} folders"),
+        "hidden_act": (config["hidden_act"] != "gelu", "timm's ViT has exact GELU (\"gelu\") only"),
+        "num_channels": (config["num_channels"] != 3, "vitcli feeds RGB images (3)"),
+        "patch_size": (not _side(config["patch_size"]), "only square patches"),
+        "image_size": (not _side(config["image_size"]), "only square images"),
+        "num_attention_heads": (heads <= 0 or config["hidden_size"] % heads != 0,
+                                f"the heads must divide hidden_size {config['hidden_size']}"),
+        "layer_norm_eps": (float(config["layer_norm_eps"]) <= 0, "it must be positive"),
     }
-    key = next((k for k, v in why.items() if v), None)
+    key = next((k for k, (bad, _) in refused.items() if bad), None)
     if key:
-        raise CheckpointError(f"{where}: {key} {why[key]}, which vitcli's ViT cannot be")
+        raise CheckpointError(f"{where}: {key} {json.dumps(config[key])}: {refused[key][1]}")
 
 
 def _side(size) -> int:

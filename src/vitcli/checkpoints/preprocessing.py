@@ -1,5 +1,5 @@
 """The pixels a checkpoint's weights expect, as the recipe's data keys (mean, std, interpolation,
-eval_crop_pct), and where the checkpoint says so.
+eval_crop_pct, eval_crop_mode), and where the checkpoint says so.
 
 Resolution puts them just above the defaults (the `base` layer of vitcli.recipe.resolve), so a recipe file
 or a KEY=VALUE override still wins; the run's recipe.yaml records what was chosen, and the load table says
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import timm
 
 from vitcli.checkpoints.read import Loaded
-from vitcli.recipe.choices import INTERPOLATIONS
+from vitcli.recipe.choices import EVAL_CROP_MODES, INTERPOLATIONS
 from vitcli.recipe.names import NAMED
 from vitcli.recipe.schema import DataConfig
 
-KEYS = ("mean", "std", "interpolation", "eval_crop_pct")
+KEYS = ("mean", "std", "interpolation", "eval_crop_pct", "eval_crop_mode")
 # what fine-tuning, few-shot features and inspect take: the input the weights know; the eval crop is a
 # protocol's choice (the paper's transfer evaluates uncropped), only evaluate, predict and export take it
 FEED = ("mean", "std", "interpolation")
@@ -42,14 +42,16 @@ def said_by(loaded: Loaded, model_name: str) -> Said:
     pretrained_cfg for a bare timm file."""
     if loaded.kind == "vitcli":
         data = (loaded.meta.get("recipe") or {}).get("data") or {}
-        return Said({**SIGNED, "eval_crop_pct": 1.0, **{k: data[k] for k in KEYS if k in data}},
+        return Said({**SIGNED, "eval_crop_pct": 1.0, "eval_crop_mode": "center",
+                     **{k: data[k] for k in KEYS if k in data}},
                     "the checkpoint's recipe")
     if loaded.kind == "npz":
         return Said(dict(SIGNED), "Google .npz: [-1, 1]")
     cfg = loaded.pretrained_cfg or _registered(model_name)
     resize = cfg.get("interpolation")  # timm also knows `random` and lanczos, which the recipe does not
     values = {"mean": cfg.get("mean"), "std": cfg.get("std"), "eval_crop_pct": cfg.get("crop_pct"),
-              "interpolation": resize if resize in INTERPOLATIONS else None}
+              "interpolation": resize if resize in INTERPOLATIONS else None,
+              "eval_crop_mode": cfg.get("crop_mode") if cfg.get("crop_mode") in EVAL_CROP_MODES else None}
     values = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in values.items() if v is not None}
     return Said(values, cfg.get("from", "") if values else "")
 

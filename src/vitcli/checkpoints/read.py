@@ -148,13 +148,14 @@ PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 def _folder_cfg(path: Path) -> dict:
     """The preprocessing a model folder states beside its model.safetensors: timm's config.json
     (pretrained_cfg, or the legacy flat form), else transformers' preprocessor_config.json (image_mean,
-    image_std, resample; crop_pct, or crop_size over size.shortest_edge); {} for anything else."""
+    image_std, resample; crop_pct, or crop_size over size.shortest_edge, or over size.height when both
+    sides are set: crop_mode squash); {} for anything else."""
     if path.name not in hf_vit.WEIGHTS_FILES:  # MODEL_FILE, or a transformers folder's pytorch_model.bin
         return {}
     timm_cfg = _json(path.parent / "config.json")
     timm_cfg = timm_cfg.get("pretrained_cfg", timm_cfg)
     if "mean" in timm_cfg:
-        keys = ("mean", "std", "interpolation", "crop_pct")
+        keys = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
         return {"from": "its config.json (timm)", **{k: timm_cfg[k] for k in keys if k in timm_cfg}}
     hf = _json(path.parent / "preprocessor_config.json")
     if "image_mean" not in hf:
@@ -163,11 +164,16 @@ def _folder_cfg(path: Path) -> dict:
            "std": hf.get("image_std")}
     if hf.get("resample") in PIL_RESAMPLE:
         out["interpolation"] = PIL_RESAMPLE[hf["resample"]]
-    crop, edge = hf.get("crop_size"), (hf.get("size") or {}).get("shortest_edge")
+    size, crop = hf.get("size") or {}, hf.get("crop_size")
+    edge = size.get("shortest_edge") or size.get("height")  # ViTImageProcessor: height and width, squashed
+    if "height" in size and "shortest_edge" not in size:
+        out["crop_mode"] = "squash"
     if hf.get("crop_pct"):
         out["crop_pct"] = hf["crop_pct"]
     elif hf.get("do_center_crop") and isinstance(crop, dict) and edge:
         out["crop_pct"] = crop.get("height", edge) / edge
+    elif edge:  # no crop: all the resized image is seen
+        out["crop_pct"] = 1.0
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -224,7 +230,8 @@ def _read_hub(name: str) -> Loaded:
         why = "offline" if offline else (str(e).splitlines() or [type(e).__name__])[0]
         raise CheckpointError(f"cannot download {name}: {why}; pass a local file") from None
     stated = getattr(model, "pretrained_cfg", None) or {}  # timm sets it on every model it creates
-    cfg = {k: stated[k] for k in ("mean", "std", "interpolation", "crop_pct") if stated.get(k) is not None}
+    keys = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
+    cfg = {k: stated[k] for k in keys if stated.get(k) is not None}
     return Loaded(model.state_dict(), {}, "hub", name, _attention_heads(model),
                   {"from": "its pretrained_cfg (timm)", **cfg} if cfg else {})
 

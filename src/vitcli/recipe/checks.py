@@ -21,6 +21,7 @@ from vitcli.recipe.choices import (
     DISTILL_TYPES,
     EMA_SAVES,
     ERASING_MODES,
+    EVAL_CROP_MODES,
     FEWSHOT_RESIZE_METHODS,
     INTERPOLATIONS,
     LABELLED,
@@ -59,6 +60,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.erasing_mode": ERASING_MODES,
     "data.mix_mode": MIX_MODES,
     "data.interpolation": INTERPOLATIONS,
+    "data.eval_crop_mode": EVAL_CROP_MODES,
     "ema.save": EMA_SAVES,
     "distill.type": DISTILL_TYPES,
 }

@@ -33,6 +33,9 @@ LOGGERS = ("jsonl", "tensorboard", "wandb")
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 FEWSHOT_RESIZE_METHODS = ("big_vision",)
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")  # data.interpolation: the train and eval resizes
+# data.eval_crop_mode, timm's crop_mode: center keeps the aspect (shorter side), squash does not (both sides:
+# transformers' ViTImageProcessor, vit_jax's eval)
+EVAL_CROP_MODES = ("center", "squash")
 # fewshot.protocols: what scores frozen features; the all-data ones (vitcli.fewshot.protocols runs each)
 # are logged as PROTOCOL/TASK/top1, and few-shot beside them
 ALL_DATA_PROTOCOLS = ("knn", "linear", "ridge")

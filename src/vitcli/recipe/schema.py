@@ -101,6 +101,9 @@ class DataConfig:
     mix_switch_prob: float = 0.5
     mix_mode: str = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
+    # which sides that resize sets: center the shorter one (aspect kept) | squash both (transformers'
+    # ViTImageProcessor and vit_jax feed google's ViTs so); timm's crop_mode
+    eval_crop_mode: str = "center"
     # what the model is fed: (x / 255 - mean) / std per RGB channel. 0.5 and 0.5 are the ViT paper's [-1, 1];
     # weights trained on other inputs say theirs (timm's pretrained_cfg, a transformers preprocessor, our
     # own recipe: vitcli.checkpoints.preprocessing), which this recipe's keys override

@@ -90,9 +90,10 @@ def _class_names(loaded: Loaded, num_classes: int) -> list[str]:
 def preprocessing(recipe: Recipe) -> dict:
     """The eval preprocessing of the resolved recipe (what the checkpoint says, vitcli.checkpoints.
     preprocessing, under the user's keys), as data.transforms.build_transform runs it: shorter side to
-    floor(size / crop_pct) with data.interpolation, centre crop, (x / 255 - mean) / std."""
+    floor(size / crop_pct) (crop_mode squash: both sides) with data.interpolation, centre crop,
+    (x / 255 - mean) / std."""
     d, size = recipe.data, recipe.model.img_size
-    return {"size": size, "crop_pct": d.eval_crop_pct,
+    return {"size": size, "crop_pct": d.eval_crop_pct, "crop_mode": d.eval_crop_mode,
             "resize_shorter_side": math.floor(size / d.eval_crop_pct), "interpolation": d.interpolation,
             "rescale_factor": 1 / 255, "mean": list(d.mean), "std": list(d.std)}
 

@@ -84,8 +84,10 @@ def _train(images: list, seed: int, cfg: DataConfig, size: int, aug: Augmentatio
     return _square(x, size, drawn)
 
 
-def _eval(images: list, seed, size: int, crop_pct: float, interpolation: str = "bilinear") -> Pixels:
-    """timm's eval resize: short side to floor(size / crop_pct), then torchvision's CenterCrop(size).
+def _eval(images: list, seed, size: int, crop_pct: float, interpolation: str = "bilinear",
+          crop_mode: str = "center") -> Pixels:
+    """timm's eval resize: short side (crop_mode center; both sides: squash) to floor(size / crop_pct), then
+    torchvision's CenterCrop(size).
     torchvision's antialiased bilinear and bicubic resizes of uint8 tensors are PIL's algorithms (same
     support, same filters), equal to them within a level or two of rounding; nearest-exact is PIL's nearest.
     Images of one shape in one call."""
@@ -93,7 +95,8 @@ def _eval(images: list, seed, size: int, crop_pct: float, interpolation: str = "
     mode = TF.InterpolationMode("nearest-exact" if interpolation == "nearest" else interpolation)
 
     def resize_crop(x: torch.Tensor) -> torch.Tensor:
-        return TF.center_crop(TF.resize(x, [short], interpolation=mode, antialias=True), [size, size])
+        sides = [short] if crop_mode == "center" else [short, short]
+        return TF.center_crop(TF.resize(x, sides, interpolation=mode, antialias=True), [size, size])
 
     out = per_shape(_crops(images, None, 0), resize_crop, (0, 3, size, size))
     return _square(out, size)
@@ -120,9 +123,9 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
 
     train: Inception crop over `crop_min_area`..100% of the area (or a plain resize when `inception_crop` is
     off), optional horizontal flip and the recipe's augmentation (augmentations.of). eval: resize the short
-    side to img_size / eval_crop_pct, centre crop. Both resize as data.interpolation says. `resize` > 0
-    (few-shot): squash to resize x resize, centre crop img_size, resampled as `resize_method` says
-    (FEWSHOT_RESIZE_METHODS).
+    side (data.eval_crop_mode squash: both sides) to img_size / eval_crop_pct, centre crop. Both resize as
+    data.interpolation says. `resize` > 0 (few-shot): squash to resize x resize, centre crop img_size,
+    resampled as `resize_method` says (FEWSHOT_RESIZE_METHODS).
     """
     if train:
         aug = augmentations.of(cfg, img_size)
@@ -136,4 +139,5 @@ def build_transform(cfg: DataConfig, img_size: int, train: bool, resize: int = 0
         if resize < img_size:
             raise DataError(f"fewshot.resize={resize} is smaller than the crop img_size={img_size}")
         return partial(_fewshot, size=img_size, resize=resize)
-    return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct, interpolation=cfg.interpolation)
+    return partial(_eval, size=img_size, crop_pct=cfg.eval_crop_pct, interpolation=cfg.interpolation,
+                   crop_mode=cfg.eval_crop_mode)

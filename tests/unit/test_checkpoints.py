@@ -327,6 +327,8 @@ def test_mae_finetuned_checkpoint_gives_its_encoder_for_fine_tuning(tmp_path):
     assert not loaded.state_dict["norm.bias"].any()
     headless = tiny_vit(num_classes=0)
     headless.load_state_dict(loaded.state_dict, strict=True)  # the plain token-pooled encoder, strictly
+    torch.save({"state_dict": sd}, tmp_path / "timm_avg_pool.pth.tar")  # timm's train.py: not MAE's layout
+    assert read_checkpoint(str(tmp_path / "timm_avg_pool.pth.tar")).kind == "torch"
 
 
 def test_mae_checkpoints_say_maes_preprocessing(tmp_path):

@@ -61,7 +61,7 @@ def read_pth(path: Path, is_zip: bool) -> TorchFile:
                               "or a dict of tensors at the top)")
     sd = {k.removeprefix("module."): v for k, v in sd.items()}
     rest = [_unused(k) for k in content if k != found] if found else []
-    mae = is_mae(sd)
+    mae = is_mae(sd, found == "model")
     kept, dropped = split_mae(sd) if mae else (sd, [])
     return TorchFile(kept, mae, (*dropped, *([f"not used: {', '.join(rest)}"] if rest else [])))
 
@@ -89,13 +89,14 @@ def _unused(key: str) -> str:
     return {"args": "args (argparse.Namespace)", "scaler": "loss scaler"}.get(key, key)
 
 
-def is_mae(sd: dict[str, torch.Tensor]) -> bool:
-    """One of MAE's layouts: its decoder or mask token, its global-pool fine-tune (fc_norm, no final norm), or
-    the fixed sin-cos position table its encoder-only release carries."""
+def is_mae(sd: dict[str, torch.Tensor], under_model: bool = True) -> bool:
+    """One of MAE's layouts: its decoder or mask token, its global-pool fine-tune (fc_norm, no final norm,
+    under 'model' as MAE saves it; timm's avg-pool training files keep theirs under 'state_dict'), or the
+    fixed sin-cos position table its encoder-only release carries."""
     if any(k.startswith(MAE_DROPPED) for k in sd):
         return True
     if "fc_norm.weight" in sd and "norm.weight" not in sd and "blocks.0.attn.qkv.weight" in sd:
-        return True
+        return under_model
     table = sd.get("pos_embed")  # (1, 1 + H*W, D)
     if table is None or table.ndim != 3 or "cls_token" not in sd:
         return False

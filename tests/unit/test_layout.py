@@ -37,8 +37,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
-    ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "read", "describe", "preprocessing",
-                     "fit", "complete", "resize", "transfer", "export_timm", "export_hf", "export_onnx"]),
+    ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "pth", "read", "describe",
+                     "preprocessing", "fit", "complete", "resize", "transfer", "export_timm", "export_hf",
+                     "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
                "loop"]),

@@ -8,8 +8,10 @@ One concept per file, in the order a checkpoint travels:
 - `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving (whole or
   sharded) with rotation, loading model, optimizer and the train stream's state back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
-- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, Hub name) into timm names; pickles
-  are refused.
+- `pth.py`: a torch.save file (MAE's checkpoints, timm's and DeiT's training files) read with
+  weights_only=True, argparse.Namespace allowed by name; MAE's decoder and mask token dropped.
+- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, Hub name) into timm names;
+  bare pickles are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).
 - `preprocessing.py`: the pixels a checkpoint's weights expect (mean, std, interpolation, eval crop), and
   where it says so.

@@ -1,8 +1,8 @@
 """What several test modules share: the repository root, the `vit` entry point run in-process, the 2-process
-rank scripts run under torchrun, tiny models
-and their Google `.npz` export, a run stopped as Ctrl-C stops it, damaged files, warnings read off the
-console. Fixtures live in conftest.py."""
+rank scripts run under torchrun, tiny models and their Google `.npz` and MAE `.pth` files, a run stopped as
+Ctrl-C stops it, damaged files, warnings read off the console. Fixtures live in conftest.py."""
 
+import argparse
 import os
 import re
 import subprocess
@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from timm.models.vision_transformer import VisionTransformer
+from timm.models.vision_transformer import Block, VisionTransformer
+from torch import nn
 
 from vitcli import cli
 from vitcli.stages.run import one_run
@@ -63,6 +64,67 @@ def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
         for p in model.parameters():
             p.normal_(0, 0.5)
     return model.eval()
+
+
+def mae_sincos_reference(embed_dim: int, grid_size: int) -> np.ndarray:
+    """MAE's util/pos_embed.py get_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=True), restated in
+    numpy as it is written there: its h/w naming is swapped, so the first half encodes the column."""
+    grid_h = np.arange(grid_size, dtype=np.float32)
+    grid_w = np.arange(grid_size, dtype=np.float32)
+    grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape([2, 1, grid_size, grid_size])
+
+    def one_d(dim, pos):
+        omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
+        out = np.einsum("m,d->md", pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    emb = np.concatenate([one_d(embed_dim // 2, grid[0]), one_d(embed_dim // 2, grid[1])], axis=1)
+    return np.concatenate([np.zeros([1, embed_dim]), emb], axis=0)
+
+
+# main_pretrain.py's argparse defaults and what init_distributed_mode adds, as a run's checkpoint pickles them
+MAE_ARGS = {"batch_size": 64, "epochs": 800, "accum_iter": 1, "model": "mae_vit_base_patch16",
+            "input_size": 32, "mask_ratio": 0.75, "norm_pix_loss": True, "weight_decay": 0.05, "lr": None,
+            "blr": 1.5e-4, "min_lr": 0.0, "warmup_epochs": 40, "data_path": "/datasets01/imagenet_full_size/",
+            "output_dir": "./output_dir", "log_dir": "./output_dir", "device": "cuda", "seed": 0,
+            "resume": "", "start_epoch": 0, "num_workers": 10, "pin_mem": True, "world_size": 64,
+            "local_rank": -1, "dist_on_itp": False, "dist_url": "env://", "distributed": True}
+
+
+def mae_encoder(seed=0) -> VisionTransformer:
+    """A tiny headless ViT as MAE's encoder: every weight random, the position table MAE's fixed one."""
+    model = tiny_vit(num_classes=0, seed=seed)
+    with torch.no_grad():
+        grid = model.patch_embed.grid_size[0]
+        model.pos_embed.copy_(torch.from_numpy(mae_sincos_reference(D, grid)).float()[None])
+    return model
+
+
+def mae_pth(path, encoder, layout="pretrain", extra=None):
+    """`encoder` saved as facebookresearch/mae saves: util/misc.py save_model's dict for a run's
+    checkpoint-N.pth (`run`: model with decoder and mask_token, optimizer, epoch, scaler, args: a pickled
+    argparse.Namespace), {'model': encoder + decoder} (`full`, as mae_pretrain_vit_base_full.pth) or
+    {'model': encoder} (`pretrain`, as the released mae_pretrain_vit_base.pth); `extra` joins the dict."""
+    sd = dict(encoder.state_dict())
+    if layout in ("run", "full"):
+        dd, patch_dim = 16, PATCH * PATCH * 3  # decoder width; patch_dim: MAE's decoder_pred out_features
+        decoder = nn.ModuleDict({"decoder_embed": nn.Linear(D, dd), "decoder_blocks": nn.ModuleList(
+            [Block(dd, 2, qkv_bias=True) for _ in range(2)]), "decoder_norm": nn.LayerNorm(dd),
+            "decoder_pred": nn.Linear(dd, patch_dim)})
+        sd |= decoder.state_dict()
+        rows = sd["pos_embed"].shape[1]  # (1, 1 + N, D)
+        sd |= {"mask_token": torch.randn(1, 1, dd), "decoder_pos_embed": torch.zeros(1, rows, dd)}
+    content = {"model": sd}
+    if layout == "run":
+        params = list(decoder.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95))
+        sum(p.sum() for p in params).backward()
+        opt.step()
+        content |= {"optimizer": opt.state_dict(), "epoch": 799, "args": argparse.Namespace(**MAE_ARGS),
+                    "scaler": {"scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                               "growth_interval": 2000, "_growth_tracker": 0}}
+    torch.save({**content, **(extra or {})}, path)
+    return path
 
 
 def export_npz(model, path, layout="vit_jax", prefix="", scan=False, extra=None):

@@ -28,13 +28,14 @@ SMALL = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.syn
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    """A finished workdir (recipe, weights, state), a pickle, a binary file and a plain file to trip over."""
+    """A finished workdir (recipe, weights, state), a torch file pickling a class that weights_only loading
+    does not allow, a binary file and a plain file to trip over."""
     root = tmp_path_factory.mktemp("bad")
     cfg = ModelConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)}
     save_weights(root / "done" / MODEL_FILE, build_model(cfg, 10).state_dict(), meta)
     files.write_text(root / "done" / "recipe.yaml", "stage: pretrain\n")
-    torch.save({"w": torch.zeros(1)}, root / "weights.pt")
+    torch.save({"w": torch.zeros(1), "made_in": root}, root / "weights.pt")  # a pathlib.PosixPath
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "afile").write_text("not a directory")
     (root / "adir.safetensors").mkdir()
@@ -144,7 +145,7 @@ CASES = {
     "no such column": (pretrain("data.image_column=pixels"), "pixels"),
     # fine-tuning flags and starting weights
     "init missing": (finetune("--init", "{root}/nowhere"), "checkpoint not found"),
-    "init pickle": (finetune("--init", "{root}/weights.pt"), "pickle"),
+    "init pickle": (finetune("--init", "{root}/weights.pt"), "pickled pathlib"),
     "task outside vtab": (finetune("--task", "cifar10"), "not a VTAB-1k task"),
     "lr sweep not numbers": (finetune("--lr-sweep", "abc"), "--lr-sweep"),
     "lr sweep zero": (finetune("--lr-sweep", "0,0.1"), "positive learning rates"),

@@ -307,12 +307,13 @@ def test_init_missing_path(tmp_path, monkeypatch, capsys, data):
     assert_one_line_error(code, err, str(missing), "not found")
 
 
-def test_init_pickle_is_refused_with_the_conversion(tmp_path, monkeypatch, capsys, data):
+def test_init_pickle_of_another_class_is_refused_naming_it(tmp_path, monkeypatch, capsys, data):
+    """torch.save files are read with weights_only=True, argparse.Namespace allowed: a pickled Path is not."""
     pickle = tmp_path / "x.pt"
-    torch.save({"patch_embed.proj.weight": torch.zeros(32, 3, 8, 8)}, pickle)
+    torch.save({"model": {"patch_embed.proj.weight": torch.zeros(32, 3, 8, 8)}, "where": tmp_path}, pickle)
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", pickle, "--workdir", tmp_path / "w",
                            *finetune_args(data))
-    assert_one_line_error(code, err, str(pickle), "pickle", "save_file", "x.safetensors")
+    assert_one_line_error(code, err, str(pickle), "pickled pathlib", "weights_only=True", ".safetensors")
     assert not (tmp_path / "w" / MODEL_FILE).exists()
 
 

@@ -7,6 +7,7 @@ written directly in vit_jax's key layout, the one place a real width is needed: 
 where the old width // 64 guess went wrong.
 """
 
+import argparse
 import dataclasses
 import os
 import pickle
@@ -21,9 +22,11 @@ from safetensors.torch import load_file, save_file
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from helpers import HEADS, MLP, PATCH, D, export_npz, tiny_vit
+from helpers import HEADS, MLP, PATCH, D, export_npz, mae_encoder, mae_pth, mae_sincos_reference, tiny_vit
+from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import PAPER_HEADS, describe
 from vitcli.checkpoints.fit import adapt_state_dict
+from vitcli.checkpoints.pth import is_mae, mae_sincos
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.resize import resize_checkpoint
 from vitcli.checkpoints.state import load_state, save_state
@@ -233,6 +236,8 @@ class _Payload:
     ],
 )
 def test_pickles_are_refused_without_unpickling(tmp_path, name, how):
+    """torch.save files are read with weights_only=True, which refuses the payload's global before building
+    it; a bare pickle is not read at all. Either way one line naming the file, and nothing ran."""
     path, marker = tmp_path / name, tmp_path / "unpickled"
     payload = {"w": torch.zeros(2), "evil": _Payload(str(marker))}
     if how == "pickle":
@@ -242,8 +247,96 @@ def test_pickles_are_refused_without_unpickling(tmp_path, name, how):
     with pytest.raises(CheckpointError) as e:
         read_checkpoint(str(path))
     msg = str(e.value)
-    assert "\n" not in msg and "weights_only=True" in msg and "save_file" in msg and str(path) in msg
+    assert "\n" not in msg and str(path) in msg and "safetensors" in msg
+    assert ("a pickled io.open" in msg and "weights_only=True" in msg and "argparse.Namespace only" in msg
+            if how != "pickle" else "torch.save did not write" in msg)
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- MAE's .pth files
+
+
+@pytest.mark.parametrize("layout,dropped", [
+    ("run", ("decoder (31 tensors)", "mask_token",
+             "not used: optimizer, epoch, args (argparse.Namespace), loss scaler")),
+    ("full", ("decoder (31 tensors)", "mask_token")),
+    ("pretrain", ()),
+])
+def test_mae_checkpoints_give_their_encoder_and_say_what_was_dropped(tmp_path, layout, dropped):
+    """A run's checkpoint-N.pth (args a pickled argparse.Namespace), the _full release with its decoder, and
+    the encoder-only release: each is the encoder, tensor for tensor, sin-cos table as it is; a 2-block
+    decoder has 2 x 12 block tensors + embed, norm and pred (2 each) + decoder_pos_embed = 31."""
+    encoder = mae_encoder()
+    loaded = read_checkpoint(str(mae_pth(tmp_path / f"mae_{layout}.pth", encoder, layout)))
+    assert loaded.kind == "mae" and loaded.dropped == dropped
+    assert set(loaded.state_dict) == set(encoder.state_dict())
+    assert all(torch.equal(loaded.state_dict[k], v) for k, v in encoder.state_dict().items())
+    spec = describe(loaded, num_heads=HEADS)
+    assert (spec.name, spec.pool, spec.grid, spec.num_classes, spec.num_prefix_tokens) == \
+        ("custom", "token", (4, 4), 0, 1)
+
+
+def test_mae_sincos_table_is_maes_own():
+    """The fingerprint of MAE's encoder-only release: its get_2d_sincos_pos_embed, restated from MAE's code
+    in the helpers, equals ours to the bit; a learned table of the same shape is not taken for it."""
+    for side, dim in ((4, 32), (14, 768), (16, 1024)):
+        reference = torch.from_numpy(mae_sincos_reference(dim, side)).float()[None]
+        assert torch.equal(mae_sincos(side, dim), reference)
+    learned = tiny_vit(num_classes=0).state_dict()
+    assert not is_mae(learned)
+    assert is_mae({**learned, "pos_embed": mae_sincos(4, D)})
+
+
+def test_another_torch_file_is_read_as_its_state_dict(tmp_path):
+    """DeiT's and timm's training files keep their weights under 'model' or 'state_dict_ema' (EMA first),
+    with DDP's module. prefix: read as a plain ViT, kind torch, the rest said unused."""
+    model = tiny_vit()
+    sd = {f"module.{k}": v for k, v in model.state_dict().items()}
+    torch.save({"model": sd, "epoch": 3, "args": argparse.Namespace(lr=5e-4)}, tmp_path / "deit.pth")
+    torch.save({"state_dict": {k: v * 0 for k, v in model.state_dict().items()},
+                "state_dict_ema": model.state_dict()}, tmp_path / "timm.pth.tar")
+    for name in ("deit.pth", "timm.pth.tar"):
+        loaded = read_checkpoint(str(tmp_path / name))
+        assert loaded.kind == "torch" and describe(loaded, HEADS).num_classes == 5
+        assert all(torch.equal(loaded.state_dict[k], v) for k, v in model.state_dict().items())
+    unused = read_checkpoint(str(tmp_path / "deit.pth")).dropped
+    assert unused == ("not used: epoch, args (argparse.Namespace)",)
+
+
+def test_a_torch_file_pickling_another_class_is_refused_naming_it(tmp_path):
+    """argparse.Namespace is allowed by name and nothing else: an MAE run file that also pickles a Path (a
+    harmless class, but not allowed) is refused in one line naming the file and the class."""
+    path = mae_pth(tmp_path / "checkpoint-799.pth", mae_encoder(), "run", extra={"where": tmp_path})
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(str(path))
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg and "pathlib" in msg and "argparse.Namespace only" in msg
+
+
+def test_mae_finetuned_checkpoint_gives_its_encoder_for_fine_tuning(tmp_path):
+    """MAE's global-pool fine-tune (fc_norm after the mean of the patch tokens, head, no final norm) is a
+    network vit does not build: its encoder is kept, fc_norm and head dropped, the final norm fresh."""
+    finetuned = tiny_vit(num_classes=7, global_pool="avg")  # timm's avg pool: fc_norm, norm = Identity
+    sd = finetuned.state_dict()
+    assert "fc_norm.weight" in sd and "norm.weight" not in sd
+    torch.save({"model": sd}, tmp_path / "mae_finetuned_vit_tiny.pth")
+    loaded = read_checkpoint(str(tmp_path / "mae_finetuned_vit_tiny.pth"))
+    assert loaded.kind == "mae" and "fc_norm and head" in loaded.dropped[0]
+    assert not any(k.startswith(("fc_norm.", "head.")) for k in loaded.state_dict)
+    assert torch.equal(loaded.state_dict["norm.weight"], torch.ones(D))
+    assert not loaded.state_dict["norm.bias"].any()
+    headless = tiny_vit(num_classes=0)
+    headless.load_state_dict(loaded.state_dict, strict=True)  # the plain token-pooled encoder, strictly
+    torch.save({"state_dict": sd}, tmp_path / "timm_avg_pool.pth.tar")  # timm's train.py: not MAE's layout
+    assert read_checkpoint(str(tmp_path / "timm_avg_pool.pth.tar")).kind == "torch"
+
+
+def test_mae_checkpoints_say_maes_preprocessing(tmp_path):
+    loaded = read_checkpoint(str(mae_pth(tmp_path / "mae.pth", mae_encoder())))
+    said = preprocessing.said_by(loaded, "custom")
+    assert said.values == {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
+                           "interpolation": "bicubic", "eval_crop_pct": 0.875}
+    assert "MAE" in said.source
 
 
 def test_other_files_are_an_unknown_format(tmp_path):

@@ -8,10 +8,12 @@ One concept per file, in the order a checkpoint travels:
 - `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving (whole or
   sharded) with rotation, loading model, optimizer and the train stream's state back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
+- `pth.py`: a torch.save file (MAE's checkpoints, timm's and DeiT's training files) read with
+  weights_only=True, argparse.Namespace allowed by name; MAE's decoder and mask token dropped.
 - `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers wrote
   (`ViTForImageClassification`, `ViTModel`) read into timm's names, its config.json checked.
-- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, transformers folder, Hub name)
-  into timm names; pickles are refused.
+- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers
+  folder, Hub name) into timm names; bare pickles are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).
 - `preprocessing.py`: the pixels a checkpoint's weights expect (mean, std, interpolation, eval crop), and
   where it says so.

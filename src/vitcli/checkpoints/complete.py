@@ -104,9 +104,10 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
         model = resolve_name(dataclasses.replace(model, **spec.architecture()))
     if recipe.stage in CLASSIFIES:  # the checkpoint as it is: its head and representation layer
         if not spec.num_classes:
+            left = f" (left out: {'; '.join(loaded.dropped)})" if loaded.dropped else ""  # MAE's
             raise CheckpointError(f"{recipe.init.checkpoint} has no classification head (a masked patch "
-                                  f"prediction or headless checkpoint); `vit {recipe.stage}` needs one: "
-                                  "fine-tune it first")
+                                  f"prediction, MAE or headless checkpoint){left}; `vit {recipe.stage}` "
+                                  "needs one: fine-tune it first")
         return dataclasses.replace(model, num_classes=spec.num_classes,
                                    representation_size=spec.representation_size)
     if recipe.stage in AS_TRAINED:  # pre-logits are read: the representation stays, the head goes

@@ -10,6 +10,12 @@ and reads such a folder back): timm's fused qkv (3D, D) is split into query, key
 table over [class; patches], exact GELU, the model's LayerNorm eps (model.layer_norm_eps, set in the config:
 timm's 1e-6, where transformers' default is 1e-12), no pre-logits layer (ViTModel's tanh `pooler` is not
 used by the classifier). Anything else is refused by `check_hf`, never exported as a different network.
+
+A headless MAE encoder (one of MAE's .pth files, or our run of objective mae) goes to `ViTMAEModel` instead:
+the same encoder and names, its position table loaded as it is (MAE's is a fixed sin-cos one), LayerNorm eps
+1e-6 (MAE's, as timm's), and `mask_ratio` 0.0: ViTMAEModel masks 75% of the patches by default, at inference
+too (transformers #20328). With 0.0 every patch is kept, but still in the order of a random shuffle unless
+`noise` is passed (`noise=torch.arange(N)` keeps the order; `ids_restore` undoes it).
 """
 
 from __future__ import annotations
@@ -18,25 +24,43 @@ import torch
 
 from vitcli.checkpoints.export_timm import timm_refusal
 from vitcli.checkpoints.hf_vit import BLOCK_NAMES, TOP_NAMES
+from vitcli.checkpoints.read import Loaded
 from vitcli.errors import CheckpointError
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import ModelConfig
 
+# what an exported MAE encoder's card says of running it
+MAE_USE = ("`config.mask_ratio` is 0.0, so every patch is kept (transformers' default, 0.75, masks at "
+           "inference too); the tokens still come in a random order unless `noise` is passed: "
+           "`ViTMAEModel.from_pretrained(DIR)(pixel_values, noise=torch.arange(N).expand(B, N))` keeps the "
+           "image's order (N patches), or put them back with the output's `ids_restore`. "
+           "`last_hidden_state` is (B, 1 + N, D), the class token first, after the final LayerNorm.")
 # data.interpolation -> PIL.Image.Resampling, as transformers' processors store `resample`
 PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
 
-def check_hf(model: ModelConfig, num_classes: int, path: str) -> None:
-    """A CheckpointError naming the first feature ViTForImageClassification cannot hold."""
-    why = _unsupported(model, num_classes)
+def is_mae_encoder(loaded: Loaded, num_classes: int) -> bool:
+    """A headless MAE encoder, which goes to ViTMAEModel: one of MAE's .pth files, or our run whose recipe's
+    objective is mae (its model.safetensors holds the encoder, the decoder stays in the training state)."""
+    recipe = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
+    ours = isinstance(recipe, dict) and recipe.get("objective") == "mae"
+    return num_classes == 0 and (loaded.kind == "mae" or ours)
+
+
+def check_hf(model: ModelConfig, num_classes: int, path: str, mae: bool = False) -> None:
+    """A CheckpointError naming the first feature ViTForImageClassification (with `mae`, ViTMAEModel)
+    cannot hold."""
+    why = _unsupported(model, num_classes, mae)
     if why:
         formats = "onnx" if timm_refusal(model) else "onnx or timm"  # only formats that take it
-        raise CheckpointError(f"{path}: {why}, which transformers' "
-                              f"ViTForImageClassification cannot hold; export it with --format {formats}")
+        target = "ViTMAEModel" if mae else "ViTForImageClassification"
+        raise CheckpointError(f"{path}: {why}, which transformers' {target} cannot hold; "
+                              f"export it with --format {formats}")
 
 
-def _unsupported(model: ModelConfig, num_classes: int) -> str:
-    """What of the network has no place in ViTForImageClassification; "" when it all fits."""
+def _unsupported(model: ModelConfig, num_classes: int, mae: bool = False) -> str:
+    """What of the network has no place in ViTForImageClassification, or ViTMAEModel for a headless MAE
+    encoder (`mae`: its table is loaded as it is, so a fixed sin-cos one fits); "" when it all fits."""
     if model.name in T2T_VITS:
         return f"a {model.name} (Tokens-to-Token embedding)"
     if model.name == HYBRID:
@@ -45,11 +69,11 @@ def _unsupported(model: ModelConfig, num_classes: int) -> str:
         return f"a timm '{model.name}' network"
     if model.pool != "token":
         return f"a {model.pool}-pooled model (model.pool: {model.pool}; the classifier reads the class token)"
-    if model.pos_embed != "learned_1d":
+    if model.pos_embed not in (("learned_1d", "sincos_2d") if mae else ("learned_1d",)):
         return f"a {model.pos_embed} position embedding (model.pos_embed)"
     if model.representation_size:
         return f"a pre-logits layer (model.representation_size: {model.representation_size})"
-    if not num_classes:
+    if not num_classes and not mae:
         return ("no classification head (masked patch prediction or headless: transformers would attach a "
                 "random classifier; fine-tune it first)")
     return ""
@@ -89,6 +113,19 @@ def hf_config(model: ModelConfig, class_names: list[str]) -> dict:
     }
 
 
+def hf_mae_config(model: ModelConfig) -> dict:
+    """config.json of a ViTMAEModel holding this encoder, every patch kept (mask_ratio 0.0)."""
+    return {
+        "architectures": ["ViTMAEModel"], "model_type": "vit_mae",
+        "hidden_size": model.embed_dim, "num_hidden_layers": model.depth,
+        "num_attention_heads": model.num_heads, "intermediate_size": model.mlp_dim,
+        "image_size": model.img_size, "patch_size": model.patch_size, "num_channels": 3, "qkv_bias": True,
+        "hidden_act": "gelu", "layer_norm_eps": model.layer_norm_eps,  # MAE's 1e-6, as timm's
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "mask_ratio": 0.0,  # transformers' default 0.75 drops three patches in four at inference too
+    }
+
+
 def hf_processor_config(prep: dict) -> dict:
     """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both sides,
     transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre crop,
@@ -116,13 +153,17 @@ def _resized(side: int, crop_mode: str) -> dict:
 
 def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
                summary: dict) -> str:
-    """README.md: what the network is, what it was trained on and how, and the results its run recorded."""
+    """README.md: what the network is, what it was trained on and how, and the results its run recorded; no
+    class names: a headless MAE encoder for ViTMAEModel."""
     size, scale = prep["size"], f"(x / 255 - {prep['mean'][0]}) / {prep['std'][0]}"
-    front = ["---", "library_name: transformers", "pipeline_tag: image-classification",
-             "tags: [vision, image-classification, vit, vitcli]", "---"]
-    intro = [f"# {network}", "", ("A Vision Transformer exported by `vit export --format hf` (vitcli) for "
-                                  "transformers' `ViTForImageClassification`.")]
-    arch = ["## Architecture", "", f"- {network}; {params:,} parameters; {len(class_names)} classes",
+    task = "image-classification" if class_names else "image-feature-extraction"
+    front = ["---", "library_name: transformers", f"pipeline_tag: {task}",
+             f"tags: [vision, {task}, vit, vitcli]", "---"]
+    target = "ViTForImageClassification" if class_names else "ViTMAEModel"
+    intro = [f"# {network}", "", (f"A Vision Transformer exported by `vit export --format hf` (vitcli) for "
+                                  f"transformers' `{target}`."), *([] if class_names else ["", MAE_USE])]
+    heads = f"{len(class_names)} classes" if class_names else "no head (an MAE encoder: features out)"
+    arch = ["## Architecture", "", f"- {network}; {params:,} parameters; {heads}",
             f"- input {size} x {size} px, pixels as {scale}"]
     results = ["## Results (the run's summary.json)", "", "| metric | value |", "|---|---|",
                *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"

@@ -8,7 +8,9 @@ where it came from (`row`). By the checkpoint's kind:
 - ours: the recipe it was trained with (a file from before these keys was fed [-1, 1], bilinear);
 - a Hub name, or a folder timm or transformers wrote: what it states (read.Loaded.pretrained_cfg);
 - a bare timm .safetensors: the pretrained_cfg timm registers for the recipe's model.name, if a timm name;
-- Google's .npz: [-1, 1], bilinear: vit_jax and big_vision feed x / 127.5 - 1 (the crop stays the recipe's).
+- Google's .npz: [-1, 1], bilinear: vit_jax and big_vision feed x / 127.5 - 1 (the crop stays the recipe's);
+- MAE's .pth: ImageNet mean and std, bicubic, a 0.875 eval crop, as MAE's main_finetune.py feeds them
+  (timm's create_transform, then resize to 256 and centre-crop 224 to evaluate).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import timm
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from vitcli.checkpoints.read import Loaded
 from vitcli.recipe.choices import EVAL_CROP_MODES, INTERPOLATIONS
@@ -27,6 +30,8 @@ KEYS = ("mean", "std", "interpolation", "eval_crop_pct", "eval_crop_mode")
 # protocol's choice (the paper's transfer evaluates uncropped), only evaluate, predict and export take it
 FEED = ("mean", "std", "interpolation")
 SIGNED = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bilinear"}
+MAE = {"mean": list(IMAGENET_DEFAULT_MEAN), "std": list(IMAGENET_DEFAULT_STD), "interpolation": "bicubic",
+       "eval_crop_pct": 0.875}
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ def said_by(loaded: Loaded, model_name: str) -> Said:
                     "the checkpoint's recipe")
     if loaded.kind == "npz":
         return Said(dict(SIGNED), "Google .npz: [-1, 1]")
+    if loaded.kind == "mae":
+        return Said(dict(MAE), "MAE's .pth: ImageNet mean and std, bicubic, as its main_finetune.py")
     cfg = loaded.pretrained_cfg or _registered(model_name)
     resize = cfg.get("interpolation")  # timm also knows `random` and lanczos, which the recipe does not
     values = {"mean": cfg.get("mean"), "std": cfg.get("std"), "eval_crop_pct": cfg.get("crop_pct"),

@@ -1,13 +1,13 @@
 """Starting weights from wherever the paper's models live, read into timm names.
 
 Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
-big_vision layout, a folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm downloads
-it). What a foreign source says of the pixels
-its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std, interpolation, crop_pct): a Hub
-model's own, or a folder's beside its model.safetensors (timm's config.json, transformers'
-preprocessor_config.json). Pickle files (.pt/.pth/.bin/.ckpt) are
-refused, never unpickled: unpickling runs whatever code the file carries (a transformers folder's
-pytorch_model.bin alone goes through torch's weights-only unpickler, which builds tensors and nothing else).
+big_vision layout, a torch.save file (.pth/.pt: MAE's checkpoints, timm's or DeiT's training files; read
+by vitcli.checkpoints.pth with weights_only=True, argparse.Namespace allowed by name and nothing else), a
+folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm downloads it). What a foreign
+source says of the pixels its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std,
+interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's beside its model.safetensors (timm's
+config.json, transformers' preprocessor_config.json). A bare pickle (not a torch.save file) is refused,
+never unpickled: unpickling runs whatever code the file carries.
 
 Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
 the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the
@@ -31,6 +31,7 @@ from torch import nn
 
 from vitcli.checkpoints import hf_vit
 from vitcli.checkpoints.npz import npz_to_timm
+from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError
 from vitcli.runtime.run_files import MODEL_FILE
@@ -39,10 +40,8 @@ PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 ZIP_MAGIC = b"PK\x03\x04"
 PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")  # a pickle starts with PROTO (0x80) and its version
-# where training checkpoints keep their weights, first found wins: timm's (and official T2T-ViT's) EMA
-# weights, which the official transfer code loads, then the raw ones; DDP's `module.` prefix is stripped.
-# Their `args` entry is an argparse.Namespace, a plain attribute bag the conversion allows.
-STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
+# torch.save's legacy (non-zip) format: a protocol-2 pickle of its magic number 0x1950a86a20f9469cfc6c first
+LEGACY_TORCH = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 
 
 @dataclass
@@ -53,13 +52,18 @@ class Loaded:
     # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps", "notes"};
     # {} for other foreign files
     meta: dict
-    kind: str  # vitcli | timm | npz | hub | hf (a transformers ViT folder)
+    # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file) | hf (a
+    # transformers ViT folder)
+    kind: str
     path: str
     # evidence the source itself carries: npz query kernels, a Hub model's attn.num_heads; 0 = none
     num_heads: int = 0
     # a foreign source's preprocessing in timm's pretrained_cfg terms (mean, std, interpolation, crop_pct)
     # and where it was read; {} when it says none
     pretrained_cfg: dict = field(default_factory=dict)
+    # what the file held that was left out (MAE's decoder and mask token, a training file's optimizer), as
+    # the load table says it
+    dropped: tuple[str, ...] = ()
 
 
 def read_checkpoint(src: str) -> Loaded:
@@ -118,9 +122,13 @@ def _read_file(path: Path) -> Loaded:
     if path.name in hf_vit.WEIGHTS_FILES and hf_vit.is_vit_folder(path.parent):
         return _read_hf(path)
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
+    is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
+    if is_torch_zip or head.startswith(LEGACY_TORCH):
+        read = read_pth(path, is_zip=is_torch_zip)
+        return Loaded(read.state_dict, {}, "mae" if read.mae else "torch", str(path), dropped=read.dropped)
     is_pickle = head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS
     if path.suffix.lower() in PICKLE_SUFFIXES or is_pickle or any(n.endswith(".pkl") for n in names):
-        raise _pickle_refusal(path)  # torch.save writes a zip holding data.pkl (or, legacy, a bare pickle)
+        raise _pickle_refusal(path)
     if names and all(n.endswith(".npy") for n in names):
         return _read_npz(path)
     # safetensors: 8-byte little-endian header length, then the JSON header
@@ -195,14 +203,11 @@ def _zip_names(path: Path) -> list[str]:
 
 
 def _pickle_refusal(path: Path) -> CheckpointError:
-    out = path.with_suffix(".safetensors")
+    """A pickle that torch.save did not write: torch.load's weights_only reader does not take it, and plain
+    unpickling runs whatever code the file carries."""
     return CheckpointError(
-        f"{path} is a pickle file, which can run arbitrary code, so it is not loaded; convert it once with: "
-        f'python -c "import argparse, torch; from safetensors.torch import save_file; '
-        f"torch.serialization.add_safe_globals([argparse.Namespace]); "
-        f"ck = torch.load('{path}', map_location='cpu', weights_only=True); "
-        f"sd = next((ck[k] for k in {STATE_DICT_KEYS} if k in ck), ck); "
-        f"save_file({{k.removeprefix('module.'): v.contiguous() for k, v in sd.items()}}, '{out}')\""
+        f"{path} is a pickle file that torch.save did not write, which can run arbitrary code, so it is not "
+        f"loaded; where you trust it, save its weights with safetensors.torch.save_file and pass that file"
     )
 
 

@@ -42,7 +42,8 @@ def load_init(model: torch.nn.Module, recipe: Recipe, num_classes: int, dist: Di
                                 keep_representation=init.keep_representation, method=init.posemb_method)
     model.load_state_dict(sd, strict=True)
     arch = [("architecture", architecture_row(spec))] if spec.name else []  # a ViT read off the file
-    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *arch, *read_rows(loaded), *rows,
+    dropped = [("dropped", "; ".join(loaded.dropped))] if loaded.dropped else []  # MAE's decoder, say
+    rows = [("source", f"{init.checkpoint} ({loaded.kind})"), *dropped, *arch, *read_rows(loaded), *rows,
             preprocessing_row(recipe, preprocessing.FEED), *lr_rows(model, recipe)]
     if dist.is_main:
         console.print(pairs_table("starting weights", rows))

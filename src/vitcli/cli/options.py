@@ -53,8 +53,8 @@ RecipeFile = Annotated[Path | None, typer.Option(
 Workdir = Annotated[Path | None, typer.Option(
     "--workdir", "-w", help="Run directory; default runs/<stage>-<time>.")]
 Ckpt = Annotated[str | None, typer.Option(
-    "--ckpt", help="Weights: a vitcli workdir or file, timm .safetensors, Google .npz, a transformers "
-                   "ViT folder or Hub name.")]
+    "--ckpt", help="Weights: a vitcli workdir or file, timm .safetensors, Google .npz, a torch .pth "
+                   "(MAE's), a transformers ViT folder or Hub name.")]
 DryRun = Annotated[bool, typer.Option(
     "--dry-run", help="Print the resolved recipe as YAML and exit.")]
 Plan = Annotated[bool, typer.Option(
@@ -84,7 +84,8 @@ NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not
 # ---------------------------------------------------------------- finetune
 
 Init = Annotated[str | None, typer.Option(
-    help="Starting weights: workdir, .safetensors, Google .npz, transformers ViT folder or Hub name.")]
+    help="Starting weights: workdir, .safetensors, Google .npz, a torch .pth (MAE's), a transformers ViT "
+         "folder or Hub name.")]
 Res = Annotated[int | None, typer.Option(
     help="Fine-tuning resolution (position embedding resized).")]
 LrSweep = Annotated[str | None, typer.Option(

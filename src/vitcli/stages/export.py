@@ -48,7 +48,8 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
     check_out_dir(out, overwrite)
     loaded = read_checkpoint(ckpt)
     spec = describe(loaded, recipe.model.num_heads)
-    _refuse(fmt, recipe, spec.num_classes, ckpt)
+    mae = fmt == "hf" and export_hf.is_mae_encoder(loaded, spec.num_classes)  # to ViTMAEModel
+    _refuse(fmt, recipe, spec.num_classes, ckpt, mae)
     report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),
               "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
               "class_names": ("the checkpoint's" if class_names(loaded, spec.num_classes)
@@ -66,13 +67,13 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
     return report
 
 
-def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str) -> None:
+def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str, mae: bool) -> None:
     """The format's one-line refusal of what it cannot hold (onnx holds any network we build, once its
-    optional packages are installed)."""
+    optional packages are installed); `mae`: hf's target is ViTMAEModel."""
     if fmt == "onnx":
         export_onnx.check_installed()
     elif fmt == "hf":
-        export_hf.check_hf(recipe.model, num_classes, ckpt)
+        export_hf.check_hf(recipe.model, num_classes, ckpt, mae)
     elif fmt == "timm":
         export_timm.check_timm(recipe.model, ckpt)
 
@@ -102,11 +103,12 @@ def preprocessing(recipe: Recipe) -> dict:
 
 
 def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
-    names = _class_names(loaded, spec.num_classes)
+    names = _class_names(loaded, spec.num_classes)  # [] for a headless MAE encoder: ViTMAEModel
     prep = preprocessing(recipe)
     weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
     save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
-    _write_json(out / "config.json", export_hf.hf_config(recipe.model, names))
+    config = export_hf.hf_config(recipe.model, names) if names else export_hf.hf_mae_config(recipe.model)
+    _write_json(out / "config.json", config)
     _write_json(out / "preprocessor_config.json", export_hf.hf_processor_config(prep))
     card = export_hf.model_card(_network(recipe, spec), zoo.count_params(model), prep, names,
                                 loaded.meta.get("recipe", {}), _summary(loaded))

@@ -1,12 +1,15 @@
 """What several test modules share: the repository root, the `vit` entry point run in-process, the 2-process
-rank scripts run under torchrun, tiny models and their Google `.npz` and MAE `.pth` files, a run stopped as
-Ctrl-C stops it, damaged files, warnings read off the console. Fixtures live in conftest.py."""
+rank scripts run under torchrun, a run SIGKILLed at a checkpoint, tiny models and their Google `.npz` and
+MAE `.pth` files, a run stopped as Ctrl-C stops it, damaged files, warnings read off the console. Fixtures
+live in conftest.py."""
 
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +53,20 @@ def run_ranks(script: Path, out: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
     raised = [line for line in proc.stderr.splitlines() if RAISED.match(line)]
     assert proc.returncode == 0, "\n".join([*raised[:1], proc.stderr[-3000:]])
+
+
+def kill_when(env: dict, cmd: list[str], path: Path) -> None:
+    """Start `cmd` in its own process group and SIGKILL the whole group (torchrun and its ranks, loader
+    workers) as soon as `path` exists, as a pre-empted node dies: no signal handler, no final checkpoint."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert path.exists(), "the run ended before its checkpoint appeared"
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it was killed"
 
 
 D, HEADS, MLP, PATCH = 32, 2, 64, 8

@@ -1,5 +1,6 @@
 """run.compile: the trainer steps a torch.compile'd model, but what it saves is the plain module's state; a
-masked-patch-prediction step compiles to one graph, once, and reads nothing back on the host."""
+masked-patch-prediction step and an MAE step each compile to one graph, once, and read nothing back on the
+host."""
 
 import pytest
 import torch
@@ -11,10 +12,10 @@ from vitcli.checkpoints.weights import load_weights
 from vitcli.models import zoo
 from vitcli.recipe.choices import MPP_TARGETS
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import ModelConfig, MppConfig
+from vitcli.recipe.schema import MaeConfig, ModelConfig, MppConfig
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
-from vitcli.train.objectives import MppModel, mpp_step
+from vitcli.train.objectives import MaeModel, MppModel, mae_step, mpp_step
 
 aten = torch.ops.aten
 HOST_READS = frozenset({aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.nonzero,
@@ -86,14 +87,42 @@ def test_a_compiled_mpp_step_is_one_graph_compiled_once():
     (other seeds, so other masks) reuse the first step's graph. aot_eager: dynamo and AOTAutograd, as inductor
     sees them, without generating kernels (graph breaks and recompiles are decided before the backend)."""
     model = tiny_mpp()
+    breaks, seen = compiled_steps(model, lambda compiled, step: mpp_step(
+        compiled, images(step), step, model.cfg, model.patch_size)[0], 4)
+    assert breaks == {}
+    assert seen == [seen[0]] * 4 and seen[0][0] == 1, seen
+
+
+def compiled_steps(model, loss, steps: int) -> tuple[dict, list]:
+    """(graph breaks, (unique graphs, frames) after each step) of `steps` steps of loss(compiled model, step),
+    each with its backward, under torch.compile(backend="aot_eager")."""
     compiled = torch.compile(model, backend="aot_eager")
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
     seen = []
-    for step in range(4):
-        loss, _ = mpp_step(compiled, images(step), step, model.cfg, model.patch_size)
-        loss.backward()
+    for step in range(steps):
+        loss(compiled, step).backward()
         seen.append((counters["stats"]["unique_graphs"], counters["frames"]["total"]))
-    assert dict(counters["graph_break"]) == {}
-    assert seen == [seen[0]] * 4 and seen[0][0] == 1, seen
+    return dict(counters["graph_break"]), seen
+
+
+def tiny_mae() -> MaeModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
+    decoder = MaeConfig(decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
+    return MaeModel(zoo.build_model(cfg, 0), decoder, cfg.patch_size)
+
+
+def test_an_mae_step_reads_nothing_back_on_the_host_and_compiles_to_one_graph_once():
+    """The masks' noise (a hash on the device), the argsort, the gathers and the loss over the removed
+    patches: no op waits for the device; compiled (aot_eager, as above), steps of other images and other
+    masks reuse the first step's one graph."""
+    model = tiny_mae()
+    with HostReads() as reads:
+        mae_step(model, images(0), 0, 0, model.cfg, model.patch_size).backward()
+    assert reads.ops == []
+    breaks, seen = compiled_steps(model, lambda compiled, step: mae_step(
+        compiled, images(step), 0, step * 4, model.cfg, model.patch_size), 3)
+    assert breaks == {}
+    assert seen == [seen[0]] * 3 and seen[0][0] == 1, seen

@@ -51,6 +51,8 @@ STAND_INS = {
                                  ["pretrain", "-r", f"{QUICK}/pretrain.yaml", *TINY]),
     "runs/quickstart/pretrain_mpp": ("3 steps of the quickstart masked patch prediction",
                                      ["pretrain", "-r", f"{QUICK}/pretrain_mpp.yaml", *TINY]),
+    "runs/quickstart/pretrain_mae": ("3 steps of the quickstart masked autoencoder",
+                                     ["pretrain", "-r", f"{QUICK}/pretrain_mae.yaml", *TINY]),
     "runs/quickstart/finetune": ("3 steps of the quickstart fine-tune from the pretraining above",
                                  ["finetune", "-r", f"{QUICK}/finetune.yaml", "--init",
                                   "runs/quickstart/pretrain", *TINY]),

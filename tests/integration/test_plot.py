@@ -199,6 +199,8 @@ def test_several_runs_are_told_apart_by_a_marker_each_and_named_in_the_legend(tm
      "loss: sigmoid xent (per-class BCE), smoothing 0.1"),
     ({"objective": "mpp", "mpp": {"target": "mean_color"}}, "loss: masked patches, mean_color xent"),
     ({"objective": "mpp", "mpp": {"target": "pixels_l2"}}, "loss: masked patches, pixels_l2 squared error"),
+    ({"objective": "mae"}, "loss: removed patches, per-patch normalised pixel squared error"),
+    ({"objective": "mae", "mae": {"norm_pix_loss": False}}, "loss: removed patches, pixel squared error"),
     ({"data": {"mixup_alpha": 0.8, "mix_prob": 0.0}}, "loss: softmax xent"),  # nothing is ever mixed
     ({"data": {"mixup_alpha": 0.8, "cutmix_alpha": 1.0}},
      "loss | train: softmax xent, on mixup / CutMix targets | val: softmax xent"),

@@ -26,13 +26,14 @@ from helpers import HEADS, MLP, PATCH, D, export_npz, mae_encoder, mae_pth, mae_
 from vitcli.checkpoints import preprocessing
 from vitcli.checkpoints.describe import PAPER_HEADS, describe
 from vitcli.checkpoints.fit import adapt_state_dict
-from vitcli.checkpoints.pth import is_mae, mae_sincos
+from vitcli.checkpoints.pth import is_mae
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.resize import resize_checkpoint
 from vitcli.checkpoints.state import load_state, save_state
 from vitcli.checkpoints.transfer import architecture_row
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.errors import CheckpointError, VitcliError
+from vitcli.models.mae import sincos_table
 from vitcli.models.posemb import resample_axis, resample_posemb, sincos_2d
 from vitcli.models.zoo import zero_head
 from vitcli.runtime.files import atomic_path, checksum_path, sha256_of, write_text
@@ -281,10 +282,10 @@ def test_mae_sincos_table_is_maes_own():
     in the helpers, equals ours to the bit; a learned table of the same shape is not taken for it."""
     for side, dim in ((4, 32), (14, 768), (16, 1024)):
         reference = torch.from_numpy(mae_sincos_reference(dim, side)).float()[None]
-        assert torch.equal(mae_sincos(side, dim), reference)
+        assert torch.equal(sincos_table((side, side), dim), reference)
     learned = tiny_vit(num_classes=0).state_dict()
     assert not is_mae(learned)
-    assert is_mae({**learned, "pos_embed": mae_sincos(4, D)})
+    assert is_mae({**learned, "pos_embed": sincos_table((4, 4), D)})
 
 
 def test_another_torch_file_is_read_as_its_state_dict(tmp_path):

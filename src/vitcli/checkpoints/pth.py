@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from vitcli.errors import CheckpointError
+from vitcli.models.mae import sincos_table
 
 ALLOWED_GLOBALS = (argparse.Namespace,)
 STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
@@ -103,19 +104,7 @@ def is_mae(sd: dict[str, torch.Tensor], under_model: bool = True) -> bool:
     side, dim = round((table.shape[1] - 1) ** 0.5), table.shape[2]
     if side * side != table.shape[1] - 1 or dim % 4:
         return False
-    return torch.allclose(table.float(), mae_sincos(side, dim), atol=SINCOS_ATOL)
-
-
-def mae_sincos(side: int, dim: int) -> torch.Tensor:
-    """MAE's fixed table (1, 1 + side*side, dim), as its `get_2d_sincos_pos_embed(dim, side, cls_token=True)`:
-    a zero class row, then per patch [sin(x w), cos(x w), sin(y w), cos(y w)], x the column and y the row,
-    w_k = 10000^(-k / (dim/4)) (big_vision's divides by dim/4 - 1; MAE's does not)."""
-    y, x = torch.meshgrid(torch.arange(side, dtype=torch.float64), torch.arange(side, dtype=torch.float64),
-                          indexing="ij")
-    omega = 1.0 / 10000.0 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (D/4,)
-    xw, yw = x.reshape(-1, 1) * omega, y.reshape(-1, 1) * omega  # (H*W, D/4)
-    table = torch.cat([xw.sin(), xw.cos(), yw.sin(), yw.cos()], dim=1)
-    return torch.cat([torch.zeros(1, dim, dtype=torch.float64), table]).float().unsqueeze(0)
+    return torch.allclose(table.float(), sincos_table((side, side), dim), atol=SINCOS_ATOL)
 
 
 def split_mae(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:

@@ -8,9 +8,9 @@ import torch
 
 from vitcli.data.decoding import bad_images
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
-from vitcli.recipe.schema import DataConfig, MppConfig
+from vitcli.recipe.schema import DataConfig, MaeConfig, MppConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
-from vitcli.train.objectives import mpp_step
+from vitcli.train.objectives import mae_step, mpp_step
 
 
 class SplitEvaluator:
@@ -81,3 +81,21 @@ class MppEvaluator(SplitEvaluator):
         (total, loss_sum, accuracy_sum), skipped = self.sums(model, per_batch, 3)
         total = max(total, 1)
         return self.named({"mpp_loss": loss_sum / total, "mpp_accuracy": accuracy_sum / total}, skipped)
+
+
+class MaeEvaluator(SplitEvaluator):
+    """Held-out MAE loss on one split, with the same masks every run: image p of batch i is the split's image
+    i x eval_batch_size + p of this rank's rows, masked with seed 0 (mae.mask_noise)."""
+
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str,
+                 mae: MaeConfig, patch_size: int):
+        super().__init__(prefix, ds, cfg, img_size, dist, precision)
+        self.mae, self.patch_size = mae, patch_size
+
+    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
+        def per_batch(model, i, x, y):
+            loss = mae_step(model, x, 0, i * self.cfg.eval_batch_size, self.mae, self.patch_size)
+            return [len(x), len(x) * loss.item()]  # every image has as many removed patches: a plain mean
+
+        (total, loss_sum), skipped = self.sums(model, per_batch, 2)
+        return self.named({"mae_loss": loss_sum / max(total, 1)}, skipped)

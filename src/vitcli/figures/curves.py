@@ -50,7 +50,7 @@ def panel(key: str) -> str | None:
         return "frozen features, all train data"
     if name == "lr":
         return "learning rate"
-    if name in ("loss", "mpp_loss"):
+    if name in ("loss", "mpp_loss", "mae_loss"):
         return "loss"
     if split in ("val", "test") and name in ("top1", "mpp_accuracy"):
         return "held-out accuracy"
@@ -171,6 +171,9 @@ def train_loss(recipe: dict) -> str:
     if recipe.get("objective") == "mpp":  # val/mpp_loss is the same masked-patch loss on val images
         target = recipe.get("mpp", {}).get("target", "mean_color")
         return f"masked patches, {target} " + ("squared error" if target == "pixels_l2" else "xent")
+    if recipe.get("objective") == "mae":  # val/mae_loss is the same reconstruction loss on val images
+        normalised = recipe.get("mae", {}).get("norm_pix_loss", True)
+        return "removed patches, " + ("per-patch normalised " if normalised else "") + "pixel squared error"
     optim, data, distill = (recipe.get(k, {}) for k in ("optim", "data", "distill"))
     base = "sigmoid xent (per-class BCE)" if optim.get("loss") == "sigmoid" else "softmax xent"
     if smoothing := optim.get("label_smoothing") or 0:

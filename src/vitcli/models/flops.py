@@ -8,7 +8,7 @@ PaLM App. B): norms, softmax, GELU and the optimizer are left out, a few percent
 from __future__ import annotations
 
 from vitcli.recipe.names import HYBRID, is_vit_family
-from vitcli.recipe.schema import ModelConfig
+from vitcli.recipe.schema import MaeConfig, ModelConfig
 
 
 def forward_flops(m: ModelConfig, attention: bool = True, num_classes: int | None = None) -> float:
@@ -20,15 +20,36 @@ def forward_flops(m: ModelConfig, attention: bool = True, num_classes: int | Non
     patches = (m.img_size // m.patch_size) ** 2
     n, d = patches + (m.pool == "token"), m.embed_dim
     k = m.num_classes if num_classes is None else num_classes
-    block = 3 * n * d * d + (2 * n * n * d if attention else 0) + n * d * d + 2 * n * d * m.mlp_dim
     rep = m.representation_size
     head = d * rep + rep * k if rep else d * k
-    return 2 * (patches * m.patch_size**2 * 3 * d + m.depth * block + head)
+    return 2 * (patches * m.patch_size**2 * 3 * d + m.depth * _block(n, d, m.mlp_dim, attention) + head)
 
 
-def train_flops_per_image(m: ModelConfig, num_classes: int | None = None) -> float:
-    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of weights)."""
-    return 3 * forward_flops(m, num_classes=num_classes)
+def _block(n: int, d: int, mlp: int, attention: bool = True) -> float:
+    """Multiply-adds of one transformer block on n tokens of width d, MLP width mlp."""
+    return 3 * n * d * d + (2 * n * n * d if attention else 0) + n * d * d + 2 * n * d * mlp
+
+
+def mae_forward_flops(m: ModelConfig, a: MaeConfig, attention: bool = True) -> float:
+    """Matmul FLOPs of one image's MAE forward, what runs: the patch embedding of all N patches, the encoder
+    on its K = int(N (1 - mask_ratio)) kept patches (and the class token, with pool `token`), then the decoder
+    on all of them: the embedding of the encoder's tokens to its width W, its blocks (MLP 4 W) and the
+    prediction of P^2 3 values per token (MAE predicts the class token's too, then drops it)."""
+    patches = (m.img_size // m.patch_size) ** 2
+    prefix, d, w = int(m.pool == "token"), m.embed_dim, a.decoder_embed_dim
+    kept = prefix + int(patches * (1 - a.mask_ratio))  # models.mae.keep_count
+    every = prefix + patches
+    encoder = patches * m.patch_size**2 * 3 * d + m.depth * _block(kept, d, m.mlp_dim, attention)
+    decoder = (kept * d * w + a.decoder_depth * _block(every, w, 4 * w, attention)
+               + every * w * m.patch_size**2 * 3)
+    return 2 * (encoder + decoder)
+
+
+def train_flops_per_image(m: ModelConfig, num_classes: int | None = None,
+                          mae: MaeConfig | None = None) -> float:
+    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of weights).
+    With `mae`, the MAE step's (mae_forward_flops): the network that runs, not the ViT on whole images."""
+    return 3 * (mae_forward_flops(m, mae) if mae is not None else forward_flops(m, num_classes=num_classes))
 
 
 def counted(m: ModelConfig) -> str:

@@ -54,7 +54,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.device": ("auto", "cpu", "cuda"),
     "run.strategy": ("ddp", "fsdp"),  # fsdp with one process is allowed: unsharded, same checkpoint format
     "init.posemb_method": POSEMB_METHODS,
-    "objective": ("supervised", "mpp"),
+    "objective": ("supervised", "mpp", "mae"),
     "mpp.target": MPP_TARGETS,
     "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
     "data.erasing_mode": ERASING_MODES,
@@ -70,7 +70,7 @@ POSITIVE = (
     "data.batch_size", "data.eval_batch_size", "optim.lr", "run.log_every", "run.ckpt_every",
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
     "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau", "fewshot.knn_k",
-    "fewshot.knn_temperature",
+    "fewshot.knn_temperature", "mae.decoder_embed_dim", "mae.decoder_depth", "mae.decoder_num_heads",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
@@ -82,8 +82,8 @@ NOT_NEGATIVE = (
 )
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
-             "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "ema.decay", "ema.min_decay",
-             "fewshot.probe_holdout")
+             "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "mae.mask_ratio", "ema.decay",
+             "ema.min_decay", "fewshot.probe_holdout")
 # (0, 1]: fractions of the image; a per-layer lr factor
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
 # [0, 1]: probabilities, and the weight of one loss against another
@@ -265,9 +265,9 @@ def _augment(recipe: Recipe, world_size: int) -> None:
               if v]
     if not mixing:
         return
-    if recipe.objective == "mpp":
-        raise RecipeError(f"{mixing[0]} mixes labels, but objective: mpp has none (it predicts the "
-                          "input's own patches); set it to 0")
+    if recipe.objective != "supervised":
+        raise RecipeError(f"{mixing[0]} mixes labels, but objective: {recipe.objective} has none (it "
+                          "predicts the input's own patches); set it to 0")
     micro, _ = micro_batches(recipe, world_size)
     if micro % 2:  # Mixup and CutMix pair each image with its mirror in the micro-batch, as timm's
         raise RecipeError(f"{mixing[0]} needs an even micro-batch, got {micro}; "
@@ -275,32 +275,55 @@ def _augment(recipe: Recipe, world_size: int) -> None:
 
 
 def _objective(recipe: Recipe) -> None:
-    """Masked patch prediction pretrains a ViT of our own; its targets are cut from the model's patches."""
+    """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its patches."""
     if recipe.objective == "supervised":
         if not recipe.data.label_column and recipe.stage in LABELLED:
             raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
-                              "label column, or pretrain on unlabeled images with objective: mpp")
+                              "label column, or pretrain on unlabeled images with objective: mpp or mae")
         return
-    m, p = recipe.model, recipe.mpp
+    m, objective = recipe.model, recipe.objective
     if recipe.stage != "pretrain":
-        raise RecipeError(f"objective: {recipe.objective} is a pretraining objective; `vit {recipe.stage}` "
+        raise RecipeError(f"objective: {objective} is a pretraining objective; `vit {recipe.stage}` "
                           "trains with labels (objective: supervised)")
     if not is_vit_family(m.name) or m.name == HYBRID:
-        raise RecipeError("objective: mpp needs a plain ViT (a paper ViT name or custom), "
+        raise RecipeError(f"objective: {objective} needs a plain ViT (a paper ViT name or custom), "
                           f"not model.name={m.name}")
-    if recipe.optim.layer_decay != 1:  # the mpp wrapper has no layers for timm to number: all would be one
+    if recipe.optim.layer_decay != 1:  # the wrappers have no layers for timm to number: all would be one
         raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
-                          "tuning); objective: mpp trains every layer at the lr, set it to 1")
+                          f"tuning); objective: {objective} trains every layer at the lr, set it to 1")
+    patches = (m.img_size // m.patch_size) ** 2
+    _mpp(recipe, patches) if objective == "mpp" else _mae(recipe, patches)
+
+
+def _mpp(recipe: Recipe, patches: int) -> None:
+    m, p = recipe.model, recipe.mpp
     if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
         raise RecipeError("mpp.target=color_4x4 pools each patch to 4x4 cells: "
                           f"model.patch_size={m.patch_size} must be a multiple of 4")
     if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
         raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
                           f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
-    patches = (m.img_size // m.patch_size) ** 2
     if round(p.corrupt_ratio * patches) < 1:  # models.mpp.corruption corrupts round(ratio * N) per image
         raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
                           f"raise it above {0.5 / patches:.3g}")
+
+
+def _mae(recipe: Recipe, patches: int) -> None:
+    """MAE's encoder reads a few patches, its decoder all of them, both with MAE's sin-cos tables."""
+    m, a = recipe.model, recipe.mae
+    keep = int(patches * (1 - a.mask_ratio))  # models.mae.keep_count, MAE's len_keep
+    if not 0 < keep < patches:
+        raise RecipeError(f"mae.mask_ratio={a.mask_ratio} keeps {keep} of {patches} patches; the encoder "
+                          "needs one and the loss one removed, so pick a ratio in between (MAE: 0.75)")
+    if m.pos_embed != "learned_1d":  # the table MAE's own encoders carry, and fine-tuning trains
+        raise RecipeError(f"objective: mae fixes the encoder's position table to MAE's 2-D sin-cos and "
+                          f"exports it as timm's pos_embed, which fine-tuning trains; model.pos_embed="
+                          f"{m.pos_embed} must be learned_1d (the default)")
+    for key, width, heads in (("model.embed_dim", m.embed_dim, 0),
+                              ("mae.decoder_embed_dim", a.decoder_embed_dim, a.decoder_num_heads)):
+        if width % 4 or (heads and width % heads):
+            raise RecipeError(f"{key}={width} must be a multiple of 4 (MAE's sin-cos table)"
+                              + (f" and of mae.decoder_num_heads={heads}" if heads else ""))
 
 
 def _ema(recipe: Recipe) -> None:
@@ -326,9 +349,9 @@ def _distill(recipe: Recipe) -> None:
     if d.teacher_model and not d.teacher:
         raise RecipeError(f"distill.teacher_model={d.teacher_model} names the teacher's architecture, but "
                           "distill.teacher (its weights) is empty")
-    if d.type != "none" and recipe.objective == "mpp":
-        raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: mpp has "
-                          "none; set distill.type=none, or objective: supervised")
+    if d.type != "none" and recipe.objective != "supervised":
+        raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: "
+                          f"{recipe.objective} has none; set distill.type=none, or objective: supervised")
 
 
 def _random_init(recipe: Recipe) -> None:

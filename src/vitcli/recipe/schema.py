@@ -259,6 +259,18 @@ class MppConfig:
 
 
 @dataclass
+class MaeConfig:
+    """Masked autoencoders (He et al. 2022; facebookresearch/mae): the self-supervised objective of
+    objective: mae. The defaults are the paper's (models_mae.py's mae_vit_*_dec512d8b, main_pretrain.py)."""
+
+    mask_ratio: float = 0.75  # fraction of each image's patches removed; the encoder sees int(N (1 - ratio))
+    decoder_embed_dim: int = 512  # the decoder's width; its MLP is 4x that, as in MAE
+    decoder_depth: int = 8
+    decoder_num_heads: int = 16
+    norm_pix_loss: bool = True  # targets: each patch less its mean, over its std (MAE's pretraining setting)
+
+
+@dataclass
 class DistillConfig:
     """Knowledge distillation as DeiT does it (Touvron et al. 2021; facebookresearch/deit losses.py): a frozen
     teacher's logits on the images the student sees, a second target beside the labels (train/distill.py)."""
@@ -280,7 +292,8 @@ class Recipe:
 
     # pretrain | finetune | eval-fewshot: set by the command, checked against the file
     stage: str = "pretrain"
-    objective: str = "supervised"  # supervised (labels) | mpp (masked patch prediction, pretrain only)
+    # supervised (labels) | mpp (masked patch prediction) | mae (masked autoencoder); the last two pretrain
+    objective: str = "supervised"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -290,6 +303,7 @@ class Recipe:
     init: InitConfig = field(default_factory=InitConfig)
     fewshot: FewshotConfig = field(default_factory=FewshotConfig)
     mpp: MppConfig = field(default_factory=MppConfig)
+    mae: MaeConfig = field(default_factory=MaeConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
 
 

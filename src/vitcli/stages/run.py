@@ -20,7 +20,7 @@ from vitcli.checkpoints.transfer import load_init, lr_rows
 from vitcli.data.batching import batches, streams
 from vitcli.data.rows import sources
 from vitcli.errors import RecipeError
-from vitcli.evaluators.heldout import ClassificationEvaluator, MppEvaluator
+from vitcli.evaluators.heldout import ClassificationEvaluator, MaeEvaluator, MppEvaluator
 from vitcli.fewshot.evaluate import FewshotEvaluator
 from vitcli.figures import curves
 from vitcli.models import zoo
@@ -38,7 +38,7 @@ from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir
 from vitcli.train import distill
 from vitcli.train.loop import Feed, Job, train
-from vitcli.train.objectives import MppModel, loss_fn
+from vitcli.train.objectives import MaeModel, MppModel, loss_fn
 from vitcli.train.schedule import total_steps
 
 
@@ -48,13 +48,16 @@ def one_run(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrite
 
 
 def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
-    """(periodic, final) evaluators: held-out top-1 (or masked patch prediction, for mpp) every
+    """(periodic, final) evaluators: held-out top-1 (or the pretext's loss, for mpp and mae) every
     run.eval_every, on test at the end; few-shot every fewshot.every."""
 
     def held_out(name: str, split: str):
         ds = sources.load_split(r.data, split)
         if r.objective == "mpp":
             return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp,
+                                r.model.patch_size)
+        if r.objective == "mae":
+            return MaeEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mae,
                                 r.model.patch_size)
         return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
                                        loss=loss_fn(r.optim))
@@ -67,9 +70,10 @@ def _evaluators(r: Recipe, dist: Dist) -> tuple[list, list]:
 
 
 def _num_classes(r: Recipe, train_ds) -> int:
-    """The head's width: the recipe's, else the data's (checked against the labels); 0 for mpp (no labels).
-    A streamed split cannot be scanned for its largest label before training: its ClassLabel decides."""
-    if r.objective == "mpp":
+    """The head's width: the recipe's, else the data's (checked against the labels); 0 for mpp and mae (no
+    labels). A streamed split cannot be scanned for its largest label before training: its ClassLabel
+    decides."""
+    if r.objective != "supervised":
         return 0
     num_classes = r.model.num_classes or sources.num_classes(r.data, train_ds)
     if not r.data.streaming:  # a streamed split's labels are checked as they are read: LabelChecked
@@ -83,7 +87,7 @@ def check_labels(train_ds, r: Recipe, num_classes: int) -> None:
 
 
 def check_label(top: int, r: Recipe, num_classes: int) -> None:
-    """The largest train label seen so far against the head's width (0: mpp, no head to check)."""
+    """The largest train label seen so far against the head's width (0: mpp or mae, no head to check)."""
     if num_classes and top >= num_classes:
         key = "model.num_classes" if r.model.num_classes else "data.num_classes"
         raise RecipeError(f"{key}={num_classes}, but the train split '{r.data.train_split}' of "
@@ -131,12 +135,15 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     model = zoo.build_model(r.model, num_classes)
     if r.init.checkpoint:
         load_init(model, r, num_classes, dist)
-    if r.objective == "mpp":  # the ViT is exported headless: masked patch prediction trains no classifier
+    # the ViT is exported headless: the self-supervised objectives train no classifier
+    if r.objective == "mpp":
         model = MppModel(model, r.mpp, r.model.patch_size, r.data.mean, r.data.std)
+    elif r.objective == "mae":
+        model = MaeModel(model, r.mae, r.model.patch_size, fresh=not r.init.checkpoint)
     teacher = distill.load_teacher(r, num_classes, dist.device)
     distill.use_distillation_token(model, r.distill)
     periodic, final = _evaluators(r, dist)
-    # the head's class names (vit predict prints them); a headless mpp ViT has none
+    # the head's class names (vit predict prints them); a headless ViT has none
     names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
     meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
     return Job(r, workdir, model, train_ds, train_feed(r, train_ds, num_classes), num_classes, steps, meta,
@@ -221,7 +228,7 @@ def utilisation(job: Job, dist: Dist, img_per_s: float | None) -> dict:
     peak *= dist.world_size  # img_per_s counts the global batch: every process's device works on it
     if dist.world_size > 1:
         source += f" x {dist.world_size} processes"
-    flops = train_flops_per_image(r.model, job.num_classes)
+    flops = train_flops_per_image(r.model, job.num_classes, r.mae if r.objective == "mae" else None)
     return {"train/mfu": mfu(img_per_s, flops, peak), "train/flops_per_img": float(flops),
             "train/peak_flops": peak, "train/peak_source": source}
 
@@ -233,8 +240,9 @@ def _announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     shared = dist.device.type == "cpu" and threads.check(r.data.num_workers)
     if shared:
         console.log(f"[yellow]warning: {shared}")
-    learns = (f"masked patch prediction ({r.mpp.target})" if r.objective == "mpp"
-              else f"{job.num_classes} classes")
+    learns = {"mpp": f"masked patch prediction ({r.mpp.target})",
+              "mae": f"a masked autoencoder ({r.mae.mask_ratio:g} of the patches removed)"}
+    learns = learns.get(r.objective, f"{job.num_classes} classes")
     console.log(
         f"{r.stage}: {r.model.name} ({zoo.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "

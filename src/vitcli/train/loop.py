@@ -37,7 +37,7 @@ from vitcli.runtime.trackers import open_trackers
 from vitcli.train import distill, parallelize
 from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
-from vitcli.train.objectives import exported, loss_fn, mpp_step
+from vitcli.train.objectives import exported, loss_fn, mae_step, mpp_step
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
@@ -309,14 +309,15 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
 
 def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
     """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch (global
-    micro-batch first_micro + i): supervised (beside a teacher, if the recipe names one: train.distill) or
-    masked patch prediction.
+    micro-batch first_micro + i): supervised (beside a teacher, if the recipe names one: train.distill),
+    masked patch prediction or MAE.
 
     Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
     augmentation does (sampler.micro_seed): Mixup and CutMix from a numpy Generator of their own
     (augmentations.mix), dropout and drop-path from torch's global RNG (pinned for the call), the masking of
-    masked patch prediction from its own generator. So a run repeats exactly,
-    resumes exactly, and trains the same with one process or several.
+    masked patch prediction from its own generator. MAE's masks are drawn per image instead, from (run seed,
+    the image's index in the run: sampler.first_sample), so they do not change with the micro-batch size
+    either. So a run repeats exactly, resumes exactly, and trains the same with one process or several.
     """
 
     def seed(i: int, purpose: int) -> int:
@@ -332,7 +333,12 @@ def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
         with seeded(seed(i, MODEL_STREAM)):
             return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp, r.model.patch_size)
 
-    return masked_patches if r.objective == "mpp" else supervised
+    def masked_autoencoder(model, x, y, i):
+        first = sampler.first_sample(step, first_micro + i, len(x), r.data.batch_size)
+        with seeded(seed(i, MODEL_STREAM)):
+            return mae_step(model, x, r.run.seed, first, r.mae, r.model.patch_size), None
+
+    return {"mpp": masked_patches, "mae": masked_autoencoder}.get(r.objective, supervised)
 
 
 def _accumulate_grads(parallel: parallelize.Parallel, optimizer, stream, accum: int, objective,

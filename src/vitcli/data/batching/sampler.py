@@ -1,8 +1,8 @@
 """Which rows and which random draws each training micro-batch gets: a pure function of (seed, optimizer
 step, global micro-batch), never of the number of processes or workers, so a run resumes exactly and trains
 the same on one process or several. The plain epoch order, DeiT's repeated augmentation (step_rows), the
-rank's share of a step (micro_batch) and the seed of every draw (micro_seed). batches.py and streams.py
-load what this decides."""
+rank's share of a step (micro_batch), the seed of every draw (micro_seed) and each image's index in the run
+(first_sample). batches.py and streams.py load what this decides."""
 
 from __future__ import annotations
 
@@ -76,3 +76,13 @@ def micro_seed(seed: int, step: int, micro: int, purpose: int = 0) -> int:
     """The seed of one global micro-batch's random draws (augmentation: purpose 0; the trainer's mixup,
     dropout and masking use others), a function of (run seed, optimizer step, global micro-batch) alone."""
     return int(np.random.SeedSequence([seed, step, micro, purpose]).generate_state(1)[0])
+
+
+def first_sample(step: int, micro: int, micro_size: int, batch_size: int) -> int:
+    """The run-wide index of the first image of global micro-batch `micro` (of `micro_size` images) at
+    optimizer `step`: step x batch + micro x micro_size, its position in the step's global batch after the
+    steps before. An image's index so depends on neither the micro-batch size nor the rank that computes it
+    (global micro-batch j holds positions j x micro_size onwards of the same global batch for any split;
+    with data.repeated_aug > 1 the rows dealt to a position depend on the split, step_rows):
+    the key of its per-image draws (MAE's mask, models.mae.mask_noise)."""
+    return step * batch_size + micro * micro_size

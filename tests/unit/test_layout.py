@@ -45,9 +45,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                "loop"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
-    # pictures drawn from numbers: Figure 7, training curves, a confusion matrix, a reliability diagram,
-    # few-shot accuracy against shots (below fewshot, whose report draws that one)
-    ("figures", ["figure7", "curves", "confusion", "reliability", "fewshot"]),
+    # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
+    # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that one)
+    ("figures", ["figure7", "figure2", "curves", "confusion", "reliability", "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # one driver per command

@@ -1,3 +1,4 @@
-"""Pictures: figure7.py (the paper's Figure 7 as numbers and PNGs), curves.py (training curves from
-metrics.jsonl), confusion.py (`vit evaluate`'s confusion matrix), reliability.py (its reliability diagram),
-fewshot.py (`vit eval-fewshot`'s accuracy against shots)."""
+"""Pictures: figure7.py (the paper's Figure 7 as numbers and PNGs), figure2.py (MAE's Figure 2: masked
+input, reconstruction, original), curves.py (training curves from metrics.jsonl), confusion.py (`vit
+evaluate`'s confusion matrix), reliability.py (its reliability diagram), fewshot.py (`vit eval-fewshot`'s
+accuracy against shots)."""

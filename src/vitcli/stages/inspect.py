@@ -5,6 +5,12 @@ native resolution, headless, so whatever vit reads (our workdirs, timm files, Go
 can be inspected; a checkpoint without attention blocks is refused there (checkpoints.complete). A
 figure that does not apply to the network (the hybrid and T2T-ViT have no pixel patch filters; a model
 without a position table has no similarities) is skipped with the reason.
+
+An MAE run (objective: mae) also gets MAE's Figure 2 (figures.figure2): its model.safetensors holds the
+encoder only, so the encoder and decoder are read together from the run's newest training state
+(state-<step>.pt, weights_only), and a few images of the run's own held-out split are masked, reconstructed
+and drawn. An MAE encoder whose decoder is not at hand (a lone model.safetensors, MAE's .pth) is inspected as
+any ViT and the figure skipped with the reason.
 """
 
 from __future__ import annotations
@@ -19,21 +25,29 @@ import numpy as np
 import torch
 from torch import nn
 
+from vitcli.checkpoints.export_hf import is_mae_encoder
+from vitcli.checkpoints.manager import latest_good_state
+from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data.batching import batches
 from vitcli.data.rows import sources
-from vitcli.errors import DataError, ModelError
-from vitcli.figures import figure7
-from vitcli.models import zoo
+from vitcli.errors import CheckpointError, DataError, ModelError, RecipeError
+from vitcli.figures import figure2, figure7
+from vitcli.models import mae, zoo
 from vitcli.models.t2t import TokensToToken
+from vitcli.recipe.layers import merge
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import pick_device
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, pairs_table, stdout
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_workdir
+from vitcli.train.objectives import MaeModel
 
 FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.png", "attention_distance.png"
 DISTANCES_JSON = "attention_distance.json"
+RECONSTRUCTION = "mae_reconstruction.png"
+RECONSTRUCTED = 4  # images in MAE's Figure 2: the first of the run's held-out split
 BATCH = 32  # images per forward pass: attention maps of every layer are reduced as they come
 
 
@@ -47,11 +61,13 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)  # figure file -> why it does not apply
     explained_variance: list[float] = field(default_factory=list)  # of the filter components shown
     attention: dict = field(default_factory=dict)  # attention_distance.json's content
+    reconstruction: dict = field(default_factory=dict)  # what MAE's Figure 2 shows; {} when not drawn
 
     def as_dict(self) -> dict:
         """The report as JSON-able numbers and paths."""
         return {"model": self.summary, "written": self.written, "skipped": self.skipped,
-                "filter_explained_variance": self.explained_variance, "attention_distance": self.attention}
+                "filter_explained_variance": self.explained_variance, "attention_distance": self.attention,
+                "mae_reconstruction": self.reconstruction}
 
 
 def inspect(recipe: Recipe, out: Path, split: str = "test", images: int = 128) -> dict:
@@ -67,6 +83,7 @@ def inspect(recipe: Recipe, out: Path, split: str = "test", images: int = 128) -
     _filters(model, recipe, out, report)
     _positions(model, recipe, out, report)
     _distances(model, recipe, split, images, out, report)
+    _reconstruction(recipe, out, report)
     _print(report)
     return report.as_dict()
 
@@ -210,6 +227,94 @@ def attention_probabilities(blocks: nn.Module,
         for a, was, hook in zip(attns, fused, hooks):
             a.fused_attn = was
             hook.remove()
+
+
+# ---------------------------------------------------------------- MAE's Figure 2
+
+
+@dataclass
+class MaeRun:
+    """An MAE run's encoder and decoder as its training state holds them."""
+
+    recipe: Recipe  # the run's own, as it trained
+    model: MaeModel
+    step: int
+    path: Path  # the state-<step>.pt read
+
+
+def mae_run(checkpoint: str) -> tuple[MaeRun | None, str]:
+    """(the MAE run behind `checkpoint`, ""); (None, why not) for an MAE encoder whose decoder is not at hand;
+    (None, "") for any other network."""
+    if not checkpoint or not is_mae_encoder(read_checkpoint(checkpoint), 0):  # "": init.random
+        return None, ""
+    path = Path(checkpoint)
+    workdir = path if path.is_dir() else path.parent if path.name == MODEL_FILE else None
+    if workdir is None:
+        return None, (f"{checkpoint} holds MAE's encoder only; the decoder is in an MAE run's training state "
+                      "(state-<step>.pt): give inspect the run's workdir")
+    try:
+        found = latest_good_state(workdir, verbose=False)
+    except CheckpointError as e:
+        return None, str(e)
+    if found is None or found[0].is_dir():
+        sharded = " (a sharded run's state-<step>/ is not read here)" if found else ""
+        return None, (f"{workdir} holds no whole training state (state-<step>.pt), where an MAE run "
+                      f"keeps its decoder{sharded}")
+    return _mae_model(*found)
+
+
+def _mae_model(path: Path, saved: dict) -> tuple[MaeRun | None, str]:
+    """The encoder and decoder of the training state `saved` (read from `path`), in eval mode."""
+    recipe = Recipe(stage="pretrain")
+    try:
+        merge(recipe, saved["recipe"])
+    except RecipeError as e:
+        return None, f"{path}: its recipe does not read today ({e})"
+    if recipe.objective != "mae" or not any(k.startswith("decoder.") for k in saved["model"]):
+        return None, f"{path} holds no MAE decoder (objective: {recipe.objective})"
+    with torch.random.fork_rng():  # draws overwritten by the state; the caller's RNG untouched
+        model = MaeModel(zoo.build_model(recipe.model, 0), recipe.mae, recipe.model.patch_size, fresh=False)
+    model.load_state_dict(saved["model"])
+    return MaeRun(recipe, model.eval(), int(saved["step"]), path), ""
+
+
+def reconstruct(run: MaeRun, count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                         torch.Tensor, str]:
+    """(images (B, 3, H, W) as fed, pred (B, N, P*P*3), mask (B, N), split) for the first `count` images of
+    the run's validation split (else its test split), each masked by mae.mask_noise of (run.seed, its index):
+    the same masks on every call."""
+    r = run.recipe
+    split = r.data.val_split or r.data.test_split
+    ds = sources.load_split(r.data, split)
+    ds = ds.select(range(min(count, len(ds))))
+    x = torch.cat([x for x, _ in batches.eval_batches(ds, r.data, r.model.img_size, count)]).to(device)
+    grid = tuple(run.model.backbone.patch_embed.grid_size)
+    noise = mae.mask_noise(r.run.seed, torch.arange(len(x)), grid[0] * grid[1])  # (B, N)
+    with torch.inference_mode():
+        pred, _, mask = run.model.to(device)(x, noise)
+    return x.cpu(), pred.cpu(), mask.cpu(), split
+
+
+def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
+    """MAE's Figure 2, for an MAE run whose training state holds the decoder."""
+    run, why = mae_run(recipe.init.checkpoint)
+    if run is None:
+        return _skip(report, RECONSTRUCTION, why) if why else None
+    r = run.recipe
+    try:
+        images, pred, mask, split = reconstruct(run, RECONSTRUCTED, pick_device(recipe.run.device))
+    except DataError as e:
+        return _skip(report, RECONSTRUCTION, f"the run's images cannot be read ({e})")
+    tiles = figure2.panels(images, pred, mask, r.model.patch_size, r.mae.norm_pix_loss, r.data.mean,
+                           r.data.std)
+    n, kept = mask.shape[1], run.model.keep
+    title = (f"{r.model.name}, MAE at step {run.step}: mask ratio {r.mae.mask_ratio:g} "
+             f"({n - kept} of {n} patches removed), {split} images")
+    figure7.save_figure(figure2.reconstruction_figure(tiles, title), out / RECONSTRUCTION)
+    report.reconstruction = {"state": str(run.path), "step": run.step, "mask_ratio": r.mae.mask_ratio,
+                             "removed_patches": n - kept, "patches": n, "data": r.data.source, "split": split,
+                             "images": len(images), "norm_pix_loss": r.mae.norm_pix_loss}
+    report.written.append(str(out / RECONSTRUCTION))
 
 
 # ---------------------------------------------------------------- output

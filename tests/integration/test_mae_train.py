@@ -98,7 +98,7 @@ def test_a_run_killed_at_a_checkpoint_resumes_to_the_same_weights(tmp_path):
     straight = subprocess.run(_vit(tmp_path / "straight"), env=ENV, capture_output=True, text=True,
                               timeout=300, check=False)
     assert straight.returncode == 0, straight.stderr[-2000:]
-    kill_when(ENV, _vit(tmp_path / "killed"), tmp_path / "killed" / "state-10.pt")
+    kill_when(ENV, _vit(tmp_path / "killed"), tmp_path / "killed" / "state-10.pt.sha256")  # complete
     resumed = subprocess.run(_vit(tmp_path / "killed"), env=ENV, capture_output=True, text=True, timeout=300,
                              check=False)
     assert resumed.returncode == 0 and "resuming from" in resumed.stderr, resumed.stderr[-2000:]

@@ -32,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitcli.errors import CheckpointError
+from vitcli.runtime.run_files import MODEL_FILE  # transformers' save_pretrained names it so too
 
 # timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
 BLOCK_NAMES = {
@@ -52,7 +53,7 @@ TOP_NAMES = {
     "head.bias": "classifier.bias",
 }
 QKV = ("query", "key", "value")
-WEIGHTS_FILES = ("model.safetensors", "pytorch_model.bin")  # what save_pretrained writes, newest first
+WEIGHTS_FILES = (MODEL_FILE, "pytorch_model.bin")  # what save_pretrained writes, newest first
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # transformers' ViTConfig defaults: what a config.json that leaves a key out means
 DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,

@@ -310,6 +310,8 @@ def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
     n, kept = mask.shape[1], run.model.keep
     title = (f"{r.model.name}, MAE at step {run.step}: mask ratio {r.mae.mask_ratio:g} "
              f"({n - kept} of {n} patches removed), {split} images")
+    if r.mae.norm_pix_loss:  # the decoder predicts each patch's pattern, not its mean and contrast: say so
+        title += "\nremoved patches: the predicted pattern at the original patch's mean and std (norm_pix)"
     figure7.save_figure(figure2.reconstruction_figure(tiles, title), out / RECONSTRUCTION)
     report.reconstruction = {"state": str(run.path), "step": run.step, "mask_ratio": r.mae.mask_ratio,
                              "removed_patches": n - kept, "patches": n, "data": r.data.source, "split": split,

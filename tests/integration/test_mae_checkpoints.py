@@ -21,7 +21,7 @@ import yaml
 
 from helpers import HEADS, MLP, PATCH, D, mae_encoder, mae_pth, run_vit
 from vitcli.checkpoints.complete import complete
-from vitcli.checkpoints.transfer import load_init
+from vitcli.checkpoints.transfer import load_for_eval, load_init
 from vitcli.checkpoints.weights import save_weights
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.resolve import resolve
@@ -119,6 +119,48 @@ def test_evaluate_refuses_maes_pth_in_one_line_saying_what_was_left_out(monkeypa
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert str(ckpt) in err and "no classification head" in err and "decoder (31 tensors); mask_token" in err
     assert "fine-tune it first" in err
+
+
+def test_finetune_with_pool_gap_fc_norm_builds_maes_fine_tune_network(monkeypatch, capsys, tmp_path):
+    """model.pool=gap_fc_norm over MAE's encoder, as main_finetune.py with global_pool: the class token and
+    blocks loaded, the encoder's final norm dropped, a fresh fc_norm after the mean of the patch tokens; it
+    trains its steps and the run records the pooling."""
+    encoder = mae_encoder()
+    ckpt = mae_pth(tmp_path / "mae_pretrain_vit_tiny.pth", encoder)
+    args = [a.replace("WORKDIR", str(tmp_path / "ft")) for a in RUN] + ["model.pool=gap_fc_norm"]
+    code, out, err = run_vit(monkeypatch, capsys, "finetune", "--init", ckpt, *args)
+    assert code == 0, err
+    assert "final norm the checkpoint's dropped; a new fc_norm (weight 1, bias 0)" in _rows(out + err)
+    assert yaml.safe_load((tmp_path / "ft" / "recipe.yaml").read_text())["model"]["pool"] == "gap_fc_norm"
+
+    r = resolve("finetune", None, [f"init.checkpoint={ckpt}", *args[2:]], complete=complete)
+    model = build_model(r.model, 3)
+    load_init(model, r, 3, dist_mod.setup("cpu"))
+    sd = model.state_dict()
+    assert torch.equal(sd["fc_norm.weight"], torch.ones(D)) and not sd["fc_norm.bias"].any()
+    assert all(torch.equal(sd[k], v) for k, v in encoder.state_dict().items() if not k.startswith("norm."))
+    assert "norm.weight" not in sd and "cls_token" in sd
+
+
+def test_maes_fine_tuned_pth_evaluates_as_mae_runs_it(monkeypatch, capsys, tmp_path):
+    """mae_finetuned_vit_*.pth (class token, fc_norm, head, no final norm) is read whole: `vit evaluate`
+    scores it, and the network it builds gives timm's global_pool='avg', fc_norm=True logits (1e-5)."""
+    finetuned = timm.create_model("vit_base_patch16_224", pretrained=False, **TIMM_MAE, num_classes=4,
+                                  global_pool="avg", fc_norm=True).eval()
+    with torch.no_grad():
+        for p in finetuned.parameters():
+            p.normal_(0, 0.3)
+    ckpt = tmp_path / "mae_finetuned_vit_tiny.pth"
+    torch.save({"model": finetuned.state_dict()}, ckpt)
+    args = [a.replace("WORKDIR", str(tmp_path / "ev")) for a in RUN if "schedule" not in a]
+    code, _, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", ckpt, *args,
+                           "data.synthetic.num_classes=4")
+    assert code == 0, err
+    r = resolve("evaluate", None, [f"init.checkpoint={ckpt}", *args[2:]], complete=complete)
+    assert (r.model.pool, r.model.num_classes) == ("gap_fc_norm", 4)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(load_for_eval(r, 4)(images), finetuned(images), rtol=0, atol=1e-5)
 
 
 # ---------------------------------------------------------------- out: timm's MAE ViT, transformers' ViTMAE

@@ -1,7 +1,7 @@
-"""Today's training recipes (DeiT, T2T-ViT, AugReg, an MAE fine-tune) run their first steps as shipped,
-shrunk only in size: a tiny network of the recipe's own family at 32 px on the built-in data, a small batch
-and two steps, every other key as the file sets it (augmentation, repeated augmentation, EMA, distillation,
-layer decay, loss, schedule). Each writes its weights and logs both steps."""
+"""Today's training recipes (DeiT, T2T-ViT, AugReg, MAE's pretraining and fine-tune) run their first steps
+as shipped, shrunk only in size: a tiny network of the recipe's own family at 32 px on the built-in data, a
+small batch and two steps, every other key as the file sets it (augmentation, repeated augmentation, EMA,
+distillation, layer decay, loss, schedule, MAE's decoder). Each writes its weights and logs both steps."""
 
 import dataclasses
 
@@ -27,6 +27,8 @@ RECIPES = {  # file -> (stage, what shrinks its network); DeiT-S and -B are DeiT
     "recipes/augreg/vit_s16_i21k.yaml": ("pretrain", SMALL),
     "recipes/augreg/vit_b16_i21k.yaml": ("pretrain", SMALL),
     "recipes/finetune/mae_vit_b16_i1k.yaml": ("finetune", SMALL),
+    "recipes/pretrain/mae_vit_b16_i1k.yaml": ("pretrain", SMALL),  # MAE's 8-block decoder as shipped
+    "recipes/pretrain/mae_vit_l16_i1k.yaml": ("pretrain", SMALL),
 }
 
 
@@ -49,7 +51,7 @@ def test_a_shipped_recipe_runs_its_first_steps(path, tmp_path, teacher):
     assert steps == [1, 2] and summary["steps"] == 2 and (tmp_path / "model.safetensors").is_file()
     kept = {"ema.decay": r.ema.decay, "data.repeated_aug": r.data.repeated_aug,
             "optim.layer_decay": r.optim.layer_decay, "distill.type": r.distill.type,
-            "data.randaugment": r.data.randaugment}
+            "data.randaugment": r.data.randaugment, "objective": r.objective.replace("supervised", "")}
     assert any(v not in (0, 0.0, 1, 1.0, "", "none") for v in kept.values()), kept  # today's keys, as set
 
 

@@ -152,6 +152,27 @@ def test_state_dict_loads_strictly_into_timm_vision_transformer(pool, pos_embed,
     torch.testing.assert_close(theirs(images), ours(images), rtol=0, atol=0)
 
 
+def test_gap_fc_norm_is_maes_fine_tune_network_and_timms_avg_pool_with_fc_norm(images):
+    """pool gap_fc_norm: MAE's models_vit.py with global_pool=True, as timm builds it (class_token=True,
+    global_pool='avg', fc_norm=True): a class token in the sequence, no final norm, the mean of the patch
+    tokens alone through fc_norm, then the head. Same weights, logits within 1e-5 of both."""
+    ours = build_model(tiny(pool="gap_fc_norm"), K).eval()
+    with torch.no_grad():
+        for p in ours.parameters():  # every weight random: timm's ones and zeros would hide mix-ups
+            p.normal_(0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    theirs = timm.create_model("vit_base_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                               embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0, num_classes=K,
+                               class_token=True, global_pool="avg", fc_norm=True).eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    assert "cls_token" in ours.state_dict() and not any(k.startswith("norm.") for k in ours.state_dict())
+    torch.testing.assert_close(ours(images), theirs(images), rtol=0, atol=1e-5)
+    # MAE's forward_features, restated: cls token + patches, + pos_embed, blocks, x[:, 1:].mean, fc_norm
+    x = ours.patch_embed(images)  # (B, N, D)
+    x = torch.cat([ours.cls_token.expand(len(x), -1, -1), x], dim=1) + ours.pos_embed  # (B, 1 + N, D)
+    mae = ours.head(ours.fc_norm(ours.blocks(x)[:, 1:].mean(dim=1)))
+    torch.testing.assert_close(ours(images), mae, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("name,timm_name", [("ViT-B/16", "vit_base_patch16_224"),
                                             ("R50+ViT-B/16", "vit_base_r50_s16_224")])
 def test_named_models_have_timm_state_dict_layout(name, timm_name):

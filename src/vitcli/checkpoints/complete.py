@@ -19,7 +19,7 @@ from vitcli.checkpoints.read import Loaded, locate_checkpoint, read_checkpoint
 from vitcli.data.rows import tasks
 from vitcli.errors import CheckpointError, ModelError, RecipeError
 from vitcli.models.zoo import resolve_name
-from vitcli.recipe.choices import AS_TRAINED, CLASSIFIES
+from vitcli.recipe.choices import AS_TRAINED, CLASS_TOKEN_POOLS, CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
 
 # what `vit evaluate` and `vit predict` take from our own checkpoint's recipe: how its eval images were
@@ -115,7 +115,20 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
                                    representation_size=spec.representation_size)
     # the paper drops the pre-logits layer for transfer
     keep = recipe.init.keep_representation
-    return dataclasses.replace(model, representation_size=spec.representation_size if keep else 0)
+    return dataclasses.replace(model, representation_size=spec.representation_size if keep else 0,
+                               pool=_transfer_pool(recipe, model.pool))
+
+
+def _transfer_pool(recipe: Recipe, had: str) -> str:
+    """The fine-tune's pooling: the checkpoint's, unless the recipe asks for gap_fc_norm over a class-token
+    network (MAE fine-tunes its token-pooled encoder so: the final norm gives way to an fc_norm after the
+    mean of the patch tokens, checkpoints.fit); the pooling is the head's choice, the weights are the same."""
+    if recipe.model.pool != "gap_fc_norm" or had == "gap_fc_norm":
+        return had
+    if had not in CLASS_TOKEN_POOLS:
+        raise CheckpointError(f"model.pool=gap_fc_norm keeps a class token in the sequence, but "
+                              f"{recipe.init.checkpoint} has none (pool {had}); use model.pool={had}")
+    return "gap_fc_norm"
 
 
 def _check_attention(loaded: Loaded, ckpt: str) -> None:

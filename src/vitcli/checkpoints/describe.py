@@ -46,7 +46,7 @@ class CheckpointSpec:
     grid: tuple[int, int] | None  # patch grid (H, W) of the position table; None when nothing tells
     num_prefix_tokens: int  # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
     pos_embed: str  # learned_1d | learned_2d | sincos_2d | sincos_1d | none
-    pool: str  # token | gap
+    pool: str  # token | gap | gap_fc_norm
     embed_dim: int
     depth: int
     num_heads: int  # 0 = unknown
@@ -158,11 +158,19 @@ def _sizes(sd: dict[str, torch.Tensor]) -> dict:
         "embed_dim": int(kernel.shape[0]) if kernel is not None else 0,
         "depth": 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1),
         "mlp_dim": _rows(sd, "blocks.0.mlp.fc1.weight"),  # (mlp, D)
-        "pool": "token" if "cls_token" in sd else "gap",
+        "pool": _pool(sd),
         "pos_embed": _pos_kind(sd),
         "representation_size": _rows(sd, "pre_logits.fc.weight"),  # (R, D)
         "num_classes": _rows(sd, "head.weight"),  # (K, R or D)
     }
+
+
+def _pool(sd: dict[str, torch.Tensor]) -> str:
+    """token, gap, or gap_fc_norm: a class token with a norm after the pooling and none before it (MAE's
+    global-pool fine-tune, timm's fc_norm)."""
+    if "cls_token" not in sd:
+        return "gap"
+    return "gap_fc_norm" if "fc_norm.weight" in sd and "norm.weight" not in sd else "token"
 
 
 def _rows(sd: dict[str, torch.Tensor], key: str) -> int:

@@ -19,6 +19,7 @@ from torch import nn
 
 from vitcli.errors import CheckpointError
 from vitcli.models import zoo
+from vitcli.recipe.choices import CLASS_TOKEN_POOLS
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family, paper_size
 from vitcli.recipe.schema import ModelConfig
 
@@ -52,8 +53,9 @@ def timm_model(model: ModelConfig, num_classes: int) -> nn.Module:
     token = model.pool == "token"
     args = {"img_size": model.img_size, "patch_size": model.patch_size, "embed_dim": model.embed_dim,
             "depth": model.depth, "num_heads": model.num_heads, "mlp_ratio": model.mlp_dim / model.embed_dim,
-            "num_classes": num_classes, "class_token": token, "global_pool": "token" if token else "avg",
-            "fc_norm": False, "pos_embed": "none" if model.pos_embed == "none" else "learn"}
+            "num_classes": num_classes, "class_token": model.pool in CLASS_TOKEN_POOLS,
+            "global_pool": "token" if token else "avg", "fc_norm": model.pool == "gap_fc_norm",
+            "pos_embed": "none" if model.pos_embed == "none" else "learn"}
     return timm.create_model(_architecture(model), pretrained=False, **args)
 
 

@@ -46,6 +46,7 @@ def adapt_state_dict(
     rows = [row for i, prefix in enumerate(prefixes)
             for row in _fit_head(sd, target, keep_head, prefix, prefix[:-1] if i else "head")]
     rows += _fit_representation(sd, keep_representation)
+    rows += _fit_final_norm(sd, target)
     _check_fit(sd, target, resizable=("pos_embed", *AXIS_TABLES))
     rows += _fit_posemb(sd, target, model, spec, method)
     _check_fit(sd, target)
@@ -104,6 +105,20 @@ def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:
     for k in keys:
         del sd[k]
     return [("representation", f"dropped pre_logits {width[1]} -> {width[0]}")]
+
+
+def _fit_final_norm(sd: dict, target: dict) -> list[tuple[str, str]]:
+    """A token-pooled encoder fine-tuned with pool gap_fc_norm, as MAE's main_finetune.py does: the model has
+    no final norm, so the checkpoint's is dropped, and the fc_norm after the pooling starts fresh (weight 1,
+    bias 0; MAE asserts it is missing, and timm's `.mae` weights under global_pool='avg' load the same)."""
+    moves = "fc_norm.weight" in target and "norm.weight" not in target
+    if not moves or "fc_norm.weight" in sd or "norm.weight" not in sd:
+        return []
+    for k in [k for k in sd if k.startswith("norm.")]:
+        del sd[k]
+    sd.update({k: v for k, v in target.items() if k.startswith("fc_norm.")})
+    said = "the checkpoint's dropped; a new fc_norm (weight 1, bias 0) after the pooling (pool gap_fc_norm)"
+    return [("final norm", said)]
 
 
 def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, method: str) -> list:

@@ -17,8 +17,9 @@ patch_embed.proj, blocks.N, norm), so the encoder is read as any plain ViT. Thei
 - `mae_pretrain_vit_*_full.pth`, `mae_visualize_vit_*.pth` and a run's `checkpoint-N.pth`: also the decoder
   (`decoder_*`) and `mask_token`, dropped; a run's file also holds optimizer, scaler, epoch and args;
 - `mae_finetuned_vit_*.pth` (global pool): encoder, `fc_norm` and `head` but no final `norm`: MAE's
-  fine-tuned network reads the head off fc_norm(mean of the patch tokens), which vit does not build. Its head
-  and fc_norm are dropped and the final norm starts fresh (weight 1, bias 0): the encoder, to fine-tune.
+  fine-tuned network, which reads the head off fc_norm(mean of the patch tokens) with the class token kept in
+  the sequence; read whole, as model.pool `gap_fc_norm` (checkpoints.describe tells it by those keys), so
+  `vit evaluate` and `vit predict` run it as MAE does.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from vitcli.models.mae import sincos_table
 ALLOWED_GLOBALS = (argparse.Namespace,)
 STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
 MAE_DROPPED = ("decoder_", "mask_token")  # MAE's pre-training decoder, the token it puts in masked slots
-FINETUNED_DROPPED = ("fc_norm.", "head.")  # MAE's global-pool fine-tune: the norm after pooling, the head
 SINCOS_ATOL = 1e-5  # MAE computes the table in float64 and stores float32
 
 
@@ -108,16 +108,8 @@ def is_mae(sd: dict[str, torch.Tensor], under_model: bool = True) -> bool:
 
 
 def split_mae(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """(the encoder, what was dropped): decoder and mask_token go; a global-pool fine-tune's fc_norm and head
-    go too and its missing final norm starts fresh."""
+    """(the network, what was dropped): decoder and mask_token go; a global-pool fine-tune is kept whole."""
     decoder = [k for k in sd if k.startswith("decoder_")]
     dropped = [f"decoder ({len(decoder)} tensors)"] if decoder else []
     dropped += ["mask_token"] if "mask_token" in sd else []
-    kept = {k: v for k, v in sd.items() if not k.startswith(MAE_DROPPED)}
-    if "fc_norm.weight" in kept and "norm.weight" not in kept:
-        width = kept["fc_norm.weight"].shape[0]
-        kept = {k: v for k, v in kept.items() if not k.startswith(FINETUNED_DROPPED)}
-        kept |= {"norm.weight": torch.ones(width), "norm.bias": torch.zeros(width)}
-        dropped.append("fc_norm and head (MAE's global-pool fine-tune, which vit does not build; the final "
-                       "norm, absent from the file, starts at weight 1, bias 0)")
-    return kept, dropped
+    return {k: v for k, v in sd.items() if not k.startswith(MAE_DROPPED)}, dropped

@@ -7,6 +7,7 @@ PaLM App. B): norms, softmax, GELU and the optimizer are left out, a few percent
 
 from __future__ import annotations
 
+from vitcli.recipe.choices import CLASS_TOKEN_POOLS
 from vitcli.recipe.names import HYBRID, is_vit_family
 from vitcli.recipe.schema import MaeConfig, ModelConfig
 
@@ -14,11 +15,11 @@ from vitcli.recipe.schema import MaeConfig, ModelConfig
 def forward_flops(m: ModelConfig, attention: bool = True, num_classes: int | None = None) -> float:
     """Matmul FLOPs of one image's forward pass through a ViT; `num_classes` defaults to m.num_classes.
 
-    N tokens (the patches, and a class token with pool `token`) of width D, MLP width M: patch embedding
-    N_p P^2 3 D; per block qkv 3 N D^2, q k^T and attn v 2 N^2 D (`attention`), projection N D^2, MLP
-    2 N D M; then the pre-logits layer (D R, if any) and the head (R or D, times the classes)."""
+    N tokens (the patches, and a class token with pool `token` or `gap_fc_norm`) of width D, MLP width M:
+    patch embedding N_p P^2 3 D; per block qkv 3 N D^2, q k^T and attn v 2 N^2 D (`attention`), projection
+    N D^2, MLP 2 N D M; then the pre-logits layer (D R, if any) and the head (R or D, times the classes)."""
     patches = (m.img_size // m.patch_size) ** 2
-    n, d = patches + (m.pool == "token"), m.embed_dim
+    n, d = patches + (m.pool in CLASS_TOKEN_POOLS), m.embed_dim
     k = m.num_classes if num_classes is None else num_classes
     rep = m.representation_size
     head = d * rep + rep * k if rep else d * k
@@ -36,7 +37,7 @@ def mae_forward_flops(m: ModelConfig, a: MaeConfig, attention: bool = True) -> f
     on all of them: the embedding of the encoder's tokens to its width W, its blocks (MLP 4 W) and the
     prediction of P^2 3 values per token (MAE predicts the class token's too, then drops it)."""
     patches = (m.img_size // m.patch_size) ** 2
-    prefix, d, w = int(m.pool == "token"), m.embed_dim, a.decoder_embed_dim
+    prefix, d, w = int(m.pool in CLASS_TOKEN_POOLS), m.embed_dim, a.decoder_embed_dim
     kept = prefix + int(patches * (1 - a.mask_ratio))  # models.mae.keep_count
     every = prefix + patches
     encoder = patches * m.patch_size**2 * 3 * d + m.depth * _block(kept, d, m.mlp_dim, attention)

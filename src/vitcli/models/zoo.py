@@ -28,6 +28,7 @@ from torch import nn
 from vitcli.errors import ModelError
 from vitcli.models.posemb import sincos_2d
 from vitcli.models.t2t import T2TViT
+from vitcli.recipe.choices import CLASS_TOKEN_POOLS
 from vitcli.recipe.names import BIT, HYBRID, NAMED, T2T_VITS, is_vit_family, resolve_known, with_sizes
 from vitcli.recipe.schema import ModelConfig
 
@@ -157,10 +158,12 @@ def _vit(cfg: ModelConfig, num_classes: int) -> ViT:
     kwargs = {
         "img_size": cfg.img_size, "patch_size": 1 if hybrid else cfg.patch_size, "num_classes": num_classes,
         "embed_dim": cfg.embed_dim, "depth": cfg.depth, "num_heads": cfg.num_heads, "mlp_ratio": mlp_ratio,
-        "class_token": cfg.pool == "token", "global_pool": "token" if cfg.pool == "token" else "avg",
+        "class_token": cfg.pool in CLASS_TOKEN_POOLS,
+        "global_pool": "token" if cfg.pool == "token" else "avg",
         # gap as in big_vision/vit_jax: final LayerNorm before pooling, not timm's fc_norm after it, so
-        # Google GAP checkpoints (and timm's *_gap_* models) load unchanged.
-        "fc_norm": False,
+        # Google GAP checkpoints (and timm's *_gap_* models) load unchanged; gap_fc_norm as MAE's fine-tune
+        # (models_vit.py, global_pool=True): timm then drops the final norm and norms the patch tokens' mean
+        "fc_norm": cfg.pool == "gap_fc_norm",
         "norm_layer": functools.partial(LayerNorm, eps=cfg.layer_norm_eps),  # timm's own default is 1e-6
         # the paper's dropout: after every dense layer except qkv, and after adding position embeddings
         "pos_drop_rate": cfg.dropout, "proj_drop_rate": cfg.dropout, "drop_path_rate": cfg.drop_path}

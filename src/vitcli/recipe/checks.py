@@ -30,6 +30,7 @@ from vitcli.recipe.choices import (
     MIX_MODES,
     MPP_CELLS,
     MPP_TARGETS,
+    POOLS,
     POSEMB_METHODS,
     PRECISIONS,
     STAGES,
@@ -44,7 +45,7 @@ from vitcli.recipe.schema import Recipe, micro_batches
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "stage": STAGES,
-    "model.pool": ("token", "gap"),
+    "model.pool": POOLS,
     "model.pos_embed": (*VIT_POS_EMBEDS, "sincos_1d"),  # sincos_1d: T2T-ViT's own fixed table
     "optim.name": ("adamw", "sgd"),
     "optim.loss": ("softmax", "sigmoid"),
@@ -205,6 +206,9 @@ def check_model(recipe: Recipe) -> None:
             raise RecipeError(f"model.representation_size={m.representation_size} is only supported for the "
                               f"paper's ViTs, T2T-ViT and custom, not '{m.name}'; set it to 0")
         return
+    if family == "t2t" and m.pool == "gap_fc_norm":
+        raise RecipeError(f"model.pool=gap_fc_norm (MAE's fine-tune pooling) is built for the paper's ViTs, "
+                          f"the hybrid and custom, not '{m.name}'; use token or gap")
     patch = 16 if family == "t2t" else m.patch_size  # T2T's soft splits make an effective patch of 16
     grid_for(m.img_size, patch, "model.img_size", f"the patch size of {m.name}")
     if m.num_heads <= 0 or m.embed_dim % m.num_heads:
@@ -315,6 +319,9 @@ def _mae(recipe: Recipe, patches: int) -> None:
     if not 0 < keep < patches:
         raise RecipeError(f"mae.mask_ratio={a.mask_ratio} keeps {keep} of {patches} patches; the encoder "
                           "needs one and the loss one removed, so pick a ratio in between (MAE: 0.75)")
+    if m.pool == "gap_fc_norm":  # that network has no final norm: MAE's encoder ends in one
+        raise RecipeError("objective: mae pretrains MAE's encoder (a class token and a final norm): set "
+                          "model.pool=token (or gap); gap_fc_norm is its fine-tune's pooling")
     if m.pos_embed != "learned_1d":  # the table MAE's own encoders carry, and fine-tuning trains
         raise RecipeError(f"objective: mae fixes the encoder's position table to MAE's 2-D sin-cos and "
                           f"exports it as timm's pos_embed, which fine-tuning trains; model.pos_embed="

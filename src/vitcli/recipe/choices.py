@@ -20,6 +20,12 @@ WEIGHTED = (*AS_TRAINED, *CLASSIFIES)  # the stages that need a checkpoint named
 # a stage that reads only some sections of a recipe; it takes them from a recipe file of any stage
 SECTIONS = {"prepare-data": ("data",)}
 EXPORT_FORMATS = ("hf", "onnx", "timm")  # `vit export --format`: vitcli.stages.export writes each
+# model.pool: `token` reads the class token (the paper's); `gap` averages the patch tokens after the final
+# norm (big_vision's GAP, no class token); `gap_fc_norm` keeps a class token in the sequence, averages the
+# patch tokens alone and normalises the mean (MAE's global_pool, BEiT's mean pooling; timm's class_token=True,
+# global_pool='avg', fc_norm=True): no final norm, an `fc_norm` after the pooling instead
+POOLS = ("token", "gap", "gap_fc_norm")
+CLASS_TOKEN_POOLS = ("token", "gap_fc_norm")  # the pools whose network carries a class token
 VIT_POS_EMBEDS = ("learned_1d", "learned_2d", "sincos_2d", "none")
 TTA_VIEWS = ("flip", "multicrop")  # `vit evaluate --tta`: vitcli.evaluators.tta makes each view
 POSEMB_METHODS = ("bilinear", "bicubic")  # bilinear: big_vision / vit_jax; bicubic: timm (antialiased)

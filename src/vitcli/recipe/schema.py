@@ -20,7 +20,9 @@ class ModelConfig:
     depth: int = 12
     num_heads: int = 12
     mlp_dim: int = 3072
-    pool: str = "token"  # token (class token, the paper's default) | gap (global average pool)
+    # token (class token, the paper's default) | gap (global average pool, final norm before it) | gap_fc_norm
+    # (MAE's fine-tune: class token kept, mean of the patch tokens, then fc_norm; recipe.choices.POOLS)
+    pool: str = "token"
     # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
     pos_embed: str = "learned_1d"
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints

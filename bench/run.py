@@ -43,11 +43,11 @@ ImageNet-shaped folder of 1,000 x 64 hard links; timm's side only with --timm-tr
 bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction). `targets` holds the goals
 and whether met (null: not measured).
 
-    python bench/run.py [--timm-train PATH]   # the measurement (~20 min on 2 cores);
+    python bench/run.py [--timm-train PATH]   # the measurement (~23 min on 2 cores);
                                               # make bench [TIMM_TRAIN=PATH] also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
-    python bench/run.py --mae   # only the `mae` part and its goal (~3 min)
+    python bench/run.py --mae   # only the `mae` part and its goal (~3 min with the cores free)
 """
 
 from __future__ import annotations
@@ -112,8 +112,9 @@ QUICK = {  # every code path, in seconds: tiny sizes and steps
     "vit_ti16_224": (None, [*VIT_TI16[:1], "model.patch_size=16", "model.embed_dim=32", "model.depth=1",
                             "model.num_heads=2", "model.mlp_dim=64"], 32, 8, 4, 2),
 }
-# bench `mae`: name -> (model overrides, batch, turns). A ViT-L/16 supervised step of 8 images takes ~10 s on
-# 2 cores: the first turn warms up, the fastest of the others counts (~3 min in all)
+# bench `mae`: name -> (model overrides, batch, turns); the first turn warms up, the fastest of the others
+# counts. The part took 5.2 min of CPU time on 2 cores (2-core AMD EPYC, bf16: ~3 min with the cores free;
+# 12 min at a load of 7, a ViT-L/16 supervised step of 8 images 57 s of it)
 MAE_SIZES = {
     "vit_l16_224": (["model.name=ViT-L/16"], 8, 3),
     "vit_b16_224": (["model.name=ViT-B/16"], 8, 4),

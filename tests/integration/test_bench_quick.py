@@ -15,6 +15,7 @@ MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_
               "ratio", "ratio_compile", "best_ratio", "loader_vs_model", "mfu", "mfu_compile", "best_mfu"}
 FEWSHOT_KEYS = {"images", "img_size", "batch", "num_workers", "torch_threads", "extract_ours_img_s",
                 "extract_bare_img_s", "extract_forward_img_s", "extract_ratio", "extract_vs_forward"}
+MAE_KEYS = {"batch", "precision", "supervised_img_s", "mae_img_s", "ratio", "flop_ratio", "of_flop_bound"}
 
 SPEC = importlib.util.spec_from_file_location("bench_run", REPO / "bench/run.py")
 bench = importlib.util.module_from_spec(SPEC)
@@ -34,6 +35,8 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     for m in results["models"].values():
         assert FEWSHOT_KEYS == set(m["fewshot"]), FEWSHOT_KEYS ^ set(m["fewshot"])
     assert set(results["models"]["vit_ti16_224"]["ema"]) == {"step_s", "update_s", "cost", "step_share"}
+    for name in ("vit_l16_224", "vit_b16_224"):  # an MAE step against a supervised one of the same ViT
+        assert MAE_KEYS <= set(results["mae"][name]), MAE_KEYS - set(results["mae"][name])
     assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
     assert 0 < results["transfer"]["extraction_share"] <= 1
     assert all(set(t) == {"target", "value", "met"} for t in results["targets"].values())

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from helpers import mae_sincos_reference
 from vitcli.data.batching import sampler
 from vitcli.models import mae, zoo
 from vitcli.models.flops import mae_forward_flops, train_flops_per_image
@@ -20,26 +21,11 @@ TINY = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2
 DECODER = MaeConfig(decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2)
 
 
-def numpy_sincos(dim: int, grid: int) -> np.ndarray:
-    """(1 + grid^2, dim): MAE's get_2d_sincos_pos_embed(dim, grid, cls_token=True), written out again in numpy
-    from its definition: per axis a 1-D table of width dim/2, [sin(pos w), cos(pos w)] with
-    w_k = 1 / 10000^(k / (dim/4)); the first half of the features from np.meshgrid's first output (the
-    column), the second from the row; a zero row for the class token first."""
-    def one_axis(width, pos):
-        omega = 1.0 / 10000 ** (np.arange(width // 2, dtype=np.float64) / (width / 2.0))
-        out = np.outer(pos.reshape(-1), omega)
-        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
-
-    columns, rows = np.meshgrid(np.arange(grid, dtype=np.float32), np.arange(grid, dtype=np.float32))
-    table = np.concatenate([one_axis(dim // 2, columns), one_axis(dim // 2, rows)], axis=1)
-    return np.concatenate([np.zeros((1, dim)), table], axis=0)
-
-
 @pytest.mark.parametrize("dim, grid", [(16, 4), (32, 7), (768, 14)])
 def test_the_sincos_table_is_maes(dim, grid):
     ours = mae.sincos_table((grid, grid), dim)[0].double().numpy()
     assert ours.shape == (1 + grid * grid, dim)
-    assert np.abs(ours - numpy_sincos(dim, grid)).max() < 1e-6  # float32 rounding of values in [-1, 1]
+    assert np.abs(ours - mae_sincos_reference(dim, grid)).max() < 1e-6  # float32 rounding in [-1, 1]
     # patch 1 is one column to the right of patch 0: only the first half (the column's) changes
     assert np.allclose(ours[1, dim // 2:], ours[2, dim // 2:]) and not np.allclose(ours[1], ours[2])
 

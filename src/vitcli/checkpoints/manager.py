@@ -42,7 +42,7 @@ from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_asid
 # micro-batch included: they decide the data order, the initial weights and the summation order) must match.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
              "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size",
-             "fewshot.", "ema.save")
+             "fewshot.", "ema.save", "slurm.")
 
 Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
 

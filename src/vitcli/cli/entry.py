@@ -32,7 +32,8 @@ def main() -> None:
     debug = os.environ.get("VITCLI_DEBUG") == "1"
     keep_freed_memory()  # large tensors reused, not faulted in afresh every step (runtime/allocator.py)
     # unwind (temporary files removed) rather than die mid-write
-    signal.signal(signal.SIGTERM, _terminate)
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's stop, or its warning
+        signal.signal(signum, _terminate)
     signal.signal(signal.SIGINT, _interrupt)
     try:
         with _process_group():
@@ -50,10 +51,11 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         _stop(f"interrupted (Ctrl-C); {KEPT}", 130)
     except Terminated:
-        _stop(f"terminated (SIGTERM); {KEPT}", 143)
+        code, what = _STOPPED[0] if _STOPPED else (143, "terminated (SIGTERM)")
+        _stop(f"{what}; {KEPT}", code)
     except Exception as e:  # a bug: still one line unless debugging
         if _STOPPED:  # what a signal turned into on its way up (an import it cut short): the stop
-            _stop(f"{_STOPPED[0]}; {KEPT}", 130 if _STOPPED[0].startswith("interrupted") else 143)
+            _stop(f"{_STOPPED[0][1]}; {KEPT}", _STOPPED[0][0])
         if debug:
             raise
         _fail(f"{type(e).__name__}: {e} (set VITCLI_DEBUG=1 for the traceback)", 1)
@@ -84,18 +86,18 @@ def _leave(failed: bool) -> None:
         dist.leave(failed)
 
 
-_STOPPED: list[str] = []  # the signal that stopped the command, once one did
+_STOPPED: list[tuple[int, str]] = []  # (exit code, what): the signal that stopped the command, once one did
 
 
 def _terminate(signum, frame) -> None:
-    _STOPPED.append("terminated (SIGTERM)")
+    _STOPPED.append((128 + signum, f"terminated ({signal.Signals(signum).name})"))
     raise Terminated
 
 
 def _interrupt(signum, frame) -> None:
     """Ctrl-C, remembered: a KeyboardInterrupt raised inside an import can come out as another error
     (ModuleNotFoundError, seen at 0.3 s into `vit prepare-data`), which must still exit 130."""
-    _STOPPED.append("interrupted (Ctrl-C)")
+    _STOPPED.append((130, "interrupted (Ctrl-C)"))
     raise KeyboardInterrupt
 
 

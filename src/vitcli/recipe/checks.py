@@ -38,6 +38,7 @@ from vitcli.recipe.choices import (
     VIT_POS_EMBEDS,
     WEIGHTED,
 )
+from vitcli.recipe.cluster_checks import check_slurm
 from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch, names_tar_shards
 from vitcli.recipe.fewshot_checks import check_fewshot
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
@@ -131,6 +132,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if recipe.init.grid:
         parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
+    check_slurm(recipe.slurm)
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
         check_train_batch(recipe)

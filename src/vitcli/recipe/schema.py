@@ -289,6 +289,32 @@ class DistillConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """Where `--slurm` sends the run: sbatch's resources, one task per node, each running torchrun with
+    c10d rendezvous on the first node (vitcli.cluster.slurm writes the batch script)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0  # sbatch --gpus-per-node; 0 asks for none (a CPU partition)
+    procs_per_node: int = 0  # torchrun's --nproc-per-node; 0 = gpus_per_node, or 1 without GPUs
+    cpus_per_task: int = 0  # CPUs of each node's task (all of its processes); 0 = the partition's default
+    mem: str = ""  # memory per node, as sbatch's --mem says it (500G; 0 = all of it); "" = the default
+    partition: str = ""
+    account: str = ""
+    time: str = ""  # the time limit, as sbatch's --time says it (minutes, H:MM:SS, D-HH:MM); "" = the default
+    qos: str = ""
+    constraint: str = ""
+    extra: list[str] = field(default_factory=list)  # more #SBATCH lines, e.g. "--exclusive"
+    # seconds before the time limit that SLURM sends SIGUSR2: each rank checkpoints at its next step, and
+    # the job requeues itself (submitit's 90 s). Leave a step, a checkpoint write and the exit inside it.
+    signal_seconds: int = 90
+    # requeues after a time limit, at most (a preemption always requeues); a stop that made no progress
+    # since the last start is never requeued
+    max_requeues: int = 20
+    port: int = 29500  # the c10d rendezvous port on the first node
+    array_parallel: int = 0  # a sweep's job array: at most this many points at once; 0 = no limit
+
+
+@dataclass
 class Recipe:
     """One experiment."""
 
@@ -307,6 +333,7 @@ class Recipe:
     mpp: MppConfig = field(default_factory=MppConfig)
     mae: MaeConfig = field(default_factory=MaeConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:

@@ -1,7 +1,9 @@
-"""Ctrl-C and SIGTERM during training: finish the step, write a checkpoint, say how to resume, exit 130 / 143.
+"""Ctrl-C, SIGTERM and SIGUSR1/2 during training: finish the step, write a checkpoint, say how to resume, exit
+128 + the signal's number (130, 143, 138, 140).
 
-A cluster scheduler sends SIGTERM before it pre-empts a job; losing up to `run.ckpt_every` steps to it is
-what this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
+A cluster scheduler sends SIGTERM before it pre-empts a job, and SLURM sends the signal `--signal` asks for
+(SIGUSR2, vitcli.cluster.slurm) ahead of a time limit; losing up to `run.ckpt_every` steps to either is what
+this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
 no step is half-applied); a second Ctrl-C aborts at once, and the atomic writes still leave no partial file
 at a target path. Every rank must stop at the same step: the trainer agrees on the flag by an all-reduce.
 """
@@ -15,7 +17,7 @@ from typing import Self
 from vitcli.errors import Interrupted
 from vitcli.runtime.metrics import console
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:

@@ -1,0 +1,65 @@
+"""The slurm section's values, checked at resolve time without torch (so `--slurm --dry-run` refuses what
+sbatch would), and SLURM's time-limit format read into seconds (preflight's requeue count uses it too)."""
+
+from __future__ import annotations
+
+import re
+
+from vitcli.errors import RecipeError
+from vitcli.recipe.schema import SlurmConfig
+
+# sbatch --time: "minutes", "minutes:seconds", "hours:minutes:seconds", "days-hours",
+# "days-hours:minutes" and "days-hours:minutes:seconds" (sbatch(1)); INFINITE/UNLIMITED for no limit
+_DAYS = re.compile(r"^(\d+)-(\d+)(?::(\d+))?(?::(\d+))?$")
+_CLOCK = re.compile(r"^(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+
+
+def time_limit_seconds(text: str) -> int:
+    """sbatch's --time in seconds: `90` -> 5400, `1:30:00` -> 5400, `2-12` -> 216000; 0 for "" (the
+    partition's limit, unknown here) and for INFINITE / UNLIMITED."""
+    text = text.strip()
+    if text.upper() in ("", "INFINITE", "UNLIMITED"):
+        return 0
+    days = _DAYS.match(text)
+    if days:
+        d, h, m, s = (int(g or 0) for g in days.groups())
+        return ((d * 24 + h) * 60 + m) * 60 + s
+    clock = _CLOCK.match(text)
+    if not clock:
+        raise RecipeError(f"slurm.time: {text!r} is not a SLURM time limit (minutes, MM:SS, HH:MM:SS, "
+                          "D-HH, D-HH:MM or D-HH:MM:SS)")
+    parts = [int(g) for g in clock.groups() if g is not None]
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def check_slurm(cfg: SlurmConfig) -> None:
+    """Counts at least 1 (0 where it means "none" or "the default"), a time limit and memory sbatch reads,
+    and a warning that fits inside the time limit."""
+    for key in ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "signal_seconds", "max_requeues",
+                "array_parallel"):
+        value, least = getattr(cfg, key), 1 if key == "nodes" else 0
+        if value < least:
+            raise RecipeError(f"slurm.{key} must be at least {least}, got {value}")
+    if not 1 <= cfg.port <= 65535:
+        raise RecipeError(f"slurm.port must be a TCP port (1-65535), got {cfg.port}")
+    if cfg.mem and not _MEM.match(cfg.mem.upper()):
+        raise RecipeError(f"slurm.mem: {cfg.mem!r} is not what sbatch --mem takes (a number with K, M, G "
+                          "or T, e.g. 500G; 0 = all of a node's)")
+    limit = time_limit_seconds(cfg.time)
+    if limit and cfg.signal_seconds >= limit:
+        raise RecipeError(f"slurm.signal_seconds={cfg.signal_seconds} is not inside slurm.time={cfg.time} "
+                          f"({limit} s): the warning would come before the run starts")
+    for line in cfg.extra:
+        if not line.startswith("-"):
+            raise RecipeError(f"slurm.extra: {line!r} is not an sbatch option (write it as --exclusive, "
+                              "--mail-type=END, ...)")
+
+
+def procs_per_node(cfg: SlurmConfig) -> int:
+    """torchrun's --nproc-per-node: slurm.procs_per_node, else one process per GPU, else one."""
+    return cfg.procs_per_node or cfg.gpus_per_node or 1

@@ -3,9 +3,10 @@
 
 A cluster scheduler sends SIGTERM before it pre-empts a job, and SLURM sends the signal `--signal` asks for
 (SIGUSR2, vitcli.cluster.slurm) ahead of a time limit; losing up to `run.ckpt_every` steps to either is what
-this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
-no step is half-applied); a second Ctrl-C aborts at once, and the atomic writes still leave no partial file
-at a target path. Every rank must stop at the same step: the trainer agrees on the flag by an all-reduce.
+this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so no step
+is half-applied); a second Ctrl-C aborts at once (a scheduler's repeated signal does not), and the atomic
+writes still leave no partial file at a target path. Every rank must stop at the same step: the trainer
+agrees on the flag by an all-reduce.
 """
 
 from __future__ import annotations
@@ -37,8 +38,12 @@ class StopRequest:
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame) -> None:
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a person's second Ctrl-C: stop now
         if self.signum:
-            raise KeyboardInterrupt  # the second signal: stop now
+            # a scheduler's signal reaches a rank more than once (SLURM signals every process of the job,
+            # and torchrun forwards what it got): the checkpoint under way is what all of them ask for
+            return
         self.signum = signum
         console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
                     "(Ctrl-C again aborts at once)")

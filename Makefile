@@ -4,7 +4,7 @@ VENV_STAMP := .venv/.installed
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup test demo record quotes lint bench rehearse bench-memory bench-startup threads-ab gpu-check clean
+.PHONY: setup system-deps test demo record quotes lint bench rehearse bench-memory bench-startup threads-ab gpu-check clean
 
 setup: $(VENV_STAMP)
 
@@ -18,8 +18,8 @@ $(VENV_STAMP): pyproject.toml setup.py src/vitcli/data/decoding/_jpeg_region.c
 # One pytest-xdist worker per core, at most 4 (each imports torch; tests/conftest.py gives each its share of
 # the cores' threads); each test goes to whichever worker is free. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc); [ $$n -gt 4 ] && n=4; echo $$n)
-test: lint
-	$(PY) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
+test: lint system-deps
+	$(PY) -m pytest -rs $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist worksteal)
 
 demo: setup
 	bash scripts/quickstart.sh
@@ -38,6 +38,11 @@ record: setup
 # test_quotes.py fails when one differs. `python scripts/quotes.py` alone lists them.
 quotes: setup
 	$(PY) scripts/quotes.py --write
+
+# SLURM and munge for tests/integration/test_slurm.py's one-node cluster, installed where this is root with
+# apt-get (CI); elsewhere those tests skip and say why (-rs lists every skip's reason)
+system-deps:
+	bash scripts/system_deps.sh
 
 lint: setup
 	.venv/bin/ruff check src tests bench scripts

@@ -46,3 +46,7 @@ class Terminated(BaseException):
 
 class TrainingError(VitcliError):
     """Training cannot go on (for example a non-finite loss)."""
+
+
+class ClusterError(VitcliError):
+    """A run that cannot be handed to the cluster: no sbatch here, or sbatch refused the job (its line)."""

@@ -183,7 +183,9 @@ def test_every_documented_command_runs_as_written(doc, sandbox, monkeypatch, cap
     code = call_vit(monkeypatch, run)
     out, err = capsys.readouterr()
     assert code == 0, f"{doc.where}: `{' '.join(doc.args)}` exited {code}: {err.strip()[-400:]}"
-    if run[0] in DRY_RUN[:3] and "--list-tasks" not in run:
+    if "--slurm" in run:  # a dry run of a submission prints the batch script
+        assert out.startswith("#!/bin/bash") and "#SBATCH" in out, f"{doc.where}: no batch script printed"
+    elif run[0] in DRY_RUN[:3] and "--list-tasks" not in run:
         assert yaml.safe_load(out)["stage"] == run[0], f"{doc.where}: no resolved recipe printed"
 
 

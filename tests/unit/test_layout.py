@@ -1,9 +1,9 @@
 """The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
 
 LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime <
-models < data < checkpoints < train < evaluators < figures < fewshot < stages < cli. A module may import
-only packages below its own and, inside its package, modules listed before it: so no import runs back up
-and no cycle can form. A new module has to be given its place here.
+models < data < checkpoints < train < evaluators < figures < fewshot < stages < cluster < cli. A module may
+import only packages below its own and, inside its package, modules listed before it: so no import runs back
+up and no cycle can form. A new module has to be given its place here.
 """
 
 import ast
@@ -53,6 +53,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # one driver per command
     ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
                 "export", "evaluate_extra", "evaluate", "predict", "suite"]),
+    # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free)
+    ("cluster", ["slurm", "requeue", "submit"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from vitcli.cli import options as opt
-from vitcli.cli.dispatch import check_resume_flags, dispatch, output_format, resolve_recipe
+from vitcli.cli.dispatch import check_resume_flags, dispatch, dispatch_slurm, output_format, resolve_recipe
 
 app = typer.Typer(
     name="vit",
@@ -28,11 +28,14 @@ app = typer.Typer(
 @app.command("pretrain")
 def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
              overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = resolve_recipe("pretrain", recipe, overrides)
     check_resume_flags(resume, overwrite)
+    if slurm:
+        return dispatch_slurm(r, workdir, [], dry_run=dry_run, output=output_format(json_out),
+                              resume=resume, overwrite=overwrite)
 
     def stage():
         from vitcli.stages.run import one_run
@@ -46,7 +49,7 @@ def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
 def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: opt.Init = None,
              res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
              data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
              overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
@@ -55,6 +58,10 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
 
     lrs, chosen = check_flags(lr_sweep, task, r)  # here: --dry-run refuses what the run would
     check_resume_flags(resume, overwrite)
+    if slurm:  # the job runs this command with the frozen recipe: its own flags go with it
+        passed = [*(["--lr-sweep", lr_sweep] if lr_sweep else []), *(["--task", task] if task else [])]
+        return dispatch_slurm(r, workdir, passed, dry_run=dry_run, output=output_format(json_out),
+                              resume=resume, overwrite=overwrite)
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
              resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen)
 

@@ -103,6 +103,26 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
         sys.stdout.write(text)
 
 
+def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry_run: bool, output: Output,
+                   resume: bool | None = None, overwrite: bool = False) -> None:
+    """`--slurm`: the recipe checked for the job's processes (slurm.nodes x processes per node), then the
+    batch script printed (dry run) or written and submitted (vitcli.cluster.submit); torch-free."""
+    from vitcli.cluster.submit import submit
+    from vitcli.recipe.checks import check
+    from vitcli.recipe.cluster_checks import procs_per_node
+
+    if resume is not None or overwrite:
+        flag = "--overwrite" if overwrite else "--resume" if resume else "--no-resume"
+        raise typer.BadParameter(f"--slurm with {flag}: the job resumes from the workdir's last checkpoint "
+                                 "itself, at every requeue; use a new --workdir to start over")
+    check(recipe, recipe.slurm.nodes * procs_per_node(recipe.slurm))  # the batch splits over the job's ranks
+    with _tables_off(output != "table"):
+        result = submit(recipe, workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), tuple(args),
+                        dry_run=dry_run)
+    if result is not None and output == "json":
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+
+
 def _new_workdir(name: str) -> Path:
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 

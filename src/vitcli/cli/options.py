@@ -68,6 +68,10 @@ Resume = Annotated[bool | None, typer.Option(
 Overwrite = Annotated[bool, typer.Option(
     "--overwrite", help="Start over in a workdir that holds a run, finished or not (its files are "
                         "moved to previous-<time>/, not deleted).")]
+Slurm = Annotated[bool, typer.Option(
+    "--slurm", help="Submit to SLURM instead of running here: the recipe's slurm.* keys (nodes, GPUs, time, "
+                    "partition, ...) make WORKDIR/slurm/job.sh, one torchrun per node; preempted or out of "
+                    "time, it checkpoints and requeues itself. With --dry-run: print the script.")]
 Again = Annotated[bool, typer.Option(
     "--overwrite", help="Run again into a workdir that holds this command's finished results (they are moved "
                         "to previous-<time>/, not deleted); without it the same request prints them again.")]

@@ -37,3 +37,12 @@ FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_
 def sweep_run(lr: float) -> str:
     """The workdir of one learning rate of a sweep, below the sweep's own: `lr_0.003`."""
     return f"lr_{lr:g}"
+
+# A run taken onto SLURM (`--slurm`, vitcli.cluster): in WORKDIR/slurm, the batch script, the recipe it runs
+# (frozen when submitted: editing the recipe file later does not change a requeued job), a sweep's point
+# directories one per line (array task i runs line i + 1), sbatch's logs, and one line per time the job ran
+SLURM_DIR = "slurm"
+JOB_SCRIPT = "job.sh"
+POINTS_FILE = "points"
+ATTEMPTS_FILE = "attempts.jsonl"
+SLURM_LOG, SLURM_ARRAY_LOG = "%j.out", "%A_%a.out"  # sbatch's file patterns: job id; array job and task

@@ -1,0 +1,123 @@
+"""The batch script of a run on SLURM, as text: sbatch's lines from the recipe's slurm section, then one task
+per node, each running torchrun with c10d rendezvous on the first node (torchtitan's multinode_trainer.slurm
+shape), and SLURM's warning before the time limit turned into a checkpoint and a requeue.
+
+The signal path, end to end: `--signal=B:USR2@S` sends SIGUSR2 to this script's shell alone, S seconds
+before the limit; its trap hands the signal to srun, which forwards it to each node's torchrun, which (asked
+by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT, SIGHUP and SIGQUIT unless told) forwards
+it to every rank, and waits --shutdown-timeout for them (30 s by default: too short for a large checkpoint,
+so the whole lead is given). The ranks agree on the step, write one checkpoint and exit 140
+(train/interrupt.py). The shell then asks requeue.py, which requeues the job or says why not. A preemption's
+SIGTERM reaches every process of the job at once; the same path follows.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from vitcli.recipe.cluster_checks import procs_per_node
+from vitcli.recipe.schema import SlurmConfig
+from vitcli.runtime.run_files import (
+    JOB_SCRIPT,
+    POINTS_FILE,
+    RECIPE_FILE,
+    SLURM_ARRAY_LOG,
+    SLURM_DIR,
+    SLURM_LOG,
+)
+
+# torchrun's default list and the two signals SLURM's --signal sends (submitit: USR2; some sites: USR1)
+FORWARDED = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+PORTS = 1000  # the rendezvous port is slurm.port + job id mod PORTS: two jobs on one first node differ
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the batch script runs: `vit STAGE` with `args`, in `workdir`, from `cwd` (absolute paths)."""
+
+    stage: str  # pretrain | finetune
+    args: tuple[str, ...]  # the command's own flags beyond --recipe and --workdir (a sweep's, --task ...)
+    workdir: Path
+    cwd: Path
+    python: str  # the interpreter that submitted: the compute nodes run the same installation
+    points: int = 0  # a sweep's number of points, each an array task; 0: one run
+
+
+def slurm_dir(workdir: Path) -> Path:
+    """Where a run's SLURM files live: WORKDIR/slurm."""
+    return workdir / SLURM_DIR
+
+
+def script_path(workdir: Path) -> Path:
+    """The batch script, WORKDIR/slurm/job.sh: `sbatch` it again to resubmit."""
+    return slurm_dir(workdir) / JOB_SCRIPT
+
+
+def log_pattern(job: Job) -> Path:
+    """sbatch's --output: WORKDIR/slurm/<job id>.out, or <array job>_<task>.out for a sweep."""
+    return slurm_dir(job.workdir) / (SLURM_ARRAY_LOG if job.points else SLURM_LOG)
+
+
+def sbatch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
+    """The #SBATCH lines: resources from the recipe, the log in the workdir, the warning, requeue allowed."""
+    opts = [f"--job-name=vit-{job.workdir.name}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
+    opts += [f"--gpus-per-node={cfg.gpus_per_node}"] if cfg.gpus_per_node else []
+    opts += [f"--cpus-per-task={cfg.cpus_per_task}"] if cfg.cpus_per_task else []
+    named = {"mem": cfg.mem, "partition": cfg.partition, "account": cfg.account, "time": cfg.time,
+             "qos": cfg.qos, "constraint": cfg.constraint}
+    opts += [f"--{name}={value}" for name, value in named.items() if value]
+    # append: a requeued job writes on in the same file, after what the first attempt wrote
+    opts += [f"--output={log_pattern(job)}", "--open-mode=append"]
+    opts += [f"--signal=B:USR2@{cfg.signal_seconds}"] if cfg.signal_seconds else []
+    opts += ["--requeue"]
+    if job.points:
+        limit = f"%{cfg.array_parallel}" if cfg.array_parallel else ""
+        opts += [f"--array=0-{job.points - 1}{limit}"]
+    return [f"#SBATCH {opt}" for opt in [*opts, *cfg.extra]]
+
+
+def torchrun(cfg: SlurmConfig, job: Job) -> str:
+    """One node's launch: torchrun with c10d rendezvous on the first node, every rank running `vit STAGE`."""
+    q = shlex.quote
+    command = [job.stage, "--recipe", str(slurm_dir(job.workdir) / RECIPE_FILE), "--workdir",
+               str(job.workdir), *job.args]
+    point = ' --sweep-point "$SLURM_ARRAY_TASK_ID"' if job.points else ""
+    return (f'{q(job.python)} -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" '
+            f'--nproc-per-node={procs_per_node(cfg)} --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" '
+            f'--rdzv-id="$SLURM_JOB_ID" --signals-to-handle={FORWARDED} '
+            f"--shutdown-timeout={max(cfg.signal_seconds, 30)} -m vitcli "
+            f"{' '.join(q(a) for a in command)}{point}")
+
+
+def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
+    """The whole script; `written` says when and by what (its header)."""
+    q = shlex.quote
+    points = q(str(slurm_dir(job.workdir) / POINTS_FILE))
+    run = f'"$WORKDIR/$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {points})"' if job.points else '"$WORKDIR"'
+    requeue = f'{q(job.python)} -m vitcli.cluster.requeue'
+    return "\n".join([
+        "#!/bin/bash",
+        f"# `vit {job.stage}` of {job.workdir} on SLURM, written by {written}.",
+        f"# `sbatch {script_path(job.workdir)}` submits it again: the run resumes from its last checkpoint.",
+        *sbatch_lines(cfg, job),
+        "",
+        "set -u",
+        f"cd {q(str(job.cwd))}  # the recipe's relative paths are relative to where it was submitted",
+        f"WORKDIR={q(str(job.workdir))}",
+        f"RUN={run}",
+        f'{requeue} begin "$RUN"',
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"PORT=$(({cfg.port} + SLURM_JOB_ID % {PORTS}))",
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {torchrun(cfg, job)} &",
+        "STEP=$!",
+        "SIGNAL=",
+        "# SLURM's warning (--signal=B:...) comes to this shell alone: srun forwards it to every node",
+        "trap 'SIGNAL=USR2; kill -USR2 $STEP 2>/dev/null' USR2",
+        "trap 'SIGNAL=TERM; kill -TERM $STEP 2>/dev/null' TERM",
+        "# a trapped signal ends `wait` early: wait again until the step itself has ended",
+        'while :; do wait "$STEP"; RC=$?; [ "$RC" -gt 128 ] && kill -0 "$STEP" 2>/dev/null || break; done',
+        f'exec {requeue} end "$RUN" --rc "$RC" --signal "$SIGNAL" --max-requeues {cfg.max_requeues}',
+        "",
+    ])

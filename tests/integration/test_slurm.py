@@ -77,17 +77,23 @@ def straight(tmp_path_factory) -> dict:
     return load_weights(workdir / MODEL_FILE)[0]
 
 
-def test_the_time_limits_warning_requeues_the_job_and_it_ends_with_the_uninterrupted_weights(
-        cluster, straight, tmp_path):
+@pytest.mark.parametrize("signal, scancel", [("USR2", "--batch"), ("TERM", "--full")],
+                         ids=["the time limit's warning (to the batch shell)",
+                              "a preemption's SIGTERM (to every process of the job)"])
+def test_a_stopped_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, straight, tmp_path,
+                                                                           signal, scancel):
+    """The warning: every rank checkpoints at its next step. A preemption's SIGTERM: srun kills the step at
+    once (its own answer to SIGTERM), so the run resumes from its last periodic checkpoint."""
     workdir = tmp_path / "run"
-    job = submit(cluster, workdir)
-    wait_for_step(workdir, 20)
-    cluster.run("scancel", "--batch", "--signal=USR2", job)
+    job = submit(cluster, workdir, "run.ckpt_every=50")
+    wait_for_step(workdir, 120)
+    cluster.run("scancel", scancel, f"--signal={signal}", job)
     requeued = cluster.wait_state(job, ("PENDING",), timeout=120)
     assert int(requeued["Restarts"]) == 1
     first = attempts(workdir)[0]
-    assert first["signal"] == "USR2" and first["action"] == "requeue" and 20 <= first["to_step"] < STEPS
-    assert f"stopped by SIGUSR2 at step {first['to_step']}/{STEPS}" in log(workdir)
+    assert first["signal"] == signal and first["action"] == "requeue" and 100 <= first["to_step"] < STEPS
+    if signal == "USR2":  # a checkpoint at the step the warning found, not only a periodic one
+        assert f"stopped by SIGUSR2 at step {first['to_step']}/{STEPS}" in log(workdir)
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # SLURM holds a requeued job ~2 min
     ended = cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
     assert ended["JobState"] == "COMPLETED", log(workdir)[-3000:]

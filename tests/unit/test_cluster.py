@@ -70,12 +70,14 @@ def test_time_limit_requeues_are_bounded_and_preemptions_are_not():
     assert decide(1, "USR2", False, True, preempted, max_requeues=3).action == "requeue"
 
 
-def test_no_progress_is_requeued_once_and_not_a_second_time_in_a_row():
+def test_a_time_limit_without_progress_is_requeued_once_and_not_a_second_time_in_a_row():
     assert decide(1, "USR2", False, False, [attempt()], 20).action == "requeue"
     again = decide(1, "USR2", False, False, [attempt(progress=False)], 20)
     assert again.action == "fail" and "nor the one before" in again.why
     # progress in between: the count starts over
     assert decide(1, "USR2", False, False, [attempt(progress=False), attempt()], 20).action == "requeue"
+    # a preemption is the cluster's doing, however early it comes
+    assert decide(137, "TERM", False, False, [attempt("TERM", progress=False)], 20).action == "requeue"
 
 
 def test_the_latest_step_and_finished_are_read_from_the_workdir(tmp_path):

@@ -7,9 +7,14 @@ The batch script (cluster/slurm.py) runs `python -m vitcli.cluster.requeue begin
 The rules (`decide`): a finished run is never requeued; a step that failed with no signal from SLURM is a
 failure (requeueing a crash would crash again); a stop SLURM asked for is requeued, after a time limit at
 most slurm.max_requeues times (submitit: 3; a week-long run on a 24-hour partition needs 7), after a
-preemption always; but a stop that moved no checkpoint forward since the job started is requeued once,
-and not a second time in a row: the same failure twice is not requeued forever (a time limit shorter than
-the start-up and the first checkpoint, say).
+preemption always (the cluster's doing, not the run's); but a time limit met with no checkpoint moved
+forward since the job started is requeued once, and not a second time in a row: the same failure twice is
+not requeued forever (a time limit shorter than the start-up and a step, say).
+
+A preemption's SIGTERM reaches every process of the job, srun included, and srun answers it by killing the
+step at once: the ranks get no time to write a checkpoint, and the run resumes from its last periodic one
+(run.ckpt_every, run.ckpt_every_minutes). A cluster with PreemptParameters=send_user_signal sends the
+warning (USR2) at preemption instead, and the run checkpoints at its next step as before a time limit.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ def decide(rc: int, signal: str, finished: bool, progress: bool, history: list[d
     if not signal:
         return Outcome("fail", f"the run exited {rc} without a signal from SLURM: not requeued (a crash "
                                "would crash again); fix it and sbatch the script again")
-    if not progress and history and not history[-1].get("progress", True):
+    if signal == "USR2" and not progress and history and not history[-1].get("progress", True):
         return Outcome("fail", "no checkpoint moved forward in this attempt nor the one before: not "
                                "requeued again (is the time limit shorter than the start-up and a step?)")
     timeouts = sum(1 for a in history if a.get("signal") == "USR2" and a.get("action") == "requeue")

@@ -8,7 +8,8 @@ by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT, SIGHUP and SIG
 it to every rank, and waits --shutdown-timeout for them (30 s by default: too short for a large checkpoint,
 so the whole lead is given). The ranks agree on the step, write one checkpoint and exit 140
 (train/interrupt.py). The shell then asks requeue.py, which requeues the job or says why not. A preemption's
-SIGTERM reaches every process of the job at once; the same path follows.
+SIGTERM reaches every process of the job at once, srun too, which kills the step on it: requeue.py says
+what that means for the run.
 """
 
 from __future__ import annotations
@@ -113,9 +114,10 @@ def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
         f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {torchrun(cfg, job)} &",
         "STEP=$!",
         "SIGNAL=",
-        "# SLURM's warning (--signal=B:...) comes to this shell alone: srun forwards it to every node",
+        "# SLURM's warning (--signal=B:...) comes to this shell alone: srun forwards it to every node.",
+        "# A preemption's SIGTERM reaches every process of the job already (and srun kills the step on it)",
         "trap 'SIGNAL=USR2; kill -USR2 $STEP 2>/dev/null' USR2",
-        "trap 'SIGNAL=TERM; kill -TERM $STEP 2>/dev/null' TERM",
+        "trap 'SIGNAL=TERM' TERM",
         "# a trapped signal ends `wait` early: wait again until the step itself has ended",
         'while :; do wait "$STEP"; RC=$?; [ "$RC" -gt 128 ] && kill -0 "$STEP" 2>/dev/null || break; done',
         f'exec {requeue} end "$RUN" --rc "$RC" --signal "$SIGNAL" --max-requeues {cfg.max_requeues}',

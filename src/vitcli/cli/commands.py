@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from vitcli.cli import options as opt
-from vitcli.cli.dispatch import check_resume_flags, dispatch, output_format, resolve_recipe
+from vitcli.cli.dispatch import check_resume_flags, dispatch, output_format, resolve_grid, resolve_recipe
 
 app = typer.Typer(
     name="vit",
@@ -28,35 +28,38 @@ app = typer.Typer(
 @app.command("pretrain")
 def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
-             overrides: opt.TrainOverrides = None) -> None:
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False, sweep: opt.Sweep = None,
+             sweep_point: opt.SweepPoint = None, overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = resolve_recipe("pretrain", recipe, overrides)
+    grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
     check_resume_flags(resume, overwrite)
 
     def stage():
         from vitcli.stages.run import one_run
-        return one_run
+        from vitcli.stages.sweep import run_grid
+        return run_grid if grid else one_run
 
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite)
+             resume=resume, overwrite=overwrite, sweep=grid)
 
 
 @app.command("finetune")
 def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: opt.Init = None,
              res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
              data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
-             overrides: opt.TrainOverrides = None) -> None:
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False, sweep: opt.Sweep = None,
+             sweep_point: opt.SweepPoint = None, overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
     r = resolve_recipe("finetune", recipe, overrides, flags, vtab=bool(task))
     from vitcli.stages.finetune import check_flags, finetune
 
-    lrs, chosen = check_flags(lr_sweep, task, r)  # here: --dry-run refuses what the run would
+    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))  # here: --dry-run refuses what the run would
+    grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen)
+             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid)
 
 
 @app.command("eval-fewshot")

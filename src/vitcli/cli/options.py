@@ -84,13 +84,15 @@ NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not
 # ---------------------------------------------------------------- sweeps (pretrain and finetune)
 
 Sweep = Annotated[list[str] | None, typer.Option(
-    "--sweep", help="KEY=V1,V2,...: one run per value of a recipe key, each in WORKDIR/<point>, e.g. "
-                    "--sweep optim.lr=1e-3,3e-3 --sweep run.seed=0,1 (repeatable: every combination, "
-                    "the last key varying fastest); finished points are skipped on a rerun; "
-                    "WORKDIR/sweep.csv holds every point's final metrics. See docs/sweeps.md.")]
+    "--sweep", metavar="KEY=V1,V2",
+    help="One run per value of a recipe key, each in WORKDIR/<point>, e.g. --sweep optim.lr=1e-3,3e-3 "
+         "--sweep run.seed=0,1 (repeatable: every combination, the last key varying fastest); finished "
+         "points are skipped on a rerun; WORKDIR/sweep.csv holds every point's final metrics. See "
+         "docs/sweeps.md.")]
 SweepPoint = Annotated[int | None, typer.Option(
-    "--sweep-point", hidden=True, help="Run only point I (0-based) of --sweep, as a SLURM array task; the "
-                                       "task that finishes the last point writes the sweep's table.")]
+    "--sweep-point", metavar="I", hidden=True,
+    help="Run only point I (0-based) of --sweep, as a SLURM array task; the task that finishes the last "
+         "point writes the sweep's table.")]
 
 # ---------------------------------------------------------------- finetune
 

@@ -15,7 +15,9 @@ from helpers import REPO, kill_when
 from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.weights import load_weights, save_weights
 from vitcli.models.zoo import build_model, model_spec
-from vitcli.recipe.resolve import resolve
+from vitcli.recipe.grid import Grid, points
+from vitcli.recipe.layers import nest
+from vitcli.recipe.resolve import derive, resolve
 from vitcli.recipe.schema import ModelConfig
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console, read_metrics, stdout
@@ -59,7 +61,7 @@ def test_torchrun_two_processes(tmp_path):
 
 
 def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, monkeypatch, capsys):
-    """As torchrun starts rank 1: eval-fewshot (reports, feature cache), the lr sweep and the VTAB driver
+    """As torchrun starts rank 1: eval-fewshot (reports, feature cache), the sweeps and the VTAB driver
     produce their results in memory, and leave no file and no console line; rank 0 does both."""
     monkeypatch.setenv("RANK", "1")  # world size 1, so there is no group to join, but this is not rank 0
     monkeypatch.setattr(console, "quiet", False)  # restored after the test: dist.setup flips it
@@ -80,7 +82,10 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
     ft = resolve("finetune", None,
                  ["schedule.steps=10", "schedule.warmup_steps=1", "data.val_split=validation"])
     dist = setup("cpu")
-    assert sweep_mod.sweep(ft, tmp_path / "sweep", [0.1, 0.2], dist)["best_lr"] == 0.2
+    assert sweep_mod.lr_sweep(ft, tmp_path / "sweep", [0.1, 0.2], dist)["best_lr"] == 0.2
+    found = points(["optim.lr=0.1,0.2"])
+    grid = Grid(found, [derive(ft, nest(p.overrides)) for p in found])
+    assert sweep_mod.sweep_grid(grid, tmp_path / "grid", dist)["best"] == "optim.lr=0.2"
     assert (list(vtab_mod.run_vtab(ft, tmp_path / "vtab", vtab_mod.vtab_tasks("vtab/dmlab"), dist))
             == ["vtab/dmlab"])
 

@@ -432,15 +432,17 @@ def test_lr_sweep_writes_both_rates_and_picks_the_best_dev(tmp_path, monkeypatch
     summary = json.loads((tmp_path / "sweep.json").read_text())
     with open(tmp_path / "sweep.csv") as f:
         csv_rows = list(csv.DictReader(f))
-    assert [float(row["lr"]) for row in csv_rows] == list(lrs)
-    assert [row["lr"] for row in summary["runs"]] == list(lrs)
+    assert [float(row["optim.lr"]) for row in csv_rows] == list(lrs)
+    assert [row["optim.lr"] for row in summary["points"]] == list(lrs)
     # each run's own summary.json is the independent record of its dev (validation) top-1; from this
     # pretrained network both rates can reach the same dev top-1, and then the first one listed wins
-    dev = {lr: json.loads((tmp_path / f"lr_{lr:g}" / "summary.json").read_text())["val/top1"] for lr in lrs}
+    runs = {lr: tmp_path / f"optim.lr={lr}" for lr in lrs}  # the point names, as users see them
+    dev = {lr: json.loads((run / "summary.json").read_text())["val/top1"] for lr, run in runs.items()}
     assert summary["best_lr"] == max(dev, key=dev.get)
+    assert summary["best"] == f"optim.lr={summary['best_lr']}"
     assert summary["dev/top1"] == pytest.approx(max(dev.values()))
     for row in csv_rows:
-        assert float(row["dev/top1"]) == pytest.approx(dev[float(row["lr"])])
+        assert float(row["val/top1"]) == pytest.approx(dev[float(row["optim.lr"])])
 
 
 def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
@@ -449,20 +451,20 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
                 0.001: {"val/top1": 0.6, "test/top1": 0.8}}
     seen = []
 
-    def fake_training(recipe, workdir, dist, resume=None, overwrite=False):
+    def fake_training(recipe, workdir, dist, resume=None, overwrite=False, skip_note=""):
         seen.append((recipe.optim.lr, workdir.name))
         return outcomes[recipe.optim.lr]
 
     monkeypatch.setattr(sweep_mod, "run_training", fake_training)
     r = finetune_recipe("synthetic", "", "data.val_split=validation", "optim.lr=0.5")
-    summary = sweep_mod.sweep(r, tmp_path, list(outcomes), dist_mod.setup("cpu"))
-    assert seen == [(0.1, "lr_0.1"), (0.01, "lr_0.01"), (0.001, "lr_0.001")]
+    summary = sweep_mod.lr_sweep(r, tmp_path, list(outcomes), dist_mod.setup("cpu"))
+    assert seen == [(0.1, "optim.lr=0.1"), (0.01, "optim.lr=0.01"), (0.001, "optim.lr=0.001")]
     assert r.optim.lr == 0.5, "each run trains a copy; the caller's recipe is untouched"
     best = max(outcomes, key=lambda lr: outcomes[lr]["val/top1"])
     assert summary["best_lr"] == best and summary["test/top1"] == outcomes[best]["test/top1"]
     assert json.loads((tmp_path / "sweep.json").read_text()) == summary
     with open(tmp_path / "sweep.csv") as f:
-        assert [float(row["lr"]) for row in csv.DictReader(f)] == list(outcomes)
+        assert [float(row["optim.lr"]) for row in csv.DictReader(f)] == list(outcomes)
 
 
 # ---------------------------------------------------------------- the finetune recipes

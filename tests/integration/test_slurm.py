@@ -17,7 +17,7 @@ import torch
 import slurm_cluster
 from helpers import REPO
 from vitcli.checkpoints.weights import load_weights
-from vitcli.runtime.run_files import ATTEMPTS_FILE, METRICS_FILE, MODEL_FILE, SLURM_DIR
+from vitcli.runtime.run_files import ATTEMPTS_FILE, METRICS_FILE, MODEL_FILE, SLURM_DIR, SWEEP_FILE
 
 STEPS = 300
 TINY = ["-r", str(REPO / "recipes/quickstart/pretrain.yaml"), "schedule.epochs=0", f"schedule.steps={STEPS}",
@@ -115,3 +115,15 @@ def test_a_crash_is_not_requeued(cluster, tmp_path):
     (only,) = attempts(workdir)
     assert only["action"] == "fail" and only["signal"] == "" and only["rc"] != 0
     assert "without a signal from SLURM: not requeued" in log(workdir)
+
+
+def test_a_sweep_is_a_job_array_whose_last_task_writes_the_table(cluster, tmp_path):
+    workdir = tmp_path / "sweep"
+    job = submit(cluster, workdir, "schedule.steps=20", "--sweep", "run.seed=0,1")
+    for task in ("0", "1"):
+        ended = cluster.wait_state(f"{job}_{task}", ("COMPLETED", "FAILED", "CANCELLED"))
+        assert ended["JobState"] == "COMPLETED", log(workdir)[-3000:]
+    table = json.loads((workdir / SWEEP_FILE).read_text())
+    assert sorted(p["run.seed"] for p in table["points"]) == [0, 1]
+    for point in ("run.seed=0", "run.seed=1"):
+        assert (workdir / point / MODEL_FILE).is_file() and attempts(workdir / point)[-1]["action"] == "done"

@@ -16,6 +16,7 @@ from vitcli.data.batching import batches
 from vitcli.data.decoding import decode
 from vitcli.data.rows import sources, tasks
 from vitcli.fewshot.evaluate import data_cfg
+from vitcli.recipe.grid import point_name
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.vtab import task_recipe
@@ -130,7 +131,8 @@ def test_lr_sweep_retrains_the_chosen_lr_on_1000_images_and_tests_only_that(tmp_
     assert code == 0, err
     result = json.loads((work / "vtab.json").read_text())["vtab/dmlab"]
     task_dir = work / "dmlab"
-    vals = {lr: json.loads((task_dir / f"lr_{lr:g}" / "summary.json").read_text())["val/top1"] for lr in lrs}
+    runs = {lr: task_dir / point_name({"optim.lr": lr}) for lr in lrs}  # optim.lr=0.001
+    vals = {lr: json.loads((runs[lr] / "summary.json").read_text())["val/top1"] for lr in lrs}
     chosen = max(lrs, key=lambda lr: vals[lr])
     final = yaml.safe_load((task_dir / "final" / "recipe.yaml").read_text())
     final_summary = json.loads((task_dir / "final" / "summary.json").read_text())
@@ -140,10 +142,10 @@ def test_lr_sweep_retrains_the_chosen_lr_on_1000_images_and_tests_only_that(tmp_
     assert final["data"]["train_split"] == "train[:800]+validation[:200]"
     assert len(sources.load_source(final["data"]["source"], final["data"]["train_split"])) == 1000
     for lr in lrs:  # the sweep's runs train on train800 and are never tested
-        swept = yaml.safe_load((task_dir / f"lr_{lr:g}" / "recipe.yaml").read_text())["data"]
+        swept = yaml.safe_load((runs[lr] / "recipe.yaml").read_text())["data"]
         splits = (swept["train_split"], swept["val_split"], swept["test_split"])
         assert splits == ("train[:800]", "validation[:200]", ""), lr
-        assert "test/top1" not in json.loads((task_dir / f"lr_{lr:g}" / "summary.json").read_text())
+        assert "test/top1" not in json.loads((runs[lr] / "summary.json").read_text())
     assert "val200" in out and f"{100 * result['test/top1']:.1f}" in out
 
     def train_rows():

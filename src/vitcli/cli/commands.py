@@ -13,7 +13,14 @@ from typing import Annotated
 import typer
 
 from vitcli.cli import options as opt
-from vitcli.cli.dispatch import check_resume_flags, dispatch, dispatch_slurm, output_format, resolve_recipe
+from vitcli.cli.dispatch import (
+    check_resume_flags,
+    dispatch,
+    dispatch_slurm,
+    output_format,
+    resolve_grid,
+    resolve_recipe,
+)
 
 app = typer.Typer(
     name="vit",
@@ -29,20 +36,23 @@ app = typer.Typer(
 def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              dry_run: opt.DryRun = False, resume: opt.Resume = None,
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
+             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None,
              overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = resolve_recipe("pretrain", recipe, overrides)
+    grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
     check_resume_flags(resume, overwrite)
     if slurm:
         return dispatch_slurm(r, workdir, [], dry_run=dry_run, output=output_format(json_out),
-                              resume=resume, overwrite=overwrite)
+                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
 
     def stage():
         from vitcli.stages.run import one_run
-        return one_run
+        from vitcli.stages.sweep import run_grid
+        return run_grid if grid else one_run
 
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite)
+             resume=resume, overwrite=overwrite, sweep=grid)
 
 
 @app.command("finetune")
@@ -50,20 +60,22 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
              res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
              data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
+             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None,
              overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
     r = resolve_recipe("finetune", recipe, overrides, flags, vtab=bool(task))
     from vitcli.stages.finetune import check_flags, finetune
 
-    lrs, chosen = check_flags(lr_sweep, task, r)  # here: --dry-run refuses what the run would
+    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))  # here: --dry-run refuses what the run would
+    grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
     if slurm:  # the job runs this command with the frozen recipe: its own flags go with it
         passed = [*(["--lr-sweep", lr_sweep] if lr_sweep else []), *(["--task", task] if task else [])]
         return dispatch_slurm(r, workdir, passed, dry_run=dry_run, output=output_format(json_out),
-                              resume=resume, overwrite=overwrite)
+                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen)
+             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid)
 
 
 @app.command("eval-fewshot")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import typer
 
 if TYPE_CHECKING:
+    from vitcli.recipe.grid import Grid
     from vitcli.recipe.schema import Recipe
 
 Output = Literal["table", "json", "csv"]
@@ -41,6 +42,34 @@ def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | 
     base = None if stage in ("pretrain", "prepare-data") else (lambda first: _trained_with(first, own_data))
     return resolve(stage, recipe_file, list(overrides or []), flags, vtab=vtab,
                    world_size=world_size, complete=_complete, base=base)
+
+
+def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | None, specs: list[str] | None,
+                 only: int | None, flags: dict | None = None) -> Grid | None:
+    """The sweep the `--sweep KEY=V1,V2,...` options ask for, every point's recipe resolved (and so checked)
+    as the command with that point's values would resolve it, above its overrides and flags, before any
+    point trains; None without --sweep. `only` is --sweep-point's index."""
+    from vitcli.errors import RecipeError, VitcliError
+    from vitcli.recipe.grid import Grid, check_index, points
+
+    if not specs:
+        if only is not None:
+            raise RecipeError("--sweep-point runs one point of a sweep: give it with --sweep KEY=V1,V2")
+        return None
+    found = points(specs)
+    flags = flags or {}
+    given = {k for k, v in flags.items() if v is not None}
+    clash = [k for k in found[0].overrides if k in given]
+    if clash:
+        raise RecipeError(f"--sweep {clash[0]}: an option of this command sets it too; drop one of them")
+    check_index(only, len(found))
+    recipes = []
+    for point in found:
+        try:
+            recipes.append(resolve_recipe(stage, recipe_file, overrides, {**flags, **point.overrides}))
+        except VitcliError as e:  # the key's own message, and which point gave the value
+            raise type(e)(f"sweep point {point.name}: {e}") from None
+    return Grid(found, recipes, only)
 
 
 def _trained_with(first: Recipe, own_data: bool) -> dict:
@@ -73,7 +102,7 @@ def output_format(json_out: bool, csv_out: bool = False) -> Output:
 
 def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
              workdir: Path | None = None, dry_run: bool | None = None, output: Output = "table",
-             **kwargs: Any) -> None:
+             sweep: Grid | None = None, **kwargs: Any) -> None:
     """How every command runs its stage, and the one place that prints what the stage returns.
 
     `load()` imports and returns the stage function, only now: `--help`, a refused recipe and a dry
@@ -81,7 +110,8 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
     stage(recipe, workdir, *args, **kwargs), the workdir runs/<name>-<time> unless given; with
     `dry_run` the resolved recipe is printed instead and the stage is not even imported. Any other
     stage is called as stage([recipe,] *args, **kwargs) and plans its own dry run: it is handed
-    `dry_run` where the command has the option, and says what it would write.
+    `dry_run` where the command has the option, and says what it would write. A `sweep` (its Grid) is
+    handed to the stage as `sweep=`; a dry run lists its points on stderr below the recipe.
 
     With output json or csv the stage's tables go nowhere and what it returned is printed on stdout
     by rank 0 alone (every rank returns it). Errors go up to main(), which makes each one line and
@@ -89,7 +119,10 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
     """
     in_workdir = recipe is not None and recipe.stage in WORKDIR_NAMES
     if in_workdir and dry_run:
-        return _print_recipe(recipe)
+        _print_recipe(recipe)
+        return _print_points(sweep, workdir) if sweep else None
+    if sweep is not None:
+        kwargs["sweep"] = sweep
     if in_workdir:
         args = (workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), *args)
     elif dry_run is not None:
@@ -104,9 +137,11 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
 
 
 def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry_run: bool, output: Output,
-                   resume: bool | None = None, overwrite: bool = False) -> None:
-    """`--slurm`: the recipe checked for the job's processes (slurm.nodes x processes per node), then the
-    batch script printed (dry run) or written and submitted (vitcli.cluster.submit); torch-free."""
+                   resume: bool | None = None, overwrite: bool = False, sweep: list[str] | None = None,
+                   grid: Grid | None = None) -> None:
+    """`--slurm`: the recipe (every point's, for a sweep) checked for the job's processes (slurm.nodes x
+    processes per node), then the batch script printed (dry run) or written and submitted
+    (vitcli.cluster.submit): one job, or a job array of one task per sweep point. Torch-free."""
     from vitcli.cluster.submit import submit
     from vitcli.recipe.checks import check
     from vitcli.recipe.cluster_checks import procs_per_node
@@ -115,10 +150,15 @@ def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry
         flag = "--overwrite" if overwrite else "--resume" if resume else "--no-resume"
         raise typer.BadParameter(f"--slurm with {flag}: the job resumes from the workdir's last checkpoint "
                                  "itself, at every requeue; use a new --workdir to start over")
-    check(recipe, recipe.slurm.nodes * procs_per_node(recipe.slurm))  # the batch splits over the job's ranks
+    if grid is not None and grid.only is not None:
+        raise typer.BadParameter("--slurm with --sweep-point: the job array runs every point, one per task")
+    world = recipe.slurm.nodes * procs_per_node(recipe.slurm)
+    for each in grid.recipes if grid else [recipe]:
+        check(each, world)  # the batch splits over the job's ranks
+    passed = [*args, *(a for spec in sweep or [] for a in ("--sweep", spec))]
     with _tables_off(output != "table"):
-        result = submit(recipe, workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), tuple(args),
-                        dry_run=dry_run)
+        result = submit(recipe, workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), tuple(passed),
+                        [p.name for p in grid.points] if grid else None, dry_run=dry_run)
     if result is not None and output == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
 
@@ -157,6 +197,16 @@ def _print_recipe(r: Recipe) -> None:
 
         for line in auto_choices(r, pick_device(r.run.device)):
             sys.stderr.write(f"# {line}\n")
+
+
+def _print_points(grid: Grid, workdir: Path | None) -> None:
+    """A dry run's list of a sweep's points on stderr, below the recipe (whose values they replace), and the
+    directory each would train in."""
+    where = workdir or f"runs/{WORKDIR_NAMES[grid.recipes[0].stage]}-<time>"
+    sys.stderr.write(f"# sweep: {len(grid.points)} points, each its own run in {where}/<point>\n")
+    for i, point in enumerate(grid.points):
+        mark = "  <- --sweep-point" if i == grid.only else ""
+        sys.stderr.write(f"#   {i}: {point.name}{mark}\n")
 
 
 @contextlib.contextmanager

@@ -85,6 +85,19 @@ DataRoot = Annotated[str | None, typer.Option(
 TrainOverrides = overrides("optim.lr=1e-3 data.batch_size=64")
 NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not tell")
 
+# ---------------------------------------------------------------- sweeps (pretrain and finetune)
+
+Sweep = Annotated[list[str] | None, typer.Option(
+    "--sweep", metavar="KEY=V1,V2",
+    help="One run per value of a recipe key, each in WORKDIR/<point>, e.g. --sweep optim.lr=1e-3,3e-3 "
+         "--sweep run.seed=0,1 (repeatable: every combination, the last key varying fastest); finished "
+         "points are skipped on a rerun; WORKDIR/sweep.csv holds every point's final metrics. See "
+         "docs/sweeps.md.")]
+SweepPoint = Annotated[int | None, typer.Option(
+    "--sweep-point", metavar="I", hidden=True,
+    help="Run only point I (0-based) of --sweep, as a SLURM array task; the task that finishes the last "
+         "point writes the sweep's table.")]
+
 # ---------------------------------------------------------------- finetune
 
 Init = Annotated[str | None, typer.Option(

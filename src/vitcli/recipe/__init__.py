@@ -3,4 +3,4 @@ values) < schema.py (the typed dataclasses, every key's default) < layers.py (YA
 and coerced onto them, written back) < names.py (model names -> sizes) < data_checks.py (the data keys,
 checked without data), fewshot_checks.py (the fewshot section's), cluster_checks.py (the slurm section's) <
 checks.py (every value check, one RecipeError naming the key) < resolve.py (defaults < file < overrides <
-flags, then checked)."""
+flags, then checked) < grid.py (a sweep's `--sweep KEY=V1,V2` options -> its named points)."""

@@ -22,7 +22,9 @@ RUN_OUTPUTS = (RECIPE_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CURVES_FILE,
                WANDB_ID_FILE)
 
 # Results of the drivers that run several trainings, and of `vit eval-fewshot`
-SWEEP_FILE, SWEEP_CSV = "sweep.json", "sweep.csv"  # `--lr-sweep`: every rate's dev and test top-1
+# `--sweep` and `--lr-sweep`: every point's swept values and final metrics (each point's run is in
+# WORKDIR/<point>, named by recipe.grid.point_name)
+SWEEP_FILE, SWEEP_CSV = "sweep.json", "sweep.csv"
 VTAB_FILE = "vtab.json"  # `--task vtab...`: every task's lr and test top-1
 FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewshot.png"
 VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it
@@ -32,11 +34,6 @@ RELIABILITY_PLOT = "reliability.png"  # `vit evaluate`'s reliability diagram (so
 EVALUATE_OUTPUTS = (EVALUATE_FILE, RECIPE_FILE, CONFUSION_PLOT, RELIABILITY_PLOT)
 FEWSHOT_OUTPUTS = (FEWSHOT_FILE, RECIPE_FILE, FEWSHOT_CSV, FEWSHOT_PLOT)
 FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_dir says where
-
-
-def sweep_run(lr: float) -> str:
-    """The workdir of one learning rate of a sweep, below the sweep's own: `lr_0.003`."""
-    return f"lr_{lr:g}"
 
 # A run taken onto SLURM (`--slurm`, vitcli.cluster): in WORKDIR/slurm, the batch script, the recipe it runs
 # (frozen when submitted: editing the recipe file later does not change a requeued job), a sweep's point

@@ -1,7 +1,8 @@
 """Stage drivers, one per command: each joins the process group once and hands its Dist down.
 
-run.py (one training run; `vit pretrain`) < sweep.py (one run per learning rate) < vtab.py (the VTAB-1k
-protocol, per task) < finetune.py (`vit finetune`: which of the three); fewshot.py (`vit eval-fewshot`);
+run.py (one training run; `vit pretrain`) < sweep.py (a run per point of `--sweep`, or per learning rate of
+`--lr-sweep`; one table) < vtab.py (the VTAB-1k protocol, per task) < finetune.py (`vit finetune`: which of
+them); fewshot.py (`vit eval-fewshot`);
 inspect.py (`vit inspect`); plot.py (`vit plot`); resize.py (`vit resize-posemb`); prepare.py
 (`vit prepare-data`); export.py (`vit export`); evaluate_extra.py (evaluate's calibration, temperature
 scaling and test-time augmentation); evaluate.py (`vit evaluate`: a checkpoint's head on a split)

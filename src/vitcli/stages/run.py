@@ -168,9 +168,10 @@ def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
-                 overwrite: bool = False) -> dict:
+                 overwrite: bool = False, skip_note: str = "") -> dict:
     """Train as the recipe says; writes recipe.yaml, metrics.jsonl, state, model.safetensors, summary.json
     (rank 0), and returns what summary.json holds (the final metrics, the step count, the time taken).
+    A driver of several runs says with `skip_note` how it skips a finished one (its table reports it).
 
     Everything is checked before the first file is touched: the workdir, the resume decision, the data,
     the model and its starting weights, the free space. A finished run in the workdir is replaced only
@@ -184,7 +185,9 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     start = manager.resume_point(recipe, workdir, dist, resume, overwrite, auto)
     finished = manager.finished_summary(workdir, start)
     if finished is not None:  # the same command again: its results, and not one file touched
-        if dist.is_main:
+        if dist.is_main and skip_note:
+            console.log(skip_note)
+        elif dist.is_main:
             console.log(f"{workdir} holds this run, finished at step {finished['steps']}: nothing to do "
                         "(--overwrite starts it over)")
             report(finished, workdir)

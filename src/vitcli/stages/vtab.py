@@ -2,8 +2,8 @@
 
 Protocol (paper App. B.1.1 / Zhai et al. 2019): resolve.VTAB_PROTOCOL sits below the recipe file, so a
 recipe can still change it. `val200` is the split for choosing hyper-parameters: with --lr-sweep each rate
-trains on train800 into TASK/lr_<lr> and is scored on val200 (not on test), then the chosen rate trains again
-on all 1,000 images, train800val200, into TASK/final, and that model's test top-1 is the task's result.
+trains on train800 into TASK/optim.lr=<lr> and is scored on val200 (not on test), then the chosen rate trains
+again on all 1,000 images, train800val200, into TASK/final, and that model's test top-1 is the task's result.
 Every run resumes or is skipped as run_training decides, so a rerun after completion trains nothing again.
 """
 
@@ -23,7 +23,7 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
 from vitcli.runtime.run_files import VTAB_FILE, VTAB_FINAL_RUN
 from vitcli.stages.run import run_training
-from vitcli.stages.sweep import sweep
+from vitcli.stages.sweep import lr_sweep
 
 
 def vtab_tasks(spec: str) -> list[tasks.Task]:
@@ -74,7 +74,7 @@ def _run_task(recipe: Recipe, task: tasks.Task, r: Recipe, out: Path, lrs: list[
     val/top1), then that lr trains on train800val200 into OUT/final, which alone is tested."""
     if not lrs:
         return {"lr": r.optim.lr, "test/top1": run_training(r, out, dist, resume, overwrite).get("test/top1")}
-    summary = sweep(r, out, lrs, dist, resume, overwrite)
+    summary = lr_sweep(r, out, lrs, dist, resume, overwrite)
     final = derive(task_recipe(recipe, task, False, dist.world_size), {"optim": {"lr": summary["best_lr"]}},
                    dist.world_size)
     results = run_training(final, out / VTAB_FINAL_RUN, dist, resume, overwrite)

@@ -39,10 +39,13 @@ from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_asid
 
 # Keys that may differ between a run and its resumption: they change how a run is watched and fed (or, for
 # ema.save, which of its weights the end writes), not what it trains. Everything else (the seed and the
-# micro-batch included: they decide the data order, the initial weights and the summation order) must match.
+# micro-batch included: they decide the data order, the initial weights and the summation order) must match;
+# data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (train.micro_batch), so the
+# budget that chose it may change.
 RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
              "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size",
-             "fewshot.", "ema.save", "slurm.")
+             "fewshot.", "ema.save", "slurm.", "run.memory_budget_mb")
+MICRO_BATCH = "data.micro_batch_size"
 
 Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
 
@@ -132,6 +135,8 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
     saved, now = flatten(saved_recipe), flatten(to_dict(recipe))
     defaults = flatten(to_dict(Recipe(stage=recipe.stage)))
     saved = {k: saved.get(k, defaults.get(k)) for k in now}
+    if now[MICRO_BATCH] == "auto":  # continues with the checkpoint's choice (train.micro_batch.resolved)
+        now[MICRO_BATCH] = saved[MICRO_BATCH]
     diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
         k, more = diffs[0], f", and {len(diffs) - 1} more" if len(diffs) > 1 else ""

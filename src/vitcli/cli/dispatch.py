@@ -184,13 +184,17 @@ def as_csv(records: list[dict]) -> str:
 
 
 def _print_recipe(r: Recipe) -> None:
-    """The recipe as YAML on stdout (what recipe.yaml will hold, `auto`s aside); on stderr, what
-    each `auto` of run.precision and run.compile becomes on this machine. Deciding that needs torch
+    """The recipe as YAML on stdout (what recipe.yaml will hold, `auto`s aside); on stderr, that
+    data.micro_batch_size's auto is tried when the run starts, and what each `auto` of run.precision
+    and run.compile becomes on this machine. Deciding that needs torch
     (is there a GPU, does this CPU run bf16): it is imported only now, every check passed, and only
     when a recipe says `auto`."""
     from vitcli.recipe.layers import to_yaml
 
     sys.stdout.write(to_yaml(r))
+    if r.data.micro_batch_size == "auto":  # tried on the device, in child processes (train/micro_batch.py)
+        sys.stderr.write("# data.micro_batch_size: auto -> the largest that fits run.memory_budget_mb, found "
+                         "by trial steps at the start of the run\n")
     if "auto" in (r.run.precision, r.run.compile):
         from vitcli.runtime.dist import pick_device
         from vitcli.runtime.precision import auto_choices

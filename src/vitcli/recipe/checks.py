@@ -76,7 +76,7 @@ POSITIVE = (
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
-    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.micro_batch_size", "data.cache_mb",
+    "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.cache_mb", "run.memory_budget_mb",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step",
@@ -117,6 +117,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     """
     _choices(recipe)
     _compile(recipe.run.compile)
+    _micro_batch_size(recipe.data.micro_batch_size)
     _ranges(recipe)
     if model:
         check_model(recipe)
@@ -149,6 +150,17 @@ def _compile(value) -> None:
     """run.compile is a switch with a third position, auto (a bool or the string "auto" after coercion)."""
     if not isinstance(value, bool) and value != "auto":
         raise RecipeError(f"run.compile: '{value}' is not one of auto, true, false")
+
+
+def _micro_batch_size(value) -> None:
+    """data.micro_batch_size is a number of images (0: the batch per process) or auto (an int or the string
+    "auto" after coercion)."""
+    if value == "auto":
+        return
+    if not isinstance(value, int):
+        raise RecipeError(f"data.micro_batch_size: '{value}' is not auto or a number of images")
+    if value < 0:
+        raise RecipeError(f"data.micro_batch_size must be >= 0 or auto, got {value}")
 
 
 def _ranges(recipe: Recipe) -> None:
@@ -245,6 +257,8 @@ def _batch(recipe: Recipe, world_size: int) -> None:
         near = sorted({m for m in (share * world_size, (share + 1) * world_size) if m > 0})
         raise RecipeError(f"data.batch_size={d.batch_size} does not split over {world_size} processes: use "
                           f"a multiple of {world_size} ({' or '.join(map(str, near))})")
+    if d.micro_batch_size == "auto":  # it will be a divisor of the share (train.micro_batch.candidates)
+        return
     micro, _ = micro_batches(recipe, world_size)
     if micro <= 0 or share % micro:
         fits = max(m for m in range(1, min(max(micro, 1), share) + 1) if share % m == 0)
@@ -274,6 +288,12 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     if recipe.objective != "supervised":
         raise RecipeError(f"{mixing[0]} mixes labels, but objective: {recipe.objective} has none (it "
                           "predicts the input's own patches); set it to 0")
+    if d.micro_batch_size == "auto":  # auto tries even micro-batches only: the batch per process needs one
+        if (d.batch_size // world_size) % 2:
+            raise RecipeError(f"{mixing[0]} needs an even micro-batch, but data.micro_batch_size=auto has "
+                              f"none to try: the batch per process, {d.batch_size // world_size}, is odd; "
+                              "make data.batch_size / world size even")
+        return
     micro, _ = micro_batches(recipe, world_size)
     if micro % 2:  # Mixup and CutMix pair each image with its mirror in the micro-batch, as timm's
         raise RecipeError(f"{mixing[0]} needs an even micro-batch, got {micro}; "

@@ -64,7 +64,9 @@ class DataConfig:
     label_rule: str = ""  # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
     binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
-    micro_batch_size: int = 0  # per-process forward/backward batch; 0 = batch_size / world size
+    # per-process forward/backward batch; 0 = batch_size / world size; auto = the largest divisor of that
+    # which fits run.memory_budget_mb, found by trial steps before training (train/micro_batch.py)
+    micro_batch_size: int | str = 0
     # repeated augmentation k, DeiT's RASampler: an epoch's images k times each, the copies in different
     # micro-batches (on different processes when each takes one micro-batch per step), each copy with its
     # own augmentation draws; an epoch stays len(split) images, so ~len / k distinct ones. 1 = off; DeiT: 3.
@@ -194,6 +196,11 @@ class RunConfig:
     # recompute each transformer block's activations in the backward pass instead of keeping them: about a
     # third more compute for far less activation memory; the gradients do not change
     activation_checkpointing: bool = False
+    # MiB data.micro_batch_size=auto may fill, per process: on CUDA its device memory (the caching
+    # allocator's peak and the CUDA context); on a CPU a trial's peak resident memory (torch, the network and
+    # its steps; not the data side, nor loader workers). 0 = a GPU's total memory; on a CPU, MemAvailable
+    # shared by the node's processes
+    memory_budget_mb: int = 0
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an
     # account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
@@ -340,7 +347,10 @@ def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:
     """(micro-batch, accumulation): each process's forward/backward batch (data.micro_batch_size, or 0 for
     data.batch_size / world_size) and how many of them it sums per optimizer step, batch_size / (micro x
     world_size). Accumulation is 0 when the micro-batch is not positive (recipe.checks refuses that, and a
-    micro-batch x world size that does not divide data.batch_size)."""
+    micro-batch x world size that does not divide data.batch_size). A micro-batch of `auto` must have been
+    resolved first (train.micro_batch.resolved)."""
     d = recipe.data
+    if d.micro_batch_size == "auto":  # read as 0 it would silently train without accumulation
+        raise ValueError("data.micro_batch_size auto: pass the recipe train.micro_batch.resolved returns")
     micro = d.micro_batch_size or d.batch_size // world_size
     return micro, d.batch_size // (micro * world_size) if micro > 0 else 0

@@ -7,6 +7,9 @@ Elsewhere the main process's figure comes from getrusage and the workers' are no
 Shared pages count in every process that touched them (the decoded-image cache,
 data/decoding/image_cache.py, is one copy however many workers read it), so a worker's figure includes what
 it read of the cache.
+
+And the memory a new process may still take on this host (MemAvailable), the CPU's default budget of
+data.micro_batch_size=auto (train/micro_batch.py).
 """
 
 from __future__ import annotations
@@ -26,8 +29,19 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
 def status_mb(pid: int | str, field: str) -> float | None:
     """A figure of /proc/PID/status in MiB (VmHWM: the peak resident set; RssAnon: the resident memory that
     is the process's own, not pages of files it maps); None when it has gone or /proc is not there."""
+    return _field_mb(PROC / str(pid) / "status", field)
+
+
+def available_mb() -> float | None:
+    """MiB the kernel reckons a new workload can take without swapping (MemAvailable: free memory plus the
+    page cache and slabs it can reclaim); None where /proc/meminfo is not there."""
+    return _field_mb(PROC / "meminfo", "MemAvailable")
+
+
+def _field_mb(path: Path, field: str) -> float | None:
+    """A `Field:  1234 kB` line of a /proc file in MiB; None when the file or the line is not there."""
     try:
-        for line in (PROC / str(pid) / "status").read_text().splitlines():
+        for line in path.read_text().splitlines():
             if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024  # kB
     except (OSError, ValueError, IndexError):
@@ -47,8 +61,12 @@ def children(pid: int | str = "self") -> list[int]:
     return found
 
 
-def _own_peak_mb() -> float:
-    """This process's peak in MiB where /proc is missing: ru_maxrss, kB on Linux, bytes on macOS."""
+def own_peak_mb() -> float:
+    """This process's peak resident set in MiB: VmHWM, or where /proc is missing ru_maxrss (kB on Linux,
+    bytes on macOS)."""
+    peak = peak_rss_mb()
+    if peak is not None:
+        return peak
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
@@ -62,7 +80,7 @@ class PeakMemory:
 
     def sample(self) -> None:
         """Read this process's peak and every living child's."""
-        self.main = max(self.main, peak_rss_mb() or _own_peak_mb())
+        self.main = max(self.main, own_peak_mb())
         for pid in children():
             peak = peak_rss_mb(pid)
             if peak is not None:

@@ -36,7 +36,7 @@ from vitcli.runtime.peak import mfu, peak_flops
 from vitcli.runtime.precision import bf16_warning, resolved, resolved_compile
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_space, check_workdir
-from vitcli.train import distill
+from vitcli.train import distill, micro_batch
 from vitcli.train.loop import Feed, Job, train
 from vitcli.train.objectives import MaeModel, MppModel, loss_fn
 from vitcli.train.schedule import total_steps
@@ -183,6 +183,7 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     # and run.compile's auto true or false (run.compile may differ on resume: manager.RESUMABLE)
     recipe, why_compile = resolved_compile(recipe, dist.device)
     start = manager.resume_point(recipe, workdir, dist, resume, overwrite, auto)
+    recipe = micro_batch.resolved(recipe, dist, start)  # micro_batch_size auto: the checkpoint's, or tried
     finished = manager.finished_summary(workdir, start)
     if finished is not None:  # the same command again: its results, and not one file touched
         if dist.is_main and skip_note:

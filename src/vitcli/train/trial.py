@@ -1,0 +1,153 @@
+"""One trial of a micro-batch for data.micro_batch_size: auto (train/micro_batch.py searches with them): the
+run's own steps at that micro-batch, in a process of its own, and the peak memory they reached.
+
+`python -m vitcli.train.trial FOLDER/spec.json` builds the run's network and objective as the run does
+(models.zoo; supervised with its teacher if any, masked patch prediction or MAE; the weight EMA; the
+precision, activation checkpointing and torch.compile of parallelize.apply) and takes two optimizer steps
+of two micro-batches each (one when the micro-batch is the whole batch) on random inputs of the run's shape:
+the peak of weights, gradients, optimizer slots and one micro-batch's activations is reached within them
+(bench/memory.py says why). It writes FOLDER/result.json: its peak in MiB, on CUDA the caching allocator's
+max_memory_reserved plus its CUDA context (the allocator capped at the budget less the context), on a CPU
+its peak resident memory (VmHWM: torch, the network and its steps; the run's own process holds its data
+reading on top, and its loader workers apart); or that it ran out of memory; or the VitcliError the run
+would have met. This module imports no more than the steps need (no `datasets`): a trial starts in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from vitcli.errors import VitcliError
+from vitcli.models import zoo
+from vitcli.recipe.layers import merge
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime import files
+from vitcli.runtime.allocator import keep_freed_memory
+from vitcli.runtime.dist import Dist, enable_tf32
+from vitcli.runtime.memory import own_peak_mb
+from vitcli.runtime.precision import autocast
+from vitcli.train import distill, parallelize
+from vitcli.train.ema import WeightEma
+from vitcli.train.objectives import MaeModel, MppModel, loss_fn, mae_step, mpp_step
+from vitcli.train.optim import build_optimizer
+
+STEPS, MICRO_BATCHES = 2, 2  # the second step's second micro-batch meets every slot and gradient
+SPEC, RESULT, ERRORS = "spec.json", "result.json", "stderr.txt"  # a trial's files, in a folder of its own
+
+
+def run(spec_path: Path) -> None:
+    """A trial's process: the steps `spec_path` asks for ({recipe, micro, micro_batches, device, width,
+    budget_mb, others_mb}), then beside it RESULT: {"peak_mb"}, {"failed": "out of memory"}, or a
+    VitcliError's {"error", "kind"}."""
+    keep_freed_memory()  # as `vit` itself does (cli.entry): the heap grows as the run's will
+    spec = json.loads(spec_path.read_text())
+    r = Recipe(stage=spec["recipe"]["stage"])
+    merge(r, spec["recipe"])
+    try:
+        found = {"peak_mb": trial_steps(r, spec["micro"], spec["micro_batches"], torch.device(spec["device"]),
+                                        spec["width"], spec["budget_mb"], spec["others_mb"])}
+    except VitcliError as e:
+        found = {"error": str(e), "kind": type(e).__name__}
+    except Exception as e:
+        if not _out_of_memory(e):
+            raise
+        found = {"failed": "out of memory"}
+    files.write_text(spec_path.with_name(RESULT), json.dumps(found))
+
+
+def _out_of_memory(e: BaseException | None) -> bool:
+    """Whether `e`, or an error it was raised from, is running out of memory: torch.compile reports one met
+    while it compiles or tunes as its own error, raised from the OutOfMemoryError."""
+    while e is not None:
+        if isinstance(e, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device, width: int,
+                budget_mb: float = float("inf"), others_mb: float = 0.0) -> float:
+    """STEPS optimizer steps of `micro_batches` micro-batches of `micro` random images each, as the run
+    takes them (network, objective, precision, parallelize.apply, optimizer, EMA); the peak MiB of this
+    process on `device` (see the module's docstring). Run it in a process of its own: it is `run`'s."""
+    context = _context_mb(device, budget_mb, others_mb)
+    torch.manual_seed(r.run.seed)
+    teacher = distill.load_teacher(r, width, device)
+    parallel = parallelize.apply(network(r, width).to(device), r.run, Dist(0, 1, 0, device))
+    optimizer = build_optimizer(parallel.model, r.optim)
+    ema = WeightEma(parallel.model, r.ema) if r.ema.decay else None
+    loss = _loss(r, width, teacher)
+    size = r.model.img_size
+    parallel.train.train()  # dropout and drop-path keep their masks for the backward, as in the run
+    for step in range(1, STEPS + 1):
+        optimizer.zero_grad(set_to_none=True)
+        for _ in range(micro_batches):
+            with autocast(device, r.run.precision):
+                value = loss(parallel.train, torch.randn(micro, 3, size, size, device=device))
+            (value / micro_batches).backward()
+        parallelize.clip_grad_norm(parallel.train, r.optim.clip_grad_norm)
+        optimizer.step()
+        if ema is not None:
+            ema.update(parallel.model, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_reserved(device) / 2**20 + context
+    return own_peak_mb()
+
+
+def _context_mb(device: torch.device, budget_mb: float, others_mb: float) -> float:
+    """On CUDA, the MiB of this process's CUDA context (the device's used memory before any tensor, less the
+    `others_mb` other processes held as the trial began), with the caching allocator capped at the budget
+    less it; 0 on a CPU."""
+    if device.type != "cuda":
+        return 0.0
+    torch.cuda.set_device(device)
+    enable_tf32()  # as the run's process has it (runtime.dist.setup)
+    free, total = torch.cuda.mem_get_info(device)  # makes the context
+    context = max((total - free) / 2**20 - others_mb, 0.0)
+    fraction = (budget_mb - context) * 2**20 / total
+    if fraction < 1:
+        torch.cuda.set_per_process_memory_fraction(max(fraction, 0.0), device)
+    return context
+
+
+def network(r: Recipe, width: int) -> torch.nn.Module:
+    """The network the run trains (stages.run.build_job's), from fresh weights: memory does not depend on
+    their values."""
+    model = zoo.build_model(r.model, width)
+    if r.objective == "mpp":
+        return MppModel(model, r.mpp, r.model.patch_size, r.data.mean, r.data.std)
+    if r.objective == "mae":
+        return MaeModel(model, r.mae, r.model.patch_size)
+    distill.use_distillation_token(model, r.distill)
+    return model
+
+
+def _loss(r: Recipe, width: int, teacher: torch.nn.Module | None) -> Callable:
+    """loss(model, images) of the run's objective; labels random, soft (B, K) ones when images are mixed."""
+    if r.objective == "mpp":
+        return lambda model, x: mpp_step(model, x, r.run.seed, r.mpp, r.model.patch_size)[0]
+    if r.objective == "mae":
+        return lambda model, x: mae_step(model, x, r.run.seed, 0, r.mae, r.model.patch_size)
+    criterion = distill.criterion(loss_fn(r.optim), teacher, r.distill)
+    mixed = bool(r.data.mixup_alpha or r.data.cutmix_alpha)
+
+    def supervised(model, x):
+        y = (torch.full((len(x), width), 1 / width, device=x.device) if mixed
+             else torch.randint(width, (len(x),), device=x.device))
+        return criterion(model(x), y, x)
+
+    return supervised
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))
+    # no interpreter teardown: it takes seconds, and grows a CPU trial's resident memory by ~100 MiB once its
+    # result is written (the parent polices the budget only until then)
+    os._exit(0)

@@ -5,7 +5,9 @@ A cluster scheduler sends SIGTERM before it pre-empts a job, and SLURM sends the
 (SIGUSR2, vitcli.cluster.slurm) ahead of a time limit; losing up to `run.ckpt_every` steps to either is what
 this prevents. The first signal only raises a flag that the loop reads after each optimizer step (so
 no step is half-applied); a second Ctrl-C aborts at once, and the atomic writes still leave no partial file
-at a target path. Every rank must stop at the same step: the trainer agrees on the flag by an all-reduce.
+at a target path. A second SIGTERM or SIGUSR1/2 changes nothing: under srun and torchrun every rank receives
+the scheduler's signal twice. Every rank must stop at the same step: the trainer agrees on the flag by an
+all-reduce.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class StopRequest:
-    """Within the block, SIGINT / SIGTERM set `signum` instead of killing the process (main thread only)."""
+    """Within the block, SIGINT, SIGTERM and SIGUSR1/2 set `signum` instead of killing the process (main
+    thread only)."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -38,7 +41,13 @@ class StopRequest:
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum:
-            raise KeyboardInterrupt  # the second signal: stop now
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # Ctrl-C again: a person wants out now
+            # a scheduler's signal arriving again is the same request, not an abort: SLURM signals every
+            # process of a step and torchrun forwards what it got, so a rank sees it twice, milliseconds apart
+            # (strace under srun; tests/unit/test_interrupt.py); aborting would lose the checkpoint. The hard
+            # stop stays SIGKILL, after SLURM's KillWait or torchrun's --shutdown-timeout.
+            return
         self.signum = signum
         console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
                     "(Ctrl-C again aborts at once)")

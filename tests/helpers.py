@@ -4,6 +4,7 @@ MAE `.pth` files, a run stopped as Ctrl-C stops it, damaged files, warnings read
 live in conftest.py."""
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -56,17 +57,54 @@ def run_ranks(script: Path, out: Path) -> None:
 
 
 def kill_when(env: dict, cmd: list[str], path: Path) -> None:
-    """Start `cmd` in its own process group and SIGKILL the whole group (torchrun and its ranks, loader
-    workers) as soon as `path` exists, as a pre-empted node dies: no signal handler, no final checkpoint."""
+    """Start `cmd` in its own process group and SIGKILL every process it started (torchrun and its ranks,
+    loader workers) as soon as `path` exists, as a pre-empted node dies: no signal handler, no final
+    checkpoint."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 240
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.wait()
     assert path.exists(), "the run ended before its checkpoint appeared"
     assert proc.returncode == -signal.SIGKILL, "the run finished before it was killed"
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, read from /proc. torchrun starts each rank in a session of its own,
+    so a signal to torchrun's process group reaches none of them."""
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        for children in Path(f"/proc/{found[-1]}/task").glob("*/children"):
+            with contextlib.suppress(OSError):  # a process that has just exited
+                todo += [int(child) for child in children.read_text().split()]
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s process group and that of every process below it (a rank's loader workers are in its
+    group), then wait until none is left running: a rank of a killed torchrun would otherwise train on, still
+    writing into the run directory that the test resumes next."""
+    tree, groups = process_tree(pid), set()
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):  # one that has exited since
+            groups.add(os.getpgid(p))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in tree[1:]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is still there and not a zombie (one exited, waiting for its parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 D, HEADS, MLP, PATCH = 32, 2, 64, 8

@@ -141,10 +141,11 @@ def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
     exactly (torch.equal) the weights and logged losses of the same run never interrupted."""
     steps = ("schedule.steps=120", "run.ckpt_every=30", "run.log_every=10", *RANDOM)
     run(vit(2, tmp_path / "straight", *steps))
-    kill_when(ENV, vit(2, tmp_path / "killed", *steps), tmp_path / "killed" / "state-30.pt")
+    # its checksum is written last: the checkpoint is whole (a kill before it leaves one a resume skips)
+    kill_when(ENV, vit(2, tmp_path / "killed", *steps), tmp_path / "killed" / "state-30.pt.sha256")
     assert not (tmp_path / "killed" / MODEL_FILE).exists()
     proc = run(vit(2, tmp_path / "killed", *steps))
-    assert "resuming from" in proc.stderr
+    assert "resuming from" in proc.stderr and "at step 30" in " ".join(proc.stderr.split())
     straight, resumed = weights(tmp_path / "straight"), weights(tmp_path / "killed")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     rows = [{r["step"]: r["train/loss"] for r in read_metrics(tmp_path / w / "metrics.jsonl")
@@ -183,10 +184,11 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
     training, ending where one process alone ends, up to float summation order amplified by 60 Adam steps
     (5e-4; measured 7.6e-5, where another run.seed is about 0.3 away)."""
     steps = ("schedule.steps=60", "run.ckpt_every=20", "run.log_every=10", *RANDOM)
-    kill_when(ENV, vit(2, tmp_path / "moved", *steps), tmp_path / "moved" / "state-20.pt")
+    kill_when(ENV, vit(2, tmp_path / "moved", *steps), tmp_path / "moved" / "state-20.pt.sha256")  # whole
     proc = run(vit(1, tmp_path / "moved", *steps))
     # map-style batches are the same on any world size: no warning that the data order changed
     assert "resuming from" in proc.stderr and "split over" not in proc.stderr
+    assert "at step 20" in " ".join(proc.stderr.split())
     run(vit(1, tmp_path / "one", *steps))
     one, moved = weights(tmp_path / "one"), weights(tmp_path / "moved")
     worst = max((one[k] - moved[k]).abs().max().item() for k in one)

@@ -72,7 +72,8 @@ def _process_group():
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has
             # exited with an error, would only cut short their leaving and their report
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's, again
+                signal.signal(signum, signal.SIG_IGN)
         # an agreed stop (Interrupted) finds every rank at the same step: they leave as on a return
         _leave(failed=not isinstance(e, Interrupted))
         raise

@@ -41,8 +41,10 @@ class StopRequest:
         if self.signum and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a person's second Ctrl-C: stop now
         if self.signum:
-            # a scheduler's signal reaches a rank more than once (SLURM signals every process of the job,
-            # and torchrun forwards what it got): the checkpoint under way is what all of them ask for
+            # a scheduler's signal reaches a rank more than once, milliseconds apart (SLURM signals every
+            # process of a step, and torchrun forwards what it got; strace under srun): the checkpoint under
+            # way is what all of them ask for, and aborting would lose it. The hard stop stays SIGKILL,
+            # after SLURM's KillWait or torchrun's --shutdown-timeout
             return
         self.signum = signum
         console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "

@@ -47,8 +47,9 @@ class StopRequest:
             # after SLURM's KillWait or torchrun's --shutdown-timeout
             return
         self.signum = signum
-        console.log(f"[yellow]{signal.Signals(signum).name}: finishing this step and writing a checkpoint "
-                    "(Ctrl-C again aborts at once)")
+        again = " (Ctrl-C again aborts at once)" if signum == signal.SIGINT else ""
+        name = signal.Signals(signum).name
+        console.log(f"[yellow]{name}: finishing this step and writing a checkpoint{again}")
 
 
 def interrupted(signum: int, step: int, total: int, workdir) -> Interrupted:

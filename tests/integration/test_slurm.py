@@ -94,7 +94,10 @@ def test_a_stopped_job_is_requeued_and_ends_with_the_uninterrupted_weights(clust
     assert first["signal"] == signal and first["action"] == "requeue" and 100 <= first["to_step"] < STEPS
     if signal == "USR2":  # a checkpoint at the step the warning found, not only a periodic one
         assert f"stopped by SIGUSR2 at step {first['to_step']}/{STEPS}" in log(workdir)
-    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")  # SLURM holds a requeued job ~2 min
+    # SLURM holds a requeued job ~2 min; released at once, slurmd would refuse it: a credential newer than
+    # the revoked one of the job's last run is needed, and their times are in whole seconds
+    time.sleep(2.5)
+    cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     ended = cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))
     assert ended["JobState"] == "COMPLETED", log(workdir)[-3000:]
     second = attempts(workdir)[1]

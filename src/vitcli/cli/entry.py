@@ -69,10 +69,11 @@ def _process_group():
     try:
         yield
     except BaseException as e:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or isinstance(e, Interrupted):
             # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has
-            # exited with an error, would only cut short their leaving and their report
-            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's, again
+            # exited with an error, or a scheduler's signal again (it reaches a process more than once),
+            # would only cut short the leaving and the report
+            for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(signum, signal.SIG_IGN)
         # an agreed stop (Interrupted) finds every rank at the same step: they leave as on a return
         _leave(failed=not isinstance(e, Interrupted))
@@ -134,7 +135,10 @@ def _fail(message: str, code: int) -> None:
 
 def _stop(message: str, code: int) -> None:
     """A stop that Ctrl-C or a scheduler's SIGTERM asked for, as one plain yellow line: not an error,
-    though its exit code (130, 143) tells a script it did not finish. Told as `_fail` tells an error."""
+    though its exit code (130, 143) tells a script it did not finish. Told as `_fail` tells an error.
+    A scheduler's signal that comes again now changes nothing."""
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
     _say("[yellow]", message, code)
 
 

@@ -51,8 +51,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # one driver per command
-    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "export", "evaluate_extra", "evaluate", "predict", "suite"]),
+    ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
+                "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

@@ -5,6 +5,7 @@ own stage name and hands over to the one dispatcher, with a function that import
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -28,11 +29,14 @@ app = typer.Typer(
 @app.command("pretrain")
 def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False, preflight: opt.Preflight = False,
+             preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = resolve_recipe("pretrain", recipe, overrides)
     check_resume_flags(resume, overwrite)
+    if preflight:
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps)
 
     def stage():
         from vitcli.stages.run import one_run
@@ -46,7 +50,8 @@ def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
 def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: opt.Init = None,
              res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
              data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
-             overwrite: opt.Overwrite = False, json_out: opt.Json = False,
+             overwrite: opt.Overwrite = False, json_out: opt.Json = False, preflight: opt.Preflight = False,
+             preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
@@ -55,8 +60,23 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
 
     lrs, chosen = check_flags(lr_sweep, task, r)  # here: --dry-run refuses what the run would
     check_resume_flags(resume, overwrite)
+    if preflight:
+        if lrs or chosen:
+            raise typer.BadParameter("--preflight times one run: drop --lr-sweep and --task")
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps)
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
              resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen)
+
+
+def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int) -> None:
+    """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume and
+    --overwrite do not apply, since what is timed is always a fresh run."""
+
+    def stage():
+        from vitcli.stages.preflight import preflight
+        return functools.partial(preflight, steps=steps)
+
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out))
 
 
 @app.command("eval-fewshot")

@@ -45,7 +45,7 @@ bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction
 all as commands: the ETA over the run's wall-clock time, the peak memory over the run's (preflight_vs_run).
 `targets` holds the goals and whether met (null: not measured).
 
-    python bench/run.py [--timm-train PATH]   # the measurement (~23 min on 2 cores);
+    python bench/run.py [--timm-train PATH]   # the measurement (~27 min on 2 cores);
                                               # make bench [TIMM_TRAIN=PATH] also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
@@ -390,12 +390,17 @@ def preflight_vs_run(quick: bool) -> dict:
             load.append(os.getloadavg()[0])
             run, run_s = vit_json(args)
             load.append(os.getloadavg()[0])
-            out[stage] = preflight_figures(pf, pf_s, run, run_s) | {"load_1min": load}
+            rows = read_metrics(workdir / "metrics.jsonl")
+            out[stage] = preflight_figures(pf, pf_s, run, run_s, rows) | {"load_1min": load}
     return out
 
 
-def preflight_figures(pf: dict, pf_s: float, run: dict, run_s: float) -> dict:
-    """One run's row of bench `preflight`: the preflight's figures against the run's."""
+def preflight_figures(pf: dict, pf_s: float, run: dict, run_s: float, rows: list[dict]) -> dict:
+    """One run's row of bench `preflight`: the preflight's figures against the run's (`run` its summary,
+    `rows` its metrics.jsonl)."""
+    # the run's own rate: its median logging window (one that met an evaluation or a checkpoint is slow, and
+    # a median leaves it out), against the preflight's
+    rates = [r["train/img_per_s"] for r in rows if "train/img_per_s" in r]
     eta, mem = pf["eta/seconds"] / run_s, pf["mem/main_peak_mb"] / run["mem/main_peak_mb"]
     return {"eta_s": pf["eta/seconds"], "run_s": run_s, "eta_ratio": eta, "eta_closeness": 1 - abs(eta - 1),
             "mem_mb": pf["mem/main_peak_mb"], "run_mem_mb": run["mem/main_peak_mb"], "mem_ratio": mem,
@@ -405,7 +410,8 @@ def preflight_figures(pf: dict, pf_s: float, run: dict, run_s: float) -> dict:
                             for k in ("eta/fixed_s", "eta/steps_s", "eta/eval_s", "eta/checkpoint_s")},
             "run_parts_s": {"outside_train": run_s - run["seconds"], "train": run["seconds"],
                             "checkpoint": run["time/checkpoint_s"]},
-            "run_img_per_s": run["train/img_per_s"]}
+            "img_per_s": pf["train/img_per_s"], "run_img_per_s": run["train/img_per_s"],
+            "run_median_img_per_s": float(np.median(rates[1:] or rates))}
 
 
 def loader(recipe: Recipe, batches_: int) -> float:

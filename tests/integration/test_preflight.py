@@ -9,7 +9,7 @@ import pytest
 
 from helpers import run_vit
 from vitcli.stages import preflight as pf
-from vitcli.train import loop
+from vitcli.train import cost, loop
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -20,6 +20,7 @@ TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.
 SLURM = ["slurm.time=1", "slurm.signal_seconds=10"]
 FIELDS = {
     "stage", "preflight/steps_run", "preflight/steps_timed", "train/step_s", "train/img_per_s",
+    "train/first_epoch_step_s", "train/first_epoch_steps",
     "train/data_wait", "train/input_advice", "train/mfu", "mem/main_peak_mb", "mem/worker_peak_mb",
     "mem/cache_growth_mb", "mem/device_allocated_mb", "mem/device_reserved_mb", "schedule/steps",
     "schedule/checkpoint_writes", "eval/val_runs", "eval/val_s", "eval/test_runs", "eval/test_s",
@@ -28,8 +29,10 @@ FIELDS = {
     "disk/needed_bytes", "disk/free_bytes", "disk/fits", "slurm/time_limit_s", "slurm/requeues", "warnings"}
 
 
-def preflight(monkeypatch, capsys, tmp_path, *extra):
-    """`vit pretrain --preflight` into tmp_path/runs/w; (exit code, stdout, stderr)."""
+def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
+    """`vit pretrain --preflight` into tmp_path/runs/w, its steady steps timed for `timed_s` at least (0: no
+    second short run, in seconds of a test); (exit code, stdout, stderr)."""
+    monkeypatch.setattr(pf, "TIMED_S", timed_s)
     return run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path / "runs" / "w", "--preflight",
                    "--preflight-steps", "4", *TINY, *extra)
 
@@ -40,24 +43,27 @@ def nothing_left(tmp_path):
 
 
 def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(monkeypatch, capsys, tmp_path):
-    code, out, err = preflight(monkeypatch, capsys, tmp_path, "--json", *SLURM)
+    code, out, err = preflight(monkeypatch, capsys, tmp_path, "--json", *SLURM, timed_s=1.0)
     assert code == 0, err
     f = json.loads(out)
     assert set(f) == FIELDS
     nothing_left(tmp_path)
-    every, run = pf.plan(4)
-    assert f["preflight/steps_run"] == run and run - 2 * every <= f["preflight/steps_timed"] <= run - every
+    run = cost.plan(4)[1]
+    # 64 images kept decoded: a sample of 3 windows' images, then the cache; then more steps, for 1 s of them
+    # at the short run's pace
+    assert f["preflight/steps_run"] == run and f["train/first_epoch_steps"] == 64 // 16
+    assert f["preflight/steps_timed"] > run and f["train/first_epoch_step_s"] > 0
     assert f["schedule/steps"] == 40 and f["eval/test_runs"] == 1
-    assert f["eval/val_runs"] == pf.evaluations(40, 10)
-    assert f["schedule/checkpoint_writes"] == pf.checkpoint_writes(40, 15, 30.0, f["train/step_s"])
+    assert f["eval/val_runs"] == cost.evaluations(40, 10)
+    assert f["schedule/checkpoint_writes"] == cost.checkpoint_writes(40, 15, 30.0, f["train/step_s"])
     assert f["eta/seconds"] == pytest.approx(f["eta/fixed_s"] + f["eta/steps_s"] + f["eta/eval_s"]
                                              + f["eta/checkpoint_s"])
     assert f["mem/device_allocated_mb"] is None and f["eta/gpu_hours"] is None  # a CPU run
     assert f["mem/main_peak_mb"] > 0 and f["mem/worker_peak_mb"] is None  # no loader worker
     assert 0 < f["disk/checkpoint_bytes"] and 0 < f["disk/model_bytes"] < f["disk/checkpoint_bytes"]
-    assert f["disk/needed_bytes"] == pf.disk_needed(f["disk/checkpoint_bytes"], 2, f["disk/model_bytes"])
+    assert f["disk/needed_bytes"] == cost.disk_needed(f["disk/checkpoint_bytes"], 2, f["disk/model_bytes"])
     assert f["slurm/time_limit_s"] == 60
-    assert f["slurm/requeues"] == pf.requeues(f["eta/seconds"], f["eta/fixed_s"], 60, 10)
+    assert f["slurm/requeues"] == cost.requeues(f["eta/seconds"], f["eta/fixed_s"], 60, 10)
 
     code, out, err = preflight(monkeypatch, capsys, tmp_path)
     assert code == 0, err

@@ -42,7 +42,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
-               "loop"]),
+               "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a

@@ -4,163 +4,59 @@ run itself before committing to it.
 A few real steps of the run as the command would start it (stages.run.build_job: the real data, model,
 micro-batch, precision and loader workers; train.loop.train: the one loop) in a throwaway folder beside the
 workdir, on the file system the run would write to, removed on every way out (an error, Ctrl-C, SIGTERM);
-the workdir itself is never created or touched. The loop runs a warm-up window and the measured steps,
+the workdir itself is never created or touched. The short run trains a warm-up window and the timed steps,
 writes one real checkpoint, runs each of the run's evaluators once (a held-out split larger than
-EVAL_BATCHES batches on that many, its time scaled to the split) and saves the final model: every cost of
-the run is met once and timed, and the whole run is modelled as (`eta_seconds`)
-
-    fixed       everything the run does once: start-up (imports, data, model, loader workers), the warm-up
-                steps' extra time (compilation, first batches), the final save and the wind-down; measured
-                as this process's age at the end less the parts below (`fixed_seconds`)
-  + steps x one step's time over the steady logging windows (`steady`)
-  + each evaluator's runs in the schedule x one run's time (`evaluations`)
-  + the checkpoint writes of the schedule x one write's time (`checkpoint_writes`).
+EVAL_BATCHES batches on that many, its time scaled to the split) and saves the final model, so every cost
+of the run is met once and timed; train.cost turns that into the whole run's. Two things a few steps would
+get wrong are set right:
+- a split the decoded-image cache keeps is decoded in the run's first epoch only: the short run trains on a
+  sample of it whose first epoch ends halfway through the timed steps, which so time both;
+- steady steps timed for less than TIMED_S (fast steps, a busy machine's bursts) are timed on for longer,
+  in a second short run after the first, whose time is left out of the ETA.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import os
 import shutil
 import signal
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.table import Table
 
 from vitcli.data.batching.batches import cache_capacity
-from vitcli.data.decoding.image_cache import CACHE_ENCODED_BYTES, encoded_bytes
+from vitcli.data.decoding.decode import encoded
+from vitcli.data.decoding.image_cache import CACHE_ENCODED_BYTES, cache_for, encoded_bytes
 from vitcli.errors import Interrupted
 from vitcli.evaluators.heldout import SplitEvaluator
 from vitcli.figures import curves
 from vitcli.recipe.cluster_checks import procs_per_node, time_limit_seconds
-from vitcli.recipe.schema import Recipe
+from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import threads
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_max, setup
 from vitcli.runtime.metrics import console, pairs_table, read_metrics, stdout
 from vitcli.runtime.precision import resolved, resolved_compile
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE, RUN_OUTPUTS
 from vitcli.runtime.workdir import check_workdir, check_writable, existing_ancestor
-from vitcli.stages.run import build_job, utilisation
+from vitcli.stages.run import build_job, train_feed, utilisation
+from vitcli.train import cost
+from vitcli.train.cost import Window
 from vitcli.train.loop import Job, train
 from vitcli.train.throughput import feeding, input_bound
 
-WINDOWS = 4  # logging windows the measured steps fall into: enough to tell a slow leading one
-SLOW = 1.5  # a leading window this much slower per step than the median of the later ones is warm-up still
 EVAL_BATCHES = 8  # a held-out split of more eval batches (per process) is timed on this many, then scaled
+TIMED_S = 10.0  # seconds of steady steps timed at least: where the short run's took less, more steps follow
 PREFIX = ".vit-preflight-"  # the throwaway folder's name; one left by a SIGKILL is safe to delete
-
-
-# ---------------------------------------------------------------- the arithmetic, pure
-
-
-def plan(steps: int) -> tuple[int, int]:
-    """(run.log_every, steps to run): at least `steps` measured in WINDOWS logging windows, after one more
-    window of warm-up (the first step, compilation, the loader workers' start)."""
-    every = max(1, math.ceil(steps / WINDOWS))
-    return every, every * (math.ceil(steps / every) + 1)
-
-
-def windows(rows: list[dict], batch: int) -> list[tuple[float, float, int]]:
-    """(seconds, seconds waiting for data, steps) of each logging window from metrics.jsonl's train rows
-    (train/img_per_s and train/data_wait of the window ending at `step`; `batch` images per step)."""
-    out, last = [], 0
-    for row in rows:
-        if "train/img_per_s" in row:
-            steps = row["step"] - last
-            seconds = steps * batch / row["train/img_per_s"]
-            out.append((seconds, seconds * row["train/data_wait"], steps))
-            last = row["step"]
-    return out
-
-
-def steady(found: list[tuple[float, float, int]]) -> tuple[float, float, int]:
-    """(seconds per step, share of them waiting for data, steps) over the windows after the warm-up: the
-    first window, and the second too if it is still SLOW x slower per step than the median of the later
-    ones (a recompilation at the second step). No more: on a busy machine a slow window is the run's too."""
-    rest = found[1:] or found
-    if len(rest) > 2 and _per_step(rest[0]) > SLOW * statistics.median(map(_per_step, rest[1:])):
-        rest = rest[1:]
-    seconds, waited, steps = (sum(w[i] for w in rest) for i in range(3))
-    return seconds / steps, waited / max(seconds, 1e-12), steps
-
-
-def _per_step(window: tuple[float, float, int]) -> float:
-    return window[0] / window[2]
-
-
-def evaluations(total: int, every: int) -> int:
-    """Runs of an evaluator due every `every` steps (0: at the end only) in a schedule of `total` steps, as
-    train.loop runs them: at each multiple before the last step, and once after it."""
-    return (total - 1) // every + 1 if every else 1
-
-
-def checkpoint_writes(total: int, every: int, minutes: float, step_s: float) -> int:
-    """Checkpoints a schedule of `total` steps writes (train.loop): every `every` steps and at the last, and
-    between those whenever `minutes` have passed since the last (run.ckpt_every_minutes; 0: never) at
-    `step_s` seconds a step, the clock starting again at each write."""
-    by_step = total // every + (1 if total % every else 0)
-    if not minutes or step_s <= 0:
-        return by_step
-    gap = math.ceil(minutes * 60 / step_s)  # steps after a write at which the clock is due again
-    full, rest = divmod(total, every)
-    # a stretch of k steps that ends in a write by step has (k - 1) // gap timed ones before that write
-    return by_step + full * ((every - 1) // gap) + ((rest - 1) // gap if rest else 0)
-
-
-def fixed_seconds(age: float, steps_run: int, step_s: float, evaluating: float, saving: float) -> float:
-    """What a run spends once (start-up, warm-up's extra, final save, wind-down): the preflight process's
-    `age` when done less its steps at the steady time and what it spent evaluating and checkpointing."""
-    return max(0.0, age - steps_run * step_s - evaluating - saving)
-
-
-def eta_seconds(fixed: float, steps: int, step_s: float, evals: list[tuple[int, float]], writes: int,
-                write_s: float) -> float:
-    """The whole run's seconds: `fixed` + its steps + (runs, seconds of one run) of each evaluator + its
-    checkpoint writes."""
-    return fixed + steps * step_s + sum(n * s for n, s in evals) + writes * write_s
-
-
-def disk_needed(state_bytes: int, keep: int, model_bytes: int) -> int:
-    """Bytes a run's workdir needs at most: run.keep_checkpoints states and one being written, and the final
-    model (stages.run.checkpoint_bytes estimates the same from the parameter count)."""
-    return (keep + 1) * state_bytes + model_bytes
-
-
-def requeues(eta: float, startup: float, limit: float, signal_s: float) -> int | None:
-    """Requeues a SLURM time limit of `limit` seconds implies: each job segment pays the start-up again and
-    stops slurm.signal_seconds before its limit, so gives the run's work (eta - startup) limit - signal_s -
-    startup seconds; None when that is nothing (the run could never advance)."""
-    useful = limit - signal_s - startup
-    if useful <= 0:
-        return None
-    return max(0, math.ceil((eta - startup) / useful) - 1)
-
-
-def cache_growth_mb(held_mb: float, images: int, rows: int, capacity_mb: float) -> float:
-    """MiB the decoded-image cache still grows after a preflight that left it holding `images` images in
-    `held_mb`: it fills to the split's `rows` images, or to its capacity (data.cache_mb)."""
-    if not images:
-        return 0.0
-    return max(0.0, min(capacity_mb, held_mb / images * rows) - held_mb)
-
-
-def cache_knob(cache_mb: int, on: bool, on_disk: int) -> str | None:
-    """data.cache_mb's advice for an input-bound run whose train images take `on_disk` bytes: keep them
-    decoded after the first epoch where the cache would take them (image_cache.cache_for) but is off."""
-    if on or on_disk > CACHE_ENCODED_BYTES:
-        return None
-    if cache_mb <= 0:
-        return "data.cache_mb=1024 (the decoded-image cache is off: every epoch decodes every image again)"
-    return (f"data.cache_mb={math.ceil(on_disk / 2**20) * 4} or more (now {cache_mb}: too small for the "
-            f"{on_disk / 2**20:.0f} MiB of images, which are decoded again every epoch)")
 
 
 # ---------------------------------------------------------------- the measurement
@@ -194,45 +90,124 @@ def timed(ev, every: int, dist: Dist) -> Timed:
 
 
 @dataclass
+class Split:
+    """The run's train split as the preflight sees it: its rows (0 when streamed), the bytes its images take
+    on disk as image_cache.cache_for counted them, and the step from which a short run's data are warm (0:
+    no decoded-image cache, every step decodes)."""
+
+    rows: int
+    on_disk: int
+    warm: int
+
+
+@dataclass
 class Measured:
-    """What the short run found."""
+    """What the short run found: numbers only, so that its job (model, data, loader workers, evaluators) is
+    let go before another is built, as a run holds one."""
 
     recipe: Recipe  # the run's
-    job: Job  # the short run's: its recipe logs in windows and writes no checkpoint but its last step's
+    every: int  # the short run's logging window, in steps
+    steps_run: int
     total_steps: int  # the run's schedule
+    split: Split
     results: dict  # what train.loop.train returned, with utilisation's MFU
-    evaluators: list[Timed]
-    rows: list[dict]  # its metrics.jsonl
+    evaluations: list[tuple[str, int, float, float]]  # (name, due every, seconds, scale) of each evaluator
+    metrics: list[dict]  # its metrics.jsonl
     state_bytes: int  # the one checkpoint it wrote
     model_bytes: int
-    age: float  # this process's seconds when all was done
+    device_mb: list  # CUDA's peak allocated and reserved MiB, the most of any process ([None, None]: a CPU)
+    age: float  # this process's seconds when all the run would do was done
+    more: list[Window] = field(default_factory=list)  # steady windows of the second short run, if any
 
 
-def probe(r: Recipe, steps: int) -> Recipe:
-    """The recipe of the short run: logging windows that split warm-up from steady steps, no checkpoint but
-    the last step's (its time is known), no tracker (a W&B run would be made for it)."""
-    every, run = plan(steps)
+def probe(r: Recipe, every: int, run: int) -> Recipe:
+    """The recipe of a short run of `run` steps: logging windows of `every` steps that tell warm-up from
+    steady steps, no checkpoint but the last step's (its time is known), no tracker (a W&B run would be made
+    for it)."""
     return dataclasses.replace(r, run=dataclasses.replace(
         r.run, log_every=every, ckpt_every=run, ckpt_every_minutes=0.0, loggers=["jsonl"]))
 
 
 def measure(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
-    """Build the run as `vit pretrain` does in `tmp`, run it for the planned steps with every evaluator once
-    at the end, and collect what it cost."""
+    """`short_run`, then more steady steps timed if it had too few."""
+    m = short_run(r, tmp, dist, steps)
+    gc.collect()  # the short run's job let go now, its loader workers stopped
+    m.more = more_steps(m, tmp / "more", dist)  # after m.age: no part of the run's time
+    return m
+
+
+def short_run(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
+    """Build the run as `vit pretrain` does in `tmp`, train it for the planned steps with every evaluator
+    once at the end, and collect what it cost."""
+    every, run = cost.plan(steps)
     torch.manual_seed(r.run.seed)
-    job = build_job(probe(r, steps), tmp, dist)
-    evaluators = [timed(ev, every, dist) for every, ev in job.evaluators]
+    job = build_job(probe(r, every, run), tmp, dist)
+    job, split = sampled(job, r, every, (run // every - 1) // 2, dist)
+    evaluators = [timed(ev, due, dist) for due, ev in job.evaluators]
     evaluators += [timed(ev, 0, dist) for ev in job.final_evaluators]
-    short = dataclasses.replace(job, total_steps=plan(steps)[1], evaluators=[],
-                                final_evaluators=list(evaluators))
-    _announce(short, job.total_steps, tmp, dist)
+    short = dataclasses.replace(job, total_steps=run, evaluators=[], final_evaluators=list(evaluators))
+    _announce(short, job.total_steps, split, tmp, dist)
     results = train(short, dist)
     results.update(utilisation(short, dist, results.get("train/img_per_s")))
     if dist.is_main:
         curves.write_run_curves(tmp)  # the real run draws them too: part of its wind-down
     states = [p for p in tmp.iterdir() if p.name not in RUN_OUTPUTS]
-    return Measured(r, short, job.total_steps, results, evaluators, read_metrics(tmp / METRICS_FILE),
-                    sum(map(_bytes, states)), _bytes(tmp / MODEL_FILE), process_age())
+    evaluations = [(ev.name, ev.every, ev.seconds, ev.scale) for ev in evaluators]
+    return Measured(r, every, run, job.total_steps, split, results, evaluations,
+                    read_metrics(tmp / METRICS_FILE), sum(map(_bytes, states)), _bytes(tmp / MODEL_FILE),
+                    device_peaks(dist), process_age())
+
+
+def sampled(job: Job, r: Recipe, every: int, cold_windows: int, dist: Dist) -> tuple[Job, Split]:
+    """The job on a sample of its train split where the run keeps its images decoded (image_cache.cache_for
+    decides, on the whole split): the run's first epoch decodes every image and the rest read the cache, so
+    the short run's first epoch is cut to its warm-up window and `cold_windows` more (cost.cold_rows, rows
+    spread over the split), and the later windows time the cache. Without a cache the job is unchanged."""
+    cfg = r.data
+    if cfg.streaming:
+        return job, Split(0, 0, 0)
+    images = encoded(job.train_ds.select_columns([cfg.image_column]), cfg.image_column)
+    cache, on_disk = cache_for(images, cfg.image_column, cache_capacity(cfg))
+    rows = len(job.train_ds)
+    if cache is None:  # data.cache_mb=0 counts nothing: counted here, for the advice to turn it on
+        on_disk = on_disk or encoded_bytes(images, cfg.image_column, CACHE_ENCODED_BYTES)
+        return job, Split(rows, on_disk, 0)
+    sample = min(rows, cost.cold_rows(every, cold_windows, cfg.batch_size, cfg.repeated_aug))
+    if sample < rows:
+        picked = job.train_ds.select(np.linspace(0, rows - 1, sample).round().astype(int))
+        job = dataclasses.replace(job, train_ds=picked, feed=train_feed(r, picked, job.num_classes))
+    micro, accum = micro_batches(r, dist.world_size)
+    return job, Split(rows, on_disk, cost.first_epoch_steps(sample, micro, accum, dist.world_size,
+                                                            cfg.repeated_aug))
+
+
+def more_steps(m: Measured, tmp: Path, dist: Dist) -> list[Window]:
+    """Where the short run's steady steps took less than TIMED_S (fast steps; and a busy machine's bursts
+    average out only over longer), the steady windows of a second short run long enough to make up the
+    difference: the same job built again in `tmp`, its first epoch (a cached split's sample) its warm-up
+    window, no evaluator."""
+    r, batch = m.recipe, m.recipe.data.batch_size
+    cold, warm = cost.timed_windows(cost.windows(m.metrics, batch), m.every, m.split.warm)
+    step_s, timed = cost.rate(warm or cold)[0], sum(w[0] for w in warm)
+    if timed >= TIMED_S:
+        return []
+    every, run = cost.plan(math.ceil((TIMED_S - timed) / step_s))
+    tmp.mkdir(exist_ok=True)
+    torch.manual_seed(r.run.seed)
+    job, split = sampled(build_job(probe(r, every, run), tmp, dist), r, every, 0, dist)
+    if dist.is_main:
+        console.log(f"preflight: {run - every} more steps, to time {TIMED_S:.0f} s of steady ones")
+    train(dataclasses.replace(job, total_steps=run, evaluators=[], final_evaluators=[]), dist)
+    return cost.timed_windows(cost.windows(read_metrics(tmp / METRICS_FILE), batch), every, split.warm)[1]
+
+
+def device_peaks(dist: Dist) -> list:
+    """CUDA's peak MiB allocated by tensors and reserved by its caching allocator, the most of any process;
+    [None, None] on a CPU."""
+    if dist.device.type != "cuda":
+        return [None, None]
+    return all_reduce_max([torch.cuda.max_memory_allocated(dist.device) / 2**20,
+                           torch.cuda.max_memory_reserved(dist.device) / 2**20], dist)
 
 
 def _bytes(path: Path) -> int:
@@ -270,12 +245,16 @@ def throwaway(workdir: Path, dist: Dist) -> Iterator[Path]:
             shutil.rmtree(made, ignore_errors=True)
 
 
-def _announce(short: Job, total: int, tmp: Path, dist: Dist) -> None:
-    if dist.is_main:
-        r, every = short.recipe, short.recipe.run.log_every
-        console.log(f"preflight: {short.total_steps - every} steps timed after {every} of warm-up, of the "
-                    f"{total} of {r.model.name} at {r.data.batch_size} a step, {r.run.precision}, "
-                    f"{'compiled' if r.run.compile else 'eager'}, in {tmp} (removed after)")
+def _announce(short: Job, total: int, split: Split, tmp: Path, dist: Dist) -> None:
+    if not dist.is_main:
+        return
+    r, every = short.recipe, short.recipe.run.log_every
+    sample = (f"; {len(short.train_ds)} of the {split.rows} train images, so that from step {split.warm} "
+              "they are read from the decoded-image cache as in the run's later epochs"
+              if split.warm and len(short.train_ds) < split.rows else "")
+    console.log(f"preflight: {short.total_steps - every} steps timed after {every} of warm-up, of the "
+                f"{total} of {r.model.name} at {r.data.batch_size} a step, {r.run.precision}, "
+                f"{'compiled' if r.run.compile else 'eager'}, in {tmp} (removed after){sample}")
 
 
 # ---------------------------------------------------------------- the driver and its report
@@ -307,65 +286,74 @@ def preflight(recipe: Recipe, workdir: Path, *, steps: int) -> dict:
 
 def estimate(m: Measured, workdir: Path, dist: Dist) -> dict:
     """The whole run's figures from the short run's (what the report shows and --json prints)."""
-    r = m.recipe
-    step_s, wait, timed_steps = steady(windows(m.rows, r.data.batch_size))
+    r, steps = m.recipe, stepping(m, dist)
     saving = m.results.get("time/checkpoint_s", 0.0)  # the short run wrote one checkpoint
-    fixed = fixed_seconds(m.age, m.job.total_steps, step_s, sum(ev.seconds for ev in m.evaluators), saving)
-    runs = {ev.name: (evaluations(m.total_steps, ev.every), ev.seconds * ev.scale) for ev in m.evaluators}
-    writes = checkpoint_writes(m.total_steps, r.run.ckpt_every, r.run.ckpt_every_minutes, step_s)
-    eta = eta_seconds(fixed, m.total_steps, step_s, list(runs.values()), writes, saving)
+    fixed = cost.fixed_seconds(m.age, steps.pop("own"), sum(e[2] for e in m.evaluations), saving)
+    runs = {name: (cost.evaluations(m.total_steps, due), seconds * scale)
+            for name, due, seconds, scale in m.evaluations}
+    writes = cost.checkpoint_writes(m.total_steps, r.run.ckpt_every, r.run.ckpt_every_minutes,
+                                    steps["train/step_s"])
+    eta = cost.eta_seconds(fixed, steps["eta/steps_s"], list(runs.values()), writes, saving)
     cuda = dist.device.type == "cuda"
-    figures = {
-        "stage": r.stage, "preflight/steps_run": m.job.total_steps, "preflight/steps_timed": timed_steps,
-        "train/step_s": step_s, "train/img_per_s": r.data.batch_size / step_s, "train/data_wait": wait,
-        "train/input_advice": input_advice(m, step_s, wait, timed_steps),
-        "train/mfu": m.results.get("train/mfu"),
-        **memory(m, dist), "schedule/steps": m.total_steps, "schedule/checkpoint_writes": writes,
-        **{f"eval/{name}_runs": n for name, (n, _) in runs.items()},
+    return {
+        "stage": r.stage, **steps, **memory(m), "schedule/steps": m.total_steps,
+        "schedule/checkpoint_writes": writes, **{f"eval/{name}_runs": n for name, (n, _) in runs.items()},
         **{f"eval/{name}_s": s for name, (_, s) in runs.items()}, "time/checkpoint_s": saving,
-        "eta/fixed_s": fixed, "eta/steps_s": m.total_steps * step_s,
-        "eta/eval_s": sum(n * s for n, s in runs.values()), "eta/checkpoint_s": writes * saving,
-        "eta/seconds": eta, "eta/processes": dist.world_size,
+        "eta/fixed_s": fixed, "eta/eval_s": sum(n * s for n, s in runs.values()),
+        "eta/checkpoint_s": writes * saving, "eta/seconds": eta, "eta/processes": dist.world_size,
         "eta/gpu_hours": eta * dist.world_size / 3600 if cuda else None,
         **disk(m, workdir), **slurm(r, eta, fixed),
     }
-    return figures
+
+
+def stepping(m: Measured, dist: Dist) -> dict:
+    """The step's figures: the steady step (the decoded-image cache read, if the run keeps one) and the
+    first epoch's (decoding), the wait and its advice, MFU; what the run's steps take (eta/steps_s) and, under
+    `own`, what the short run's took at those times."""
+    r, res, world = m.recipe, m.results, dist.world_size
+    found = cost.windows(m.metrics, r.data.batch_size)
+    cold, warm = cost.timed_windows(found, m.every, m.split.warm)
+    step_s, wait, timed = cost.rate(warm + m.more or cold)
+    cold_s = cost.rate(cold)[0] if cold else step_s
+    micro, accum = micro_batches(r, world)
+    first = (cost.first_epoch_steps(m.split.rows, micro, accum, world, r.data.repeated_aug)
+             if m.split.warm else 0)
+    share = cost.cached_share(res.get("data/cache_held_mb", 0.0), int(res.get("data/cache_images", 0)),
+                              m.split.rows, cache_capacity(r.data) / 2**20)
+    return {"preflight/steps_run": m.steps_run, "preflight/steps_timed": timed,
+            "train/step_s": step_s, "train/img_per_s": r.data.batch_size / step_s,
+            "train/first_epoch_step_s": cold_s if first else None, "train/first_epoch_steps": first,
+            "train/data_wait": wait, "train/input_advice": input_advice(m, step_s, wait, timed),
+            "train/mfu": res.get("train/mfu"),
+            "eta/steps_s": cost.step_seconds(m.total_steps, first, cold_s, step_s, share),
+            "own": cost.step_seconds(m.steps_run, m.split.warm, cold_s, step_s)}
 
 
 def input_advice(m: Measured, step_s: float, wait: float, steps: int) -> str | None:
-    """train.throughput's warning for the timed steps (None while the wait is small), with data.cache_mb's
-    advice where the decoded-image cache would help, or a note when the steps ran while it filled."""
+    """train.throughput's warning for the steady steps (None while the wait is small), with data.cache_mb's
+    advice where the decoded-image cache would take the images but is off."""
     r, seconds = m.recipe, step_s * steps
     advice = input_bound(wait * seconds, seconds, steps * r.data.batch_size, feeding(r))
     if advice is None or r.data.streaming:
         return advice
-    if "data/cache_images" in m.results:
-        epoch = len(m.job.train_ds) // r.data.batch_size
-        cold = m.job.total_steps < epoch
-        return advice + (f" (timed while the decoded-image cache fills, in the first epoch of {epoch} steps: "
-                         "later epochs decode nothing and wait less)" if cold else "")
-    on_disk = encoded_bytes(m.job.train_ds, r.data.image_column, CACHE_ENCODED_BYTES)
-    knob = cache_knob(r.data.cache_mb, False, on_disk)
+    knob = cost.cache_knob(r.data.cache_mb, bool(m.split.warm), m.split.on_disk)
     return advice + (f", {knob}" if knob else "")
 
 
-def memory(m: Measured, dist: Dist) -> dict:
+def memory(m: Measured) -> dict:
     """Peak resident MiB of the main process and of the largest loader worker (runtime.memory), with what
     the decoded-image cache will still grow by (in the process that reads it: the main one without workers),
     and the device's peak (CUDA: allocated by tensors, reserved by the caching allocator; None on a CPU)."""
     r, res = m.recipe, m.results
-    growth = 0.0 if r.data.streaming else cache_growth_mb(
-        res.get("data/cache_held_mb", 0.0), int(res.get("data/cache_images", 0)), len(m.job.train_ds),
+    growth = 0.0 if r.data.streaming else cost.cache_growth_mb(
+        res.get("data/cache_held_mb", 0.0), int(res.get("data/cache_images", 0)), m.split.rows,
         cache_capacity(r.data) / 2**20)
     main, worker = res["mem/main_peak_mb"], res.get("mem/worker_peak_mb")
     if r.data.num_workers == 0:
         main += growth
     elif worker is not None:
         worker += growth
-    device = [None, None]
-    if dist.device.type == "cuda":
-        device = all_reduce_max([torch.cuda.max_memory_allocated(dist.device) / 2**20,
-                                 torch.cuda.max_memory_reserved(dist.device) / 2**20], dist)
+    device = m.device_mb
     return {"mem/main_peak_mb": main, "mem/worker_peak_mb": worker, "mem/cache_growth_mb": growth,
             "mem/device_allocated_mb": device[0], "mem/device_reserved_mb": device[1]}
 
@@ -373,7 +361,7 @@ def memory(m: Measured, dist: Dist) -> dict:
 def disk(m: Measured, workdir: Path) -> dict:
     """The checkpoint and model sizes written, what the run keeps of them, against the free space where the
     workdir would be (measured with the throwaway folder gone)."""
-    needed = disk_needed(m.state_bytes, m.recipe.run.keep_checkpoints, m.model_bytes)
+    needed = cost.disk_needed(m.state_bytes, m.recipe.run.keep_checkpoints, m.model_bytes)
     free = shutil.disk_usage(existing_ancestor(workdir)).free
     return {"disk/checkpoint_bytes": m.state_bytes,
             "disk/checkpoints_kept": m.recipe.run.keep_checkpoints + 1, "disk/model_bytes": m.model_bytes,
@@ -386,7 +374,7 @@ def slurm(r: Recipe, eta: float, fixed: float) -> dict:
     time to train)."""
     limit = time_limit_seconds(r.slurm.time)
     return {"slurm/time_limit_s": limit or None,
-            "slurm/requeues": requeues(eta, fixed, limit, r.slurm.signal_seconds) if limit else None}
+            "slurm/requeues": cost.requeues(eta, fixed, limit, r.slurm.signal_seconds) if limit else None}
 
 
 def warnings(f: dict, r: Recipe, dist: Dist) -> list[str]:
@@ -420,8 +408,10 @@ def report(f: dict) -> Table:
 
 def _step(f: dict) -> str:
     mfu = f", MFU {f['train/mfu']:.1%}" if f["train/mfu"] is not None else ""
-    return (f"{duration(f['train/step_s'])}, {f['train/img_per_s']:.0f} img/s (timed over "
-            f"{f['preflight/steps_timed']} of {f['preflight/steps_run']} steps){mfu}")
+    first = (f"; the first epoch's {f['train/first_epoch_steps']} steps, decoding every image for the cache, "
+             f"{duration(f['train/first_epoch_step_s'])}" if f["train/first_epoch_steps"] else "")
+    return (f"{duration(f['train/step_s'])}, {f['train/img_per_s']:.0f} img/s (over "
+            f"{f['preflight/steps_timed']} steady steps){mfu}{first}")
 
 
 def _host(f: dict) -> str:

@@ -3,6 +3,7 @@ throwaway folder gone on every way out (a return, an error, Ctrl-C in the loop a
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -26,7 +27,8 @@ FIELDS = {
     "schedule/checkpoint_writes", "eval/val_runs", "eval/val_s", "eval/test_runs", "eval/test_s",
     "time/checkpoint_s", "eta/fixed_s", "eta/steps_s", "eta/eval_s", "eta/checkpoint_s", "eta/seconds",
     "eta/processes", "eta/gpu_hours", "disk/checkpoint_bytes", "disk/checkpoints_kept", "disk/model_bytes",
-    "disk/needed_bytes", "disk/free_bytes", "disk/fits", "slurm/time_limit_s", "slurm/requeues", "warnings"}
+    "disk/needed_bytes", "disk/checked_bytes", "disk/free_bytes", "disk/fits", "slurm/time_limit_s",
+    "slurm/requeues", "warnings"}
 
 
 def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
@@ -62,14 +64,20 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
     assert f["mem/main_peak_mb"] > 0 and f["mem/worker_peak_mb"] is None  # no loader worker
     assert 0 < f["disk/checkpoint_bytes"] and 0 < f["disk/model_bytes"] < f["disk/checkpoint_bytes"]
     assert f["disk/needed_bytes"] == cost.disk_needed(f["disk/checkpoint_bytes"], 2, f["disk/model_bytes"])
+    assert f["disk/fits"] and f["disk/free_bytes"] >= max(f["disk/needed_bytes"], f["disk/checked_bytes"])
     assert f["slurm/time_limit_s"] == 60
     assert f["slurm/requeues"] == cost.requeues(f["eta/seconds"], f["eta/fixed_s"], 60, 10)
 
+    # the table, on a disk with 1 KiB free: said, and warned of
+    usage = shutil.disk_usage
+    monkeypatch.setattr(pf.shutil, "disk_usage", lambda path: usage(path)._replace(free=2**10))
     code, out, err = preflight(monkeypatch, capsys, tmp_path)
+    monkeypatch.setattr(pf.shutil, "disk_usage", usage)
     assert code == 0, err
     for what, _ in pf.ROWS:
         assert what in out, what
-    assert "no slurm.time" in out and "none (CPU)" in out
+    assert "no slurm.time" in out and "none (CPU)" in out and "does NOT fit" in out
+    assert "warning: the run needs" in " ".join(err.split())
     nothing_left(tmp_path)
 
     # what it weighed is what the run writes: a checkpoint (and its checksum file), the model

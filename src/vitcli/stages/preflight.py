@@ -48,7 +48,7 @@ from vitcli.runtime.metrics import console, pairs_table, read_metrics, stdout
 from vitcli.runtime.precision import resolved, resolved_compile
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE, RUN_OUTPUTS
 from vitcli.runtime.workdir import check_workdir, check_writable, existing_ancestor
-from vitcli.stages.run import build_job, train_feed, utilisation
+from vitcli.stages.run import build_job, checkpoint_bytes, train_feed, utilisation
 from vitcli.train import cost
 from vitcli.train.cost import Window
 from vitcli.train.loop import Job, train
@@ -114,6 +114,7 @@ class Measured:
     evaluations: list[tuple[str, int, float, float]]  # (name, due every, seconds, scale) of each evaluator
     metrics: list[dict]  # its metrics.jsonl
     state_bytes: int  # the one checkpoint it wrote
+    checked_bytes: int  # what the run's own check of the free space asks for (stages.run.checkpoint_bytes)
     model_bytes: int
     device_mb: list  # CUDA's peak allocated and reserved MiB, the most of any process ([None, None]: a CPU)
     age: float  # this process's seconds when all the run would do was done
@@ -154,8 +155,8 @@ def short_run(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
     states = [p for p in tmp.iterdir() if p.name not in RUN_OUTPUTS]
     evaluations = [(ev.name, ev.every, ev.seconds, ev.scale) for ev in evaluators]
     return Measured(r, every, run, job.total_steps, split, results, evaluations,
-                    read_metrics(tmp / METRICS_FILE), sum(map(_bytes, states)), _bytes(tmp / MODEL_FILE),
-                    device_peaks(dist), process_age())
+                    read_metrics(tmp / METRICS_FILE), sum(map(_bytes, states)), checkpoint_bytes(short),
+                    _bytes(tmp / MODEL_FILE), device_peaks(dist), process_age())
 
 
 def sampled(job: Job, r: Recipe, every: int, cold_windows: int, dist: Dist) -> tuple[Job, Split]:
@@ -365,8 +366,8 @@ def disk(m: Measured, workdir: Path) -> dict:
     free = shutil.disk_usage(existing_ancestor(workdir)).free
     return {"disk/checkpoint_bytes": m.state_bytes,
             "disk/checkpoints_kept": m.recipe.run.keep_checkpoints + 1, "disk/model_bytes": m.model_bytes,
-            "disk/needed_bytes": needed, "disk/free_bytes": free,
-            "disk/fits": needed <= free}
+            "disk/needed_bytes": needed, "disk/checked_bytes": m.checked_bytes, "disk/free_bytes": free,
+            "disk/fits": max(needed, m.checked_bytes) <= free}
 
 
 def slurm(r: Recipe, eta: float, fixed: float) -> dict:
@@ -383,8 +384,9 @@ def warnings(f: dict, r: Recipe, dist: Dist) -> list[str]:
     out = [f["train/input_advice"]] if f["train/input_advice"] else []
     if not f["disk/fits"]:
         out.append(f"the run needs {size(f['disk/needed_bytes'])} of disk ({f['disk/checkpoints_kept']} "
-                   f"checkpoints and the model) but {size(f['disk/free_bytes'])} is free: free some, lower "
-                   "run.keep_checkpoints or pick another --workdir")
+                   f"checkpoints and the model; its check before it starts asks for "
+                   f"{size(f['disk/checked_bytes'])}) but {size(f['disk/free_bytes'])} is free: free some, "
+                   "lower run.keep_checkpoints or pick another --workdir")
     if f["slurm/time_limit_s"] is None:
         return out
     if f["slurm/requeues"] is None:
@@ -418,7 +420,7 @@ def _host(f: dict) -> str:
     worker = f["mem/worker_peak_mb"]
     workers = f"largest loader worker {worker:.0f} MiB" if worker is not None else "no loader workers"
     growth = f["mem/cache_growth_mb"]
-    grown = f" (with the {growth:.0f} MiB the image cache still grows by)" if growth else ""
+    grown = f" (with the {growth:.0f} MiB the image cache still grows by)" if growth >= 0.5 else ""
     return f"main process {f['mem/main_peak_mb']:.0f} MiB, {workers}{grown}"
 
 

@@ -50,7 +50,7 @@ all as commands: the ETA over the run's wall-clock time, the peak memory over th
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
     python bench/run.py --mae   # only the `mae` part and its goal (~3 min with the cores free)
-    python bench/run.py --preflight   # only the `preflight` part and its goals (~3 min with the cores free)
+    python bench/run.py --preflight   # only the `preflight` part and its goals (~4 min with the cores free)
 """
 
 from __future__ import annotations

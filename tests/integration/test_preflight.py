@@ -61,6 +61,7 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
     assert f["eta/seconds"] == pytest.approx(f["eta/fixed_s"] + f["eta/steps_s"] + f["eta/eval_s"]
                                              + f["eta/checkpoint_s"])
     assert f["mem/device_allocated_mb"] is None and f["eta/gpu_hours"] is None  # a CPU run
+    assert f["train/mfu"] > 0 and f["train/img_per_s"] == pytest.approx(16 / f["train/step_s"])
     assert f["mem/main_peak_mb"] > 0 and f["mem/worker_peak_mb"] is None  # no loader worker
     assert 0 < f["disk/checkpoint_bytes"] and 0 < f["disk/model_bytes"] < f["disk/checkpoint_bytes"]
     assert f["disk/needed_bytes"] == cost.disk_needed(f["disk/checkpoint_bytes"], 2, f["disk/model_bytes"])

@@ -45,6 +45,7 @@ from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import threads
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_max, setup
 from vitcli.runtime.metrics import console, pairs_table, read_metrics, stdout
+from vitcli.runtime.peak import mfu
 from vitcli.runtime.precision import resolved, resolved_compile
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE, RUN_OUTPUTS
 from vitcli.runtime.workdir import check_workdir, check_writable, existing_ancestor
@@ -325,7 +326,9 @@ def stepping(m: Measured, dist: Dist) -> dict:
             "train/step_s": step_s, "train/img_per_s": r.data.batch_size / step_s,
             "train/first_epoch_step_s": cold_s if first else None, "train/first_epoch_steps": first,
             "train/data_wait": wait, "train/input_advice": input_advice(m, step_s, wait, timed),
-            "train/mfu": res.get("train/mfu"),
+            # over the steady step (utilisation's was over the short run's windows)
+            "train/mfu": mfu(r.data.batch_size / step_s, res["train/flops_per_img"], res["train/peak_flops"])
+            if "train/peak_flops" in res else None,
             "eta/steps_s": cost.step_seconds(m.total_steps, first, cold_s, step_s, share),
             "own": cost.step_seconds(m.steps_run, m.split.warm, cold_s, step_s)}
 

@@ -47,7 +47,7 @@ system-deps:
 lint: setup
 	.venv/bin/ruff check src tests bench scripts
 
-# One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~25 min.
+# One JSON object on stdout (progress on stderr), also kept in bench/last.json (not committed). ~29 min.
 # TIMM_TRAIN=path/to/timm/train.py adds the command-level comparison against timm's own train.py.
 bench: setup
 	$(PY) -m pip install -q -e '.[bench]'

@@ -40,14 +40,17 @@ The precision is what run.precision=auto chooses on this machine. `input` holds 
 JPEG photographs: our loader per core against timm's and torchvision's, in-process), `rehearsal`
 bench/rehearse.py's (`vit pretrain` against timm's own train.py, both as commands in their own processes on an
 ImageNet-shaped folder of 1,000 x 64 hard links; timm's side only with --timm-train), `transfer`
-bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction). `targets` holds the goals
-and whether met (null: not measured).
+bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction), `preflight`
+`vit pretrain --preflight` and then the run itself on the quickstart recipe, and the same for its fine-tune,
+all as commands: the ETA over the run's wall-clock time, the peak memory over the run's (preflight_vs_run).
+`targets` holds the goals and whether met (null: not measured).
 
-    python bench/run.py [--timm-train PATH]   # the measurement (~23 min on 2 cores);
+    python bench/run.py [--timm-train PATH]   # the measurement (~27 min on 2 cores);
                                               # make bench [TIMM_TRAIN=PATH] also writes bench/last.json
     python bench/run.py --quick   # seconds of each part, to check the script, not to read the numbers
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
     python bench/run.py --mae   # only the `mae` part and its goal (~3 min with the cores free)
+    python bench/run.py --preflight   # only the `preflight` part and its goals (~4 min with the cores free)
 """
 
 from __future__ import annotations
@@ -123,6 +126,13 @@ MAE_QUICK_MODEL = ["model.name=custom", "model.patch_size=8", "model.embed_dim=3
                    "model.num_heads=2", "model.mlp_dim=64", "model.img_size=32", "mae.decoder_embed_dim=32",
                    "mae.decoder_depth=1", "mae.decoder_num_heads=2"]
 MAE = "mae"  # spawn's name for the part
+# bench `preflight`: the quickstart pretraining, then its fine-tune from that run, each `--preflight` then run
+PREFLIGHT_RUNS = {"pretrain": (QUICKSTART, []),
+                  "finetune": (REPO / "recipes/quickstart/finetune.yaml", ["--init", "{pretrain}"])}
+PREFLIGHT_QUICK = ["--preflight-steps", "4", "schedule.epochs=0", "schedule.steps=12",
+                   "schedule.warmup_steps=2", "data.synthetic.train_size=256", "data.synthetic.val_size=64",
+                   "data.synthetic.test_size=64", "data.batch_size=32", "run.eval_every=5",
+                   "run.ckpt_every=5"]
 MAE_CLASSES = 1000  # the supervised side's head: ImageNet-1k's, as the paper's supervised ViT-L
 
 TARGETS = {  # name -> (path of keys in the results, goal)
@@ -151,6 +161,10 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "mae_vs_supervised_vit_l16_224": (("mae", "vit_l16_224", "ratio"), 2.5),
     # bench/transfer.py: every frozen-feature protocol on one cached pass at most 10% of the extraction
     "transfer_protocols_vit_b16_vtab1k": (("transfer", "extraction_share"), 1 / 1.1),
+    # `--preflight`'s ETA within 15% of the run's wall-clock time and its peak memory within 10% of the run's
+    # (issue 38): closeness = 1 - |preflight / run - 1|
+    **{f"preflight_{what}_{run}": (("preflight", run, f"{what}_closeness"), goal)
+       for run in PREFLIGHT_RUNS for what, goal in (("eta", 0.85), ("mem", 0.90))},
 }
 
 
@@ -347,6 +361,59 @@ def mae_steps(quick: bool, precision: str) -> dict:
     return out
 
 
+def vit_json(args: list[str]) -> tuple[dict, float]:
+    """`vit ARGS --json` as a process of its own, as a user runs it: what it printed, and its wall-clock
+    seconds (interpreter start, imports and exit included)."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "vitcli", *args, "--json"], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout), time.perf_counter() - t0
+
+
+def preflight_vs_run(quick: bool) -> dict:
+    """bench `preflight`: for each of PREFLIGHT_RUNS, `vit STAGE --preflight` then the real `vit STAGE` into
+    the same workdir, as commands: the preflight's ETA over the run's wall-clock seconds, its peak memory of
+    the main process over the run's summary mem/main_peak_mb, each as a ratio and a closeness (1 - |ratio -
+    1|); beside them the parts of either (the preflight's model: once, steps, evaluations, checkpoints; the
+    run's: outside train(), in it, checkpointing) to tell what an error comes from, and the load average
+    (1 min) before the preflight, between and after the run: the cores may be shared."""
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        for stage, (recipe, extra) in PREFLIGHT_RUNS.items():
+            workdir = Path(d) / stage
+            extra = [a.format(pretrain=Path(d) / "pretrain") for a in extra]
+            args = [stage, "--recipe", str(recipe), "--workdir", str(workdir), *extra,
+                    *(PREFLIGHT_QUICK if quick else [])]
+            progress(f"preflight: vit {stage} --preflight, then the run")
+            load = [os.getloadavg()[0]]
+            pf, pf_s = vit_json([*args, "--preflight"])
+            load.append(os.getloadavg()[0])
+            run, run_s = vit_json(args)
+            load.append(os.getloadavg()[0])
+            rows = read_metrics(workdir / "metrics.jsonl")
+            out[stage] = preflight_figures(pf, pf_s, run, run_s, rows) | {"load_1min": load}
+    return out
+
+
+def preflight_figures(pf: dict, pf_s: float, run: dict, run_s: float, rows: list[dict]) -> dict:
+    """One run's row of bench `preflight`: the preflight's figures against the run's (`run` its summary,
+    `rows` its metrics.jsonl)."""
+    # the run's own rate: its median logging window (one that met an evaluation or a checkpoint is slow, and
+    # a median leaves it out), against the preflight's
+    rates = [r["train/img_per_s"] for r in rows if "train/img_per_s" in r]
+    eta, mem = pf["eta/seconds"] / run_s, pf["mem/main_peak_mb"] / run["mem/main_peak_mb"]
+    return {"eta_s": pf["eta/seconds"], "run_s": run_s, "eta_ratio": eta, "eta_closeness": 1 - abs(eta - 1),
+            "mem_mb": pf["mem/main_peak_mb"], "run_mem_mb": run["mem/main_peak_mb"], "mem_ratio": mem,
+            "mem_closeness": 1 - abs(mem - 1), "preflight_s": pf_s, "steps": pf["schedule/steps"],
+            "step_s": pf["train/step_s"], "data_wait": pf["train/data_wait"],
+            "eta_parts_s": {k.removeprefix("eta/").removesuffix("_s"): pf[k]
+                            for k in ("eta/fixed_s", "eta/steps_s", "eta/eval_s", "eta/checkpoint_s")},
+            "run_parts_s": {"outside_train": run_s - run["seconds"], "train": run["seconds"],
+                            "checkpoint": run["time/checkpoint_s"]},
+            "img_per_s": pf["train/img_per_s"], "run_img_per_s": run["train/img_per_s"],
+            "run_median_img_per_s": float(np.median(rates[1:] or rates))}
+
+
 def loader(recipe: Recipe, batches_: int) -> float:
     """Images/s of our training stream alone: decode + augmentation, the recipe's num_workers."""
     ds = sources.load_split(recipe.data, recipe.data.train_split)
@@ -533,6 +600,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes: checks the script, not the machine")
     p.add_argument("--extraction", action="store_true", help="only the few-shot extraction of each model")
     p.add_argument("--mae", action="store_true", help="only the MAE step against the supervised one")
+    p.add_argument("--preflight", action="store_true",
+                   help="only `--preflight`'s ETA and memory against the runs")
     p.add_argument("--timm-train", help="timm's train.py, for the command-level comparison (rehearse.py)")
     p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
     p.add_argument("--precision", help=argparse.SUPPRESS)
@@ -563,6 +632,13 @@ def main() -> None:
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
+    if a.preflight:
+        results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
+                   "preflight": preflight_vs_run(a.quick)}
+        results["targets"] = targets(results, [k for k in TARGETS if k.startswith("preflight_")])
+        json.dump(results, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
     peaks = {}
     for precision in sorted(set(chosen.values())):
         progress(f"matmul peak at {precision}")
@@ -585,6 +661,8 @@ def main() -> None:
         cmd = [sys.executable, str(Path(__file__).with_name("transfer.py")), "--out", f.name]
         subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
         results["transfer"] = json.loads(Path(f.name).read_text())
+    progress("--preflight's ETA and memory against the quickstart runs, as commands")
+    results["preflight"] = preflight_vs_run(a.quick)
     results["targets"] = targets(results)
     results["seconds"] = time.perf_counter() - t0
     json.dump(results, sys.stdout, indent=2)

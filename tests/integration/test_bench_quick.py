@@ -16,6 +16,8 @@ MODEL_KEYS = {"precision", "img_size", "batch", "steps", "num_workers", "loader_
 FEWSHOT_KEYS = {"images", "img_size", "batch", "num_workers", "torch_threads", "extract_ours_img_s",
                 "extract_bare_img_s", "extract_forward_img_s", "extract_ratio", "extract_vs_forward"}
 MAE_KEYS = {"batch", "precision", "supervised_img_s", "mae_img_s", "ratio", "flop_ratio", "of_flop_bound"}
+PREFLIGHT_KEYS = {"eta_s", "run_s", "eta_ratio", "eta_closeness", "mem_mb", "run_mem_mb", "mem_ratio",
+                  "mem_closeness", "eta_parts_s", "run_parts_s", "load_1min"}
 
 SPEC = importlib.util.spec_from_file_location("bench_run", REPO / "bench/run.py")
 bench = importlib.util.module_from_spec(SPEC)
@@ -38,5 +40,8 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     for name in ("vit_l16_224", "vit_b16_224"):  # an MAE step against a supervised one of the same ViT
         assert MAE_KEYS <= set(results["mae"][name]), MAE_KEYS - set(results["mae"][name])
     assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
+    assert set(results["preflight"]) == {"pretrain", "finetune"}  # `--preflight` against the runs
+    for run in results["preflight"].values():
+        assert PREFLIGHT_KEYS <= set(run), PREFLIGHT_KEYS - set(run)
     assert 0 < results["transfer"]["extraction_share"] <= 1
     assert all(set(t) == {"target", "value", "met"} for t in results["targets"].values())

@@ -42,7 +42,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
-               "trial", "micro_batch", "loop"]),
+               "trial", "micro_batch", "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
@@ -51,8 +51,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # one driver per command
-    ("stages", ["run", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize", "prepare",
-                "export", "evaluate_extra", "evaluate", "predict", "suite"]),
+    ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
+                "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
     # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free)
     ("cluster", ["slurm", "requeue", "submit"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and

@@ -19,6 +19,7 @@ An older checkpoint's `rng` entry is left unread.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -217,6 +218,7 @@ class CheckpointManager:
         self.workdir, self.recipe, self.dist = workdir, recipe, dist
         self.model, self.optimizer, self.stream, self.sharded = model, optimizer, stream, sharded
         self.resume_from, self.ema = resume_from, ema
+        self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
 
     def load(self) -> int:
         """The model, optimizer, EMA and train stream as the checkpoint left them; the step to continue from
@@ -268,13 +270,20 @@ class CheckpointManager:
     def save(self, step: int) -> Path:
         """A checkpoint of everything resuming needs after `step`, every rank's train stream state with it;
         the oldest beyond run.keep_checkpoints go. Every rank calls it."""
+        t0 = time.perf_counter()
         r, dist = self.recipe, self.dist
         streams = all_gather(self.stream.state_dict(), dist)
         data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size,
                 "streams": streams}
         parts = {"step": step, "data": data, "recipe": to_dict(r)}
-        return save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
+        path = save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded, self.ema)
+        self.seconds += time.perf_counter() - t0
+        return path
+
+    def spent(self) -> dict[str, float]:
+        """time/checkpoint_s: the seconds the run spent writing checkpoints, in its summary."""
+        return {"time/checkpoint_s": self.seconds}
 
 
 def _warn_resplit(states: list[dict], dist: Dist) -> None:

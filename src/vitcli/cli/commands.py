@@ -5,6 +5,7 @@ own stage name and hands over to the one dispatcher, with a function that import
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -36,12 +37,15 @@ app = typer.Typer(
 def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              dry_run: opt.DryRun = False, resume: opt.Resume = None,
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
-             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None,
+             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
+             preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
     r = resolve_recipe("pretrain", recipe, overrides)
     grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
     check_resume_flags(resume, overwrite)
+    if preflight:  # here, even with --slurm: what the job would cost, its requeues included
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid)
     if slurm:
         return dispatch_slurm(r, workdir, [], dry_run=dry_run, output=output_format(json_out),
                               resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
@@ -60,7 +64,8 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
              res: opt.Res = None, lr_sweep: opt.LrSweep = None, task: opt.Task = None,
              data_root: opt.DataRoot = None, dry_run: opt.DryRun = False, resume: opt.Resume = None,
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
-             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None,
+             sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
+             preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
@@ -70,12 +75,30 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
     lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))  # here: --dry-run refuses what the run would
     grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
+    if preflight:
+        if lrs or chosen:
+            raise typer.BadParameter("--preflight times one run: drop --lr-sweep and --task")
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid)
     if slurm:  # the job runs this command with the frozen recipe: its own flags go with it
         passed = [*(["--lr-sweep", lr_sweep] if lr_sweep else []), *(["--task", task] if task else [])]
         return dispatch_slurm(r, workdir, passed, dry_run=dry_run, output=output_format(json_out),
                               resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
              resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid)
+
+
+def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid) -> None:
+    """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume and
+    --overwrite do not apply, since what is timed is always a fresh run."""
+    if grid is not None:
+        raise typer.BadParameter("--preflight times one run: drop --sweep (or time one point with its "
+                                 "values as KEY=VALUE overrides)")
+
+    def stage():
+        from vitcli.stages.preflight import preflight
+        return functools.partial(preflight, steps=steps)
+
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out))
 
 
 @app.command("eval-fewshot")

@@ -83,6 +83,14 @@ OutDir = Annotated[Path, typer.Option(
 DataRoot = Annotated[str | None, typer.Option(
     help="A local root, one directory per task (e.g. DIR/svhn), instead of the Hub.")]
 TrainOverrides = overrides("optim.lr=1e-3 data.batch_size=64")
+Preflight = Annotated[bool, typer.Option(
+    "--preflight", help="Time the run before committing to it: a few real steps, each evaluation and a "
+                        "checkpoint in a throwaway folder beside --workdir (which is left untouched); prints "
+                        "step time, data wait, peak memory, the whole run's ETA, disk and SLURM requeues.")]
+PreflightSteps = Annotated[int, typer.Option(
+    "--preflight-steps", min=1, help="Steps --preflight times, after a quarter as many of warm-up.")]
+# 4 logging windows of 5 steps after one of warm-up: at a second a step, the preflight's steps take 25 s
+PREFLIGHT_STEPS = 20
 NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not tell")
 
 # ---------------------------------------------------------------- sweeps (pretrain and finetune)

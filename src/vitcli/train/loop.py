@@ -158,7 +158,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     _save_final(job, parallel, ema, dist)
     # this rank's count of skipped images; the throughput of the whole run after the warm-up window
     return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total,
-            **_footprint(window.memory, getattr(stream, "cache", None), dist)}
+            **_footprint(window.memory, getattr(stream, "cache", None), dist), **checkpoints.spent()}
 
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:

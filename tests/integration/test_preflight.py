@@ -10,7 +10,7 @@ import pytest
 
 from helpers import run_vit
 from vitcli.stages import preflight as pf
-from vitcli.train import cost, loop
+from vitcli.train import cost, loop, micro_batch
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -20,7 +20,8 @@ TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.
 # a SLURM time limit of 1 minute, warned 10 s ahead: the requeue count is computed
 SLURM = ["slurm.time=1", "slurm.signal_seconds=10"]
 FIELDS = {
-    "stage", "preflight/steps_run", "preflight/steps_timed", "train/step_s", "train/img_per_s",
+    "stage", "preflight/steps_run", "preflight/steps_timed", "data/micro_batch_size", "data/accumulation",
+    "train/step_s", "train/img_per_s",
     "train/first_epoch_step_s", "train/first_epoch_steps",
     "train/data_wait", "train/input_advice", "train/mfu", "mem/main_peak_mb", "mem/worker_peak_mb",
     "mem/cache_growth_mb", "mem/device_allocated_mb", "mem/device_reserved_mb", "schedule/steps",
@@ -90,6 +91,17 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
     state = sum((tmp_path / "real" / name).stat().st_size for name in ("state-2.pt", "state-2.pt.sha256"))
     assert f["disk/checkpoint_bytes"] == pytest.approx(state, rel=0.01)
     assert f["disk/model_bytes"] == (tmp_path / "real" / "model.safetensors").stat().st_size
+
+
+def test_an_auto_micro_batch_is_chosen_as_the_run_chooses_it(monkeypatch, capsys, tmp_path):
+    # the search itself (trials in child processes) is test_micro_batch_auto's: here what it chose is used
+    monkeypatch.setattr(micro_batch, "search", lambda r, device, world_size=1: (8, "a test's choice"))
+    code, out, err = preflight(monkeypatch, capsys, tmp_path, "--json", "data.micro_batch_size=auto")
+    assert code == 0, err
+    f = json.loads(out)
+    assert (f["data/micro_batch_size"], f["data/accumulation"]) == (8, 2)
+    assert "data.micro_batch_size: auto -> 8" in err
+    nothing_left(tmp_path)
 
 
 def stopping_at_step(monkeypatch, stop):

@@ -50,7 +50,7 @@ from vitcli.runtime.precision import resolved, resolved_compile
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE, RUN_OUTPUTS
 from vitcli.runtime.workdir import check_workdir, check_writable, existing_ancestor
 from vitcli.stages.run import build_job, checkpoint_bytes, train_feed, utilisation
-from vitcli.train import cost
+from vitcli.train import cost, micro_batch
 from vitcli.train.cost import Window
 from vitcli.train.loop import Job, train
 from vitcli.train.throughput import feeding, input_bound
@@ -269,6 +269,9 @@ def preflight(recipe: Recipe, workdir: Path, *, steps: int) -> dict:
     check_workdir(workdir)
     recipe, _ = resolved(recipe, dist.device)  # the precision and compilation the run would get
     recipe, _ = resolved_compile(recipe, dist.device)
+    # and its micro-batch: data.micro_batch_size auto searched as a fresh run searches it (its time is the
+    # run's start-up too)
+    recipe = micro_batch.resolved(recipe, dist, None)
     shared = dist.device.type == "cpu" and threads.check(recipe.data.num_workers)
     try:
         with throwaway(workdir, dist) as tmp:
@@ -323,6 +326,7 @@ def stepping(m: Measured, dist: Dist) -> dict:
     share = cost.cached_share(res.get("data/cache_held_mb", 0.0), int(res.get("data/cache_images", 0)),
                               m.split.rows, cache_capacity(r.data) / 2**20)
     return {"preflight/steps_run": m.steps_run, "preflight/steps_timed": timed,
+            "data/micro_batch_size": micro, "data/accumulation": accum,
             "train/step_s": step_s, "train/img_per_s": r.data.batch_size / step_s,
             "train/first_epoch_step_s": cold_s if first else None, "train/first_epoch_steps": first,
             "train/data_wait": wait, "train/input_advice": input_advice(m, step_s, wait, timed),
@@ -416,7 +420,8 @@ def _step(f: dict) -> str:
     first = (f"; the first epoch's {f['train/first_epoch_steps']} steps, decoding every image for the cache, "
              f"{duration(f['train/first_epoch_step_s'])}" if f["train/first_epoch_steps"] else "")
     return (f"{duration(f['train/step_s'])}, {f['train/img_per_s']:.0f} img/s (over "
-            f"{f['preflight/steps_timed']} steady steps){mfu}{first}")
+            f"{f['preflight/steps_timed']} steady steps, micro-batches of {f['data/micro_batch_size']} x "
+            f"{f['data/accumulation']}){mfu}{first}")
 
 
 def _host(f: dict) -> str:

@@ -200,6 +200,18 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def shards(path: Path) -> list[Path]:
+    """The shard files beside `path` that it indexes (there now); [] for a whole weights file."""
+    if not path.name.endswith(INDEX_SUFFIX):
+        return []
+    try:
+        weight_map = json.loads(path.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError):
+        return []  # refused, with the reason, when read
+    names = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+    return [path.parent / n for n in sorted(names) if isinstance(n, str) and (path.parent / n).is_file()]
+
+
 def _weight_map(index: Path) -> dict[str, str]:
     """An index's `weight_map` (tensor name -> shard file), or one line saying what is wrong with it."""
     try:

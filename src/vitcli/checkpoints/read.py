@@ -70,8 +70,10 @@ def read_checkpoint(src: str) -> Loaded:
     """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
     where = locate_checkpoint(src)
     if isinstance(where, Path):
-        stat = where.stat()  # an atomic rewrite is a new inode; an in-place one changes mtime or size
-        return _read_cached(str(where.resolve()), (stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        # an atomic rewrite is a new inode; an in-place one changes mtime or size; a shard counts too
+        files = [where, *hf_vit.shards(where)]
+        version = tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(Path.stat, files))
+        return _read_cached(str(where.resolve()), version)
     return _read_cached(where, None)
 
 
@@ -133,8 +135,9 @@ def _near(src: str, path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory
-def _read_cached(src: str, version: tuple[int, int, int] | None) -> Loaded:
-    """A resolved file path with its (inode, mtime_ns, size), or a Hub name with None."""
+def _read_cached(src: str, version: tuple | None) -> Loaded:
+    """A resolved file path with the (inode, mtime_ns, size) of it and its shards, or a Hub name with
+    None."""
     return _read_hub(src) if version is None else _read_file(Path(src))
 
 

@@ -107,7 +107,8 @@ def test_a_sharded_folder_predicts_as_the_whole_one(monkeypatch, capsys, tmp_pat
     whole = _folder(tmp_path / "whole")
     transformers.ViTForImageClassification.from_pretrained(whole).save_pretrained(
         tmp_path / "sharded", max_shard_size="20KB")
-    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path / "sharded")
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(tmp_path / "sharded")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     assert not (tmp_path / "sharded" / "model.safetensors").exists()
     ours, _ = _predict(monkeypatch, capsys, whole, photos[:1], *FP32)

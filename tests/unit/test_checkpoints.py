@@ -800,8 +800,9 @@ def test_a_safetensors_file_cut_short_says_how_much_of_it_is_there(tmp_path):
     save_weights(tmp_path / "whole.safetensors", tiny_vit().state_dict(), our_meta())
     whole = (tmp_path / "whole.safetensors").read_bytes()
     header_end = 8 + int.from_bytes(whole[:8], "little")
-    for n, said in ((len(whole) - 1, f"{len(whole) - 1} bytes of the {len(whole)} its header describes"),
-                    (header_end - 1, f"{header_end - 1} bytes (an interrupted copy or download?)")):
+    cuts = ((len(whole) - 1, f"{len(whole) - 1} bytes of the {len(whole)} its header describes"),
+            (header_end - 1, f"{header_end - 1} bytes (an interrupted copy or download?)"))
+    for n, said in cuts:
         (tmp_path / "cut.safetensors").write_bytes(whole[:n])
         with pytest.raises(CheckpointError, match=f"cut.safetensors is cut short: {re.escape(said)}"):
             read_checkpoint(str(tmp_path / "cut.safetensors"))

@@ -223,7 +223,7 @@ def test_the_configs_grid_may_not_be_contradicted_by_init_grid(tmp_path):
     spec = describe(loaded)
     assert spec.grid == (4, 4) and spec.grid_from == "config.json (image_size 32, patch_size 8)"
     assert with_grid(spec, loaded.state_dict, "4x4").grid == (4, 4)
-    with pytest.raises(CheckpointError, match=r"init.grid=2x8 contradicts .*model.safetensors, whose "
-                                              r"config.json \(image_size 32, patch_size 8\) gives the "
-                                              r"grid 4x4; leave init.grid unset"):
+    said = (r"init.grid=2x8 contradicts .*model.safetensors, whose config.json \(image_size 32, "
+            r"patch_size 8\) gives the grid 4x4; leave init.grid unset")
+    with pytest.raises(CheckpointError, match=said):
         with_grid(spec, loaded.state_dict, "2x8")

@@ -57,8 +57,8 @@ class CheckpointSpec:
     img_size: int | None  # native resolution: our metadata, else grid x patch when the grid is square
     path: str = ""  # the file or Hub name it was read from, for messages
     layer_norm_eps: float = 1e-6  # our metadata's, a transformers config.json's; else timm's
-    # what states `grid` besides the table's shape (our metadata, a transformers config.json), which
-    # init.grid may not contradict; "" when only the table tells (a .npz, a timm file): init.grid may
+    # what states `grid` besides the table's shape (our metadata, a transformers config.json),
+    # which init.grid may not contradict; "" when only the table tells (a .npz, a timm file)
     grid_from: str = ""
 
     def architecture(self) -> dict:
@@ -89,7 +89,8 @@ def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
 
 
 def _grid_from(loaded: Loaded, model: dict | None, grid: tuple[int, int] | None, patch: int) -> str:
-    """What states the patch grid besides the table's shape: our metadata, a transformers config.json."""
+    """What states the patch grid besides the table's shape: our metadata, a transformers
+    config.json; "" for nothing."""
     if grid is None:
         return ""
     if model is not None and model.get("img_size"):  # _ours took the grid from it

@@ -18,10 +18,11 @@ load table says so. The class names are `id2label`'s, unless they are transforme
 placeholders.
 
 config.json's values are checked by the types transformers' ViTConfig declares (a quoted "2" for
-num_hidden_layers is refused naming the file, the key and what it should be). Weights are model.safetensors,
-or pytorch_model.bin through torch's weights-only unpickler (tensors and plain containers, no code runs), or
-either sharded as save_pretrained(max_shard_size=...) writes it: an index (model.safetensors.index.json,
-pytorch_model.bin.index.json) whose `weight_map` names each tensor's shard file beside it.
+num_hidden_layers is refused naming the file, the key and what it should be). Weights are
+model.safetensors, or pytorch_model.bin through torch's weights-only unpickler (tensors and plain
+containers, no code runs), or either sharded as save_pretrained(max_shard_size=...) writes it: an
+index (model.safetensors.index.json, pytorch_model.bin.index.json) whose `weight_map` names each
+tensor's shard file beside it.
 """
 
 from __future__ import annotations
@@ -58,21 +59,26 @@ TOP_NAMES = {
 }
 QKV = ("query", "key", "value")
 HF_PREFIXES = ("vit.embeddings.", "embeddings.patch_embeddings.")  # what no other layout names so
-# what save_pretrained writes, newest first: whole, or an index of shards (`weight_map`: name -> shard file)
-WEIGHTS_FILES = (MODEL_FILE, f"{MODEL_FILE}.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# what save_pretrained writes, newest first: whole, or an index of shards (`weight_map`: tensor
+# name -> shard file)
 INDEX_SUFFIX = ".index.json"
+WEIGHTS_FILES = (MODEL_FILE, MODEL_FILE + INDEX_SUFFIX, "pytorch_model.bin",
+                 "pytorch_model.bin" + INDEX_SUFFIX)
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # transformers' ViTConfig defaults: what a config.json that leaves a key out means
 DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
             "hidden_act": "gelu", "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16,
             "num_channels": 3, "qkv_bias": True, "pooler_act": "tanh"}
 TIMM_EPS = 1e-6  # timm's VisionTransformer LayerNorm
-# the types ViTConfig declares for the keys read here (a float key takes an int, as JSON writes 1e0 as 1)
-INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "num_channels")
-TYPES = {**dict.fromkeys(INTS, "int"), "hidden_act": "str", "pooler_act": "str", "layer_norm_eps": "float",
-         "image_size": "size", "patch_size": "size", "qkv_bias": "bool", "architectures": "names"}
-SAID = {"int": "a positive integer (unquoted)", "str": "a string", "float": "a positive number (unquoted)",
-        "bool": "true or false (unquoted)", "size": "a positive integer or a list of two",
+# the types ViTConfig declares for the keys read here (a float key takes an int: 1e0 is written 1)
+INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "num_channels")
+TYPES = {**dict.fromkeys(INTS, "int"), "hidden_act": "str", "pooler_act": "str",
+         "layer_norm_eps": "float", "image_size": "size", "patch_size": "size", "qkv_bias": "bool",
+         "architectures": "names"}
+SAID = {"int": "a positive integer (unquoted)", "str": "a string",
+        "float": "a positive number (unquoted)", "bool": "true or false (unquoted)",
+        "size": "a positive integer or a list of two",
         "names": "a list of class names such as [\"ViTForImageClassification\"]"}
 
 
@@ -124,8 +130,9 @@ def read_vit_folder(path: Path) -> HfVit:
     arch = (config.get("architectures") or ["ViTModel"])[0]
     said = [f"{arch}, depth {depth}", f"LayerNorm eps {eps:g} (layer_norm_eps; timm's ViT: {TIMM_EPS:g})"]
     said.append("class names from id2label" if names else "no class names (id2label holds none)")
-    return HfVit(sd, config["num_attention_heads"], eps, names, [("transformers", "; ".join(said)), *notes],
-                 _side(config["image_size"]), _side(config["patch_size"]))
+    rows = [("transformers", "; ".join(said)), *notes]
+    return HfVit(sd, config["num_attention_heads"], eps, names, rows, _side(config["image_size"]),
+                 _side(config["patch_size"]))
 
 
 def check_config(config: dict, where: Path) -> None:
@@ -139,9 +146,8 @@ def check_config(config: dict, where: Path) -> None:
         "num_channels": (config["num_channels"] != 3, "vitcli feeds RGB images (3)"),
         "patch_size": (not _side(config["patch_size"]), "only square patches"),
         "image_size": (not _side(config["image_size"]), "only square images"),
-        "num_attention_heads": (heads <= 0 or config["hidden_size"] % heads != 0,
+        "num_attention_heads": (config["hidden_size"] % heads != 0,
                                 f"the heads must divide hidden_size {config['hidden_size']}"),
-        "layer_norm_eps": (float(config["layer_norm_eps"]) <= 0, "it must be positive"),
     }
     key = next((k for k, (bad, _) in refused.items() if bad), None)
     if key:
@@ -149,20 +155,21 @@ def check_config(config: dict, where: Path) -> None:
 
 
 def _check_types(config: dict, where: Path) -> None:
-    """A CheckpointError naming `where`, the first key whose value is not of the type ViTConfig declares,
-    what it holds and what it should be."""
+    """A CheckpointError naming `where`, the first key whose value is not of the type ViTConfig
+    declares, what it holds and what it should be (sizes and eps positive too)."""
     for key, kind in TYPES.items():
         value = config.get(key)
         if key == "architectures" and value is None:
             continue
         if not _is_type(value, kind):
-            held = f"the string {json.dumps(value)}" if isinstance(value, str) else json.dumps(value)
-            raise CheckpointError(f"{where}: {key} holds {held}, but transformers' ViTConfig declares "
-                                  f"{SAID[kind]}")
+            held = json.dumps(value)
+            held = f"the string {held}" if isinstance(value, str) else held
+            raise CheckpointError(f"{where}: {key} holds {held}, but transformers' ViTConfig "
+                                  f"declares {SAID[kind]}")
 
 
 def _is_type(value, kind: str) -> bool:
-    """Whether a config.json value is of ViTConfig's type `kind` (bool is no int here, as in JSON)."""
+    """Whether a config.json value is of ViTConfig's type `kind` (a bool is no int here)."""
     if kind == "int":
         return type(value) is int and value > 0
     if kind == "float":
@@ -195,8 +202,8 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
         tensors.update(_file_tensors(path.parent / shard))
     missing = sorted(set(weight_map) - set(tensors))
     if missing:
-        raise CheckpointError(f"{path}: {len(missing)} tensors its weight_map names are not in their "
-                              f"shards ({', '.join(missing[:3])}); copy the folder again")
+        raise CheckpointError(f"{path}: {len(missing)} tensors its weight_map names are not in "
+                              f"their shards ({', '.join(missing[:3])}); copy the folder again")
     return tensors
 
 
@@ -205,15 +212,14 @@ def shards(path: Path) -> list[Path]:
     if not path.name.endswith(INDEX_SUFFIX):
         return []
     try:
-        weight_map = json.loads(path.read_text()).get("weight_map")
-    except (OSError, ValueError, AttributeError):
+        names = sorted(set(_weight_map(path).values()))
+    except CheckpointError:
         return []  # refused, with the reason, when read
-    names = set(weight_map.values()) if isinstance(weight_map, dict) else set()
-    return [path.parent / n for n in sorted(names) if isinstance(n, str) and (path.parent / n).is_file()]
+    return [path.parent / n for n in names if (path.parent / n).is_file()]
 
 
 def _weight_map(index: Path) -> dict[str, str]:
-    """An index's `weight_map` (tensor name -> shard file), or one line saying what is wrong with it."""
+    """An index's `weight_map` (tensor name -> shard file), or one line saying what is wrong."""
     try:
         weight_map = json.loads(index.read_text()).get("weight_map")
     except (OSError, ValueError, AttributeError) as e:
@@ -232,8 +238,8 @@ def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError) as e:
-            raise not_safetensors(path, e, "pytorch_model.bin" if path.name == MODEL_FILE else ".bin"
-                                  ) from None
+            as_pickle = "pytorch_model.bin" if path.name == MODEL_FILE else ".bin"
+            raise not_safetensors(path, e, as_pickle) from None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, ValueError, RuntimeError, EOFError) as e:

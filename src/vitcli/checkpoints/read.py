@@ -49,8 +49,8 @@ class Loaded:
     """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model spec."""
 
     state_dict: dict[str, torch.Tensor]  # timm names
-    # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps", "notes",
-    # "image_size", "patch_size"}; {} for other foreign files
+    # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps",
+    # "notes", "image_size", "patch_size"}; {} for other foreign files
     meta: dict
     # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file) | hf (a
     # transformers ViT folder)
@@ -70,7 +70,7 @@ def read_checkpoint(src: str) -> Loaded:
     """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
     where = locate_checkpoint(src)
     if isinstance(where, Path):
-        # an atomic rewrite is a new inode; an in-place one changes mtime or size; a shard counts too
+        # an atomic rewrite is a new inode, an in-place one changes mtime or size; shards count too
         files = [where, *hf_vit.shards(where)]
         version = tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(Path.stat, files))
         return _read_cached(str(where.resolve()), version)
@@ -93,8 +93,8 @@ def locate_checkpoint(src: str) -> Path | str:
 
 
 def _folder_weights(folder: Path) -> Path:
-    """The weights file of a folder: a vitcli workdir's or a timm folder's model.safetensors, or what a
-    transformers ViT folder holds (whole or sharded); one line saying what is missing and what would help."""
+    """The weights file of a folder: a vitcli workdir's or a timm folder's model.safetensors, or a
+    transformers ViT folder's (whole or sharded); one line saying what is missing and what helps."""
     model_type = hf_vit.model_type(folder)
     if model_type not in (None, "vit"):
         raise _not_vit(folder, model_type)
@@ -102,26 +102,27 @@ def _folder_weights(folder: Path) -> Path:
     if found is not None and found.is_file():
         return found
     names = sorted(p.name for p in folder.iterdir())
-    held = f"it holds {', '.join(names[:6])}{', ...' if len(names) > 6 else ''}" if names else "it is empty"
+    held = f"it holds {', '.join(names[:6])}{', ...' if names[6:] else ''}" if names else "empty"
     if model_type:
         raise CheckpointError(
             f"{folder} is a transformers ViT folder (config.json) without its weights ({held}): "
-            f"save_pretrained writes {MODEL_FILE} or pytorch_model.bin (sharded: either's .index.json and "
-            "its shards) beside config.json; copy them from where the folder came from")
-    transformers_weights = [n for n in names if n.startswith(("pytorch_model", "model-"))]
+            f"save_pretrained writes {MODEL_FILE} or pytorch_model.bin (sharded: either's "
+            ".index.json and its shards) beside config.json; copy them from where it came from")
+    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
     raise CheckpointError(
-        f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, or a "
-        f"timm or transformers folder (timm's holds {MODEL_FILE}; transformers' holds config.json beside "
-        f"{MODEL_FILE} or pytorch_model.bin)"
-        + (f"; {transformers_weights[0]} needs its config.json beside it" if transformers_weights else ""))
+        f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "
+        f"or a timm or transformers folder (timm's holds {MODEL_FILE}; transformers' holds "
+        f"config.json beside {MODEL_FILE} or pytorch_model.bin)"
+        + (f"; {theirs[0]} needs its config.json beside it" if theirs else ""))
 
 
 def _not_vit(folder: Path, model_type: str) -> CheckpointError:
     """A transformers folder of another model than ViT."""
     return CheckpointError(
-        f"{folder / 'config.json'} says model_type '{model_type}': vit reads transformers folders of "
-        f"model_type 'vit' (ViTModel, ViTForImageClassification), timm's ViT weights (.safetensors or a "
-        f"Hub name), Google .npz files and MAE's .pth; a {model_type} model is none of these")
+        f"{folder / 'config.json'} says model_type '{model_type}': vit reads transformers folders "
+        "of model_type 'vit' (ViTModel, ViTForImageClassification), timm's ViT weights "
+        f"(.safetensors or a Hub name), Google .npz files and MAE's .pth; a {model_type} model is "
+        "none of these")
 
 
 def _near(src: str, path: Path) -> str:
@@ -136,8 +137,8 @@ def _near(src: str, path: Path) -> str:
 
 @functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory
 def _read_cached(src: str, version: tuple | None) -> Loaded:
-    """A resolved file path with the (inode, mtime_ns, size) of it and its shards, or a Hub name with
-    None."""
+    """A resolved file path with the (inode, mtime_ns, size) of it and its shards, or a Hub name
+    with None."""
     return _read_hub(src) if version is None else _read_file(Path(src))
 
 
@@ -156,7 +157,8 @@ def _read_file(path: Path) -> Loaded:
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
     is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
     if path.suffix.lower() == ".safetensors" and (is_torch_zip or head.startswith(LEGACY_TORCH)):
-        raise not_safetensors(path, ValueError("a torch.save file"))  # torch.load would read it as one
+        # torch.load would read it as safetensors, by its name
+        raise not_safetensors(path, ValueError("a torch.save file"))
     if is_torch_zip or head.startswith(LEGACY_TORCH):
         read = read_pth(path, is_zip=is_torch_zip)
         _check_not_transformers(read.state_dict, path)
@@ -183,16 +185,16 @@ def _check_not_transformers(sd: dict[str, torch.Tensor], path: Path) -> None:
     first = next((k for k in sd if k.startswith(hf_vit.HF_PREFIXES)), None)
     if first:
         raise CheckpointError(
-            f"{path} holds transformers' ViT tensors ({first}) but no config.json of model_type vit is "
-            "beside it to say the network they make; put the config.json save_pretrained wrote beside it "
-            "and pass the folder")
+            f"{path} holds transformers' ViT tensors ({first}) but no config.json of model_type "
+            "vit is beside it to say the network they make; put the config.json save_pretrained "
+            "wrote beside it and pass the folder")
 
 
 def _read_hf(path: Path) -> Loaded:
     """A transformers ViT folder's weights, config.json and preprocessor_config.json."""
     vit = hf_vit.read_vit_folder(path)
-    meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps, "notes": vit.notes,
-            "image_size": vit.image_size, "patch_size": vit.patch_size}
+    meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps,
+            "notes": vit.notes, "image_size": vit.image_size, "patch_size": vit.patch_size}
     return Loaded(vit.state_dict, meta, "hf", str(path), vit.num_heads, _folder_cfg(path))
 
 

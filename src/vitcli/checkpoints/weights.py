@@ -13,9 +13,10 @@ from vitcli.errors import CheckpointError
 from vitcli.runtime.files import atomic_path
 
 FORMAT = "vitcli/1"
-HEADER_LENGTH = 8  # a safetensors file: the JSON header's length (u64, little-endian), the header, the data
-PICKLE_OR_ZIP = (b"\x80", b"PK\x03\x04")  # how torch.save's files start: a pickle, or its zip archive
-MAX_HEADER = 100_000_000  # safetensors' own limit on the header ("header too large" beyond it)
+# a safetensors file: its JSON header's length (u64, little-endian), the header, the tensors' bytes
+HEADER_LENGTH = 8
+MAX_HEADER = 100_000_000  # safetensors' own limit ("header too large" beyond it)
+PICKLE_OR_ZIP = (b"\x80", b"PK\x03\x04")  # how torch.save's files start: a pickle, or a zip
 
 
 def save_weights(path: str | Path, state_dict: dict[str, torch.Tensor], meta: dict[str, object]) -> None:
@@ -41,45 +42,47 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, o
 
 
 def not_safetensors(path: Path, error: Exception, rename: str = ".pt or .pth") -> CheckpointError:
-    """Why safetensors could not read `path`, told from its bytes: empty, a torch.save file under this name
-    (`rename`: what to call it instead), cut short (fewer bytes than its header describes), or else
-    safetensors' own words."""
+    """Why safetensors could not read `path`, told from its bytes: empty, a torch.save file under
+    this name (`rename`: what to call it instead), cut short, or else safetensors' own words."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(HEADER_LENGTH)
-            length = int.from_bytes(head, "little")
             torch_like = head.startswith(PICKLE_OR_ZIP)
-            header = b"" if torch_like else f.read(min(length, MAX_HEADER))
+            length = int.from_bytes(head, "little")
+            header = b"" if torch_like or length > MAX_HEADER else f.read(length)
     except OSError as e:
         return CheckpointError(f"cannot read {path}: {e.strerror}")
     if size == 0:
         return CheckpointError(f"{path} is empty (0 bytes), not a safetensors file; copy it again")
     if torch_like:
-        return CheckpointError(f"{path} is not a safetensors file (it starts like a PyTorch pickle/zip: "
-                               f"rename it {rename}, which vit reads weights-only)")
-    whole = len(header) == length  # the file holds all the header its first 8 bytes announce
-    end = _data_end(header) if whole else None  # (None: not JSON)
-    if size < HEADER_LENGTH or (header[:1] == b"{" and length <= MAX_HEADER and (
-            not whole or (end is not None and size < HEADER_LENGTH + length + end))):
-        held = "" if end is None else f" of the {HEADER_LENGTH + length + end} its header describes"
-        return CheckpointError(f"{path} is cut short: {size} bytes{held} (an interrupted copy or "
+        return CheckpointError(f"{path} is not a safetensors file (it starts like a PyTorch "
+                               f"pickle/zip: rename it {rename}, which vit reads weights-only)")
+    short = _cut_short(size, length, header)
+    if short is not None:
+        return CheckpointError(f"{path} is cut short: {size} bytes{short} (an interrupted copy or "
                                "download?); copy it again")
     why = (str(error).splitlines() or [type(error).__name__])[0]
     return CheckpointError(f"{path}: not a readable safetensors file ({why})")
 
 
-def _data_end(header: bytes) -> int | None:
-    """Where the last tensor's bytes end after the header, by its data_offsets; None if it is no JSON."""
+def _cut_short(size: int, length: int, header: bytes) -> str | None:
+    """None unless a file of `size` bytes, whose header (of `length` announced) starts `header`,
+    stops early; then " of the N its header describes" when the header is whole, else ""."""
+    if size < HEADER_LENGTH:
+        return ""
+    if header[:1] != b"{":  # a JSON object, or no safetensors header at all
+        return None
+    if len(header) < length:
+        return ""
     try:
         entries = json.loads(header)
     except ValueError:
         return None
-    if not isinstance(entries, dict):
-        return None
-    offsets = [v.get("data_offsets") for v in entries.values() if isinstance(v, dict)]
-    return max((o[1] for o in offsets if isinstance(o, list) and len(o) == 2 and type(o[1]) is int),
-               default=0)
+    ends = [v.get("data_offsets") for v in entries.values() if isinstance(v, dict)]
+    end = HEADER_LENGTH + length + max((o[1] for o in ends if isinstance(o, list) and len(o) == 2
+                                        and type(o[1]) is int), default=0)
+    return f" of the {end} its header describes" if size < end else None
 
 
 def _decode(value: str) -> object:

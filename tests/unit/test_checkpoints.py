@@ -804,5 +804,5 @@ def test_a_safetensors_file_cut_short_says_how_much_of_it_is_there(tmp_path):
             (header_end - 1, f"{header_end - 1} bytes (an interrupted copy or download?)"))
     for n, said in cuts:
         (tmp_path / "cut.safetensors").write_bytes(whole[:n])
-        with pytest.raises(CheckpointError, match=f"cut.safetensors is cut short: {re.escape(said)}"):
+        with pytest.raises(CheckpointError, match=f"is cut short: {re.escape(said)}"):
             read_checkpoint(str(tmp_path / "cut.safetensors"))

@@ -7,7 +7,10 @@ folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm dow
 source says of the pixels its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std,
 interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's beside its model.safetensors (timm's
 config.json, transformers' preprocessor_config.json). A bare pickle (not a torch.save file) is refused,
-never unpickled: unpickling runs whatever code the file carries.
+never unpickled: unpickling runs whatever code the file carries. A torch.save file named .safetensors is
+refused with the name to give it (torch.load reads a .safetensors name as safetensors), and a folder that
+is not what it looks like (another transformers model_type, weights without their config.json, a config
+without weights) is named with what it holds.
 
 Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
 the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the

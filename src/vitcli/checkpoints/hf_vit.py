@@ -79,7 +79,7 @@ TYPES = {**dict.fromkeys(INTS, "int"), "hidden_act": "str", "pooler_act": "str",
 SAID = {"int": "a positive integer (unquoted)", "str": "a string",
         "float": "a positive number (unquoted)", "bool": "true or false (unquoted)",
         "size": "a positive integer or a list of two",
-        "names": "a list of class names such as [\"ViTForImageClassification\"]"}
+        "names": "a list of model class names such as [\"ViTForImageClassification\"]"}
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,9 @@ import re
 import pytest
 
 from vitcli.errors import RecipeError
-from vitcli.recipe.layers import merge, parse_overrides, read_yaml
+from vitcli.recipe.checks import CHOICES
+from vitcli.recipe.choices import POOLS, PRECISIONS, VIT_POS_EMBEDS
+from vitcli.recipe.layers import literal_keys, merge, parse_overrides, read_yaml
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import Recipe
 
@@ -106,3 +108,20 @@ def test_a_one_hour_time_limit_is_one_hour_and_a_one_minute_one_is_shorter_than_
 def test_a_hex_grid_is_refused_as_typed():
     with pytest.raises(RecipeError, match=re.escape("init.grid='0x4': expected HxW")):
         resolve("pretrain", None, [*SHORT, "init.grid=0x4"])
+
+
+def test_a_closed_set_key_is_refused_while_reading_with_its_choices_from_its_annotation(tmp_path):
+    refused = re.escape("model.pool: 'avg' is not one of token, gap, gap_fc_norm")
+    for read in (lambda: from_file(tmp_path, "model.pool", "avg"), lambda: from_override("model.pool", "avg")):
+        with pytest.raises(RecipeError, match=refused):
+            read()
+    assert from_override("run.strategy", "fsdp").run.strategy == "fsdp"
+
+
+def test_every_closed_set_is_one_literal_its_default_among_its_choices():
+    choices = literal_keys(Recipe)
+    assert choices["model.pool"] == POOLS and choices["run.precision"] == PRECISIONS
+    assert choices["model.pos_embed"] == (*VIT_POS_EMBEDS, "sincos_1d")
+    assert CHOICES == choices
+    for key, allowed in choices.items():
+        assert value(Recipe(), key) in allowed, key

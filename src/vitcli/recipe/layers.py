@@ -38,6 +38,11 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
                 return _coerce(value, option, path)
         names = " or ".join(option.__name__ for option in typing.get_args(typ))
         raise RecipeError(f"{path}: expected {names}, got {value!r}")
+    if origin is typing.Literal:  # a closed set (recipe.choices): the text, if it is one of them
+        text, choices = _coerce(value, str, path), typing.get_args(typ)
+        if text not in choices:
+            raise RecipeError(f"{path}: '{text}' is not one of {', '.join(choices)}")
+        return text
     if origin is list:
         (item_type,) = typing.get_args(typ)
         if isinstance(value, str):  # `shots=1,5,10` on the command line
@@ -112,6 +117,17 @@ def merge(obj: Any, updates: dict, prefix: str = "") -> None:
             merge(getattr(obj, key), value if value is not None else {}, f"{path}.")
         else:
             setattr(obj, key, _coerce(value, typ, path))
+
+
+def literal_keys(cls: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """Every key of dataclass `cls` annotated with a Literal, by dotted path -> its choices in order."""
+    found = {}
+    for key, typ in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(typ):
+            found.update(literal_keys(typ, f"{prefix}{key}."))
+        elif typing.get_origin(typ) is typing.Literal:
+            found[f"{prefix}{key}"] = typing.get_args(typ)
+    return found
 
 
 def nest(dotted: dict[str, Any]) -> dict:

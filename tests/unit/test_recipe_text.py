@@ -112,7 +112,8 @@ def test_a_hex_grid_is_refused_as_typed():
 
 def test_a_closed_set_key_is_refused_while_reading_with_its_choices_from_its_annotation(tmp_path):
     refused = re.escape("model.pool: 'avg' is not one of token, gap, gap_fc_norm")
-    for read in (lambda: from_file(tmp_path, "model.pool", "avg"), lambda: from_override("model.pool", "avg")):
+    for read in (lambda: from_file(tmp_path, "model.pool", "avg"),
+                 lambda: from_override("model.pool", "avg")):
         with pytest.raises(RecipeError, match=refused):
             read()
     assert from_override("run.strategy", "fsdp").run.strategy == "fsdp"

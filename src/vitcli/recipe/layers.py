@@ -225,8 +225,8 @@ def load_text(text: str):
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a recipe file as safe_load does; malformed YAML or a key given twice is a one-line error with the
-    line number."""
+    """Read a recipe file as safe_load does, its scalars as text (load_text); malformed YAML or a key given
+    twice is a one-line error with the line number."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")

@@ -98,6 +98,8 @@ def test_a_hostile_value_that_is_not_refused_stays_one_argument_on_its_line(tmp_
         if value:  # sbatch reads an #SBATCH line as shlex does: blanks split, quotes and \ escapes group
             (line,) = [ln for ln in text.splitlines() if ln.startswith(f"#SBATCH --{name}=")]
             assert shlex.split(line.removeprefix("#SBATCH ")) == [f"--{name}={value}"], line
+    with pytest.raises(RecipeError, match=r"slurm\.partition: .* control character"):  # not resolved
+        slurm.batch_script(SlurmConfig(partition="gpu\ntouch /tmp/owned"), job(tmp_path), "a test")
     (output,) = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")]
     assert shlex.split(output.removeprefix("#SBATCH ")) == [f"--output={slurm.log_pattern(job(tmp_path))}"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vitcli.errors import OutputError
-from vitcli.recipe.cluster_checks import control_character, procs_per_node
+from vitcli.recipe.cluster_checks import check_one_line, control_character, procs_per_node
 from vitcli.recipe.schema import SlurmConfig
 from vitcli.runtime.run_files import (
     JOB_SCRIPT,
@@ -110,8 +110,9 @@ def torchrun(cfg: SlurmConfig, job: Job) -> str:
 
 
 def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
-    """The whole script; `written` says when and by what (its header). The recipe's values were checked to
-    hold no control character when it was resolved (cluster_checks); the paths are checked here."""
+    """The whole script; `written` says when and by what (its header). No value may hold a control character
+    (resolving the recipe refused one already; the paths are checked here)."""
+    check_one_line(cfg)
     for name, path in (("--workdir", job.workdir), ("the current directory", job.cwd)):
         found = control_character(str(path))
         if found:

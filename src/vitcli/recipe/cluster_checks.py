@@ -49,7 +49,7 @@ def control_character(text: str) -> str | None:
     return None
 
 
-def _one_line(cfg: SlurmConfig) -> None:
+def check_one_line(cfg: SlurmConfig) -> None:
     """Every text the slurm section writes into the batch script (each #SBATCH value, each extra line)
     without a control character."""
     for f in dataclasses.fields(cfg):
@@ -66,7 +66,7 @@ def check_slurm(cfg: SlurmConfig) -> None:
     """Counts at least 1 (0 where it means "none" or "the default"), no more processes on a node than GPUs,
     every text on one line, a time limit and memory sbatch reads, and a warning that fits inside the time
     limit."""
-    _one_line(cfg)
+    check_one_line(cfg)
     for key in ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "signal_seconds", "max_requeues",
                 "array_parallel"):
         value, least = getattr(cfg, key), 1 if key == "nodes" else 0

@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.run_files import MODEL_FILE  # transformers' save_pretrained names it so too
 
 # timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
@@ -138,7 +138,7 @@ def _tensors(path: Path) -> dict[str, torch.Tensor]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{path}: not readable as transformers' weights "
-                              f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+                              f"({first_line(e)})") from None
 
 
 def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path

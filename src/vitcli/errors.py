@@ -50,3 +50,13 @@ class TrainingError(VitcliError):
 
 class ClusterError(VitcliError):
     """A run that cannot be handed to the cluster: no sbatch here, or sbatch refused the job (its line)."""
+
+
+def first_line(error: BaseException, *, named: bool = False) -> str:
+    """The first line of `error`'s message that is not blank, stripped (torch's, PIL's and datasets'
+    messages run to many lines; a one-line error quotes one), or the error's class name when its message is
+    empty. `named`: `Type: line`, the class name alone for an empty message."""
+    line = next((text.strip() for text in str(error).splitlines() if text.strip()), "")
+    if not line:
+        return type(error).__name__
+    return f"{type(error).__name__}: {line}" if named else line

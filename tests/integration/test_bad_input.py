@@ -112,6 +112,16 @@ CASES = {
                               "data.cutmix_alpha=1.0 mixes labels, but objective: mpp"),
     "zero erasing boxes": (pretrain("data.erasing=0.25", "data.erasing_count=0"),
                            "data.erasing_count must be positive"),
+    # values read as typed: no YAML 1.1 guesses (base 60, hex, yes/on)
+    "a one-minute time limit": (pretrain("slurm.time=1:00"),
+                                "slurm.signal_seconds=90 is not inside slurm.time=1:00 (60 s)"),
+    "hex grid": (pretrain("init.grid=0x4"), "init.grid='0x4': expected HxW"),
+    "yes for a bool": (pretrain("data.hflip=yes"), "data.hflip: write true or false, not 'yes'"),
+    # a value that would leave its line of the batch script, and a job that cannot start its processes
+    "newline in a partition": (pretrain("slurm.partition=gpu\ntouch owned"),
+                               "slurm.partition: 'gpu\\ntouch owned' holds the control character '\\n'"),
+    "more processes than GPUs": (pretrain("slurm.procs_per_node=3", "slurm.gpus_per_node=2"),
+                                 "slurm.procs_per_node=3 is more than slurm.gpus_per_node=2"),
     "distillation type typo": (pretrain("distill.type=sofft"),
                                "distill.type: 'sofft' is not one of none, hard, soft"),
     "distillation alpha 1.5": (pretrain("distill.alpha=1.5"), "distill.alpha must be in [0, 1]"),

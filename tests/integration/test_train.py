@@ -90,12 +90,22 @@ def test_resume_refuses_a_change_to_what_is_trained(tmp_path, change):
                 tmp_path)
 
 
-def test_resume_accepts_changes_to_how_a_run_is_watched(tmp_path):
-    base = ["schedule.steps=3", "data.val_split=", "data.test_split="]
-    one_run(recipe(*base, "run.ckpt_every=1"), tmp_path)
-    watched = ["run.log_every=2", "run.ckpt_every=2", "run.eval_every=5", "data.eval_batch_size=8",
+def test_resume_accepts_changes_to_how_a_run_is_watched(tmp_path, monkeypatch):
+    base = ["schedule.steps=4", "run.ckpt_every=2", "data.val_split=", "data.test_split="]
+    one_run(recipe(*base), tmp_path / "straight")
+    stopped_at_call(monkeypatch, recipe(*base), tmp_path / "resumed", 3)  # Ctrl-C in step 3: state-2 kept
+    assert manager.latest_good_state(tmp_path / "resumed")[1]["step"] == 2
+    watched = ["run.log_every=2", "run.ckpt_every=3", "run.eval_every=5", "data.eval_batch_size=8",
                "run.ckpt_every_minutes=5", "run.activation_checkpointing=true"]
-    one_run(recipe(*base, *watched), tmp_path, resume=True)  # nothing left to train: it resumes at step 3
+    summary = one_run(recipe(*base, *watched), tmp_path / "resumed", resume=True)
+
+    assert summary["steps"] == 4
+    rows = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [row["step"] for row in rows if "train/loss" in row] == [1, 2, 4], "2 before, then every 2nd"
+    a, _ = load_weights(tmp_path / "straight" / "model.safetensors")
+    b, _ = load_weights(tmp_path / "resumed" / "model.safetensors")
+    for k in a:  # activation checkpointing recomputes the same forward: the same weights
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):

@@ -2,6 +2,7 @@
 requeue rules, and the batch script as text (valid bash, the lines sbatch and torchrun need)."""
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -23,7 +24,9 @@ SHORT = ["schedule.steps=10", "schedule.warmup_steps=1"]
 @pytest.mark.parametrize("text, seconds", [
     ("90", 90 * MINUTE), ("05:30", 5 * MINUTE + 30), ("1:30:00", HOUR + 30 * MINUTE),
     ("2-12", 2 * DAY + 12 * HOUR), ("2-12:30", 2 * DAY + 12 * HOUR + 30 * MINUTE),
-    ("1-00:00:05", DAY + 5), ("", 0), ("UNLIMITED", 0), ("infinite", 0)])
+    ("1-00:00:05", DAY + 5), ("", 0), ("UNLIMITED", 0), ("infinite", 0),
+    ("1:00", MINUTE), ("1:00:00", HOUR), ("0", 0),  # sbatch: 0 is no limit
+    ("2-0", 2 * DAY), ("0-0:0:90", 90), ("120:30", 2 * HOUR + 30)])
 def test_time_limits_read_as_sbatch_reads_them(text, seconds):
     assert time_limit_seconds(text) == seconds
 
@@ -35,6 +38,95 @@ def test_time_limits_read_as_sbatch_reads_them(text, seconds):
 def test_a_bad_slurm_key_is_refused_at_resolve_time_naming_it(override, names):
     with pytest.raises(RecipeError, match=names.replace(".", r"\.")):
         resolve("pretrain", None, [*SHORT, override])
+
+
+@pytest.mark.parametrize("text", ["1h", "1:2:3:4", "-5", "1-", "2-1:2:3:4", "1.5", "1:00 00", "1:00\n2"])
+def test_a_time_sbatch_does_not_take_is_refused(text):
+    with pytest.raises(RecipeError, match="slurm.time"):
+        time_limit_seconds(text)
+
+
+@pytest.mark.parametrize("time_limit", ["1", "1:00", "0:01:30", "0-0:1", "0-0:0:90"])
+def test_a_time_limit_no_longer_than_the_warning_is_refused_in_every_form(time_limit):
+    with pytest.raises(RecipeError, match=r"slurm\.signal_seconds=90 is not inside"):
+        resolve("pretrain", None, [*SHORT, f"slurm.time={time_limit}"])
+    assert resolve("pretrain", None, [*SHORT, f"slurm.time={time_limit}", "slurm.signal_seconds=30"])
+
+
+@pytest.mark.parametrize("key", ["partition", "account", "qos", "constraint", "mem", "time"])
+@pytest.mark.parametrize("char", ["\n", "\r", "\x00", "\x1b", "\u2028"])
+def test_a_control_character_in_a_slurm_value_is_refused_naming_the_key(key, char):
+    with pytest.raises(RecipeError, match=rf"^slurm\.{key}: .* holds the control character"):
+        resolve("pretrain", None, [*SHORT, f"slurm.{key}=gpu{char}touch /tmp/owned"])
+
+
+def test_a_control_character_in_an_extra_line_is_refused_naming_its_index(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text('slurm:\n  extra: ["--exclusive", "--mail-type=END\\ntouch /tmp/owned"]\n')
+    with pytest.raises(RecipeError, match=r"^slurm\.extra\[1\]: .* holds the control character '\\n'"):
+        resolve("pretrain", path, SHORT)
+
+
+def test_a_newline_in_a_slurm_value_is_refused_by_the_dry_run_and_nothing_is_written(tmp_path, monkeypatch,
+                                                                                   capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir", "w",
+                             *SHORT, "slurm.partition=gpu\ntouch owned")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "slurm.partition" in err and list(tmp_path.iterdir()) == []
+
+
+def test_a_workdir_with_a_newline_is_refused_before_the_script_is_shown(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
+                             "w\ntouch owned", *SHORT)
+    assert code == 2 and out == "" and "--workdir" in err and "control character" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+HOSTILE = {"partition": "gpu --uid=0", "account": 'a"b #c', "qos": "q\\x y", "constraint": "h100&a100",
+           "mem": "", "time": "1:00:00"}
+
+
+def test_a_hostile_value_that_is_not_refused_stays_one_argument_on_its_line(tmp_path):
+    plain = slurm.batch_script(SlurmConfig(partition="p", account="a", qos="q", constraint="c",
+                                           time="1:00:00"), job(tmp_path), "a test")
+    text = slurm.batch_script(SlurmConfig(**HOSTILE), job(tmp_path), "a test")
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+    assert len(text.splitlines()) == len(plain.splitlines())
+    for name, value in HOSTILE.items():
+        if value:  # sbatch reads an #SBATCH line as shlex does: blanks split, quotes and \ escapes group
+            (line,) = [ln for ln in text.splitlines() if ln.startswith(f"#SBATCH --{name}=")]
+            assert shlex.split(line.removeprefix("#SBATCH ")) == [f"--{name}={value}"], line
+    with pytest.raises(RecipeError, match=r"slurm\.partition: .* control character"):  # not resolved
+        slurm.batch_script(SlurmConfig(partition="gpu\ntouch /tmp/owned"), job(tmp_path), "a test")
+    (output,) = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")]
+    assert shlex.split(output.removeprefix("#SBATCH ")) == [f"--output={slurm.log_pattern(job(tmp_path))}"]
+
+
+def test_every_path_on_a_shell_line_of_the_script_is_quoted(tmp_path):
+    odd = slurm.Job("pretrain", ("--task", "a b;touch x"), tmp_path / "it's $(here)" / "w`x`",
+                    tmp_path / "c d", "/opt/my venv/bin/python")
+    text = slurm.batch_script(SlurmConfig(), odd, "a test")
+    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+    (launch,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+    words = shlex.split(launch)
+    assert words[words.index("--recipe") + 1] == str(odd.workdir / "slurm" / "recipe.yaml")
+    assert words[words.index("--workdir") + 1] == str(odd.workdir)
+    assert words[-3:] == ["--task", "a b;touch x", "&"] and "/opt/my venv/bin/python" in words
+    assert f"WORKDIR={shlex.quote(str(odd.workdir))}" in text and f"cd {shlex.quote(str(odd.cwd))}" in text
+
+
+def test_more_processes_on_a_node_than_gpus_is_refused_naming_both_keys(monkeypatch, capsys):
+    with pytest.raises(RecipeError, match=r"slurm\.procs_per_node=3 is more than slurm\.gpus_per_node=2"):
+        resolve("pretrain", None, [*SHORT, "slurm.procs_per_node=3", "slurm.gpus_per_node=2"])
+    for fine in (["slurm.procs_per_node=2", "slurm.gpus_per_node=2"],
+                 ["slurm.procs_per_node=1", "slurm.gpus_per_node=2"],  # fewer processes than GPUs
+                 ["slurm.procs_per_node=4"]):  # several on a CPU node
+        assert resolve("pretrain", None, [*SHORT, *fine])
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", *SHORT,
+                             "slurm.procs_per_node=3", "slurm.gpus_per_node=2")
+    assert code == 2 and out == "" and "slurm.procs_per_node" in err and "slurm.gpus_per_node" in err
 
 
 def test_processes_per_node_follow_the_gpus_unless_said():
@@ -108,7 +200,7 @@ def test_the_batch_script_is_bash_with_sbatchs_lines_and_one_torchrun_per_node(t
                  "--partition=gpu", "--time=2-00:00:00", "--qos=high", "--account=vision",
                  "--constraint=h100", "--signal=B:USR2@90", "--requeue", "--open-mode=append", "--exclusive"):
         assert f"#SBATCH {want}" in lines, want
-    assert f"#SBATCH --output={tmp_path}/my runs/vit b/slurm/%j.out" in lines
+    assert f'#SBATCH --output="{tmp_path}/my runs/vit b/slurm/%j.out"' in lines  # one argument to sbatch
     assert "--array" not in text
     assert "--nproc-per-node=8" in text and "--rdzv-backend=c10d" in text and "SIGUSR2" in text
     assert "'/tmp" not in text or f"'{tmp_path}/my runs/vit b'" in text  # a path with spaces, quoted

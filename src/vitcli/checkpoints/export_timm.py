@@ -17,7 +17,7 @@ import torch
 from timm.models import save_for_hf
 from torch import nn
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.models import zoo
 from vitcli.recipe.choices import CLASS_TOKEN_POOLS
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family, paper_size
@@ -72,9 +72,10 @@ def write_timm(net: nn.Module, sd: dict[str, torch.Tensor], out: Path, class_nam
     """Load `sd` into timm's `net` (strict) and let timm write the folder with our preprocessing."""
     try:
         net.load_state_dict(sd, strict=True)
-    except RuntimeError as e:
-        raise CheckpointError(f"the weights do not fit timm's {type(net).__name__}: "
-                              f"{str(e).splitlines()[1].strip()}") from None
+    except RuntimeError as e:  # torch's first line is a header ("Error(s) in loading ..."), its next the keys
+        lines = str(e).strip().splitlines()
+        detail = lines[1].strip() if len(lines) > 1 else first_line(e)
+        raise CheckpointError(f"the weights do not fit timm's {type(net).__name__}: {detail}") from None
     data = {"mean": tuple(prep["mean"]), "std": tuple(prep["std"]), "interpolation": prep["interpolation"],
             "crop_pct": prep["crop_pct"], "crop_mode": prep["crop_mode"]}
     config = {"label_names": list(class_names)} if class_names else None

@@ -36,7 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vitcli.checkpoints.weights import not_safetensors
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.run_files import MODEL_FILE  # transformers' save_pretrained names it so too
 
 # timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
@@ -224,7 +224,7 @@ def _weight_map(index: Path) -> dict[str, str]:
         weight_map = json.loads(index.read_text()).get("weight_map")
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(f"{index}: not a transformers shard index (JSON with a weight_map): "
-                              f"{(str(e).splitlines() or [type(e).__name__])[0]}") from None
+                              f"{first_line(e)}") from None
     if not isinstance(weight_map, dict) or not weight_map or not all(
             isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: no weight_map of tensor names to shard files, which "
@@ -244,7 +244,7 @@ def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, ValueError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"{path}: not readable as transformers' weights "
-                              f"({(str(e).splitlines() or [type(e).__name__])[0]})") from None
+                              f"({first_line(e)})") from None
 
 
 def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path

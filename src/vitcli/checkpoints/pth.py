@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.models.mae import sincos_table
 
 ALLOWED_GLOBALS = (argparse.Namespace,)
@@ -82,7 +82,7 @@ def _load(path: Path, is_zip: bool):
             f".safetensors and pass that"
         ) from None
     except (RuntimeError, OSError, EOFError) as e:
-        raise CheckpointError(f"{path}: not a readable torch.save file ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(f"{path}: not a readable torch.save file ({first_line(e)})") from None
 
 
 def _unused(key: str) -> str:

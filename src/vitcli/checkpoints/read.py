@@ -36,7 +36,7 @@ from vitcli.checkpoints import hf_vit
 from vitcli.checkpoints.npz import npz_to_timm
 from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights, not_safetensors
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.run_files import MODEL_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
@@ -281,10 +281,10 @@ def _read_hub(name: str) -> Loaded:
     except RuntimeError as e:
         if "Unknown model" in str(e):
             raise CheckpointError(f"'{name}' is not a file, a workdir or a timm model name") from None
-        raise CheckpointError(f"cannot load {name}: {str(e).splitlines()[0]}") from None
+        raise CheckpointError(f"cannot load {name}: {first_line(e)}") from None
     except (OSError, ValueError) as e:  # huggingface_hub's LocalEntryNotFoundError is an OSError
         offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-        why = "offline" if offline else (str(e).splitlines() or [type(e).__name__])[0]
+        why = "offline" if offline else first_line(e)
         raise CheckpointError(f"cannot download {name}: {why}; pass a local file") from None
     stated = getattr(model, "pretrained_cfg", None) or {}  # timm sets it on every model it creates
     keys = ("mean", "std", "interpolation", "crop_pct", "crop_mode")

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, barrier
 
@@ -106,7 +106,7 @@ def _first_failure(error: BaseException) -> str:
     per rank), or of the error itself; first line only."""
     if isinstance(error, CheckpointException) and error.failures:
         error = error.failures[min(error.failures)][0]
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+    return first_line(error, named=True)
 
 
 def write_extra(directory: Path, extra: dict) -> None:

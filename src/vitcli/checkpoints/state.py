@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime import files
 
 # what the trainer needs back (it saves `data` too; an older checkpoint may hold `rng`, left unread)
@@ -141,8 +141,7 @@ def load_state(path: str | Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises UnpicklingError, RuntimeError or EOFError
-        first = (str(e).strip().splitlines() or [""])[0]  # torch's messages run to many lines
-        raise CheckpointError(f"{path}: cannot read training state ({type(e).__name__}: {first})") from None
+        raise CheckpointError(f"{path}: cannot read training state ({first_line(e, named=True)})") from None
 
 
 def verify_checksum(path: str | Path) -> None:

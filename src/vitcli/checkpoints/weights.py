@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.files import atomic_path
 
 FORMAT = "vitcli/1"
@@ -62,8 +62,7 @@ def not_safetensors(path: Path, error: Exception, rename: str = ".pt or .pth") -
     if short is not None:
         return CheckpointError(f"{path} is cut short: {size} bytes{short} (an interrupted copy or "
                                "download?); copy it again")
-    why = (str(error).splitlines() or [type(error).__name__])[0]
-    return CheckpointError(f"{path}: not a readable safetensors file ({why})")
+    return CheckpointError(f"{path}: not a readable safetensors file ({first_line(error)})")
 
 
 def _cut_short(size: int, length: int, header: bytes) -> str | None:

@@ -40,7 +40,7 @@ def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
              preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
-    """Pretrain a ViT (supervised or masked patch prediction), with progress, metrics and resumable checkpoints."""  # noqa: E501
+    """Pretrain a ViT (supervised, masked patch prediction or MAE), with resumable checkpoints."""
     r = resolve_recipe("pretrain", recipe, overrides)
     grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
     check_resume_flags(resume, overwrite)
@@ -220,10 +220,12 @@ def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = N
 def inspect(ckpt: opt.Ckpt, out: opt.Figures, data: opt.InspectData = None,
             split: opt.InspectSplit = "test", images: opt.InspectImages = 128,
             json_out: opt.Json = False, overrides: opt.InspectOverrides = None) -> None:
-    """The paper's Figure 7: patch-filter components, position-embedding similarity, attention distance.
+    """The ViT paper's Figure 7 (filters, position similarity, attention distance); MAE's Figure 2.
 
     Writes OUT/embedding_filters.png, position_similarity.png, attention_distance.png and
-    attention_distance.json, and prints a summary of the model (or everything as JSON with --json).
+    attention_distance.json; for an MAE run (objective: mae) also mae_reconstruction.png, MAE's
+    Figure 2 (held-out images masked and reconstructed); and prints a summary of the model (or
+    everything as JSON with --json).
     """
     # data.label_column "": any image dataset will do, labelled or not
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.label_column": ""}

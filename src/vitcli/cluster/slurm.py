@@ -14,11 +14,13 @@ what that means for the run.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from vitcli.recipe.cluster_checks import procs_per_node
+from vitcli.errors import OutputError
+from vitcli.recipe.cluster_checks import check_one_line, control_character, procs_per_node
 from vitcli.recipe.schema import SlurmConfig
 from vitcli.runtime.run_files import (
     JOB_SCRIPT,
@@ -61,16 +63,31 @@ def log_pattern(job: Job) -> Path:
     return slurm_dir(job.workdir) / (SLURM_ARRAY_LOG if job.points else SLURM_LOG)
 
 
+# what an #SBATCH value may hold unquoted: sbatch splits its lines at blanks, reads " and ' as quotes, \ as
+# an escape and an unquoted # as the start of a comment (sbatch/opt.c, _get_argument)
+_SBATCH_PLAIN = re.compile(r"[\w@%:,./+=&|!*()\[\]-]*")
+
+
+def sbatch_value(text: str) -> str:
+    """`text` as one argument of an #SBATCH line: as is when plain, else in double quotes, each backslash
+    and double quote escaped (a path with a blank stays one --output, a partition cannot add an option)."""
+    if _SBATCH_PLAIN.fullmatch(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def sbatch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
-    """The #SBATCH lines: resources from the recipe, the log in the workdir, the warning, requeue allowed."""
-    opts = [f"--job-name=vit-{job.workdir.name}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
+    """The #SBATCH lines: resources from the recipe, the log in the workdir, the warning, requeue allowed;
+    each value one argument to sbatch (sbatch_value), slurm.extra's lines as the recipe gives them."""
+    v = sbatch_value
+    opts = [f"--job-name={v(f'vit-{job.workdir.name}')}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
     opts += [f"--gpus-per-node={cfg.gpus_per_node}"] if cfg.gpus_per_node else []
     opts += [f"--cpus-per-task={cfg.cpus_per_task}"] if cfg.cpus_per_task else []
     named = {"mem": cfg.mem, "partition": cfg.partition, "account": cfg.account, "time": cfg.time,
              "qos": cfg.qos, "constraint": cfg.constraint}
-    opts += [f"--{name}={value}" for name, value in named.items() if value]
+    opts += [f"--{name}={v(value)}" for name, value in named.items() if value]
     # append: a requeued job writes on in the same file, after what the first attempt wrote
-    opts += [f"--output={log_pattern(job)}", "--open-mode=append"]
+    opts += [f"--output={v(str(log_pattern(job)))}", "--open-mode=append"]
     opts += [f"--signal=B:USR2@{cfg.signal_seconds}"] if cfg.signal_seconds else []
     opts += ["--requeue"]
     if job.points:
@@ -93,7 +110,14 @@ def torchrun(cfg: SlurmConfig, job: Job) -> str:
 
 
 def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
-    """The whole script; `written` says when and by what (its header)."""
+    """The whole script; `written` says when and by what (its header). No value may hold a control character
+    (resolving the recipe refused one already; the paths are checked here)."""
+    check_one_line(cfg)
+    for name, path in (("--workdir", job.workdir), ("the current directory", job.cwd)):
+        found = control_character(str(path))
+        if found:
+            raise OutputError(f"{name} {str(path)!r} holds the control character {found}: the batch script "
+                              "names it in comments and #SBATCH lines, each on one line; choose another")
     q = shlex.quote
     points = q(str(slurm_dir(job.workdir) / POINTS_FILE))
     run = f'"$WORKDIR/$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {points})"' if job.points else '"$WORKDIR"'

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from vitcli.data.decoding import bad_images
-from vitcli.errors import DataError
+from vitcli.errors import DataError, first_line
 from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_reduce_max
@@ -139,8 +139,8 @@ def _read_entry(path: Path) -> tuple[np.ndarray, np.ndarray, dict[str, dict[int,
         if feats.ndim != 2 or labels.shape != (len(feats),):
             raise ValueError(f"features {feats.shape} do not pair with labels {labels.shape}")
     except Exception as e:  # noqa: BLE001 - truncated or foreign files fail in many ways, all meaning redo
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        console.log(f"[yellow]warning: feature cache {escape(str(path))} is damaged ({escape(reason)}); "
+        console.log(f"[yellow]warning: feature cache {escape(str(path))} is damaged "
+                    f"({escape(first_line(e))}); "
                     "recomputing it")
         return None
     named = {n: images.get(n) or [bad_images.image_name({}, n, r) for r in bad] for n, bad in rows.items()}

@@ -18,22 +18,10 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
-    DISTILL_TYPES,
-    EMA_SAVES,
-    ERASING_MODES,
-    EVAL_CROP_MODES,
-    FEWSHOT_RESIZE_METHODS,
-    INTERPOLATIONS,
     LABELLED,
     LOGGER_PACKAGES,
     LOGGERS,
-    MIX_MODES,
     MPP_CELLS,
-    MPP_TARGETS,
-    POOLS,
-    POSEMB_METHODS,
-    PRECISIONS,
-    STAGES,
     TRAINS,
     VIT_POS_EMBEDS,
     WEIGHTED,
@@ -41,31 +29,14 @@ from vitcli.recipe.choices import (
 from vitcli.recipe.cluster_checks import check_slurm
 from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch, names_tar_shards
 from vitcli.recipe.fewshot_checks import check_fewshot
+from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
-CHOICES: dict[str, tuple[str, ...]] = {
-    "stage": STAGES,
-    "model.pool": POOLS,
-    "model.pos_embed": (*VIT_POS_EMBEDS, "sincos_1d"),  # sincos_1d: T2T-ViT's own fixed table
-    "optim.name": ("adamw", "sgd"),
-    "optim.loss": ("softmax", "sigmoid"),
-    "optim.weight_decay_convention": ("torch", "big_vision"),
-    "schedule.decay": ("linear", "cosine", "constant"),
-    "run.precision": PRECISIONS,
-    "run.device": ("auto", "cpu", "cuda"),
-    "run.strategy": ("ddp", "fsdp"),  # fsdp with one process is allowed: unsharded, same checkpoint format
-    "init.posemb_method": POSEMB_METHODS,
-    "objective": ("supervised", "mpp", "mae"),
-    "mpp.target": MPP_TARGETS,
-    "fewshot.resize_method": FEWSHOT_RESIZE_METHODS,
-    "data.erasing_mode": ERASING_MODES,
-    "data.mix_mode": MIX_MODES,
-    "data.interpolation": INTERPOLATIONS,
-    "data.eval_crop_mode": EVAL_CROP_MODES,
-    "ema.save": EMA_SAVES,
-    "distill.type": DISTILL_TYPES,
-}
+# the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal annotations (whose
+# sets recipe.choices holds), as a recipe's reading checks them; checked again here for a recipe changed
+# in code (a checkpoint's architecture filled in, a sweep's point)
+CHOICES: dict[str, tuple[str, ...]] = literal_keys(Recipe)
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
     "model.mlp_dim", "model.layer_norm_eps",

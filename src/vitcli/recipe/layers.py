@@ -1,7 +1,8 @@
 """A recipe as text: YAML files read strictly (a key given twice is refused), `a.b=c` overrides, each layer
-merged onto the dataclasses of schema.py with its values coerced to their declared types (PyYAML reads
-`1e-3` as a string), and the resolved recipe written back as YAML. An unknown key names its dotted path and
-the closest valid one; a key vitcli removed says why it went (REMOVED_KEYS)."""
+merged onto the dataclasses of schema.py with its values coerced to their declared types, and the resolved
+recipe written back as YAML. A plain scalar is read as the text typed and its key's declared type reads it
+(TextLoader): no YAML 1.1 base-60 (`1:00:00`), hex or octal, no `yes`/`on` booleans. An unknown key names
+its dotted path and the closest valid one; a key vitcli removed says why it went (REMOVED_KEYS)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,28 @@ from vitcli.recipe.schema import Recipe
 
 # ---------------------------------------------------------------- coercion
 
+# YAML 1.1's other booleans: refused for a bool key (one meaning in every YAML reader), text for a str key
+YAML11_BOOLS = ("yes", "no", "on", "off")
+LINE_BREAKS = ("\n", "\r", "\x85", "\u2028", "\u2029")  # YAML 1.1's
+YAML_FLOATS = {".inf": float("inf"), "+.inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}
+
 
 def _coerce(value: Any, typ: Any, path: str) -> Any:
     """Return `value` as `typ`, or raise a RecipeError naming the dotted path, the type and the value."""
     origin = typing.get_origin(typ)
     if origin is types.UnionType:  # `bool | str`: the first type that takes the value (true -> True, auto)
+        if bool in typing.get_args(typ) and str(value).lower() in YAML11_BOOLS:
+            return _coerce(value, bool, path)  # `on` is no more the text `on` than a boolean: say why
         for option in typing.get_args(typ):
             with contextlib.suppress(RecipeError):
                 return _coerce(value, option, path)
         names = " or ".join(option.__name__ for option in typing.get_args(typ))
         raise RecipeError(f"{path}: expected {names}, got {value!r}")
+    if origin is typing.Literal:  # a closed set (recipe.choices): the text, if it is one of them
+        text, choices = _coerce(value, str, path), typing.get_args(typ)
+        if text not in choices:
+            raise RecipeError(f"{path}: '{text}' is not one of {', '.join(choices)}")
+        return text
     if origin is list:
         (item_type,) = typing.get_args(typ)
         if isinstance(value, str):  # `shots=1,5,10` on the command line
@@ -44,9 +57,15 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
+        if isinstance(value, str) and value.lower() in YAML11_BOOLS:
+            raise RecipeError(f"{path}: write true or false, not {value!r} (YAML 1.1 reads it as a boolean, "
+                              "YAML 1.2 as text; a recipe says true or false)")
     elif typ is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                return int(value, 10)  # decimal only, exact however many digits
         try:
             as_float = float(value)
             if as_float.is_integer() and not isinstance(value, bool):  # 1e4 -> 10000
@@ -56,6 +75,8 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and value.lower() in YAML_FLOATS:  # what yaml.safe_dump writes for them
+            return YAML_FLOATS[value.lower()]
         try:
             return float(value)
         except (TypeError, ValueError):
@@ -98,6 +119,17 @@ def merge(obj: Any, updates: dict, prefix: str = "") -> None:
             setattr(obj, key, _coerce(value, typ, path))
 
 
+def literal_keys(cls: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """Every key of dataclass `cls` annotated with a Literal, by dotted path -> its choices in order."""
+    found = {}
+    for key, typ in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(typ):
+            found.update(literal_keys(typ, f"{prefix}{key}."))
+        elif typing.get_origin(typ) is typing.Literal:
+            found[f"{prefix}{key}"] = typing.get_args(typ)
+    return found
+
+
 def nest(dotted: dict[str, Any]) -> dict:
     """`{"optim.lr": 1e-3, "data.batch_size": 64}` ->
     `{"optim": {"lr": 1e-3}, "data": {"batch_size": 64}}`."""
@@ -123,17 +155,32 @@ def flatten(nested: dict, prefix: str = "") -> dict:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values parsed as YAML scalars."""
+    """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values read as a recipe file's
+    are (load_text: `[1, 5]` a list, every scalar its text), their key's type coerces them."""
     dotted: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise RecipeError(f"override '{pair}' is not KEY=VALUE (for example optim.lr=1e-3)")
+        if any(brk in raw for brk in LINE_BREAKS):  # YAML would fold it into a blank: keep what was typed
+            dotted[key] = raw
+            continue
         try:
-            dotted[key] = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
+            dotted[key] = load_text(raw) if raw else ""
+        except yaml.YAMLError:  # a control character among them: the value as typed, for the checks
             dotted[key] = raw
     return nest(dotted)
+
+
+# Why a schema-directed reading and not a YAML 1.2 reader: YAML 1.1 (PyYAML) reads `slurm.time: 1:00:00` as
+# the base-60 integer 3600 (sbatch then reads minutes: 60 hours), `init.grid: 0x4` as 4 and `010` as 8; YAML
+# 1.2's core schema drops base 60 but still reads `0x4` and `0o10` as integers, and would be a new dependency
+# (ruamel.yaml). The key's declared type already says what a value is, so the loader resolves nothing but
+# null from a plain scalar: every other scalar stays the text typed (quoted or not), and _coerce reads it as
+# its key's type: decimal numbers (`1e-3` a float, `1e4` an int), `true`/`false` for a bool (yes, no, on and
+# off are refused: YAML 1.1 and 1.2 disagree on them), the text itself for a str. It is still SafeLoader, so
+# safe_load's safety holds: explicit tags construct only what safe_load constructs.
+_KEEP = ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")  # `~`/`null`/empty: a section left empty
 
 
 class _DuplicateKey(yaml.MarkedYAMLError):
@@ -157,11 +204,20 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _strict_safe_load(text: str):
-    """yaml.safe_load's result, with a key given twice refused: _StrictLoader is SafeLoader with that one
-    check, run as safe_load runs its loader (safe_load takes no Loader, and a load with a Loader passed in is
-    the call a safety review must read twice)."""
-    loader = _StrictLoader(text)
+class TextLoader(_StrictLoader):
+    """_StrictLoader whose plain scalars are text (null aside): the recipe's types read them (_coerce)."""
+
+    yaml_implicit_resolvers: typing.ClassVar[dict] = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag in _KEEP]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+
+
+def load_text(text: str):
+    """yaml.safe_load's result, with a key given twice refused and plain scalars left as text (TextLoader),
+    run as safe_load runs its loader (safe_load takes no Loader, and a load with a Loader passed in is the
+    call a safety review must read twice)."""
+    loader = TextLoader(text)
     try:
         return loader.get_single_data()
     finally:
@@ -169,8 +225,8 @@ def _strict_safe_load(text: str):
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a recipe file as safe_load does; malformed YAML or a key given twice is a one-line error with the
-    line number."""
+    """Read a recipe file as safe_load does, its scalars as text (load_text); malformed YAML or a key given
+    twice is a one-line error with the line number."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")
@@ -179,7 +235,7 @@ def read_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise RecipeError(f"{path}: not a text file (not UTF-8), so not a YAML recipe") from None
     try:
-        data = _strict_safe_load(text)
+        data = load_text(text)
     except _DuplicateKey as e:
         line = e.problem_mark.line + 1
         raise RecipeError(f"{path}: line {line}: {e.problem}; a recipe says each key once") from None

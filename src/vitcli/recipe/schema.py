@@ -6,6 +6,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vitcli.recipe.choices import (
+    Decay,
+    Device,
+    DistillType,
+    EmaSave,
+    ErasingMode,
+    EvalCropMode,
+    FewshotResizeMethod,
+    Interpolation,
+    Loss,
+    MixMode,
+    MppTarget,
+    Objective,
+    OptimName,
+    Pool,
+    PosEmbed,
+    PosembMethod,
+    Precision,
+    Stage,
+    Strategy,
+    WeightDecayConvention,
+)
+
 
 @dataclass
 class ModelConfig:
@@ -22,9 +45,9 @@ class ModelConfig:
     mlp_dim: int = 3072
     # token (class token, the paper's default) | gap (global average pool, final norm before it) | gap_fc_norm
     # (MAE's fine-tune: class token kept, mean of the patch tokens, then fc_norm; recipe.choices.POOLS)
-    pool: str = "token"
+    pool: Pool = "token"
     # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
-    pos_embed: str = "learned_1d"
+    pos_embed: PosEmbed = "learned_1d"
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints
     # every LayerNorm's eps: timm's ViT 1e-6; transformers' ViTConfig (and google's converted folders) 1e-12
     layer_norm_eps: float = 1e-6
@@ -95,7 +118,7 @@ class DataConfig:
     # random erasing after normalisation, timm's RandomErasing: the probability per image (timm's reprob;
     # 0 disables), the fill (pixel | rand | const) and the boxes per erased image
     erasing: float = 0.0
-    erasing_mode: str = "pixel"
+    erasing_mode: ErasingMode = "pixel"
     erasing_count: int = 1
     # mixup and CutMix with timm's Mixup semantics, on the device: alphas (0 disables each), the
     # probability a micro-batch is mixed at all, of CutMix when both are on, and batch | pair | elem
@@ -103,11 +126,11 @@ class DataConfig:
     cutmix_alpha: float = 0.0
     mix_prob: float = 1.0
     mix_switch_prob: float = 0.5
-    mix_mode: str = "batch"
+    mix_mode: MixMode = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
     # which sides that resize sets: center the shorter one (aspect kept) | squash both (transformers'
     # ViTImageProcessor and vit_jax feed google's ViTs so); timm's crop_mode
-    eval_crop_mode: str = "center"
+    eval_crop_mode: EvalCropMode = "center"
     # what the model is fed: (x / 255 - mean) / std per RGB channel. 0.5 and 0.5 are the ViT paper's [-1, 1];
     # weights trained on other inputs say theirs (timm's pretrained_cfg, a transformers preprocessor, our
     # own recipe: vitcli.checkpoints.preprocessing), which this recipe's keys override
@@ -116,7 +139,7 @@ class DataConfig:
     # the resize of training crops and eval images: bilinear (training: big_vision's, no antialias; eval:
     # antialiased, as timm's) | bicubic (antialiased, PIL's and timm's) | nearest. Few-shot features keep
     # fewshot.resize_method
-    interpolation: str = "bilinear"
+    interpolation: Interpolation = "bilinear"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -124,13 +147,14 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and loss."""
 
-    name: str = "adamw"  # adamw (the paper's Adam, decoupled decay) | sgd (momentum, for fine-tuning)
+    # adamw (the paper's Adam, decoupled decay) | sgd (momentum, for fine-tuning)
+    name: OptimName = "adamw"
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.03  # not applied to biases, norms, position embedding, class token
     # torch: decay each step by lr_t * weight_decay (torch AdamW; flax.optim.Adam, so the paper's Table 3).
     # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before
     # the schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
-    weight_decay_convention: str = "torch"  # torch | big_vision
+    weight_decay_convention: WeightDecayConvention = "torch"  # torch | big_vision
     # layer-wise lr decay (BEiT, MAE fine-tuning; timm's param_groups_layer_decay): of a ViT's L + 2 layers
     # (the embeddings 0, block j at j + 1 and the final norm with the last, the head L + 1), layer i trains at
     # lr_t * layer_decay^(L + 1 - i), and decays its weights in proportion. In (0, 1]; 1: off
@@ -140,7 +164,8 @@ class OptimConfig:
     momentum: float = 0.9  # sgd only
     clip_grad_norm: float = 1.0  # global-norm clip; 0 disables
     label_smoothing: float = 0.0
-    loss: str = "softmax"  # softmax | sigmoid (per-class binary cross-entropy, as for ImageNet-21k)
+    # softmax | sigmoid (per-class binary cross-entropy, as for ImageNet-21k)
+    loss: Loss = "softmax"
 
 
 @dataclass
@@ -150,7 +175,7 @@ class ScheduleConfig:
     steps: int = 0  # optimizer steps; 0: derived from epochs and the train split size
     epochs: float = 0.0
     warmup_steps: int = 10_000
-    decay: str = "linear"  # linear | cosine | constant
+    decay: Decay = "linear"  # linear | cosine | constant
     end_lr: float = 0.0  # learning rate at the last step
 
 
@@ -168,7 +193,7 @@ class EmaConfig:
     warmup: bool = False
     warmup_gamma: float = 1.0
     warmup_power: float = 2 / 3  # timm's: reaches 0.999 at 31.6K steps, 0.9999 at 1M
-    save: str = "live"  # which weights model.safetensors holds: live (the trained ones) | ema
+    save: EmaSave = "live"  # which weights model.safetensors holds: live (the trained ones) | ema
 
 
 @dataclass
@@ -178,12 +203,12 @@ class RunConfig:
     seed: int = 0
     # auto | fp32 | bf16 (autocast; weights and optimizer stay fp32). auto: bf16 where the device runs it
     # natively (CUDA with bf16, a CPU with AVX-512 bf16 or AMX), fp32 where bf16 would be emulated
-    precision: str = "auto"
+    precision: Precision = "auto"
     # torch.compile the model for training (seconds to minutes of compiling first; exports unchanged).
     # auto | true | false. auto: on where the device gains (CUDA: ~3x for a small ViT), off on a CPU (0.89x
     # measured); the run's recipe.yaml holds the choice (runtime.precision.choose_compile)
     compile: bool | str = "auto"
-    device: str = "auto"  # auto | cpu | cuda
+    device: Device = "auto"  # auto | cpu | cuda
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
@@ -192,7 +217,7 @@ class RunConfig:
     # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt checkpoints). fsdp:
     # FSDP2 shards them over the processes block by block (state-<step>/ directories, one file per process);
     # with one process there is nothing to shard over, so it runs unsharded but writes the same directories
-    strategy: str = "ddp"
+    strategy: Strategy = "ddp"
     # recompute each transformer block's activations in the backward pass instead of keeping them: about a
     # third more compute for far less activation memory; the gradients do not change
     activation_checkpointing: bool = False
@@ -213,7 +238,8 @@ class InitConfig:
     checkpoint: str = ""  # vitcli workdir / model.safetensors, timm safetensors, Google .npz, Hub name
     keep_head: bool = False  # False: drop the pretrained head, attach a zero-initialised D x K head
     keep_representation: bool = False  # the paper drops the pre-logits layer when fine-tuning
-    posemb_method: str = "bilinear"  # bilinear (big_vision / vit_jax) | bicubic (timm, antialiased)
+    # bilinear (big_vision / vit_jax) | bicubic (timm, antialiased)
+    posemb_method: PosembMethod = "bilinear"
     # HxW: the patch grid the checkpoint's 1-D position table spans, for a file that cannot tell (a table of
     # 4x5 = 20 positions, trained on 32x40 images at patch 8); "" = the file's own (metadata, or a square)
     grid: str = ""
@@ -245,7 +271,7 @@ class FewshotConfig:
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
     resize: int = 256  # at 224 px (big_vision: resize to 256, centre crop 224), scaled to img_size; >= 224
     # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare with its own;
-    resize_method: str = "big_vision"
+    resize_method: FewshotResizeMethod = "big_vision"
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
     custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)
     # what scores the frozen features, in training and in eval-fewshot, all from one extraction per split:
@@ -261,7 +287,8 @@ class FewshotConfig:
 class MppConfig:
     """Masked patch prediction (paper App. B.1.2): the self-supervised objective, used with objective: mpp."""
 
-    target: str = "mean_color"  # mean_color (the paper's choice, 512 classes) | color_4x4 | pixels_l2
+    # mean_color (the paper's choice, 512 classes) | color_4x4 | pixels_l2
+    target: MppTarget = "mean_color"
     corrupt_ratio: float = 0.5  # fraction of each image's patch embeddings corrupted
     mask_prob: float = 0.8  # of the corrupted: replaced by the learned [mask] embedding
     random_prob: float = 0.1  # of the corrupted: replaced by another patch's embedding; the rest stay as is
@@ -290,7 +317,8 @@ class DistillConfig:
     # the teacher's architecture, any model.name (DeiT's regnety_160), for a file that does not say it (a
     # foreign network that is not a ViT); "" = read from the checkpoint or the timm name
     teacher_model: str = ""
-    type: str = "none"  # none | hard (cross-entropy on the teacher's top class) | soft (KL at temperature)
+    # none | hard (cross-entropy on the teacher's top class) | soft (KL at temperature)
+    type: DistillType = "none"
     alpha: float = 0.5  # the distillation loss's weight; the labels' loss gets 1 - alpha (DeiT's 0.5)
     tau: float = 1.0  # soft: the temperature of both softmaxes (DeiT's 1.0)
 
@@ -326,9 +354,9 @@ class Recipe:
     """One experiment."""
 
     # pretrain | finetune | eval-fewshot: set by the command, checked against the file
-    stage: str = "pretrain"
+    stage: Stage = "pretrain"
     # supervised (labels) | mpp (masked patch prediction) | mae (masked autoencoder); the last two pretrain
-    objective: str = "supervised"
+    objective: Objective = "supervised"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -18,7 +18,7 @@ from typing import NamedTuple, TypeVar
 import torch
 from rich.markup import escape
 
-from vitcli.errors import DataError, VitcliError
+from vitcli.errors import DataError, VitcliError, first_line
 from vitcli.runtime.metrics import console
 
 T = TypeVar("T")
@@ -91,8 +91,7 @@ class Skipped:
 
 def one_line(e: Exception) -> str:
     """An exception as one line: its type and the first line of its message, less object addresses."""
-    lines = re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", str(e)).splitlines()  # PIL names its BytesIO
-    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return re.sub(r" ?<[^<>]* at 0x[0-9a-f]+>", "", first_line(e, named=True))  # PIL names its BytesIO
 
 
 class Undecodable(Exception):

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from vitcli.data.rows import folder_index, tar_shards, tasks
 from vitcli.data.rows.synthetic import SPLIT_IDS, make_synthetic, split_size
-from vitcli.errors import DataError
+from vitcli.errors import DataError, first_line
 from vitcli.recipe.data_checks import names_tar_shards, split_names
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
@@ -215,8 +215,7 @@ def available_splits(source: str, synthetic: SyntheticConfig) -> list[str]:
     try:
         return list(datasets.get_dataset_split_names(source))
     except Exception as e:  # noqa: BLE001 - network, auth, no such dataset: the library's words, one line
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"cannot list the splits of '{source}' on the Hub: {reason}") from None
+        raise DataError(f"cannot list the splits of '{source}' on the Hub: {first_line(e)}") from None
 
 
 def _check_online(source: str) -> None:
@@ -233,7 +232,7 @@ def _readable(source: str):
     try:
         yield
     except (OSError, ValueError) as e:
-        raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+        raise DataError(f"{source}: cannot read it as a dataset: {first_line(e)}") from None
 
 
 def _hub(source: str, split: str, streaming: bool = False):
@@ -242,7 +241,7 @@ def _hub(source: str, split: str, streaming: bool = False):
     try:
         return datasets.load_dataset(source, split=split, streaming=streaming)
     except Exception as e:  # noqa: BLE001 - network, auth, unknown split: the library's words, one line
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        reason = first_line(e)
         verb = "stream" if streaming else "load"
         raise DataError(f"cannot {verb} '{source}' split '{split}' from the Hub: {reason}") from None
 

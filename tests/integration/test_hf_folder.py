@@ -100,3 +100,17 @@ def test_an_hf_export_is_read_back_as_the_same_network(monkeypatch, capsys, tmp_
     assert ours.keys() == back.keys()
     for photo, probs in ours.items():
         assert probs == back[photo]  # the same weights, eps and preprocessing: identical
+
+
+def test_a_sharded_folder_predicts_as_the_whole_one(monkeypatch, capsys, tmp_path, photos):
+    """save_pretrained(max_shard_size=...) splits the weights over an index and its shards."""
+    whole = _folder(tmp_path / "whole")
+    transformers.ViTForImageClassification.from_pretrained(whole).save_pretrained(
+        tmp_path / "sharded", max_shard_size="20KB")
+    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(tmp_path / "sharded")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert not (tmp_path / "sharded" / "model.safetensors").exists()
+    ours, _ = _predict(monkeypatch, capsys, whole, photos[:1], *FP32)
+    sharded, _ = _predict(monkeypatch, capsys, tmp_path / "sharded", photos[:1], *FP32)
+    assert sharded == ours

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 import pickle
+import re
 import zipfile
 from collections import OrderedDict
 
@@ -792,3 +793,16 @@ def test_run_resize_shows_a_table(tmp_path, capsys):
             parse_grid(text)
     with pytest.raises(CheckpointError, match="--method 'nearest'"):
         run_resize(src, out=None, res=48, grid=None, patch=None, method="nearest", dry_run=False)
+
+
+def test_a_safetensors_file_cut_short_says_how_much_of_it_is_there(tmp_path):
+    """Past its header: the bytes there and the bytes its header describes; within it: the bytes."""
+    save_weights(tmp_path / "whole.safetensors", tiny_vit().state_dict(), our_meta())
+    whole = (tmp_path / "whole.safetensors").read_bytes()
+    header_end = 8 + int.from_bytes(whole[:8], "little")
+    cuts = ((len(whole) - 1, f"{len(whole) - 1} bytes of the {len(whole)} its header describes"),
+            (header_end - 1, f"{header_end - 1} bytes (an interrupted copy or download?)"))
+    for n, said in cuts:
+        (tmp_path / "cut.safetensors").write_bytes(whole[:n])
+        with pytest.raises(CheckpointError, match=f"is cut short: {re.escape(said)}"):
+            read_checkpoint(str(tmp_path / "cut.safetensors"))

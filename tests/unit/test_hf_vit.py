@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from vitcli.checkpoints.describe import describe
+from vitcli.checkpoints.fit import with_grid
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import class_names, read_rows
 from vitcli.errors import CheckpointError
@@ -146,3 +147,83 @@ def test_tensors_beyond_the_config_are_refused(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
     with pytest.raises(CheckpointError, match=r"ViT of 1 layers \(config.json\): encoder.layer.1"):
         read_checkpoint(str(folder))
+
+
+DECLARES = "but transformers' ViTConfig declares"
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"num_hidden_layers": "2"},
+     f'num_hidden_layers holds the string "2", {DECLARES} a positive integer (unquoted)'),
+    ({"hidden_size": 32.0}, f"hidden_size holds 32.0, {DECLARES} a positive integer"),
+    ({"layer_norm_eps": "1e-12"},
+     f'layer_norm_eps holds the string "1e-12", {DECLARES} a positive number (unquoted)'),
+    ({"qkv_bias": "false"}, f'qkv_bias holds the string "false", {DECLARES} true or false'),
+    ({"image_size": [32, "32"]}, f'image_size holds [32, "32"], {DECLARES} a positive integer or'),
+    ({"hidden_act": None}, f"hidden_act holds null, {DECLARES} a string"),
+    ({"num_attention_heads": True}, "num_attention_heads holds true"),
+])
+def test_a_config_value_of_the_wrong_type_is_named_with_what_it_should_be(tmp_path, change, named):
+    """Once a TypeError traceback (range("2")), exit 1."""
+    folder, _ = _folder(tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(str(folder))
+    assert str(e.value).startswith(f"{folder / 'config.json'}: ") and named in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_float_key_given_as_an_int_is_read(tmp_path):
+    """JSON writers drop the point of 1.0: ViTConfig's float keys take an int."""
+    folder, _ = _folder(tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1}))
+    assert describe(read_checkpoint(str(folder))).layer_norm_eps == 1.0
+
+
+def test_a_sharded_folder_is_read_as_the_same_network(tmp_path):
+    """save_pretrained(max_shard_size=...): model.safetensors.index.json and its shards."""
+    _, theirs = _folder(tmp_path / "whole")
+    theirs.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded").glob("model-*-of-*.safetensors"))) > 1
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert (_ours(tmp_path / "sharded")(x) - theirs(pixel_values=x).logits).abs().max() < 1e-5
+    loaded = read_checkpoint(str(tmp_path / "sharded"))
+    assert loaded.kind == "hf" and loaded.path.endswith("model.safetensors.index.json")
+    assert class_names(loaded, 3) == ["cat", "rocket", "coffee"]
+
+
+def test_a_sharded_pytorch_model_bin_is_read_weights_only(tmp_path):
+    """transformers 4's sharded .bin: pytorch_model-0000i-of-0000n.bin and their index."""
+    folder, theirs = _folder(tmp_path / "hf")
+    tensors = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    halves = {"pytorch_model-00001-of-00002.bin": names[::2],
+              "pytorch_model-00002-of-00002.bin": names[1::2]}
+    for shard, keys in halves.items():
+        torch.save({k: tensors[k] for k in keys}, folder / shard)
+    index = {"metadata": {}, "weight_map": {k: s for s, keys in halves.items() for k in keys}}
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert (_ours(folder)(x) - theirs(pixel_values=x).logits).abs().max().item() < 1e-5
+    (folder / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(CheckpointError, match=r"weight_map names shard pytorch_model-00002-of-00002"
+                                              r"\.bin, which is not in .*; copy the whole folder"):
+        read_checkpoint(str(folder))
+
+
+def test_the_configs_grid_may_not_be_contradicted_by_init_grid(tmp_path):
+    """image_size 32 at patch 8 is a 4x4 grid; the same table read as 2x8 would be scrambled."""
+    folder, _ = _folder(tmp_path / "hf")
+    loaded = read_checkpoint(str(folder))
+    spec = describe(loaded)
+    assert spec.grid == (4, 4) and spec.grid_from == "config.json (image_size 32, patch_size 8)"
+    assert with_grid(spec, loaded.state_dict, "4x4").grid == (4, 4)
+    said = (r"init.grid=2x8 contradicts .*model.safetensors, whose config.json \(image_size 32, "
+            r"patch_size 8\) gives the grid 4x4; leave init.grid unset")
+    with pytest.raises(CheckpointError, match=said):
+        with_grid(spec, loaded.state_dict, "2x8")

@@ -11,7 +11,8 @@ One concept per file, in the order a checkpoint travels:
 - `pth.py`: a torch.save file (MAE's checkpoints, timm's and DeiT's training files) read with
   weights_only=True, argparse.Namespace allowed by name; MAE's decoder and mask token dropped.
 - `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers wrote
-  (`ViTForImageClassification`, `ViTModel`) read into timm's names, its config.json checked.
+  (`ViTForImageClassification`, `ViTModel`) read into timm's names (whole or sharded), its config.json
+  checked by type and value.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers
   folder, Hub name) into timm names; bare pickles are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).

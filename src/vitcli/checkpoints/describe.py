@@ -57,6 +57,9 @@ class CheckpointSpec:
     img_size: int | None  # native resolution: our metadata, else grid x patch when the grid is square
     path: str = ""  # the file or Hub name it was read from, for messages
     layer_norm_eps: float = 1e-6  # our metadata's, a transformers config.json's; else timm's
+    # what states `grid` besides the table's shape (our metadata, a transformers config.json),
+    # which init.grid may not contradict; "" when only the table tells (a .npz, a timm file)
+    grid_from: str = ""
 
     def architecture(self) -> dict:
         """The ModelConfig fields that rebuild this network; a CheckpointError when the
@@ -81,7 +84,22 @@ def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
     heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads, fields["name"])
     said = model if model is not None else loaded.meta if loaded.kind == "hf" else {}
     return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path,
-                          layer_norm_eps=float(said.get("layer_norm_eps") or 1e-6))
+                          layer_norm_eps=float(said.get("layer_norm_eps") or 1e-6),
+                          grid_from=_grid_from(loaded, model, fields["grid"], fields["patch_size"]))
+
+
+def _grid_from(loaded: Loaded, model: dict | None, grid: tuple[int, int] | None, patch: int) -> str:
+    """What states the patch grid besides the table's shape: our metadata, a transformers
+    config.json; "" for nothing."""
+    if grid is None:
+        return ""
+    if model is not None and model.get("img_size"):  # _ours took the grid from it
+        return f"metadata (model.img_size {model['img_size']}, patch {patch})"
+    said = loaded.meta if loaded.kind == "hf" else {}
+    size, side = said.get("image_size"), said.get("patch_size")
+    if size and side and grid == (size // side,) * 2:
+        return f"config.json (image_size {size}, patch_size {side})"
+    return ""
 
 
 def _our_model(loaded: Loaded) -> dict | None:

@@ -138,13 +138,18 @@ def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, 
 def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid") -> CheckpointSpec:
     """`spec` with the patch grid of its learned 1-D position table known: `given` (HxW, from `key`),
     which also says whether the table has rows for the class and register tokens, else the file's own.
-    One line naming the file, the tensor and the grids its rows would fit when neither tells."""
+    One line naming the file, the tensor and the grids its rows would fit when neither tells;
+    `given` may not contradict a grid the file states (our metadata, a transformers config.json)."""
     learned = spec.pos_embed == "learned_1d" and "pos_embed" in sd
     if given and not learned:
         raise CheckpointError(f"{key}={given}: {spec.path} has no learned 1-D position table "
                               f"({spec.pos_embed}), so there is no grid to tell; drop {key}")
     if not learned or (spec.grid and not given):
         return spec
+    if spec.grid_from and parse_grid(given, key) != spec.grid:
+        raise CheckpointError(f"{key}={given} contradicts {spec.path}, whose {spec.grid_from} "
+                              f"gives the grid {_grid_str(spec.grid)}; leave {key} unset to take "
+                              "the checkpoint's own")
     table = tuple(sd["pos_embed"].shape)  # (1, P+N, D)
     n = table[1] - spec.num_prefix_tokens
     tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)  # reg (1, R, D)

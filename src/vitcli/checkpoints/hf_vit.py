@@ -17,8 +17,12 @@ a `classifier`, which reads the class token itself, or with another `pooler_act`
 load table says so. The class names are `id2label`'s, unless they are transformers' LABEL_0, LABEL_1, ...
 placeholders.
 
-Weights are model.safetensors, or pytorch_model.bin through torch's weights-only unpickler (tensors and
-plain containers, no code runs); a sharded folder (model.safetensors.index.json) is not read.
+config.json's values are checked by the types transformers' ViTConfig declares (a quoted "2" for
+num_hidden_layers is refused naming the file, the key and what it should be). Weights are
+model.safetensors, or pytorch_model.bin through torch's weights-only unpickler (tensors and plain
+containers, no code runs), or either sharded as save_pretrained(max_shard_size=...) writes it: an
+index (model.safetensors.index.json, pytorch_model.bin.index.json) whose `weight_map` names each
+tensor's shard file beside it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from vitcli.checkpoints.weights import not_safetensors
 from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.run_files import MODEL_FILE  # transformers' save_pretrained names it so too
 
@@ -53,13 +58,28 @@ TOP_NAMES = {
     "head.bias": "classifier.bias",
 }
 QKV = ("query", "key", "value")
-WEIGHTS_FILES = (MODEL_FILE, "pytorch_model.bin")  # what save_pretrained writes, newest first
+HF_PREFIXES = ("vit.embeddings.", "embeddings.patch_embeddings.")  # what no other layout names so
+# what save_pretrained writes, newest first: whole, or an index of shards (`weight_map`: tensor
+# name -> shard file)
+INDEX_SUFFIX = ".index.json"
+WEIGHTS_FILES = (MODEL_FILE, MODEL_FILE + INDEX_SUFFIX, "pytorch_model.bin",
+                 "pytorch_model.bin" + INDEX_SUFFIX)
 ARCHITECTURES = ("ViTForImageClassification", "ViTModel")
 # transformers' ViTConfig defaults: what a config.json that leaves a key out means
 DEFAULTS = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
             "hidden_act": "gelu", "layer_norm_eps": 1e-12, "image_size": 224, "patch_size": 16,
             "num_channels": 3, "qkv_bias": True, "pooler_act": "tanh"}
 TIMM_EPS = 1e-6  # timm's VisionTransformer LayerNorm
+# the types ViTConfig declares for the keys read here (a float key takes an int: 1e0 is written 1)
+INTS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "num_channels")
+TYPES = {**dict.fromkeys(INTS, "int"), "hidden_act": "str", "pooler_act": "str",
+         "layer_norm_eps": "float", "image_size": "size", "patch_size": "size", "qkv_bias": "bool",
+         "architectures": "names"}
+SAID = {"int": "a positive integer (unquoted)", "str": "a string",
+        "float": "a positive number (unquoted)", "bool": "true or false (unquoted)",
+        "size": "a positive integer or a list of two",
+        "names": "a list of model class names such as [\"ViTForImageClassification\"]"}
 
 
 @dataclass(frozen=True)
@@ -71,15 +91,24 @@ class HfVit:
     layer_norm_eps: float
     class_names: list[str] | None  # id2label's, None when it holds transformers' placeholders
     notes: list[tuple[str, str]]  # load-table rows: what the config says and what was dropped or filled
+    image_size: int  # config.json's (square: check_config refuses others), so its grid is known
+    patch_size: int
 
 
 def is_vit_folder(folder: Path) -> bool:
     """Whether `folder` holds a transformers ViT: its config.json says model_type "vit"."""
+    return model_type(folder) == "vit"
+
+
+def model_type(folder: Path) -> str | None:
+    """The model_type a transformers folder's config.json says; None without one (no config.json, or
+    timm's, which has none)."""
     try:
         config = json.loads((folder / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("model_type") == "vit"
+        return None
+    found = config.get("model_type") if isinstance(config, dict) else None
+    return None if found is None else str(found)
 
 
 def weights_file(folder: Path) -> Path | None:
@@ -101,11 +130,14 @@ def read_vit_folder(path: Path) -> HfVit:
     arch = (config.get("architectures") or ["ViTModel"])[0]
     said = [f"{arch}, depth {depth}", f"LayerNorm eps {eps:g} (layer_norm_eps; timm's ViT: {TIMM_EPS:g})"]
     said.append("class names from id2label" if names else "no class names (id2label holds none)")
-    return HfVit(sd, config["num_attention_heads"], eps, names, [("transformers", "; ".join(said)), *notes])
+    rows = [("transformers", "; ".join(said)), *notes]
+    return HfVit(sd, config["num_attention_heads"], eps, names, rows, _side(config["image_size"]),
+                 _side(config["patch_size"]))
 
 
 def check_config(config: dict, where: Path) -> None:
     """A CheckpointError naming `where`, the first key timm's ViT cannot be, its value and why."""
+    _check_types(config, where)
     heads, arch = config["num_attention_heads"], config.get("architectures") or []
     refused = {  # key -> why, when its value is refused
         "architectures": (any(a not in ARCHITECTURES for a in arch),
@@ -114,13 +146,40 @@ def check_config(config: dict, where: Path) -> None:
         "num_channels": (config["num_channels"] != 3, "vitcli feeds RGB images (3)"),
         "patch_size": (not _side(config["patch_size"]), "only square patches"),
         "image_size": (not _side(config["image_size"]), "only square images"),
-        "num_attention_heads": (heads <= 0 or config["hidden_size"] % heads != 0,
+        "num_attention_heads": (config["hidden_size"] % heads != 0,
                                 f"the heads must divide hidden_size {config['hidden_size']}"),
-        "layer_norm_eps": (float(config["layer_norm_eps"]) <= 0, "it must be positive"),
     }
     key = next((k for k, (bad, _) in refused.items() if bad), None)
     if key:
         raise CheckpointError(f"{where}: {key} {json.dumps(config[key])}: {refused[key][1]}")
+
+
+def _check_types(config: dict, where: Path) -> None:
+    """A CheckpointError naming `where`, the first key whose value is not of the type ViTConfig
+    declares, what it holds and what it should be (sizes and eps positive too)."""
+    for key, kind in TYPES.items():
+        value = config.get(key)
+        if key == "architectures" and value is None:
+            continue
+        if not _is_type(value, kind):
+            held = json.dumps(value)
+            held = f"the string {held}" if isinstance(value, str) else held
+            raise CheckpointError(f"{where}: {key} holds {held}, but transformers' ViTConfig "
+                                  f"declares {SAID[kind]}")
+
+
+def _is_type(value, kind: str) -> bool:
+    """Whether a config.json value is of ViTConfig's type `kind` (a bool is no int here)."""
+    if kind == "int":
+        return type(value) is int and value > 0
+    if kind == "float":
+        return type(value) in (int, float) and value > 0
+    if kind == "size":
+        parts = value if isinstance(value, list) and len(value) == 2 else [value]
+        return all(_is_type(v, "int") for v in parts)
+    if kind == "names":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, {"str": str, "bool": bool}[kind])
 
 
 def _side(size) -> int:
@@ -131,12 +190,59 @@ def _side(size) -> int:
 
 
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
-    """The folder's tensors by transformers' names; a pickle only through torch's weights-only unpickler."""
+    """The folder's tensors by transformers' names: one file, or every shard an index names."""
+    if not path.name.endswith(INDEX_SUFFIX):
+        return _file_tensors(path)
+    weight_map = _weight_map(path)
+    tensors: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        if "/" in shard or "\\" in shard or not (path.parent / shard).is_file():
+            raise CheckpointError(f"{path}: its weight_map names shard {shard}, which is not in "
+                                  f"{path.parent}; copy the whole folder")
+        tensors.update(_file_tensors(path.parent / shard))
+    missing = sorted(set(weight_map) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{path}: {len(missing)} tensors its weight_map names are not in "
+                              f"their shards ({', '.join(missing[:3])}); copy the folder again")
+    return tensors
+
+
+def shards(path: Path) -> list[Path]:
+    """The shard files beside `path` that it indexes (there now); [] for a whole weights file."""
+    if not path.name.endswith(INDEX_SUFFIX):
+        return []
     try:
-        if path.suffix == ".safetensors":
+        names = sorted(set(_weight_map(path).values()))
+    except CheckpointError:
+        return []  # refused, with the reason, when read
+    return [path.parent / n for n in names if (path.parent / n).is_file()]
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """An index's `weight_map` (tensor name -> shard file), or one line saying what is wrong."""
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{index}: not a transformers shard index (JSON with a weight_map): "
+                              f"{first_line(e)}") from None
+    if not isinstance(weight_map, dict) or not weight_map or not all(
+            isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: no weight_map of tensor names to shard files, which "
+                              "save_pretrained writes into a sharded folder's index")
+    return weight_map
+
+
+def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """One weights file; a pickle only through torch's weights-only unpickler."""
+    if path.suffix == ".safetensors":
+        try:
             return load_file(str(path))
+        except (SafetensorError, OSError) as e:
+            as_pickle = "pytorch_model.bin" if path.name == MODEL_FILE else ".bin"
+            raise not_safetensors(path, e, as_pickle) from None
+    try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+    except (OSError, ValueError, RuntimeError, EOFError) as e:
         raise CheckpointError(f"{path}: not readable as transformers' weights "
                               f"({first_line(e)})") from None
 

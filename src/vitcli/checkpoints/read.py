@@ -7,7 +7,10 @@ folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm dow
 source says of the pixels its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std,
 interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's beside its model.safetensors (timm's
 config.json, transformers' preprocessor_config.json). A bare pickle (not a torch.save file) is refused,
-never unpickled: unpickling runs whatever code the file carries.
+never unpickled: unpickling runs whatever code the file carries. A torch.save file named .safetensors is
+refused with the name to give it (torch.load reads a .safetensors name as safetensors), and a folder that
+is not what it looks like (another transformers model_type, weights without their config.json, a config
+without weights) is named with what it holds.
 
 Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
 the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the
@@ -32,7 +35,7 @@ from torch import nn
 from vitcli.checkpoints import hf_vit
 from vitcli.checkpoints.npz import npz_to_timm
 from vitcli.checkpoints.pth import read_pth
-from vitcli.checkpoints.weights import load_weights
+from vitcli.checkpoints.weights import load_weights, not_safetensors
 from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.run_files import MODEL_FILE
 
@@ -49,8 +52,8 @@ class Loaded:
     """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model spec."""
 
     state_dict: dict[str, torch.Tensor]  # timm names
-    # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps", "notes"};
-    # {} for other foreign files
+    # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps",
+    # "notes", "image_size", "patch_size"}; {} for other foreign files
     meta: dict
     # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file) | hf (a
     # transformers ViT folder)
@@ -70,8 +73,10 @@ def read_checkpoint(src: str) -> Loaded:
     """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
     where = locate_checkpoint(src)
     if isinstance(where, Path):
-        stat = where.stat()  # an atomic rewrite is a new inode; an in-place one changes mtime or size
-        return _read_cached(str(where.resolve()), (stat.st_ino, stat.st_mtime_ns, stat.st_size))
+        # an atomic rewrite is a new inode, an in-place one changes mtime or size; shards count too
+        files = [where, *hf_vit.shards(where)]
+        version = tuple((s.st_ino, s.st_mtime_ns, s.st_size) for s in map(Path.stat, files))
+        return _read_cached(str(where.resolve()), version)
     return _read_cached(where, None)
 
 
@@ -81,19 +86,46 @@ def locate_checkpoint(src: str) -> Path | str:
     src = str(src)
     path = Path(src).expanduser()
     if path.is_dir():
-        found = hf_vit.weights_file(path) or path / MODEL_FILE  # a transformers ViT may have a .bin only
-        if not found.is_file():
-            raise CheckpointError(
-                f"{path} has no {MODEL_FILE}; pass a finished vitcli workdir, a transformers ViT folder or a "
-                "weights file"
-            )
-        path = found
+        path = _folder_weights(path)
     if path.is_file():
         return path
     looks_like_file = "/" in src or path.suffix.lower() in (".safetensors", ".npz", *PICKLE_SUFFIXES)
     if src.startswith(HUB_PREFIXES) or not looks_like_file:
         return src
     raise CheckpointError(f"checkpoint not found: {src}{_near(src, path)}")
+
+
+def _folder_weights(folder: Path) -> Path:
+    """The weights file of a folder: a vitcli workdir's or a timm folder's model.safetensors, or a
+    transformers ViT folder's (whole or sharded); one line saying what is missing and what helps."""
+    model_type = hf_vit.model_type(folder)
+    if model_type not in (None, "vit"):
+        raise _not_vit(folder, model_type)
+    found = hf_vit.weights_file(folder) if model_type else folder / MODEL_FILE
+    if found is not None and found.is_file():
+        return found
+    names = sorted(p.name for p in folder.iterdir())
+    held = f"it holds {', '.join(names[:6])}{', ...' if names[6:] else ''}" if names else "empty"
+    if model_type:
+        raise CheckpointError(
+            f"{folder} is a transformers ViT folder (config.json) without its weights ({held}): "
+            f"save_pretrained writes {MODEL_FILE} or pytorch_model.bin (sharded: either's "
+            ".index.json and its shards) beside config.json; copy them from where it came from")
+    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
+    raise CheckpointError(
+        f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "
+        f"or a timm or transformers folder (timm's holds {MODEL_FILE}; transformers' holds "
+        f"config.json beside {MODEL_FILE} or pytorch_model.bin)"
+        + (f"; {theirs[0]} needs its config.json beside it" if theirs else ""))
+
+
+def _not_vit(folder: Path, model_type: str) -> CheckpointError:
+    """A transformers folder of another model than ViT."""
+    return CheckpointError(
+        f"{folder / 'config.json'} says model_type '{model_type}': vit reads transformers folders "
+        "of model_type 'vit' (ViTModel, ViTForImageClassification), timm's ViT weights "
+        f"(.safetensors or a Hub name), Google .npz files and MAE's .pth; a {model_type} model is "
+        "none of these")
 
 
 def _near(src: str, path: Path) -> str:
@@ -107,8 +139,9 @@ def _near(src: str, path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory
-def _read_cached(src: str, version: tuple[int, int, int] | None) -> Loaded:
-    """A resolved file path with its (inode, mtime_ns, size), or a Hub name with None."""
+def _read_cached(src: str, version: tuple | None) -> Loaded:
+    """A resolved file path with the (inode, mtime_ns, size) of it and its shards, or a Hub name
+    with None."""
     return _read_hub(src) if version is None else _read_file(Path(src))
 
 
@@ -119,12 +152,19 @@ def _read_file(path: Path) -> Loaded:
             head = f.read(16)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
-    if path.name in hf_vit.WEIGHTS_FILES and hf_vit.is_vit_folder(path.parent):
+    model_type = hf_vit.model_type(path.parent) if path.name in hf_vit.WEIGHTS_FILES else None
+    if model_type not in (None, "vit"):
+        raise _not_vit(path.parent, model_type)
+    if model_type == "vit":
         return _read_hf(path)
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
     is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
+    if path.suffix.lower() == ".safetensors" and (is_torch_zip or head.startswith(LEGACY_TORCH)):
+        # torch.load would read it as safetensors, by its name
+        raise not_safetensors(path, ValueError("a torch.save file"))
     if is_torch_zip or head.startswith(LEGACY_TORCH):
         read = read_pth(path, is_zip=is_torch_zip)
+        _check_not_transformers(read.state_dict, path)
         return Loaded(read.state_dict, {}, "mae" if read.mae else "torch", str(path), dropped=read.dropped)
     is_pickle = head[:1] == b"\x80" and head[1:2] in PICKLE_PROTOCOLS
     if path.suffix.lower() in PICKLE_SUFFIXES or is_pickle or any(n.endswith(".pkl") for n in names):
@@ -136,16 +176,28 @@ def _read_file(path: Path) -> Loaded:
         state_dict, meta = load_weights(path)
         if str(meta.get("format", "")).startswith("vitcli"):
             return Loaded(state_dict, meta, "vitcli", str(path))
+        _check_not_transformers(state_dict, path)
         return Loaded(state_dict, {}, "timm", str(path), pretrained_cfg=_folder_cfg(path))
     raise CheckpointError(
         f"{path}: unknown weights format; expected .safetensors, a Google .npz or a workdir"
     )
 
 
+def _check_not_transformers(sd: dict[str, torch.Tensor], path: Path) -> None:
+    """transformers' ViT tensor names without the config.json that says the network they are."""
+    first = next((k for k in sd if k.startswith(hf_vit.HF_PREFIXES)), None)
+    if first:
+        raise CheckpointError(
+            f"{path} holds transformers' ViT tensors ({first}) but no config.json of model_type "
+            "vit is beside it to say the network they make; put the config.json save_pretrained "
+            "wrote beside it and pass the folder")
+
+
 def _read_hf(path: Path) -> Loaded:
     """A transformers ViT folder's weights, config.json and preprocessor_config.json."""
     vit = hf_vit.read_vit_folder(path)
-    meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps, "notes": vit.notes}
+    meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps,
+            "notes": vit.notes, "image_size": vit.image_size, "patch_size": vit.patch_size}
     return Loaded(vit.state_dict, meta, "hf", str(path), vit.num_heads, _folder_cfg(path))
 
 

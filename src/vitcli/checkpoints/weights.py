@@ -9,10 +9,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime.files import atomic_path
 
 FORMAT = "vitcli/1"
+# a safetensors file: its JSON header's length (u64, little-endian), the header, the tensors' bytes
+HEADER_LENGTH = 8
+MAX_HEADER = 100_000_000  # safetensors' own limit ("header too large" beyond it)
+PICKLE_OR_ZIP = (b"\x80", b"PK\x03\x04")  # how torch.save's files start: a pickle, or a zip
 
 
 def save_weights(path: str | Path, state_dict: dict[str, torch.Tensor], meta: dict[str, object]) -> None:
@@ -33,8 +37,51 @@ def load_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, o
         with safe_open(str(path), framework="pt") as f:
             raw = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+        raise not_safetensors(path, e) from None
     return tensors, {k: v if k == "format" else _decode(v) for k, v in raw.items()}
+
+
+def not_safetensors(path: Path, error: Exception, rename: str = ".pt or .pth") -> CheckpointError:
+    """Why safetensors could not read `path`, told from its bytes: empty, a torch.save file under
+    this name (`rename`: what to call it instead), cut short, or else safetensors' own words."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(HEADER_LENGTH)
+            torch_like = head.startswith(PICKLE_OR_ZIP)
+            length = int.from_bytes(head, "little")
+            header = b"" if torch_like or length > MAX_HEADER else f.read(length)
+    except OSError as e:
+        return CheckpointError(f"cannot read {path}: {e.strerror}")
+    if size == 0:
+        return CheckpointError(f"{path} is empty (0 bytes), not a safetensors file; copy it again")
+    if torch_like:
+        return CheckpointError(f"{path} is not a safetensors file (it starts like a PyTorch "
+                               f"pickle/zip: rename it {rename}, which vit reads weights-only)")
+    short = _cut_short(size, length, header)
+    if short is not None:
+        return CheckpointError(f"{path} is cut short: {size} bytes{short} (an interrupted copy or "
+                               "download?); copy it again")
+    return CheckpointError(f"{path}: not a readable safetensors file ({first_line(error)})")
+
+
+def _cut_short(size: int, length: int, header: bytes) -> str | None:
+    """None unless a file of `size` bytes, whose header (of `length` announced) starts `header`,
+    stops early; then " of the N its header describes" when the header is whole, else ""."""
+    if size < HEADER_LENGTH:
+        return ""
+    if header[:1] != b"{":  # a JSON object, or no safetensors header at all
+        return None
+    if len(header) < length:
+        return ""
+    try:
+        entries = json.loads(header)
+    except ValueError:
+        return None
+    ends = [v.get("data_offsets") for v in entries.values() if isinstance(v, dict)]
+    end = HEADER_LENGTH + length + max((o[1] for o in ends if isinstance(o, list) and len(o) == 2
+                                        and type(o[1]) is int), default=0)
+    return f" of the {end} its header describes" if size < end else None
 
 
 def _decode(value: str) -> object:

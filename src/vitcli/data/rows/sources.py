@@ -165,10 +165,16 @@ def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
 def _shard_rows(file: Path, shard: dict, source: str) -> int:
     """A prepared shard's rows: a parquet footer's count; a tar's as its manifest entry says, once the tar
     has the size recorded with it. Counting a tar's members would read a header per member, ~2.6 million
-    for ImageNet at every start; a tar lost, cut short or grown has another size."""
+    for ImageNet at every start; a tar lost, cut short or grown has another size. One cut short is walked
+    (tar_shards.cut_short) to say how many examples it still holds."""
     if file.suffix != tar_shards.TAR:
         return pq.read_metadata(file).num_rows
     size = file.stat().st_size
+    walked = tar_shards.cut_short(file) if size < shard["bytes"] else None
+    if walked is not None:
+        raise DataError(f"{source}: shard {file.name} is cut short: {walked.examples} examples readable, "
+                        f"{PREPARED_MANIFEST} says {shard['rows']} ({walked.cut}); prepare the copy again "
+                        "(vit prepare-data --overwrite)")
     if size != shard["bytes"]:
         raise DataError(f"{source}: shard {file} is {size} bytes but {shard['bytes']} in "
                         f"{PREPARED_MANIFEST}; prepare the copy again (vit prepare-data --overwrite)")
@@ -330,6 +336,8 @@ def _tars(where: list[str] | Path, source: str, split: str, streaming: bool):
     missing = [name for name in wanted if name not in splits]
     if missing:
         raise DataError(f"{source}: no split '{missing[0]}'; available: {', '.join(splits)}")
+    if not prepared:  # a prepared copy's sizes vouch for its shards (prepared_files)
+        tar_shards.check_whole([file for name in wanted for file in splits[name]], source)
     loaded = datasets.load_dataset("webdataset", data_files={name: splits[name] for name in wanted},
                                    features=features, streaming=streaming)
     return loaded[split] if streaming else _select(dict(loaded), split, source)

@@ -280,8 +280,9 @@ def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(t
     assert written["parquet"]["shuffle_seed"] is None
     tars = _shard_labels(tmp_path / "a")
     assert len(tars) == len(parquet) and all(set(labels) == {0, 1} for labels in tars)
-    assert sorted(sum(tars, [])) == sorted(sum(parquet, []))
-    digests = {name: [s["sha256"] for s in written[name]["splits"]["train"]["shards"]] for name in "abc"}
+    assert sorted(x for labels in tars for x in labels) == sorted(x for labels in parquet for x in labels)
+    digests = {name: [shard["sha256"] for shard in written[name]["splits"]["train"]["shards"]]
+               for name in "abc"}
     assert digests["a"] == digests["b"] and digests["a"] != digests["c"]
     assert _shard_labels(tmp_path / "c") != tars
 

@@ -21,6 +21,7 @@ from datasets.data_files import (
 from PIL import Image
 
 from vitcli.data.rows import folder_index, sources
+from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 
 _buf = io.BytesIO()
@@ -97,6 +98,20 @@ def test_links_to_files_count_and_broken_links_do_not_as_for_hf(tmp_path):
     ours = assert_same_as_hf(root, tmp_path)
     paths = [r["image"]["path"] for r in rows(ours["train"])]
     assert paths == [str(root / "a/0.jpg"), str(root / "a/link.jpg"), str(root / "b/0.jpg")]
+
+
+@pytest.mark.parametrize("layout", ["", "train/"])
+def test_a_class_directory_that_is_a_broken_link_is_refused_not_left_out(tmp_path, layout):
+    """HF's glob sees nothing where the link is: class `b` would vanish and `c` take its label id."""
+    files = [f"{layout}a/0.jpg", f"{layout}c/0.jpg", *(["val/a/0.jpg"] if layout else [])]
+    root = tree(tmp_path / "data", files)
+    link, target = root / layout / "b", tmp_path / "unmounted" / "b"
+    link.symlink_to(target)
+    assert hf_splits(root, tmp_path)["train"].features["label"].names == ["a", "c"]
+    with pytest.raises(DataError) as e:
+        folder_index.splits(root)
+    assert str(e.value) == (f"{link} is a broken link (to {target}): its class would be left out and the "
+                            "classes after it renumbered; restore its target, or remove the link")
 
 
 NOT_PLAIN = {  # each read otherwise by HF: labels dropped, splits from names, metadata columns, ...

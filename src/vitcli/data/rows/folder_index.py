@@ -46,6 +46,7 @@ from datasets.data_files import FILES_TO_IGNORE, NON_WORDS_CHARS, SPLIT_KEYWORDS
 from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
 
+from vitcli.errors import DataError
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
 
@@ -109,24 +110,36 @@ class Listed:
     mtime_ns: int
     dirs: list[str]
     files: list[str]
+    broken: list[str] = field(default_factory=list)  # links to nothing, by path
+
+
+def check_links(listed: Listed) -> None:
+    """A broken link where class (or split) directories live is refused: HF's glob, like os.scandir, sees
+    nothing there, so the class would vanish and every class sorted after it take another label id,
+    without a word (a checkpoint's head then reads its classes shifted)."""
+    if listed.broken:
+        path = listed.broken[0]
+        raise DataError(f"{path} is a broken link (to {os.readlink(path)}): its class would be left out and "
+                        "the classes after it renumbered; restore its target, or remove the link")
 
 
 def list_dir(path: Path) -> Listed:
     """`path`'s entries from one os.scandir: its d_type tells files from directories without a stat each
-    (a link to a file counts as a file and a broken link as nothing, as HF's glob has it). Directories HF
+    (a link to a file counts as a file; a broken link is listed apart, check_links). Directories HF
     skips (hidden, __special__) are left out; a link to a directory, which HF's glob does not follow,
     is NotPlain."""
     mtime = os.stat(path).st_mtime_ns  # first: a file added while we list shows as a newer mtime next time
     with os.scandir(path) as it:
         entries = list(it)
     files = [e.name for e in entries if e.is_file()]
-    dirs = []
+    dirs, broken = [], []
     if len(files) < len(entries):  # not only files: look at the others
         dirs = [e for e in entries if not e.name.startswith((".", "__")) and e.is_dir()]
+        broken = [e.path for e in entries if e.is_symlink() and not e.is_dir() and not e.is_file()]
     linked = [e.path for e in dirs if e.is_symlink()]
     if linked:
         raise NotPlain(f"{linked[0]} is a link to a directory")
-    return Listed(mtime, sorted(e.name for e in dirs), sorted(files))
+    return Listed(mtime, sorted(e.name for e in dirs), sorted(files), sorted(broken))
 
 
 def images_in(files: list[str]) -> list[str]:
@@ -252,6 +265,7 @@ def check_builder(split_name: str, split: Split) -> None:
 def scan(root: Path) -> Listing:
     """Every split of a plain folder, listed and checked against what HF would read; NotPlain if not one."""
     top = list_dir(root)
+    check_links(top)
     dirs = {"": top.mtime_ns}
     places = layout(top)
     single = places == {"train": ""}
@@ -260,6 +274,7 @@ def scan(root: Path) -> Listing:
     splits = {}
     for name, rel in places.items():
         listed = top if not rel else list_dir(root / rel)
+        check_links(listed)
         if rel:
             dirs[rel] = listed.mtime_ns
         splits[name] = list_split(root, rel, listed, dirs)
@@ -277,6 +292,39 @@ def check_labels(splits: dict[str, Split]) -> None:
     first = next(iter(splits.values()))
     if sum(1 for _, images in first.classes if images) < 2:
         raise NotPlain("one class: HF gives no label column")
+
+
+# --- a folder with no image at all: what it holds instead -----------------------------------------------
+
+SURVEYED = 100_000  # files looked at, at most, to say what a folder without images holds
+
+
+def survey(root: Path, limit: int = SURVEYED) -> Counter:
+    """The lower-cased suffixes of the visible files under `root` ("" for none), up to `limit` files."""
+    found: Counter = Counter()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+        for name in files:
+            if not name.startswith("."):
+                found[Path(name).suffix.lower()] += 1
+        if found.total() >= limit:
+            break
+    return found
+
+
+def no_images(root: Path) -> str | None:
+    """What is wrong with a folder HF found no image in, as one line: the suffixes looked for and what it
+    holds instead; None if it does hold images, or tables that may hold them (parquet, arrow: then the
+    columns are what is wrong)."""
+    found = survey(root)
+    if any(suffix in _LOWER_IMAGE_SUFFIXES or suffix in (".parquet", ".arrow") for suffix in found):
+        return None
+    looked = ", ".join(s for s in (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif"))
+    instead = ", ".join(f"{n} {s or '(no suffix)'}" for s, n in found.most_common(5)) or "no file at all"
+    more = f" and {len(found) - 5} more kinds" if len(found) > 5 else ""
+    return (f"no image files found under {root} (looked for {looked} and the other "
+            f"{len(_LOWER_IMAGE_SUFFIXES) - 7} suffixes HF's imagefolder reads, in any subfolder); found "
+            f"instead: {instead}{more}; an image folder holds CLASS/IMAGE or SPLIT/CLASS/IMAGE files")
 
 
 # --- the index: one arrow table, its splits as row ranges --------------------------------------------------

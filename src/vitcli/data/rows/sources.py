@@ -235,11 +235,19 @@ def _check_online(source: str) -> None:
 
 @contextlib.contextmanager
 def _readable(source: str):
-    """A local source that HF cannot read (an empty directory, unreadable or foreign files) as one line."""
+    """A local source that HF cannot read (an empty directory, unreadable or foreign files) as one line;
+    a folder without a single image says so (folder_index.no_images), not what HF made of its other files."""
     try:
         yield
     except (OSError, ValueError) as e:
-        raise DataError(f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+        empty = _no_images(source)
+        raise DataError(empty or f"{source}: cannot read it as a dataset: {str(e).splitlines()[0]}") from None
+
+
+def _no_images(source: str) -> str | None:
+    """folder_index.no_images for a source that is a folder HF infers the layout of, else None."""
+    kind, where = source_kind(source)
+    return folder_index.no_images(where) if kind == "folder" else None
 
 
 def _hub(source: str, split: str, streaming: bool = False):
@@ -256,6 +264,10 @@ def _hub(source: str, split: str, streaming: bool = False):
 def _check_columns(features: datasets.Features, source: str, image_column: str, label_column: str) -> None:
     """The image and label columns exist and labels are integer class ids."""
     columns = ", ".join(features)
+    if image_column not in features and not any(isinstance(f, datasets.Image) for f in features.values()):
+        empty = _no_images(source)  # HF read the folder's other files (a CSV's columns)
+        if empty:
+            raise DataError(empty)
     for role, col in (("image", image_column), ("label", label_column)):
         if col and col not in features:
             raise DataError(f"{source}: no {role} column '{col}' (data.{role}_column); columns: {columns}")

@@ -64,6 +64,12 @@ def test_a_tar_cut_inside_a_header_or_after_a_member_is_cut_short(whole, tmp_pat
     assert _whole_before(whole, end) == 8 and after.examples == 7  # the last one may have lost members
 
 
+def test_a_tar_cut_inside_a_members_padding_is_cut_short(whole, tmp_path):
+    image = _members(whole)[2 * 3]  # 700 bytes, padded to 1024
+    walked = tar_shards.cut_short(_cut(whole, tmp_path, image.offset_data + image.size + 10))
+    assert walked == tar_shards.Walked(3, "it ends inside the padding after 00000003.jpg")
+
+
 def test_a_tar_cut_in_its_closing_zeros_holds_everything(whole, tmp_path):
     last = _members(whole)[-1]
     closed = last.offset_data + tarfile.BLOCKSIZE + 2 * tarfile.BLOCKSIZE + 100  # two zero blocks and more

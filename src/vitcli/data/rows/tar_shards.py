@@ -179,21 +179,33 @@ def walk(path: Path) -> Walked:
     a member, inside a header, or after a member without the closing zero blocks every writer adds), and
     the examples (keys: a member's name up to its first dot) before the cut, the last one left out since
     its other members may be what is lost."""
-    size, keys, cut = os.path.getsize(path), [], None
+    size, keys, cut, last = os.path.getsize(path), [], None, None
     with tarfile.open(path, "r:") as tar:
-        for member in tar:
-            key = member.name.rsplit("/", 1)[-1].split(".", 1)[0]
+        for member in _headers(tar):
+            if member is None:
+                cut = f"it ends inside the padding after {last}"
+                break
+            key, last = member.name.rsplit("/", 1)[-1].split(".", 1)[0], member.name
             keys += [key] if not keys or keys[-1] != key else []
             if member.offset_data + member.size > size:
                 cut = f"it ends inside member {member.name} at byte {size - member.offset_data}"
                 break
-        end, last = tar.offset, member.name if keys else None  # where the next header would start
+        end = tar.offset  # where the next header would start
     tail = _tail(path, end) if cut is None else b""
     if any(tail):
         cut = f"it ends inside the header after {last}"
     elif cut is None and len(tail) < 2 * BLOCK:
         cut = f"it ends after {last} without the two zero blocks that close a tar"
     return Walked(len(keys) - 1 if cut else len(keys), cut)
+
+
+def _headers(tar: tarfile.TarFile):
+    """The tar's members in order, then None where tarfile cannot seek to the next header (past the
+    end: the file ends inside the padding of the member before)."""
+    try:
+        yield from tar
+    except tarfile.ReadError:
+        yield None
 
 
 def _tail(path: Path, start: int) -> bytes:

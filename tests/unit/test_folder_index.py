@@ -4,6 +4,7 @@ unchanged and built again when a file is added or removed, its file damaged or i
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import io
 import os
@@ -150,6 +151,23 @@ def test_hf_finds_no_layout_we_do_not_know():
     known = [DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME, DEFAULT_PATTERNS_SPLIT_IN_FILENAME, DEFAULT_PATTERNS_ALL]
     others = [p for d in ALL_DEFAULT_PATTERNS if d not in known for ps in d.values() for p in ps]
     assert sorted(others) == ["**/*.eval", "**/instruction.md", "**/task.toml"]
+
+
+def test_the_suffix_tables_are_hfs_own():
+    """The index reads no private name of datasets; its tables are HF's private ones, rebuilt from the
+    public builders (a release adding a builder or a suffix fails here, not in a silent mismatch)."""
+    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
+
+    assert folder_index._DATA_SUFFIXES == frozenset(_ALL_ALLOWED_EXTENSIONS)
+    assert sorted(folder_index._IMAGEFOLDER_SUFFIXES) == sorted(_MODULE_TO_EXTENSIONS["imagefolder"])
+    with open(folder_index.__file__) as f:
+        tree_ = ast.parse(f.read())
+    imported = [(node.module or "").split(".") + [a.name for a in node.names]
+                for node in ast.walk(tree_) if isinstance(node, ast.ImportFrom)]
+    imported = [names for names in imported if names[0] != "__future__"]
+    assert not [names for names in imported if any(n.startswith("_") for n in names)]
+    attributes = [node.attr for node in ast.walk(tree_) if isinstance(node, ast.Attribute)]
+    assert not [a for a in attributes if a.startswith("_") and not a.startswith("__")]
 
 
 NAMES = ["train", "Train", "train_1", "train-x", "my_train", "my_train_2", "trainee", "retrain", "x_val",

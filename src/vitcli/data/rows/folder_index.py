@@ -43,8 +43,13 @@ import numpy as np
 import pyarrow as pa
 from datasets import config as hf_config
 from datasets.data_files import FILES_TO_IGNORE, NON_WORDS_CHARS, SPLIT_KEYWORDS
-from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
+from datasets.packaged_modules.audiofolder.audiofolder import AudioFolder
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+from datasets.packaged_modules.meshfolder.meshfolder import MeshFolder
+from datasets.packaged_modules.niftifolder.niftifolder import NiftiFolder
+from datasets.packaged_modules.pdb.pdb import PdbFolder
+from datasets.packaged_modules.pdffolder.pdffolder import PdfFolder
+from datasets.packaged_modules.videofolder.videofolder import VideoFolder
 
 from vitcli.errors import DataError
 from vitcli.runtime.files import atomic_path
@@ -61,7 +66,22 @@ SPLIT_ORDER = [str(split) for split in SPLIT_KEYWORDS]  # HF lists the splits it
 _LOWER_IMAGE_SUFFIXES = frozenset(ImageFolder.EXTENSIONS)  # .jpg, .png, ... (61 of them)
 # an image's suffix without its dot: HF's list in lower or upper case (x.JPEG, not x.Jpeg: HF skips that file)
 IMAGE_SUFFIXES = frozenset(word for s in _LOWER_IMAGE_SUFFIXES for word in (s[1:], s[1:].upper()))
-_DATA_SUFFIXES = frozenset(_ALL_ALLOWED_EXTENSIONS)  # a file with none of these is no data file to HF
+# The suffixes HF's builder inference counts as data (a file with none of them is no data file to HF).
+# HF keeps its table private (datasets.packaged_modules._ALL_ALLOWED_EXTENSIONS) and builds it as here: each
+# folder builder's public EXTENSIONS in lower and upper case, and the suffixes of each other builder (csv,
+# json, parquet, text, webdataset, ...; lance's metadata files). tests/unit/test_folder_index.py holds it
+# against the installed release's, so that a release adding a builder is noticed.
+_FOLDER_BUILDERS = (PdbFolder, ImageFolder, AudioFolder, VideoFolder, MeshFolder, PdfFolder, NiftiFolder)
+_OTHER_DATA_SUFFIXES = (
+    ".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".parquet", ".geoparquet", ".gpq", ".arrow", ".txt",
+    ".conll", ".conllu", ".tar", ".xml", ".hdf5", ".h5", ".eval", ".toml", ".md", ".lance", ".tsfile",
+    ".vortex", ".fa", ".fasta", ".fna", ".ffn", ".faa", ".frn", ".afa", ".gb", ".gbk", ".genbank", ".fq",
+    ".fastq", ".cif", ".mmcif", ".zip", ".idx", ".txn", ".manifest")
+# suffix -> the folder builder that reads it: a later one wins a suffix two claim (.mpg: video, not image)
+_FOLDER_OF = {case: b for b in _FOLDER_BUILDERS for s in b.EXTENSIONS for case in (s, s.upper())}
+_DATA_SUFFIXES = frozenset(_OTHER_DATA_SUFFIXES) | set(_FOLDER_OF)
+# what imagefolder keeps of a folder's data files: the images it reads, either case, and archives
+_IMAGEFOLDER_SUFFIXES = (*(s for s, builder in _FOLDER_OF.items() if builder is ImageFolder), ".zip")
 _KEYWORDS = "|".join(sorted(SPLIT_OF_DIR, key=len, reverse=True))
 _SEP = f"[{NON_WORDS_CHARS}]"
 # a directory HF's split patterns (**/val/**, **/val[-._ 0-9]*/**, **/*[-._ 0-9]val/**, ...) would match
@@ -76,7 +96,7 @@ _OTHER_LAYOUT_NAMES = ("/task.toml/", "/instruction.md/", ".eval/")
 _ROOT_CARDS = (hf_config.REPOCARD_FILENAME, hf_config.REPOYAML_FILENAME, hf_config.DATASETDICT_INFOS_FILENAME)
 # the filter HF applies to a folder's data files once it has chosen imagefolder (DataFilesList.filter)
 _KEPT_BY_HF = re.compile(
-    ".*(" + "|".join(map(re.escape, _MODULE_TO_EXTENSIONS["imagefolder"])) + r")(\..+)?$")
+    ".*(" + "|".join(map(re.escape, _IMAGEFOLDER_SUFFIXES)) + r")(\..+)?$")
 _METADATA_NAME = re.compile(r".*[\/]?(" + "|".join(map(re.escape, ImageFolder.METADATA_FILENAMES)) + ")$")
 
 
@@ -319,12 +339,13 @@ def no_images(root: Path) -> str | None:
     found = survey(root)
     if any(suffix in _LOWER_IMAGE_SUFFIXES or suffix in (".parquet", ".arrow") for suffix in found):
         return None
-    looked = ", ".join(s for s in (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif"))
-    instead = ", ".join(f"{n} {s or '(no suffix)'}" for s, n in found.most_common(5)) or "no file at all"
+    shown = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif")
+    instead = ", ".join(f"{n} {s or '(no suffix)'}" for s, n in found.most_common(5))
     more = f" and {len(found) - 5} more kinds" if len(found) > 5 else ""
-    return (f"no image files found under {root} (looked for {looked} and the other "
-            f"{len(_LOWER_IMAGE_SUFFIXES) - 7} suffixes HF's imagefolder reads, in any subfolder); found "
-            f"instead: {instead}{more}; an image folder holds CLASS/IMAGE or SPLIT/CLASS/IMAGE files")
+    return (f"no image files found under {root} (looked for {', '.join(shown)} and the other "
+            f"{len(_LOWER_IMAGE_SUFFIXES) - len(shown)} suffixes HF's imagefolder reads, in any subfolder); "
+            f"found instead: {instead or 'nothing (the folder is empty)'}{more}; an image folder holds "
+            "CLASS/IMAGE or SPLIT/CLASS/IMAGE files")
 
 
 # --- the index: one arrow table, its splits as row ranges --------------------------------------------------

@@ -14,7 +14,8 @@ features (image: Image(), label: ClassLabel of the class directories, sorted), r
 (sorted by path), the same image suffixes (HF's list, lower or upper case) and the same files left out (hidden
 ones, others). What HF would read otherwise (metadata files, a dataset card, deeper or mixed trees, one
 class, file or directory names that name a split, archives, ...) raises NotPlain inside and `splits` returns
-None: sources.py then asks HF's builder as before. tests/unit/test_folder_index.py holds the two side by side.
+None: reader_folder.py then asks HF's builder as before. tests/unit/test_folder_index.py holds the two side
+by side.
 
 The index is one arrow file per folder, `index_file(root)` under `cache_dir()`, never in the folder itself
 (often read-only), memory-mapped when read (1.33M rows cost no copy). It records the mtime of every directory
@@ -312,40 +313,6 @@ def check_labels(splits: dict[str, Split]) -> None:
     first = next(iter(splits.values()))
     if sum(1 for _, images in first.classes if images) < 2:
         raise NotPlain("one class: HF gives no label column")
-
-
-# --- a folder with no image at all: what it holds instead -----------------------------------------------
-
-SURVEYED = 100_000  # files looked at, at most, to say what a folder without images holds
-
-
-def survey(root: Path, limit: int = SURVEYED) -> Counter:
-    """The lower-cased suffixes of the visible files under `root` ("" for none), up to `limit` files."""
-    found: Counter = Counter()
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
-        for name in files:
-            if not name.startswith("."):
-                found[Path(name).suffix.lower()] += 1
-        if found.total() >= limit:
-            break
-    return found
-
-
-def no_images(root: Path) -> str | None:
-    """What is wrong with a folder HF found no image in, as one line: the suffixes looked for and what it
-    holds instead; None if it does hold images, or tables that may hold them (parquet, arrow: then the
-    columns are what is wrong)."""
-    found = survey(root)
-    if any(suffix in _LOWER_IMAGE_SUFFIXES or suffix in (".parquet", ".arrow") for suffix in found):
-        return None
-    shown = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif")
-    instead = ", ".join(f"{n} {s or '(no suffix)'}" for s, n in found.most_common(5))
-    more = f" and {len(found) - 5} more kinds" if len(found) > 5 else ""
-    return (f"no image files found under {root} (looked for {', '.join(shown)} and the other "
-            f"{len(_LOWER_IMAGE_SUFFIXES) - len(shown)} suffixes HF's imagefolder reads, in any subfolder); "
-            f"found instead: {instead or 'nothing (the folder is empty)'}{more}; an image folder holds "
-            "CLASS/IMAGE or SPLIT/CLASS/IMAGE files")
 
 
 # --- the index: one arrow table, its splits as row ranges --------------------------------------------------

@@ -257,7 +257,7 @@ def _shard_labels(out):
     return labels
 
 
-def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(tmp_path):
+def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(tmp_path, capsys):
     """An image folder lists its rows class by class; the parquet copy keeps that order (one class a
     shard), the tar copy writes them in the order its seed draws (both classes in every shard), the same
     bytes for the same seed, another order for another."""
@@ -285,6 +285,7 @@ def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(t
                for name in "abc"}
     assert digests["a"] == digests["b"] and digests["a"] != digests["c"]
     assert _shard_labels(tmp_path / "c") != tars
+    assert "(rows shuffled, seed 1)" in " ".join(capsys.readouterr().out.split())
 
 
 def pq_labels(file):

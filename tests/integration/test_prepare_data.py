@@ -130,31 +130,36 @@ def test_a_shard_cut_short_is_named(prepared, tmp_path):
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_hf_webdataset_builder_reads_the_tar_shards_as_the_parquet_copy_holds_them(prepared, prepared_tar,
                                                                                    split):
-    """The real client reads the tars: each key's image and label, in order, are the parquet copy's row (the
-    same JPEG bytes), members `KEY.jpg` then `KEY.cls`, adjacent; and data.source reads them as it reads the
-    copy (default columns, class names from the manifest), loaded or streamed."""
-    entry = _manifest(prepared_tar)["splits"][split]
+    """The real client reads the tars: each key's image and label are the parquet copy's row of that number
+    (the same JPEG bytes), the rows in the manifest's seeded order, members `KEY.jpg` then `KEY.cls`,
+    adjacent; and data.source reads them as it reads the copy (default columns, class names from the
+    manifest), loaded or streamed."""
+    written = _manifest(prepared_tar)
+    entry = written["splits"][split]
     files = [str(prepared_tar / shard["file"]) for shard in entry["shards"]]
     assert [f.rsplit("/", 1)[1] for f in files] == [f"{split}-{k:05d}-of-{len(files):05d}.tar"
                                                     for k in range(len(files))]
     read = datasets.load_dataset("webdataset", data_files={split: files}, split=split)
     read = read.cast_column("jpg", datasets.Image(decode=False))
     parquet = sources.load_source(str(prepared), split).cast_column("image", datasets.Image(decode=False))
-    assert read["__key__"] == [f"{row:08d}" for row in range(len(parquet))]
-    assert read["cls"] == parquet["label"]
-    assert [img["bytes"] for img in read["jpg"]] == [img["bytes"] for img in parquet["image"]]
+    order = np.random.default_rng(written["shuffle_seed"]).permutation(len(parquet)).tolist()
+    assert read["__key__"] == [f"{row:08d}" for row in order] and order != sorted(order)
+    labels = [parquet["label"][row] for row in order]
+    assert read["cls"] == labels
+    assert [img["bytes"] for img in read["jpg"]] == [parquet["image"][row]["bytes"] for row in order]
     with tarfile.open(files[0]) as tar:
         members = tar.getmembers()
-    assert [m.name for m in members[:4]] == ["00000000.jpg", "00000000.cls", "00000001.jpg", "00000001.cls"]
+    assert [m.name for m in members[:4]] == [f"{order[0]:08d}.jpg", f"{order[0]:08d}.cls",
+                                             f"{order[1]:08d}.jpg", f"{order[1]:08d}.cls"]
     assert {(m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) for m in members} == {(0, 0, 0, "", "", 0o644)}
     copy = sources.load_source(str(prepared_tar), split)
-    assert copy["label"] == parquet["label"]
+    assert copy["label"] == labels
     assert copy.features["label"].names == parquet.features["label"].names
     streamed = list(sources.load_stream(DataConfig(source=str(prepared_tar), streaming=True,
                                                    train_split=split)))
-    assert [row["label"] for row in streamed] == parquet["label"]
+    assert [row["label"] for row in streamed] == labels
     # the stored bytes themselves: never decoded and encoded again on the way
-    assert [row["image"]["bytes"] for row in streamed] == [img["bytes"] for img in parquet["image"]]
+    assert [row["image"]["bytes"] for row in streamed] == [parquet["image"][row]["bytes"] for row in order]
 
 
 def test_the_tar_copy_is_written_through_the_command_the_same_bytes_every_time(tmp_path, monkeypatch, capsys):
@@ -186,9 +191,15 @@ def test_a_tar_shard_missing_cut_short_or_miscounted_is_named(prepared_tar, tmp_
     def drop(copy, manifest):
         (copy / manifest["splits"]["test"]["shards"][0]["file"]).unlink()
 
-    def cut(copy, manifest):
+    def cut(copy, manifest):  # inside example 5's image: 5 whole examples before it
         shard = copy / manifest["splits"]["test"]["shards"][0]["file"]
-        shard.write_bytes(shard.read_bytes()[:-10240])
+        with tarfile.open(shard) as tar:
+            image = tar.getmembers()[2 * 5]
+        shard.write_bytes(shard.read_bytes()[:image.offset_data + 100])
+
+    def grow(copy, manifest):
+        shard = copy / manifest["splits"]["test"]["shards"][0]["file"]
+        shard.write_bytes(shard.read_bytes() + bytes(tarfile.BLOCKSIZE))
 
     def miscount(copy, manifest):
         manifest["splits"]["test"]["rows"] += 1
@@ -197,8 +208,11 @@ def test_a_tar_shard_missing_cut_short_or_miscounted_is_named(prepared_tar, tmp_
     shard = "test-00000-of-00001.tar"
     with pytest.raises(DataError, match=rf"shard .*{shard} listed in manifest.json is missing"):
         sources.load_source(damaged("dropped", drop), "test")
-    with pytest.raises(DataError, match=rf"{shard} is \d+ bytes but \d+ in manifest.json; prepare"):
+    with pytest.raises(DataError, match=rf"shard {shard} is cut short: 5 examples readable, manifest.json "
+                                        r"says 16 \(it ends inside member \d+\.jpg at byte 100\); prepare"):
         sources.load_stream(DataConfig(source=damaged("cut", cut), streaming=True, train_split="test"))
+    with pytest.raises(DataError, match=rf"{shard} is \d+ bytes but \d+ in manifest.json; prepare"):
+        sources.load_stream(DataConfig(source=damaged("grown", grow), streaming=True, train_split="test"))
     with pytest.raises(DataError, match="split 'test' has 16 rows in its shards but 17"):
         sources.load_source(damaged("miscounted", miscount), "test")
 
@@ -232,6 +246,50 @@ def test_an_image_folder_keeps_aspects_and_names_and_keeps_a_broken_image_as_it_
     assert sizes == [(32, 24), (20, 20), (24, 40)]  # shorter side min(orig, 24), aspect kept; never upscaled
     assert copy["image"][1]["bytes"] == _png(20, 20, 1), "a small image is copied byte for byte"
     assert copy["image"][3]["bytes"] == (folder / "dog/d.png").read_bytes()
+
+
+def _shard_labels(out):
+    """Each shard's labels, in the order its .cls members come."""
+    labels = []
+    for shard in _manifest(out)["splits"]["train"]["shards"]:
+        with tarfile.open(out / shard["file"]) as tar:
+            labels.append([int(tar.extractfile(m).read()) for m in tar if m.name.endswith(".cls")])
+    return labels
+
+
+def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(tmp_path, capsys):
+    """An image folder lists its rows class by class; the parquet copy keeps that order (one class a
+    shard), the tar copy writes them in the order its seed draws (both classes in every shard), the same
+    bytes for the same seed, another order for another."""
+    folder = tmp_path / "folder"
+    for cls in ("cat", "dog"):
+        (folder / cls).mkdir(parents=True)
+        for i in range(8):
+            (folder / cls / f"{i}.png").write_bytes(_png(8, 8, i + (8 if cls == "dog" else 0)))
+    flags = {"data.source": str(folder), "data.train_split": "", "data.val_split": "",
+             "data.test_split": ""}
+    recipe = resolve("prepare-data", None, [], flags)
+    written = {}
+    for name, shards, seed in (("parquet", "parquet", 0), ("a", "tar", 0), ("b", "tar", 0), ("c", "tar", 1)):
+        options = prepare.Options(max_size=MAX, shard_mb=0.0025, shards=shards, seed=seed)
+        written[name] = stage.prepare_data(recipe, tmp_path / name, options=options)
+    parquet = [pq_labels(tmp_path / "parquet" / shard["file"])
+               for shard in written["parquet"]["splits"]["train"]["shards"]]
+    assert len(parquet) > 1 and all(len(set(labels)) == 1 for labels in parquet)
+    assert written["a"]["shuffle_seed"] == 0 and written["c"]["shuffle_seed"] == 1
+    assert written["parquet"]["shuffle_seed"] is None
+    tars = _shard_labels(tmp_path / "a")
+    assert len(tars) == len(parquet) and all(set(labels) == {0, 1} for labels in tars)
+    assert sorted(x for labels in tars for x in labels) == sorted(x for labels in parquet for x in labels)
+    digests = {name: [shard["sha256"] for shard in written[name]["splits"]["train"]["shards"]]
+               for name in "abc"}
+    assert digests["a"] == digests["b"] and digests["a"] != digests["c"]
+    assert _shard_labels(tmp_path / "c") != tars
+    assert "(rows shuffled, seed 1)" in " ".join(capsys.readouterr().out.split())
+
+
+def pq_labels(file):
+    return list(datasets.Dataset.from_parquet(str(file))["label"])
 
 
 def test_a_source_without_file_paths_names_its_undecodable_rows_by_row_and_split(tmp_path):

@@ -161,7 +161,8 @@ def test_errors_are_one_line_and_name_the_culprit(tmp_path, monkeypatch):
     missing = str(tmp_path / "nope")
     _one_line_error(lambda: sources.load_source(missing, "train"), "dataset path not found", missing)
     (tmp_path / "empty").mkdir()
-    _one_line_error(lambda: sources.load_source(str(tmp_path / "empty"), "train"), "empty", "cannot read")
+    _one_line_error(lambda: sources.load_source(str(tmp_path / "empty"), "train"), "no image files found",
+                    "the folder is empty")
     _one_line_error(lambda: sources.load_source(saved, "validation"), "'validation'", "available: train")
     _one_line_error(lambda: sources.load_source(saved, "train", image_column="img"), "'img'", "image, label")
     _one_line_error(lambda: sources.load_source(saved, "train", label_column="y"), "'y'", "image, label")

@@ -4,6 +4,7 @@ unchanged and built again when a file is added or removed, its file damaged or i
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import io
 import os
@@ -21,6 +22,7 @@ from datasets.data_files import (
 from PIL import Image
 
 from vitcli.data.rows import folder_index, sources
+from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 
 _buf = io.BytesIO()
@@ -99,6 +101,20 @@ def test_links_to_files_count_and_broken_links_do_not_as_for_hf(tmp_path):
     assert paths == [str(root / "a/0.jpg"), str(root / "a/link.jpg"), str(root / "b/0.jpg")]
 
 
+@pytest.mark.parametrize("layout", ["", "train/"])
+def test_a_class_directory_that_is_a_broken_link_is_refused_not_left_out(tmp_path, layout):
+    """HF's glob sees nothing where the link is: class `b` would vanish and `c` take its label id."""
+    files = [f"{layout}a/0.jpg", f"{layout}c/0.jpg", *(["val/a/0.jpg"] if layout else [])]
+    root = tree(tmp_path / "data", files)
+    link, target = root / layout / "b", tmp_path / "unmounted" / "b"
+    link.symlink_to(target)
+    assert hf_splits(root, tmp_path)["train"].features["label"].names == ["a", "c"]
+    with pytest.raises(DataError) as e:
+        folder_index.splits(root)
+    assert str(e.value) == (f"{link} is a broken link (to {target}): its class would be left out and the "
+                            "classes after it renumbered; restore its target, or remove the link")
+
+
 NOT_PLAIN = {  # each read otherwise by HF: labels dropped, splits from names, metadata columns, ...
     "deeper": ["a/x/0.jpg", "a/x/1.jpg", "b/y/0.jpg"],
     "mixed depths": ["a/0.jpg", "b/0.jpg", "b/c/1.jpg"],
@@ -135,6 +151,23 @@ def test_hf_finds_no_layout_we_do_not_know():
     known = [DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME, DEFAULT_PATTERNS_SPLIT_IN_FILENAME, DEFAULT_PATTERNS_ALL]
     others = [p for d in ALL_DEFAULT_PATTERNS if d not in known for ps in d.values() for p in ps]
     assert sorted(others) == ["**/*.eval", "**/instruction.md", "**/task.toml"]
+
+
+def test_the_suffix_tables_are_hfs_own():
+    """The index reads no private name of datasets; its tables are HF's private ones, rebuilt from the
+    public builders (a release adding a builder or a suffix fails here, not in a silent mismatch)."""
+    from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
+
+    assert folder_index._DATA_SUFFIXES == frozenset(_ALL_ALLOWED_EXTENSIONS)
+    assert sorted(folder_index._IMAGEFOLDER_SUFFIXES) == sorted(_MODULE_TO_EXTENSIONS["imagefolder"])
+    with open(folder_index.__file__) as f:
+        tree_ = ast.parse(f.read())
+    imported = [(node.module or "").split(".") + [a.name for a in node.names]
+                for node in ast.walk(tree_) if isinstance(node, ast.ImportFrom)]
+    imported = [names for names in imported if names[0] != "__future__"]
+    assert not [names for names in imported if any(n.startswith("_") for n in names)]
+    attributes = [node.attr for node in ast.walk(tree_) if isinstance(node, ast.Attribute)]
+    assert not [a for a in attributes if a.startswith("_") and not a.startswith("__")]
 
 
 NAMES = ["train", "Train", "train_1", "train-x", "my_train", "my_train_2", "trainee", "retrain", "x_val",

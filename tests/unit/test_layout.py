@@ -34,7 +34,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
                            "augment", "transforms"]),
-    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "sources", "prepare"]),
+    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "reader",
+                   "reader_synthetic", "reader_hub", "reader_saved", "reader_files", "reader_folder",
+                   "reader_prepared", "reader_tars", "reader_factory", "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "pth", "hf_vit", "read", "describe",

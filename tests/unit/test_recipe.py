@@ -301,7 +301,7 @@ def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming
     that does not train (prepare-data) is left as it is."""
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "train-0.tar").write_bytes(b"")
-    base = ["schedule.steps=10", "schedule.warmup_steps=1"]
+    base = ["schedule.steps=10", "schedule.warmup_steps=1", "data.val_split=", "data.test_split="]
     for source in (str(tmp_path / "shards"), str(tmp_path / "shards" / "train-{0..0}.tar"),
                    "/anywhere/train-*.tar"):
         assert resolve("pretrain", None, [*base, f"data.source={source}"]).data.streaming, source

@@ -2,7 +2,8 @@
 
 Four packages, in the order a training image meets them, each `__init__` naming its files:
 
-rows/          where rows come from: every source as a datasets.Dataset (sources.py), a plain image
+rows/          where rows come from: every source as a datasets.Dataset (sources.py), read by one reader
+               per kind of source (reader_factory.py and reader_*.py), a plain image
                folder's cached index (folder_index.py), WebDataset tar shards (tar_shards.py), the
                built-in data (synthetic.py), the task registry (tasks.py), ImageNet's label spaces
                (imagenet.py), and `vit prepare-data`'s pre-resized copies (prepare.py)

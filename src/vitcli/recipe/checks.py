@@ -27,7 +27,13 @@ from vitcli.recipe.choices import (
     WEIGHTED,
 )
 from vitcli.recipe.cluster_checks import check_slurm
-from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch, names_tar_shards
+from vitcli.recipe.data_checks import (
+    check_data,
+    check_randaugment,
+    check_splits,
+    check_train_batch,
+    names_tar_shards,
+)
 from vitcli.recipe.fewshot_checks import check_fewshot
 from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
@@ -108,6 +114,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
         check_train_batch(recipe)
+        check_splits(recipe)
         _checkpoint_inputs(recipe)
 
 

@@ -7,6 +7,7 @@ the run does before it writes anything into its workdir.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -21,6 +22,17 @@ from vitcli.recipe.schema import DataConfig, Recipe
 # holds this grammar against timm's own parser.
 IMAGENET_MEAN, IMAGENET_STD = "0.485,0.456,0.406", "0.229,0.224,0.225"  # as the messages spell them
 RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
+PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"  # data/rows/prepare.py writes them
+# HF's split directory names (datasets.data_files.SPLIT_KEYWORDS) and the characters its patterns allow
+# around one (NON_WORDS_CHARS), kept here so that the split keys are checked without importing datasets;
+# tests/unit/test_split_check.py holds them against the installed release
+SPLIT_DIRS = {"train": ("train", "training"), "validation": ("validation", "valid", "dev", "val"),
+              "test": ("test", "testing", "eval", "evaluation")}
+_SEP = "[-._ 0-9]"
+_KEYWORDS = "|".join(sorted((w for ws in SPLIT_DIRS.values() for w in ws), key=len, reverse=True))
+NAMES_A_SPLIT = re.compile(rf"(?:^|{_SEP})(?:{_KEYWORDS})(?:{_SEP}|$)")  # HF's **/val[-._ 0-9]*/** and kin
+# files at a folder's root that make HF read it otherwise: a dataset card (its configs may name splits)
+_ROOT_CARDS = ("README.md", ".huggingface.yaml", "dataset_infos.json")
 
 
 def check_randaugment(spec: str, name: str = "data.randaugment") -> None:
@@ -114,7 +126,8 @@ def _synthetic(d: DataConfig) -> None:
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
             if name not in sizes:
-                raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")
+                raise DataError(f"data.{role}='{getattr(d, role)}': synthetic: no split '{name}'; "
+                                f"available: {', '.join(sizes)}; name one of those{_way_out(role)}")
             if not sizes[name][1]:
                 key = f"data.synthetic.{sizes[name][0]}"
                 raise RecipeError(f"{key}=0 leaves split '{name}' (data.{role}) empty; give it images")
@@ -142,3 +155,97 @@ def check_stream(d: DataConfig) -> None:
         raise DataError(f"data.repeated_aug={d.repeated_aug} deals each image's copies across the global "
                         "batch, which a stream each process reads on its own cannot; set data.repeated_aug=1 "
                         f"or {instead}")
+
+
+# --- the splits the recipe names, against those the data has, where a look costs next to nothing ---------
+
+# what a split key's value "" does, for the messages (train_split has no such way out)
+SKIPS = {"val_split": "skips the evaluations while training", "test_split": "skips the final evaluation"}
+
+
+def check_splits(recipe: Recipe) -> None:
+    """A training stage's data.train_split, val_split and test_split name splits its source has, where
+    that is known cheaply (source_splits): refused at resolve time, in --dry-run, rather than once the run
+    has started and loads them. The built-in data's are _synthetic's; a Hub id's and any folder HF infers
+    are left to the load."""
+    d = recipe.data
+    if recipe.stage not in TRAINS or d.source == "synthetic":
+        return
+    splits = source_splits(d.source)
+    if splits is None:
+        return
+    for role in ("train_split", "val_split", "test_split"):
+        value = getattr(d, role)
+        missing = [name for name in split_names(value) if name not in splits] if value else []
+        if missing:
+            raise DataError(f"data.{role}='{value}': {d.source} has no split '{missing[0]}' (it has "
+                            f"{', '.join(splits)}); name one of those{_way_out(role)}")
+
+
+def _way_out(role: str) -> str:
+    return f", or data.{role}=\"\" {SKIPS[role]}" if role in SKIPS else ""
+
+
+def source_splits(source: str) -> list[str] | None:
+    """The splits of a local source, from at most a small JSON file or a few directory listings: a
+    `vit prepare-data` copy's (its manifest), a save_to_disk directory's, a file or pattern's (`train`), a
+    folder of split directories' (split_dirs); None where that would take more (a Hub id, a folder of tar
+    shards or one HF infers the layout of, a path that is not there: loading it says)."""
+    path = Path(source).expanduser()
+    if any(c in source for c in "*?[{") or path.is_file():
+        return ["train"]  # files and patterns are one split (vitcli.data.rows.sources)
+    if not path.is_dir():
+        return None
+    for name, key in ((PREPARED_MANIFEST, "splits"), ("dataset_dict.json", "splits")):
+        listed = _json(path / name)
+        if name == PREPARED_MANIFEST and listed.get("kind") != PREPARED_KIND:
+            continue
+        if isinstance(listed.get(key), (dict, list)):
+            return [str(split) for split in listed[key]]
+    if (path / "state.json").is_file():
+        return ["train"]  # a lone saved Dataset
+    return None if names_tar_shards(source) else split_dirs(path)
+
+
+def _json(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def split_dirs(root: Path) -> list[str] | None:
+    """A folder laid out as split directories (ImageNet's train/ and val/): every visible directory at
+    its root one HF reads as a split (SPLIT_DIRS; val/ is `validation`), one per split, no directory in
+    them and no file at the root that HF would read as another split or layout (its split patterns are
+    directories': `**/val[-._ 0-9]*/**`). Their splits in HF's order;
+    None for any other folder (a class folder's one split `train` is the folder index's to say: a file
+    named like a split anywhere in it makes HF read another)."""
+    entries = _visible(root)
+    dirs = {name for name, is_dir in entries if is_dir}
+    files = [name for name, is_dir in entries if not is_dir]
+    of = {word: split for split, words in SPLIT_DIRS.items() for word in words}
+    splits = {of.get(name) for name in dirs}
+    if not dirs or None in splits or len(splits) < len(dirs) or _other_layout(files):
+        return None
+    for name in dirs:
+        if any(NAMES_A_SPLIT.search(inner) for inner, is_dir in _visible(root / name) if is_dir):
+            return None  # HF's **/val[-._ 0-9]*/** would make a split of that too
+    return [split for split in SPLIT_DIRS if split in splits]
+
+
+def _visible(folder: Path) -> list[tuple[str, bool]]:
+    """(name, is a directory) of the entries HF's glob sees: not hidden, not __special__."""
+    try:
+        with os.scandir(folder) as it:
+            return [(e.name, e.is_dir()) for e in it if not e.name.startswith((".", "__"))]
+    except OSError:
+        return []
+
+
+def _other_layout(files: list[str]) -> bool:
+    """Root files that make HF read a folder as something else than its split directories: a card, a
+    split named by a file, HF's logs and harbor layouts (`*.eval`, task.toml, instruction.md)."""
+    other = (*_ROOT_CARDS, "task.toml", "instruction.md")
+    return any(n in other or n.endswith(".eval") or NAMES_A_SPLIT.search(n) for n in files)

@@ -36,6 +36,8 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
     if manifest["quality"]:
         how += f" quality {manifest['quality']}"
     how += f", {manifest['shards']} shards"
+    if manifest.get("shuffle_seed") is not None:  # tar: rows in a seeded shuffled order (prepare.shard_order)
+        how += f" (rows shuffled, seed {manifest['shuffle_seed']})"
     rows = [("source", manifest["source"]), ("out", str(out)), ("images", how),
             ("classes", str(len(manifest["label_names"])))]
     for split, entry in manifest["splits"].items():

@@ -14,7 +14,8 @@ features (image: Image(), label: ClassLabel of the class directories, sorted), r
 (sorted by path), the same image suffixes (HF's list, lower or upper case) and the same files left out (hidden
 ones, others). What HF would read otherwise (metadata files, a dataset card, deeper or mixed trees, one
 class, file or directory names that name a split, archives, ...) raises NotPlain inside and `splits` returns
-None: sources.py then asks HF's builder as before. tests/unit/test_folder_index.py holds the two side by side.
+None: reader_folder.py then asks HF's builder as before. tests/unit/test_folder_index.py holds the two side
+by side.
 
 The index is one arrow file per folder, `index_file(root)` under `cache_dir()`, never in the folder itself
 (often read-only), memory-mapped when read (1.33M rows cost no copy). It records the mtime of every directory
@@ -43,9 +44,15 @@ import numpy as np
 import pyarrow as pa
 from datasets import config as hf_config
 from datasets.data_files import FILES_TO_IGNORE, NON_WORDS_CHARS, SPLIT_KEYWORDS
-from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
+from datasets.packaged_modules.audiofolder.audiofolder import AudioFolder
 from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+from datasets.packaged_modules.meshfolder.meshfolder import MeshFolder
+from datasets.packaged_modules.niftifolder.niftifolder import NiftiFolder
+from datasets.packaged_modules.pdb.pdb import PdbFolder
+from datasets.packaged_modules.pdffolder.pdffolder import PdfFolder
+from datasets.packaged_modules.videofolder.videofolder import VideoFolder
 
+from vitcli.errors import DataError
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
 
@@ -60,7 +67,22 @@ SPLIT_ORDER = [str(split) for split in SPLIT_KEYWORDS]  # HF lists the splits it
 _LOWER_IMAGE_SUFFIXES = frozenset(ImageFolder.EXTENSIONS)  # .jpg, .png, ... (61 of them)
 # an image's suffix without its dot: HF's list in lower or upper case (x.JPEG, not x.Jpeg: HF skips that file)
 IMAGE_SUFFIXES = frozenset(word for s in _LOWER_IMAGE_SUFFIXES for word in (s[1:], s[1:].upper()))
-_DATA_SUFFIXES = frozenset(_ALL_ALLOWED_EXTENSIONS)  # a file with none of these is no data file to HF
+# The suffixes HF's builder inference counts as data (a file with none of them is no data file to HF).
+# HF keeps its table private (datasets.packaged_modules._ALL_ALLOWED_EXTENSIONS) and builds it as here: each
+# folder builder's public EXTENSIONS in lower and upper case, and the suffixes of each other builder (csv,
+# json, parquet, text, webdataset, ...; lance's metadata files). tests/unit/test_folder_index.py holds it
+# against the installed release's, so that a release adding a builder is noticed.
+_FOLDER_BUILDERS = (PdbFolder, ImageFolder, AudioFolder, VideoFolder, MeshFolder, PdfFolder, NiftiFolder)
+_OTHER_DATA_SUFFIXES = (
+    ".csv", ".tsv", ".json", ".jsonl", ".ndjson", ".parquet", ".geoparquet", ".gpq", ".arrow", ".txt",
+    ".conll", ".conllu", ".tar", ".xml", ".hdf5", ".h5", ".eval", ".toml", ".md", ".lance", ".tsfile",
+    ".vortex", ".fa", ".fasta", ".fna", ".ffn", ".faa", ".frn", ".afa", ".gb", ".gbk", ".genbank", ".fq",
+    ".fastq", ".cif", ".mmcif", ".zip", ".idx", ".txn", ".manifest")
+# suffix -> the folder builder that reads it: a later one wins a suffix two claim (.mpg: video, not image)
+_FOLDER_OF = {case: b for b in _FOLDER_BUILDERS for s in b.EXTENSIONS for case in (s, s.upper())}
+_DATA_SUFFIXES = frozenset(_OTHER_DATA_SUFFIXES) | set(_FOLDER_OF)
+# what imagefolder keeps of a folder's data files: the images it reads, either case, and archives
+_IMAGEFOLDER_SUFFIXES = (*(s for s, builder in _FOLDER_OF.items() if builder is ImageFolder), ".zip")
 _KEYWORDS = "|".join(sorted(SPLIT_OF_DIR, key=len, reverse=True))
 _SEP = f"[{NON_WORDS_CHARS}]"
 # a directory HF's split patterns (**/val/**, **/val[-._ 0-9]*/**, **/*[-._ 0-9]val/**, ...) would match
@@ -75,7 +97,7 @@ _OTHER_LAYOUT_NAMES = ("/task.toml/", "/instruction.md/", ".eval/")
 _ROOT_CARDS = (hf_config.REPOCARD_FILENAME, hf_config.REPOYAML_FILENAME, hf_config.DATASETDICT_INFOS_FILENAME)
 # the filter HF applies to a folder's data files once it has chosen imagefolder (DataFilesList.filter)
 _KEPT_BY_HF = re.compile(
-    ".*(" + "|".join(map(re.escape, _MODULE_TO_EXTENSIONS["imagefolder"])) + r")(\..+)?$")
+    ".*(" + "|".join(map(re.escape, _IMAGEFOLDER_SUFFIXES)) + r")(\..+)?$")
 _METADATA_NAME = re.compile(r".*[\/]?(" + "|".join(map(re.escape, ImageFolder.METADATA_FILENAMES)) + ")$")
 
 
@@ -109,24 +131,36 @@ class Listed:
     mtime_ns: int
     dirs: list[str]
     files: list[str]
+    broken: list[str] = field(default_factory=list)  # links to nothing, by path
+
+
+def check_links(listed: Listed) -> None:
+    """A broken link where class (or split) directories live is refused: HF's glob, like os.scandir, sees
+    nothing there, so the class would vanish and every class sorted after it take another label id,
+    without a word (a checkpoint's head then reads its classes shifted)."""
+    if listed.broken:
+        path = listed.broken[0]
+        raise DataError(f"{path} is a broken link (to {os.readlink(path)}): its class would be left out and "
+                        "the classes after it renumbered; restore its target, or remove the link")
 
 
 def list_dir(path: Path) -> Listed:
     """`path`'s entries from one os.scandir: its d_type tells files from directories without a stat each
-    (a link to a file counts as a file and a broken link as nothing, as HF's glob has it). Directories HF
+    (a link to a file counts as a file; a broken link is listed apart, check_links). Directories HF
     skips (hidden, __special__) are left out; a link to a directory, which HF's glob does not follow,
     is NotPlain."""
     mtime = os.stat(path).st_mtime_ns  # first: a file added while we list shows as a newer mtime next time
     with os.scandir(path) as it:
         entries = list(it)
     files = [e.name for e in entries if e.is_file()]
-    dirs = []
+    dirs, broken = [], []
     if len(files) < len(entries):  # not only files: look at the others
         dirs = [e for e in entries if not e.name.startswith((".", "__")) and e.is_dir()]
+        broken = [e.path for e in entries if e.is_symlink() and not e.is_dir() and not e.is_file()]
     linked = [e.path for e in dirs if e.is_symlink()]
     if linked:
         raise NotPlain(f"{linked[0]} is a link to a directory")
-    return Listed(mtime, sorted(e.name for e in dirs), sorted(files))
+    return Listed(mtime, sorted(e.name for e in dirs), sorted(files), sorted(broken))
 
 
 def images_in(files: list[str]) -> list[str]:
@@ -252,6 +286,7 @@ def check_builder(split_name: str, split: Split) -> None:
 def scan(root: Path) -> Listing:
     """Every split of a plain folder, listed and checked against what HF would read; NotPlain if not one."""
     top = list_dir(root)
+    check_links(top)
     dirs = {"": top.mtime_ns}
     places = layout(top)
     single = places == {"train": ""}
@@ -260,6 +295,7 @@ def scan(root: Path) -> Listing:
     splits = {}
     for name, rel in places.items():
         listed = top if not rel else list_dir(root / rel)
+        check_links(listed)
         if rel:
             dirs[rel] = listed.mtime_ns
         splits[name] = list_split(root, rel, listed, dirs)

@@ -11,7 +11,8 @@ except the image, re-encoded with its shorter side at most `max_size` (never ups
 copied byte for byte), and an integer label column cast to a `ClassLabel` with names. With `--shards tar`,
 `DIR/<split>-00000-of-000NN.tar` instead, WebDataset's layout (tar_shards.py): per row `KEY.jpg` (or `.png`,
 as --format says, whatever the bytes of an image copied unchanged are) and `KEY.cls`, KEY its row in the
-split; the other columns are not kept, and the class names are the manifest's. An image that does not
+split, the rows in a seeded shuffled order (shard_order; the manifest's `shuffle_seed`); the other columns
+are not kept, and the class names are the manifest's. An image that does not
 decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
 manifest counts it too (`undecodable`) and names it (`undecodable_images`: its file's path, else
 its row and split, as bad_images.image_name names an image everywhere). The directory is filled under
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import numpy as np
 from PIL import Image
 
 from vitcli.data.decoding import bad_images
@@ -70,6 +72,7 @@ class Options:
     workers: int = 0  # processes for the resize (datasets map num_proc); 0 or 1: this one
     shard_mb: float = SHARD_MB  # MiB per shard: a split is cut into ceil(its bytes / this) shards
     shards: str = "parquet"  # parquet | tar
+    seed: int = 0  # of the order tar shards hold the rows in (shard_order); manifest.json records it
 
     def __post_init__(self) -> None:
         if self.max_size < MIN_SIZE:
@@ -217,30 +220,40 @@ def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[
     if cfg.label_column:
         ds = ds.cast_column(cfg.label_column, datasets.ClassLabel(names=names))
     count = min(len(ds), max(1, math.ceil(total / (opts.shard_mb * 2**20))))
-    shards, first = [], 0
-    for k in range(count):
+    shards = []
+    for k, rows in enumerate(np.array_split(shard_order(len(ds), opts), count)):
         file = into / f"{split}-{k:05d}-of-{count:05d}.{opts.shards}"
-        shard = ds.shard(count, k, contiguous=True)  # contiguous: the shards in order are the source order
+        shard = ds.select(rows)
         if opts.shards == "tar":
-            _write_tar(shard, file, first, cfg, opts)
+            _write_tar(shard, rows, file, cfg, opts)
         else:
             shard.to_parquet(str(file))
         # bytes: how a tar shard's rows are vouched for when read (sources.prepared_files)
         shards.append({"file": file.name, "rows": len(shard), "bytes": file.stat().st_size,
                        "sha256": sha256_of(file)})
-        first += len(shard)
     return {"rows": len(ds), "undecodable": len(undecodable), "undecodable_images": undecodable,
             "shards": shards}
 
 
-def _write_tar(shard: datasets.Dataset, file: Path, first: int, cfg: DataConfig, opts: Options) -> None:
-    """A shard's rows as one WebDataset tar (tar_shards.write_shard), `first` the split's row of its first:
-    the encoded image as it is, keyed by its row in the split, and its label id."""
+def shard_order(rows: int, opts: Options) -> np.ndarray:
+    """The split's rows in the order the shards hold them, (rows,) int64: parquet in source order (it is
+    read map-style, shuffled by index); tar in a permutation seeded by opts.seed, as WebDataset's writers
+    are fed. A stream shuffles only within a buffer of a shard or two, so class-sorted tars (an image
+    folder's order) would train on a few classes at a time: ImageNet at 256 MB a shard is 6-8 classes."""
+    if opts.shards != "tar":
+        return np.arange(rows)
+    return np.random.default_rng(opts.seed).permutation(rows)
+
+
+def _write_tar(shard: datasets.Dataset, rows: np.ndarray, file: Path, cfg: DataConfig,
+               opts: Options) -> None:
+    """A shard's rows as one WebDataset tar (tar_shards.write_shard), `rows` their rows in the split: the
+    encoded image as it is, keyed by its row in the split, and its label id."""
     image, label = cfg.image_column, cfg.label_column
-    rows = shard.select_columns([image, *([label] if label else [])])
-    rows = rows.cast_column(image, datasets.Image(decode=False))  # the bytes, not decoded
-    examples = ((tar_shards.example_key(first + i), row[image]["bytes"], row[label] if label else None)
-                for i, row in enumerate(rows))
+    cells = shard.select_columns([image, *([label] if label else [])])
+    cells = cells.cast_column(image, datasets.Image(decode=False))  # the bytes, not decoded
+    examples = ((tar_shards.example_key(int(row)), cell[image]["bytes"], cell[label] if label else None)
+                for row, cell in zip(rows, cells))
     tar_shards.write_shard(file, examples, tar_shards.IMAGE_MEMBER[opts.format])
 
 
@@ -255,6 +268,7 @@ def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> 
         "synthetic": dataclasses.asdict(cfg.synthetic) if cfg.source == "synthetic" else None,
         "image_column": cfg.image_column, "label_column": cfg.label_column,
         "max_size": opts.max_size, "format": opts.format, "shards": opts.shards,
+        "shuffle_seed": opts.seed if opts.shards == "tar" else None,  # None: source order (shard_order)
         "quality": opts.quality if opts.format == "jpeg" else None,
         "label_names": names, "splits": splits,
     }

@@ -11,9 +11,11 @@ builder, one shard per tar, whose columns are the members' extensions (`jpg`, `c
 from __future__ import annotations
 
 import io
+import os
 import re
 import tarfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
@@ -25,6 +27,7 @@ IMAGE_MEMBER = {"jpeg": "jpg", "png": "png"}  # vit prepare-data's --format -> i
 LABEL_MEMBER = "cls"
 IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")  # the image members WebDataset writers name (timm, OpenCLIP)
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
+BLOCK = tarfile.BLOCKSIZE  # 512: a tar is headers and payloads padded to it, then two zero blocks
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -145,3 +148,89 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)  # mtime 0, uid/gid 0, empty uname/gname: TarInfo's defaults
     info.size, info.mode = len(data), 0o644
     tar.addfile(info, io.BytesIO(data))
+
+
+# --- a shard cut short: named before anything trains -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Walked:
+    """What a walk over a tar's headers found: the examples whose members all lie inside the file, and
+    where it ends early (None: it is whole)."""
+
+    examples: int
+    cut: str | None
+
+
+def ends_whole(path: Path) -> bool:
+    """Whether a tar ends as every writer (tarfile, GNU tar, WebDataset's TarWriter) ends one: a whole
+    number of blocks, the last two zero. One read of 1 KiB: a tar cut short mid-file ends in its last
+    member's bytes instead."""
+    size = os.path.getsize(path)
+    if size < 2 * BLOCK or size % BLOCK:
+        return False
+    with open(path, "rb") as f:
+        f.seek(size - 2 * BLOCK)
+        return not any(f.read(2 * BLOCK))
+
+
+def walk(path: Path) -> Walked:
+    """Walk a tar's headers without reading a payload (tarfile seeks past each): where it is cut (inside
+    a member, inside a header, or after a member without the closing zero blocks every writer adds), and
+    the examples (keys: a member's name up to its first dot) before the cut, the last one left out since
+    its other members may be what is lost."""
+    size, keys, cut, last = os.path.getsize(path), [], None, None
+    with tarfile.open(path, "r:") as tar:
+        for member in _headers(tar):
+            if member is None:
+                cut = f"it ends inside the padding after {last}"
+                break
+            key, last = member.name.rsplit("/", 1)[-1].split(".", 1)[0], member.name
+            keys += [key] if not keys or keys[-1] != key else []
+            if member.offset_data + member.size > size:
+                cut = f"it ends inside member {member.name} at byte {size - member.offset_data}"
+                break
+        end = tar.offset  # where the next header would start
+    tail = _tail(path, end) if cut is None else b""
+    if any(tail):
+        cut = f"it ends inside the header after {last}"
+    elif cut is None and len(tail) < 2 * BLOCK:
+        cut = f"it ends after {last} without the two zero blocks that close a tar"
+    return Walked(len(keys) - 1 if cut else len(keys), cut)
+
+
+def _headers(tar: tarfile.TarFile):
+    """The tar's members in order, then None where tarfile cannot seek to the next header (past the
+    end: the file ends inside the padding of the member before)."""
+    try:
+        yield from tar
+    except tarfile.ReadError:
+        yield None
+
+
+def _tail(path: Path, start: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return f.read()
+
+
+def cut_short(path: Path) -> Walked | None:
+    """None for a tar that ends whole (ends_whole, else a walk over its headers finds nothing missing);
+    else what the walk found."""
+    if ends_whole(path):
+        return None
+    try:
+        walked = walk(path)
+    except tarfile.TarError as e:
+        return Walked(0, f"it is not a readable tar ({e})")
+    return walked if walked.cut else None
+
+
+def check_whole(files: Iterable[str], source: str) -> None:
+    """Every tar shard of a source ends whole, or a DataError naming the first that does not and how many
+    examples it still holds (HF's reader would stop at the cut without a word and train on the rest)."""
+    for file in files:
+        walked = cut_short(Path(file))
+        if walked is not None:
+            raise DataError(f"{source}: {Path(file).name} is cut short: {walked.examples} examples "
+                            f"readable, then {walked.cut}; copy or write the shard again")

@@ -41,6 +41,7 @@ from vitcli.recipe.choices import (
 from vitcli.recipe.cluster_checks import check_slurm
 from vitcli.recipe.data_checks import check_data, check_randaugment, check_train_batch, names_tar_shards
 from vitcli.recipe.fewshot_checks import check_fewshot
+from vitcli.recipe.holdout_checks import check_holdout
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
@@ -124,6 +125,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
     _batch(recipe, world_size)
     _augment(recipe, world_size)
+    check_holdout(recipe.data)
     check_data(recipe)
     check_fewshot(recipe)
     _objective(recipe)

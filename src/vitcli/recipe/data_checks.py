@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
+from vitcli.recipe.holdout_checks import HOLDOUT
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
@@ -113,6 +114,8 @@ def _synthetic(d: DataConfig) -> None:
     sizes = _synthetic_sizes(d)
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
+            if name == HOLDOUT and d.holdout:  # train's held-out rows (holdout_checks)
+                continue
             if name not in sizes:
                 raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")
             if not sizes[name][1]:

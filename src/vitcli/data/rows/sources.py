@@ -13,6 +13,7 @@ split, or selecting nothing, is an error (HF would clamp it silently: a short lo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -23,7 +24,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vitcli.data.rows import folder_index, tar_shards, tasks
+from vitcli.data.rows import folder_index, holdout, tar_shards, tasks
 from vitcli.data.rows.synthetic import SPLIT_IDS, make_synthetic, split_size
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import names_tar_shards, split_names
@@ -350,7 +351,10 @@ def origin(ds: datasets.Dataset) -> str:
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
-    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB)."""
+    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB); under
+    data.holdout the train split's kept rows, or for the split `holdout` its held-out ones."""
+    if which := holdout.part(cfg, split):
+        return holdout.take(load_split(dataclasses.replace(cfg, holdout=0.0), cfg.train_split), cfg, which)
     if cfg.label_rule:  # one of tasks.LABEL_RULES: vitcli.recipe.data_checks says so at resolve time
         ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
                          synthetic=cfg.synthetic)

@@ -1,0 +1,71 @@
+"""data.holdout in a run: training reads the rows kept, `data.val_split=holdout` evaluates the held-out ones;
+a recipe whose holdout keys do not fit together is refused by `--dry-run` and the run alike, one line, exit
+2, nothing written."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from helpers import REPO, run_vit
+from vitcli.checkpoints.complete import complete
+from vitcli.data.rows import holdout, sources
+from vitcli.evaluators import heldout
+from vitcli.recipe.resolve import resolve
+from vitcli.runtime.metrics import read_metrics
+from vitcli.stages.run import one_run
+
+TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
+        "model.mlp_dim=64", "data.source=synthetic", "data.synthetic.num_classes=4",
+        "data.synthetic.train_size=96", "data.synthetic.img_size=32", "data.batch_size=8",
+        "data.num_workers=0", "schedule.epochs=1", "schedule.warmup_steps=1", "run.log_every=1",
+        "run.eval_every=0", "run.precision=fp32", "run.compile=false", "fewshot.every=0"]
+
+
+def test_a_run_trains_on_the_rows_kept_and_validates_on_the_rows_held_out(tmp_path, monkeypatch):
+    evaluated = {}
+    init = heldout.SplitEvaluator.__init__
+
+    def recording(self, prefix, ds, *args, **kwargs):
+        evaluated[prefix] = ds
+        init(self, prefix, ds, *args, **kwargs)
+
+    monkeypatch.setattr(heldout.SplitEvaluator, "__init__", recording)
+    r = resolve("pretrain", None, [*TINY, "data.holdout=0.25", "data.val_split=holdout",
+                                   "data.test_split="], complete=complete)
+    summary = one_run(r, tmp_path)
+    whole = sources.load_split(dataclasses.replace(r.data, holdout=0.0), "train")
+    kept, held = holdout.split_rows(np.array(whole["label"]), 0.25)
+    assert (len(kept), len(held)) == (72, 24)
+    assert summary["steps"] == len(kept) // 8  # one epoch of the kept rows, not of all 96
+    val = evaluated["val"]
+    assert val["label"] == [whole["label"][i] for i in held]
+    assert all(np.array_equal(np.asarray(a), np.asarray(whole[int(i)]["image"]))
+               for a, i in zip(val["image"], held))
+    assert any("val/top1" in row for row in read_metrics(tmp_path / "metrics.jsonl"))
+
+
+QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
+REFUSED = {  # overrides -> the line's fragment
+    "holdout nothing reads": (["data.holdout=0.01"], "keeps rows out of training that nothing reads"),
+    "holdout split without holdout": (["data.val_split=holdout"], "but data.holdout is 0"),
+    "holdout of everything": (["data.holdout=1", "data.val_split=holdout"], "data.holdout must be in [0, 1)"),
+    "holdout mixed into a split": (["data.holdout=0.1", "data.val_split=holdout",
+                                    "data.test_split=holdout+test"], "data.test_split='holdout+test'"),
+    "holdout of a stream": (["data.holdout=0.1", "data.val_split=holdout", "data.streaming=true"],
+                            "set data.streaming=false"),
+    "holdout without labels": (["data.holdout=0.1", "data.val_split=holdout", "data.label_column=",
+                                "objective=mae"], "needs labels"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_holdout_keys_that_do_not_fit_are_refused_by_the_dry_run_and_the_run(case, tmp_path, monkeypatch,
+                                                                             capsys):
+    overrides, fragment = REFUSED[case]
+    monkeypatch.chdir(tmp_path)
+    dry = run_vit(monkeypatch, capsys, "pretrain", "-r", QUICK, "--dry-run", *overrides)
+    run = run_vit(monkeypatch, capsys, "pretrain", "-r", QUICK, "--workdir", tmp_path / "w", *overrides)
+    assert dry[0] == run[0] == 2 and dry[2] == run[2], (dry, run)
+    assert fragment in run[2] and len(run[2].strip().splitlines()) == 1, run[2]
+    assert not any(tmp_path.iterdir()), "a refused run wrote a file"

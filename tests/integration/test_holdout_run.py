@@ -69,3 +69,17 @@ def test_holdout_keys_that_do_not_fit_are_refused_by_the_dry_run_and_the_run(cas
     assert dry[0] == run[0] == 2 and dry[2] == run[2], (dry, run)
     assert fragment in run[2] and len(run[2].strip().splitlines()) == 1, run[2]
     assert not any(tmp_path.iterdir()), "a refused run wrote a file"
+
+
+def test_the_big_vision_recipe_runs_its_first_steps_validating_on_its_holdout(tmp_path):
+    """recipes/bigvision/vit_s16_i1k.yaml as shipped but for its size (a one-block network at 32 px, the
+    built-in data, two steps): its RandAugment, mixup, pre-logits and big_vision's decay train, and its val
+    split is the 1% of train it holds out (1 of 96 images), evaluated at the end."""
+    shrink = ["model.name=custom", "model.representation_size=32", "data.test_split=", "schedule.epochs=0",
+              "schedule.steps=2", "data.batch_size=16"]
+    r = resolve("pretrain", REPO / "recipes/bigvision/vit_s16_i1k.yaml", [*TINY, *shrink], complete=complete)
+    assert (r.data.holdout, r.data.val_split, r.data.randaugment) == (0.01, "holdout", "rand-m10-n2")
+    summary = one_run(r, tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert summary["steps"] == 2 and [row["step"] for row in rows if "train/loss" in row] == [1, 2]
+    assert any("val/top1" in row for row in rows) and (tmp_path / "model.safetensors").is_file()

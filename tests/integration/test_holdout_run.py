@@ -3,15 +3,18 @@ a recipe whose holdout keys do not fit together is refused by `--dry-run` and th
 2, nothing written."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from helpers import REPO, run_vit
 from vitcli.checkpoints.complete import complete
 from vitcli.data.rows import holdout, sources
 from vitcli.evaluators import heldout
 from vitcli.recipe.resolve import resolve
+from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
 
@@ -71,15 +74,51 @@ def test_holdout_keys_that_do_not_fit_are_refused_by_the_dry_run_and_the_run(cas
     assert not any(tmp_path.iterdir()), "a refused run wrote a file"
 
 
-def test_the_big_vision_recipe_runs_its_first_steps_validating_on_its_holdout(tmp_path):
+
+@pytest.fixture(scope="module")
+def big_vision_run(tmp_path_factory):
     """recipes/bigvision/vit_s16_i1k.yaml as shipped but for its size (a one-block network at 32 px, the
     built-in data, two steps): its RandAugment, mixup, pre-logits and big_vision's decay train, and its val
     split is the 1% of train it holds out (1 of 96 images), evaluated at the end."""
-    shrink = ["model.name=custom", "model.representation_size=32", "data.test_split=", "schedule.epochs=0",
-              "schedule.steps=2", "data.batch_size=16"]
+    workdir = tmp_path_factory.mktemp("bigvision")
+    shrink = ["model.name=custom", "model.representation_size=32", "data.test_split=test",
+              "data.synthetic.test_size=32", "schedule.epochs=0", "schedule.steps=2", "data.batch_size=16"]
     r = resolve("pretrain", REPO / "recipes/bigvision/vit_s16_i1k.yaml", [*TINY, *shrink], complete=complete)
     assert (r.data.holdout, r.data.val_split, r.data.randaugment) == (0.01, "holdout", "rand-m10-n2")
-    summary = one_run(r, tmp_path)
-    rows = read_metrics(tmp_path / "metrics.jsonl")
+    return workdir, one_run(r, workdir)
+
+
+def test_the_big_vision_recipe_runs_its_first_steps_validating_on_its_holdout(big_vision_run):
+    workdir, summary = big_vision_run
+    rows = read_metrics(workdir / "metrics.jsonl")
     assert summary["steps"] == 2 and [row["step"] for row in rows if "train/loss" in row] == [1, 2]
-    assert any("val/top1" in row for row in rows) and (tmp_path / "model.safetensors").is_file()
+    assert any("val/top1" in row for row in rows) and (workdir / "model.safetensors").is_file()
+
+
+def test_vit_evaluate_of_a_run_with_a_holdout_reads_its_test_split_and_its_holdout_when_told(
+        big_vision_run, tmp_path, monkeypatch, capsys):
+    """The run's recipe hands `vit evaluate` its val_split (`holdout`) but not data.holdout: its test split
+    is evaluated as ever; the held-out rows need the run's data.holdout, else one line, exit 2."""
+    ckpt = ["evaluate", "--ckpt", big_vision_run[0], "--json"]
+    code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "test")
+    assert code == 0 and json.loads(out)["images"] == 32, err
+    code, _, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "no", "--split", "holdout")
+    assert code == 2 and "data.holdout is 0" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "no").exists()
+    code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "held", "--split", "holdout",
+                             "data.holdout=0.01")
+    assert code == 0 and json.loads(out)["images"] == 1, err
+
+
+def test_a_class_sorted_image_folder_holds_out_every_class(tmp_path):
+    """The case the key is for: a folder lists its images class by class, so a tail slice would be the last
+    class; the holdout takes the same share of each."""
+    for c in ("ant", "bee", "cat"):
+        (tmp_path / "train" / c).mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(tmp_path / "train" / c / f"{i}.png")
+    cfg = DataConfig(source=str(tmp_path), holdout=0.25, val_split="holdout")
+    held, kept = sources.load_split(cfg, "holdout"), sources.load_split(cfg, "train")
+    assert sorted(held["label"]) == [0, 1, 2] and sorted(kept["label"]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert "held out by data.holdout" in sources.origin(held)
+    assert "data.holdout" not in sources.origin(sources.load_split(DataConfig(source=str(tmp_path)), "train"))

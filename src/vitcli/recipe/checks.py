@@ -125,7 +125,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
     _batch(recipe, world_size)
     _augment(recipe, world_size)
-    check_holdout(recipe.data)
+    check_holdout(recipe.data, recipe.stage in TRAINS)
     check_data(recipe)
     check_fewshot(recipe)
     _objective(recipe)

@@ -114,7 +114,7 @@ def _synthetic(d: DataConfig) -> None:
     sizes = _synthetic_sizes(d)
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
-            if name == HOLDOUT and d.holdout:  # train's held-out rows (holdout_checks)
+            if name == HOLDOUT:  # train's held-out rows: holdout_checks, data.rows.holdout
                 continue
             if name not in sizes:
                 raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")

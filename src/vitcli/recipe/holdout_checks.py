@@ -16,8 +16,10 @@ def _names(spec: str) -> list[str]:
     return [part.split("[")[0].strip() for part in spec.split("+")] if spec else []
 
 
-def check_holdout(d: DataConfig) -> None:
-    """A RecipeError naming the key unless data.holdout and the split `holdout` go together."""
+def check_holdout(d: DataConfig, training: bool = True) -> None:
+    """A RecipeError naming the key unless data.holdout and the split `holdout` go together. Not `training`
+    (evaluate, predict): a run's recipe gives them data.val_split but not data.holdout, so the split is
+    refused only if read (vitcli.data.rows.holdout.part)."""
     if not 0 <= d.holdout < 1:
         raise RecipeError(f"data.holdout must be in [0, 1), a fraction of data.train_split; got {d.holdout}")
     readers = [f"data.{role}" for role in ("val_split", "test_split") if getattr(d, role) == HOLDOUT]
@@ -27,7 +29,7 @@ def check_holdout(d: DataConfig) -> None:
             raise RecipeError(f"data.{role}='{spec}': '{HOLDOUT}' names the rows data.holdout keeps out of "
                               "training, whole: set data.val_split=holdout (or data.test_split)")
     if not d.holdout:
-        if readers:
+        if readers and training:
             raise RecipeError(f"{readers[0]}=holdout reads the rows data.holdout holds out of "
                               "data.train_split, but data.holdout is 0; set it, e.g. data.holdout=0.01")
         return

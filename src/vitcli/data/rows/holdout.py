@@ -52,6 +52,10 @@ def split_rows(labels: np.ndarray, fraction: float, seed: int = SEED) -> tuple[n
 def part(cfg: DataConfig, split: str) -> str:
     """Which part of the train split `split` reads under data.holdout: "kept", "held" or "" (not one)."""
     if not cfg.holdout:
+        if split == HOLDOUT:  # a training recipe is refused this at resolve time; a run's evaluation is not
+            raise DataError("split 'holdout' is the rows data.holdout keeps out of data.train_split, but "
+                            "data.holdout is 0: give the run's own (its recipe.yaml says it), e.g. "
+                            "data.holdout=0.01, or another split (--split)")
         return ""
     return "held" if split == HOLDOUT else "kept" if split == cfg.train_split else ""
 

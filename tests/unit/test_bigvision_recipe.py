@@ -1,6 +1,7 @@
-"""recipes/bigvision/vit_s16_i1k.yaml is big_vision's configs/vit_s16_i1k.py: each value below is copied by
-hand from that file (and the code that gives it meaning) and mapped onto vitcli's keys by the rule the
-recipe's header states; then the decay and the learning rate a step sees are big_vision's."""
+"""recipes/bigvision/vit_s16_i1k.yaml is big_vision's configs/vit_s16_i1k.py: each value below is
+copied by hand from that file (and the code that gives it meaning) and mapped onto vitcli's keys by
+the rule the recipe's header states; then the decay and the learning rate a step sees are
+big_vision's."""
 
 import dataclasses
 import math
@@ -20,7 +21,8 @@ BIG_VISION = {
     "seed": 0, "total_epochs": 90, "loss": "softmax_xent", "input.data.split": "train[:99%]",
     "input.batch_size": 1024,
     "input.pp": "decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2,10)|value_range(-1, 1)",
-    "pp_eval": "decode|resize_small(256)|central_crop(224)", "log_training_steps": 50, "ckpt_steps": 1000,
+    "pp_eval": "decode|resize_small(256)|central_crop(224)", "log_training_steps": 50,
+    "ckpt_steps": 1000,
     "model": {"variant": "S/16", "rep_size": True, "pool_type": "gap", "posemb": "sincos2d"},
     "grad_clip_norm": 1.0, "optax_name": "scale_by_adam", "lr": 0.001, "wd": 0.0001,
     "schedule": {"warmup_steps": 10_000, "decay_type": "cosine"}, "mixup.p": 0.2,
@@ -35,7 +37,8 @@ IMAGENET_TRAIN = 1_281_167
 
 @pytest.fixture(scope="module")
 def recipe():
-    return resolve("pretrain", REPO / "recipes/bigvision/vit_s16_i1k.yaml", complete=complete, inputs=False)
+    path = REPO / "recipes/bigvision/vit_s16_i1k.yaml"
+    return resolve("pretrain", path, complete=complete, inputs=False)
 
 
 def test_the_model_is_big_visions_vit_s16(recipe):
@@ -56,7 +59,8 @@ def test_the_data_is_big_visions_pipeline(recipe):
     layers, magnitude = (int(v) for v in pp[2][len("randaug("):-1].split(","))
     assert d.randaugment == f"rand-m{magnitude}-n{layers}"
     lo, hi = (float(v) for v in pp[3][len("value_range("):-1].split(","))
-    # value_range(lo, hi) maps x / 255 in [0, 1] to lo + (hi - lo) x; vitcli feeds (x / 255 - mean) / std
+    # value_range(lo, hi) maps x / 255 in [0, 1] to lo + (hi - lo) x; vitcli feeds (x / 255 - mean)
+    # / std
     assert d.std == [1 / (hi - lo)] * 3 and d.mean == [-lo / (hi - lo)] * 3
     assert d.mixup_alpha == BIG_VISION["mixup.p"] and d.cutmix_alpha == 0 and d.mix_prob == 1
     resize, crop = (int(op[op.index("(") + 1:-1]) for op in BIG_VISION["pp_eval"].split("|")[1:])
@@ -73,14 +77,16 @@ def test_minival_is_the_last_percent_the_train_split_leaves(recipe):
 
 def test_the_optimizer_and_loss_are_big_visions(recipe):
     o, s = recipe.optim, recipe.schedule
-    assert BIG_VISION["optax_name"] == "scale_by_adam" and o.name == "adamw" and (o.beta1, o.beta2) == ADAM
+    assert BIG_VISION["optax_name"] == "scale_by_adam" and o.name == "adamw"
+    assert (o.beta1, o.beta2) == ADAM
     assert o.lr == BIG_VISION["lr"] and o.clip_grad_norm == BIG_VISION["grad_clip_norm"]
     assert o.loss == BIG_VISION["loss"].split("_")[0] and o.label_smoothing == 0
-    assert s.epochs == BIG_VISION["total_epochs"] and s.warmup_steps == BIG_VISION["schedule"]["warmup_steps"]
+    assert s.epochs == BIG_VISION["total_epochs"]
+    assert s.warmup_steps == BIG_VISION["schedule"]["warmup_steps"]
     assert s.decay == BIG_VISION["schedule"]["decay_type"] and s.end_lr == 0
     r = recipe.run
-    assert (r.seed, r.log_every, r.ckpt_every) == (BIG_VISION["seed"], BIG_VISION["log_training_steps"],
-                                                   BIG_VISION["ckpt_steps"])
+    assert (r.seed, r.log_every, r.ckpt_every) == (
+        BIG_VISION["seed"], BIG_VISION["log_training_steps"], BIG_VISION["ckpt_steps"])
     assert r.eval_every == BIG_VISION["evals.log_steps"]
 
 
@@ -91,12 +97,13 @@ def big_vision_multiplier(step: int, total: int, warmup: int) -> float:
 
 
 def test_each_step_sees_big_visions_learning_rate_and_weight_decay(recipe):
-    """optax.py chains scale(lr), add_decayed_weights(wd), scale_by_schedule: a step moves a weight by
-    -s_t (lr x adam + wd x w). torch AdamW moves it by -lr_t adam - lr_t wd' w; so lr_t = lr s_t and
-    lr_t wd' = wd s_t. big_vision's steps: round(epochs x train[:99%] / batch) (utils.steps)."""
-    train = IMAGENET_TRAIN - round(IMAGENET_TRAIN * 0.01)  # the rows data.holdout leaves (test_holdout.py)
+    """optax.py chains scale(lr), add_decayed_weights(wd), scale_by_schedule: a step moves a weight
+    by -s_t (lr x adam + wd x w). torch AdamW moves it by -lr_t adam - lr_t wd' w; so lr_t = lr s_t
+    and lr_t wd' = wd s_t. big_vision's steps: round(epochs x train[:99%] / batch) (utils.steps)."""
+    train = IMAGENET_TRAIN - round(IMAGENET_TRAIN * 0.01)  # what data.holdout leaves (test_holdout)
     steps = total_steps(0, recipe.schedule.epochs, train, recipe.data.batch_size)
-    assert steps == round(BIG_VISION["total_epochs"] * train / BIG_VISION["input.batch_size"]) == 111_477
+    per_epoch = train / BIG_VISION["input.batch_size"]
+    assert steps == round(BIG_VISION["total_epochs"] * per_epoch) == 111_477
     wd = torch_weight_decay(recipe.optim)
     for step in (0, 1, 5_000, 10_000, 50_000, 111_476):
         s_t = big_vision_multiplier(step, steps, BIG_VISION["schedule"]["warmup_steps"])
@@ -107,17 +114,18 @@ def test_each_step_sees_big_visions_learning_rate_and_weight_decay(recipe):
 
 
 def test_the_weights_decayed_are_big_visions_kernels(recipe):
-    """wd_mults' default `.*/kernel$`: Dense and Conv kernels (patch embedding, attention, MLP, pre-logits,
-    head); not biases, LayerNorm scales, nor the fixed sin-cos table. A one-block model of the recipe's
-    kind."""
-    cfg = dataclasses.replace(recipe.model, name="custom", img_size=32, patch_size=8, embed_dim=32, depth=1,
-                              num_heads=2, mlp_dim=64, representation_size=32)
+    """wd_mults' default `.*/kernel$`: Dense and Conv kernels (patch embedding, attention, MLP,
+    pre-logits, head); not biases, LayerNorm scales, nor the fixed sin-cos table. A one-block model
+    of the recipe's kind."""
+    cfg = dataclasses.replace(recipe.model, name="custom", img_size=32, patch_size=8, embed_dim=32,
+                              depth=1, num_heads=2, mlp_dim=64, representation_size=32)
     model = zoo.build_model(cfg, 10)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = param_groups(model, recipe.optim)
     decayed = {names[id(p)] for g in groups if g["weight_decay"] for p in g["params"]}
     kernels = {"patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.attn.proj.weight",
-               "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "pre_logits.fc.weight", "head.weight"}
+               "blocks.0.mlp.fc1.weight", "blocks.0.mlp.fc2.weight", "pre_logits.fc.weight",
+               "head.weight"}
     assert decayed == kernels
     trained = {n for n, p in model.named_parameters() if p.requires_grad}
     assert "pos_embed" not in trained

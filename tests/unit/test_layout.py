@@ -19,8 +19,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # typed errors, imported by every layer
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
-    ("recipe", ["choices", "schema", "layers", "names", "holdout_checks", "data_checks", "fewshot_checks",
-                "cluster_checks", "checks", "resolve", "grid"]),
+    ("recipe", ["choices", "schema", "layers", "names", "holdout_checks", "data_checks",
+                "fewshot_checks", "cluster_checks", "checks", "resolve", "grid"]),
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, peak memory, console and metrics, trackers, processes, output locations
     ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers",
@@ -34,8 +34,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
                            "augment", "transforms"]),
-    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "holdout", "sources",
-                   "prepare"]),
+    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "holdout",
+                   "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "pth", "hf_vit", "read", "describe",

@@ -1,12 +1,14 @@
 """data.holdout: a seeded, class-balanced share of the train split held out for validation.
 
-big_vision's ImageNet configs validate on `minival`, `train[99%:]` of TFDS's ImageNet, whose files are
-shuffled, so its last 1% holds every class. The rows of an image folder are sorted by class: its last 1% is
-its last ~10 classes. Here each class gives the same share instead, drawn with a fixed seed, so the held-out
-rows are the same for every run.seed and every run of the recipe, as big_vision's slice is.
+big_vision's ImageNet configs validate on `minival`, `train[99%:]` of TFDS's ImageNet, whose files
+are shuffled, so its last 1% holds every class. The rows of an image folder are sorted by class: its
+last 1% is its last ~10 classes. Here each class gives the same share instead, drawn with a fixed
+seed, so the held-out rows are the same for every run.seed and every run of the recipe, as
+big_vision's slice is.
 
 `split_rows` is the draw (labels in, row indices out); `take` applies it to a loaded split at
-sources.load_split's seam: the recipe's train split reads the rows kept, the split `holdout` the others.
+sources.load_split's seam: the recipe's train split reads the rows kept, the split `holdout` the
+others.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ SEED = 0  # fixed, not run.seed: every run of a recipe validates on the same row
 
 
 def quotas(counts: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
-    """Rows each class holds out (K,): round(fraction x N) in all (halves up), each class floor or ceil of
-    fraction x its rows; the ceilings go to the largest remainders (Hamilton's apportionment), ties broken in
-    a seeded order."""
+    """Rows each class holds out (K,): round(fraction x N) in all (halves up), each class floor or
+    ceil of fraction x its rows; the ceilings go to the largest remainders (Hamilton's
+    apportionment), ties broken in a seeded order."""
     exact = fraction * counts.astype(np.float64)
     base = np.floor(exact).astype(np.int64)
     extra = math.floor(fraction * int(counts.sum()) + 0.5) - int(base.sum())  # 0 <= extra <= K
@@ -35,13 +37,14 @@ def quotas(counts: np.ndarray, fraction: float, rng: np.random.Generator) -> np.
     return base
 
 
-def split_rows(labels: np.ndarray, fraction: float, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
-    """(rows kept, rows held out), both ascending: `quotas` of each class's rows, drawn uniformly within the
-    class from `seed` alone. labels: (N,) integers, any values."""
+def split_rows(labels: np.ndarray, fraction: float, seed: int = SEED
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(rows kept, rows held out), both ascending: `quotas` of each class's rows, drawn uniformly
+    within the class from `seed` alone. labels: (N,) integers, any values."""
     rng = np.random.default_rng(seed)
     _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
     wanted = quotas(counts, fraction, rng)
-    # the rows grouped by class, each class in a random order; a row's rank is its place in its class
+    # the rows grouped by class, each class in a random order; a row's rank: its place in its class
     order = np.lexsort((rng.random(len(labels)), inverse))
     rank = np.empty(len(labels), dtype=np.int64)
     rank[order] = np.arange(len(labels)) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -50,12 +53,13 @@ def split_rows(labels: np.ndarray, fraction: float, seed: int = SEED) -> tuple[n
 
 
 def part(cfg: DataConfig, split: str) -> str:
-    """Which part of the train split `split` reads under data.holdout: "kept", "held" or "" (not one)."""
+    """Which part of the train split `split` reads under data.holdout: "kept", "held" or ""."""
     if not cfg.holdout:
-        if split == HOLDOUT:  # a training recipe is refused this at resolve time; a run's evaluation is not
-            raise DataError("split 'holdout' is the rows data.holdout keeps out of data.train_split, but "
-                            "data.holdout is 0: give the run's own (its recipe.yaml says it), e.g. "
-                            "data.holdout=0.01, or another split (--split)")
+        if split == HOLDOUT:  # refused at resolve time for training; a run's evaluation is not
+            raise DataError("split 'holdout' is the rows data.holdout keeps out of "
+                            "data.train_split, but data.holdout is 0: give the run's own (its "
+                            "recipe.yaml says it), e.g. data.holdout=0.01, or another split "
+                            "(--split)")
         return ""
     return "held" if split == HOLDOUT else "kept" if split == cfg.train_split else ""
 
@@ -68,8 +72,9 @@ def take(train: datasets.Dataset, cfg: DataConfig, which: str) -> datasets.Datas
     where = f"{cfg.source} split '{cfg.train_split}'"
     for rows, name in ((kept, "keeps"), (held, "holds out")):
         if not len(rows):
-            raise DataError(f"data.holdout={cfg.holdout} of the {len(labels)} rows of {where} {name} none; "
-                            "give data.holdout a fraction that leaves rows on both sides")
+            raise DataError(f"data.holdout={cfg.holdout} of the {len(labels)} rows of {where} "
+                            f"{name} none; give it a fraction that leaves rows on both sides")
     ds = train.select(kept if which == "kept" else held)
-    ds.info.description = f"{where}, {'rows kept by' if which == 'kept' else 'rows held out by'} data.holdout"
+    how = "rows kept by" if which == "kept" else "rows held out by"
+    ds.info.description = f"{where}, {how} data.holdout"
     return ds

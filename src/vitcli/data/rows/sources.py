@@ -351,10 +351,12 @@ def origin(ds: datasets.Dataset) -> str:
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
-    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB); under
-    data.holdout the train split's kept rows, or for the split `holdout` its held-out ones."""
+    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for
+    VTAB); under data.holdout the train split's kept rows, or for the split `holdout` its held-out
+    ones."""
     if which := holdout.part(cfg, split):
-        return holdout.take(load_split(dataclasses.replace(cfg, holdout=0.0), cfg.train_split), cfg, which)
+        whole = load_split(dataclasses.replace(cfg, holdout=0.0), cfg.train_split)
+        return holdout.take(whole, cfg, which)
     if cfg.label_rule:  # one of tasks.LABEL_RULES: vitcli.recipe.data_checks says so at resolve time
         ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
                          synthetic=cfg.synthetic)

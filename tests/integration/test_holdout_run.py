@@ -21,9 +21,9 @@ from vitcli.stages.run import one_run
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
         "model.num_heads=2", "model.mlp_dim=64", "data.source=synthetic",
         "data.synthetic.num_classes=4", "data.synthetic.train_size=96",
-        "data.synthetic.img_size=32", "data.batch_size=8", "data.num_workers=0", "schedule.epochs=1",
-        "schedule.warmup_steps=1", "run.log_every=1", "run.eval_every=0", "run.precision=fp32",
-        "run.compile=false", "fewshot.every=0"]
+        "data.synthetic.img_size=32", "data.batch_size=8", "data.num_workers=0",
+        "schedule.epochs=1", "schedule.warmup_steps=1", "run.log_every=1", "run.eval_every=0",
+        "run.precision=fp32", "run.compile=false", "fewshot.every=0"]
 BIG_VISION = REPO / "recipes/bigvision/vit_s16_i1k.yaml"
 
 

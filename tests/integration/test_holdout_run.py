@@ -11,8 +11,9 @@ from PIL import Image
 
 from helpers import REPO, run_vit
 from vitcli.checkpoints.complete import complete
-from vitcli.data.rows import holdout, sources
+from vitcli.data.rows import holdout, sources, tasks
 from vitcli.evaluators import heldout
+from vitcli.fewshot.evaluate import data_cfg
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.metrics import read_metrics
@@ -102,13 +103,13 @@ def test_the_big_vision_recipe_runs_its_first_steps_validating_on_its_holdout(bi
 def test_vit_evaluate_of_a_run_with_a_holdout_reads_its_test_split_and_its_holdout_when_told(
         big_vision_run, tmp_path, monkeypatch, capsys):
     """The run's recipe hands `vit evaluate` its val_split (`holdout`) but not data.holdout: its
-    test split is evaluated as ever; the held-out rows need the run's data.holdout, else one line,
-    exit 2."""
+    test split is evaluated as ever; the held-out rows need the run's data.holdout, else `holdout`
+    is a split the data lacks: one line, exit 2."""
     ckpt = ["evaluate", "--ckpt", big_vision_run[0], "--json"]
     code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "test")
     assert code == 0 and json.loads(out)["images"] == 32, err
     code, _, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "no", "--split", "holdout")
-    assert code == 2 and "data.holdout is 0" in err and len(err.strip().splitlines()) == 1, err
+    assert code == 2 and "no split 'holdout'" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "no").exists()
     code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "held",
                              "--split", "holdout", "data.holdout=0.01")
@@ -129,3 +130,12 @@ def test_a_class_sorted_image_folder_holds_out_every_class(tmp_path):
     assert "held out by data.holdout" in sources.origin(held)
     plain = sources.load_split(DataConfig(source=str(tmp_path)), "train")
     assert len(plain) == 12 and "data.holdout" not in sources.origin(plain)
+
+
+def test_a_few_shot_task_reads_its_whole_train_split_under_a_recipe_with_a_holdout():
+    """data.holdout is the recipe's own data's: a few-shot (or VTAB) task read through the same
+    data settings gets none of its rows held out."""
+    r = resolve("pretrain", BIG_VISION, complete=complete, inputs=False)
+    cfg = data_cfg(tasks.synthetic_task(4), r)
+    assert cfg.holdout == 0 and r.data.holdout == 0.01
+    assert len(sources.load_split(cfg, "train")) == cfg.synthetic.train_size

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from vitcli.data.rows.holdout import quotas, split_rows
+from vitcli.data.rows.holdout import part, quotas, split_rows
+from vitcli.recipe.schema import DataConfig
 
 
 def sorted_labels(counts) -> np.ndarray:
@@ -73,3 +74,13 @@ def test_quotas_give_the_ceilings_to_the_largest_remainders():
     # 0.25 x (4, 6, 7, 3) = 1, 1.5, 1.75, 0.75: round(5.0) = 5 in all, floors 1 + 1 + 1 + 0 = 3, so
     # the two largest remainders (1.75, 0.75) get their ceilings and 1.5 stays down
     assert quotas(np.array([4, 6, 7, 3]), 0.25, rng).tolist() == [1, 1, 2, 1]
+
+
+def test_the_train_split_is_cut_only_while_a_split_reads_the_held_out_rows():
+    """A caller that points the same settings at other data and swaps the splits (the ImageNet suite
+    sets test_split to the folder's `train`, val_split to "") reads that split whole."""
+    ours = DataConfig(holdout=0.01, val_split="holdout", test_split="validation")
+    assert [part(ours, s) for s in ("train", "holdout", "validation")] == ["kept", "held", ""]
+    suite = DataConfig(holdout=0.01, val_split="", test_split="train")
+    assert part(suite, "train") == ""
+    assert part(DataConfig(val_split="holdout"), "holdout") == ""  # no data.holdout: a plain name

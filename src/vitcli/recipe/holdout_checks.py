@@ -20,7 +20,7 @@ def _names(spec: str) -> list[str]:
 def check_holdout(d: DataConfig, training: bool = True) -> None:
     """A RecipeError naming the key unless data.holdout and the split `holdout` go together. Not
     `training` (evaluate, predict): a run's recipe gives them data.val_split but not data.holdout,
-    so the split is refused only if read (vitcli.data.rows.holdout.part)."""
+    so without it `holdout` is read from the source like any split name (and is missing there)."""
     if not 0 <= d.holdout < 1:
         raise RecipeError(f"data.holdout must be in [0, 1), a fraction of data.train_split; got "
                           f"{d.holdout}")

@@ -53,15 +53,16 @@ def split_rows(labels: np.ndarray, fraction: float, seed: int = SEED
 
 
 def part(cfg: DataConfig, split: str) -> str:
-    """Which part of the train split `split` reads under data.holdout: "kept", "held" or ""."""
+    """Which part of the train split `split` reads under data.holdout: "kept", "held" or "" (all of
+    it). The train split gives only the rows kept while a split of the same settings reads the
+    others: settings whose splits a caller swapped for other data (the ImageNet suite, a VTAB task)
+    read theirs whole. Without data.holdout, `holdout` is a split name like any other."""
     if not cfg.holdout:
-        if split == HOLDOUT:  # refused at resolve time for training; a run's evaluation is not
-            raise DataError("split 'holdout' is the rows data.holdout keeps out of "
-                            "data.train_split, but data.holdout is 0: give the run's own (its "
-                            "recipe.yaml says it), e.g. data.holdout=0.01, or another split "
-                            "(--split)")
         return ""
-    return "held" if split == HOLDOUT else "kept" if split == cfg.train_split else ""
+    if split == HOLDOUT:
+        return "held"
+    read = HOLDOUT in (cfg.val_split, cfg.test_split)
+    return "kept" if split == cfg.train_split and read else ""
 
 
 def take(train: datasets.Dataset, cfg: DataConfig, which: str) -> datasets.Dataset:

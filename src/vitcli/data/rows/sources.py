@@ -375,6 +375,7 @@ def task_data(task: tasks.Task, data_root: str = "") -> dict:
         "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
         "label_column": "label" if task.label_rule else task.label_column,  # a rule writes `label`
         "num_classes": task.num_classes,
+        "holdout": 0.0,  # another dataset: the recipe's own held-out share is not the task's
     }
 
 

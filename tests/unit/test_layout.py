@@ -19,7 +19,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # typed errors, imported by every layer
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
-    ("recipe", ["choices", "schema", "layers", "names", "holdout_checks", "data_checks",
+    ("recipe", ["choices", "schema", "layers", "names", "data_checks", "holdout_checks",
                 "fewshot_checks", "cluster_checks", "checks", "resolve", "grid"]),
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, peak memory, console and metrics, trackers, processes, output locations

@@ -12,8 +12,7 @@ import re
 from pathlib import Path
 
 from vitcli.errors import DataError, RecipeError
-from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
-from vitcli.recipe.holdout_checks import HOLDOUT
+from vitcli.recipe.choices import HOLDOUT, LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
@@ -114,7 +113,7 @@ def _synthetic(d: DataConfig) -> None:
     sizes = _synthetic_sizes(d)
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
-            if name == HOLDOUT:  # train's held-out rows: holdout_checks, data.rows.holdout
+            if name == HOLDOUT:  # data.holdout's rows (holdout_checks), or missing when read
                 continue
             if name not in sizes:
                 raise DataError(f"synthetic: no split '{name}'; available: {', '.join(sizes)}")

@@ -1,20 +1,14 @@
-"""data.holdout at resolve time: the split name that stands for the held-out rows, and what a
-recipe that holds rows out must say (who reads them, labels to balance them by, random access to
-draw them).
+"""data.holdout at resolve time: what a recipe that holds rows out must say (a split that reads
+them, choices.HOLDOUT, used whole; labels to balance them by; random access to draw them).
 
 vitcli.data.rows.holdout draws the rows when the train split is loaded."""
 
 from __future__ import annotations
 
 from vitcli.errors import RecipeError
+from vitcli.recipe.choices import HOLDOUT
+from vitcli.recipe.data_checks import split_names
 from vitcli.recipe.schema import DataConfig
-
-HOLDOUT = "holdout"  # the split name that reads the rows data.holdout holds out of data.train_split
-
-
-def _names(spec: str) -> list[str]:
-    """Base split names in an HF split spec: `train[:98%]+test` -> [train, test]."""
-    return [part.split("[")[0].strip() for part in spec.split("+")] if spec else []
 
 
 def check_holdout(d: DataConfig, training: bool = True) -> None:
@@ -28,7 +22,7 @@ def check_holdout(d: DataConfig, training: bool = True) -> None:
                if getattr(d, role) == HOLDOUT]
     for role in ("train_split", "val_split", "test_split"):
         spec = getattr(d, role)
-        if HOLDOUT in _names(spec) and (spec != HOLDOUT or role == "train_split"):
+        if spec and HOLDOUT in split_names(spec) and (spec != HOLDOUT or role == "train_split"):
             raise RecipeError(f"data.{role}='{spec}': '{HOLDOUT}' names the rows data.holdout "
                               "keeps out of training, whole: set data.val_split=holdout (or "
                               "data.test_split)")

@@ -19,7 +19,7 @@ import datasets
 import numpy as np
 
 from vitcli.errors import DataError
-from vitcli.recipe.holdout_checks import HOLDOUT
+from vitcli.recipe.choices import HOLDOUT
 from vitcli.recipe.schema import DataConfig
 
 SEED = 0  # fixed, not run.seed: every run of a recipe validates on the same rows

@@ -19,8 +19,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # typed errors, imported by every layer
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
-    ("recipe", ["choices", "schema", "layers", "names", "data_checks", "fewshot_checks", "cluster_checks",
-                "checks", "resolve", "grid"]),
+    ("recipe", ["choices", "schema", "layers", "names", "data_checks", "holdout_checks",
+                "fewshot_checks", "cluster_checks", "checks", "resolve", "grid"]),
     # what every stage runs on: the allocator's settings, run file names, atomic files, precision, peak
     # FLOP/s, peak memory, console and metrics, trackers, processes, output locations
     ("runtime", ["allocator", "run_files", "precision", "peak", "memory", "files", "metrics", "trackers",
@@ -34,7 +34,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
                            "augment", "transforms"]),
-    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "reader",
+    ("data.rows", ["synthetic", "tasks", "imagenet", "folder_index", "tar_shards", "holdout", "reader",
                    "reader_synthetic", "reader_hub", "reader_saved", "reader_files", "reader_folder",
                    "reader_prepared", "reader_tars", "reader_factory", "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),

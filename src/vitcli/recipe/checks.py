@@ -35,6 +35,7 @@ from vitcli.recipe.data_checks import (
     names_tar_shards,
 )
 from vitcli.recipe.fewshot_checks import check_fewshot
+from vitcli.recipe.holdout_checks import check_holdout
 from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
@@ -101,6 +102,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
     _batch(recipe, world_size)
     _augment(recipe, world_size)
+    check_holdout(recipe.data, recipe.stage in TRAINS)
     check_data(recipe)
     check_fewshot(recipe)
     _objective(recipe)

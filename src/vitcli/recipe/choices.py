@@ -87,3 +87,5 @@ LABEL_RULES = ("clevr_count", "clevr_distance", "kitti_closest_vehicle", "dsprit
                "dsprites_orientation")
 # data.source=synthetic, the built-in data: 6 shapes x 5 textures (vitcli.data.rows.synthetic draws them)
 SYNTHETIC_MAX_CLASSES = 30
+# the split name of the rows data.holdout keeps out of data.train_split (recipe.holdout_checks)
+HOLDOUT = "holdout"

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from vitcli.errors import DataError, RecipeError
-from vitcli.recipe.choices import LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
+from vitcli.recipe.choices import HOLDOUT, LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
 from vitcli.recipe.schema import DataConfig, Recipe
 
 # timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
@@ -125,6 +125,8 @@ def _synthetic(d: DataConfig) -> None:
     sizes = _synthetic_sizes(d)
     for role in ("train_split", "val_split", "test_split"):
         for name in split_names(getattr(d, role)) if getattr(d, role) else []:
+            if name == HOLDOUT:  # data.holdout's rows (holdout_checks), or missing when read
+                continue
             if name not in sizes:
                 raise DataError(f"data.{role}='{getattr(d, role)}': synthetic: no split '{name}'; "
                                 f"available: {', '.join(sizes)}; name one of those{_way_out(role)}")
@@ -176,7 +178,8 @@ def check_splits(recipe: Recipe) -> None:
         return
     for role in ("train_split", "val_split", "test_split"):
         value = getattr(d, role)
-        missing = [name for name in split_names(value) if name not in splits] if value else []
+        names = [name for name in split_names(value) if name != HOLDOUT] if value else []  # holdout_checks
+        missing = [name for name in names if name not in splits]
         if missing:
             raise DataError(f"data.{role}='{value}': {d.source} has no split '{missing[0]}' (it has "
                             f"{', '.join(splits)}); name one of those{_way_out(role)}")

@@ -83,6 +83,11 @@ class DataConfig:
     train_split: str = "train"  # HF split syntax, slicing allowed: train[:98%]
     val_split: str = "validation"  # held-out split for periodic eval; "" disables it
     test_split: str = "test"  # "" disables the final test evaluation
+    # a fraction of train_split held out, the same share of each class, seeded
+    # (data/rows/holdout.py): the split `holdout` names those rows and training reads the rest
+    # (big_vision's minival, `train[99%:]` of its shuffled ImageNet files; an image folder's last
+    # 1% is its last ~10 classes). 0: off
+    holdout: float = 0.0
     num_classes: int = 0  # 0: from the ClassLabel feature
     label_rule: str = ""  # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
     binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does

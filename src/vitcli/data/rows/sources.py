@@ -10,11 +10,12 @@ label columns, labels that are class ids, not empty. Every kind accepts HF split
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import datasets
 import pyarrow as pa
 
-from vitcli.data.rows import reader_folder, tar_shards, tasks
+from vitcli.data.rows import holdout, reader_folder, tar_shards, tasks
 from vitcli.data.rows.reader import STREAM_SHARDS
 from vitcli.data.rows.reader_factory import create_reader, source_kind
 from vitcli.data.rows.reader_prepared import prepared_files
@@ -111,7 +112,12 @@ def origin(ds: datasets.Dataset) -> str:
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
-    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for VTAB)."""
+    """`load_source` with the recipe's source, columns and synthetic sizes (and label rule, for
+    VTAB); under data.holdout the train split's kept rows, or for the split `holdout` its held-out
+    ones."""
+    if which := holdout.part(cfg, split):
+        whole = load_split(dataclasses.replace(cfg, holdout=0.0), cfg.train_split)
+        return holdout.take(whole, cfg, which)
     if cfg.label_rule:  # one of tasks.LABEL_RULES: vitcli.recipe.data_checks says so at resolve time
         ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
                          synthetic=cfg.synthetic)
@@ -130,6 +136,7 @@ def task_data(task: tasks.Task, data_root: str = "") -> dict:
         "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
         "label_column": "label" if task.label_rule else task.label_column,  # a rule writes `label`
         "num_classes": task.num_classes,
+        "holdout": 0.0,  # another dataset: the recipe's own held-out share is not the task's
     }
 
 

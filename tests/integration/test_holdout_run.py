@@ -100,18 +100,17 @@ def test_the_big_vision_recipe_runs_its_first_steps_validating_on_its_holdout(bi
     assert any("val/top1" in row for row in rows) and (workdir / "model.safetensors").is_file()
 
 
-def test_vit_evaluate_of_a_run_with_a_holdout_reads_its_test_split_and_its_holdout_when_told(
+def test_vit_evaluate_of_a_run_with_a_holdout_reads_its_test_split_and_its_holdout(
         big_vision_run, tmp_path, monkeypatch, capsys):
-    """The run's recipe hands `vit evaluate` its val_split (`holdout`) but not data.holdout: its
-    test split is evaluated as ever; the held-out rows need the run's data.holdout, else `holdout`
-    is a split the data lacks: one line, exit 2."""
+    """The run's recipe hands `vit evaluate` its splits and data.holdout (checkpoints.complete's
+    TRAINED_DATA): its test split is evaluated as ever, and `--split holdout` is the run's own
+    held-out rows, whether or not data.holdout is typed again."""
     ckpt = ["evaluate", "--ckpt", big_vision_run[0], "--json"]
     code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "test")
     assert code == 0 and json.loads(out)["images"] == 32, err
-    code, _, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "no", "--split", "holdout")
-    assert code == 2 and "no split 'holdout'" in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "no").exists()
-    code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "held",
+    code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "held", "--split", "holdout")
+    assert code == 0 and json.loads(out)["images"] == 1, err
+    code, out, err = run_vit(monkeypatch, capsys, *ckpt, "-w", tmp_path / "again",
                              "--split", "holdout", "data.holdout=0.01")
     assert code == 0 and json.loads(out)["images"] == 1, err
 

@@ -27,8 +27,8 @@ from vitcli.recipe.schema import ModelConfig, Recipe
 # a run's test top-1 is reproduced, not re-rolled by `auto`); and, unless --data names other data, where its
 # test images are
 TRAINED_EVAL = {"data": ("binary_pixels",), "optim": ("loss", "label_smoothing"), "run": ("precision",)}
-TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "val_split",
-                "test_split", "synthetic")
+TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "train_split",
+                "val_split", "test_split", "holdout", "synthetic")  # holdout + train_split: its split
 
 
 def complete(recipe: Recipe, user_heads: bool) -> Recipe:

@@ -253,14 +253,16 @@ def plot(workdirs: opt.Workdirs, out: opt.CurvesOut = None) -> None:
 def prepare_data(source: opt.Source, out: opt.OutDir, max_size: opt.MaxSize = 256,
                  splits: opt.Splits = None, fmt: opt.ImageFormat = "jpeg",
                  quality: opt.Quality = 95, shards: opt.Shards = "parquet", workers: opt.Workers = 0,
-                 recipe: opt.RecipeFile = None, overwrite: opt.Replace = False, dry_run: opt.Plan = False,
-                 json_out: opt.Json = False, overrides: opt.DataOverrides = None) -> None:
+                 seed: opt.ShuffleSeed = 0, recipe: opt.RecipeFile = None, overwrite: opt.Replace = False,
+                 dry_run: opt.Plan = False, json_out: opt.Json = False,
+                 overrides: opt.DataOverrides = None) -> None:
     """A pre-resized copy of a dataset (parquet or tar shards + manifest.json) that data.source=OUT reads
     faster."""
     from vitcli.data.rows.prepare import Options
     from vitcli.stages.prepare import prepare_data
 
-    options = Options(max_size=max_size, format=fmt, quality=quality, workers=workers, shards=shards)
+    options = Options(max_size=max_size, format=fmt, quality=quality, workers=workers, shards=shards,
+                      seed=seed)
     # the splits copied are --splits: the recipe's own split keys play no part and are not checked
     flags = {"data.source": source, "data.train_split": "", "data.val_split": "",
              "data.test_split": ""}

@@ -215,6 +215,8 @@ Shards = Annotated[str, typer.Option(
     help="parquet (read map-style or streamed) or tar (WebDataset shards, KEY.jpg + KEY.cls, that "
          "training streams).")]
 Workers = Annotated[int, typer.Option(help="Processes that resize (0: this one).")]
+ShuffleSeed = Annotated[int, typer.Option(
+    "--seed", help="Seed of the order --shards tar writes the rows in (recorded in manifest.json).")]
 DataOverrides = Annotated[list[str] | None, typer.Argument(
     help="data.* overrides by dotted path: data.image_column=img data.label_column=fine_label "
          "data.synthetic.train_size=1000")]

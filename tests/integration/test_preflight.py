@@ -9,8 +9,9 @@ import signal
 import pytest
 
 from helpers import run_vit
+from vitcli.run import measure, micro_batch
 from vitcli.stages import preflight as pf
-from vitcli.train import cost, loop, micro_batch
+from vitcli.train import cost, loop
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -35,7 +36,7 @@ FIELDS = {
 def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
     """`vit pretrain --preflight` into tmp_path/runs/w, its steady steps timed for `timed_s` at least (0: no
     second short run, in seconds of a test); (exit code, stdout, stderr)."""
-    monkeypatch.setattr(pf, "TIMED_S", timed_s)
+    monkeypatch.setattr(measure, "TIMED_S", timed_s)
     return run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path / "runs" / "w", "--preflight",
                    "--preflight-steps", "4", *TINY, *extra)
 

@@ -110,7 +110,7 @@ def fake_training(fails: dict, calls: list):
     """run_training as the sweep calls it, for stand-in points: a summary whose val/top1 is the rate, or the
     error `fails` gives for that rate."""
 
-    def train(recipe, workdir, dist, resume=None, overwrite=False, skip_note=""):
+    def train(recipe, workdir, dist, resume=None, overwrite=False, skip_note="", table=True):
         calls.append(workdir.name)
         if recipe.optim.lr in fails:
             raise fails[recipe.optim.lr]

@@ -299,7 +299,7 @@ def loop_step(r: Recipe, parallel: parallelize.Parallel, dist):
     an optimizer built as the run builds it. Private functions, reached on purpose: they are what every step
     of `vit pretrain` calls."""
     optimizer = build_optimizer(parallel.model, r.optim)
-    made = registry.build(r, MAE_CLASSES, dist.device)  # the run's objective, as run.network makes it
+    made = registry.build(r, MAE_CLASSES, dist.device)  # the run's objective (run.network's)
 
     def step(x: torch.Tensor, y: torch.Tensor, i: int) -> tuple[float, float]:
         t0 = time.perf_counter()

@@ -105,11 +105,12 @@ def test_an_auto_micro_batch_is_chosen_as_the_run_chooses_it(monkeypatch, capsys
     nothing_left(tmp_path)
 
 
-def test_a_finished_workdir_is_said_so_and_not_timed_but_with_overwrite(monkeypatch, capsys, tmp_path):
-    """The command would not train a finished run again: --preflight says so in one line, exit 2, measuring
-    nothing and writing nothing; --overwrite, which would start it over, is timed."""
+def test_a_finished_workdir_is_said_so_and_timed_only_with_overwrite(monkeypatch, capsys, tmp_path):
+    """The command would not train a finished run again: --preflight says so in one line, exit 2,
+    measuring nothing and writing nothing; --overwrite, which would start it over, is timed."""
     workdir = tmp_path / "runs" / "w"
-    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", workdir, *TINY, "schedule.steps=2")
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", workdir, *TINY,
+                           "schedule.steps=2")
     assert code == 0, err
     before = sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
     code, out, err = preflight(monkeypatch, capsys, tmp_path, "schedule.steps=2")
@@ -118,7 +119,8 @@ def test_a_finished_workdir_is_said_so_and_not_timed_but_with_overwrite(monkeypa
     assert (f"--preflight: {workdir} holds this run, finished at step 2: nothing to do "
             "(--overwrite starts it over)") in said
     assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
-    code, out, err = preflight(monkeypatch, capsys, tmp_path, "schedule.steps=2", "--overwrite", "--json")
+    code, out, err = preflight(monkeypatch, capsys, tmp_path, "schedule.steps=2", "--overwrite",
+                               "--json")
     assert code == 0, err
     assert json.loads(out)["schedule/steps"] == 2
     # the throwaway folder came and went beside the workdir, whose files are untouched

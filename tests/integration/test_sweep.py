@@ -65,7 +65,7 @@ def test_a_2x2_sweep_trains_each_point_tabulates_them_and_a_rerun_touches_nothin
     assert table["best"] == max(dev, key=dev.get) and table["keys"] == ["optim.lr", "run.seed"]
     assert [p["run.seed"] for p in table["points"]] == [0, 1, 0, 1] and table["failed"] == []
     assert "sweep of 4 points, best on val/top1 marked *" in out
-    assert "pretrain finished in" not in out, "a point's own final table: the sweep's alone is printed"
+    assert "pretrain finished in" not in out, "a point's own table: the sweep's alone is printed"
     best_row = NAMES.index(table["best"])
     assert any(line.lstrip("│ ").startswith(f"{best_row} *") for line in out.splitlines()), out
 

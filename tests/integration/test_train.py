@@ -142,8 +142,8 @@ def poison_third_loss(monkeypatch):
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    """The message numbers the step as metrics.jsonl does, names the checkpoint kept, and does not advise
-    the clipping the recipe already does (optim.clip_grad_norm=1, the default)."""
+    """The message numbers the step as metrics.jsonl does, names the checkpoint kept, and does not
+    advise the clipping the recipe already does (optim.clip_grad_norm=1, the default)."""
     poison_third_loss(monkeypatch)
     with pytest.raises(TrainingError) as e:
         one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
@@ -158,12 +158,13 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     assert not (tmp_path / "model.safetensors").exists()
 
 
-def test_a_divergence_before_any_checkpoint_says_there_is_none_and_offers_clipping(tmp_path, monkeypatch):
+def test_a_divergence_before_any_checkpoint_says_so_and_offers_clipping(tmp_path, monkeypatch):
     poison_third_loss(monkeypatch)
     with pytest.raises(TrainingError) as e:
         one_run(recipe("schedule.steps=5", "run.ckpt_every=4", "optim.clip_grad_norm=0"), tmp_path)
     assert "loss became nan at step 3 " in str(e.value)
-    assert "no checkpoint was written before it" in str(e.value) and not manager.latest_good_state(tmp_path)
+    assert "no checkpoint was written before it" in str(e.value)
+    assert not manager.latest_good_state(tmp_path)
     assert "try a lower optim.lr, or optim.clip_grad_norm=1" in str(e.value)
 
 

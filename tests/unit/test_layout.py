@@ -46,16 +46,16 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
-    # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one module
-    # each, picked by name in the registry
+    # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one
+    # module each, picked by name in the registry
     ("objectives", ["objective", "supervised", "mpp", "mae", "registry"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
     # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that one)
     ("figures", ["figure7", "figure2", "curves", "confusion", "reliability", "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
-    # the run, built once for every stage that trains: its table, its feed, its network, the micro-batch
-    # trials, the builder, and --preflight's measurement and estimate
+    # the run, built once for every stage that trains: its table, its feed, its network, the
+    # micro-batch trials, the builder, and --preflight's measurement and estimate
     ("run", ["report", "feed", "network", "trial", "micro_batch", "build", "measure", "estimate"]),
     # one driver per command
     ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
@@ -176,12 +176,14 @@ def test_one_module_owns_resume():
 
 
 def test_the_objective_is_chosen_in_one_place():
-    """`objective ==` / `!=` only in the recipe's checks: everywhere else the registry (objectives.registry)
-    picked the objective once, by name, and what it gives the run is asked of it."""
+    """`objective ==` / `!=` only in the recipe's checks: everywhere else the registry
+    (objectives.registry) picked the objective once, by name, and what it gives the run is asked of
+    it."""
     compared = set()
     for name, path in modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
+            ops = node.ops if isinstance(node, ast.Compare) else []
+            if any(isinstance(op, ast.Eq | ast.NotEq) for op in ops):
                 sides = [node.left, *node.comparators]
                 if any(isinstance(n, ast.Attribute) and n.attr == "objective" or
                        isinstance(n, ast.Name) and n.id == "objective" for n in sides):
@@ -190,7 +192,8 @@ def test_the_objective_is_chosen_in_one_place():
 
 
 def test_only_the_command_line_imports_the_pretrain_stage():
-    """stages.run is `vit pretrain`, no library: what stages share lives below them (the run package)."""
+    """stages.run is `vit pretrain`, no library: what stages share lives below them (the run
+    package)."""
     users = {name for name, path in modules().items()
              for m, _ in vitcli_imports(ast.parse(path.read_text())) if m == "stages.run"}
     assert users <= {m for m in ORDER if m.startswith("cli.")}, users

@@ -90,8 +90,8 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
 def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid,
                resume: bool | None = None, overwrite: bool = False) -> None:
     """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume and
-    --overwrite decide as they would for the run (a finished run is timed only with --overwrite), but
-    what is timed is always a fresh run."""
+    --overwrite decide as they would for the run (a finished run is timed only with --overwrite),
+    but what is timed is always a fresh run."""
     if grid is not None:
         raise typer.BadParameter("--preflight times one run: drop --sweep (or time one point with its "
                                  "values as KEY=VALUE overrides)")
@@ -100,8 +100,8 @@ def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: in
         from vitcli.stages.preflight import preflight
         return functools.partial(preflight, steps=steps)
 
-    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out), resume=resume,
-             overwrite=overwrite)
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
+             resume=resume, overwrite=overwrite)
 
 
 @app.command("eval-fewshot")

@@ -1,5 +1,6 @@
-"""Masked autoencoders (He et al., CVPR 2022; facebookresearch/mae models_mae.py): the maths, the decoder,
-the network that learns them (`MaeModel`) and its loss on one batch (`mae_step`), together as models_mae.py.
+"""Masked autoencoders (He et al., CVPR 2022; facebookresearch/mae models_mae.py): the maths, the
+decoder, the network that learns them (`MaeModel`) and its loss on one batch (`mae_step`), together
+as models_mae.py keeps them.
 
 Per image, `keep` = int(N (1 - mask_ratio)) of the N patches are kept (49 of 196 at 0.75, the paper's), the
 encoder (the run's own timm ViT, `MaeModel` below) reads only those, and the decoder below puts a
@@ -16,9 +17,9 @@ Conventions, used throughout:
   in the run, the patch): `mask_noise`, so an image gets its mask whichever micro-batch, rank or resumed
   process computes it.
 
-`MaeModel` wraps the run's ViT: its own patch embedding, blocks and norm encode the visible patches only
-(gathered, not masked in place), `MaeDecoder` reconstructs every patch, and only the ViT is exported; the
-decoder lives in the training state.
+`MaeModel` wraps the run's ViT: its own patch embedding, blocks and norm encode the visible patches
+only (gathered, not masked in place), `MaeDecoder` reconstructs every patch, and only the ViT is
+exported; the decoder lives in the training state.
 """
 
 from __future__ import annotations

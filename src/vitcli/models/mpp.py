@@ -1,5 +1,6 @@
-"""Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the maths, the network
-that learns it (`MppModel`) and its loss on one batch (`mpp_step`), together as models_mae.py keeps MAE's.
+"""Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the maths, the
+network that learns it (`MppModel`) and its loss on one batch (`mpp_step`), together as MAE's
+models_mae.py keeps its own.
 
 Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80%
 are replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10%

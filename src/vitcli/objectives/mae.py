@@ -1,6 +1,6 @@
-"""Masked autoencoders (He et al. 2022; models.mae holds the maths and the network): no labels, no head; each
-image's mask a function of (run seed, its index in the run), so it does not change with the micro-batch;
-scored by the same reconstruction loss on held-out images."""
+"""Masked autoencoders (He et al. 2022; models.mae holds the maths and the network): no labels, no
+head; each image's mask a function of (run seed, its index in the run), so it does not change with
+the micro-batch; scored by the same reconstruction loss on held-out images."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from vitcli.train.loop import Draws
 
 
 class MaskedAutoencoder(Objective):
-    """The ViT as MAE's encoder inside an MaeModel, whose decoder trains with it (and stays in the training
-    state); a fresh network takes MAE's initialisation, starting weights only the decoder does."""
+    """The ViT as MAE's encoder inside an MaeModel, whose decoder trains with it (and stays in the
+    training state); a fresh network takes MAE's initialisation, starting weights only the decoder
+    does."""
 
     def build(self, network: nn.Module, fresh: bool) -> MaeModel:
         r = self.recipe
@@ -25,7 +26,8 @@ class MaskedAutoencoder(Objective):
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws):
         r = self.recipe
-        return mae_step(model, x, r.run.seed, draws.first_sample(len(x)), r.mae, r.model.patch_size), None
+        first = draws.first_sample(len(x))
+        return mae_step(model, x, r.run.seed, first, r.mae, r.model.patch_size), None
 
     def evaluator(self, name: str, ds, dist: Dist) -> MaeEvaluator:
         r = self.recipe

@@ -1,5 +1,5 @@
-"""Masked patch prediction (the ViT paper's App. B.1.2; models.mpp holds its maths and network): no labels,
-no head; scored by the same masked-patch loss on held-out images."""
+"""Masked patch prediction (the ViT paper's App. B.1.2; models.mpp holds its maths and network): no
+labels, no head; scored by the same masked-patch loss on held-out images."""
 
 from __future__ import annotations
 

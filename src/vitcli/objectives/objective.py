@@ -1,10 +1,11 @@
-"""What an objective gives a run, in one interface: the builder (run.build) and the micro-batch trial
-(run.trial) ask it, the loop (train.loop) calls its loss per micro-batch and never asks which it is.
+"""What an objective gives a run, in one interface: the builder (run.build) and the micro-batch
+trial (run.trial) ask it, the loop (train.loop) calls its loss per micro-batch and never asks which
+it is.
 
-An objective is made once per run, for the recipe and the head's width, and may keep state of its own (a
-frozen teacher, say): the loop calls `after_step` after every optimizer step, so one whose state moves with
-the weights (DINO's momentum teacher) updates it there. Its trained parts belong in the module `build`
-returns, so checkpoints hold them with the weights.
+An objective is made once per run, for the recipe and the head's width, and may keep state of its
+own (a frozen teacher, say): the loop calls `after_step` after every optimizer step, so one whose
+state moves with the weights (DINO's momentum teacher) updates it there. Its trained parts belong in
+the module `build` returns, so checkpoints hold them with the weights.
 """
 
 from __future__ import annotations
@@ -29,18 +30,18 @@ class Objective:
 
     @classmethod
     def head_width(cls, r: Recipe, train: Callable[[], object]) -> int:
-        """The classifier's width the run builds, 0 for none; `train()` gives the train split, read only
-        where the width is the data's."""
+        """The classifier's width the run builds, 0 for none; `train()` gives the train split, read
+        only where the width is the data's."""
         return 0
 
     def build(self, network: nn.Module, fresh: bool) -> nn.Module:
-        """The module the run trains around `network` (with a pretext's own parts); `fresh`: the network
-        has no starting weights."""
+        """The module the run trains around `network` (with a pretext's own parts); `fresh`: the
+        network has no starting weights."""
         return network
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws):
-        """(loss, accuracy or None) of one micro-batch of `model` (build's, maybe wrapped: DDP, compile),
-        every random draw from `draws`; as 0-d tensors, nothing read back on the host."""
+        """(loss, accuracy or None) of one micro-batch of `model` (build's, maybe wrapped: DDP,
+        compile), every random draw from `draws`; as 0-d tensors, nothing read back on the host."""
         raise NotImplementedError
 
     def after_step(self, model: nn.Module, done: int) -> None:

@@ -1,5 +1,5 @@
-"""The objectives by name: the recipe's `objective` picks one here, once (recipe.checks has already refused
-a name it does not list). A new objective is a module of its own and one line below."""
+"""The objectives by name: the recipe's `objective` picks one here, once (recipe.checks has already
+refused a name it does not list). A new objective is a module of its own and one line below."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ OBJECTIVES: dict[str, type[Objective]] = {"supervised": Supervised, "mpp": Maske
 
 
 def named(r: Recipe) -> type[Objective]:
-    """The recipe's objective, not yet made: what it asks before the run is built (its head's width)."""
+    """The recipe's objective, not yet made: what it asks before the run is built (its head's
+    width)."""
     return OBJECTIVES[r.objective]
 
 

@@ -1,5 +1,6 @@
-"""Supervised classification: the recipe's loss (train.losses.loss_fn) on the labels, Mixup or CutMix if the
-recipe mixes, beside a frozen teacher if it names one (train.distill); scored by held-out top-1 and loss."""
+"""Supervised classification: the recipe's loss (train.losses.loss_fn) on the labels, Mixup or
+CutMix if the recipe mixes, beside a frozen teacher if it names one (train.distill); scored by
+held-out top-1 and loss."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ class Supervised(Objective):
         return r.model.num_classes or sources.num_classes(r.data, train())
 
     def build(self, network: nn.Module, fresh: bool) -> nn.Module:
-        """The network itself; the teacher distill.teacher names loaded, and a DeiT student's distillation
-        token set training on it."""
+        """The network itself; the teacher distill.teacher names loaded, and a DeiT student's
+        distillation token set training on it."""
         r = self.recipe
         self.teacher = distill.load_teacher(r, self.num_classes, self.device)
         self.criterion = distill.criterion(loss_fn(r.optim), self.teacher, r.distill)

@@ -1,9 +1,10 @@
-"""The run, built once (torchtitan's train.py and Trainer.__init__): a resolved recipe and a workdir -> what
-the command decides (`decide`: the precision, the compilation, the resume point, the micro-batch, or a
-finished run), the Job for the one loop (`build_job`: data, network and objective, step count,
-evaluators), the checks before the first file is written (`start`), and the run's end (`finish`: its
-summary, curves and table). `vit pretrain`, `vit finetune`, its sweeps and VTAB, and `--preflight` all build
-their runs here; the micro-batch trial builds its network as build_job does (run.network).
+"""The run, built once (torchtitan's train.py and Trainer.__init__): a resolved recipe and a workdir
+-> what the command decides (`decide`: the precision, the compilation, the resume point, the
+micro-batch, or a finished run), the Job for the one loop (`build_job`: data, network and objective,
+step count, evaluators), the checks before the first file is written (`start`), and the run's end
+(`finish`: its summary, curves and table). `vit pretrain`, `vit finetune`, its sweeps and VTAB, and
+`--preflight` all build their runs here; the micro-batch trial builds its network as build_job does
+(run.network).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ from vitcli.train.schedule import total_steps
 
 @dataclass
 class Decided:
-    """The run the command will train: its recipe resolved (precision, compilation, micro-batch), where it
-    starts (a checkpoint to resume, or None), and why the precision and compilation are what they are."""
+    """The run the command will train: its recipe resolved (precision, compilation, micro-batch),
+    where it starts (a checkpoint to resume, or None), and why the precision and compilation are
+    what they are."""
 
     recipe: Recipe
     start: Checkpoint | None
@@ -63,16 +65,16 @@ class Finished:
     summary: dict
 
     def line(self) -> str:
-        return (f"{self.workdir} holds this run, finished at step {self.summary['steps']}: nothing to do "
-                "(--overwrite starts it over)")
+        return (f"{self.workdir} holds this run, finished at step {self.summary['steps']}: "
+                "nothing to do (--overwrite starts it over)")
 
 
 def decide(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
            overwrite: bool = False) -> Decided | Finished:
-    """What the command would train in `workdir`, decided before anything is built or written: the workdir
-    checked, `auto` precision and compilation resolved (the one place), the resume point (a different run
-    refused unless `overwrite`), data.micro_batch_size auto (the checkpoint's, or tried); or the finished
-    run the workdir already holds."""
+    """What the command would train in `workdir`, decided before anything is built or written: the
+    workdir checked, `auto` precision and compilation resolved (the one place), the resume point (a
+    different run refused unless `overwrite`), data.micro_batch_size auto (the checkpoint's, or
+    tried); or the finished run the workdir already holds."""
     check_workdir(workdir)
     auto = recipe.run.precision == "auto"
     recipe, why = resolved(recipe, dist.device)
@@ -88,16 +90,17 @@ def decide(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None
 
 def start(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
           overwrite: bool = False) -> Job | Finished:
-    """The Job of the run the command trains, checked, its workdir prepared (rank 0: recipe.yaml written, a
-    finished run's files moved aside, never deleted, once a fresh one replaces it with `overwrite`) and
-    announced; or the finished run the workdir holds, not one file touched.
+    """The Job of the run the command trains, checked, its workdir prepared (rank 0: recipe.yaml
+    written, a finished run's files moved aside, never deleted, once a fresh one replaces it with
+    `overwrite`) and announced; or the finished run the workdir holds, not one file touched.
 
-    Everything is checked before the first file is touched: the workdir, the resume decision, the data,
-    the model and its starting weights, the free space."""
+    Everything is checked before the first file is touched: the workdir, the resume decision, the
+    data, the model and its starting weights, the free space."""
     decided = decide(recipe, workdir, dist, resume, overwrite)
     if isinstance(decided, Finished):
         return decided
-    torch.manual_seed(decided.recipe.run.seed)  # same initial weights on every rank and every run of it
+    # same initial weights on every rank and every run of this recipe
+    torch.manual_seed(decided.recipe.run.seed)
     job = build_job(decided.recipe, workdir, dist, decided.start)
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
@@ -108,11 +111,13 @@ def start(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
 
 
 def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = None) -> Job:
-    """Data, network and objective (with its starting weights), step count and evaluators for a run."""
+    """Data, network and objective (with its starting weights), step count and evaluators for a run.
+    """
     train_ds = (sources.load_stream(r.data) if r.data.streaming
                 else sources.load_split(r.data, r.data.train_split))
     if not r.data.streaming:  # before anything is written: the split's size is known only now
-        check_batch_fits(len(train_ds), r.data.batch_size, f"{r.data.source} split '{r.data.train_split}'")
+        where = f"{r.data.source} split '{r.data.train_split}'"
+        check_batch_fits(len(train_ds), r.data.batch_size, where)
     # the head's width; a streamed split's labels are checked as they are read (feed.LabelChecked)
     num_classes = registry.named(r).head_width(r, lambda: train_ds)
     if num_classes and not r.data.streaming:
@@ -124,13 +129,14 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     # the head's class names (vit predict prints them); a headless ViT has none
     names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
     meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
-    return Job(r, workdir, model, objective, train_ds, train_feed(r, train_ds, num_classes), num_classes,
-               steps, meta, periodic, final, start)
+    feed = train_feed(r, train_ds, num_classes)
+    return Job(r, workdir, model, objective, train_ds, feed, num_classes, steps, meta, periodic, final,
+               start)
 
 
 def _evaluators(r: Recipe, dist: Dist, objective: Objective) -> tuple[list, list]:
-    """(periodic, final) evaluators: the objective's held-out one every run.eval_every, on test at the end;
-    few-shot every fewshot.every."""
+    """(periodic, final) evaluators: the objective's held-out one every run.eval_every, on test at
+    the end; few-shot every fewshot.every."""
 
     def held_out(name: str, split: str):
         return objective.evaluator(name, sources.load_split(r.data, split), dist)
@@ -143,8 +149,9 @@ def _evaluators(r: Recipe, dist: Dist, objective: Objective) -> tuple[list, list
 
 
 def finish(job: Job, dist: Dist, table: bool = True) -> dict:
-    """Train the job, then (rank 0) write summary.json and the curves and, with `table`, print the final
-    numbers; returns what summary.json holds (the final metrics, the step count, the time taken)."""
+    """Train the job, then (rank 0) write summary.json and the curves and, with `table`, print the
+    final numbers; returns what summary.json holds (the final metrics, the step count, the time
+    taken)."""
     r = job.recipe
     t0 = time.perf_counter()
     results = train(job, dist)
@@ -162,10 +169,10 @@ def finish(job: Job, dist: Dist, table: bool = True) -> dict:
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
                  overwrite: bool = False, skip_note: str = "", table: bool = True) -> dict:
     """Train as the recipe says (`start`, then `finish`); writes recipe.yaml, metrics.jsonl, state,
-    model.safetensors, summary.json (rank 0), and returns what summary.json holds. A finished run is not
-    trained again: its results are returned, and said (its table printed, with `table`) unless a driver of
-    several runs says with `skip_note` how it skips one (its own table reports it). `table=False`: the
-    final table is left to the caller's own (a sweep's)."""
+    model.safetensors, summary.json (rank 0), and returns what summary.json holds. A finished run is
+    not trained again: its results are returned, and said (its table printed, with `table`) unless a
+    driver of several runs says with `skip_note` how it skips one (its own table reports it).
+    `table=False`: the final table is left to the caller's own (a sweep's)."""
     job = start(recipe, workdir, dist, resume, overwrite)
     if not isinstance(job, Finished):
         return finish(job, dist, table)
@@ -178,16 +185,17 @@ def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
 
 def checkpoint_bytes(job: Job) -> int:
     """Disk a run needs at most: run.keep_checkpoints states and one being written (weights plus the
-    optimizer's slots: Adam keeps two per weight, SGD momentum one; plus the EMA's copy, if kept), and the
-    final model, all fp32."""
+    optimizer's slots: Adam keeps two per weight, SGD momentum one; plus the EMA's copy, if kept),
+    and the final model, all fp32."""
     weights = 4 * zoo.count_params(job.model)
     slots = (2 if job.recipe.optim.name == "adamw" else 1) + (1 if job.recipe.ema.decay else 0)
     return (job.recipe.run.keep_checkpoints + 1) * weights * (1 + slots) + weights
 
 
 def utilisation(job: Job, dist: Dist, img_per_s: float | None) -> dict:
-    """train/mfu (model FLOP/s over the peak of every process's device), train/peak_flops and where that
-    peak came from; for a network the FLOP count does not cover, train/mfu_skipped says why instead."""
+    """train/mfu (model FLOP/s over the peak of every process's device), train/peak_flops and where
+    that peak came from; for a network the FLOP count does not cover, train/mfu_skipped says why
+    instead."""
     r = job.recipe
     why_not = counted(r.model)
     if why_not or not img_per_s:
@@ -202,8 +210,8 @@ def utilisation(job: Job, dist: Dist, img_per_s: float | None) -> dict:
 
 
 def announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
-    """The run's line: the network, the data, what it learns, the steps, the precision and compilation (and
-    why), where it writes; the learning rates of a run without starting weights."""
+    """The run's line: the network, the data, what it learns, the steps, the precision and
+    compilation (and why), where it writes; the learning rates of a run without starting weights."""
     r = job.recipe
     if r.run.precision == "bf16" and bf16_warning(dist.device):
         console.log(f"[yellow]warning: {bf16_warning(dist.device)}")
@@ -218,7 +226,8 @@ def announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
         f"of {r.data.batch_size}, {r.run.precision} ({why}){tf32(r, dist)}, "
         f"{'compiled' if r.run.compile else 'eager'} ({why_compile}) -> {job.workdir}"
     )
-    if not r.init.checkpoint:  # with starting weights their table says it (checkpoints.transfer.lr_rows)
+    # with starting weights their table says it (checkpoints.transfer.lr_rows)
+    if not r.init.checkpoint:
         for what, detail in lr_rows(job.model, r):
             console.log(f"{what}: {detail}")
 
@@ -230,6 +239,7 @@ def distilled(r: Recipe) -> str:
 
 
 def tf32(r: Recipe, dist: Dist) -> str:
-    """The announce line's note that fp32 matmuls run as TF32 (runtime.dist.setup turns it on for CUDA)."""
+    """The announce line's note that fp32 matmuls run as TF32 (runtime.dist.setup turns it on for
+    CUDA)."""
     on = dist.device.type == "cuda" and torch.get_float32_matmul_precision() != "highest"
     return " with TF32 matmuls" if on and r.run.precision == "fp32" else ""

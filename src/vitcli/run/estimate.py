@@ -1,5 +1,5 @@
-"""`--preflight`'s estimate: the whole run's figures (step time, memory, ETA, disk, SLURM requeues) from what
-its short run measured (run.measure), by train.cost's arithmetic."""
+"""`--preflight`'s estimate: the whole run's figures (step time, memory, ETA, disk, SLURM requeues)
+from what its short run measured (run.measure), by train.cost's arithmetic."""
 
 from __future__ import annotations
 
@@ -40,9 +40,9 @@ def estimate(m: Measured, workdir: Path, dist: Dist) -> dict:
 
 
 def stepping(m: Measured, dist: Dist) -> dict:
-    """The step's figures: the steady step (the decoded-image cache read, if the run keeps one) and the
-    first epoch's (decoding), the wait and its advice, MFU; what the run's steps take (eta/steps_s) and, under
-    `own`, what the short run's took at those times."""
+    """The step's figures: the steady step (the decoded-image cache read, if the run keeps one) and
+    the first epoch's (decoding), the wait and its advice, MFU; what the run's steps take
+    (eta/steps_s) and, under `own`, what the short run's took at those times."""
     r, res, world = m.recipe, m.results, dist.world_size
     found = cost.windows(m.metrics, r.data.batch_size)
     cold, warm = cost.timed_windows(found, m.every, m.split.warm)
@@ -66,8 +66,8 @@ def stepping(m: Measured, dist: Dist) -> dict:
 
 
 def input_advice(m: Measured, step_s: float, wait: float, steps: int) -> str | None:
-    """train.throughput's warning for the steady steps (None while the wait is small), with data.cache_mb's
-    advice where the decoded-image cache would take the images but is off."""
+    """train.throughput's warning for the steady steps (None while the wait is small), with
+    data.cache_mb's advice where the decoded-image cache would take the images but is off."""
     r, seconds = m.recipe, step_s * steps
     advice = input_bound(wait * seconds, seconds, steps * r.data.batch_size, feeding(r))
     if advice is None or r.data.streaming:
@@ -77,9 +77,10 @@ def input_advice(m: Measured, step_s: float, wait: float, steps: int) -> str | N
 
 
 def memory(m: Measured) -> dict:
-    """Peak resident MiB of the main process and of the largest loader worker (runtime.memory), with what
-    the decoded-image cache will still grow by (in the process that reads it: the main one without workers),
-    and the device's peak (CUDA: allocated by tensors, reserved by the caching allocator; None on a CPU)."""
+    """Peak resident MiB of the main process and of the largest loader worker (runtime.memory), with
+    what the decoded-image cache will still grow by (in the process that reads it: the main one
+    without workers), and the device's peak (CUDA: allocated by tensors, reserved by the caching
+    allocator; None on a CPU)."""
     r, res = m.recipe, m.results
     growth = 0.0 if r.data.streaming else cost.cache_growth_mb(
         res.get("data/cache_held_mb", 0.0), int(res.get("data/cache_images", 0)), m.split.rows,
@@ -95,8 +96,8 @@ def memory(m: Measured) -> dict:
 
 
 def disk(m: Measured, workdir: Path) -> dict:
-    """The checkpoint and model sizes written, what the run keeps of them, against the free space where the
-    workdir would be (measured with the throwaway folder gone)."""
+    """The checkpoint and model sizes written, what the run keeps of them, against the free space
+    where the workdir would be (measured with the throwaway folder gone)."""
     needed = cost.disk_needed(m.state_bytes, m.recipe.run.keep_checkpoints, m.model_bytes)
     free = shutil.disk_usage(existing_ancestor(workdir)).free
     return {"disk/checkpoint_bytes": m.state_bytes,
@@ -106,8 +107,8 @@ def disk(m: Measured, workdir: Path) -> dict:
 
 
 def slurm(r: Recipe, eta: float, fixed: float) -> dict:
-    """slurm.time in seconds and the requeues it implies (None: no slurm.time, or a limit that leaves no
-    time to train)."""
+    """slurm.time in seconds and the requeues it implies (None: no slurm.time, or a limit that
+    leaves no time to train)."""
     limit = time_limit_seconds(r.slurm.time)
     return {"slurm/time_limit_s": limit or None,
             "slurm/requeues": cost.requeues(eta, fixed, limit, r.slurm.signal_seconds) if limit else None}

@@ -1,15 +1,15 @@
 """`--preflight`'s measurement: a few real steps of the run as the command would start it
-(run.build.build_job: the real data, model, micro-batch, precision and loader workers; train.loop.train:
-the one loop) in a
-throwaway folder (stages.preflight makes it). The short run trains a warm-up window and the timed steps,
-writes one real checkpoint, runs each of the run's evaluators once (a held-out split larger than
-EVAL_BATCHES batches on that many, its time scaled to the split) and saves the final model, so every cost
-of the run is met once and timed (run.estimate turns that into the whole run's). Two things a few steps
-would get wrong are set right:
-- a split the decoded-image cache keeps is decoded in the run's first epoch only: the short run trains on a
-  sample of it whose first epoch ends halfway through the timed steps, which so time both;
-- steady steps timed for less than TIMED_S (fast steps, a busy machine's bursts) are timed on for longer,
-  in a second short run after the first, whose time is left out of the ETA.
+(run.build.build_job: the real data, model, micro-batch, precision and loader workers;
+train.loop.train: the one loop) in a throwaway folder (stages.preflight makes it). The short run
+trains a warm-up window and the timed steps, writes one real checkpoint, runs each of the run's
+evaluators once (a held-out split larger than EVAL_BATCHES batches on that many, its time scaled to
+the split) and saves the final model, so every cost of the run is met once and timed (run.estimate
+turns that into the whole run's). Two things a few steps would get wrong are set right:
+- a split the decoded-image cache keeps is decoded in the run's first epoch only: the short run
+  trains on a sample of it whose first epoch ends halfway through the timed steps, which so time
+  both;
+- steady steps timed for less than TIMED_S (fast steps, a busy machine's bursts) are timed on for
+  longer, in a second short run after the first, whose time is left out of the ETA.
 """
 
 from __future__ import annotations

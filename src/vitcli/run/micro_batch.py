@@ -168,14 +168,16 @@ def budget(r: Recipe, device: torch.device) -> Budget:
 
 
 def head_width(r: Recipe) -> int:
-    """The classifier's width the run builds (run.build's): its objective's (none for mpp and mae; the
-    recipe's, else its data's, read only then)."""
+    """The classifier's width the run builds (run.build's): its objective's (none for mpp and mae;
+    the recipe's, else its data's, read only then)."""
     return registry.named(r).head_width(r, lambda: train_split(r))
 
 
 def train_split(r: Recipe):
     """The recipe's train split, streamed or not, as the run loads it."""
-    return sources.load_stream(r.data) if r.data.streaming else sources.load_split(r.data, r.data.train_split)
+    if r.data.streaming:
+        return sources.load_stream(r.data)
+    return sources.load_split(r.data, r.data.train_split)
 
 
 def trial(r: Recipe, micro: int, accum: int, device: torch.device, budget_mb: float, width: int) -> Trial:

@@ -2,7 +2,7 @@
 run's own steps at that micro-batch, in a process of its own, and the peak memory they reached.
 
 `python -m vitcli.run.trial FOLDER/spec.json` builds the run's network and objective as the run does
-(run.network: the objective the recipe names, with its teacher if any; the weight EMA; the precision,
+(run.network: the recipe's objective, with its teacher if any; the weight EMA; the precision,
 activation checkpointing and torch.compile of parallelize.apply) and takes two optimizer steps
 of two micro-batches each (one when the micro-batch is the whole batch) on random inputs of the run's shape:
 the peak of weights, gradients, optimizer slots and one micro-batch's activations is reached within them
@@ -10,7 +10,8 @@ the peak of weights, gradients, optimizer slots and one micro-batch's activation
 max_memory_reserved plus its CUDA context (the allocator capped at the budget less the context), on a CPU
 its peak resident memory (VmHWM: torch, the network and its steps; the run's own process holds its data
 reading on top, and its loader workers apart); or that it ran out of memory; or the VitcliError the run
-would have met. This module imports no more than the steps and the objectives need: a trial starts in seconds.
+would have met. This module imports no more than the steps and the objectives need: a trial starts
+in seconds.
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ def _mae_model(path: Path, saved: dict) -> tuple[MaeRun | None, str]:
         merge(recipe, saved["recipe"])
     except RecipeError as e:
         return None, f"{path}: its recipe does not read today ({e})"
-    if not any(k.startswith("decoder.") for k in saved["model"]):  # only MAE's state holds a decoder
+    if not any(k.startswith("decoder.") for k in saved["model"]):  # only MAE's holds a decoder
         return None, f"{path} holds no MAE decoder (objective: {recipe.objective})"
     with torch.random.fork_rng():  # draws overwritten by the state; the caller's RNG untouched
         model = MaeModel(zoo.build_model(recipe.model, 0), recipe.mae, recipe.model.patch_size, fresh=False)

@@ -1,12 +1,13 @@
-"""`vit pretrain --preflight` (and `vit finetune --preflight`): what a training run will cost, measured on the
-run itself before committing to it, and reported.
+"""`vit pretrain --preflight` (and `vit finetune --preflight`): what a training run will cost,
+measured on the run itself before committing to it, and reported.
 
-The command's own decision comes first (run.build.decide): a workdir whose run is finished, which the
-command would not train, is said so (exit 2) and nothing is measured; one the command would refuse is
-refused alike. Then a few real steps of the run as the command would start it (run.measure) in a throwaway
-folder beside the workdir, on the file system the run would write to, removed on every way out (an error,
-Ctrl-C, SIGTERM); the workdir itself is never created or touched. run.estimate turns what they cost into the
-whole run's figures, printed here as one table with what the run should change first.
+The command's own decision comes first (run.build.decide): a workdir whose run is finished, which
+the command would not train, is said so (exit 2) and nothing is measured; one the command would
+refuse is refused alike. Then a few real steps of the run as the command would start it
+(run.measure) in a throwaway folder beside the workdir, on the file system the run would write to,
+removed on every way out (an error, Ctrl-C, SIGTERM); the workdir itself is never created or
+touched. run.estimate turns what they cost into the whole run's figures, printed here as one table
+with what the run should change first.
 """
 
 from __future__ import annotations
@@ -36,11 +37,12 @@ PREFIX = ".vit-preflight-"  # the throwaway folder's name; one left by a SIGKILL
 
 def preflight(recipe: Recipe, workdir: Path, *, steps: int, resume: bool | None = None,
               overwrite: bool = False) -> dict:
-    """`--preflight`: join the process group, time the run in a throwaway folder beside `workdir` (never
-    touched), print what the whole run will cost; returns those figures (what --json prints). The run is
-    decided as the command decides it (`resume`, `overwrite`: its flags): the precision, compilation and
-    micro-batch it would get (data.micro_batch_size auto searched as the run searches it: its time is the
-    run's start-up too); a finished run, which the command would not train, is an OutputError."""
+    """`--preflight`: join the process group, time the run in a throwaway folder beside `workdir`
+    (never touched), print what the whole run will cost; returns those figures (what --json prints).
+    The run is decided as the command decides it (`resume`, `overwrite`: its flags): the precision,
+    compilation and micro-batch it would get (data.micro_batch_size auto searched as the run
+    searches it: its time is the run's start-up too); a finished run, which the command would not
+    train, is an OutputError."""
     dist = setup(recipe.run.device)
     decided = decide(recipe, workdir, dist, resume, overwrite)
     if isinstance(decided, Finished):
@@ -64,8 +66,9 @@ def preflight(recipe: Recipe, workdir: Path, *, steps: int, resume: bool | None 
 
 
 def warnings(f: dict, r: Recipe, dist: Dist) -> list[str]:
-    """What the run should change before it starts: an input-bound loader, a disk that cannot hold its
-    checkpoints, a SLURM time limit too short or needing more requeues than slurm.max_requeues allows."""
+    """What the run should change before it starts: an input-bound loader, a disk that cannot hold
+    its checkpoints, a SLURM time limit too short or needing more requeues than slurm.max_requeues
+    allows."""
     out = [f["train/input_advice"]] if f["train/input_advice"] else []
     if not f["disk/fits"]:
         out.append(f"the run needs {size(f['disk/needed_bytes'])} of disk ({f['disk/checkpoints_kept']} "
@@ -177,8 +180,9 @@ def size(n: float) -> str:
 
 @contextlib.contextmanager
 def throwaway(workdir: Path, dist: Dist) -> Iterator[Path]:
-    """A new folder beside `workdir`, on the file system it would be made on, every rank told its path;
-    removed with all it holds on every way out (a return, an error, Ctrl-C, SIGTERM: cli.entry unwinds)."""
+    """A new folder beside `workdir`, on the file system it would be made on, every rank told its
+    path; removed with all it holds on every way out (a return, an error, Ctrl-C, SIGTERM: cli.entry
+    unwinds)."""
     where = existing_ancestor(workdir.absolute().parent)
     check_writable(where / PREFIX, "--preflight's throwaway folder")
     made = tempfile.mkdtemp(prefix=PREFIX, dir=where) if dist.is_main else None

@@ -53,8 +53,9 @@ class Evaluator(Protocol):
 
 @dataclass(frozen=True)
 class Draws:
-    """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed per purpose
-    (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of its first image."""
+    """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed per
+    purpose (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of its first
+    image."""
 
     seed: int
     step: int
@@ -70,7 +71,8 @@ class Draws:
 
 
 class Objective(Protocol):
-    """What the loop asks of the run's objective (the objectives package holds them), never which it is."""
+    """What the loop asks of the run's objective (the objectives package holds them), never which it
+    is."""
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws): ...
 
@@ -221,8 +223,8 @@ def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
 
 
 def _read(values: list, dist: Dist, diverged) -> list[float | None]:
-    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError whose
-    line is diverged(loss)."""
+    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError
+    whose line is diverged(loss)."""
     numbers = [math.nan if v is None else float(v) for v in values]
     mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
     if not math.isfinite(mean[0]):
@@ -231,16 +233,16 @@ def _read(values: list, dist: Dist, diverged) -> list[float | None]:
 
 
 def _diverged(r: Recipe, done: int, newest: Path | None, loss: float) -> str:
-    """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the newest
-    checkpoint on disk, which holds weights from before it (or that there is none), and what the recipe
-    can still change."""
+    """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the
+    newest checkpoint on disk, which holds weights from before it (or that there is none), and what the
+    recipe can still change."""
     kept = (f"the newest checkpoint, {newest.name}, is kept" if newest is not None
             else "no checkpoint was written before it")
     clip = r.optim.clip_grad_norm
     fix = (f"a lower optim.lr (optim.clip_grad_norm={clip:g} already clips the gradients)" if clip
            else "a lower optim.lr, or optim.clip_grad_norm=1")
-    return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at checkpoints); "
-            f"{kept}; try {fix}")
+    return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at "
+            f"checkpoints); {kept}; try {fix}")
 
 
 def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
@@ -346,17 +348,17 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
 
 
 def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
-    """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch (global
-    micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a teacher if the
-    recipe names one; masked patch prediction; MAE: the objectives package).
+    """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch
+    (global micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a
+    teacher if the recipe names one; masked patch prediction; MAE: the objectives package).
 
-    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
-    augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix from a numpy Generator of their
-    own (augmentations.mix), dropout and drop-path from torch's global RNG (pinned here for the call), the
-    masking of masked patch prediction from its own generator. MAE's masks are drawn per image instead,
-    from (run seed, the image's index in the run: Draws.first_sample), so they do not change with the
-    micro-batch size either. So a run repeats exactly, resumes exactly, and trains the same with one process
-    or several.
+    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as
+    the augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix from a numpy Generator
+    of their own (augmentations.mix), dropout and drop-path from torch's global RNG (pinned here for the
+    call), the masking of masked patch prediction from its own generator. MAE's masks are drawn per
+    image instead, from (run seed, the image's index in the run: Draws.first_sample), so they do not
+    change with the micro-batch size either. So a run repeats exactly, resumes exactly, and trains the
+    same with one process or several.
     """
 
     def loss(model, x, y, i):

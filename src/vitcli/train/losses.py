@@ -1,6 +1,7 @@
-"""The recipe's classification loss (`loss_fn`, optim.loss). The trainer and the evaluators both take it from
-here, so `val/loss` is the quantity `train/loss` is (big_vision hands its evaluator the training loss by
-name). The pretext losses sit beside their networks: models.mpp (masked patch prediction), models.mae.
+"""The recipe's classification loss (`loss_fn`, optim.loss). The trainer and the evaluators both
+take it from here, so `val/loss` is the quantity `train/loss` is (big_vision hands its evaluator the
+training loss by name). The pretext losses sit beside their networks: models.mpp (masked patch
+prediction), models.mae.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from vitcli.recipe.schema import OptimConfig
 
 
 def loss_fn(cfg: OptimConfig):
-    """The recipe's loss(logits (B, K), target) -> mean over the batch: softmax or sigmoid cross-entropy
-    (optim.loss) on integer labels (B,), with optim.label_smoothing, or on soft targets (B, K) (mixup's,
-    already smoothed).
+    """The recipe's loss(logits (B, K), target) -> mean over the batch: softmax or sigmoid
+    cross-entropy (optim.loss) on integer labels (B,), with optim.label_smoothing, or on soft
+    targets (B, K) (mixup's, already smoothed).
 
-    The held-out evaluators call this same function on their labels, label smoothing included: `val/loss` is
-    then the very quantity `train/loss` is, on other images, so the two share a panel of curves.png (mixup
-    is not in it: it mixes the training images and their targets before the loss sees them).
-    """
+    The held-out evaluators call this same function on their labels, label smoothing included:
+    `val/loss` is then the very quantity `train/loss` is, on other images, so the two share a panel
+    of curves.png (mixup is not in it: it mixes the training images and their targets before the
+    loss sees them).
+"""
     return _softmax_xent(cfg.label_smoothing) if cfg.loss == "softmax" else _sigmoid_xent(cfg.label_smoothing)
 
 

@@ -359,15 +359,16 @@ def child(spec_path: Path, out_path: Path) -> None:
     elif spec["feed"] == "augmentation":
         summary = augmentation_child(r, spec["overrides"])
     else:
-        from vitcli.stages import run as run_stage
+        from vitcli.run import build as run_build
+        from vitcli.stages.run import one_run
 
         if spec["feed"] == "device":
-            run_stage.train_feed = device_feed  # the trainer as it is, its input taken out
+            run_build.train_feed = device_feed  # the trainer as it is, its input taken out
         elif spec["feed"] == "jpeg_shipped":
             from vitcli.data.batching import batches
 
             batches.RESIZE_IN_WORKERS = False  # whole crops shipped, resized and augmented on the GPU
-        summary = run_stage.one_run(r, workdir)
+        summary = one_run(r, workdir)
     cuda = torch.cuda.is_available()
     out = {"summary": summary,
            "metrics": _metrics(workdir),

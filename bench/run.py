@@ -83,6 +83,8 @@ from vitcli.data.rows import sources
 from vitcli.fewshot import features
 from vitcli.models import zoo
 from vitcli.models.flops import train_flops_per_image
+from vitcli.models.mae import MaeModel
+from vitcli.objectives import registry
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import EmaConfig, Recipe
 from vitcli.runtime.allocator import keep_freed_memory
@@ -93,7 +95,7 @@ from vitcli.runtime.precision import autocast, choose
 from vitcli.stages.run import one_run
 from vitcli.train import distill, loop, parallelize
 from vitcli.train.ema import WeightEma
-from vitcli.train.objectives import MaeModel, loss_fn
+from vitcli.train.losses import loss_fn
 from vitcli.train.optim import build_optimizer
 
 # glibc's allocator as `vit` sets it when it starts (cli/entry.py): every side measured in this process,
@@ -297,15 +299,15 @@ def loop_step(r: Recipe, parallel: parallelize.Parallel, dist):
     an optimizer built as the run builds it. Private functions, reached on purpose: they are what every step
     of `vit pretrain` calls."""
     optimizer = build_optimizer(parallel.model, r.optim)
-    criterion = distill.criterion(loss_fn(r.optim), None, r.distill)
+    made = registry.build(r, MAE_CLASSES, dist.device)  # the run's objective (run.network's)
 
     def step(x: torch.Tensor, y: torch.Tensor, i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
-        objective = loop._objective(r, criterion, None, i, 0)  # no mixing: neither side's recipe mixes
+        objective = loop._objective(made, r, i, 0)  # no mixing: neither side's recipe mixes
         loop._accumulate_grads(parallel, optimizer, iter([(x, y)]), 1, objective, r.run.precision, dist)
         t1 = time.perf_counter()  # on the CPU the backward is done when the call returns
         loop._clip(parallel.train, r.optim.clip_grad_norm)
-        loop._step(optimizer, parallel.model, None, i + 1)
+        loop._step(optimizer, parallel.model, None, i + 1, made)
         return t1 - t0, time.perf_counter() - t0
 
     return step

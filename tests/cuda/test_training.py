@@ -7,17 +7,16 @@ import math
 import pytest
 import torch
 
-from vitcli.data.augmentation.augmentations import mixing_of
 from vitcli.data.batching import batches
 from vitcli.data.rows import sources
 from vitcli.models import zoo
+from vitcli.objectives import registry
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import micro_batches
 from vitcli.runtime.dist import setup
 from vitcli.runtime.peak import matmul_flops, peak_flops, table_peak
 from vitcli.stages.run import one_run
-from vitcli.train import distill, loop, parallelize
-from vitcli.train.objectives import loss_fn
+from vitcli.train import loop, parallelize
 from vitcli.train.optim import build_optimizer
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -79,8 +78,7 @@ def training_step(device: torch.device, augmentation: list[str]):
     model = zoo.build_model(r.model, 4).to(dist.device)
     parallel = parallelize.apply(model, dataclasses.replace(r.run, compile=False), dist)
     optimizer = build_optimizer(parallel.model, r.optim)
-    criterion = distill.criterion(loss_fn(r.optim), None, r.distill)
-    objective = loop._objective(r, criterion, mixing_of(r.data, 4, r.optim.label_smoothing), 0, 0)
+    objective = loop._objective(registry.build(r, 4, dist.device), r, 0, 0)
     precision = "bf16" if device.type == "cuda" else "fp32"
 
     def step():

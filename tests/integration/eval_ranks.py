@@ -17,7 +17,7 @@ from vitcli.fewshot import features
 from vitcli.models.zoo import build_model
 from vitcli.recipe.schema import DataConfig, ModelConfig, OptimConfig
 from vitcli.runtime.dist import setup
-from vitcli.train.objectives import loss_fn
+from vitcli.train.losses import loss_fn
 
 CFG = DataConfig(num_workers=0, eval_batch_size=4)
 

@@ -10,12 +10,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.models import zoo
+from vitcli.models.mae import MaeModel, mae_step
+from vitcli.models.mpp import MppModel, mpp_step
 from vitcli.recipe.choices import MPP_TARGETS
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import MaeConfig, ModelConfig, MppConfig
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
-from vitcli.train.objectives import MaeModel, MppModel, mae_step, mpp_step
 
 aten = torch.ops.aten
 HOST_READS = frozenset({aten._local_scalar_dense, aten.is_nonzero, aten.equal, aten.nonzero,

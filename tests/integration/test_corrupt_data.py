@@ -34,7 +34,7 @@ from vitcli.recipe.schema import DataConfig, OptimConfig
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.stages.run import one_run
-from vitcli.train.objectives import loss_fn
+from vitcli.train.losses import loss_fn
 
 N = 32  # rows per split; the label of a row is its index, so a batch's labels say which rows it holds
 BAD_TRAIN, BAD_TEST = (5, 17), (3,)

@@ -12,9 +12,10 @@ from vitcli.checkpoints.read import Loaded
 from vitcli.checkpoints.weights import load_weights
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DistillConfig
+from vitcli.run.build import build_job
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import read_metrics
-from vitcli.stages.run import build_job, one_run
+from vitcli.stages.run import one_run
 from vitcli.train import distill, loop
 
 CLASSES = 4
@@ -62,7 +63,7 @@ def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, m
     r = recipe(f"distill.teacher={teacher}", "distill.type=soft", "run.compile=false")
     dist = setup("cpu")
     job = build_job(r, tmp_path, dist)
-    before = {k: v.clone() for k, v in job.teacher.state_dict().items()}
+    before = {k: v.clone() for k, v in job.objective.teacher.state_dict().items()}
     built, build = [], loop.build_optimizer
 
     def kept(model, cfg):  # the loop's own optimizer, kept to be looked at
@@ -71,7 +72,7 @@ def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, m
 
     monkeypatch.setattr(loop, "build_optimizer", kept)
     loop.train(job, dist)
-    frozen = job.teacher
+    frozen = job.objective.teacher
     assert not any(m.training for m in frozen.modules())
     assert all(not p.requires_grad and p.grad is None for p in frozen.parameters())
     assert all(torch.equal(v, before[k]) for k, v in frozen.state_dict().items())

@@ -451,7 +451,7 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
                 0.001: {"val/top1": 0.6, "test/top1": 0.8}}
     seen = []
 
-    def fake_training(recipe, workdir, dist, resume=None, overwrite=False, skip_note=""):
+    def fake_training(recipe, workdir, dist, resume=None, overwrite=False, skip_note="", table=True):
         seen.append((recipe.optim.lr, workdir.name))
         return outcomes[recipe.optim.lr]
 

@@ -21,6 +21,7 @@ from helpers import flipped_bytes, run_ranks, warnings
 from vitcli.checkpoints import manager, sharded, state
 from vitcli.checkpoints.weights import FORMAT, load_weights
 from vitcli.errors import CheckpointError, ModelError, RecipeError
+from vitcli.models.mpp import MppModel
 from vitcli.models.t2t import T2TViT
 from vitcli.recipe.checks import check
 from vitcli.recipe.resolve import resolve
@@ -29,7 +30,6 @@ from vitcli.runtime import files
 from vitcli.runtime.dist import Dist
 from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma
-from vitcli.train.objectives import MppModel
 from vitcli.train.optim import build_optimizer
 
 HERE = Path(__file__).resolve().parent

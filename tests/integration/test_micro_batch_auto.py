@@ -15,10 +15,10 @@ from helpers import run_vit, stopped_at_call
 from vitcli.checkpoints import manager
 from vitcli.checkpoints.weights import load_weights
 from vitcli.recipe.resolve import resolve
+from vitcli.run import micro_batch
+from vitcli.run.micro_batch import Trial
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 from vitcli.stages.run import one_run
-from vitcli.train import micro_batch
-from vitcli.train.micro_batch import Trial
 
 # A model whose activations are large for its compute: 257 tokens (64 px in patches of 4) of width 64, ~2 MiB
 # an image, so micro-batches of 7 and 49 peak ~90 MiB apart, while one trial's CPU peak varies by ~10 MiB.

@@ -9,8 +9,9 @@ import signal
 import pytest
 
 from helpers import run_vit
+from vitcli.run import measure, micro_batch
 from vitcli.stages import preflight as pf
-from vitcli.train import cost, loop, micro_batch
+from vitcli.train import cost, loop
 
 TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
         "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
@@ -35,7 +36,7 @@ FIELDS = {
 def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
     """`vit pretrain --preflight` into tmp_path/runs/w, its steady steps timed for `timed_s` at least (0: no
     second short run, in seconds of a test); (exit code, stdout, stderr)."""
-    monkeypatch.setattr(pf, "TIMED_S", timed_s)
+    monkeypatch.setattr(measure, "TIMED_S", timed_s)
     return run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path / "runs" / "w", "--preflight",
                    "--preflight-steps", "4", *TINY, *extra)
 
@@ -102,6 +103,29 @@ def test_an_auto_micro_batch_is_chosen_as_the_run_chooses_it(monkeypatch, capsys
     assert (f["data/micro_batch_size"], f["data/accumulation"]) == (8, 2)
     assert "data.micro_batch_size: auto -> 8" in err
     nothing_left(tmp_path)
+
+
+def test_a_finished_workdir_is_said_so_and_timed_only_with_overwrite(monkeypatch, capsys, tmp_path):
+    """The command would not train a finished run again: --preflight says so in one line, exit 2,
+    measuring nothing and writing nothing; --overwrite, which would start it over, is timed."""
+    workdir = tmp_path / "runs" / "w"
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", workdir, *TINY,
+                           "schedule.steps=2")
+    assert code == 0, err
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    code, out, err = preflight(monkeypatch, capsys, tmp_path, "schedule.steps=2")
+    said = " ".join(err.split())
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert (f"--preflight: {workdir} holds this run, finished at step 2: nothing to do "
+            "(--overwrite starts it over)") in said
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
+    code, out, err = preflight(monkeypatch, capsys, tmp_path, "schedule.steps=2", "--overwrite",
+                               "--json")
+    assert code == 0, err
+    assert json.loads(out)["schedule/steps"] == 2
+    # the throwaway folder came and went beside the workdir, whose files are untouched
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == [
+        entry for entry in before if entry[0] not in ("runs", "w")]
 
 
 def stopping_at_step(monkeypatch, stop):

@@ -65,6 +65,7 @@ def test_a_2x2_sweep_trains_each_point_tabulates_them_and_a_rerun_touches_nothin
     assert table["best"] == max(dev, key=dev.get) and table["keys"] == ["optim.lr", "run.seed"]
     assert [p["run.seed"] for p in table["points"]] == [0, 1, 0, 1] and table["failed"] == []
     assert "sweep of 4 points, best on val/top1 marked *" in out
+    assert "pretrain finished in" not in out, "a point's own table: the sweep's alone is printed"
     best_row = NAMES.index(table["best"])
     assert any(line.lstrip("│ ").startswith(f"{best_row} *") for line in out.splitlines()), out
 
@@ -109,7 +110,7 @@ def fake_training(fails: dict, calls: list):
     """run_training as the sweep calls it, for stand-in points: a summary whose val/top1 is the rate, or the
     error `fails` gives for that rate."""
 
-    def train(recipe, workdir, dist, resume=None, overwrite=False, skip_note=""):
+    def train(recipe, workdir, dist, resume=None, overwrite=False, skip_note="", table=True):
         calls.append(workdir.name)
         if recipe.optim.lr in fails:
             raise fails[recipe.optim.lr]

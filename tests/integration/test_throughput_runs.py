@@ -13,9 +13,9 @@ from helpers import run_vit, stopped_at_call, warnings
 from vitcli.checkpoints import manager
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.resolve import resolve
+from vitcli.run import build as run_build
 from vitcli.runtime import threads
 from vitcli.runtime.metrics import read_metrics
-from vitcli.stages import run as run_stage
 from vitcli.stages.run import one_run
 from vitcli.train import loop
 
@@ -60,8 +60,8 @@ def test_a_run_reports_its_wait_throughput_and_mfu(tmp_path):
 
 
 def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, monkeypatch, logged):
-    feed = run_stage.train_feed
-    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05))
+    feed = run_build.train_feed
+    monkeypatch.setattr(run_build, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05))
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert all(r["train/data_wait"] > 0.1 for r in rows)
@@ -76,8 +76,8 @@ def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, m
 def test_the_first_epochs_decoding_of_cached_data_is_not_called_input_bound(tmp_path, monkeypatch, logged):
     """The decoded-image cache makes the first epoch slow and the rest fast (`make demo`: 29% waiting over
     the first windows, 7% over the run): the warning judges the data once they are warm."""
-    feed = run_stage.train_feed
-    monkeypatch.setattr(run_stage, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.5, batches=4))
+    feed = run_build.train_feed
+    monkeypatch.setattr(run_build, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.5, batches=4))
     # a model that takes 200 ms a step: the warm loader's few ms (tens on a loaded machine) are not a tenth
     clip = loop._clip
     monkeypatch.setattr(loop, "_clip", lambda *a: (time.sleep(0.2), clip(*a))[1])

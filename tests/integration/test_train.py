@@ -14,10 +14,10 @@ from vitcli.checkpoints.complete import complete
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import load_weights
 from vitcli.errors import CheckpointError, RecipeError, TrainingError
+from vitcli.objectives import supervised
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
-from vitcli.train import loop
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -134,8 +134,9 @@ def test_repeated_augmentation_trains_and_resumes_onto_the_same_weights(tmp_path
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
 
-def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    real = loop.loss_fn
+def poison_third_loss(monkeypatch):
+    """The training loss of the third call (step 3 as metrics.jsonl numbers steps) made NaN."""
+    real = supervised.loss_fn
 
     def poisoned(cfg):
         fn, calls = real(cfg), {"n": 0}
@@ -147,13 +148,34 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
 
         return loss
 
-    monkeypatch.setattr(loop, "loss_fn", poisoned)
-    with pytest.raises(TrainingError, match="at step 2"):
+    monkeypatch.setattr(supervised, "loss_fn", poisoned)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
+    """The message numbers the step as metrics.jsonl does, names the checkpoint kept, and does not
+    advise the clipping the recipe already does (optim.clip_grad_norm=1, the default)."""
+    poison_third_loss(monkeypatch)
+    with pytest.raises(TrainingError) as e:
         one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
+    rows = [row for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert "loss became nan at step 3 " in str(e.value)
+    assert "the newest checkpoint, state-2.pt, is kept" in str(e.value)
+    assert "optim.clip_grad_norm=1 already clips" in str(e.value) and "\n" not in str(e.value)
     _, saved = manager.latest_good_state(tmp_path)
     assert saved["step"] == 2
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_divergence_before_any_checkpoint_says_so_and_offers_clipping(tmp_path, monkeypatch):
+    poison_third_loss(monkeypatch)
+    with pytest.raises(TrainingError) as e:
+        one_run(recipe("schedule.steps=5", "run.ckpt_every=4", "optim.clip_grad_norm=0"), tmp_path)
+    assert "loss became nan at step 3 " in str(e.value)
+    assert "no checkpoint was written before it" in str(e.value)
+    assert not manager.latest_good_state(tmp_path)
+    assert "try a lower optim.lr, or optim.clip_grad_norm=1" in str(e.value)
 
 
 def test_bf16_autocast_trains(tmp_path):

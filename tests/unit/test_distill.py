@@ -12,7 +12,7 @@ from vitcli.models import zoo
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import DistillConfig, ModelConfig, OptimConfig
 from vitcli.train import distill
-from vitcli.train.objectives import loss_fn
+from vitcli.train.losses import loss_fn
 
 B, K, SMOOTHING = 8, 5, 0.1
 

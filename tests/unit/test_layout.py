@@ -1,7 +1,8 @@
 """The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
 
 LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime <
-models < data < checkpoints < train < evaluators < figures < fewshot < stages < cluster < cli. A module may
+models < data < checkpoints < train < evaluators < objectives < figures < fewshot < run < stages < cluster <
+cli. A module may
 import only packages below its own and, inside its package, modules listed before it: so no import runs back
 up and no cycle can form. A new module has to be given its place here.
 """
@@ -43,15 +44,21 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "preprocessing", "fit", "complete", "resize", "transfer", "export_timm", "export_hf",
                      "export_onnx"]),
     # the one loop and what it is made of
-    ("train", ["schedule", "ema", "parallelize", "optim", "objectives", "distill", "interrupt", "throughput",
-               "trial", "micro_batch", "loop", "cost"]),
+    ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
+               "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
+    # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one
+    # module each, picked by name in the registry
+    ("objectives", ["objective", "supervised", "mpp", "mae", "registry"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
     # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that one)
     ("figures", ["figure7", "figure2", "curves", "confusion", "reliability", "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
+    # the run, built once for every stage that trains: its table, its feed, its network, the
+    # micro-batch trials, the builder, and --preflight's measurement and estimate
+    ("run", ["report", "feed", "network", "trial", "micro_batch", "build", "measure", "estimate"]),
     # one driver per command
     ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
                 "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
@@ -168,3 +175,27 @@ def test_one_module_owns_resume():
     users = {name for name, path in modules().items()
              for m, _ in vitcli_imports(ast.parse(path.read_text())) if m in parts}
     assert users == {"checkpoints.manager"}, users
+
+
+def test_the_objective_is_chosen_in_one_place():
+    """`objective ==` / `!=` only in the recipe's checks: everywhere else the registry
+    (objectives.registry) picked the objective once, by name, and what it gives the run is asked of
+    it."""
+    compared = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            ops = node.ops if isinstance(node, ast.Compare) else []
+            if any(isinstance(op, ast.Eq | ast.NotEq) for op in ops):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(n, ast.Attribute) and n.attr == "objective" or
+                       isinstance(n, ast.Name) and n.id == "objective" for n in sides):
+                    compared.add(name)
+    assert compared == {"recipe.checks"}, compared
+
+
+def test_only_the_command_line_imports_the_pretrain_stage():
+    """stages.run is `vit pretrain`, no library: what stages share lives below them (the run
+    package)."""
+    users = {name for name, path in modules().items()
+             for m, _ in vitcli_imports(ast.parse(path.read_text())) if m == "stages.run"}
+    assert users <= {m for m in ORDER if m.startswith("cli.")}, users

@@ -7,7 +7,7 @@ import torch
 
 from helpers import bv_sigmoid_xent, bv_softmax_xent
 from vitcli.recipe.schema import OptimConfig
-from vitcli.train.objectives import loss_fn
+from vitcli.train.losses import loss_fn
 
 
 def smoothed(y: np.ndarray, k: int, smoothing: float) -> np.ndarray:

@@ -11,10 +11,11 @@ from helpers import mae_sincos_reference
 from vitcli.data.batching import sampler
 from vitcli.models import mae, zoo
 from vitcli.models.flops import mae_forward_flops, train_flops_per_image
+from vitcli.models.mae import MaeModel, mae_step
+from vitcli.objectives import registry
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import MaeConfig, ModelConfig
 from vitcli.train import loop
-from vitcli.train.objectives import MaeModel, exported, mae_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64)
@@ -105,8 +106,10 @@ def test_the_position_tables_are_maes_fixed_ones_and_only_the_vit_is_exported():
     assert torch.equal(model.backbone.pos_embed, mae.sincos_table((4, 4), 32))
     assert torch.equal(model.decoder.pos_embed, mae.sincos_table((4, 4), 16))
     assert "decoder.pos_embed" not in model.state_dict(), "a function of the grid: in no checkpoint"
-    assert exported(model) is model.backbone
-    assert not any(k.startswith("decoder") for k in exported(model).state_dict())
+    r = resolve("pretrain", None, ["objective=mae"], inputs=False)
+    objective = registry.build(r, 0, torch.device("cpu"))
+    assert objective.exported(model) is model.backbone
+    assert not any(k.startswith("decoder") for k in objective.exported(model).state_dict())
 
 
 def test_a_loaded_encoder_keeps_its_weights_and_only_the_decoder_is_initialised():
@@ -127,7 +130,7 @@ def _masks(recipe_args: list[str], step: int, rank_micro: int, micro_batches: in
     real = model.forward
     model.forward = lambda images, noise: seen.append(mae.random_masking(noise, model.keep)[2]) or real(
         images, noise)
-    objective = loop._objective(r, None, None, step, rank_micro)
+    objective = loop._objective(registry.build(r, 0, torch.device("cpu")), r, step, rank_micro)
     micro = r.data.micro_batch_size or r.data.batch_size
     for i in range(micro_batches):
         objective(model, torch.randn(micro, 3, 32, 32), None, i)

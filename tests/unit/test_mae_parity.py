@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from vitcli.models import mae, zoo
+from vitcli.models.mae import MaeModel
 from vitcli.recipe.schema import MaeConfig, ModelConfig
-from vitcli.train.objectives import MaeModel
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,9 +15,9 @@ from vitcli.errors import DataError, RecipeError, TrainingError
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import micro_batches
+from vitcli.run import micro_batch
+from vitcli.run.micro_batch import candidates, largest_fitting
 from vitcli.runtime.dist import Dist
-from vitcli.train import micro_batch
-from vitcli.train.micro_batch import candidates, largest_fitting
 
 BASE = ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=64"]
 

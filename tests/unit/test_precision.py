@@ -8,8 +8,8 @@ import torch
 
 from helpers import machine
 from vitcli.recipe.resolve import resolve
+from vitcli.run import build as run_build
 from vitcli.runtime import dist, precision
-from vitcli.stages import run as run_stage
 
 CPU = torch.device("cpu")
 AVX512_BF16 = {"avx512_bf16": True, "avx512_f": True, "amx_bf16": False}
@@ -120,4 +120,4 @@ def test_tf32_is_turned_on_where_the_run_sets_up_a_cuda_device_only(monkeypatch,
 def test_the_run_announces_tf32_where_fp32_matmuls_use_it(monkeypatch, device, setting, run_precision, noted):
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: setting)
     r = resolve("pretrain", None, [f"run.precision={run_precision}"], inputs=False)
-    assert (run_stage.tf32(r, dist.Dist(0, 1, 0, device)) == " with TF32 matmuls") is noted
+    assert (run_build.tf32(r, dist.Dist(0, 1, 0, device)) == " with TF32 matmuls") is noted

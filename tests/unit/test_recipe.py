@@ -316,7 +316,7 @@ def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming
 
 
 def test_a_sliced_train_split_of_the_built_in_data_is_counted_when_loaded():
-    """train[:10%] of 64 images holds 6: known only once sliced, so stages.run.build_job refuses it (before
+    """train[:10%] of 64 images holds 6: known only once sliced, so run.build.build_job refuses it (before
     it writes anything); resolve lets it through."""
     r = resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8",
                                    "data.synthetic.train_size=64", "data.train_split=train[:10%]"])

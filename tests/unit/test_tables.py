@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from vitcli.run import report as run
 from vitcli.runtime import metrics
 from vitcli.runtime.metrics import pairs_table, stdout
-from vitcli.stages import run
 
 WHY = "T2T-ViT-7: the analytic count covers plain ViTs (custom and the paper's sizes) only"
 PATH = "/data/runs/a-rather-long-experiment-name-20261125-101010/checkpoints/step_000028/model.safetensors"

@@ -45,7 +45,7 @@ def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
     grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
     check_resume_flags(resume, overwrite)
     if preflight:  # here, even with --slurm: what the job would cost, its requeues included
-        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid)
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid, resume, overwrite)
     if slurm:
         return dispatch_slurm(r, workdir, [], dry_run=dry_run, output=output_format(json_out),
                               resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
@@ -78,7 +78,7 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
     if preflight:
         if lrs or chosen:
             raise typer.BadParameter("--preflight times one run: drop --lr-sweep and --task")
-        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid)
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid, resume, overwrite)
     if slurm:  # the job runs this command with the frozen recipe: its own flags go with it
         passed = [*(["--lr-sweep", lr_sweep] if lr_sweep else []), *(["--task", task] if task else [])]
         return dispatch_slurm(r, workdir, passed, dry_run=dry_run, output=output_format(json_out),
@@ -87,9 +87,11 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
              resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid)
 
 
-def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid) -> None:
+def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid,
+               resume: bool | None = None, overwrite: bool = False) -> None:
     """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume and
-    --overwrite do not apply, since what is timed is always a fresh run."""
+    --overwrite decide as they would for the run (a finished run is timed only with --overwrite),
+    but what is timed is always a fresh run."""
     if grid is not None:
         raise typer.BadParameter("--preflight times one run: drop --sweep (or time one point with its "
                                  "values as KEY=VALUE overrides)")
@@ -98,7 +100,8 @@ def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: in
         from vitcli.stages.preflight import preflight
         return functools.partial(preflight, steps=steps)
 
-    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out))
+    dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
+             resume=resume, overwrite=overwrite)
 
 
 @app.command("eval-fewshot")

@@ -192,7 +192,7 @@ def _print_recipe(r: Recipe) -> None:
     from vitcli.recipe.layers import to_yaml
 
     sys.stdout.write(to_yaml(r))
-    if r.data.micro_batch_size == "auto":  # tried on the device, in child processes (train/micro_batch.py)
+    if r.data.micro_batch_size == "auto":  # tried on the device, in child processes (run/micro_batch)
         sys.stderr.write("# data.micro_batch_size: auto -> the largest that fits run.memory_budget_mb, found "
                          "by trial steps at the start of the run\n")
     if "auto" in (r.run.precision, r.run.compile):

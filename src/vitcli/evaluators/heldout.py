@@ -8,9 +8,10 @@ import torch
 
 from vitcli.data.decoding import bad_images
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
+from vitcli.models.mae import mae_step
+from vitcli.models.mpp import mpp_step
 from vitcli.recipe.schema import DataConfig, MaeConfig, MppConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
-from vitcli.train.objectives import mae_step, mpp_step
 
 
 class SplitEvaluator:
@@ -47,7 +48,7 @@ class SplitEvaluator:
 
 class ClassificationEvaluator(SplitEvaluator):
     """Top-1 accuracy and mean loss of the model's own head on one split; the loss is the one the run trains
-    with (objectives.loss_fn of the recipe), so val/loss and train/loss are one quantity."""
+    with (train.losses.loss_fn of the recipe), so val/loss and train/loss are one quantity."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, *, loss):
         super().__init__(prefix, ds, cfg, img_size, dist, precision)

@@ -1,7 +1,9 @@
-"""Masked autoencoders (He et al., CVPR 2022; facebookresearch/mae models_mae.py): the maths and the decoder.
+"""Masked autoencoders (He et al., CVPR 2022; facebookresearch/mae models_mae.py): the maths, the
+decoder, the network that learns them (`MaeModel`) and its loss on one batch (`mae_step`), together
+as models_mae.py keeps them.
 
 Per image, `keep` = int(N (1 - mask_ratio)) of the N patches are kept (49 of 196 at 0.75, the paper's), the
-encoder (the run's own timm ViT, train.objectives.MaeModel) reads only those, and the decoder below puts a
+encoder (the run's own timm ViT, `MaeModel` below) reads only those, and the decoder below puts a
 learned [mask] token at every removed patch, adds its fixed position table and predicts each patch's pixels.
 The loss is the squared error averaged over each patch's values, then over the removed patches only.
 
@@ -14,6 +16,10 @@ Conventions, used throughout:
   `random_masking`, argsort of uniform noise). The noise is a pure function of (run seed, the image's index
   in the run, the patch): `mask_noise`, so an image gets its mask whichever micro-batch, rank or resumed
   process computes it.
+
+`MaeModel` wraps the run's ViT: its own patch embedding, blocks and norm encode the visible patches
+only (gathered, not masked in place), `MaeDecoder` reconstructs every patch, and only the ViT is
+exported; the decoder lives in the training state.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from vitcli.errors import RecipeError
+from vitcli.recipe.schema import MaeConfig
 
 NORM_PIX_EPS = 1e-6  # MAE's forward_loss: (target - mean) / (var + 1e-6) ** 0.5
 LAYER_NORM_EPS = 1e-6  # MAE's norm_layer, partial(nn.LayerNorm, eps=1e-6); transformers' ViTMAE's: 1e-12
@@ -179,3 +186,57 @@ def init_weights(module: nn.Module) -> None:
         if name.rsplit(".", 1)[-1] in ("cls_token", "mask_token"):
             nn.init.normal_(p, std=0.02)
 
+
+class MaeModel(nn.Module):
+    """A ViT as MAE's encoder, plus MAE's decoder. The ViT's position table becomes MAE's fixed 2-D sin-cos
+    (frozen while pretraining; exported as timm's pos_embed, which fine-tuning trains, as MAE's own encoders
+    carry it). `fresh`: a new network, which takes MAE's initialisation; else only the decoder does."""
+
+    def __init__(self, backbone: nn.Module, cfg: MaeConfig, patch_size: int, fresh: bool = True):
+        super().__init__()
+        self.backbone, self.cfg, self.patch_size = backbone, cfg, patch_size
+        grid, prefix = tuple(backbone.patch_embed.grid_size), backbone.num_prefix_tokens
+        self.keep = keep_count(grid[0] * grid[1], cfg.mask_ratio)
+        self.decoder = MaeDecoder(backbone.embed_dim, patch_size, grid, prefix, cfg.decoder_embed_dim,
+                                      cfg.decoder_depth, cfg.decoder_num_heads)
+        init_weights(self if fresh else self.decoder)
+        with torch.no_grad():
+            backbone.pos_embed.copy_(sincos_table(grid, backbone.embed_dim, prefix))  # (1, P+N, D)
+        backbone.pos_embed.requires_grad_(False)
+
+    def forward(self, images: torch.Tensor, noise: torch.Tensor):
+        """(pred, target (B, N, P*P*3), mask (B, N): 1 removed) for normalised images (B, 3, H, W) and the
+        masking noise (B, N) (mask_noise: mae_step draws it)."""
+        ids_keep, ids_restore, mask = random_masking(noise.to(images.device), self.keep)
+        pred = self.decoder(self.encode(images, ids_keep), ids_restore)
+        return pred, patchify(images, self.patch_size), mask
+
+    def encode(self, images: torch.Tensor, ids_keep: torch.Tensor) -> torch.Tensor:
+        """(B, P+K, D): the ViT on its prefix tokens and the K kept patches (ids_keep (B, K)), MAE's
+        forward_encoder: positions added before the gather, the class token's after."""
+        b = self.backbone
+        prefix, pos = b.num_prefix_tokens, b.pos_embed  # (1, P+N, D)
+        x = gather_tokens(b.patch_embed(images) + pos[:, prefix:], ids_keep)  # (B, K, D)
+        if b.cls_token is not None:
+            x = torch.cat([(b.cls_token + pos[:, :prefix]).expand(x.shape[0], -1, -1), x], dim=1)
+        return b.norm(b.blocks(b.norm_pre(b.pos_drop(x))))
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The backbone's tokens on whole images: evaluators read the ViT, unmasked."""
+        return self.backbone.forward_features(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """The backbone's head (pre-logits for few-shot)."""
+        return self.backbone.forward_head(x, pre_logits=pre_logits)
+
+
+def mae_step(model: nn.Module, images: torch.Tensor, seed: int, first: int, cfg: MaeConfig,
+             patch_size: int) -> torch.Tensor:
+    """MAE's loss on one batch of `model` (an MaeModel, maybe wrapped: DDP, torch.compile); image b is the
+    run's image `first` + b, which with `seed` fixes its mask (mask_noise), whatever batch holds it. The
+    noise is drawn here, outside the model, as mpp_step's; nothing is read back on the host."""
+    b, _, h, w = images.shape
+    samples = torch.arange(first, first + b, device=images.device)
+    noise = mask_noise(seed, samples, (h // patch_size) * (w // patch_size))  # (B, N)
+    pred, target, mask = model(images, noise)
+    return mae_loss(pred, target, mask, cfg.norm_pix_loss)

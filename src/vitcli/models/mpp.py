@@ -1,4 +1,6 @@
-"""Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the pure maths.
+"""Masked patch prediction (ViT paper, Dosovitskiy et al. 2021, Appendix B.1.2): the maths, the
+network that learns it (`MppModel`) and its loss on one batch (`mpp_step`), together as MAE's
+models_mae.py keeps its own.
 
 Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80%
 are replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10%
@@ -18,19 +20,33 @@ Conventions, used throughout:
   Every random draw comes from a caller's torch.Generator, so a run repeats and resumes exactly.
 - nothing here reads a device tensor back on the host (no boolean indexing, no `if tensor`) but the
   empty-mask check of `mpp_loss`, which a caller can skip: on a GPU such a read waits for all queued work.
+
+`MppModel` wraps the ViT the run exports: a learned [mask] embedding replaces patch embeddings before the
+position embedding is added (so a masked patch still knows where it is), and a linear head reads each
+patch's output token. Its targets are read from the pixels as the paper's [-1, 1] whatever data.mean and
+data.std normalised them to (the colour bins are of (x + 1) / 2). Only the ViT (`backbone`) is exported to
+model.safetensors; the wrapper hands `forward_features` / `forward_head` through, so few-shot evaluation
+during pretraining sees the backbone.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+from timm.layers import trunc_normal_
+from torch import nn
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import MPP_CELLS, MPP_TARGETS
+from vitcli.recipe.schema import MppConfig
 
 BITS = 3  # per channel, as in the paper: 8 levels, 512 colours
 NUM_BINS = 2 ** (3 * BITS)
 UNTOUCHED, MASK, RANDOM, UNCHANGED = 0, 1, 2, 3
+SIGNED = (0.5, 0.5, 0.5)  # mean = std = 0.5: the normalisation that leaves pixels in [-1, 1]
 
 
 def to_unit(images: torch.Tensor) -> torch.Tensor:
@@ -222,3 +238,53 @@ def mpp_loss(
     guess = pred.argmax(dim=-1)  # (B, N) or (B, N, 17)
     hit = guess == target if kind == "mean_color" else guess[..., 0] == target[..., 0]
     return mean(loss.reshape(target.shape[:2] + (-1,)).mean(dim=-1)), mean(hit)
+
+
+class MppModel(nn.Module):
+    """A ViT plus the [mask] embedding and per-patch prediction head of masked patch prediction."""
+
+    def __init__(self, backbone: nn.Module, cfg: MppConfig, patch_size: int,
+                 mean: Sequence[float] = SIGNED, std: Sequence[float] = SIGNED):
+        super().__init__()
+        self.backbone, self.cfg, self.patch_size = backbone, cfg, patch_size
+        # normalised x -> x / 127.5 - 1 of its pixel: x * 2 std + (2 mean - 1), per channel (2, 1, 3, 1, 1)
+        signed = torch.tensor([[2 * s for s in std], [2 * m - 1 for m in mean]]).view(2, 1, 3, 1, 1)
+        self.register_buffer("signed", signed, persistent=False)  # on the model's device, in no checkpoint
+        dim = backbone.embed_dim
+        self.mask_token = nn.Parameter(trunc_normal_(torch.empty(dim), std=0.02))  # (D,)
+        self.pred_shape = pred_shape(cfg.target, patch_size)
+        self.head = nn.Linear(dim, math.prod(self.pred_shape))
+
+    def forward(self, images: torch.Tensor, mode: torch.Tensor, other: torch.Tensor):
+        """(pred, target) for normalised images (B, 3, H, W) corrupted as drawn (`mode` (B, N) from
+        corruption, `other` (B*N,) from other_patches: mpp_step draws them)."""
+        b = self.backbone
+        tokens = b.patch_embed(images)  # (B, N, D)
+        x = b._pos_embed(corrupt(tokens, mode, self.mask_token, other))  # (B, P+N, D)
+        x = b.norm(b.blocks(b.norm_pre(b.patch_drop(x))))
+        out = x[:, b.num_prefix_tokens:]  # (B, N, D): the patches' own output tokens
+        pred = self.head(out).unflatten(-1, self.pred_shape)
+        pixels = torch.addcmul(self.signed[1], images, self.signed[0])  # (B, 3, H, W) in [-1, 1]
+        return pred, make_target(patchify(pixels, self.patch_size), self.cfg.target)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """The backbone's tokens: evaluators read the ViT, not the pretext head."""
+        return self.backbone.forward_features(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """The backbone's head (pre-logits for few-shot)."""
+        return self.backbone.forward_head(x, pre_logits=pre_logits)
+
+
+def mpp_step(model: nn.Module, images: torch.Tensor, seed: int, cfg: MppConfig, patch_size: int):
+    """(loss, mean-colour accuracy) of one masked-patch-prediction batch of `model` (an MppModel, maybe
+    wrapped: DDP, torch.compile); `seed` fixes the corruption draws.
+
+    The draws are made here, eagerly, and handed to the model as tensors: a torch.Generator inside a compiled
+    forward breaks its graph at every draw. Nothing in the step reads a device value back on the host."""
+    b, _, h, w = images.shape
+    num_patches = (h // patch_size) * (w // patch_size)  # (patchify refuses a size P does not divide)
+    generator = torch.Generator(device=images.device).manual_seed(seed)
+    mode = corruption(b, num_patches, generator, cfg.corrupt_ratio, cfg.mask_prob, cfg.random_prob)
+    pred, target = model(images, mode, other_patches(b, num_patches, generator))
+    return mpp_loss(pred.float(), target, mode > 0, cfg.target, nonempty=True)

@@ -1,7 +1,8 @@
 """Stage drivers, one per command: each joins the process group once and hands its Dist down.
 
-run.py (one training run; `vit pretrain`) < preflight.py (`--preflight`: a few real steps of that run in a
-throwaway folder, and what the whole run will cost) < sweep.py (a run per point of `--sweep`, or per learning
+run.py (one training run, `vit pretrain`: run.build builds it, as it builds every stage's) < preflight.py
+(`--preflight`: run.measure's few real steps of that run in a throwaway folder, run.estimate's whole-run
+figures, reported) < sweep.py (a run per point of `--sweep`, or per learning
 rate of `--lr-sweep`; one table) < vtab.py (the VTAB-1k protocol, per task) < finetune.py (`vit finetune`:
 which of them); fewshot.py (`vit eval-fewshot`); inspect.py (`vit inspect`); plot.py (`vit plot`);
 resize.py (`vit resize-posemb`); prepare.py (`vit prepare-data`); export.py (`vit export`);

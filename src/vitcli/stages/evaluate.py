@@ -34,6 +34,7 @@ from vitcli.evaluators.inference import in_row_order, sharded_pass
 from vitcli.figures.confusion import MAX_CLASSES, write_confusion
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
+from vitcli.run.report import number
 from vitcli.runtime import finished
 from vitcli.runtime.dist import Dist, all_reduce_sum, setup
 from vitcli.runtime.files import sha256_of, write_text
@@ -42,8 +43,7 @@ from vitcli.runtime.precision import resolved
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, EVALUATE_OUTPUTS, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
 from vitcli.stages import evaluate_extra
-from vitcli.stages.run import number
-from vitcli.train.objectives import loss_fn
+from vitcli.train.losses import loss_fn
 
 TOP_K = 5  # top-5 is reported when the head has at least this many classes
 

@@ -9,9 +9,9 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.checks import check_sweep, parse_lrs
 from vitcli.recipe.grid import Grid
 from vitcli.recipe.schema import Recipe
+from vitcli.run.build import run_training
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console
-from vitcli.stages.run import run_training
 from vitcli.stages.sweep import lr_sweep, sweep_grid
 from vitcli.stages.vtab import run_vtab, vtab_tasks
 

@@ -34,6 +34,7 @@ from vitcli.data.rows import sources
 from vitcli.errors import CheckpointError, DataError, ModelError, RecipeError
 from vitcli.figures import figure2, figure7
 from vitcli.models import mae, zoo
+from vitcli.models.mae import MaeModel
 from vitcli.models.t2t import TokensToToken
 from vitcli.recipe.layers import merge
 from vitcli.recipe.schema import Recipe
@@ -42,7 +43,6 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_workdir
-from vitcli.train.objectives import MaeModel
 
 FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.png", "attention_distance.png"
 DISTANCES_JSON = "attention_distance.json"
@@ -270,7 +270,7 @@ def _mae_model(path: Path, saved: dict) -> tuple[MaeRun | None, str]:
         merge(recipe, saved["recipe"])
     except RecipeError as e:
         return None, f"{path}: its recipe does not read today ({e})"
-    if recipe.objective != "mae" or not any(k.startswith("decoder.") for k in saved["model"]):
+    if not any(k.startswith("decoder.") for k in saved["model"]):  # only MAE's holds a decoder
         return None, f"{path} holds no MAE decoder (objective: {recipe.objective})"
     with torch.random.fork_rng():  # draws overwritten by the state; the caller's RNG untouched
         model = MaeModel(zoo.build_model(recipe.model, 0), recipe.mae, recipe.model.patch_size, fresh=False)

@@ -17,6 +17,7 @@ from vitcli.errors import DataError
 from vitcli.evaluators import classify, robustness
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
+from vitcli.run.report import number
 from vitcli.runtime import finished
 from vitcli.runtime.dist import setup
 from vitcli.runtime.files import write_text
@@ -24,7 +25,6 @@ from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.run_files import EVALUATE_FILE, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
 from vitcli.stages import evaluate as one_set  # looked up at call time, as the CLI looks the stage up
-from vitcli.stages.run import number
 
 ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1", "real/top5", "real/images",
             "ece", "nll", "tta/top1", "tta/top5", "skipped_images")

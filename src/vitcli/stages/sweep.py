@@ -31,11 +31,12 @@ from vitcli.recipe.grid import Grid, Point, expand, value_text
 from vitcli.recipe.layers import nest
 from vitcli.recipe.resolve import derive
 from vitcli.recipe.schema import Recipe
+from vitcli.run.build import run_training
+from vitcli.run.report import number
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE, SWEEP_CSV, SWEEP_FILE
-from vitcli.stages.run import number, run_training
 
 DEV = "val/top1"  # the dev split's metric the best point is chosen on (higher is better)
 HELD_OUT = ("val", "test", "fewshot", "real")  # metric families shown first: what a sweep compares
@@ -101,7 +102,7 @@ def _run_points(planned: Planned, workdir: Path, dist: Dist, resume: bool | None
 def _train(point: Point, recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None,
            overwrite: bool) -> dict:
     return run_training(recipe, workdir / point.name, dist, resume, overwrite,
-                        skip_note=f"point {point.name}: finished, skipped")
+                        skip_note=f"point {point.name}: finished, skipped", table=False)
 
 
 def _failures(dist: Dist) -> tuple[type[BaseException], ...]:

@@ -4,7 +4,8 @@ Protocol (paper App. B.1.1 / Zhai et al. 2019): resolve.VTAB_PROTOCOL sits below
 recipe can still change it. `val200` is the split for choosing hyper-parameters: with --lr-sweep each rate
 trains on train800 into TASK/optim.lr=<lr> and is scored on val200 (not on test), then the chosen rate trains
 again on all 1,000 images, train800val200, into TASK/final, and that model's test top-1 is the task's result.
-Every run resumes or is skipped as run_training decides, so a rerun after completion trains nothing again.
+Every run resumes or is skipped as run.build.run_training decides, so a rerun after completion trains
+nothing again.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from vitcli.data.rows import sources, tasks
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.resolve import derive
 from vitcli.recipe.schema import Recipe
+from vitcli.run.build import run_training
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
 from vitcli.runtime.run_files import VTAB_FILE, VTAB_FINAL_RUN
-from vitcli.stages.run import run_training
 from vitcli.stages.sweep import lr_sweep
 
 

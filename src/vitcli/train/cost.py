@@ -1,6 +1,7 @@
 """What a whole training run will cost, from what a few steps of it cost: pure arithmetic for `--preflight`
-(stages/preflight.py), each rule the loop's own (train.loop: when it evaluates, when it writes a checkpoint,
-from which step its data come from the decoded-image cache), tested against a step-by-step simulation.
+(run/measure.py, run/estimate.py), each rule the loop's own (train.loop: when it evaluates, when it writes a
+checkpoint, from which step its data come from the decoded-image cache), tested against a step-by-step
+simulation.
 
 The run is modelled as (`eta_seconds`)
 
@@ -126,7 +127,7 @@ def eta_seconds(fixed: float, stepping: float, evals: list[tuple[int, float]], w
 
 def disk_needed(state_bytes: int, keep: int, model_bytes: int) -> int:
     """Bytes a run's workdir needs at most: run.keep_checkpoints states and one being written, and the final
-    model (stages.run.checkpoint_bytes estimates the same from the parameter count)."""
+    model (run.build.checkpoint_bytes estimates the same from the parameter count)."""
     return (keep + 1) * state_bytes + model_bytes
 
 

@@ -58,8 +58,8 @@ def distillation_term(cfg: DistillConfig) -> Callable[[torch.Tensor, torch.Tenso
 
 
 def criterion(base, teacher: nn.Module | None, cfg: DistillConfig) -> Criterion:
-    """The loop's loss(outputs, target, images): `base` (train.objectives.loss_fn) on the logits without a
-    teacher; with one, DeiT's DistillationLoss, the teacher's forward without autograd."""
+    """The loop's loss(outputs, target, images): `base` (train.losses.loss_fn) on the logits without
+    a teacher; with one, DeiT's DistillationLoss, the teacher's forward without autograd."""
 
     def plain(outputs, target, images):
         return base(outputs.float(), target)

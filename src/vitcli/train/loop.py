@@ -23,7 +23,6 @@ import torch
 
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
-from vitcli.data.augmentation.augmentations import mix, mixing_of
 from vitcli.data.batching import sampler
 from vitcli.errors import TrainingError
 from vitcli.recipe.layers import to_dict
@@ -34,10 +33,9 @@ from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
 from vitcli.runtime.trackers import open_trackers
-from vitcli.train import distill, parallelize
+from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
-from vitcli.train.objectives import exported, loss_fn, mae_step, mpp_step
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
@@ -51,6 +49,36 @@ class Evaluator(Protocol):
     names what it measured (`val/top1`, `fewshot/x/5shot`)."""
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed per
+    purpose (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of its first
+    image."""
+
+    seed: int
+    step: int
+    micro: int
+    batch_size: int
+
+    def __call__(self, purpose: int) -> int:
+        return sampler.micro_seed(self.seed, self.step, self.micro, purpose)
+
+    def first_sample(self, size: int) -> int:
+        """The run's index of this micro-batch's first image, for a micro-batch of `size` images."""
+        return sampler.first_sample(self.step, self.micro, size, self.batch_size)
+
+
+class Objective(Protocol):
+    """What the loop asks of the run's objective (the objectives package holds them), never which it
+    is."""
+
+    def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws): ...
+
+    def after_step(self, model: torch.nn.Module, done: int) -> None: ...
+
+    def exported(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
 
 class Feed(Protocol):
@@ -68,6 +96,7 @@ class Job:
     recipe: Recipe
     workdir: Path
     model: torch.nn.Module
+    objective: Objective  # its loss per micro-batch, what it updates after a step, what is exported
     train_ds: object  # datasets.Dataset, or datasets.IterableDataset when streamed
     feed: Feed  # this rank's train micro-batches, map-style or streamed: the stage chose
     num_classes: int
@@ -77,7 +106,6 @@ class Job:
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
     # (checkpoint path, its state) to continue from: checkpoints.manager
     resume_from: Checkpoint | None = None
-    teacher: torch.nn.Module | None = None  # frozen, on the run's device: train.distill.load_teacher
 
 
 
@@ -107,8 +135,6 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     optimizer = build_optimizer(model, r.optim)
     ema = WeightEma(model, r.ema) if r.ema.decay else None  # in the model's layout: after sharding
     micro, accum = micro_batches(r, dist.world_size)
-    criterion = distill.criterion(loss_fn(r.optim), job.teacher, r.distill)
-    mixup = mixing_of(r.data, job.num_classes, r.optim.label_smoothing)
     stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
                                     job.resume_from, ema)
@@ -125,12 +151,13 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
+    newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            objective = _objective(r, criterion, mixup, step, dist.rank * accum)
+            objective = _objective(job.objective, r, step, dist.rank * accum)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist)
             signum, timed = _agree(stop, clock, dist)
@@ -138,16 +165,17 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             log = done % r.run.log_every == 0 or done == job.total_steps
             # The loss is read (a host-device sync) only at log and checkpoint steps, before the update: a
             # loss that became non-finite since is caught before any checkpoint could hold its weights.
-            values = _read([loss, accuracy], dist, step) if save or log else None
+            diverged = functools.partial(_diverged, r, done, newest)
+            values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
-            _step(optimizer, model, ema, done)
+            _step(optimizer, model, ema, done, job.objective)
             window.images += r.data.batch_size
             if log:
                 _log(window, waited.take(), advise, metrics, bar, task, done, _row(values, lr, grad_norm))
             bar.update(task, completed=done)
             _periodic(job, model, ema, metrics, done)
             if save:
-                checkpoints.save(done)
+                newest = checkpoints.save(done)
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
@@ -194,17 +222,27 @@ def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
     return int(signum), bool(timed)
 
 
-def _read(values: list, dist: Dist, step: int) -> list[float | None]:
-    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError."""
+def _read(values: list, dist: Dist, diverged) -> list[float | None]:
+    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError
+    whose line is diverged(loss)."""
     numbers = [math.nan if v is None else float(v) for v in values]
     mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
     if not math.isfinite(mean[0]):
-        raise TrainingError(
-            f"loss became {mean[0]} at step {step} "
-            "(it is read every run.log_every steps and at checkpoints); "
-            f"the last good checkpoint is kept (try a lower optim.lr or optim.clip_grad_norm=1)"
-        )
+        raise TrainingError(diverged(mean[0]))
     return [None if math.isnan(v) else v for v in mean]
+
+
+def _diverged(r: Recipe, done: int, newest: Path | None, loss: float) -> str:
+    """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the
+    newest checkpoint on disk, which holds weights from before it (or that there is none), and what the
+    recipe can still change."""
+    kept = (f"the newest checkpoint, {newest.name}, is kept" if newest is not None
+            else "no checkpoint was written before it")
+    clip = r.optim.clip_grad_norm
+    fix = (f"a lower optim.lr (optim.clip_grad_norm={clip:g} already clips the gradients)" if clip
+           else "a lower optim.lr, or optim.clip_grad_norm=1")
+    return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at "
+            f"checkpoints); {kept}; try {fix}")
 
 
 def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
@@ -279,11 +317,13 @@ def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, d
     bar.update(task, stats=stats)
 
 
-def _step(optimizer, model, ema: WeightEma | None, done: int) -> None:
-    """The optimizer's step, then the EMA's update with its result (timm's train.py order): step `done`."""
+def _step(optimizer, model, ema: WeightEma | None, done: int, objective: Objective) -> None:
+    """The optimizer's step, then the EMA's update with its result (timm's train.py order), then the
+    objective's own (nothing, but for one with state of its own): step `done`."""
     optimizer.step()
     if ema is not None:
         ema.update(model, done)
+    objective.after_step(model, done)
 
 
 def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None, dist: Dist) -> None:
@@ -292,7 +332,7 @@ def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None,
     which = job.recipe.ema.save
     with ema.swapped(parallel.model) if which == "ema" else contextlib.nullcontext():
         # every rank takes part: sharded weights are gathered; written inside, where they are the EMA's
-        weights = parallel.full_state(exported(parallel.model))
+        weights = parallel.full_state(job.objective.exported(parallel.model))
         if dist.is_main:
             meta = {"recipe": to_dict(job.recipe), "model": job.model_meta, "weights": which}
             save_weights(job.workdir / MODEL_FILE, weights, meta)
@@ -307,38 +347,26 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
-def _objective(r: Recipe, criterion, mixup, step: int, first_micro: int):
-    """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch (global
-    micro-batch first_micro + i): supervised (beside a teacher, if the recipe names one: train.distill),
-    masked patch prediction or MAE.
+def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
+    """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch
+    (global micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a
+    teacher if the recipe names one; masked patch prediction; MAE: the objectives package).
 
-    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as the
-    augmentation does (sampler.micro_seed): Mixup and CutMix from a numpy Generator of their own
-    (augmentations.mix), dropout and drop-path from torch's global RNG (pinned for the call), the masking of
-    masked patch prediction from its own generator. MAE's masks are drawn per image instead, from (run seed,
-    the image's index in the run: sampler.first_sample), so they do not change with the micro-batch size
-    either. So a run repeats exactly, resumes exactly, and trains the same with one process or several.
+    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as
+    the augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix from a numpy Generator
+    of their own (augmentations.mix), dropout and drop-path from torch's global RNG (pinned here for the
+    call), the masking of masked patch prediction from its own generator. MAE's masks are drawn per
+    image instead, from (run seed, the image's index in the run: Draws.first_sample), so they do not
+    change with the micro-batch size either. So a run repeats exactly, resumes exactly, and trains the
+    same with one process or several.
     """
 
-    def seed(i: int, purpose: int) -> int:
-        return sampler.micro_seed(r.run.seed, step, first_micro + i, purpose)
+    def loss(model, x, y, i):
+        draws = Draws(r.run.seed, step, first_micro + i, r.data.batch_size)
+        with seeded(draws(MODEL_STREAM)):
+            return objective.loss(model, x, y, draws)
 
-    def supervised(model, x, y, i):
-        if mixup is not None:
-            x, y = mix(mixup, x, y, seed(i, MIXUP_STREAM))
-        with seeded(seed(i, MODEL_STREAM)):
-            return criterion(model(x), y, x), None  # x: the teacher's input too (train.distill)
-
-    def masked_patches(model, x, y, i):
-        with seeded(seed(i, MODEL_STREAM)):
-            return mpp_step(model, x, seed(i, MPP_STREAM), r.mpp, r.model.patch_size)
-
-    def masked_autoencoder(model, x, y, i):
-        first = sampler.first_sample(step, first_micro + i, len(x), r.data.batch_size)
-        with seeded(seed(i, MODEL_STREAM)):
-            return mae_step(model, x, r.run.seed, first, r.mae, r.model.patch_size), None
-
-    return {"mpp": masked_patches, "mae": masked_autoencoder}.get(r.objective, supervised)
+    return loss
 
 
 def _accumulate_grads(parallel: parallelize.Parallel, optimizer, stream, accum: int, objective,

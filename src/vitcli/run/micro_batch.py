@@ -6,7 +6,7 @@ exactly as it would with the chosen micro-batch set by hand: `resolved` puts tha
 before recipe.yaml and the first checkpoint are written, and a resumed run takes its checkpoint's without
 trying again.
 
-Each candidate tried is a trial (train/trial.py): the run's steps at that micro-batch in a fresh child
+Each candidate tried is a trial (run/trial.py): the run's steps at that micro-batch in a fresh child
 process, which reports its peak memory. It fits when it finishes and its peak is within the budget
 (run.memory_budget_mb; 0: a GPU's total memory, on a CPU the host's MemAvailable over the node's processes).
 Being a process of its own, a trial that runs out of memory leaves nothing behind in the training process:
@@ -41,14 +41,15 @@ import torch
 from vitcli.checkpoints.manager import Checkpoint
 from vitcli.data.rows import sources
 from vitcli.errors import CheckpointError, DataError, ModelError, RecipeError, TrainingError
+from vitcli.objectives import registry
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe
+from vitcli.run import trial as child
+from vitcli.run.trial import ERRORS, MICRO_BATCHES, RESULT, SPEC
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.memory import available_mb, status_mb
 from vitcli.runtime.metrics import console
-from vitcli.train import trial as child
-from vitcli.train.trial import ERRORS, MICRO_BATCHES, RESULT, SPEC
 
 POLL_S = 0.01  # how often the parent reads a CPU trial's resident memory
 TRIAL_TIMEOUT_S = 3600  # a trial builds, compiles and steps the model once: an hour of it is a hang
@@ -167,19 +168,21 @@ def budget(r: Recipe, device: torch.device) -> Budget:
 
 
 def head_width(r: Recipe) -> int:
-    """The classifier's width the run builds (stages.run's): the recipe's, else its data's; 0 for mpp and
-    mae, which have none."""
-    if r.objective != "supervised":
-        return 0
-    if r.model.num_classes:
-        return r.model.num_classes
-    ds = sources.load_stream(r.data) if r.data.streaming else sources.load_split(r.data, r.data.train_split)
-    return sources.num_classes(r.data, ds)
+    """The classifier's width the run builds (run.build's): its objective's (none for mpp and mae;
+    the recipe's, else its data's, read only then)."""
+    return registry.named(r).head_width(r, lambda: train_split(r))
+
+
+def train_split(r: Recipe):
+    """The recipe's train split, streamed or not, as the run loads it."""
+    if r.data.streaming:
+        return sources.load_stream(r.data)
+    return sources.load_split(r.data, r.data.train_split)
 
 
 def trial(r: Recipe, micro: int, accum: int, device: torch.device, budget_mb: float, width: int) -> Trial:
     """A trial of micro-batch `micro` (`accum` of them per step in the run) in a child process on `device`
-    (train/trial.py), for a classifier `width` wide. An error of the recipe's (a teacher that does not load)
+    (run/trial.py), for a classifier `width` wide. An error of the recipe's (a teacher that does not load)
     is raised as the run would raise it; a trial that fails otherwise, not for memory, is a TrainingError."""
     spec = {"recipe": to_dict(r), "micro": micro, "micro_batches": min(accum, MICRO_BATCHES),
             "device": str(device), "budget_mb": budget_mb, "width": width, "others_mb": _used_mb(device)}

@@ -1,16 +1,17 @@
-"""One trial of a micro-batch for data.micro_batch_size: auto (train/micro_batch.py searches with them): the
+"""One trial of a micro-batch for data.micro_batch_size: auto (run/micro_batch.py searches with them): the
 run's own steps at that micro-batch, in a process of its own, and the peak memory they reached.
 
-`python -m vitcli.train.trial FOLDER/spec.json` builds the run's network and objective as the run does
-(models.zoo; supervised with its teacher if any, masked patch prediction or MAE; the weight EMA; the
-precision, activation checkpointing and torch.compile of parallelize.apply) and takes two optimizer steps
+`python -m vitcli.run.trial FOLDER/spec.json` builds the run's network and objective as the run does
+(run.network: the recipe's objective, with its teacher if any; the weight EMA; the precision,
+activation checkpointing and torch.compile of parallelize.apply) and takes two optimizer steps
 of two micro-batches each (one when the micro-batch is the whole batch) on random inputs of the run's shape:
 the peak of weights, gradients, optimizer slots and one micro-batch's activations is reached within them
 (bench/memory.py says why). It writes FOLDER/result.json: its peak in MiB, on CUDA the caching allocator's
 max_memory_reserved plus its CUDA context (the allocator capped at the budget less the context), on a CPU
 its peak resident memory (VmHWM: torch, the network and its steps; the run's own process holds its data
 reading on top, and its loader workers apart); or that it ran out of memory; or the VitcliError the run
-would have met. This module imports no more than the steps need (no `datasets`): a trial starts in seconds.
+would have met. This module imports no more than the steps and the objectives need: a trial starts
+in seconds.
 """
 
 from __future__ import annotations
@@ -18,23 +19,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from vitcli.errors import VitcliError
-from vitcli.models import zoo
 from vitcli.recipe.layers import merge
 from vitcli.recipe.schema import Recipe
+from vitcli.run.network import network
 from vitcli.runtime import files
 from vitcli.runtime.allocator import keep_freed_memory
 from vitcli.runtime.dist import Dist, enable_tf32
 from vitcli.runtime.memory import own_peak_mb
 from vitcli.runtime.precision import autocast
-from vitcli.train import distill, parallelize
+from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma
-from vitcli.train.objectives import MaeModel, MppModel, loss_fn, mae_step, mpp_step
+from vitcli.train.loop import Draws
 from vitcli.train.optim import build_optimizer
 
 STEPS, MICRO_BATCHES = 2, 2  # the second step's second micro-batch meets every slot and gradient
@@ -78,23 +78,25 @@ def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device,
     process on `device` (see the module's docstring). Run it in a process of its own: it is `run`'s."""
     context = _context_mb(device, budget_mb, others_mb)
     torch.manual_seed(r.run.seed)
-    teacher = distill.load_teacher(r, width, device)
-    parallel = parallelize.apply(network(r, width).to(device), r.run, Dist(0, 1, 0, device))
+    model, objective = network(r, width, device)
+    parallel = parallelize.apply(model.to(device), r.run, Dist(0, 1, 0, device))
     optimizer = build_optimizer(parallel.model, r.optim)
     ema = WeightEma(parallel.model, r.ema) if r.ema.decay else None
-    loss = _loss(r, width, teacher)
     size = r.model.img_size
     parallel.train.train()  # dropout and drop-path keep their masks for the backward, as in the run
     for step in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
         for _ in range(micro_batches):
+            x = torch.randn(micro, 3, size, size, device=device)
+            y = torch.randint(max(width, 1), (micro,), device=device)  # mpp and mae read no labels
             with autocast(device, r.run.precision):
-                value = loss(parallel.train, torch.randn(micro, 3, size, size, device=device))
+                value = objective.loss(parallel.train, x, y, Draws(r.run.seed, step, 0, micro))[0]
             (value / micro_batches).backward()
         parallelize.clip_grad_norm(parallel.train, r.optim.clip_grad_norm)
         optimizer.step()
         if ema is not None:
             ema.update(parallel.model, step)
+        objective.after_step(parallel.model, step)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / 2**20 + context
@@ -115,35 +117,6 @@ def _context_mb(device: torch.device, budget_mb: float, others_mb: float) -> flo
     if fraction < 1:
         torch.cuda.set_per_process_memory_fraction(max(fraction, 0.0), device)
     return context
-
-
-def network(r: Recipe, width: int) -> torch.nn.Module:
-    """The network the run trains (stages.run.build_job's), from fresh weights: memory does not depend on
-    their values."""
-    model = zoo.build_model(r.model, width)
-    if r.objective == "mpp":
-        return MppModel(model, r.mpp, r.model.patch_size, r.data.mean, r.data.std)
-    if r.objective == "mae":
-        return MaeModel(model, r.mae, r.model.patch_size)
-    distill.use_distillation_token(model, r.distill)
-    return model
-
-
-def _loss(r: Recipe, width: int, teacher: torch.nn.Module | None) -> Callable:
-    """loss(model, images) of the run's objective; labels random, soft (B, K) ones when images are mixed."""
-    if r.objective == "mpp":
-        return lambda model, x: mpp_step(model, x, r.run.seed, r.mpp, r.model.patch_size)[0]
-    if r.objective == "mae":
-        return lambda model, x: mae_step(model, x, r.run.seed, 0, r.mae, r.model.patch_size)
-    criterion = distill.criterion(loss_fn(r.optim), teacher, r.distill)
-    mixed = bool(r.data.mixup_alpha or r.data.cutmix_alpha)
-
-    def supervised(model, x):
-        y = (torch.full((len(x), width), 1 / width, device=x.device) if mixed
-             else torch.randint(width, (len(x),), device=x.device))
-        return criterion(model(x), y, x)
-
-    return supervised
 
 
 if __name__ == "__main__":

@@ -1,0 +1,64 @@
+"""What an objective gives a run, in one interface: the builder (run.build) and the micro-batch
+trial (run.trial) ask it, the loop (train.loop) calls its loss per micro-batch and never asks which
+it is.
+
+An objective is made once per run, for the recipe and the head's width, and may keep state of its
+own (a frozen teacher, say): the loop calls `after_step` after every optimizer step, so one whose
+state moves with the weights (DINO's momentum teacher) updates it there. Its trained parts belong in
+the module `build` returns, so checkpoints hold them with the weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from vitcli.evaluators.heldout import SplitEvaluator
+from vitcli.models.flops import train_flops_per_image
+from vitcli.recipe.schema import Recipe
+from vitcli.runtime.dist import Dist
+from vitcli.train.loop import Draws
+
+
+class Objective:
+    """One objective's part in a run of recipe `r` with a head `num_classes` wide, on `device`."""
+
+    def __init__(self, r: Recipe, num_classes: int, device: torch.device):
+        self.recipe, self.num_classes, self.device = r, num_classes, device
+
+    @classmethod
+    def head_width(cls, r: Recipe, train: Callable[[], object]) -> int:
+        """The classifier's width the run builds, 0 for none; `train()` gives the train split, read
+        only where the width is the data's."""
+        return 0
+
+    def build(self, network: nn.Module, fresh: bool) -> nn.Module:
+        """The module the run trains around `network` (with a pretext's own parts); `fresh`: the
+        network has no starting weights."""
+        return network
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws):
+        """(loss, accuracy or None) of one micro-batch of `model` (build's, maybe wrapped: DDP,
+        compile), every random draw from `draws`; as 0-d tensors, nothing read back on the host."""
+        raise NotImplementedError
+
+    def after_step(self, model: nn.Module, done: int) -> None:
+        """After optimizer step `done`: nothing, for an objective without state of its own."""
+
+    def evaluator(self, name: str, ds, dist: Dist) -> SplitEvaluator:
+        """The held-out evaluator of split `ds`, its metrics named `name/...`."""
+        raise NotImplementedError
+
+    def flops_per_image(self) -> float:
+        """Training FLOPs per image (forward and backward), for MFU."""
+        return train_flops_per_image(self.recipe.model, self.num_classes)
+
+    def learns(self) -> str:
+        """What the run learns, as its announce line says it."""
+        raise NotImplementedError
+
+    def exported(self, model: nn.Module) -> nn.Module:
+        """The network model.safetensors holds: the ViT alone, whatever pretext parts trained it."""
+        return model.backbone

@@ -237,7 +237,7 @@ def _batch(recipe: Recipe, world_size: int) -> None:
         near = sorted({m for m in (share * world_size, (share + 1) * world_size) if m > 0})
         raise RecipeError(f"data.batch_size={d.batch_size} does not split over {world_size} processes: use "
                           f"a multiple of {world_size} ({' or '.join(map(str, near))})")
-    if d.micro_batch_size == "auto":  # it will be a divisor of the share (train.micro_batch.candidates)
+    if d.micro_batch_size == "auto":  # it will be a divisor of the share (run.micro_batch.candidates)
         return
     micro, _ = micro_batches(recipe, world_size)
     if micro <= 0 or share % micro:

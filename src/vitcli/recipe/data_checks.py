@@ -95,7 +95,7 @@ def names_tar_shards(source: str) -> bool:
 
 def check_train_batch(recipe: Recipe) -> None:
     """A training step needs a whole batch: known now for a plain split of the built-in data; any other
-    split is counted when loaded (vitcli.stages.run.build_job), still before the run writes a file."""
+    split is counted when loaded (vitcli.run.build.build_job), still before the run writes a file."""
     d, sizes = recipe.data, _synthetic_sizes(recipe.data)
     if recipe.stage in TRAINS and d.source == "synthetic" and d.train_split in sizes:
         key, size = sizes[d.train_split]

@@ -93,7 +93,7 @@ class DataConfig:
     binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
     # per-process forward/backward batch; 0 = batch_size / world size; auto = the largest divisor of that
-    # which fits run.memory_budget_mb, found by trial steps before training (train/micro_batch.py)
+    # which fits run.memory_budget_mb, found by trial steps before training (run/micro_batch.py)
     micro_batch_size: int | str = 0
     # repeated augmentation k, DeiT's RASampler: an epoch's images k times each, the copies in different
     # micro-batches (on different processes when each takes one micro-batch per step), each copy with its
@@ -381,9 +381,9 @@ def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:
     data.batch_size / world_size) and how many of them it sums per optimizer step, batch_size / (micro x
     world_size). Accumulation is 0 when the micro-batch is not positive (recipe.checks refuses that, and a
     micro-batch x world size that does not divide data.batch_size). A micro-batch of `auto` must have been
-    resolved first (train.micro_batch.resolved)."""
+    resolved first (run.micro_batch.resolved)."""
     d = recipe.data
     if d.micro_batch_size == "auto":  # read as 0 it would silently train without accumulation
-        raise ValueError("data.micro_batch_size auto: pass the recipe train.micro_batch.resolved returns")
+        raise ValueError("data.micro_batch_size auto: pass the recipe run.micro_batch.resolved returns")
     micro = d.micro_batch_size or d.batch_size // world_size
     return micro, d.batch_size // (micro * world_size) if micro > 0 else 0

@@ -9,7 +9,7 @@ data/decoding/image_cache.py, is one copy however many workers read it), so a wo
 it read of the cache.
 
 And the memory a new process may still take on this host (MemAvailable), the CPU's default budget of
-data.micro_batch_size=auto (train/micro_batch.py).
+data.micro_batch_size=auto (run/micro_batch.py).
 """
 
 from __future__ import annotations

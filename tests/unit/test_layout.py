@@ -10,10 +10,13 @@ up and no cycle can form. A new module has to be given its place here.
 import ast
 import statistics
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from helpers import REPO
+from vitcli.objectives.registry import OBJECTIVES
+from vitcli.recipe.choices import Objective
 
 SRC = REPO / "src" / "vitcli"
 LAYERS = [  # (package, its modules in order), lowest first: the tree read as the pipeline, bottom up
@@ -191,6 +194,13 @@ def test_the_objective_is_chosen_in_one_place():
                        isinstance(n, ast.Name) and n.id == "objective" for n in sides):
                     compared.add(name)
     assert compared == {"recipe.checks"}, compared
+
+
+def test_the_registry_names_exactly_the_objectives_a_recipe_may_name():
+    """recipe.choices.Objective (what the torch-free checks accept) and objectives.registry (what a
+    run builds) list the same names: a new objective is its own module, a line in the registry and
+    its name in the Literal, and this holds the last two together."""
+    assert set(get_args(Objective)) == set(OBJECTIVES)
 
 
 def test_only_the_command_line_imports_the_pretrain_stage():

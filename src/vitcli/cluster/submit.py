@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from vitcli.cluster.requeue import finished
 from vitcli.cluster.slurm import Job, batch_script, log_pattern, script_path, slurm_dir
 from vitcli.errors import ClusterError, OutputError
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import POINTS_FILE, RECIPE_FILE
 
 
@@ -30,7 +30,7 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
     if dry_run:
         sys.stdout.write(text)
         return None
-    if not points and finished(workdir):
+    if not points and finished(workdir) is not None:
         raise OutputError(f"{workdir} holds a finished run: nothing to submit (a new --workdir trains again)")
     sbatch = shutil.which("sbatch")
     if sbatch is None:

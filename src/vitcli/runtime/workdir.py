@@ -19,6 +19,7 @@ from pathlib import Path
 from vitcli.errors import OutputError, RecipeError
 from vitcli.runtime.files import atomic_dir
 from vitcli.runtime.metrics import console
+from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, RUN_OUTPUTS
 
 
@@ -54,10 +55,11 @@ def check_output_file(path: Path, what: str) -> None:
 
 
 def refuse_finished(workdir: Path, overwrite: bool) -> None:
-    """A fresh run must not replace a finished one by accident (a typo after `--no-resume`, say)."""
-    if (workdir / MODEL_FILE).is_file() and not overwrite:
+    """A fresh run must not replace a finished one (run_dir.finished) by accident (a typo after
+    `--no-resume`, say)."""
+    if not overwrite and finished(workdir) is not None:
         raise OutputError(
-            f"{workdir} holds a finished run ({MODEL_FILE}); use a new --workdir, or pass --overwrite "
+            f"{workdir} holds a finished run; use a new --workdir, or pass --overwrite "
             "to start over there (its files are then kept in previous-<time>/ inside it)"
         )
 

@@ -34,7 +34,8 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE, SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.run_dir import finished
+from vitcli.runtime.run_files import SWEEP_CSV, SWEEP_FILE
 from vitcli.stages.run import number, run_training
 
 DEV = "val/top1"  # the dev split's metric the best point is chosen on (higher is better)
@@ -128,18 +129,6 @@ def _one_point(grid: Grid, workdir: Path, dist: Dist, resume: bool | None, overw
         console.log(f"{len(rows) - pending} of {len(rows)} points finished: the task that finishes the last "
                     f"writes {workdir / SWEEP_CSV}")
     return summary
-
-
-def finished(point_dir: Path) -> dict | None:
-    """What a point's summary.json holds when its run is finished (summary.json and model.safetensors are its
-    last writes), else None."""
-    if not (point_dir / MODEL_FILE).is_file():
-        return None
-    try:
-        summary = json.loads((point_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
 
 
 def row(point: Point, summary: dict | None, error: str = "") -> dict:

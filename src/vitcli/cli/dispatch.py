@@ -50,7 +50,7 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
     as the command with that point's values would resolve it, above its overrides and flags, before any
     point trains; None without --sweep. `only` is --sweep-point's index."""
     from vitcli.errors import RecipeError, VitcliError
-    from vitcli.recipe.grid import Grid, check_index, points
+    from vitcli.recipe.grid import Grid, check_index, check_swept, points
 
     if not specs:
         if only is not None:
@@ -69,6 +69,7 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
             recipes.append(resolve_recipe(stage, recipe_file, overrides, {**flags, **point.overrides}))
         except VitcliError as e:  # the key's own message, and which point gave the value
             raise type(e)(f"sweep point {point.name}: {e}") from None
+    check_swept(found, recipes)
     return Grid(found, recipes, only)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from vitcli.errors import TrainingError
+from vitcli.errors import OutputError, TrainingError
 from vitcli.recipe.grid import Grid, Point, expand, value_text
 from vitcli.recipe.layers import nest
 from vitcli.recipe.resolve import derive
@@ -34,8 +34,8 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.run_dir import finished
-from vitcli.runtime.run_files import SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.run_dir import finished, newest_step
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SWEEP_CSV, SWEEP_FILE
 from vitcli.stages.run import number, run_training
 
 DEV = "val/top1"  # the dev split's metric the best point is chosen on (higher is better)
@@ -55,6 +55,7 @@ def sweep_grid(grid: Grid, workdir: Path, dist: Dist, resume: bool | None = None
     """Every point of `grid` in turn (or grid.only alone, then the table if every point is finished); returns
     what sweep.json holds. A point that failed is a TrainingError once the others ran and the table is
     written."""
+    refuse_single_run(workdir)
     if grid.only is not None:
         return _one_point(grid, workdir, dist, resume, overwrite)
     rows = _run_points(list(zip(grid.points, grid.recipes, strict=True)), workdir, dist, resume, overwrite)
@@ -72,6 +73,7 @@ def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume
              overwrite: bool = False) -> dict:
     """`--lr-sweep`: fine-tune once per learning rate into WORKDIR/optim.lr=<lr>, choose on data.val_split;
     returns what sweep.json holds: the sweep's table and best_lr, its dev/top1 and test/top1."""
+    refuse_single_run(workdir)
     planned = [(p, derive(recipe, nest(p.overrides), dist.world_size)) for p in expand([("optim.lr", lrs)])]
     summary = table(_run_points(planned, workdir, dist, resume, overwrite), ["optim.lr"])
     if summary["best"] is None:
@@ -82,6 +84,18 @@ def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume
                **summary}
     _publish(workdir, summary, dist, "learning-rate sweep (chosen on dev)")
     return summary
+
+
+def refuse_single_run(workdir: Path) -> None:
+    """A sweep's workdir holds its points' runs, each in WORKDIR/<point>: one that holds a single run (its
+    recipe.yaml, checkpoints or model at the top, finished or not) is refused before any point trains, rather
+    than the points filling it around that run (--overwrite included: it starts each point over)."""
+    held = [name for name in (RECIPE_FILE, MODEL_FILE) if (workdir / name).is_file()]
+    held += ["state-<step> checkpoints"] * bool(newest_step(workdir))
+    if held:
+        what = "a finished single run" if finished(workdir) is not None else "a single run"
+        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts each point "
+                          "in WORKDIR/<point>; pass a new --workdir")
 
 
 def _run_points(planned: Planned, workdir: Path, dist: Dist, resume: bool | None, overwrite: bool) -> list:
@@ -191,27 +205,44 @@ def metric_columns(rows: list[dict]) -> list[str]:
 
 
 def _rich_table(summary: dict, title: str) -> Table:
-    """The sweep's table: the held-out metrics, and the others that differ between the points that have them;
-    one the same in all of them (two at least) goes to the caption. The best point on the dev split is marked
-    *."""
+    """The sweep's table, readable at 100 columns: a row per point, its swept values, the dev and test
+    metrics (shown_metrics) and its status, no cell wrapped; below it each failed point's error (its first
+    line) and how many more metrics sweep.csv holds. The best point on the dev split is marked *."""
     rows, keys = summary["points"], summary["keys"]
-    metrics = metric_columns(rows)
-    found = {m: [r[m] for r in rows if m in r] for m in metrics if m.split("/")[0] not in HELD_OUT}
-    same = {m: v[0] for m, v in found.items() if len(v) > 1 and len({json.dumps(x) for x in v}) == 1}
-    shown = [m for m in metrics if m not in same]
-    status = ["status"] if any(r["status"] != "finished" for r in rows) else []  # only when it says something
-    caption = ", ".join(f"{m} {_cell(v)}" for m, v in same.items())
+    shown = shown_metrics(rows)
+    more = len(metric_columns(rows)) - len(shown)
+    notes = [f"{i} failed: {_message(r)}" for i, r in enumerate(rows) if r["status"] == "failed"]
+    notes += [f"{more} more metrics of each point in {SWEEP_CSV}"] * bool(more)
     t = Table(title=title + (f", best on {DEV} marked *" if summary["best"] else ""),
-              caption=f"the same in every point that has it: {caption}" if same else None)
-    for col in ["#", *keys, *status]:  # what names the row: never wrapped
-        t.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
-    for col in shown:
-        t.add_column(col, justify="right", overflow="fold")
+              caption="\n".join(notes) or None, caption_justify="left")
+    for col in ["#", *keys, *shown]:
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("status", no_wrap=True)
     for i, r in enumerate(rows):
         mark = " *" if r["point"] == summary["best"] else ""
         values = [value_text(r[k]) for k in keys]
-        t.add_row(f"{i}{mark}", *values, *(_cell(r.get(k)) for k in [*status, *shown]))
+        t.add_row(f"{i}{mark}", *values, *(_cell(r.get(k)) for k in shown), r["status"])
     return t
+
+
+def shown_metrics(rows: list[dict]) -> list[str]:
+    """The metrics the table shows: the dev split's (val/top1, else the objective's first val metric:
+    val/mpp_loss, val/mae_loss) and the test split's alike."""
+    found = metric_columns(rows)
+    return [m for m in (_first(found, "val"), _first(found, "test")) if m]
+
+
+def _first(metrics: list[str], split: str) -> str | None:
+    named = [m for m in metrics if m.split("/")[0] == split]
+    return f"{split}/top1" if f"{split}/top1" in named else next(iter(named), None)
+
+
+def _message(r: dict) -> str:
+    """A failed point's error as the table's note gives it: its first line, without the exception's name
+    (sweep.csv keeps the whole error)."""
+    error = (str(r.get("error", "")).strip().splitlines() or [""])[0]
+    name, sep, message = error.partition(": ")
+    return message if sep and name.isidentifier() else error
 
 
 def _cell(v) -> str:

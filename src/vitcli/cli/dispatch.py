@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
+from vitcli.runtime.launcher import LaunchEnv
+
 if TYPE_CHECKING:
     from vitcli.recipe.grid import Grid
     from vitcli.recipe.schema import Recipe
@@ -38,7 +40,7 @@ def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | 
     its data)."""
     from vitcli.recipe.resolve import resolve
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
+    world_size = LaunchEnv.read().world_size  # torchrun's; the batch must split over it
     base = None if stage in ("pretrain", "prepare-data") else (lambda first: _trained_with(first, own_data))
     return resolve(stage, recipe_file, list(overrides or []), flags, vtab=vtab,
                    world_size=world_size, complete=_complete, base=base)
@@ -132,7 +134,7 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
         args = (recipe, *args)
     with _tables_off(output != "table"):
         result = load()(*args, **kwargs)
-    if output != "table" and int(os.environ.get("RANK", "0")) == 0:
+    if output != "table" and LaunchEnv.read().is_main:
         text = json.dumps(result, indent=2) + "\n" if output == "json" else as_csv(result)
         sys.stdout.write(text)
 

@@ -179,9 +179,10 @@ def test_a_sweep_the_starting_checkpoint_would_ignore_or_into_a_single_run_is_re
     assert not (tmp_path / "ft").exists()
 
     before = snapshot(single)
-    code, _, err = run_vit(monkeypatch, capsys, *pretrain(single, "--sweep", "run.seed=0,1"))
-    assert code == 2 and f"{single} holds a finished single run" in " ".join(err.split()), err
-    assert snapshot(single) == before
+    for slurm in ([], ["--slurm"]):  # run here, or submitted as a job array
+        code, _, err = run_vit(monkeypatch, capsys, *pretrain(single, "--sweep", "run.seed=0,1", *slurm))
+        assert code == 2 and f"{single} holds a finished single run" in " ".join(err.split()), err
+        assert snapshot(single) == before
 
 
 def test_the_table_is_readable_at_100_columns(tmp_path):

@@ -17,6 +17,7 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
 from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import POINTS_FILE, RECIPE_FILE
+from vitcli.runtime.workdir import refuse_single_run
 
 
 def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: list[str] | None = None,
@@ -32,6 +33,8 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
         return None
     if not points and finished(workdir) is not None:
         raise OutputError(f"{workdir} holds a finished run: nothing to submit (a new --workdir trains again)")
+    if points:
+        refuse_single_run(workdir)
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise ClusterError("--slurm: sbatch is not on PATH (submit from the cluster's login node); "

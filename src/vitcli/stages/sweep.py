@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
-from vitcli.errors import OutputError, TrainingError
+from vitcli.errors import TrainingError
 from vitcli.recipe.grid import Grid, Point, expand, value_text
 from vitcli.recipe.layers import nest
 from vitcli.recipe.resolve import derive
@@ -34,8 +34,9 @@ from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.run_dir import finished, newest_step
-from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.run_dir import finished
+from vitcli.runtime.run_files import SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.workdir import refuse_single_run
 from vitcli.stages.run import number, run_training
 
 DEV = "val/top1"  # the dev split's metric the best point is chosen on (higher is better)
@@ -84,18 +85,6 @@ def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume
                **summary}
     _publish(workdir, summary, dist, "learning-rate sweep (chosen on dev)")
     return summary
-
-
-def refuse_single_run(workdir: Path) -> None:
-    """A sweep's workdir holds its points' runs, each in WORKDIR/<point>: one that holds a single run (its
-    recipe.yaml, checkpoints or model at the top, finished or not) is refused before any point trains, rather
-    than the points filling it around that run (--overwrite included: it starts each point over)."""
-    held = [name for name in (RECIPE_FILE, MODEL_FILE) if (workdir / name).is_file()]
-    held += ["state-<step> checkpoints"] * bool(newest_step(workdir))
-    if held:
-        what = "a finished single run" if finished(workdir) is not None else "a single run"
-        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts each point "
-                          "in WORKDIR/<point>; pass a new --workdir")
 
 
 def _run_points(planned: Planned, workdir: Path, dist: Dist, resume: bool | None, overwrite: bool) -> list:

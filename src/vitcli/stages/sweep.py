@@ -3,8 +3,11 @@
 `--sweep KEY=V1,V2,...` (recipe/grid.py names the points; the CLI resolves every point's recipe before the
 first trains) runs the points in turn through stages.run.run_training, which skips a finished one without
 touching a file, so a rerun trains only what is missing. Rank 0 then writes WORKDIR/sweep.json and sweep.csv
-and prints a table: a row per point, its swept values and every final metric of its summary.json (the keys
-with a `/`), the best on the dev split (val/top1) marked where the points have one.
+(a row per point: its swept values and every final metric of its summary.json, the keys with a `/`) and
+prints a table readable at 100 columns: the swept values, the dev and test metrics and the status, the best
+on the dev split (val/top1) marked where the points have one. The CLI has refused, before this, a swept
+value that resolving a point's recipe replaced (recipe.grid.check_swept: a key the starting checkpoint
+fixes); a workdir that holds a single run is refused here (runtime.workdir.refuse_single_run).
 
 A point whose training fails as it runs (a non-finite loss; on one process also the device's memory running
 out) is recorded as failed and the other points still run: what a value does is the sweep's result. The

@@ -1,18 +1,19 @@
-"""What a command imports, as `python -X importtime` lists it: `vit pretrain --help` imports no torch, and a
-one-process CPU run, up to its first training step, imports neither torch.distributed.checkpoint (a sharded
-run's: 12.8 s measured under load) nor matplotlib (drawing the curves at the end: 4.4 s)."""
+"""What a command imports, as `python -X importtime` lists it: `vit pretrain --help` imports no
+torch, and a one-process CPU run, up to its first training step, imports neither
+torch.distributed.checkpoint (a sharded run's: 12.8 s measured under load) nor matplotlib (drawing
+the curves at the end: 4.4 s)."""
 
 import subprocess
 import sys
 
-TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-        "data.synthetic.val_size=32", "data.synthetic.test_size=32", "data.batch_size=32",
-        "data.num_workers=0", "schedule.steps=3", "schedule.warmup_steps=1", "run.device=cpu",
-        "run.compile=false", "run.precision=fp32"]
+TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
+        "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4",
+        "data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
+        "data.batch_size=32", "data.num_workers=0", "schedule.steps=3", "schedule.warmup_steps=1",
+        "run.device=cpu", "run.compile=false", "run.precision=fp32"]
 STARTS = "-- training starts --"
-# the run's entry as `vit` runs it, the loop's train() replaced by a marker: what is imported before it is
-# what the run imported to start
+# the run's entry as `vit` runs it, the loop's train() replaced by a marker: what is imported before
+# it is what the run imported to start
 UP_TO_TRAINING = f"""
 import sys
 from vitcli.train import loop
@@ -30,8 +31,8 @@ main()
 def imported(args: list[str], until: str | None = None) -> dict[str, int]:
     """Each module `python -X importtime ARGS` imports (up to the line `until`), with its cumulative
     microseconds."""
-    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run([sys.executable, "-X", "importtime", *args], capture_output=True,
+                          text=True, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stderr.splitlines()
     if until is not None:
@@ -54,8 +55,9 @@ def test_pretrain_help_imports_no_torch():
 
 
 def test_a_one_process_cpu_run_starts_without_the_sharded_checkpoint_or_matplotlib(tmp_path):
-    modules = imported(["-c", UP_TO_TRAINING, "vit", "pretrain", "--workdir", str(tmp_path / "w"), *TINY],
-                       until=STARTS)
+    command = ["vit", "pretrain", "--workdir", str(tmp_path / "w"), *TINY]
+    modules = imported(["-c", UP_TO_TRAINING, *command], until=STARTS)
     assert "vitcli.checkpoints.manager" in modules and "torch" in modules  # the run was built
     unwanted = ("torch.distributed.checkpoint", "matplotlib")
-    assert not [m for m in modules if m.startswith(unwanted)], [m for m in modules if m.startswith(unwanted)]
+    found = [m for m in modules if m.startswith(unwanted)]
+    assert not found, found

@@ -78,7 +78,7 @@ def test_checkpoint_waits_are_gloo_waits_with_a_long_timeout(monkeypatch, tmp_pa
         box[0] = str(tmp_path / "rank0-tmp")
 
     monkeypatch.setattr(dist.torch_dist, "broadcast_object_list", broadcast)
-    # sharded imports DCP when it writes (only a sharded run pays for it): patched where it is looked up
+    # sharded imports DCP as it writes (a sharded run's cost alone): patched where it is looked up
     monkeypatch.setattr(dcp, "save",
                         lambda state, checkpoint_id, process_group=None, no_dist=False:
                         waits.append((process_group, "dcp.save")))

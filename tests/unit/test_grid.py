@@ -100,7 +100,7 @@ def test_the_point_index_is_0_based_like_slurm_array_task_ids():
 
 
 def resolved_as(point, **sections) -> Recipe:
-    """The recipe a point would run: its overrides merged, then `sections` (what resolution put on top)."""
+    """The recipe a point would run: its overrides, then `sections` (what resolution put on top)."""
     recipe = Recipe()
     merge(recipe, parse_overrides([f"{k}={v}" for k, v in point.overrides.items()]))
     merge(recipe, sections)
@@ -114,8 +114,9 @@ def test_a_swept_value_the_resolution_replaced_is_refused_naming_the_key_and_wha
     with pytest.raises(RecipeError) as e:
         check_swept(depth, fixed)
     assert str(e.value) == ("--sweep model.depth: the starting checkpoint runs/pre fixes it (point "
-                            "model.depth=3 would run model.depth=1); sweep a key the run may change")
+                            "model.depth=3 would run model.depth=1); sweep a key the run may "
+                            "change")
     named = [resolved_as(p, model={"name": "ViT-Ti/16", "depth": 12}) for p in depth]
-    with pytest.raises(RecipeError, match=r"--sweep model.depth: model.name=ViT-Ti/16 fixes it \(point "
-                                          r"model.depth=1 would run model.depth=12\)"):
+    fixes = r"--sweep model.depth: model.name=ViT-Ti/16 fixes it \(point model.depth=1 would run "
+    with pytest.raises(RecipeError, match=fixes + r"model.depth=12\)"):
         check_swept(depth, named)

@@ -1,5 +1,5 @@
-"""The launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) is read in one
-place, runtime.launcher, and handed on or asked from there."""
+"""The launcher's environment (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE) is read in
+one place, runtime.launcher, and handed on or asked from there."""
 
 import re
 from pathlib import Path
@@ -15,9 +15,10 @@ def test_a_process_without_the_launchers_variables_is_the_only_one():
 
 
 def test_torchruns_variables_are_read_as_numbers():
-    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+           "GROUP_RANK": "1"}
     launch = LaunchEnv.read(env)
-    assert (launch.rank, launch.world_size, launch.local_rank, launch.local_world_size) == (5, 8, 1, 4)
+    assert launch == LaunchEnv(rank=5, world_size=8, local_rank=1, local_world_size=4)
     assert not launch.is_main
 
 

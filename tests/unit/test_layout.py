@@ -21,11 +21,11 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "layers", "names", "data_checks", "fewshot_checks", "cluster_checks",
                 "checks", "resolve", "grid"]),
-    # what every stage runs on: the allocator's settings, the launcher's environment, run file names and the
-    # run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and metrics,
-    # trackers, processes, output locations
-    ("runtime", ["allocator", "launcher", "run_files", "run_dir", "precision", "peak", "memory", "files",
-                 "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
+    # what every stage runs on: the allocator's settings, the launcher's environment, run file names
+    # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
+    # metrics, trackers, processes, output locations
+    ("runtime", ["allocator", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
+                 "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "mae", "t2t", "zoo", "flops", "layer_decay"]),
     # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how an image
@@ -118,8 +118,9 @@ def test_a_module_imports_only_modules_below_it(name):
 
 # pip extras: imported only when a recipe asks for them
 OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}
-# imported only where they are used, for a run's start-up time (seconds each, measured under load), which
-# tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib when drawing
+# imported only where they are used, for a run's start-up time (seconds each, measured under load),
+# which tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib
+# when drawing
 ON_DEMAND = ("torch.distributed.checkpoint", "matplotlib")
 
 

@@ -1,6 +1,7 @@
-"""A run directory's rules, decided once (runtime.run_dir): its newest checkpoint by name, whether its run is
-finished (one answer for the workdir refusal, the checkpoint manager, the sweep, the SLURM requeue step and
-`--slurm`), and the one list of recipe keys that do not change a result, with its two uses."""
+"""A run directory's rules, decided once (runtime.run_dir): its newest checkpoint by name, whether
+its run is finished (one answer for the workdir refusal, the checkpoint manager, the sweep, the
+SLURM requeue step and `--slurm`), and the one list of recipe keys that do not change a result, with
+its two uses."""
 
 import json
 import subprocess
@@ -23,15 +24,15 @@ from vitcli.stages import sweep
 
 def test_the_newest_step_and_finished_are_read_from_the_names(tmp_path):
     assert newest_step(tmp_path) == 0 and finished(tmp_path) is None
-    for name in ("state-40.pt", "state-120.pt", "state-80", "state-7.pt.sha256", ".state-200.pt.abc.tmp",
-                 "state-300.pt.sha256", "state-x.pt"):
+    for name in ("state-40.pt", "state-120.pt", "state-80", "state-7.pt.sha256",
+                 ".state-200.pt.abc.tmp", "state-300.pt.sha256", "state-x.pt"):
         (tmp_path / name).touch()
-    assert newest_step(tmp_path) == 120, "a checksum alone, a temporary or another name is no checkpoint"
+    assert newest_step(tmp_path) == 120, "a checksum alone, a temporary or another name is none"
     (tmp_path / SUMMARY_FILE).write_text(json.dumps({"steps": 120, "val/top1": 0.5}))
     assert finished(tmp_path) is None, "no final weights yet"
     (tmp_path / MODEL_FILE).touch()
     assert finished(tmp_path) == {"steps": 120, "val/top1": 0.5}
-    (tmp_path / "state-160").mkdir()  # a checkpoint newer than the summary: another run's, begun after it
+    (tmp_path / "state-160").mkdir()  # a checkpoint newer than the summary: another run's, after it
     assert finished(tmp_path) is None
 
 
@@ -79,22 +80,26 @@ def test_every_user_of_finished_gives_the_same_answer(tmp_path):
             refused = True
         assert refused == expected, name
         refuse_finished(workdir, overwrite=True)  # --overwrite: never refused
-        steps = newest_step(workdir)  # the manager's answer at its resume point (here: the newest by name)
-        resumed = manager.finished_summary(workdir, (workdir / f"state-{steps}.pt", {"step": steps}))
+        steps = newest_step(workdir)  # the manager's resume point (here: the newest by name)
+        start = (workdir / f"state-{steps}.pt", {"step": steps})
+        resumed = manager.finished_summary(workdir, start)
         assert (resumed is not None) == (expected and steps == 8), name
         outcome = requeue.decide(0, "", finished(workdir) is not None, False, [], 3)
         assert (outcome.action == "done") == expected, name
-        ended = requeue.end(workdir, 0, "", 3)  # what the batch script's end step decides (no scontrol: no
-        assert (ended.action == "done") == expected, name  # signal, so a fail or done)
+        # what the batch script's end step decides (no signal: done or fail, no scontrol)
+        ended = requeue.end(workdir, 0, "", 3)
+        assert (ended.action == "done") == expected, name
     assert sweep.finished is finished, "a sweep point is finished by the same rule"
 
 
 def test_the_manager_verifies_its_resume_point_on_top(tmp_path):
-    """A finished run whose last checkpoint is damaged resumes from the one before: not finished for it."""
+    """A finished run whose last checkpoint is damaged resumes from the one before: not finished
+    for the manager."""
     (tmp_path / MODEL_FILE).touch()
     (tmp_path / SUMMARY_FILE).write_text(json.dumps({"steps": 8}))
     assert manager.finished_summary(tmp_path, (tmp_path / "state-4.pt", {"step": 4})) is None
-    assert manager.finished_summary(tmp_path, (tmp_path / "state-8.pt", {"step": 8})) == {"steps": 8}
+    last = (tmp_path / "state-8.pt", {"step": 8})
+    assert manager.finished_summary(tmp_path, last) == {"steps": 8}
     assert manager.finished_summary(tmp_path, None) is None
 
 
@@ -104,11 +109,13 @@ def test_one_list_of_keys_that_do_not_change_a_result_with_its_two_uses():
         assert use[:len(run_dir.NOT_RESULT)] == run_dir.NOT_RESULT
         for key in use:  # each names a key, or a section by its prefix
             assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in keys), key
-    assert manager.RESUMABLE is run_dir.RESUMABLE and finished_evaluations.HOW_RUN is run_dir.HOW_RUN
+    assert manager.RESUMABLE is run_dir.RESUMABLE
+    assert finished_evaluations.HOW_RUN is run_dir.HOW_RUN
     assert "slurm." in run_dir.RESUMABLE and "run.ckpt_every_minutes" in run_dir.RESUMABLE
     assert "run.strategy" not in run_dir.RESUMABLE, "a checkpoint is laid out by the strategy"
 
 
 def test_the_rules_and_the_requeue_step_are_torch_free():
-    probe = "import sys, vitcli.runtime.run_dir, vitcli.cluster.requeue; sys.exit('torch' in sys.modules)"
+    probe = ("import sys, vitcli.runtime.run_dir, vitcli.cluster.requeue; "
+             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0

@@ -37,7 +37,7 @@ from vitcli.runtime.metrics import console
 from vitcli.runtime.run_dir import RESUMABLE, finished
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
-# The keys that may differ between a run and its resumption are run_dir.RESUMABLE; every other must match.
+# The keys that may differ between a run and its resumption: run_dir.RESUMABLE; all others match.
 # data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (train.micro_batch), so the
 # budget that chose it may change.
 MICRO_BATCH = "data.micro_batch_size"
@@ -101,9 +101,10 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
 
 
 def finished_summary(workdir: Path, start: Checkpoint | None) -> dict | None:
-    """What summary.json holds when the workdir's run is finished (run_dir.finished) and `start`, its
-    resume point, verified, is its last step: the same command then has nothing to train, evaluate or
-    write. None otherwise (a damaged last checkpoint: the steps after `start` are trained again)."""
+    """What summary.json holds when the workdir's run is finished (run_dir.finished) and `start`,
+    its resume point, verified, is its last step: the same command then has nothing to train,
+    evaluate or write. None otherwise (a damaged last checkpoint: the steps after `start` are
+    trained again)."""
     summary = finished(workdir) if start is not None else None
     return summary if summary is not None and summary["steps"] == int(start[1]["step"]) else None
 

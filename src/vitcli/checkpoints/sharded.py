@@ -6,9 +6,9 @@ recipe, data position) sits beside the shards as extra.json (its tensors in extr
 reading it never unpickles; a SHA256SUMS manifest seals the whole directory (files.atomic_dir). Where it lives
 among the others, and when it is written, is checkpoints.state's and checkpoints.manager's business.
 
-DCP is imported by the functions that write and load shards, not with this module: the checkpoint manager
-imports it for every run, and importing DCP takes seconds (12.8 s measured under load) that a run without
-shards would spend for nothing. Reading and verifying the extra part needs no DCP.
+DCP is imported by the functions that write and load shards, not with this module: the checkpoint
+manager imports it for every run, and importing DCP takes seconds (12.8 s measured under load) that
+a run without shards would spend for nothing. Reading and verifying the extra part needs no DCP.
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ def end(workdir: Path, rc: int, signal: str, max_requeues: int) -> Outcome:
     current, history = records[-1], records[:-1]
     step = run_dir.newest_step(workdir)  # by name alone: verifying one would import torch (seconds)
     progress = step > int(current.get("from_step", 0))
-    outcome = decide(rc, signal, run_dir.finished(workdir) is not None, progress, history, max_requeues)
+    done = run_dir.finished(workdir) is not None
+    outcome = decide(rc, signal, done, progress, history, max_requeues)
     current.update({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "rc": rc, "signal": signal,
                     "to_step": step, "progress": progress, "action": outcome.action, "why": outcome.why})
     _write(workdir, records)

@@ -1,6 +1,7 @@
-"""A figure to draw on, with matplotlib imported only then: a run imports figures.curves to draw its curves
-at the end, and importing matplotlib costs seconds (4.4 s measured under load) the training should not wait
-for. Object-oriented matplotlib (a Figure, no pyplot): no global state, no display backend."""
+"""A figure to draw on, with matplotlib imported only then: a run imports figures.curves to draw its
+curves at the end, and importing matplotlib costs seconds (4.4 s measured under load) the training
+should not wait for. Object-oriented matplotlib (a Figure, no pyplot): no global state, no display
+backend."""
 
 from __future__ import annotations
 

@@ -133,10 +133,11 @@ def _hashed(name: str, overrides: dict[str, Any]) -> str:
 
 
 def check_swept(points: list[Point], recipes: list[Recipe]) -> None:
-    """Every point's resolved recipe runs the values the point is named by. A swept value that resolving
-    replaced would train one network under several names, tabulated as if they differed: a key the starting
-    checkpoint fixes (its architecture: checkpoints.complete fills the model in from it), or a size a named
-    model.name fixes, is a RecipeError naming the key and what fixes it."""
+    """Every point's resolved recipe runs the values the point is named by. A swept value that
+    resolving replaced would train one network under several names, tabulated as if they differed: a
+    key the starting checkpoint fixes (its architecture: checkpoints.complete fills the model in
+    from it), or a size a named model.name fixes, is a RecipeError naming the key and what fixes
+    it."""
     for point, recipe in zip(points, recipes, strict=True):
         for key, value in point.overrides.items():
             runs = _get(recipe, key)

@@ -1,8 +1,8 @@
 """Processes and devices, in one place. Multi-process and multi-node runs come from `torchrun`.
 
-torchrun sets RANK / WORLD_SIZE / LOCAL_RANK (runtime.launcher reads them); without them we are a single
-process. Only rank 0 talks (progress, tables) and writes files; everything else computes and joins the
-all-reduces.
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK (runtime.launcher reads them); without them we are a
+single process. Only rank 0 talks (progress, tables) and writes files; everything else computes and
+joins the all-reduces.
 """
 
 from __future__ import annotations

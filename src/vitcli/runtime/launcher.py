@@ -1,10 +1,11 @@
 """Where this process sits in the job, as its launcher says: read in one place (submitit's
 TorchDistributedEnvironment), torch-free, so the CLI may ask before importing anything heavy.
 
-torchrun (and the SLURM batch script's torchrun, cluster/slurm.py) sets RANK, WORLD_SIZE, LOCAL_RANK and
-LOCAL_WORLD_SIZE in every process it starts; without them this is the one process of its job. runtime.dist
-joins the process group from what `LaunchEnv.read()` returns; the rest (the CLI's messages, the CPU thread
-advice, the shares of the decoded-image cache and of the host's memory) ask it too.
+torchrun (and the SLURM batch script's torchrun, cluster/slurm.py) sets RANK, WORLD_SIZE, LOCAL_RANK
+and LOCAL_WORLD_SIZE in every process it starts; without them this is the one process of its job.
+runtime.dist joins the process group from what `LaunchEnv.read()` returns; the rest (the CLI's
+messages, the CPU thread advice, the shares of the decoded-image cache and of the host's memory) ask
+it too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")  # torchrun's, r
 
 @dataclass(frozen=True)
 class LaunchEnv:
-    """This process's rank of `world_size`, and of `local_world_size` on this machine (`local_rank`)."""
+    """This process's rank of `world_size`, and of `local_world_size` on this machine
+    (`local_rank`)."""
 
     rank: int = 0
     world_size: int = 1
@@ -27,7 +29,8 @@ class LaunchEnv:
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> LaunchEnv:
-        """The launcher's variables in `environ` (default os.environ); a single process without them."""
+        """The launcher's variables in `environ` (default os.environ); without them, a single
+        process."""
         env = os.environ if environ is None else environ
         return cls(rank=int(env.get("RANK", "0")), world_size=int(env.get("WORLD_SIZE", "1")),
                    local_rank=int(env.get("LOCAL_RANK", "0")),

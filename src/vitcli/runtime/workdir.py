@@ -65,15 +65,16 @@ def refuse_finished(workdir: Path, overwrite: bool) -> None:
 
 
 def refuse_single_run(workdir: Path) -> None:
-    """A sweep's workdir holds its points' runs, each in WORKDIR/<point>: one that holds a single run (its
-    recipe.yaml, checkpoints or model at the top, finished or not) is refused before any point trains, rather
-    than the points filling it around that run (--overwrite included: it starts each point over)."""
+    """A sweep's workdir holds its points' runs, each in WORKDIR/<point>: one that holds a single
+    run (its recipe.yaml, checkpoints or model at the top, finished or not) is refused before any
+    point trains, rather than the points filling it around that run (--overwrite included: it starts
+    each point over)."""
     held = [name for name in (RECIPE_FILE, MODEL_FILE) if (workdir / name).is_file()]
     held += ["state-<step> checkpoints"] * bool(newest_step(workdir))
     if held:
         what = "a finished single run" if finished(workdir) is not None else "a single run"
-        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts each point "
-                          "in WORKDIR/<point>; pass a new --workdir")
+        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts "
+                          "each point in WORKDIR/<point>; pass a new --workdir")
 
 
 def refuse_other_run(workdir: Path, stage: str) -> None:

@@ -3,11 +3,12 @@
 `--sweep KEY=V1,V2,...` (recipe/grid.py names the points; the CLI resolves every point's recipe before the
 first trains) runs the points in turn through stages.run.run_training, which skips a finished one without
 touching a file, so a rerun trains only what is missing. Rank 0 then writes WORKDIR/sweep.json and sweep.csv
-(a row per point: its swept values and every final metric of its summary.json, the keys with a `/`) and
-prints a table readable at 100 columns: the swept values, the dev and test metrics and the status, the best
-on the dev split (val/top1) marked where the points have one. The CLI has refused, before this, a swept
-value that resolving a point's recipe replaced (recipe.grid.check_swept: a key the starting checkpoint
-fixes); a workdir that holds a single run is refused here (runtime.workdir.refuse_single_run).
+(a row per point: its swept values and every final metric of its summary.json, the keys with a `/`)
+and prints a table readable at 100 columns: the swept values, the dev and test metrics and the
+status, the best on the dev split (val/top1) marked where the points have one. The CLI has refused,
+before this, a swept value that resolving a point's recipe replaced (recipe.grid.check_swept: a key
+the starting checkpoint fixes); a workdir that holds a single run is refused here
+(runtime.workdir.refuse_single_run).
 
 A point whose training fails as it runs (a non-finite loss; on one process also the device's memory running
 out) is recorded as failed and the other points still run: what a value does is the sweep's result. The
@@ -197,9 +198,10 @@ def metric_columns(rows: list[dict]) -> list[str]:
 
 
 def _rich_table(summary: dict, title: str) -> Table:
-    """The sweep's table, readable at 100 columns: a row per point, its swept values, the dev and test
-    metrics (shown_metrics) and its status, no cell wrapped; below it each failed point's error (its first
-    line) and how many more metrics sweep.csv holds. The best point on the dev split is marked *."""
+    """The sweep's table, readable at 100 columns: a row per point, its swept values, the dev and
+    test metrics (shown_metrics) and its status, no cell wrapped; below it each failed point's error
+    (its first line) and how many more metrics sweep.csv holds. The best point on the dev split is
+    marked *."""
     rows, keys = summary["points"], summary["keys"]
     shown = shown_metrics(rows)
     more = len(metric_columns(rows)) - len(shown)
@@ -218,8 +220,8 @@ def _rich_table(summary: dict, title: str) -> Table:
 
 
 def shown_metrics(rows: list[dict]) -> list[str]:
-    """The metrics the table shows: the dev split's (val/top1, else the objective's first val metric:
-    val/mpp_loss, val/mae_loss) and the test split's alike."""
+    """The metrics the table shows: the dev split's (val/top1, else the objective's first val
+    metric: val/mpp_loss, val/mae_loss) and the test split's alike."""
     found = metric_columns(rows)
     return [m for m in (_first(found, "val"), _first(found, "test")) if m]
 
@@ -230,8 +232,8 @@ def _first(metrics: list[str], split: str) -> str | None:
 
 
 def _message(r: dict) -> str:
-    """A failed point's error as the table's note gives it: its first line, without the exception's name
-    (sweep.csv keeps the whole error)."""
+    """A failed point's error as the table's note gives it: its first line, without the exception's
+    name (sweep.csv keeps the whole error)."""
     error = (str(r.get("error", "")).strip().splitlines() or [""])[0]
     name, sep, message = error.partition(": ")
     return message if sep and name.isidentifier() else error

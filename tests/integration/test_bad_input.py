@@ -17,7 +17,7 @@ from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.layers import REMOVED_KEYS, to_dict
 from vitcli.recipe.schema import ModelConfig, Recipe
 from vitcli.runtime import files
-from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 from vitcli.runtime.workdir import check_writable
 
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
@@ -35,6 +35,7 @@ def root(tmp_path_factory) -> Path:
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)}
     save_weights(root / "done" / MODEL_FILE, build_model(cfg, 10).state_dict(), meta)
     files.write_text(root / "done" / "recipe.yaml", "stage: pretrain\n")
+    files.write_text(root / "done" / SUMMARY_FILE, '{"steps": 2}\n')  # finished, by runtime.run_dir
     torch.save({"w": torch.zeros(1), "made_in": root}, root / "weights.pt")  # a pathlib.PosixPath
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "afile").write_text("not a directory")

@@ -4,15 +4,18 @@ rerun skips every finished point and touches no file; `--sweep-point I` runs one
 finishes the last writes the table; a point that diverges is recorded as failed and the others still run."""
 
 import csv
+import io
 import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from rich.console import Console
 
 from helpers import REPO, run_vit
 from vitcli.errors import TrainingError
+from vitcli.recipe.grid import Point
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import dist as dist_mod
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, SUMMARY_FILE, SWEEP_CSV, SWEEP_FILE
@@ -157,3 +160,68 @@ def test_the_lr_sweep_chooses_among_the_rates_that_trained(tmp_path, monkeypatch
     assert summary["failed"] == ["optim.lr=0.9"]
     assert [r["status"] for r in csv_rows(tmp_path)] == ["finished", "failed", "finished"]
     assert not (tmp_path / MODEL_FILE).exists()
+
+
+def test_a_sweep_the_checkpoint_would_ignore_or_into_a_single_run_is_refused(tmp_path, monkeypatch,
+                                                                              capsys):
+    """`--sweep model.depth=1,3` of a fine-tune trains the checkpoint's depth at every point:
+    refused before anything is written (by --dry-run too), naming the key and the checkpoint. A
+    sweep into the workdir of a single run would fill it around that run: refused, the run's files
+    untouched."""
+    single = tmp_path / "pretrain"
+    code, _, err = run_vit(monkeypatch, capsys, *pretrain(single))  # model.depth=1
+    assert code == 0, err
+    ft = ["finetune", "-r", str(REPO / "recipes/quickstart/finetune.yaml"), "--init", single,
+          "--workdir", tmp_path / "ft", "schedule.steps=2", "schedule.warmup_steps=1"]
+    for dry in ([], ["--dry-run"]):
+        code, _, err = run_vit(monkeypatch, capsys, *ft, "--sweep", "model.depth=1,3", *dry)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: --sweep model.depth: the starting checkpoint {single} fixes "
+                              "it (point model.depth=3 would run model.depth=1)"), err
+    assert not (tmp_path / "ft").exists()
+
+    before = snapshot(single)
+    for slurm in ([], ["--slurm"]):  # run here, or submitted as a job array
+        args = pretrain(single, "--sweep", "run.seed=0,1", *slurm)
+        code, _, err = run_vit(monkeypatch, capsys, *args)
+        assert code == 2 and f"{single} holds a finished single run" in " ".join(err.split()), err
+        assert snapshot(single) == before
+
+
+def test_the_table_is_readable_at_100_columns(tmp_path):
+    """The swept keys, the dev and test metrics and the status, every cell on one line at 100
+    columns, a failed point's error whole below the table; the other metrics only in sweep.csv."""
+    keys = ["optim.lr", "model.drop_path", "data.mixup_alpha"]
+    error = ("TrainingError: loss became nan at step 41 of 400 (lr 0.3); lower optim.lr or set "
+             "clip_grad_norm")
+    metrics = {"steps": 400, "val/loss": 1.234567, "test/top1": 0.6001, "test/loss": 1.3,
+               "train/loss": 0.9876, "train/img_per_s": 1234.5678, "mem/main_peak_mb": 4321.0,
+               "fewshot/cifar100/5shot": 0.4, "train/mfu": 0.00123}
+    rows = []
+    for i, (lr, drop, mix) in enumerate([(0.001, 0.0, 0.2), (0.003, 0.1, 0.2), (0.3, 0.1, 0.8)]):
+        point = Point(f"p{i}", {"optim.lr": lr, "model.drop_path": drop, "data.mixup_alpha": mix})
+        summary = {**metrics, "val/top1": 0.61234 + i / 100}
+        rows.append(sweep_mod.row(point, None, error) if lr == 0.3 else
+                    sweep_mod.row(point, summary))
+    summary = sweep_mod.table(rows, keys)
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(sweep_mod._rich_table(summary, "sweep of 3 points"))
+    lines = console.export_text().splitlines()
+    said = " ".join(" ".join(lines).split())
+    assert max(len(line) for line in lines) <= 100
+    header = next(line for line in lines if "optim.lr" in line)
+    assert all(name in header for name in [*keys, "val/top1", "test/top1", "status"])
+    more = len([k for k in metrics if "/" in k]) + 1 - 2  # val/top1 too, all but val/ and test/top1
+    assert "train/img_per_s" not in said
+    assert f"{more} more metrics of each point in sweep.csv" in said
+    body = [line for line in lines if line.startswith("│") and line.lstrip("│ ")[:1].isdigit()]
+    assert len(body) == 3, "a row a point: no cell wraps"
+    assert "0.6223" in body[1] and "0.6001" in body[1] and "finished" in body[1]  # numbers whole
+    assert body[2].rstrip(" │").endswith("failed")
+    assert f"2 failed: {error.partition(': ')[2]}" in said, said
+    assert error in as_csv_error(summary)
+
+
+def as_csv_error(summary: dict) -> str:
+    rows = csv.DictReader(io.StringIO(sweep_mod.as_csv(summary)))
+    return next(r["error"] for r in rows if r["error"])

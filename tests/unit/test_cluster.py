@@ -1,7 +1,6 @@
 """The SLURM pieces without a cluster: time limits read as sbatch reads them, the slurm section's checks, the
 requeue rules, and the batch script as text (valid bash, the lines sbatch and torchrun need)."""
 
-import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -9,13 +8,12 @@ from pathlib import Path
 import pytest
 
 from helpers import run_vit
-from vitcli.cluster import requeue, slurm
+from vitcli.cluster import slurm
 from vitcli.cluster.requeue import decide
 from vitcli.errors import RecipeError
 from vitcli.recipe.cluster_checks import procs_per_node, time_limit_seconds
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SlurmConfig
-from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 
 DAY, HOUR, MINUTE = 86_400, 3_600, 60
 SHORT = ["schedule.steps=10", "schedule.warmup_steps=1"]
@@ -170,19 +168,6 @@ def test_a_time_limit_without_progress_is_requeued_once_and_not_a_second_time_in
     assert decide(1, "USR2", False, False, [attempt(progress=False), attempt()], 20).action == "requeue"
     # a preemption is the cluster's doing, however early it comes
     assert decide(137, "TERM", False, False, [attempt("TERM", progress=False)], 20).action == "requeue"
-
-
-def test_the_latest_step_and_finished_are_read_from_the_workdir(tmp_path):
-    assert requeue.latest_step(tmp_path) == 0 and not requeue.finished(tmp_path)
-    for name in ("state-40.pt", "state-120.pt", "state-80", "state-7.pt.sha256", ".state-200.pt.abc.tmp"):
-        (tmp_path / name).touch()
-    assert requeue.latest_step(tmp_path) == 120
-    (tmp_path / SUMMARY_FILE).write_text(json.dumps({"steps": 120}))
-    assert not requeue.finished(tmp_path), "no final weights yet"
-    (tmp_path / MODEL_FILE).touch()
-    assert requeue.finished(tmp_path)
-    (tmp_path / "state-160.pt").touch()  # a summary older than the newest checkpoint: not this run's end
-    assert not requeue.finished(tmp_path)
 
 
 def job(tmp_path: Path, points: int = 0) -> slurm.Job:

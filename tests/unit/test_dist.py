@@ -5,8 +5,10 @@ from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict as dcp_state_dict
 
-from vitcli.checkpoints import manager, sharded
+from vitcli.checkpoints import manager
 from vitcli.runtime import dist
 
 CPU = torch.device("cpu")
@@ -76,10 +78,11 @@ def test_checkpoint_waits_are_gloo_waits_with_a_long_timeout(monkeypatch, tmp_pa
         box[0] = str(tmp_path / "rank0-tmp")
 
     monkeypatch.setattr(dist.torch_dist, "broadcast_object_list", broadcast)
-    monkeypatch.setattr(sharded.dcp, "save",
+    # sharded imports DCP as it writes (a sharded run's cost alone): patched where it is looked up
+    monkeypatch.setattr(dcp, "save",
                         lambda state, checkpoint_id, process_group=None, no_dist=False:
                         waits.append((process_group, "dcp.save")))
-    monkeypatch.setattr(sharded, "get_state_dict", lambda model, optimizer: ({}, {}))
+    monkeypatch.setattr(dcp_state_dict, "get_state_dict", lambda model, optimizer: ({}, {}))
     rank1 = dist.Dist(rank=1, world_size=2, local_rank=1, device=CPU, control=CONTROL)
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

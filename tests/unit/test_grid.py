@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from vitcli.errors import RecipeError
-from vitcli.recipe.grid import MAX_NAME, axes, check_index, expand, point_name, points
+from vitcli.recipe.grid import MAX_NAME, axes, check_index, check_swept, expand, point_name, points
 from vitcli.recipe.layers import merge, parse_overrides
 from vitcli.recipe.schema import Recipe
 
@@ -97,3 +97,26 @@ def test_the_point_index_is_0_based_like_slurm_array_task_ids():
     for bad in (3, -1):
         with pytest.raises(RecipeError, match=rf"--sweep-point {bad}: the sweep has 3 points, numbered 0 to"):
             check_index(bad, 3)
+
+
+def resolved_as(point, **sections) -> Recipe:
+    """The recipe a point would run: its overrides, then `sections` (what resolution put on top)."""
+    recipe = Recipe()
+    merge(recipe, parse_overrides([f"{k}={v}" for k, v in point.overrides.items()]))
+    merge(recipe, sections)
+    return recipe
+
+
+def test_a_swept_value_the_resolution_replaced_is_refused_naming_the_key_and_what_fixed_it():
+    depth = points(["model.depth=1,3"])
+    check_swept(depth, [resolved_as(p) for p in depth])  # each runs its own value
+    fixed = [resolved_as(p, init={"checkpoint": "runs/pre"}, model={"depth": 1}) for p in depth]
+    with pytest.raises(RecipeError) as e:
+        check_swept(depth, fixed)
+    assert str(e.value) == ("--sweep model.depth: the starting checkpoint runs/pre fixes it (point "
+                            "model.depth=3 would run model.depth=1); sweep a key the run may "
+                            "change")
+    named = [resolved_as(p, model={"name": "ViT-Ti/16", "depth": 12}) for p in depth]
+    fixes = r"--sweep model.depth: model.name=ViT-Ti/16 fixes it \(point model.depth=1 would run "
+    with pytest.raises(RecipeError, match=fixes + r"model.depth=12\)"):
+        check_swept(depth, named)

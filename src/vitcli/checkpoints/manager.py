@@ -18,7 +18,6 @@ An older checkpoint's `rng` entry is left unread.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Protocol
@@ -35,17 +34,12 @@ from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
-from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
+from vitcli.runtime.run_dir import RESUMABLE, finished
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
-# Keys that may differ between a run and its resumption: they change how a run is watched and fed (or, for
-# ema.save, which of its weights the end writes), not what it trains. Everything else (the seed and the
-# micro-batch included: they decide the data order, the initial weights and the summation order) must match;
-# data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (train.micro_batch), so the
+# The keys that may differ between a run and its resumption: run_dir.RESUMABLE; all others match.
+# data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (run.micro_batch), so the
 # budget that chose it may change.
-RESUMABLE = ("run.log_every", "run.eval_every", "run.ckpt_every", "run.keep_checkpoints", "run.device",
-             "run.compile", "run.activation_checkpointing", "data.num_workers", "data.eval_batch_size",
-             "fewshot.", "ema.save", "slurm.", "run.memory_budget_mb")
 MICRO_BATCH = "data.micro_batch_size"
 
 Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
@@ -107,17 +101,12 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
 
 
 def finished_summary(workdir: Path, start: Checkpoint | None) -> dict | None:
-    """What summary.json holds when the workdir's run is finished and `start` (its resume point) is its last
-    step: the same command then has nothing to train, evaluate or write. None otherwise (summary.json and
-    model.safetensors are written after the last checkpoint, so a run killed before them resumes)."""
-    path = workdir / SUMMARY_FILE
-    if start is None or not path.is_file() or not (workdir / MODEL_FILE).is_file():
-        return None
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # damaged: the run's last step is redone and writes it again
-    return summary if summary.get("steps") == int(start[1]["step"]) else None
+    """What summary.json holds when the workdir's run is finished (run_dir.finished) and `start`,
+    its resume point, verified, is its last step: the same command then has nothing to train,
+    evaluate or write. None otherwise (a damaged last checkpoint: the steps after `start` are
+    trained again)."""
+    summary = finished(workdir) if start is not None else None
+    return summary if summary is not None and summary["steps"] == int(start[1]["step"]) else None
 
 
 def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
@@ -136,7 +125,7 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
     saved, now = flatten(saved_recipe), flatten(to_dict(recipe))
     defaults = flatten(to_dict(Recipe(stage=recipe.stage)))
     saved = {k: saved.get(k, defaults.get(k)) for k in now}
-    if now[MICRO_BATCH] == "auto":  # continues with the checkpoint's choice (train.micro_batch.resolved)
+    if now[MICRO_BATCH] == "auto":  # continues with the checkpoint's choice (run.micro_batch.resolved)
         now[MICRO_BATCH] = saved[MICRO_BATCH]
     diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
@@ -145,7 +134,7 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
             f"{workdir} holds a run with a different recipe ({k}: {saved.get(k)!r} there, "
             f"{now[k]!r} now{more}); use a new --workdir, or "
             + ("--overwrite to start over there (the finished run is kept in previous-<time>/)"
-               if (workdir / MODEL_FILE).is_file() else "--no-resume to start over there")
+               if finished(workdir) is not None else "--no-resume to start over there")
         )
 
 

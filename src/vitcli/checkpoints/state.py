@@ -24,21 +24,21 @@ import torch
 
 from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime import files
+from vitcli.runtime.run_dir import state_dir, state_file, states_by_step
 
 # what the trainer needs back (it saves `data` too; an older checkpoint may hold `rng`, left unread)
 STATE_KEYS = ("step", "model", "optimizer", "recipe")
-_NAME = re.compile(r"state-(\d+)(\.pt(\.sha256)?)?")
 _STALE_DIR = re.compile(r"\.state-\d+\.[a-z0-9_]{8}\.tmp")  # files.atomic_dir's and remove_dir's temporaries
 
 
 def checkpoint_path(workdir: Path, step: int) -> Path:
     """Where the checkpoint of `step` lives."""
-    return Path(workdir) / f"state-{step}.pt"
+    return Path(workdir) / state_file(step)
 
 
 def checkpoint_dir(workdir: Path, step: int) -> Path:
     """Where the sharded checkpoint of `step` lives."""
-    return Path(workdir) / f"state-{step}"
+    return Path(workdir) / state_dir(step)
 
 
 def _at(workdir: Path, step: int) -> list[Path]:
@@ -47,19 +47,9 @@ def _at(workdir: Path, step: int) -> list[Path]:
     return [p for p, ok in ((folder, folder.is_dir()), (file, file.is_file())) if ok]
 
 
-def _by_step(workdir: Path) -> dict[int, list[Path]]:
-    """Our checkpoints and checksums in `workdir`, grouped by step."""
-    found: dict[int, list[Path]] = {}
-    for path in Path(workdir).glob("state-*"):
-        match = _NAME.fullmatch(path.name)
-        if match:
-            found.setdefault(int(match[1]), []).append(path)
-    return found
-
-
 def _steps(workdir: Path) -> list[int]:
     """Steps that have a checkpoint file or directory (a checksum alone is not one), newest first."""
-    return [s for s in sorted(_by_step(workdir), reverse=True) if _at(workdir, s)]
+    return [s for s in sorted(states_by_step(workdir), reverse=True) if _at(workdir, s)]
 
 
 def checkpoints(workdir: Path) -> list[Path]:
@@ -92,12 +82,12 @@ def remove_stale_dirs(workdir: Path) -> list[Path]:
 def state_files(workdir: Path) -> list[Path]:
     """Every file and directory of a previous run's state: what a fresh run sets aside so that nothing old
     looks resumable."""
-    return [p for paths in _by_step(workdir).values() for p in paths] + stale_dirs(workdir)
+    return [p for paths in states_by_step(workdir).values() for p in paths] + stale_dirs(workdir)
 
 
 def _remove(workdir: Path, doomed: Callable[[int], bool]) -> None:
     """Delete the checkpoints (and checksums) of the steps `doomed` picks."""
-    for step, paths in _by_step(workdir).items():
+    for step, paths in states_by_step(workdir).items():
         if doomed(step):
             for path in sorted(paths):  # the checkpoint before its checksum: never a checksum-less survivor
                 if path.is_dir() and not path.is_symlink():

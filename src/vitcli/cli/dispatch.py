@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 
+from vitcli.runtime.launcher import LaunchEnv
+
 if TYPE_CHECKING:
     from vitcli.recipe.grid import Grid
     from vitcli.recipe.schema import Recipe
@@ -38,7 +40,7 @@ def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | 
     its data)."""
     from vitcli.recipe.resolve import resolve
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the batch must split over it
+    world_size = LaunchEnv.read().world_size  # torchrun's; the batch must split over it
     base = None if stage in ("pretrain", "prepare-data") else (lambda first: _trained_with(first, own_data))
     return resolve(stage, recipe_file, list(overrides or []), flags, vtab=vtab,
                    world_size=world_size, complete=_complete, base=base)
@@ -50,7 +52,7 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
     as the command with that point's values would resolve it, above its overrides and flags, before any
     point trains; None without --sweep. `only` is --sweep-point's index."""
     from vitcli.errors import RecipeError, VitcliError
-    from vitcli.recipe.grid import Grid, check_index, points
+    from vitcli.recipe.grid import Grid, check_index, check_swept, points
 
     if not specs:
         if only is not None:
@@ -69,6 +71,7 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
             recipes.append(resolve_recipe(stage, recipe_file, overrides, {**flags, **point.overrides}))
         except VitcliError as e:  # the key's own message, and which point gave the value
             raise type(e)(f"sweep point {point.name}: {e}") from None
+    check_swept(found, recipes)
     return Grid(found, recipes, only)
 
 
@@ -131,7 +134,7 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
         args = (recipe, *args)
     with _tables_off(output != "table"):
         result = load()(*args, **kwargs)
-    if output != "table" and int(os.environ.get("RANK", "0")) == 0:
+    if output != "table" and LaunchEnv.read().is_main:
         text = json.dumps(result, indent=2) + "\n" if output == "json" else as_csv(result)
         sys.stdout.write(text)
 

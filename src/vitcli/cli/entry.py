@@ -18,6 +18,7 @@ import typer
 from vitcli.cli.commands import COMMANDS, app
 from vitcli.errors import Interrupted, Terminated, VitcliError
 from vitcli.runtime.allocator import keep_freed_memory
+from vitcli.runtime.launcher import LaunchEnv
 
 # What a stop outside the training loop leaves (the loop's own stop writes a checkpoint and says
 # so): every file is written under a temporary name and renamed when whole, and the temporary ones
@@ -69,7 +70,7 @@ def _process_group():
     try:
         yield
     except BaseException as e:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 or isinstance(e, Interrupted):
+        if LaunchEnv.read().world_size > 1 or isinstance(e, Interrupted):
             # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has
             # exited with an error, or a scheduler's signal again (it reaches a process more than once),
             # would only cut short the leaving and the report
@@ -144,7 +145,7 @@ def _stop(message: str, code: int) -> None:
 
 def _say(prefix: str, message: str, code: int) -> None:
     _tell_torchrun(message)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if LaunchEnv.read().is_main:
         from rich.console import Console
         from rich.markup import escape
 

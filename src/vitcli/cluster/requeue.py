@@ -22,19 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitcli.runtime import run_dir
 from vitcli.runtime.files import write_text
-from vitcli.runtime.run_files import ATTEMPTS_FILE, MODEL_FILE, SLURM_DIR, SUMMARY_FILE
-
-# the names checkpoints.state gives a run's training states (state-<step>.pt, state-<step>/), read here by
-# name alone: importing torch to verify one would spend seconds of the time limit's lead
-_STATE = re.compile(r"state-(\d+)(\.pt)?")
+from vitcli.runtime.run_files import ATTEMPTS_FILE, SLURM_DIR
 
 
 @dataclass(frozen=True)
@@ -64,21 +60,6 @@ def decide(rc: int, signal: str, finished: bool, progress: bool, history: list[d
     return Outcome("requeue", f"{why}: requeued, the run resumes from its last checkpoint")
 
 
-def latest_step(workdir: Path) -> int:
-    """The newest checkpoint's step in `workdir`, by its name; 0 when there is none."""
-    steps = [int(m.group(1)) for p in workdir.glob("state-*") if (m := _STATE.fullmatch(p.name))]
-    return max(steps, default=0)
-
-
-def finished(workdir: Path) -> bool:
-    """The run wrote its summary and final weights at its last checkpoint's step (stages.run's order)."""
-    try:
-        summary = json.loads((workdir / SUMMARY_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-    return (workdir / MODEL_FILE).is_file() and summary.get("steps") == latest_step(workdir)
-
-
 def attempts(workdir: Path) -> list[dict]:
     """Every attempt's record, oldest first (WORKDIR/slurm/attempts.jsonl)."""
     path = workdir / SLURM_DIR / ATTEMPTS_FILE
@@ -95,7 +76,7 @@ def begin(workdir: Path) -> dict:
     """Record this attempt's start: the job, how often SLURM restarted it, the step it starts from."""
     record = {"job": _job_id(), "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
               "host": os.uname().nodename, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-              "from_step": latest_step(workdir)}
+              "from_step": run_dir.newest_step(workdir)}
     _write(workdir, [*attempts(workdir), record])
     return record
 
@@ -104,9 +85,10 @@ def end(workdir: Path, rc: int, signal: str, max_requeues: int) -> Outcome:
     """Decide, record the outcome in this attempt's line, and requeue the job if that is the decision."""
     records = attempts(workdir) or [begin(workdir)]
     current, history = records[-1], records[:-1]
-    step = latest_step(workdir)
+    step = run_dir.newest_step(workdir)  # by name alone: verifying one would import torch (seconds)
     progress = step > int(current.get("from_step", 0))
-    outcome = decide(rc, signal, finished(workdir), progress, history, max_requeues)
+    done = run_dir.finished(workdir) is not None
+    outcome = decide(rc, signal, done, progress, history, max_requeues)
     current.update({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "rc": rc, "signal": signal,
                     "to_step": step, "progress": progress, "action": outcome.action, "why": outcome.why})
     _write(workdir, records)

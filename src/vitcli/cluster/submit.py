@@ -9,14 +9,15 @@ import sys
 import time
 from pathlib import Path
 
-from vitcli.cluster.requeue import finished
 from vitcli.cluster.slurm import Job, batch_script, log_pattern, script_path, slurm_dir
 from vitcli.errors import ClusterError, OutputError
 from vitcli.recipe.layers import to_yaml
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import stdout
+from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import POINTS_FILE, RECIPE_FILE
+from vitcli.runtime.workdir import refuse_single_run
 
 
 def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: list[str] | None = None,
@@ -30,8 +31,10 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
     if dry_run:
         sys.stdout.write(text)
         return None
-    if not points and finished(workdir):
+    if not points and finished(workdir) is not None:
         raise OutputError(f"{workdir} holds a finished run: nothing to submit (a new --workdir trains again)")
+    if points:
+        refuse_single_run(workdir)
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise ClusterError("--slurm: sbatch is not on PATH (submit from the cluster's login node); "

@@ -5,11 +5,15 @@ while they fit, and the class names on the axes while there are few enough to re
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
+from vitcli.figures.canvas import new_figure
 from vitcli.figures.figure7 import save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAX_CLASSES = 100  # beyond this a cell is under a pixel wide at any sensible size: no figure
 NAMED_UP_TO = 30  # class names on the axes up to this many classes, indices beyond
@@ -26,7 +30,7 @@ def confusion_figure(confusion: np.ndarray, names: list[str], title: str) -> Fig
     """The (K, K) counts as a heat map of row shares, with counts and names where they are readable."""
     k = len(confusion)
     side = min(max(4.0, 0.32 * k + 2.5), 16.0)
-    fig = Figure(figsize=(side + 1.2, side))
+    fig = new_figure(figsize=(side + 1.2, side))
     ax = fig.subplots()
     image = ax.imshow(row_normalised(confusion), cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")

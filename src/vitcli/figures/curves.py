@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
-from matplotlib.figure import Figure
 
 from vitcli.errors import OutputError
+from vitcli.figures.canvas import new_figure
 from vitcli.figures.figure7 import save_figure
 from vitcli.recipe.choices import ALL_DATA_PROTOCOLS
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.runtime.run_files import CURVES_FILE, METRICS_FILE, RECIPE_FILE
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PANELS = ("loss", "learning rate", "held-out accuracy", "few-shot accuracy",
           "frozen features, all train data")
@@ -77,7 +81,7 @@ def curves_figure(runs: dict[str, list[dict]], losses: dict[str, str] | None = N
     # lines that coincide (two runs' learning rates) still show both
     marks = {label: (RUN_MARKERS[i % len(RUN_MARKERS)], i / len(runs)) if len(runs) > 1 else None
              for i, label in enumerate(runs)}
-    fig = Figure(figsize=(4.2 * max(len(shown), 1), 3.8))
+    fig = new_figure(figsize=(4.2 * max(len(shown), 1), 3.8))
     axes = np.atleast_1d(fig.subplots(1, max(len(shown), 1), squeeze=False)).ravel()
     for ax, (title, group, keys) in zip(axes, shown):
         for label, rows in group.items():

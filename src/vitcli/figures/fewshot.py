@@ -6,12 +6,15 @@ and two figures compare at a glance."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
+from vitcli.figures.canvas import new_figure
 from vitcli.figures.figure7 import save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NAME_CHARS = 60  # a longer checkpoint path keeps its last NAME_CHARS characters in the title
 LEGEND_ROWS = 13  # more tasks than this: the legend in two columns
@@ -32,7 +35,7 @@ def fewshot_figure(summary: dict[tuple[str, int], tuple[float, float]], classes:
     columns = 1 if len(names) < LEGEND_ROWS else 2  # VTAB's 19 tasks in two
     rows = -(-(len(names) + 1) // columns)
     # the object API: no pyplot state, no GUI backend, files only; the legend beside the axes, never on data
-    fig = Figure(figsize=(5.0 + 2.8 * columns, max(4.2, 0.24 * rows + 1.0)))
+    fig = new_figure(figsize=(5.0 + 2.8 * columns, max(4.2, 0.24 * rows + 1.0)))
     ax = fig.subplots()
     drawn = []
     for name in names:
@@ -54,6 +57,8 @@ def fewshot_figure(summary: dict[tuple[str, int], tuple[float, float]], classes:
     ax.set_ylabel("top-1 accuracy (%)")
     ax.set_title(": ".join(filter(None, ("linear few-shot", weights))), fontsize="medium", wrap=True)
     ax.grid(alpha=0.3)
+    from matplotlib.lines import Line2D  # imported when drawing, as figures.canvas says why
+
     key = Line2D([], [], color="0.3", linestyle=":", linewidth=1.2,
                  label="chance: 1/classes (dotted, in the task's colour)")
     ax.legend(handles=[*drawn, key], fontsize="small", handlelength=3, ncol=columns, loc="upper left",

@@ -10,12 +10,16 @@ statistics are the only ones the loss defines), then data.mean and data.std are 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
+from vitcli.figures.canvas import new_figure
 from vitcli.models import mae
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 FILL = 0.5  # a removed patch in the masked input: mid grey, as in the paper's figure
 COLUMNS = ("masked input", "reconstruction + visible", "original")
@@ -55,7 +59,7 @@ def panels(images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor, patch: 
 def reconstruction_figure(tiles: np.ndarray, title: str) -> Figure:
     """One row per image, `panels`' three columns side by side, each column named above its first row."""
     rows = len(tiles)
-    fig = Figure(figsize=(6.0, 2.0 * rows + 0.7))
+    fig = new_figure(figsize=(6.0, 2.0 * rows + 0.7))
     axes = fig.subplots(rows, 3, squeeze=False)
     for row, images in zip(axes, tiles):
         for ax, image in zip(row, images):

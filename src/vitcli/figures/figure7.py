@@ -9,13 +9,17 @@ the tables and attention maps out of a model is the `vit inspect` driver's (vitc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from vitcli.errors import ModelError
+from vitcli.figures.canvas import new_figure
 from vitcli.runtime.files import atomic_path
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 NUM_COMPONENTS = 28  # Figure 7 (left) shows 28 components in a 4 x 7 grid
 
@@ -125,7 +129,7 @@ def filters_figure(components: np.ndarray, explained: np.ndarray, title: str) ->
     gap = max(1, patch // 8)
     tiles = np.ones((rows * cols, patch, patch, 3))  # blank (white) after the last component
     tiles[: len(components)] = [to_rgb(c) for c in components]
-    fig = Figure(figsize=(1.1 * cols + 0.4, 1.25 * rows + 0.8))
+    fig = new_figure(figsize=(1.1 * cols + 0.4, 1.25 * rows + 0.8))
     ax = fig.subplots()
     ax.imshow(mosaic(tiles.reshape(rows, cols, patch, patch, 3), gap=gap, fill=1.0),
               interpolation="nearest")
@@ -142,7 +146,7 @@ def filters_figure(components: np.ndarray, explained: np.ndarray, title: str) ->
 def position_figure(maps: np.ndarray, title: str) -> Figure:
     """Figure 7 centre: one H x W similarity map per patch, placed at that patch's row and column."""
     h, w = maps.shape[:2]
-    fig = Figure(figsize=(6.4, 5.4))
+    fig = new_figure(figsize=(6.4, 5.4))
     ax = fig.subplots()
     gap = 1
     image = ax.imshow(mosaic(maps, gap), vmin=-1, vmax=1, cmap="viridis", interpolation="nearest")
@@ -162,7 +166,7 @@ def distance_figure(distances: np.ndarray, img_size: int, title: str, uniform: f
     """Figure 7 right: one dot per head (colour = head index) at each layer, distance in pixels, and the
     distance of uniform attention (`uniform_distance`) as a dashed line: a head on it attends everywhere."""
     depth, heads = distances.shape
-    fig = Figure(figsize=(5.5, 4))
+    fig = new_figure(figsize=(5.5, 4))
     ax = fig.subplots()
     layers = np.arange(1, depth + 1)
     for head in range(heads):

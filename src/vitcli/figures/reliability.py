@@ -5,11 +5,15 @@ shaded; below, how many rows each bin holds (log scale: a trained model puts mos
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
+from vitcli.figures.canvas import new_figure
 from vitcli.figures.figure7 import save_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def reliability_figure(counts: np.ndarray, accuracy: np.ndarray, confidence: np.ndarray,
@@ -19,7 +23,7 @@ def reliability_figure(counts: np.ndarray, accuracy: np.ndarray, confidence: np.
     m = len(counts)
     left = np.arange(m) / m
     held = counts > 0
-    fig = Figure(figsize=(5.0, 6.0))
+    fig = new_figure(figsize=(5.0, 6.0))
     top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     top.bar(left[held], accuracy[held], width=1 / m, align="edge", color="tab:blue", edgecolor="black",
             label="accuracy")

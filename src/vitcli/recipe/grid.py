@@ -132,6 +132,27 @@ def _hashed(name: str, overrides: dict[str, Any]) -> str:
     return f"{name}~{digest}"
 
 
+def check_swept(points: list[Point], recipes: list[Recipe]) -> None:
+    """Every point's resolved recipe runs the values the point is named by. A swept value that
+    resolving replaced would train one network under several names, tabulated as if they differed: a
+    key the starting checkpoint fixes (its architecture: checkpoints.complete fills the model in
+    from it), or a size a named model.name fixes, is a RecipeError naming the key and what fixes
+    it."""
+    for point, recipe in zip(points, recipes, strict=True):
+        for key, value in point.overrides.items():
+            runs = _get(recipe, key)
+            if runs == value:
+                continue
+            if recipe.init.checkpoint and not recipe.init.random and key.startswith("model."):
+                by = f"the starting checkpoint {recipe.init.checkpoint} fixes it"
+            elif key.startswith("model.") and recipe.model.name != "custom":
+                by = f"model.name={recipe.model.name} fixes it"
+            else:
+                by = "resolving the recipe replaces it"
+            raise RecipeError(f"--sweep {key}: {by} (point {point.name} would run {key}="
+                              f"{value_text(runs)}); sweep a key the run may change")
+
+
 def check_index(index: int | None, count: int) -> None:
     """`--sweep-point I` must name one of the `count` points (0-based, as SLURM_ARRAY_TASK_ID counts)."""
     if index is not None and not 0 <= index < count:

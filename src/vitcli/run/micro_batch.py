@@ -48,6 +48,7 @@ from vitcli.run import trial as child
 from vitcli.run.trial import ERRORS, MICRO_BATCHES, RESULT, SPEC
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
+from vitcli.runtime.launcher import LaunchEnv
 from vitcli.runtime.memory import available_mb, status_mb
 from vitcli.runtime.metrics import console
 
@@ -162,7 +163,7 @@ def budget(r: Recipe, device: torch.device) -> Budget:
     if available is None:
         raise RecipeError("data.micro_batch_size=auto: this host does not say how much memory is available "
                           "(no /proc/meminfo); set run.memory_budget_mb")
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    processes = LaunchEnv.read().local_world_size
     shared = f" over {processes} processes" if processes > 1 else ""
     return Budget(available / processes, f"MemAvailable {available:.0f} MiB{shared}")
 

@@ -1,7 +1,8 @@
-"""What every stage runs on: allocator.py (glibc told to reuse what a process frees), run_files.py (the
-files of a run directory, named once), precision.py (and run.compile's auto), peak.py (a device's peak
-FLOP/s, for MFU), memory.py (peak resident memory of a run and of its loader workers), files.py (atomic
-writes, checksums), metrics.py (metrics.jsonl, the console, the progress bar, tables), trackers.py
-(TensorBoard, W&B), dist.py (processes and devices), threads.py (CPU threads on a shared machine),
-workdir.py (output locations checked before anything is written), finished.py (a finished evaluation read,
-not run again)."""
+"""What every stage runs on: allocator.py (glibc told to reuse what a process frees), run_files.py
+(the files of a run directory, named once), run_dir.py (its rules: checkpoints by name, finished,
+the keys that do not change a result), precision.py (and run.compile's auto), peak.py (a device's
+peak FLOP/s, for MFU), memory.py (peak resident memory of a run and of its loader workers), files.py
+(atomic writes, checksums), metrics.py (metrics.jsonl, the console, the progress bar, tables),
+trackers.py (TensorBoard, W&B), launcher.py (torchrun's rank and world sizes, read once), dist.py
+(processes and devices), threads.py (CPU threads on a shared machine), workdir.py (output locations
+checked before anything is written), finished.py (a finished evaluation read, not run again)."""

@@ -1,7 +1,8 @@
 """Processes and devices, in one place. Multi-process and multi-node runs come from `torchrun`.
 
-torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; without them we are a single process. Only rank 0 talks
-(progress, tables) and writes files; everything else computes and joins the all-reduces.
+torchrun sets RANK / WORLD_SIZE / LOCAL_RANK (runtime.launcher reads them); without them we are a
+single process. Only rank 0 talks (progress, tables) and writes files; everything else computes and
+joins the all-reduces.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as torch_dist
 
+from vitcli.runtime.launcher import LaunchEnv
 from vitcli.runtime.metrics import console, stdout
 
 
@@ -66,9 +68,8 @@ _joined: Dist | None = None
 def setup(device_pref: str = "auto") -> Dist:
     """Join torchrun's process group, if any (NCCL on GPU, Gloo on CPU); `leave` leaves it."""
     global _joined
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    launch = LaunchEnv.read()
+    world, rank, local_rank = launch.world_size, launch.rank, launch.local_rank
     device = pick_device(device_pref, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -81,7 +82,7 @@ def setup(device_pref: str = "auto") -> Dist:
     if world > 1:
         _joined = here
     crowded = device.type == "cpu" and oversubscription(
-        torch.get_num_threads(), int(os.environ.get("LOCAL_WORLD_SIZE", "1")), len(os.sched_getaffinity(0)))
+        torch.get_num_threads(), launch.local_world_size, len(os.sched_getaffinity(0)))
     if crowded:
         console.log(f"[yellow]warning: {crowded}")
     return here

@@ -27,13 +27,12 @@ from vitcli.recipe.layers import flatten, to_dict, to_yaml
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import sha256_of
 from vitcli.runtime.metrics import console
+from vitcli.runtime.run_dir import HOW_RUN
 from vitcli.runtime.run_files import RECIPE_FILE
 from vitcli.runtime.workdir import set_aside
 
-# How an evaluation runs, not what it measures: these may differ between a finished evaluation and its repeat
-HOW_RUN = ("run.device", "run.compile", "run.log_every", "run.eval_every", "run.ckpt_every",
-           "run.keep_checkpoints", "run.strategy", "run.activation_checkpointing", "run.loggers",
-           "data.num_workers", "data.eval_batch_size", "data.cache_mb", "fewshot.cache_dir", "fewshot.every")
+# How an evaluation runs, not what it measures, is run_dir.HOW_RUN: it may differ between a finished
+# evaluation and its repeat
 # Recipe keys naming a local path or a Hub name: compared as `inputs` records them (absolute, or by content)
 PATH_KEYS = ("init.checkpoint", "data.source", "fewshot.data_root", "fewshot.custom.source")
 Difference = tuple[str, object, object]  # (what, its value in the finished request, its value now)

@@ -1,7 +1,9 @@
 """The files of a run directory, named once: the stages write them, resume, `vit plot` and the CLI read them.
 
 Torch-free and import-free, so anything (the CLI included) may ask what a workdir holds. Checkpoints
-(`state-<step>.pt`, `state-<step>/`) are named by the checkpoint layer, which also finds and rotates them.
+(`state-<step>.pt`, `state-<step>/`) are named in runtime.run_dir, with the rules of a run directory
+(its newest step, whether its run is finished); the checkpoint layer writes, verifies and rotates
+them.
 """
 
 from __future__ import annotations

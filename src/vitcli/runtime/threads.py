@@ -23,6 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from vitcli.runtime.launcher import LaunchEnv
+
 ROUNDS = 5  # interleaved 1-thread / n-thread rounds: a burst of other work falls on both alike
 BUDGET_S = 0.5  # no round starts past this: on a crowded machine the n-thread rounds are the slow ones
 FASTER = 1.2  # fewer threads must win by this much to be advised: the timing is noisy on a busy machine
@@ -86,7 +88,7 @@ def check(workers: int) -> str | None:
     """This machine's advice for a CPU run with `workers` loader workers per process (None: nothing to
     say); the ops are timed only when the load says the cores are crowded."""
     load, cores, threads = os.getloadavg()[0], len(os.sched_getaffinity(0)), torch.get_num_threads()
-    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # torchrun's, on this machine
+    processes = LaunchEnv.read().local_world_size  # torchrun's, on this machine
     if not crowded(load, cores, threads, workers * processes, processes):
         return None
     return advice(timed([1, threads]), threads, load, cores)

@@ -19,6 +19,7 @@ from pathlib import Path
 from vitcli.errors import OutputError, RecipeError
 from vitcli.runtime.files import atomic_dir
 from vitcli.runtime.metrics import console
+from vitcli.runtime.run_dir import finished, newest_step
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE, RUN_OUTPUTS
 
 
@@ -54,12 +55,26 @@ def check_output_file(path: Path, what: str) -> None:
 
 
 def refuse_finished(workdir: Path, overwrite: bool) -> None:
-    """A fresh run must not replace a finished one by accident (a typo after `--no-resume`, say)."""
-    if (workdir / MODEL_FILE).is_file() and not overwrite:
+    """A fresh run must not replace a finished one (run_dir.finished) by accident (a typo after
+    `--no-resume`, say)."""
+    if not overwrite and finished(workdir) is not None:
         raise OutputError(
-            f"{workdir} holds a finished run ({MODEL_FILE}); use a new --workdir, or pass --overwrite "
+            f"{workdir} holds a finished run; use a new --workdir, or pass --overwrite "
             "to start over there (its files are then kept in previous-<time>/ inside it)"
         )
+
+
+def refuse_single_run(workdir: Path) -> None:
+    """A sweep's workdir holds its points' runs, each in WORKDIR/<point>: one that holds a single
+    run (its recipe.yaml, checkpoints or model at the top, finished or not) is refused before any
+    point trains, rather than the points filling it around that run (--overwrite included: it starts
+    each point over)."""
+    held = [name for name in (RECIPE_FILE, MODEL_FILE) if (workdir / name).is_file()]
+    held += ["state-<step> checkpoints"] * bool(newest_step(workdir))
+    if held:
+        what = "a finished single run" if finished(workdir) is not None else "a single run"
+        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts "
+                          "each point in WORKDIR/<point>; pass a new --workdir")
 
 
 def refuse_other_run(workdir: Path, stage: str) -> None:

@@ -1,10 +1,14 @@
 """Sweeps: a training run per point of a grid, each in WORKDIR/<point>, and one table of their final metrics.
 
 `--sweep KEY=V1,V2,...` (recipe/grid.py names the points; the CLI resolves every point's recipe before the
-first trains) runs the points in turn through stages.run.run_training, which skips a finished one without
+first trains) runs the points in turn through run.build.run_training, which skips a finished one without
 touching a file, so a rerun trains only what is missing. Rank 0 then writes WORKDIR/sweep.json and sweep.csv
-and prints a table: a row per point, its swept values and every final metric of its summary.json (the keys
-with a `/`), the best on the dev split (val/top1) marked where the points have one.
+(a row per point: its swept values and every final metric of its summary.json, the keys with a `/`)
+and prints a table readable at 100 columns: the swept values, the dev and test metrics and the
+status, the best on the dev split (val/top1) marked where the points have one. The CLI has refused,
+before this, a swept value that resolving a point's recipe replaced (recipe.grid.check_swept: a key
+the starting checkpoint fixes); a workdir that holds a single run is refused here
+(runtime.workdir.refuse_single_run).
 
 A point whose training fails as it runs (a non-finite loss; on one process also the device's memory running
 out) is recorded as failed and the other points still run: what a value does is the sweep's result. The
@@ -36,7 +40,9 @@ from vitcli.run.report import number
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE, SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.run_dir import finished
+from vitcli.runtime.run_files import SWEEP_CSV, SWEEP_FILE
+from vitcli.runtime.workdir import refuse_single_run
 
 DEV = "val/top1"  # the dev split's metric the best point is chosen on (higher is better)
 HELD_OUT = ("val", "test", "fewshot", "real")  # metric families shown first: what a sweep compares
@@ -55,6 +61,7 @@ def sweep_grid(grid: Grid, workdir: Path, dist: Dist, resume: bool | None = None
     """Every point of `grid` in turn (or grid.only alone, then the table if every point is finished); returns
     what sweep.json holds. A point that failed is a TrainingError once the others ran and the table is
     written."""
+    refuse_single_run(workdir)
     if grid.only is not None:
         return _one_point(grid, workdir, dist, resume, overwrite)
     rows = _run_points(list(zip(grid.points, grid.recipes, strict=True)), workdir, dist, resume, overwrite)
@@ -72,6 +79,7 @@ def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume
              overwrite: bool = False) -> dict:
     """`--lr-sweep`: fine-tune once per learning rate into WORKDIR/optim.lr=<lr>, choose on data.val_split;
     returns what sweep.json holds: the sweep's table and best_lr, its dev/top1 and test/top1."""
+    refuse_single_run(workdir)
     planned = [(p, derive(recipe, nest(p.overrides), dist.world_size)) for p in expand([("optim.lr", lrs)])]
     summary = table(_run_points(planned, workdir, dist, resume, overwrite), ["optim.lr"])
     if summary["best"] is None:
@@ -129,18 +137,6 @@ def _one_point(grid: Grid, workdir: Path, dist: Dist, resume: bool | None, overw
         console.log(f"{len(rows) - pending} of {len(rows)} points finished: the task that finishes the last "
                     f"writes {workdir / SWEEP_CSV}")
     return summary
-
-
-def finished(point_dir: Path) -> dict | None:
-    """What a point's summary.json holds when its run is finished (summary.json and model.safetensors are its
-    last writes), else None."""
-    if not (point_dir / MODEL_FILE).is_file():
-        return None
-    try:
-        summary = json.loads((point_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return summary if isinstance(summary, dict) else None
 
 
 def row(point: Point, summary: dict | None, error: str = "") -> dict:
@@ -203,27 +199,45 @@ def metric_columns(rows: list[dict]) -> list[str]:
 
 
 def _rich_table(summary: dict, title: str) -> Table:
-    """The sweep's table: the held-out metrics, and the others that differ between the points that have them;
-    one the same in all of them (two at least) goes to the caption. The best point on the dev split is marked
-    *."""
+    """The sweep's table, readable at 100 columns: a row per point, its swept values, the dev and
+    test metrics (shown_metrics) and its status, no cell wrapped; below it each failed point's error
+    (its first line) and how many more metrics sweep.csv holds. The best point on the dev split is
+    marked *."""
     rows, keys = summary["points"], summary["keys"]
-    metrics = metric_columns(rows)
-    found = {m: [r[m] for r in rows if m in r] for m in metrics if m.split("/")[0] not in HELD_OUT}
-    same = {m: v[0] for m, v in found.items() if len(v) > 1 and len({json.dumps(x) for x in v}) == 1}
-    shown = [m for m in metrics if m not in same]
-    status = ["status"] if any(r["status"] != "finished" for r in rows) else []  # only when it says something
-    caption = ", ".join(f"{m} {_cell(v)}" for m, v in same.items())
+    shown = shown_metrics(rows)
+    more = len(metric_columns(rows)) - len(shown)
+    notes = [f"{i} failed: {_message(r)}" for i, r in enumerate(rows) if r["status"] == "failed"]
+    notes += [f"{more} more metrics of each point in {SWEEP_CSV}"] * bool(more)
     t = Table(title=title + (f", best on {DEV} marked *" if summary["best"] else ""),
-              caption=f"the same in every point that has it: {caption}" if same else None)
-    for col in ["#", *keys, *status]:  # what names the row: never wrapped
-        t.add_column(col, justify="left" if col == "status" else "right", no_wrap=True)
-    for col in shown:
-        t.add_column(col, justify="right", overflow="fold")
+              caption="\n".join(notes) or None, caption_justify="left")
+    for col in ["#", *keys, *shown]:
+        t.add_column(col, justify="right", no_wrap=True)
+    t.add_column("status", no_wrap=True)
     for i, r in enumerate(rows):
         mark = " *" if r["point"] == summary["best"] else ""
         values = [value_text(r[k]) for k in keys]
-        t.add_row(f"{i}{mark}", *values, *(_cell(r.get(k)) for k in [*status, *shown]))
+        t.add_row(f"{i}{mark}", *values, *(_cell(r.get(k)) for k in shown), r["status"])
     return t
+
+
+def shown_metrics(rows: list[dict]) -> list[str]:
+    """The metrics the table shows: the dev split's (val/top1, else the objective's first val
+    metric: val/mpp_loss, val/mae_loss) and the test split's alike."""
+    found = metric_columns(rows)
+    return [m for m in (_first(found, "val"), _first(found, "test")) if m]
+
+
+def _first(metrics: list[str], split: str) -> str | None:
+    named = [m for m in metrics if m.split("/")[0] == split]
+    return f"{split}/top1" if f"{split}/top1" in named else next(iter(named), None)
+
+
+def _message(r: dict) -> str:
+    """A failed point's error as the table's note gives it: its first line, without the exception's
+    name (sweep.csv keeps the whole error)."""
+    error = (str(r.get("error", "")).strip().splitlines() or [""])[0]
+    name, sep, message = error.partition(": ")
+    return message if sep and name.isidentifier() else error
 
 
 def _cell(v) -> str:

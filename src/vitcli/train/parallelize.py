@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -193,4 +192,8 @@ def gathered(model: nn.Module) -> Iterator[None]:
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The whole model's state dict on the CPU, with the plain model's keys, on rank 0 ({} elsewhere), for
     model.safetensors. Every process calls it: the shards are gathered."""
+    # torch.distributed.checkpoint, here and not above: importing it takes seconds that an unsharded
+    # run (this is asked only of a sharded one) would spend for nothing
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

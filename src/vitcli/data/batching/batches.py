@@ -19,7 +19,6 @@ trainer, is seeded by `micro_seed` from (run seed, optimizer step, global micro-
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
 
@@ -47,6 +46,7 @@ from vitcli.data.decoding.image_cache import CACHE_ENCODED_BYTES, SharedImages, 
 from vitcli.data.rows.sources import origin
 from vitcli.errors import CheckpointError, DataError
 from vitcli.recipe.schema import DataConfig
+from vitcli.runtime.launcher import LaunchEnv
 from vitcli.runtime.metrics import console
 
 
@@ -348,7 +348,7 @@ def train_batches(
 def cache_capacity(cfg: DataConfig) -> int:
     """Bytes of decoded pixels this training process and its workers may keep: data.cache_mb shared by the
     training processes on this host (torchrun's LOCAL_WORLD_SIZE), so the host holds at most data.cache_mb."""
-    return cfg.cache_mb * 2**20 // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return cfg.cache_mb * 2**20 // max(1, LaunchEnv.read().local_world_size)
 
 
 def cache_line(cfg: DataConfig, cache: SharedImages | None, on_disk: int, rows: int) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from vitcli.checkpoints.npz import npz_to_timm
 from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights, not_safetensors
 from vitcli.errors import CheckpointError, first_line
+from vitcli.recipe.data_checks import json_object
 from vitcli.runtime.run_files import MODEL_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
@@ -212,12 +212,12 @@ def _folder_cfg(path: Path) -> dict:
     sides are set: crop_mode squash); {} for anything else."""
     if path.name not in hf_vit.WEIGHTS_FILES:  # MODEL_FILE, or a transformers folder's pytorch_model.bin
         return {}
-    timm_cfg = _json(path.parent / "config.json")
+    timm_cfg = json_object(path.parent / "config.json")
     timm_cfg = timm_cfg.get("pretrained_cfg", timm_cfg)
     if "mean" in timm_cfg:
         keys = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
         return {"from": "its config.json (timm)", **{k: timm_cfg[k] for k in keys if k in timm_cfg}}
-    hf = _json(path.parent / "preprocessor_config.json")
+    hf = json_object(path.parent / "preprocessor_config.json")
     if "image_mean" not in hf:
         return {}
     out = {"from": "its preprocessor_config.json (transformers)", "mean": hf["image_mean"],
@@ -235,15 +235,6 @@ def _folder_cfg(path: Path) -> dict:
     elif edge:  # no crop: all the resized image is seen
         out["crop_pct"] = 1.0
     return {k: v for k, v in out.items() if v is not None}
-
-
-def _json(path: Path) -> dict:
-    """A JSON object from `path`; {} when it is not there or not an object."""
-    try:
-        content = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
 
 
 def _zip_names(path: Path) -> list[str]:

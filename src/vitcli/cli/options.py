@@ -40,6 +40,11 @@ ImagenetSet = choice("ImagenetSet", IMAGENET_SETS)
 TtaView = choice("TtaView", TTA_VIEWS)
 
 
+def flag(name: str, help: str) -> type:
+    """An on/off option, off unless given."""
+    return Annotated[bool, typer.Option(name, help=help)]
+
+
 def overrides(examples: str) -> type:
     """KEY=VALUE arguments by dotted path; `examples` are the command's likeliest."""
     return Annotated[list[str] | None,
@@ -55,38 +60,40 @@ Workdir = Annotated[Path | None, typer.Option(
 Ckpt = Annotated[str | None, typer.Option(
     "--ckpt", help="Weights: a vitcli workdir or file, timm .safetensors, Google .npz, a torch .pth "
                    "(MAE's), a transformers ViT folder or Hub name.")]
-DryRun = Annotated[bool, typer.Option(
-    "--dry-run", help="Print the resolved recipe as YAML and exit.")]
-Plan = Annotated[bool, typer.Option(
-    "--dry-run", help="Check everything and print what would be written; write nothing.")]
-Json = Annotated[bool, typer.Option(
-    "--json", help="Print the results as JSON on stdout instead of tables (logs and progress stay "
-                   "on stderr).")]
+DryRun = flag("--dry-run", "Print the resolved recipe as YAML and exit.")
+Plan = flag("--dry-run", "Check everything and print what would be written; write nothing.")
+Json = flag(
+    "--json",
+    "Print the results as JSON on stdout instead of tables (logs and progress stay on stderr).")
 Resume = Annotated[bool | None, typer.Option(
     "--resume/--no-resume", help="Resume from the latest good WORKDIR/state-<step>.pt (default: "
                                  "when there is one).")]
-Overwrite = Annotated[bool, typer.Option(
-    "--overwrite", help="Start over in a workdir that holds a run, finished or not (its files are "
-                        "moved to previous-<time>/, not deleted).")]
-Slurm = Annotated[bool, typer.Option(
-    "--slurm", help="Submit to SLURM instead of running here: the recipe's slurm.* keys (nodes, GPUs, time, "
-                    "partition, ...) make WORKDIR/slurm/job.sh, one torchrun per node; preempted or out of "
-                    "time, it checkpoints and requeues itself. With --dry-run: print the script.")]
-Again = Annotated[bool, typer.Option(
-    "--overwrite", help="Run again into a workdir that holds this command's finished results (they are moved "
-                        "to previous-<time>/, not deleted); without it the same request prints them again.")]
-Replace = Annotated[bool, typer.Option(
-    "--overwrite", help="Replace a non-empty --out (the old one is kept as <out>.previous-<time>, "
-                        "not deleted).")]
+Overwrite = flag(
+    "--overwrite",
+    "Start over in a workdir that holds a run, finished or not (its files are moved to "
+    "previous-<time>/, not deleted).")
+Slurm = flag(
+    "--slurm",
+    "Submit to SLURM instead of running here: the recipe's slurm.* keys (nodes, GPUs, time, "
+    "partition, ...) make WORKDIR/slurm/job.sh, one torchrun per node; preempted or out of time, "
+    "it checkpoints and requeues itself. With --dry-run: print the script.")
+Again = flag(
+    "--overwrite",
+    "Run again into a workdir that holds this command's finished results (they are moved to "
+    "previous-<time>/, not deleted); without it the same request prints them again.")
+Replace = flag(
+    "--overwrite",
+    "Replace a non-empty --out (the old one is kept as <out>.previous-<time>, not deleted).")
 OutDir = Annotated[Path, typer.Option(
     "--out", "-o", help="Directory to write: new or empty (see --overwrite).")]
 DataRoot = Annotated[str | None, typer.Option(
     help="A local root, one directory per task (e.g. DIR/svhn), instead of the Hub.")]
 TrainOverrides = overrides("optim.lr=1e-3 data.batch_size=64")
-Preflight = Annotated[bool, typer.Option(
-    "--preflight", help="Time the run before committing to it: a few real steps, each evaluation and a "
-                        "checkpoint in a throwaway folder beside --workdir (which is left untouched); prints "
-                        "step time, data wait, peak memory, the whole run's ETA, disk and SLURM requeues.")]
+Preflight = flag(
+    "--preflight",
+    "Time the run before committing to it: a few real steps, each evaluation and a checkpoint in a "
+    "throwaway folder beside --workdir (which is left untouched); prints step time, data wait, "
+    "peak memory, the whole run's ETA, disk and SLURM requeues.")
 PreflightSteps = Annotated[int, typer.Option(
     "--preflight-steps", min=1, help="Steps --preflight times, after a quarter as many of warm-up.")]
 # 4 logging windows of 5 steps after one of warm-up: at a second a step, the preflight's steps take 25 s
@@ -127,9 +134,10 @@ Seeds = Annotated[int | None, typer.Option(help="Shot-set draws per shot count."
 L2 = Annotated[str | None, typer.Option(help="Ridge strength, or 'auto' (leave-one-out).")]
 Protocols = Annotated[str | None, typer.Option(
     help="What scores the features, comma-separated: fewshot (default), knn, linear, ridge; or all.")]
-ListTasks = Annotated[bool, typer.Option("--list-tasks", help="Print the task registry and exit.")]
-RandomInit = Annotated[bool, typer.Option(
-    "--random-init", help="Score --ckpt's network with fresh weights (run.seed): the baseline.")]
+ListTasks = flag("--list-tasks", "Print the task registry and exit.")
+RandomInit = flag(
+    "--random-init",
+    "Score --ckpt's network with fresh weights (run.seed): the baseline.")
 FewshotOverrides = overrides("fewshot.l2_reg=auto data.eval_batch_size=256")
 
 # ---------------------------------------------------------------- evaluate and predict
@@ -143,8 +151,7 @@ RealLabels = Annotated[Path | None, typer.Option(
     help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
 # a flag of its own, not --real-labels without a value: Typer (0.29) gives an option no optional value,
 # and `--real-labels data.x=1` would be ambiguous with the overrides that follow
-Real = Annotated[bool, typer.Option(
-    "--real", help="--real-labels with timm's copy of ReaL's real.json (timm/data/_info).")]
+Real = flag("--real", "--real-labels with timm's copy of ReaL's real.json (timm/data/_info).")
 EvalImagenetSet = Annotated[ImagenetSet | None, typer.Option(
     "--imagenet-set", help="The ImageNet set the split is, scored with a 1000-class head (A and R over "
                            "their 200 classes); default: detected from its class folders.")]
@@ -163,9 +170,9 @@ Images = Annotated[list[Path], typer.Argument(
 TopK = Annotated[int, typer.Option(min=1, help="Classes shown per image.")]
 BatchSize = Annotated[int | None, typer.Option(
     help="Images per forward pass (data.eval_batch_size).")]
-Csv = Annotated[bool, typer.Option(
-    "--csv", help="Print CSV rows path,rank,class_index,class_name,probability instead of a "
-                  "table.")]
+Csv = flag(
+    "--csv",
+    "Print CSV rows path,rank,class_index,class_name,probability instead of a table.")
 Set = Annotated[list[str] | None, typer.Option(
     "--set", help="Recipe override by dotted path, e.g. --set run.device=cpu (repeatable).")]
 

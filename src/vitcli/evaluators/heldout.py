@@ -8,9 +8,7 @@ import torch
 
 from vitcli.data.decoding import bad_images
 from vitcli.evaluators.inference import raise_if_nothing_decoded, sharded_pass
-from vitcli.models.mae import mae_step
-from vitcli.models.mpp import mpp_step
-from vitcli.recipe.schema import DataConfig, MaeConfig, MppConfig
+from vitcli.recipe.schema import DataConfig
 from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
 
 
@@ -65,38 +63,21 @@ class ClassificationEvaluator(SplitEvaluator):
         return self.named({"top1": correct / total, "loss": loss_sum / total}, skipped)
 
 
-class MppEvaluator(SplitEvaluator):
-    """Held-out masked patch prediction: mean loss and mean-colour accuracy on one split, with the same
-    corruption draws every run (batch i uses seed i), so runs are comparable step to step."""
+class PretextEvaluator(SplitEvaluator):
+    """A self-supervised objective's held-out losses on one split: `measure(model, i, x)` gives batch
+    i's `names` values (0-d tensors, means over its images), each batch with the same draws every run
+    (the objective seeds them by i), so the values are comparable step to step; averaged over images.
+    The objective (vitcli.objectives) supplies both: its evaluation is its own maths."""
 
-    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str,
-                 mpp: MppConfig, patch_size: int):
+    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, *,
+                 names: tuple[str, ...], measure):
         super().__init__(prefix, ds, cfg, img_size, dist, precision)
-        self.mpp, self.patch_size = mpp, patch_size
+        self.names, self.measure = names, measure
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         def per_batch(model, i, x, y):
-            loss, accuracy = mpp_step(model, x, i, self.mpp, self.patch_size)
-            return [len(x), len(x) * loss.item(), len(x) * accuracy.item()]
+            values = self.measure(model, i, x)
+            return [len(x), *(len(x) * v.item() for v in values)]
 
-        (total, loss_sum, accuracy_sum), skipped = self.sums(model, per_batch, 3)
-        total = max(total, 1)
-        return self.named({"mpp_loss": loss_sum / total, "mpp_accuracy": accuracy_sum / total}, skipped)
-
-
-class MaeEvaluator(SplitEvaluator):
-    """Held-out MAE loss on one split, with the same masks every run: image p of batch i is the split's image
-    i x eval_batch_size + p of this rank's rows, masked with seed 0 (mae.mask_noise)."""
-
-    def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str,
-                 mae: MaeConfig, patch_size: int):
-        super().__init__(prefix, ds, cfg, img_size, dist, precision)
-        self.mae, self.patch_size = mae, patch_size
-
-    def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
-        def per_batch(model, i, x, y):
-            loss = mae_step(model, x, 0, i * self.cfg.eval_batch_size, self.mae, self.patch_size)
-            return [len(x), len(x) * loss.item()]  # every image has as many removed patches: a plain mean
-
-        (total, loss_sum), skipped = self.sums(model, per_batch, 2)
-        return self.named({"mae_loss": loss_sum / max(total, 1)}, skipped)
+        (total, *sums), skipped = self.sums(model, per_batch, 1 + len(self.names))
+        return self.named({n: v / max(total, 1) for n, v in zip(self.names, sums, strict=True)}, skipped)

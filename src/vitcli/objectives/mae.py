@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitcli.evaluators.heldout import MaeEvaluator
+from vitcli.evaluators.heldout import PretextEvaluator
 from vitcli.models.flops import train_flops_per_image
 from vitcli.models.mae import MaeModel, mae_step
 from vitcli.objectives.objective import Objective
@@ -29,10 +29,17 @@ class MaskedAutoencoder(Objective):
         first = draws.first_sample(len(x))
         return mae_step(model, x, r.run.seed, first, r.mae, r.model.patch_size), None
 
-    def evaluator(self, name: str, ds, dist: Dist) -> MaeEvaluator:
+    def evaluator(self, name: str, ds, dist: Dist) -> PretextEvaluator:
+        """The reconstruction loss, the same masks every run: image p of batch i is this rank's image
+        i x eval_batch_size + p, masked with seed 0 (mae.mask_noise); every image has as many removed
+        patches, so the mean over images is the loss's."""
         r = self.recipe
-        return MaeEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mae,
-                            r.model.patch_size)
+
+        def measure(model, i, x):
+            return (mae_step(model, x, 0, i * r.data.eval_batch_size, r.mae, r.model.patch_size),)
+
+        return PretextEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
+                                names=("mae_loss",), measure=measure)
 
     def flops_per_image(self) -> float:
         """The MAE step's: the encoder on the kept patches and the decoder on all (models.flops)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vitcli.evaluators.heldout import MppEvaluator
+from vitcli.evaluators.heldout import PretextEvaluator
 from vitcli.models.mpp import MppModel, mpp_step
 from vitcli.objectives.objective import Objective
 from vitcli.runtime.dist import Dist
@@ -24,10 +24,15 @@ class MaskedPatches(Objective):
         r = self.recipe
         return mpp_step(model, x, draws(MPP_STREAM), r.mpp, r.model.patch_size)
 
-    def evaluator(self, name: str, ds, dist: Dist) -> MppEvaluator:
+    def evaluator(self, name: str, ds, dist: Dist) -> PretextEvaluator:
+        """Mean loss and mean-colour accuracy; batch i corrupted with seed i, the same every run."""
         r = self.recipe
-        return MppEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision, r.mpp,
-                            r.model.patch_size)
+
+        def measure(model, i, x):
+            return mpp_step(model, x, i, r.mpp, r.model.patch_size)
+
+        return PretextEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
+                                names=("mpp_loss", "mpp_accuracy"), measure=measure)
 
     def learns(self) -> str:
         return f"masked patch prediction ({self.recipe.mpp.target})"

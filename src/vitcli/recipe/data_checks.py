@@ -200,7 +200,7 @@ def source_splits(source: str) -> list[str] | None:
     if not path.is_dir():
         return None
     for name, key in ((PREPARED_MANIFEST, "splits"), ("dataset_dict.json", "splits")):
-        listed = _json(path / name)
+        listed = json_object(path / name)
         if name == PREPARED_MANIFEST and listed.get("kind") != PREPARED_KIND:
             continue
         if isinstance(listed.get(key), (dict, list)):
@@ -210,7 +210,8 @@ def source_splits(source: str) -> list[str] | None:
     return None if names_tar_shards(source) else split_dirs(path)
 
 
-def _json(path: Path) -> dict:
+def json_object(path: Path) -> dict:
+    """The JSON object in `path`; {} when it is not there, not JSON or not an object."""
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -10,7 +10,8 @@ from vitcli.runtime.metrics import console
 
 @pytest.fixture(autouse=True, scope="session")
 def vitcli_cache(tmp_path_factory):
-    """vitcli's cache (folder indexes) in a temporary directory, not the ~/.cache/vitcli of whoever tests."""
+    """vitcli's cache (folder indexes) in a temporary directory, not the ~/.cache/vitcli of whoever
+    tests."""
     before = os.environ.get("VITCLI_CACHE")
     os.environ["VITCLI_CACHE"] = str(tmp_path_factory.mktemp("vitcli-cache"))
     yield
@@ -22,8 +23,8 @@ def vitcli_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_thread():
-    """One intra-op thread for the module: convolutional and T2T models run ~20x slower with 2 threads on a
-    busy 2-core machine."""
+    """One intra-op thread for the module: convolutional and T2T models run ~20x slower with 2
+    threads on a busy 2-core machine."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -39,10 +40,10 @@ def logged(monkeypatch):
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (make test runs one worker per core, up to 4) each worker gets its share of the
-    cores for torch's intra-op threads, and the processes tests start inherit it (OMP_NUM_THREADS), unless the
-    caller set it: two workers of two threads on two cores spin against each other and ran several times
-    slower than one thread each."""
+    """Under pytest-xdist (make test runs one worker per core, up to 4) each worker gets its share
+    of the cores for torch's intra-op threads, and the processes tests start inherit it
+    (OMP_NUM_THREADS), unless the caller set it: two workers of two threads on two cores spin
+    against each other and ran several times slower than one thread each."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)

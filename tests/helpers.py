@@ -1,7 +1,7 @@
-"""What several test modules share: the repository root, the `vit` entry point run in-process, the 2-process
-rank scripts run under torchrun, a run SIGKILLed at a checkpoint, tiny models and their Google `.npz` and
-MAE `.pth` files, a run stopped as Ctrl-C stops it, damaged files, warnings read off the console. Fixtures
-live in conftest.py."""
+"""What several test modules share: the repository root, the `vit` entry point run in-process, the
+2-process rank scripts run under torchrun, a run SIGKILLed at a checkpoint, tiny models and their
+Google `.npz` and MAE `.pth` files, a run stopped as Ctrl-C stops it, damaged files, warnings read
+off the console. Fixtures live in conftest.py."""
 
 import argparse
 import contextlib
@@ -44,9 +44,10 @@ RAISED = re.compile(r"(\[rank\d+\]: )?[\w.]+(Error|Exception): ")
 
 
 def run_ranks(script: Path, out: Path) -> None:
-    """`script OUT` on 2 processes under torchrun (Gloo on the CPU, one intra-op thread each, the script's
-    folder importable for its helpers). If a process fails: the first exception line any rank printed (the
-    end of stderr may be torchrun's report or a long message) and the end of stderr."""
+    """`script OUT` on 2 processes under torchrun (Gloo on the CPU, one intra-op thread each, the
+    script's folder importable for its helpers). If a process fails: the first exception line any
+    rank printed (the end of stderr may be torchrun's report or a long message) and the end of
+    stderr."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(script.parent)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -57,9 +58,9 @@ def run_ranks(script: Path, out: Path) -> None:
 
 
 def kill_when(env: dict, cmd: list[str], path: Path) -> None:
-    """Start `cmd` in its own process group and SIGKILL every process it started (torchrun and its ranks,
-    loader workers) as soon as `path` exists, as a pre-empted node dies: no signal handler, no final
-    checkpoint."""
+    """Start `cmd` in its own process group and SIGKILL every process it started (torchrun and its
+    ranks, loader workers) as soon as `path` exists, as a pre-empted node dies: no signal handler,
+    no final checkpoint."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 240
@@ -72,8 +73,8 @@ def kill_when(env: dict, cmd: list[str], path: Path) -> None:
 
 
 def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it, read from /proc. torchrun starts each rank in a session of its own,
-    so a signal to torchrun's process group reaches none of them."""
+    """`pid` and every process below it, read from /proc. torchrun starts each rank in a session of
+    its own, so a signal to torchrun's process group reaches none of them."""
     found, todo = [], [pid]
     while todo:
         found.append(todo.pop())
@@ -84,9 +85,9 @@ def process_tree(pid: int) -> list[int]:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL `pid`'s process group and that of every process below it (a rank's loader workers are in its
-    group), then wait until none is left running: a rank of a killed torchrun would otherwise train on, still
-    writing into the run directory that the test resumes next."""
+    """SIGKILL `pid`'s process group and that of every process below it (a rank's loader workers are
+    in its group), then wait until none is left running: a rank of a killed torchrun would otherwise
+    train on, still writing into the run directory that the test resumes next."""
     tree, groups = process_tree(pid), set()
     for p in tree:
         with contextlib.suppress(ProcessLookupError):  # one that has exited since
@@ -100,7 +101,8 @@ def kill_tree(pid: int) -> None:
 
 
 def _running(pid: int) -> bool:
-    """Whether `pid` is still there and not a zombie (one exited, waiting for its parent to reap it)."""
+    """Whether `pid` is still there and not a zombie (one exited, waiting for its parent to reap
+    it)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
@@ -111,7 +113,8 @@ D, HEADS, MLP, PATCH = 32, 2, 64, 8
 
 
 def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
-    """A 2-block ViT with every parameter random (timm zero-inits some, which would hide mix-ups)."""
+    """A 2-block ViT with every parameter random (timm zero-inits some, which would hide
+    mix-ups)."""
     torch.manual_seed(seed)
     kw = {"embed_dim": D, "depth": 2, "num_heads": HEADS, "mlp_ratio": MLP / D, **kw}
     model = VisionTransformer(img_size=img_size, patch_size=PATCH, num_classes=num_classes, **kw)
@@ -122,8 +125,9 @@ def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
 
 
 def mae_sincos_reference(embed_dim: int, grid_size: int) -> np.ndarray:
-    """MAE's util/pos_embed.py get_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=True), restated in
-    numpy as it is written there: its h/w naming is swapped, so the first half encodes the column."""
+    """MAE's util/pos_embed.py get_2d_sincos_pos_embed(embed_dim, grid_size, cls_token=True),
+    restated in numpy as it is written there: its h/w naming is swapped, so the first half encodes
+    the column."""
     grid_h = np.arange(grid_size, dtype=np.float32)
     grid_w = np.arange(grid_size, dtype=np.float32)
     grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape([2, 1, grid_size, grid_size])
@@ -137,7 +141,8 @@ def mae_sincos_reference(embed_dim: int, grid_size: int) -> np.ndarray:
     return np.concatenate([np.zeros([1, embed_dim]), emb], axis=0)
 
 
-# main_pretrain.py's argparse defaults and what init_distributed_mode adds, as a run's checkpoint pickles them
+# main_pretrain.py's argparse defaults and what init_distributed_mode adds, as a run's checkpoint
+# pickles them
 MAE_ARGS = {"batch_size": 64, "epochs": 800, "accum_iter": 1, "model": "mae_vit_base_patch16",
             "input_size": 32, "mask_ratio": 0.75, "norm_pix_loss": True, "weight_decay": 0.05, "lr": None,
             "blr": 1.5e-4, "min_lr": 0.0, "warmup_epochs": 40, "data_path": "/datasets01/imagenet_full_size/",
@@ -147,7 +152,8 @@ MAE_ARGS = {"batch_size": 64, "epochs": 800, "accum_iter": 1, "model": "mae_vit_
 
 
 def mae_encoder(seed=0) -> VisionTransformer:
-    """A tiny headless ViT as MAE's encoder: every weight random, the position table MAE's fixed one."""
+    """A tiny headless ViT as MAE's encoder: every weight random, the position table MAE's fixed
+    one."""
     model = tiny_vit(num_classes=0, seed=seed)
     with torch.no_grad():
         grid = model.patch_embed.grid_size[0]
@@ -157,9 +163,10 @@ def mae_encoder(seed=0) -> VisionTransformer:
 
 def mae_pth(path, encoder, layout="pretrain", extra=None):
     """`encoder` saved as facebookresearch/mae saves: util/misc.py save_model's dict for a run's
-    checkpoint-N.pth (`run`: model with decoder and mask_token, optimizer, epoch, scaler, args: a pickled
-    argparse.Namespace), {'model': encoder + decoder} (`full`, as mae_pretrain_vit_base_full.pth) or
-    {'model': encoder} (`pretrain`, as the released mae_pretrain_vit_base.pth); `extra` joins the dict."""
+    checkpoint-N.pth (`run`: model with decoder and mask_token, optimizer, epoch, scaler, args: a
+    pickled argparse.Namespace), {'model': encoder + decoder} (`full`, as
+    mae_pretrain_vit_base_full.pth) or {'model': encoder} (`pretrain`, as the released
+    mae_pretrain_vit_base.pth); `extra` joins the dict."""
     sd = dict(encoder.state_dict())
     if layout in ("run", "full"):
         dd, patch_dim = 16, PATCH * PATCH * 3  # decoder width; patch_dim: MAE's decoder_pred out_features
@@ -235,8 +242,9 @@ def export_npz(model, path, layout="vit_jax", prefix="", scan=False, extra=None)
 
 
 def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
-    """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the gradient step
-    (`loop._accumulate_grads`, once per optimiser step); the real step is back in place afterwards."""
+    """Run `r` in `workdir` as Ctrl-C would stop it: KeyboardInterrupt in the n-th call of the
+    gradient step (`loop._accumulate_grads`, once per optimiser step); the real step is back in
+    place afterwards."""
     real, calls = loop._accumulate_grads, {"n": 0}
 
     def interrupt_at_n(*args, **kwargs):
@@ -252,9 +260,10 @@ def stopped_at_call(monkeypatch, r, workdir, n: int) -> None:
 
 
 def warnings(messages, but=("input-bound", "the cores are shared")):
-    """The console's warnings, less those that name any of `but`: a tiny test run's model often waits for
-    its data (the loop then says so, once), and a test machine is often shared (runtime.threads then
-    advises fewer threads), which are no test's subject but test_throughput_runs' and test_threads'."""
+    """The console's warnings, less those that name any of `but`: a tiny test run's model often
+    waits for its data (the loop then says so, once), and a test machine is often shared
+    (runtime.threads then advises fewer threads), which are no test's subject but
+    test_throughput_runs' and test_threads'."""
     return [m for m in messages if m.startswith("[yellow]warning:") and not any(b in m for b in but)]
 
 

@@ -1,7 +1,8 @@
-"""A real one-node SLURM cluster on this machine, for tests: munge, slurmctld and slurmd (Debian's slurm-wlm,
-installed by `make test` through scripts/system_deps.sh) with their configuration, state, logs and munge's
-socket in one temporary directory, on free ports; its client commands (sbatch, squeue, scontrol, scancel)
-reach it through SLURM_CONF. Where it cannot start (no slurm-wlm, not root), `start` says why, for a skip."""
+"""A real one-node SLURM cluster on this machine, for tests: munge, slurmctld and slurmd (Debian's
+slurm-wlm, installed by `make test` through scripts/system_deps.sh) with their configuration, state,
+logs and munge's socket in one temporary directory, on free ports; its client commands (sbatch,
+squeue, scontrol, scancel) reach it through SLURM_CONF. Where it cannot start (no slurm-wlm, not
+root), `start` says why, for a skip."""
 
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ class Cluster:
         return done.stdout
 
     def job(self, job_id: str) -> dict:
-        """`scontrol show job` as {Key: value} (JobState, Restarts, ExitCode, ...); {} once it is gone."""
+        """`scontrol show job` as {Key: value} (JobState, Restarts, ExitCode, ...); {} once it is
+        gone."""
         out = self.run("scontrol", "-o", "show", "job", job_id, check=False)
         return dict(field.split("=", 1) for field in out.split() if "=" in field)
 

@@ -1,7 +1,8 @@
-"""Typed errors. Each carries a one-line message that names the culprit and, where possible, the fix.
+"""Typed errors. Each carries a one-line message that names the culprit and, where possible, the
+fix.
 
-The CLI turns any `VitcliError` into one red line on stderr and exit code 2 (bad input); anything else is a
-bug and exits 1. Set VITCLI_DEBUG=1 to see the traceback.
+The CLI turns any `VitcliError` into one red line on stderr and exit code 2 (bad input); anything
+else is a bug and exits 1. Set VITCLI_DEBUG=1 to see the traceback.
 """
 
 
@@ -32,8 +33,8 @@ class OutputError(VitcliError):
 
 
 class Interrupted(VitcliError):
-    """Training stopped on a signal after writing a checkpoint; exit 130 (SIGINT) or 143 (SIGTERM), its
-    line plain, not an error's (cli.entry)."""
+    """Training stopped on a signal after writing a checkpoint; exit 130 (SIGINT) or 143 (SIGTERM),
+    its line plain, not an error's (cli.entry)."""
 
     def __init__(self, message: str, exit_code: int):
         super().__init__(message)
@@ -41,7 +42,8 @@ class Interrupted(VitcliError):
 
 
 class Terminated(BaseException):
-    """SIGTERM outside the training loop: unwinds like KeyboardInterrupt (so temporary files are removed)."""
+    """SIGTERM outside the training loop: unwinds like KeyboardInterrupt (so temporary files are
+    removed)."""
 
 
 class TrainingError(VitcliError):
@@ -49,13 +51,14 @@ class TrainingError(VitcliError):
 
 
 class ClusterError(VitcliError):
-    """A run that cannot be handed to the cluster: no sbatch here, or sbatch refused the job (its line)."""
+    """A run that cannot be handed to the cluster: no sbatch here, or sbatch refused the job (its
+    line)."""
 
 
 def first_line(error: BaseException, *, named: bool = False) -> str:
     """The first line of `error`'s message that is not blank, stripped (torch's, PIL's and datasets'
-    messages run to many lines; a one-line error quotes one), or the error's class name when its message is
-    empty. `named`: `Type: line`, the class name alone for an empty message."""
+    messages run to many lines; a one-line error quotes one), or the error's class name when its
+    message is empty. `named`: `Type: line`, the class name alone for an empty message."""
     line = next((text.strip() for text in str(error).splitlines() if text.strip()), "")
     if not line:
         return type(error).__name__

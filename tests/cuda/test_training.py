@@ -1,5 +1,6 @@
-"""A training step on a GPU: what `auto` picks there, pinned and asynchronous input copies, the peak table
-against the card, and a step (the input stream included) that never makes the host wait for the GPU."""
+"""A training step on a GPU: what `auto` picks there, pinned and asynchronous input copies, the peak
+table against the card, and a step (the input stream included) that never makes the host wait for
+the GPU."""
 
 import dataclasses
 import math
@@ -62,14 +63,14 @@ def test_the_peak_table_is_what_the_card_reaches(cuda):
         pytest.skip(f"{name} is not in the peak table: its MFU is over a measured matmul")
     matmul_flops("bf16", 8192, 3, cuda)  # the clocks ramp up first
     measured = max(matmul_flops("bf16", 8192, 10, cuda) for _ in range(3))
-    # a datasheet peak is a little above what cuBLAS reaches (H100 SXM: ~800 of 989 TFLOP/s measured here);
-    # far above, and every MFU reads low; below it, and MFU can pass 100%
+    # a datasheet peak is a little above what cuBLAS reaches (H100 SXM: ~800 of 989 TFLOP/s measured
+    # here); far above, and every MFU reads low; below it, and MFU can pass 100%
     assert 0.6 * listed < measured < 1.05 * listed, (name, measured / 1e12, listed / 1e12)
 
 
 def training_step(device: torch.device, augmentation: list[str]):
-    """One training step built as the trainer builds it (train.loop: the criterion, Mixup/CutMix, the stream),
-    on `device`: a callable returning the loss."""
+    """One training step built as the trainer builds it (train.loop: the criterion, Mixup/CutMix,
+    the stream), on `device`: a callable returning the loss."""
     r = resolve("pretrain", None, [*TINY, "schedule.steps=3", "data.crop_min_area=0.3", *augmentation])
     dist = setup(device.type)
     ds = sources.load_split(r.data, r.data.train_split)
@@ -93,9 +94,9 @@ def training_step(device: torch.device, augmentation: list[str]):
 @pytest.mark.anywhere
 @pytest.mark.parametrize("augmentation", [[], DEIT], ids=["plain", "deit"])
 def test_the_gpu_step_is_built_as_the_trainer_builds_it(augmentation):
-    """`make test` builds and runs the step the next test times on a GPU, so that a change to the trainer's
-    calls breaks here, on a CPU, and not first on a rare GPU machine (the distillation criterion's third
-    argument once did)."""
+    """`make test` builds and runs the step the next test times on a GPU, so that a change to the
+    trainer's calls breaks here, on a CPU, and not first on a rare GPU machine (the distillation
+    criterion's third argument once did)."""
     step = training_step(torch.device("cpu"), augmentation)
     assert math.isfinite(float(step())) and math.isfinite(float(step()))
 

@@ -1,5 +1,5 @@
-"""The weight EMA on a GPU: kept on the model's device in fp32, its update and its swap never make the host
-wait for the GPU, and a compiled bf16 run evaluates and exports it."""
+"""The weight EMA on a GPU: kept on the model's device in fp32, its update and its swap never make
+the host wait for the GPU, and a compiled bf16 run evaluates and exports it."""
 
 import math
 

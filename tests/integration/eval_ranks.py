@@ -1,8 +1,9 @@
-"""What test_corrupt_data.py runs on 2 processes (torchrun, Gloo, CPU): held-out evaluation and feature
-extraction of a split whose rows on rank 1 (the odd ones) all fail to decode, then of a split where every row
+"""What test_corrupt_data.py runs on 2 processes (torchrun, Gloo, CPU): held-out evaluation and
+feature extraction of a split whose rows on rank 1 (the odd ones) all fail to decode, then of a
+split where every row
 fails:
-`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/eval_ranks.py DS OUT`.
-Each rank writes OUT/rank{r}.json: what it computed, or the error line it raised."""
+`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/eval_ranks.py DS
+OUT`. Each rank writes OUT/rank{r}.json: what it computed, or the error line it raised."""
 
 import json
 import sys

@@ -1,7 +1,7 @@
 """What tests/integration/test_fsdp.py runs on 2 processes (torchrun, Gloo, CPU), in one launch:
-`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/fsdp_ranks.py OUTDIR`.
-Rank 0 writes what the tests compare into OUTDIR; the helpers here also give the tests their one-process
-reference."""
+`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/fsdp_ranks.py
+OUTDIR`. Rank 0 writes what the tests compare into OUTDIR; the helpers here also give the tests
+their one-process reference."""
 
 import json
 import sys
@@ -47,8 +47,8 @@ def global_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1,
           micro: int = 1) -> list[float]:
-    """Steps start..stop-1 on this process's share of each global batch, in `micro` micro-batches (the
-    mean loss over the global batch, as the trainer's); the gradient norm of each step."""
+    """Steps start..stop-1 on this process's share of each global batch, in `micro` micro-batches
+    (the mean loss over the global batch, as the trainer's); the gradient norm of each step."""
     norms = []
     for step in range(start, stop):
         x, y = global_batch(step)
@@ -64,7 +64,8 @@ def train(model, optimizer, start: int, stop: int, rank: int = 0, world: int = 1
 
 
 def full_params(model) -> dict[str, torch.Tensor]:
-    """Every parameter gathered whole, read from the parameters themselves (not through a state dict)."""
+    """Every parameter gathered whole, read from the parameters themselves (not through a state
+    dict)."""
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
             for n, p in model.named_parameters()}
 
@@ -92,7 +93,8 @@ def straight_and_saved(out: Path, dist: Dist) -> None:
 
 
 def resumed(out: Path, dist: Dist) -> None:
-    """A fresh model (other initial weights) and optimizer, the state of SAVE_AT loaded, then the rest."""
+    """A fresh model (other initial weights) and optimizer, the state of SAVE_AT loaded, then the
+    rest."""
     model, optimizer = sharded(1, dist)
     extra = sharded_format.load(out / "run" / f"state-{SAVE_AT}", model, optimizer)
     train(model, optimizer, extra["step"], STEPS, dist.rank, dist.world_size, MICRO_BATCHES)
@@ -115,10 +117,10 @@ def whole(state: dict) -> dict[str, torch.Tensor]:
 
 
 def ema_saved_and_resumed(out: Path, dist: Dist) -> None:
-    """The EMA beside sharded training: STEPS steps saving at SAVE_AT, then the state of SAVE_AT loaded into a
-    fresh model, optimizer and EMA and the rest run. Written: both EMAs gathered whole, the model's state
-    gathered with the EMA swapped in and after it, and the logits of a forward under `gathered` (the
-    evaluators' path) with the EMA swapped in."""
+    """The EMA beside sharded training: STEPS steps saving at SAVE_AT, then the state of SAVE_AT
+    loaded into a fresh model, optimizer and EMA and the rest run. Written: both EMAs gathered
+    whole, the model's state gathered with the EMA swapped in and after it, and the logits of a
+    forward under `gathered` (the evaluators' path) with the EMA swapped in."""
     model, optimizer = sharded(0, dist)
     ema = WeightEma(model, EMA)  # before the first forward, as the loop makes it
     train_with_ema(model, optimizer, ema, 0, SAVE_AT, dist.rank, dist.world_size, MICRO_BATCHES)
@@ -144,8 +146,8 @@ def ema_saved_and_resumed(out: Path, dist: Dist) -> None:
 
 
 def checkpointed_grads(out: Path, dist: Dist) -> None:
-    """One backward with and without activation checkpointing; dropout and drop-path on, so the recomputation
-    must replay the same random draws."""
+    """One backward with and without activation checkpointing; dropout and drop-path on, so the
+    recomputation must replay the same random draws."""
     cfg = ModelConfig(**{**TINY.__dict__, "dropout": 0.1, "drop_path": 0.1})
     for ac in (False, True):
         model, _ = sharded(0, dist, ac, cfg)
@@ -165,7 +167,8 @@ if __name__ == "__main__":
     resumed(outdir, rank_dist)
     ema_saved_and_resumed(outdir, rank_dist)
     checkpointed_grads(outdir, rank_dist)
-    # every rank done with its last collective before any tears the group down: a rank that destroys it while
-    # the other still finishes (rank 0 writing its files) now and then aborted at exit (SIGABRT, ~1 run in 10)
+    # every rank done with its last collective before any tears the group down: a rank that destroys
+    # it while the other still finishes (rank 0 writing its files) now and then aborted at exit
+    # (SIGABRT, ~1 run in 10)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()

@@ -1,6 +1,7 @@
-"""What tests/integration/test_layer_decay_training.py runs on 2 processes (torchrun, Gloo, CPU): FSDP2 with
-optim.layer_decay, the sharded state saved on the way and resumed. Rank 0 writes the final weights of the
-straight and the resumed run into OUTDIR; `steps` gives the test its one-process reference."""
+"""What tests/integration/test_layer_decay_training.py runs on 2 processes (torchrun, Gloo, CPU):
+FSDP2 with optim.layer_decay, the sharded state saved on the way and resumed. Rank 0 writes the
+final weights of the straight and the resumed run into OUTDIR; `steps` gives the test its
+one-process reference."""
 
 import dataclasses
 import sys
@@ -20,8 +21,8 @@ MULTIPLIERS = [0.5, 1.0, 0.8, 0.3]  # a schedule's factor on the peak lr at each
 
 
 def steps(model, optimizer, start: int, stop: int, dist: Dist | None = None) -> None:
-    """Steps start..stop-1, each at the schedule's lr times its group's scale (as loop._set_lr sets it);
-    with `dist`, this process's share of each global batch in 2 micro-batches."""
+    """Steps start..stop-1, each at the schedule's lr times its group's scale (as loop._set_lr sets
+    it); with `dist`, this process's share of each global batch in 2 micro-batches."""
     for step in range(start, stop):
         for group in optimizer.param_groups:
             group["lr"] = CFG.lr * MULTIPLIERS[step] * group["lr_scale"]

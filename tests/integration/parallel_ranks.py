@@ -1,13 +1,15 @@
-"""What tests/integration/test_parallelize.py runs on 2 processes (torchrun, Gloo, CPU), in one launch:
-`python -m torch.distributed.run --standalone --nproc_per_node 2 tests/integration/parallel_ranks.py OUTDIR`.
-Rank 0 writes into OUTDIR, for each case, the whole weights after the last step
-(`<case>.safetensors`) and a row of `cases.json`: the gradient reductions each micro-batch's backward made,
-step by step, and the optimizer's kernel.
+"""What tests/integration/test_parallelize.py runs on 2 processes (torchrun, Gloo, CPU), in one
+launch: `python -m torch.distributed.run --standalone --nproc_per_node 2
+tests/integration/parallel_ranks.py OUTDIR`. Rank 0 writes into OUTDIR, for each case, the whole
+weights after the last step (`<case>.safetensors`) and a row of `cases.json`: the gradient
+reductions each micro-batch's backward made, step by step, and the optimizer's kernel.
 
-- `compiled-<strategy>`: parallelize.apply as a CUDA run applies it by default (activation checkpointing,
-  then DDP or FSDP2, then torch.compile: CPU inductor here), stepped through the loop's own micro-batch
-  accumulation (loop._accumulate_grads);
-- `<optimizer>-<strategy>`: every optimizer the recipes can name takes a few steps under each strategy, so a
+- `compiled-<strategy>`: parallelize.apply as a CUDA run applies it by default (activation
+checkpointing,
+  then DDP or FSDP2, then torch.compile: CPU inductor here), stepped through the loop's own
+  micro-batch accumulation (loop._accumulate_grads);
+- `<optimizer>-<strategy>`: every optimizer the recipes can name takes a few steps under each
+strategy, so a
   kernel without a rule for FSDP2's DTensors fails here first.
 """
 
@@ -39,8 +41,8 @@ OPTIMIZER_STEPS = 2
 
 
 class Reductions:
-    """Gradient reductions made so far: FSDP2's reduce-scatters (one per sharded unit and backward) and DDP's
-    all-reduced buckets, counted through a communication hook."""
+    """Gradient reductions made so far: FSDP2's reduce-scatters (one per sharded unit and backward)
+    and DDP's all-reduced buckets, counted through a communication hook."""
 
     def __init__(self):
         self.count = 0
@@ -63,7 +65,8 @@ class Reductions:
 
 
 def micro_batches(step: int, dist: Dist) -> list:
-    """This rank's share of the global batch of `step`, as MICRO_BATCHES (images, labels) micro-batches."""
+    """This rank's share of the global batch of `step`, as MICRO_BATCHES (images, labels)
+    micro-batches."""
     x, y = global_batch(step)
     share = GLOBAL_BATCH // dist.world_size
     x, y = x[dist.rank * share:(dist.rank + 1) * share], y[dist.rank * share:(dist.rank + 1) * share]
@@ -71,8 +74,8 @@ def micro_batches(step: int, dist: Dist) -> list:
 
 
 def train(parallel, optimizer, steps: int, cfg: OptimConfig, dist: Dist, reductions: Reductions) -> list:
-    """`steps` optimizer steps as the loop takes them; per step, the reductions of each micro-batch's
-    backward (read before each micro-batch's forward and after the last backward)."""
+    """`steps` optimizer steps as the loop takes them; per step, the reductions of each
+    micro-batch's backward (read before each micro-batch's forward and after the last backward)."""
     per_step, seen = [], []
 
     def objective(model, x, y, i):

@@ -1,5 +1,5 @@
-"""Bad input, as users type it, across every command: exit 2, one line naming the culprit, no traceback, and
-not one file created or changed (a finished run in the workdir included)."""
+"""Bad input, as users type it, across every command: exit 2, one line naming the culprit, no
+traceback, and not one file created or changed (a finished run in the workdir included)."""
 
 import json
 import os
@@ -28,8 +28,8 @@ SMALL = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.syn
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory) -> Path:
-    """A finished workdir (recipe, weights, state), a torch file pickling a class that weights_only loading
-    does not allow, a binary file and a plain file to trip over."""
+    """A finished workdir (recipe, weights, state), a torch file pickling a class that weights_only
+    loading does not allow, a binary file and a plain file to trip over."""
     root = tmp_path_factory.mktemp("bad")
     cfg = ModelConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, 10)}
@@ -69,7 +69,8 @@ CASES = {
     "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
     "missing recipe": (["pretrain", "-r", "{root}/nope.yaml"], "recipe file not found"),
     "misspelt key": (pretrain("optim.lrr=0.1"), "did you mean 'optim.lr'"),
-    # a removed key: why it went and what to do, the same whole line from an override and from a file
+    # a removed key: why it went and what to do, the same whole line from an override and from a
+    # file
     "removed key": (pretrain("data.decode_device=model"), REMOVED_KEYS["data.decode_device"]),
     "removed key in a recipe file": (["pretrain", "-r", "{root}/removed.yaml"],
                                      REMOVED_KEYS["data.decode_device"]),
@@ -118,7 +119,8 @@ CASES = {
                                 "slurm.signal_seconds=90 is not inside slurm.time=1:00 (60 s)"),
     "hex grid": (pretrain("init.grid=0x4"), "init.grid='0x4': expected HxW"),
     "yes for a bool": (pretrain("data.hflip=yes"), "data.hflip: write true or false, not 'yes'"),
-    # a value that would leave its line of the batch script, and a job that cannot start its processes
+    # a value that would leave its line of the batch script, and a job that cannot start its
+    # processes
     "newline in a partition": (pretrain("slurm.partition=gpu\ntouch owned"),
                                "slurm.partition: 'gpu\\ntouch owned' holds the control character '\\n'"),
     "more processes than GPUs": (pretrain("slurm.procs_per_node=3", "slurm.gpus_per_node=2"),
@@ -230,7 +232,8 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, root, monkeypatc
     assert snapshot(root) == before, "a bad input created or changed a file"
 
 
-# Refused only by the run: these need the data read (dry runs read none) or a workdir (dry runs name none)
+# Refused only by the run: these need the data read (dry runs read none) or a workdir (dry runs name
+# none)
 RUN_ONLY = {"fewer classes than labels", "missing data", "no such column", "workdir is a file",
             "workdir below a file", "fewshot workdir is a file", "finished run, --no-resume",
             "finished run, typo after --no-resume", "custom task without its test split",
@@ -242,8 +245,8 @@ BOTH_WAYS = [c for c, (args, _) in CASES.items()
 @pytest.mark.parametrize("case", BOTH_WAYS)
 def test_the_dry_run_refuses_what_the_run_refuses_with_the_same_line(case, root, tmp_path, monkeypatch,
                                                                        capsys):
-    """What `--dry-run` accepts, the run accepts: each bad input is refused both ways, exit 2, the same
-    line, and the run's workdir holds nothing after."""
+    """What `--dry-run` accepts, the run accepts: each bad input is refused both ways, exit 2, the
+    same line, and the run's workdir holds nothing after."""
     command, *rest = [a.format(root=root) for a in CASES[case][0]]
     monkeypatch.chdir(tmp_path)
     dry = run_vit(monkeypatch, capsys, command, "--dry-run", *rest)
@@ -273,7 +276,8 @@ def test_a_bare_vit_shows_the_help_and_exits_2(monkeypatch, capsys):
 
 
 def test_shots_larger_than_every_class_take_what_there_is_and_say_so(tmp_path, root, monkeypatch, capsys):
-    """Not bad input: as big_vision, each class gives what it has; every row and the table say how short."""
+    """Not bad input: as big_vision, each class gives what it has; every row and the table say how
+    short."""
     args = [a.format(root=root) for a in fewshot("--shots", "1000", "--workdir", str(tmp_path / "w"))]
     code, out, err = run_vit(monkeypatch, capsys, *args)
     assert code == 0, err

@@ -1,4 +1,5 @@
-"""`make bench --quick` prints one JSON object with every key (the FLOP counts: unit/test_bench.py)."""
+"""`make bench --quick` prints one JSON object with every key (the FLOP counts:
+unit/test_bench.py)."""
 
 import importlib.util
 import json

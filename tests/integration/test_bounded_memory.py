@@ -1,6 +1,6 @@
-"""Memory bounded by construction: a folder larger than the decoded-image cache trains with the cache off and
-its loader worker's memory flat over an epoch and a half; the same measurement sees the growth when the
-images are kept."""
+"""Memory bounded by construction: a folder larger than the decoded-image cache trains with the
+cache off and its loader worker's memory flat over an epoch and a half; the same measurement sees
+the growth when the images are kept."""
 
 import io
 
@@ -28,8 +28,8 @@ def _photos(root):
 
 
 def _worker_growth(root, cache_mb: int) -> tuple[object, float]:
-    """(the stream's cache, how many MiB its one worker's peak grew from half an epoch to an epoch and a
-    half)."""
+    """(the stream's cache, how many MiB its one worker's peak grew from half an epoch to an epoch
+    and a half)."""
     cfg = DataConfig(source=str(root), num_workers=1, cache_mb=cache_mb, crop_min_area=0.5)
     stream = batches.train_batches(sources.load_split(cfg, "train"), cfg, 32, BATCH, seed=0)
     memory, epoch = PeakMemory(), ROWS // BATCH
@@ -49,7 +49,8 @@ def test_a_folder_larger_than_the_cache_is_not_kept_and_memory_stays_flat(tmp_pa
     cache, growth = _worker_growth(tmp_path, cache_mb=8)  # 14 MiB on disk > 8 MiB: off
     assert cache is None
     assert growth < 8, f"the worker grew {growth:.1f} MiB over an epoch with no cache"
-    # the same folder kept: half of it is decoded and kept before the first reading (17.6 MiB), all of it by
-    # the second (measured: 19.9 MiB of growth), so the measurement can see what a cache takes
+    # the same folder kept: half of it is decoded and kept before the first reading (17.6 MiB), all
+    # of it by the second (measured: 19.9 MiB of growth), so the measurement can see what a cache
+    # takes
     kept, kept_growth = _worker_growth(tmp_path, cache_mb=1024)
     assert kept is not None and kept_growth > DECODED_MB / 3, kept_growth

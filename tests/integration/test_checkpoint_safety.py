@@ -1,5 +1,5 @@
-"""Never lose work: checkpoints survive damage, kills and shared machines; metrics.jsonl survives a torn
-line."""
+"""Never lose work: checkpoints survive damage, kills and shared machines; metrics.jsonl survives a
+torn line."""
 
 import os
 import shutil
@@ -199,9 +199,10 @@ def test_a_damaged_metrics_line_before_the_last_is_an_error(tmp_path):
 
 
 def test_only_state_step_checkpoints_resume_and_a_key_added_since_counts_as_its_default(tmp_path):
-    """A `state.pt` without a checksum is no checkpoint. A checkpoint written before vitcli gained a key (the
-    augmentation keys of issue 26, here a whole section) trained with that key's default: it resumes when
-    the recipe keeps the default, and is refused, naming the key, when the recipe sets another value."""
+    """A `state.pt` without a checksum is no checkpoint. A checkpoint written before vitcli gained a
+    key (the augmentation keys of issue 26, here a whole section) trained with that key's default:
+    it resumes when the recipe keeps the default, and is refused, naming the key, when the recipe
+    sets another value."""
     r, one = recipe("schedule.steps=6"), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     torch.save({"step": 3, "model": {}, "optimizer": {}, "rng": [], "recipe": to_dict(r)},
                tmp_path / "state.pt")

@@ -31,8 +31,8 @@ def test_cli_module_does_not_import_torch():
 
 
 def test_the_cli_imports_under_a_typer_without_the_flag_label_hook():
-    # typer 0.27.2 (the lent GPU's image) has no TyperOption.display_type_rich: `vit` failed at import there.
-    # The stand-in: a TyperOption without it, in a process of its own
+    # typer 0.27.2 (the lent GPU's image) has no TyperOption.display_type_rich: `vit` failed at
+    # import there. The stand-in: a TyperOption without it, in a process of its own
     probe = ("import click, typer.core\n"
              "typer.core.TyperOption = type('TyperOption', (click.Option,), {})\n"
              "import vitcli.cli\nprint(vitcli.cli.app.info.name)")
@@ -120,8 +120,8 @@ def test_debug_env_shows_the_traceback(tmp_path):
 
 @pytest.mark.parametrize("rank,says", [("0", True), ("1", False)])
 def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank, says):
-    """Every rank stops at the same agreed step with the same message: rank 0 prints it, the others only exit
-    with its code (torchrun would otherwise show it once per process)."""
+    """Every rank stops at the same agreed step with the same message: rank 0 prints it, the others
+    only exit with its code (torchrun would otherwise show it once per process)."""
     def stopped(**kwargs):
         raise Interrupted("SIGTERM at step 3/9: checkpoint written in w; run the same command again",
                           exit_code=143)
@@ -139,8 +139,8 @@ def test_a_signal_stop_is_reported_once_under_torchrun(monkeypatch, capsys, rank
     (KeyboardInterrupt(), 130, "interrupted (Ctrl-C)"), (Terminated(), 143, "terminated (SIGTERM)")],
     ids=["the loop's stop", "ctrl-c", "sigterm"])
 def test_a_stop_asked_for_is_one_plain_line_not_an_error(monkeypatch, capsys, stop, code, says):
-    """Ctrl-C stops cleanly and says where the checkpoint is: it was once told as `error: SIGINT at ...`.
-    The exit code still tells a script that the command did not finish."""
+    """Ctrl-C stops cleanly and says where the checkpoint is: it was once told as `error: SIGINT at
+    ...`. The exit code still tells a script that the command did not finish."""
     def stopped(**kwargs):
         raise stop
 
@@ -199,7 +199,8 @@ def test_json_is_what_the_run_wrote_in_summary_json(monkeypatch, capsys, tmp_pat
 
 
 def test_the_startup_benchmark_reports_each_command():
-    """bench/startup.py (make bench-startup) times whole `vit` processes; here its schema, not the time."""
+    """bench/startup.py (make bench-startup) times whole `vit` processes; here its schema, not the
+    time."""
     done = subprocess.run([sys.executable, str(REPO / "bench/startup.py"), "--runs", "1"],
                           capture_output=True, text=True, check=True)
     report = json.loads(done.stdout)

@@ -1,6 +1,6 @@
-"""run.compile: the trainer steps a torch.compile'd model, but what it saves is the plain module's state; a
-masked-patch-prediction step and an MAE step each compile to one graph, once, and read nothing back on the
-host."""
+"""run.compile: the trainer steps a torch.compile'd model, but what it saves is the plain module's
+state; a masked-patch-prediction step and an MAE step each compile to one graph, once, and read
+nothing back on the host."""
 
 import pytest
 import torch
@@ -44,9 +44,9 @@ def test_compiled_training_saves_and_exports_the_plain_keys(tmp_path):
 
 
 class HostReads(TorchDispatchMode):
-    """The aten ops run inside it that read tensor values back on the host: a value (item, bool) or a shape
-    that depends on values (nonzero, masked_select, indexing by a boolean mask). On a GPU each one waits for
-    all queued work."""
+    """The aten ops run inside it that read tensor values back on the host: a value (item, bool) or
+    a shape that depends on values (nonzero, masked_select, indexing by a boolean mask). On a GPU
+    each one waits for all queued work."""
 
     def __init__(self):
         super().__init__()
@@ -73,8 +73,9 @@ def images(seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("target", MPP_TARGETS)
 def test_an_mpp_step_reads_nothing_back_on_the_host(target):
-    """Draws, forward, loss and backward of one step: no op waits for the device (the mode assignments by
-    mask, the loss's empty-mask check and its boolean indexing did, at every micro-batch)."""
+    """Draws, forward, loss and backward of one step: no op waits for the device (the mode
+    assignments by mask, the loss's empty-mask check and its boolean indexing did, at every
+    micro-batch)."""
     model = tiny_mpp(target)
     with HostReads() as reads:
         loss, accuracy = mpp_step(model, images(0), 3, model.cfg, model.patch_size)
@@ -84,9 +85,10 @@ def test_an_mpp_step_reads_nothing_back_on_the_host(target):
 
 
 def test_a_compiled_mpp_step_is_one_graph_compiled_once():
-    """The corruption draws enter the compiled forward as tensors: no graph break, and steps with other draws
-    (other seeds, so other masks) reuse the first step's graph. aot_eager: dynamo and AOTAutograd, as inductor
-    sees them, without generating kernels (graph breaks and recompiles are decided before the backend)."""
+    """The corruption draws enter the compiled forward as tensors: no graph break, and steps with
+    other draws (other seeds, so other masks) reuse the first step's graph. aot_eager: dynamo and
+    AOTAutograd, as inductor sees them, without generating kernels (graph breaks and recompiles are
+    decided before the backend)."""
     model = tiny_mpp()
     breaks, seen = compiled_steps(model, lambda compiled, step: mpp_step(
         compiled, images(step), step, model.cfg, model.patch_size)[0], 4)
@@ -95,8 +97,8 @@ def test_a_compiled_mpp_step_is_one_graph_compiled_once():
 
 
 def compiled_steps(model, loss, steps: int) -> tuple[dict, list]:
-    """(graph breaks, (unique graphs, frames) after each step) of `steps` steps of loss(compiled model, step),
-    each with its backward, under torch.compile(backend="aot_eager")."""
+    """(graph breaks, (unique graphs, frames) after each step) of `steps` steps of loss(compiled
+    model, step), each with its backward, under torch.compile(backend="aot_eager")."""
     compiled = torch.compile(model, backend="aot_eager")
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
@@ -116,9 +118,9 @@ def tiny_mae() -> MaeModel:
 
 
 def test_an_mae_step_reads_nothing_back_on_the_host_and_compiles_to_one_graph_once():
-    """The masks' noise (a hash on the device), the argsort, the gathers and the loss over the removed
-    patches: no op waits for the device; compiled (aot_eager, as above), steps of other images and other
-    masks reuse the first step's one graph."""
+    """The masks' noise (a hash on the device), the argsort, the gathers and the loss over the
+    removed patches: no op waits for the device; compiled (aot_eager, as above), steps of other
+    images and other masks reuse the first step's one graph."""
     model = tiny_mae()
     with HostReads() as reads:
         mae_step(model, images(0), 0, 0, model.cfg, model.patch_size).backward()

@@ -1,8 +1,8 @@
-"""One corrupt image never ends a run: training puts the next decodable row in its place (the stream stays the
-same across worker counts and resumes), evaluation and feature extraction leave it out, every stream counts
-what it skipped and names each image once, by its file's path (row and split where it has none); a split with
-no decodable image, an error inside a loader worker and a damaged feature-cache file are each one line or one
-warning, never a traceback."""
+"""One corrupt image never ends a run: training puts the next decodable row in its place (the stream
+stays the same across worker counts and resumes), evaluation and feature extraction leave it out,
+every stream counts what it skipped and names each image once, by its file's path (row and split
+where it has none); a split with no decodable image, an error inside a loader worker and a damaged
+feature-cache file are each one line or one warning, never a traceback."""
 
 from __future__ import annotations
 
@@ -81,8 +81,9 @@ def _jpeg(i: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """An image folder (each row only its file's path): train holds 16 JPEGs in classes a and b, one cut
-    in half (its header parses, its data does not decode) and one empty; test holds one of each kind."""
+    """An image folder (each row only its file's path): train holds 16 JPEGs in classes a and b, one
+    cut in half (its header parses, its data does not decode) and one empty; test holds one of each
+    kind."""
     root = tmp_path_factory.mktemp("folder")
     for split, n, bad in (("train", 16, BAD_FILES), ("test", 2, ("test/a/00.jpg", "test/b/01.jpg"))):
         for i in range(n):
@@ -177,8 +178,8 @@ ROUTES = {"map-style": {}, "map-style, 2 workers": {"num_workers": 2}, "streamed
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_every_training_route_names_a_bad_file_by_its_path_once(folder, route, logged):
-    """Three epochs meet each bad file three times: each is counted once and named in one warning, by its
-    path, on every route (its cut-in-half file fails in the worker that decodes it)."""
+    """Three epochs meet each bad file three times: each is counted once and named in one warning,
+    by its path, on every route (its cut-in-half file fails in the worker that decodes it)."""
     cfg = DataConfig(**{"source": str(folder), "num_workers": 0, "crop_min_area": 0.3, "shuffle_buffer": 4,
                         **ROUTES[route]})
     if cfg.streaming:
@@ -210,8 +211,8 @@ def test_evaluation_leaves_a_corrupt_image_out_and_counts_it_once(source, logged
 
 
 def test_evaluation_and_extraction_name_a_bad_file_by_its_path_once(folder, tmp_path, logged):
-    """Held-out evaluation and feature extraction, each run twice into one tally as a training run does,
-    name each bad file once, by its path; the feature cache keeps the names."""
+    """Held-out evaluation and feature extraction, each run twice into one tally as a training run
+    does, name each bad file once, by its path; the feature cache keeps the names."""
     ds, cfg = sources.load_source(str(folder), "train"), DataConfig(num_workers=0, eval_batch_size=8)
     files = [str(folder / name) for name in BAD_FILES]
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2))
@@ -234,8 +235,8 @@ def test_evaluation_and_extraction_name_a_bad_file_by_its_path_once(folder, tmp_
 
 
 def test_one_sharded_pass_serves_evaluation_and_extraction(source, monkeypatch):
-    """Each rank runs its rows rank, rank + W, ... in eval mode, leaves corrupt images out and counts them;
-    the held-out evaluator and the feature extraction both run through that pass."""
+    """Each rank runs its rows rank, rank + W, ... in eval mode, leaves corrupt images out and
+    counts them; the held-out evaluator and the feature extraction both run through that pass."""
     ds, cfg = sources.load_source(source, "test"), DataConfig(num_workers=0, eval_batch_size=8)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, N)).train()
     modes, seen = [], []
@@ -319,9 +320,9 @@ def test_evaluation_and_extraction_where_nothing_decodes_are_one_line(source):
 
 
 def test_a_rank_whose_rows_all_fail_goes_on_with_the_others_and_all_raise_together(source, tmp_path):
-    """2 processes: rank 1 holds the odd rows, all corrupt. It returns nothing and meets rank 0 in the gather
-    instead of raising alone (which hung rank 0 there); only a split where no rank decodes anything raises,
-    on every rank, the same line."""
+    """2 processes: rank 1 holds the odd rows, all corrupt. It returns nothing and meets rank 0 in
+    the gather instead of raising alone (which hung rank 0 there); only a split where no rank
+    decodes anything raises, on every rank, the same line."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(HERE)])}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",

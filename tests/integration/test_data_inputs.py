@@ -1,6 +1,6 @@
-"""Data a user points `vit pretrain` at that cannot give what the recipe asks: each is one line, exit 2,
-and nothing written, before the run starts (at resolve time, in --dry-run too, where the recipe and a
-look at the data's directories tell)."""
+"""Data a user points `vit pretrain` at that cannot give what the recipe asks: each is one line,
+exit 2, and nothing written, before the run starts (at resolve time, in --dry-run too, where the
+recipe and a look at the data's directories tell)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def _png(seed: int) -> bytes:
 
 
 def _pretrain(monkeypatch, capsys, tmp_path, *args, dry_run=False):
-    """`vit pretrain` on the quickstart recipe, shortened; (code, stderr). Asserts nothing was written."""
+    """`vit pretrain` on the quickstart recipe, shortened; (code, stderr). Asserts nothing was
+    written."""
     work = tmp_path / "work"
     flags = ["--dry-run"] if dry_run else ["--workdir", work]
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "-r", QUICK, *flags, *SHORT, *args)
@@ -36,7 +37,8 @@ def _pretrain(monkeypatch, capsys, tmp_path, *args, dry_run=False):
 
 
 def _one_line(code: int, err: str, *needles: str) -> None:
-    """Exit 2 and one error line holding every needle (what the load logged before it may precede it)."""
+    """Exit 2 and one error line holding every needle (what the load logged before it may precede
+    it)."""
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert code == 2 and len(errors) == 1 and err.strip().endswith(errors[0]), err
     for needle in needles:

@@ -41,8 +41,9 @@ def teacher(tmp_path_factory):
 
 
 def test_a_tiny_pretrain_learns_from_a_teacher_of_ours(teacher, tmp_path):
-    """2 steps, hard and soft: the loss is logged, and the weights differ from the run without a teacher;
-    with alpha 0 they are the same bit for bit (building the teacher draws nothing from the run's RNG)."""
+    """2 steps, hard and soft: the loss is logged, and the weights differ from the run without a
+    teacher; with alpha 0 they are the same bit for bit (building the teacher draws nothing from the
+    run's RNG)."""
     runs = {"none": [], "hard": ["distill.type=hard"], "soft": ["distill.type=soft", "distill.tau=2"],
             "zero": ["distill.type=soft", "distill.alpha=0"]}
     weights = {}
@@ -58,8 +59,8 @@ def test_a_tiny_pretrain_learns_from_a_teacher_of_ours(teacher, tmp_path):
 
 
 def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, monkeypatch):
-    """Through training: in eval mode, no gradient, its weights unchanged, none of its tensors in the
-    optimizer, whose state covers the student's parameters alone."""
+    """Through training: in eval mode, no gradient, its weights unchanged, none of its tensors in
+    the optimizer, whose state covers the student's parameters alone."""
     r = recipe(f"distill.teacher={teacher}", "distill.type=soft", "run.compile=false")
     dist = setup("cpu")
     job = build_job(r, tmp_path, dist)
@@ -83,8 +84,8 @@ def test_the_teacher_stays_frozen_and_outside_the_optimizer(teacher, tmp_path, m
 
 def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):
     """DeiT's setting in small: a timm CNN teacher (test_resnet standing in for RegNetY) read from a
-    safetensors file with distill.teacher_model naming its architecture, and a DeiT distilled student
-    trained through its distillation token."""
+    safetensors file with distill.teacher_model naming its architecture, and a DeiT distilled
+    student trained through its distillation token."""
     torch.manual_seed(0)
     cnn = timm.create_model("test_resnet", num_classes=CLASSES)
     save_file({k: v.contiguous() for k, v in cnn.state_dict().items()}, str(tmp_path / "cnn.safetensors"))
@@ -96,8 +97,8 @@ def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):
     sd, _ = load_weights(tmp_path / "run" / "model.safetensors")
     assert {"dist_token", "head_dist.weight"} <= set(sd)
     assert sd["head.weight"].any() and sd["head_dist.weight"].any(), "both heads left zero: trained"
-    # fine-tuned on other classes, as any checkpoint: both heads new, zero, of the new classes (a pair of
-    # heads once stopped `vit finetune` with "'tuple' object has no attribute 'weight'")
+    # fine-tuned on other classes, as any checkpoint: both heads new, zero, of the new classes (a
+    # pair of heads once stopped `vit finetune` with "'tuple' object has no attribute 'weight'")
     ft = resolve("finetune", None, [*TINY, f"init.checkpoint={tmp_path / 'run'}", "data.batch_size=8",
                                     "data.synthetic.num_classes=6"], complete=complete)
     job = build_job(ft, tmp_path / "ft-job", setup("cpu"))
@@ -108,7 +109,8 @@ def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):
 
 
 def test_a_timm_name_is_its_own_architecture():
-    """A teacher named by timm (downloaded: untested offline) is built as that architecture, tag dropped."""
+    """A teacher named by timm (downloaded: untested offline) is built as that architecture, tag
+    dropped."""
     loaded = Loaded({}, {}, "hub", "test_resnet.r160_in1k")
     named = DistillConfig(teacher=loaded.path, type="hard")
     cfg = distill.teacher_config(loaded, describe(loaded), named, 32)

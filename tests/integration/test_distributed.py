@@ -1,5 +1,5 @@
-"""Several processes: one run through torchrun (Gloo on CPU), one set of files, and only rank 0 writes or
-talks."""
+"""Several processes: one run through torchrun (Gloo on CPU), one set of files, and only rank 0
+writes or talks."""
 
 import json
 import os
@@ -61,8 +61,9 @@ def test_torchrun_two_processes(tmp_path):
 
 
 def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, monkeypatch, capsys):
-    """As torchrun starts rank 1: eval-fewshot (reports, feature cache), the sweeps and the VTAB driver
-    produce their results in memory, and leave no file and no console line; rank 0 does both."""
+    """As torchrun starts rank 1: eval-fewshot (reports, feature cache), the sweeps and the VTAB
+    driver produce their results in memory, and leave no file and no console line; rank 0 does
+    both."""
     monkeypatch.setenv("RANK", "1")  # world size 1, so there is no group to join, but this is not rank 0
     monkeypatch.setattr(console, "quiet", False)  # restored after the test: dist.setup flips it
     monkeypatch.setattr(stdout, "quiet", False)
@@ -94,19 +95,20 @@ def test_a_rank_other_than_0_computes_but_writes_and_prints_nothing(tmp_path, mo
     assert (out.out, out.err) == ("", "")
 
 
-# Dropout, drop-path and mixup on: every random draw of a step must be the same whichever process makes it.
-# every random draw a run makes: dropout, drop-path, and DeiT's augmentation (RandAugment, erasing, mixup and
-# CutMix switched half the time)
+# Dropout, drop-path and mixup on: every random draw of a step must be the same whichever process
+# makes it. every random draw a run makes: dropout, drop-path, and DeiT's augmentation (RandAugment,
+# erasing, mixup and CutMix switched half the time)
 RANDOM = ("model.dropout=0.1", "model.drop_path=0.1", "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0",
           "data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25")
 
 
 def test_one_and_two_processes_train_the_same(tmp_path):
-    """The same global batch of 32 as 4 micro-batches of 8 in one process, or 2 + 2 in two (Gloo): the same
-    images, augmentation, mixup and dropout draws, so the runs differ only in the float summation order of the
-    gradient (DDP averages two partial sums). Adam divides each gradient element by its own running scale, so
-    an element whose gradient is float noise can move visibly: after 6 steps the weights agree to 5e-5
-    (measured 4.8e-6; run.seed=1 instead differs by 0.29) and the logged losses to 1e-5 (measured 2.4e-7)."""
+    """The same global batch of 32 as 4 micro-batches of 8 in one process, or 2 + 2 in two (Gloo):
+    the same images, augmentation, mixup and dropout draws, so the runs differ only in the float
+    summation order of the gradient (DDP averages two partial sums). Adam divides each gradient
+    element by its own running scale, so an element whose gradient is float noise can move visibly:
+    after 6 steps the weights agree to 5e-5 (measured 4.8e-6; run.seed=1 instead differs by 0.29)
+    and the logged losses to 1e-5 (measured 2.4e-7)."""
     steps = ("schedule.steps=6", "run.log_every=1", *RANDOM)
     run(vit(1, tmp_path / "one", *steps))
     run(vit(2, tmp_path / "two", *steps))
@@ -120,10 +122,10 @@ def test_one_and_two_processes_train_the_same(tmp_path):
 
 
 def test_one_and_two_processes_mask_and_train_mae_the_same(tmp_path):
-    """objective: mae, the same global batch of 32 split as above: each image's mask is drawn from its index
-    in the run, not from its micro-batch or rank, so the runs again differ only in the float summation order
-    (weights measured 3.9e-6 apart after 6 steps). The held-out MAE loss is computed on the ranks' shares of
-    the split and exercised here too."""
+    """objective: mae, the same global batch of 32 split as above: each image's mask is drawn from
+    its index in the run, not from its micro-batch or rank, so the runs again differ only in the
+    float summation order (weights measured 3.9e-6 apart after 6 steps). The held-out MAE loss is
+    computed on the ranks' shares of the split and exercised here too."""
     steps = ("objective=mae", "mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4",
              "schedule.steps=6", "run.log_every=1", "model.drop_path=0.1")
     run(vit(1, tmp_path / "one", *steps))
@@ -137,11 +139,13 @@ def test_one_and_two_processes_mask_and_train_mae_the_same(tmp_path):
 
 
 def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
-    """A 2-process run SIGKILLed after its step-30 checkpoint and started again resumes there and ends with
-    exactly (torch.equal) the weights and logged losses of the same run never interrupted."""
+    """A 2-process run SIGKILLed after its step-30 checkpoint and started again resumes there and
+    ends with exactly (torch.equal) the weights and logged losses of the same run never
+    interrupted."""
     steps = ("schedule.steps=120", "run.ckpt_every=30", "run.log_every=10", *RANDOM)
     run(vit(2, tmp_path / "straight", *steps))
-    # its checksum is written last: the checkpoint is whole (a kill before it leaves one a resume skips)
+    # its checksum is written last: the checkpoint is whole (a kill before it leaves one a resume
+    # skips)
     kill_when(ENV, vit(2, tmp_path / "killed", *steps), tmp_path / "killed" / "state-30.pt.sha256")
     assert not (tmp_path / "killed" / MODEL_FILE).exists()
     proc = run(vit(2, tmp_path / "killed", *steps))
@@ -155,9 +159,9 @@ def test_two_processes_killed_and_resumed_end_bit_identical(tmp_path):
 
 
 def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
-    """eval-fewshot under torchrun: each rank extracts every other image and the parts are gathered back in
-    dataset order, so the least-squares results equal one process's (to 1e-6: the solves see the same
-    numbers)."""
+    """eval-fewshot under torchrun: each rank extracts every other image and the parts are gathered
+    back in dataset order, so the least-squares results equal one process's (to 1e-6: the solves see
+    the same numbers)."""
     init = tmp_path / "pre"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     save_weights(init / MODEL_FILE, build_model(cfg, 4).state_dict(), {"model": model_spec(cfg, 4)})
@@ -180,9 +184,9 @@ def test_fewshot_features_split_across_two_processes_match_one(tmp_path):
 
 
 def test_a_two_process_run_resumes_on_one_process(tmp_path):
-    """Killed on 2 processes, resumed on 1 with the same global and micro batch: it continues the same
-    training, ending where one process alone ends, up to float summation order amplified by 60 Adam steps
-    (5e-4; measured 7.6e-5, where another run.seed is about 0.3 away)."""
+    """Killed on 2 processes, resumed on 1 with the same global and micro batch: it continues the
+    same training, ending where one process alone ends, up to float summation order amplified by 60
+    Adam steps (5e-4; measured 7.6e-5, where another run.seed is about 0.3 away)."""
     steps = ("schedule.steps=60", "run.ckpt_every=20", "run.log_every=10", *RANDOM)
     kill_when(ENV, vit(2, tmp_path / "moved", *steps), tmp_path / "moved" / "state-20.pt.sha256")  # whole
     proc = run(vit(1, tmp_path / "moved", *steps))
@@ -196,12 +200,14 @@ def test_a_two_process_run_resumes_on_one_process(tmp_path):
 
 
 def test_fsdp_trains_as_ddp_resumes_bit_identical_and_exports_the_same_file(tmp_path):
-    """`run.strategy=fsdp` on 2 Gloo processes, activation checkpointing on, and a validation split whose 65
-    images give the ranks unequal numbers of batches (a sharded forward is collective: this would hang if
-    evaluation stayed sharded):
-    - trains what DDP trains: weights within 5e-5 after 6 steps (the 1-vs-2-process tolerance; only float
+    """`run.strategy=fsdp` on 2 Gloo processes, activation checkpointing on, and a validation split
+    whose 65 images give the ranks unequal numbers of batches (a sharded forward is collective: this
+    would hang if evaluation stayed sharded):
+    - trains what DDP trains: weights within 5e-5 after 6 steps (the 1-vs-2-process tolerance; only
+    float
       summation order differs: FSDP reduce-scatters where DDP all-reduces);
-    - killed after its step-30 sharded checkpoint (state-30/) and started again, it ends bit-identical to the
+    - killed after its step-30 sharded checkpoint (state-30/) and started again, it ends
+    bit-identical to the
       same run uninterrupted;
     - exports a model.safetensors with the same keys and shapes as DDP's."""
     fsdp = ("run.strategy=fsdp", "run.activation_checkpointing=true", "data.synthetic.val_size=65",
@@ -224,9 +230,9 @@ def test_fsdp_trains_as_ddp_resumes_bit_identical_and_exports_the_same_file(tmp_
 
 
 def test_evaluate_split_across_two_processes_matches_one(tmp_path):
-    """vit evaluate under torchrun: each rank predicts every other image, the rows are gathered back in order,
-    so top-1, per-class counts, ReaL (matched by row order, so order matters), test-time flips, calibration
-    and the temperature fitted on a held-out split equal one process's."""
+    """vit evaluate under torchrun: each rank predicts every other image, the rows are gathered back
+    in order, so top-1, per-class counts, ReaL (matched by row order, so order matters), test-time
+    flips, calibration and the temperature fitted on a held-out split equal one process's."""
     ckpt = tmp_path / "ckpt"
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
                       head_zero_init=False)

@@ -1,23 +1,30 @@
-"""The docs are true: every command they show runs as written, and they list exactly the options and keys.
+"""The docs are true: every command they show runs as written, and they list exactly the options and
+keys.
 
 Which commands (README.md and docs/*.md):
-- only fenced code blocks whose info string is `bash`, `sh`, `shell` or `console` (a block without one, such
+- only fenced code blocks whose info string is `bash`, `sh`, `shell` or `console` (a block without
+one, such
   as a usage line, or a `python` block, is not run);
 - a line ending in `\\` continues on the next; a leading `$ ` prompt is dropped;
-- a line is a command when its first word is `vit` or `torchrun`; other lines (`make demo`, `source ...`)
-  are not run. It is split as a shell splits it (shlex); `#` starts a comment, and the first `>`, `>>`, `|`,
-  `&&` or `;` (written with spaces around) ends the command;
-- a comment `# needs: <what>` (the Hub, your images) marks a command that cannot run offline: its arguments
+- a line is a command when its first word is `vit` or `torchrun`; other lines (`make demo`, `source
+...`)
+  are not run. It is split as a shell splits it (shlex); `#` starts a comment, and the first `>`,
+  `>>`, `|`, `&&` or `;` (written with spaces around) ends the command;
+- a comment `# needs: <what>` (the Hub, your images) marks a command that cannot run offline: its
+arguments
   are parsed by the command's own parser, nothing runs.
 
-How each runs: in-process through `cli.main()`, exit code 0 required, in a sandbox directory standing in for
-a user's checkout after `make demo`: `recipes/` is the repository's, and the files of STAND_INS sit at the
-paths the docs use.
-- pretrain, finetune, eval-fewshot, resize-posemb: with `--dry-run` added when absent, so the recipe is
+How each runs: in-process through `cli.main()`, exit code 0 required, in a sandbox directory
+standing in for a user's checkout after `make demo`: `recipes/` is the repository's, and the files
+of STAND_INS sit at the paths the docs use.
+- pretrain, finetune, eval-fewshot, resize-posemb: with `--dry-run` added when absent, so the recipe
+is
   resolved and checked and the checkpoints read, but nothing trains or is written;
 - inspect, plot: run for real on the sandbox's tiny runs;
-- `torchrun [its options] -m vitcli.cli ARGS`: torchrun's own parser reads its options, then ARGS run as above
-  with WORLD_SIZE = nnodes x nproc-per-node, so the split of the global batch over the processes is checked.
+- `torchrun [its options] -m vitcli.cli ARGS`: torchrun's own parser reads its options, then ARGS
+run as above
+  with WORLD_SIZE = nnodes x nproc-per-node, so the split of the global batch over the processes is
+  checked.
 """
 
 import dataclasses
@@ -124,7 +131,8 @@ ALL = [c for page in PAGES for c in documented_commands(page)]
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """A directory laid out as the docs assume: recipes/, the quickstart runs and ViT-B_16.npz (STAND_INS)."""
+    """A directory laid out as the docs assume: recipes/, the quickstart runs and ViT-B_16.npz
+    (STAND_INS)."""
     root = tmp_path_factory.mktemp("checkout")
     (root / "recipes").symlink_to(REPO / "recipes")
     export_npz(tiny_vit(), root / "ViT-B_16.npz")
@@ -150,7 +158,8 @@ def call_vit(mp: pytest.MonkeyPatch, args: list[str]) -> int:
 
 
 def as_run(args: tuple[str, ...]) -> tuple[list[str], int]:
-    """(the `vit` arguments the test runs, world size) for a documented `vit ...` or `torchrun ...` line."""
+    """(the `vit` arguments the test runs, world size) for a documented `vit ...` or `torchrun ...`
+    line."""
     world = 1
     if args[0] == "torchrun":
         ns = get_args_parser().parse_args(list(args[1:]))
@@ -164,7 +173,8 @@ def as_run(args: tuple[str, ...]) -> tuple[list[str], int]:
 
 
 def parse_only(args: list[str]) -> None:
-    """Parse a command's arguments with its own click parser (raises on an unknown option or a bad value)."""
+    """Parse a command's arguments with its own click parser (raises on an unknown option or a bad
+    value)."""
     group = typer.main.get_command(cli.app)
     parent = group.make_context("vit", [args[0]])
     group.commands[args[0]].make_context(args[0], args[1:], parent=parent)
@@ -208,7 +218,8 @@ def test_the_extraction_rule():
 
 
 def table(text: str, heading: str) -> list[list[str]]:
-    """The body rows (cells) of every Markdown table between `heading` and the next heading of its level."""
+    """The body rows (cells) of every Markdown table between `heading` and the next heading of its
+    level."""
     level = heading.split(" ")[0]
     lines = text.splitlines()
     assert heading in lines, f"no heading {heading!r}"
@@ -286,7 +297,8 @@ def test_recipes_page_lists_the_stage_and_vtab_defaults():
 
 
 def slug(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces as
+    hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip("# ").lower()).replace(" ", "-")
 
 

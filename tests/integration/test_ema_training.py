@@ -1,6 +1,6 @@
-"""Weight EMA in the trainer, as a user sees it: evaluated beside the weights, in every checkpoint, resumed
-bit-identically (whole and sharded checkpoints), exported as `ema.save` says; a checkpoint without one
-resumes only with EMA off."""
+"""Weight EMA in the trainer, as a user sees it: evaluated beside the weights, in every checkpoint,
+resumed bit-identically (whole and sharded checkpoints), exported as `ema.save` says; a checkpoint
+without one resumes only with EMA off."""
 
 import pytest
 import test_train
@@ -17,7 +17,8 @@ from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
 
-# test_train's tiny run, smaller still, with dropout: a resume that drew other dropout masks would show
+# test_train's tiny run, smaller still, with dropout: a resume that drew other dropout masks would
+# show
 TINY = [*test_train.TINY, "model.dropout=0.1", "data.batch_size=16", "data.synthetic.train_size=64",
         "data.synthetic.val_size=32", "data.synthetic.test_size=32"]
 EMA = ["ema.decay=0.9", "ema.warmup=true"]
@@ -43,13 +44,14 @@ def test_the_ema_is_evaluated_beside_the_weights_and_exported_as_ema_save_says(t
     assert not equal(saved["ema"], saved["model"]), "an average, not a copy of the weights"
     weights, meta = load_weights(ema_run / "model.safetensors")
     assert meta["weights"] == "ema" and equal(weights, saved["ema"])
-    # a later stage reads it as it reads any other: every tensor of the network it rebuilds is the EMA's
+    # a later stage reads it as it reads any other: every tensor of the network it rebuilds is the
+    # EMA's
     model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={ema_run}"], complete=complete,
                                   inputs=False))
     assert all(torch.equal(v, saved["ema"][k]) for k, v in model.state_dict().items())
 
-    # the same run without EMA: no EMA anywhere, and the same trained weights, so the EMA (updated, and
-    # swapped in and out of the model for each evaluation) only watched
+    # the same run without EMA: no EMA anywhere, and the same trained weights, so the EMA (updated,
+    # and swapped in and out of the model for each evaluation) only watched
     summary = one_run(recipe("schedule.steps=4", "run.eval_every=2"), plain)
     assert not any("_ema" in k for k in summary)
     assert "ema" not in state.load_state(state.checkpoint_path(plain, 4))
@@ -59,8 +61,9 @@ def test_the_ema_is_evaluated_beside_the_weights_and_exported_as_ema_save_says(t
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_a_resumed_run_ends_with_the_ema_of_the_run_never_stopped(tmp_path, monkeypatch, strategy):
-    """Bit for bit (torch.equal), dropout on; with fsdp (one process: the checkpoints are DCP directories)
-    the EMA comes back from its shards. ema.save may change on resume: it picks what the end writes."""
+    """Bit for bit (torch.equal), dropout on; with fsdp (one process: the checkpoints are DCP
+    directories) the EMA comes back from its shards. ema.save may change on resume: it picks what
+    the end writes."""
     steps = ["schedule.steps=6", "run.ckpt_every=3", f"run.strategy={strategy}", *EMA, *NO_EVAL]
     one_run(recipe(*steps), tmp_path / "straight")
     stopped_at_call(monkeypatch, recipe(*steps), tmp_path / "resumed", 5)
@@ -75,8 +78,8 @@ def test_a_resumed_run_ends_with_the_ema_of_the_run_never_stopped(tmp_path, monk
 
 
 def saved_ema(workdir, step: int, like: dict) -> dict:
-    """The EMA in the checkpoint of `step`: a whole file's, or read from a directory's shards into tensors
-    shaped as `like`."""
+    """The EMA in the checkpoint of `step`: a whole file's, or read from a directory's shards into
+    tensors shaped as `like`."""
     path = state.checkpoint_dir(workdir, step)
     if not path.is_dir():
         return state.load_state(state.checkpoint_path(workdir, step))["ema"]
@@ -86,8 +89,8 @@ def saved_ema(workdir, step: int, like: dict) -> dict:
 
 
 def test_a_checkpoint_without_an_ema_resumes_only_with_ema_off(tmp_path):
-    """A checkpoint of a run without EMA (or of a vitcli before it: its recipe has no `ema` section, read as
-    off) does not resume into a run that turns EMA on: one line naming ema.decay."""
+    """A checkpoint of a run without EMA (or of a vitcli before it: its recipe has no `ema` section,
+    read as off) does not resume into a run that turns EMA on: one line naming ema.decay."""
     plain = ["schedule.steps=4", "run.ckpt_every=2", *NO_EVAL]
     r = recipe(*plain)
     one_run(r, tmp_path / "plain")

@@ -1,7 +1,7 @@
-"""`vit evaluate` and `vit predict` on tiny runs: the numbers agree with what training reported, ReaL
-accuracy with a hand count over the files' own predictions (matched by file name and by row order), predict
-with evaluate row by row, class names travel in the checkpoint, and bad input is one line, exit 2, with
-nothing written."""
+"""`vit evaluate` and `vit predict` on tiny runs: the numbers agree with what training reported,
+ReaL accuracy with a hand count over the files' own predictions (matched by file name and by row
+order), predict with evaluate row by row, class names travel in the checkpoint, and bad input is one
+line, exit 2, with nothing written."""
 
 import io
 import json
@@ -49,8 +49,8 @@ def three_class_images(n: int, seed: int) -> tuple[list, list[int]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A pretraining on the built-in data (6 classes), and its fine-tune onto a saved 3-class dataset named
-    cat/dog/eel; with their summaries."""
+    """A pretraining on the built-in data (6 classes), and its fine-tune onto a saved 3-class
+    dataset named cat/dog/eel; with their summaries."""
     root = tmp_path_factory.mktemp("evaluate")
     pre = one_run(resolve("pretrain", None, TINY + SYNTH + ["schedule.steps=20", "data.eval_batch_size=16"]),
                   root / "pre")
@@ -88,7 +88,8 @@ def test_class_names_of_a_stream_and_of_a_head_of_another_width():
 @pytest.mark.parametrize("run", ["pre", "ft"])
 def test_evaluate_equals_the_test_top1_training_reported(runs, run, tmp_path, monkeypatch, capsys):
     workdir, summary = runs[run]
-    # no run.precision: the checkpoint's own (fp32), not auto's choice, which may be bf16 on this CPU
+    # no run.precision: the checkpoint's own (fp32), not auto's choice, which may be bf16 on this
+    # CPU
     code, out, err = run_vit(monkeypatch, capsys, "evaluate", "--ckpt", workdir, "--workdir", tmp_path / "ev",
                              "--json", "run.device=cpu")
     assert code == 0, err
@@ -119,7 +120,8 @@ def test_dry_run_prints_the_checkpoints_own_preprocessing(runs, monkeypatch, cap
 
 
 def split_predictions(runs, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """evaluate's own per-row pass over a split of the fine-tune's data: (top classes (N, 3), probs)."""
+    """evaluate's own per-row pass over a split of the fine-tune's data: (top classes (N, 3),
+    probs)."""
     ckpt = str(runs["ft"][0])
     r = resolve("evaluate", None, [*FP32, f"data.test_split={split}"], {"init.checkpoint": ckpt},
                 complete=complete, base=trained_with)
@@ -158,7 +160,8 @@ def test_predict_gives_evaluates_top1_row_by_row_with_class_names(runs, tmp_path
     assert lines[1].startswith(f"{folder / '00.png'},1,{top[0][0]},{NAMES[top[0][0]]},")
 
 
-# ReaL lists for the 8 validation images: image 2 has no valid label (left out), images 3 and 6 two each
+# ReaL lists for the 8 validation images: image 2 has no valid label (left out), images 3 and 6 two
+# each
 REAL = [[0], [], [1, 2], [2], [0, 1], [2, 0], [1], [0]]
 
 
@@ -270,16 +273,17 @@ def test_predict_names_each_file_that_does_not_decode_once(runs, tmp_path, monke
 
 
 def eval_pixels(img: Image.Image, size: int, crop_pct: float) -> torch.Tensor:
-    """timm's eval preprocessing written out with torchvision: the shorter side to floor(size / crop_pct)
-    (antialiased bilinear), centre crop `size`, x / 127.5 - 1 -> (3, size, size)."""
+    """timm's eval preprocessing written out with torchvision: the shorter side to floor(size /
+    crop_pct) (antialiased bilinear), centre crop `size`, x / 127.5 - 1 -> (3, size, size)."""
     x = torch.from_numpy(np.array(img.convert("RGB"))).permute(2, 0, 1)  # (3, H, W) uint8
     x = TF.center_crop(TF.resize(x, [math.floor(size / crop_pct)], antialias=True), [size, size])
     return x.float() / 127.5 - 1
 
 
 def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatch, capsys):
-    """A timm safetensors file and the same network as a Google .npz: evaluate's top-1 and loss equal a plain
-    timm forward over the split's images prepared by the eval transform, at the file's native 32 px."""
+    """A timm safetensors file and the same network as a Google .npz: evaluate's top-1 and loss
+    equal a plain timm forward over the split's images prepared by the eval transform, at the file's
+    native 32 px."""
     model = tiny_vit(img_size=32, num_classes=5)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "timm.safetensors"))
     export_npz(model, tmp_path / "vit.npz")
@@ -304,9 +308,9 @@ def test_foreign_checkpoints_evaluate_as_timm_computes_them(tmp_path, monkeypatc
 
 def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, monkeypatch, capsys,
                                                                 logged):
-    """Row 3 of 10 is not an image: evaluate scores the other 9, counts it and names it once (by row and
-    split; by its path in an image folder); the 9 score as they do in a split without it (top-1 over the
-    same rows)."""
+    """Row 3 of 10 is not an image: evaluate scores the other 9, counts it and names it once (by row
+    and split; by its path in an image folder); the 9 score as they do in a split without it (top-1
+    over the same rows)."""
     images, labels = three_class_images(10, 4)
     encoded = []
     for i, image in enumerate(images):
@@ -341,8 +345,9 @@ def test_an_image_that_does_not_decode_is_left_out_and_counted(runs, tmp_path, m
 
 
 def test_predict_gives_sigmoid_probabilities_for_a_sigmoid_loss_model(tmp_path, monkeypatch, capsys):
-    """A checkpoint trained with optim.loss=sigmoid: predict's probabilities are each class's sigmoid of
-    the logits a plain forward gives (they need not sum to 1), its crop the stored data.eval_crop_pct."""
+    """A checkpoint trained with optim.loss=sigmoid: predict's probabilities are each class's
+    sigmoid of the logits a plain forward gives (they need not sum to 1), its crop the stored
+    data.eval_crop_pct."""
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64,
                       head_zero_init=False)
     torch.manual_seed(1)

@@ -1,7 +1,7 @@
-"""`vit evaluate`'s calibration, temperature scaling and test-time augmentation on a tiny timm ViT: each
-number equals one computed from a plain timm forward over the split's images prepared by hand, the plain
-numbers do not move when TTA and scaling are asked for, a sigmoid-loss model reports no calibration, and bad
-input is one line, exit 2, with nothing written."""
+"""`vit evaluate`'s calibration, temperature scaling and test-time augmentation on a tiny timm ViT:
+each number equals one computed from a plain timm forward over the split's images prepared by hand,
+the plain numbers do not move when TTA and scaling are asked for, a sigmoid-loss model reports no
+calibration, and bad input is one line, exit 2, with nothing written."""
 
 import json
 
@@ -37,13 +37,15 @@ def eval_pixels(img: Image.Image, size: int) -> torch.Tensor:
 
 
 def split_pixels(split: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(images (n, 3, 32, 32), labels (n,)) of a split of the built-in data, as the run's recipe makes it."""
+    """(images (n, 3, 32, 32), labels (n,)) of a split of the built-in data, as the run's recipe
+    makes it."""
     ds = make_synthetic(SyntheticConfig(num_classes=K, test_size=TEST, train_size=TRAIN), split)
     return torch.stack([eval_pixels(img, 32) for img in ds["image"][:n]]), torch.tensor(ds["label"][:n])
 
 
 def ten_views(x: torch.Tensor) -> list[torch.Tensor]:
-    """The centre and corner 28-pixel crops of x (B, 3, 32, 32), upsampled to 32, and their mirrors."""
+    """The centre and corner 28-pixel crops of x (B, 3, 32, 32), upsampled to 32, and their
+    mirrors."""
     crops = [x[..., a:a + 28, b:b + 28] for a, b in ((0, 0), (0, 4), (4, 0), (4, 4), (2, 2))]
     up = [F.interpolate(c, size=(32, 32), mode="bilinear", align_corners=False) for c in crops]
     return up + [v.flip(-1) for v in up]

@@ -1,13 +1,14 @@
-"""`vit export`: each folder is loaded back by the library it is for (transformers, onnxruntime, timm) and
-gives our logits; what a format cannot hold is one line, exit 2, nothing written. Also `python -m vitcli` and
-`vit --version`, the shell conventions of the same issue.
+"""`vit export`: each folder is loaded back by the library it is for (transformers, onnxruntime,
+timm) and gives our logits; what a format cannot hold is one line, exit 2, nothing written. Also
+`python -m vitcli` and `vit --version`, the shell conventions of the same issue.
 
-Tolerances: logits within 1e-4 (float32 through a different attention implementation); the transformers
-processor's pixels within 1e-6 of our eval transform on an image already at the model's size (no resampling:
-only x / 255 and the normalisation differ in rounding), and within 2 / 255 (one 8-bit level in [-1, 1]
-units) on resized ones, square or not (both resample with PIL's bilinear; rounding differs by a level).
-Shapes whose crop margin is even: torchvision's CenterCrop rounds an odd margin's half up to even where
-transformers floors it, a one-pixel shift (data.transforms.central_crop_offsets says the same of big_vision).
+Tolerances: logits within 1e-4 (float32 through a different attention implementation); the
+transformers processor's pixels within 1e-6 of our eval transform on an image already at the model's
+size (no resampling: only x / 255 and the normalisation differ in rounding), and within 2 / 255 (one
+8-bit level in [-1, 1] units) on resized ones, square or not (both resample with PIL's bilinear;
+rounding differs by a level). Shapes whose crop margin is even: torchvision's CenterCrop rounds an
+odd margin's half up to even where transformers floors it, a one-pixel shift
+(data.transforms.central_crop_offsets says the same of big_vision).
 """
 
 import dataclasses
@@ -46,7 +47,8 @@ TINY = ModelConfig(name="custom", img_size=32, patch_size=8, embed_dim=32, depth
 
 
 def _save(path, model, cfg: ModelConfig, num_classes: int, names=NAMES):
-    """Our checkpoint of `model`, its metadata holding the head's class names (model.class_names)."""
+    """Our checkpoint of `model`, its metadata holding the head's class names
+    (model.class_names)."""
     meta = {**model_spec(cfg, num_classes), "class_names": names}
     save_weights(path, model.state_dict(), {"model": meta, "recipe": {"data": {"eval_crop_pct": 1.0}}})
     return path
@@ -89,7 +91,8 @@ LEVEL = 2 / 255 + 1e-6  # one 8-bit level in [-1, 1] units, plus float32 roundin
 
 
 def _our_eval(img: Image.Image, cfg: DataConfig) -> torch.Tensor:
-    """Our eval preprocessing of one image at 32 px, as a loader worker and the model's device run it."""
+    """Our eval preprocessing of one image at 32 px, as a loader worker and the model's device run
+    it."""
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     pixels = build_transform(cfg, 32, train=False)([Encoded(buf.getvalue())], None)
@@ -111,7 +114,8 @@ def test_hf_processor_gives_our_eval_pixels(monkeypatch, capsys, tmp_path, ours,
 
 
 def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
-    """data.eval_crop_pct 0.875 in the checkpoint's recipe: shorter side floor(32 / 0.875) = 36, crop 32."""
+    """data.eval_crop_pct 0.875 in the checkpoint's recipe: shorter side floor(32 / 0.875) = 36,
+    crop 32."""
     model = tiny_vit(num_classes=3)
     meta = {**model_spec(TINY, 3), "class_names": NAMES}
     save_weights(tmp_path / "m.safetensors", model.state_dict(),
@@ -125,7 +129,8 @@ def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
 
 
 def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
-    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; read back the same."""
+    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; read back the
+    same."""
     model = tiny_vit(num_classes=3)
     meta = {**model_spec(TINY, 3), "class_names": NAMES}
     data = {"eval_crop_pct": 0.875, "eval_crop_mode": "squash"}
@@ -201,7 +206,8 @@ def test_what_a_format_cannot_hold_is_one_line(monkeypatch, capsys, tmp_path, ch
 
 
 def test_a_headless_checkpoint_is_refused_by_hf_and_gives_features_in_onnx(monkeypatch, capsys, tmp_path):
-    """transformers would attach a random classifier to it without a word; ONNX returns its pre-logits."""
+    """transformers would attach a random classifier to it without a word; ONNX returns its
+    pre-logits."""
     model = build_model(TINY, 0).eval()
     ckpt = _save(tmp_path / "mpp.safetensors", model, TINY, 0, names=None)
     code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", ckpt, "--format", "hf", "--out",

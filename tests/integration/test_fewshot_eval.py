@@ -1,4 +1,5 @@
-"""`vit eval-fewshot` end to end: features cached once, tables and files written, pretrained beats random."""
+"""`vit eval-fewshot` end to end: features cached once, tables and files written, pretrained beats
+random."""
 
 import csv
 import json
@@ -27,7 +28,8 @@ TINY_MODEL = ["model.img_size=32", "model.patch_size=4", "model.embed_dim=32", "
               "model.num_heads=2", "model.mlp_dim=64"]
 DATA = ["data.synthetic.img_size=32", "data.num_workers=0", "data.eval_batch_size=256",
         "data.crop_min_area=1.0",
-        # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+        # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the
+        # same
         "run.precision=fp32"]
 FEWSHOT = ["fewshot.tasks=synthetic", "fewshot.shots=1,5", "fewshot.seeds=2", "data.synthetic.num_classes=6",
            "data.synthetic.train_size=120", "data.synthetic.test_size=300", "data.synthetic.seed=5"]
@@ -35,15 +37,16 @@ FEWSHOT = ["fewshot.tasks=synthetic", "fewshot.shots=1,5", "fewshot.seeds=2", "d
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """A tiny ViT pretrained for a few hundred steps on the built-in data (6 classes), and its random twin."""
+    """A tiny ViT pretrained for a few hundred steps on the built-in data (6 classes), and its
+    random twin."""
     root = tmp_path_factory.mktemp("fewshot")
     r = resolve("pretrain", None, TINY_MODEL + DATA + [
         "data.synthetic.num_classes=6", "data.synthetic.train_size=1200", "data.val_split=",
         "data.test_split=", "data.batch_size=64", "optim.lr=3e-3", "optim.weight_decay=0.0",
         "schedule.steps=300", "schedule.warmup_steps=30", "schedule.decay=cosine", "run.log_every=50",
-        # timm's random head kernel: in 300 steps this tiny run's features then separate the classes better
-        # (5-shot 0.32 vs 0.21 with big_vision's zero kernel, measured); this file tests eval-fewshot,
-        # not init
+        # timm's random head kernel: in 300 steps this tiny run's features then separate the classes
+        # better (5-shot 0.32 vs 0.21 with big_vision's zero kernel, measured); this file tests
+        # eval-fewshot, not init
         "model.head_zero_init=false"])
     one_run(r, root / "pre")
     torch.manual_seed(0)
@@ -101,7 +104,8 @@ def test_auto_l2_reports_the_chosen_lambda(pretrained, tmp_path):
 
 
 def test_too_few_examples_takes_what_each_class_has(pretrained, tmp_path):
-    # 120 train images over 6 classes, ~20 per class: 25 shots takes each class's all, as big_vision does
+    # 120 train images over 6 classes, ~20 per class: 25 shots takes each class's all, as big_vision
+    # does
     rows = fewshot(pretrained / "pre", tmp_path, "fewshot.shots=5,25")
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],
                 complete=complete)
@@ -153,8 +157,9 @@ def test_cache_key_follows_the_builtin_data_config(pretrained, tmp_path):
 
 
 def test_every_row_is_the_tested_score_function_on_the_cached_features(pretrained, tmp_path):
-    """The production path scores with solver.score, the function tests/unit/test_fewshot.py holds against a
-    direct np.linalg.solve: recomputing each row from the cached features gives the same number."""
+    """The production path scores with solver.score, the function tests/unit/test_fewshot.py holds
+    against a direct np.linalg.solve: recomputing each row from the cached features gives the same
+    number."""
     rows = fewshot(pretrained / "pre", tmp_path)
     r = resolve("eval-fewshot", None, TINY_MODEL + DATA + FEWSHOT + [f"init.checkpoint={pretrained / 'pre'}"],
                 complete=complete)
@@ -180,8 +185,8 @@ def test_dry_run_shows_the_resize_method(monkeypatch, capsys, pretrained):
 
 
 def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows():
-    """Rows 0..9 over 3 ranks (rank r holds r, r+3, ...), rows 4 and 9 undecodable (left out by rank 1 and 0):
-    the gathered result is rows 0..9 less 4 and 9, in order, and the tally names both."""
+    """Rows 0..9 over 3 ranks (rank r holds r, r+3, ...), rows 4 and 9 undecodable (left out by rank
+    1 and 0): the gathered result is rows 0..9 less 4 and 9, in order, and the tally names both."""
     n, world = 10, 3
     bad = {row: bad_images.Bad(f"row {row} of split", "broken") for row in (4, 9)}
     parts = []
@@ -199,8 +204,9 @@ def test_gathered_feature_parts_come_back_in_dataset_order_without_skipped_rows(
 
 def test_random_init_scores_the_checkpoints_network_with_fresh_weights(
         pretrained, tmp_path, monkeypatch, capsys):
-    """--random-init: the network --ckpt describes, drawn by its own initialiser from run.seed, never its
-    weights. The independent path: the same draw saved to a file and scored as an ordinary checkpoint."""
+    """--random-init: the network --ckpt describes, drawn by its own initialiser from run.seed,
+    never its weights. The independent path: the same draw saved to a file and scored as an ordinary
+    checkpoint."""
     cache = f"fewshot.cache_dir={tmp_path / 'cache'}"
     ours = fewshot(pretrained / "pre", tmp_path / "pre", cache)
     monkeypatch.setattr(sys, "argv", ["vit", "eval-fewshot", "--ckpt", str(pretrained / "pre"),

@@ -1,8 +1,9 @@
-"""Short classes: a shot set takes what each class has (big_vision's draw), and every row says how short
-it is.
+"""Short classes: a shot set takes what each class has (big_vision's draw), and every row says how
+short it is.
 
-VTAB-1k draws its shot sets from 1,000 images (train800val200); SUN397 has 397 classes, so some are empty and
-most have fewer than 25. big_vision scores those shot counts on what there is; so do we, and we mark them.
+VTAB-1k draws its shot sets from 1,000 images (train800val200); SUN397 has 397 classes, so some are
+empty and most have fewer than 25. big_vision scores those shot counts on what there is; so do we,
+and we mark them.
 """
 
 import json
@@ -30,15 +31,17 @@ SUN_CLASSES, SUN_EMPTY = 397, 32  # VTAB-1k sun397: 1,000 train rows over 397 cl
 
 
 def big_vision_draw(labels: np.ndarray, shots: int, seed: int, num_classes: int) -> np.ndarray:
-    """big_vision fewshot_lsr.compute_fewshot_metrics, written out: one rng per seed permutes every class's
-    indices (classes in order, empty ones included), then each class gives its first `shots`."""
+    """big_vision fewshot_lsr.compute_fewshot_metrics, written out: one rng per seed permutes every
+    class's indices (classes in order, empty ones included), then each class gives its first
+    `shots`."""
     rng = np.random.default_rng(seed)
     class_indices = [rng.permutation(np.where(labels == c)[0]) for c in range(num_classes)]
     return np.concatenate([indices[:shots] for indices in class_indices], axis=0)
 
 
 def _long_tail(n: int, num_classes: int, empty: int, seed: int) -> np.ndarray:
-    """n labels over the first num_classes - empty classes, each at least once, the rest long-tailed."""
+    """n labels over the first num_classes - empty classes, each at least once, the rest
+    long-tailed."""
     rng = np.random.default_rng(seed)
     seen = num_classes - empty
     weights = 1.0 / np.arange(1, seen + 1)
@@ -68,8 +71,8 @@ def test_a_vtab_sized_label_array_keeps_the_big_vision_order():
 
 
 def test_solver_fits_k_columns_when_classes_are_empty():
-    """Targets stay K wide: an empty class's column is all -1, so it is never predicted; equals the direct
-    ridge solve on the augmented features."""
+    """Targets stay K wide: an empty class's column is all -1, so it is never predicted; equals the
+    direct ridge solve on the augmented features."""
     rng = np.random.default_rng(0)
     labels = np.array([0] * 6 + [2] * 6 + [3] * 2)  # classes 1 and 4 have no example
     x = rng.normal(size=(len(labels), 5)) + labels[:, None]
@@ -92,7 +95,8 @@ def test_an_empty_train_split_is_an_error_naming_the_task():
         evaluate_task(empty, test, SUN_CLASSES, recipe, "vtab/sun397")
 
 
-# ---------------------------------------------------------------- end to end on a VTAB-1k-like local task
+# ---------------------------------------------------------------- end to end on a VTAB-1k-like
+# local task
 
 
 def _images(n: int, rng) -> list[Image.Image]:
@@ -101,8 +105,8 @@ def _images(n: int, rng) -> list[Image.Image]:
 
 @pytest.fixture(scope="module")
 def sun_like(tmp_path_factory):
-    """data_root/vtab/sun397 saved to disk: train (800) + validation (200) = VTAB-1k's 1,000 rows over 397
-    classes, 32 of them empty; a test split; and a tiny random-init ViT checkpoint."""
+    """data_root/vtab/sun397 saved to disk: train (800) + validation (200) = VTAB-1k's 1,000 rows
+    over 397 classes, 32 of them empty; a test split; and a tiny random-init ViT checkpoint."""
     root = tmp_path_factory.mktemp("sun")
     rng = np.random.default_rng(0)
     labels = _long_tail(1000, SUN_CLASSES, SUN_EMPTY, seed=1).tolist()

@@ -1,10 +1,12 @@
-"""Fine-tuning as the paper does it: zero head, position embedding interpolated to the new grid, timm interop,
-checkpoint surgery from the command line, one-line errors, and a learning-rate sweep chosen on dev.
+"""Fine-tuning as the paper does it: zero head, position embedding interpolated to the new grid,
+timm interop, checkpoint surgery from the command line, one-line errors, and a learning-rate sweep
+chosen on dev.
 
-The transfer test needs a task where the pretrained network *uses* position: on the built-in shapes/textures
-data a 32 px tiny ViT decides from local texture, and interpolated vs zero-padded position embeddings gave the
-same fine-tuned test top-1 (measured, 2 classes, 3 seeds: 0.66-0.71 vs 0.67-0.71). So the pretrain/fine-tune
-pair here learns *where* a bright square is (its quadrant): without position information a ViT is blind to it.
+The transfer test needs a task where the pretrained network *uses* position: on the built-in
+shapes/textures data a 32 px tiny ViT decides from local texture, and interpolated vs zero-padded
+position embeddings gave the same fine-tuned test top-1 (measured, 2 classes, 3 seeds: 0.66-0.71 vs
+0.67-0.71). So the pretrain/fine-tune pair here learns *where* a bright square is (its quadrant):
+without position information a ViT is blind to it.
 """
 
 import csv
@@ -40,14 +42,16 @@ DATA = [
     "data.num_workers=0", "data.eval_batch_size=256", "data.inception_crop=false",
     "data.hflip=false",  # a flip would move the square to the other quadrant, i.e. change the label
     "data.val_split=", "run.log_every=10", "run.device=cpu",
-    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the
+    # same
     "run.precision=fp32",
 ]
 COMMON = [f"model.{k}={v}" for k, v in TINY_MODEL.items()] + DATA
 
 
 def quadrant_images(n: int, img_size: int, seed) -> tuple[np.ndarray, np.ndarray]:
-    """n images (n, S, S, 3) uint8 of a bright square inside quadrant `label` (0 TL, 1 TR, 2 BL, 3 BR).
+    """n images (n, S, S, 3) uint8 of a bright square inside quadrant `label` (0 TL, 1 TR, 2 BL, 3
+    BR).
 
     Drawn in normalised coordinates, so 32 px and 64 px show the same picture at two resolutions.
     """
@@ -78,7 +82,8 @@ def save_quadrants(path, img_size: int, seed: int, sizes: dict[str, int]) -> str
 
 
 def save_tiny_checkpoint(workdir, *, img_size=32, num_classes=5, representation_size=0, seed=0):
-    """A vitcli workdir holding an untrained tiny ViT (non-zero head), as `vit pretrain` would write it."""
+    """A vitcli workdir holding an untrained tiny ViT (non-zero head), as `vit pretrain` would write
+    it."""
     cfg = ModelConfig(img_size=img_size, representation_size=representation_size, **TINY_MODEL)
     torch.manual_seed(seed)
     model = build_model(cfg, num_classes)
@@ -106,12 +111,14 @@ def timm_vit(spec: dict) -> VisionTransformer:
 
 
 def finetune_args(data):
-    """`vit finetune` arguments for a tiny run on the 64 px quadrant data; the model comes from --init."""
+    """`vit finetune` arguments for a tiny run on the 64 px quadrant data; the model comes from
+    --init."""
     return [*DATA, f"data.source={data[64]}", "data.batch_size=32", "schedule.warmup_steps=1",
             "schedule.steps=3", "--res", "64"]
 
 
-# ------------------------------------------------------------ shared runs: pretrain 32 px, fine-tune 64 px
+# ------------------------------------------------------------ shared runs: pretrain 32 px,
+# fine-tune 64 px
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +143,8 @@ def pretrained(tmp_path_factory, data):
 
 
 def finetune_recipe(source, init, *extra):
-    """20 SGD steps at 64 px (8x8 grid) on new images, from `init`; the stage defaults do the rest."""
+    """20 SGD steps at 64 px (8x8 grid) on new images, from `init`; the stage defaults do the
+    rest."""
     return resolve("finetune", None, COMMON + [
         f"data.source={source}", "model.img_size=64", "data.batch_size=32", "schedule.steps=20",
         "schedule.warmup_steps=2", f"init.checkpoint={init}", *extra,
@@ -176,11 +184,13 @@ def test_zero_head_gives_exactly_zero_logits_at_step_0(tmp_path, keep_representa
         assert model.head.weight.shape == (3, 32) and "dropped" in rows["representation"]
 
 
-# ------------------------------------------------------------ 2. interpolated position embedding transfers
+# ------------------------------------------------------------ 2. interpolated position embedding
+# transfers
 
 
 def zero_padded(posemb, old_grid, new_grid, num_prefix_tokens, method="bilinear"):
-    """The naive load: copy the old rows in order, zeros for the rest (no notion of 2-D position)."""
+    """The naive load: copy the old rows in order, zeros for the rest (no notion of 2-D
+    position)."""
     out = torch.zeros(1, num_prefix_tokens + new_grid[0] * new_grid[1], posemb.shape[-1])
     n = min(out.shape[1], posemb.shape[1])
     out[:, :n] = posemb[:, :n]
@@ -188,7 +198,8 @@ def zero_padded(posemb, old_grid, new_grid, num_prefix_tokens, method="bilinear"
 
 
 def reinitialised(posemb, old_grid, new_grid, num_prefix_tokens, method="bilinear"):
-    """Position rows not loaded at all: a fresh table as timm initialises one; the class row kept."""
+    """Position rows not loaded at all: a fresh table as timm initialises one; the class row
+    kept."""
     fresh = torch.nn.init.trunc_normal_(torch.empty(1, new_grid[0] * new_grid[1], posemb.shape[-1]), std=0.02)
     return torch.cat([posemb[:, :num_prefix_tokens], fresh], dim=1)
 
@@ -206,7 +217,8 @@ def test_interpolated_posemb_beats_not_interpolated(tmp_path, monkeypatch, data,
     # measured over pretrain seeds 0-2 x 1-2 threads: interpolated 0.82-1.00, zero-padded 0.47-0.52,
     # re-initialised 0.25-0.28 (chance); the smallest gap was 0.31
     assert results["test/top1"] >= other["test/top1"] + 0.2, (results, other)
-    # at twice the resolution the fine-tuned model is about as good as the pretrained one was at 32 px
+    # at twice the resolution the fine-tuned model is about as good as the pretrained one was at 32
+    # px
     assert results["test/top1"] >= pretrained[1]["test/top1"] - 0.1, (results, pretrained[1])
 
 
@@ -238,7 +250,8 @@ def test_finetuned_weights_load_strictly_into_timm_with_the_same_logits(finetune
 
 @pytest.fixture
 def resized(tmp_path, monkeypatch, capsys):
-    """A tiny 32 px checkpoint (4x4 grid) and `vit resize-posemb --ckpt SRC --res 64 --out OUT` run on it."""
+    """A tiny 32 px checkpoint (4x4 grid) and `vit resize-posemb --ckpt SRC --res 64 --out OUT` run
+    on it."""
     src = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
     out = tmp_path / "out" / "x64.safetensors"
     code, _, err = run_vit(monkeypatch, capsys, "resize-posemb", "--ckpt", src, "--res", 64, "--out", out)
@@ -284,7 +297,8 @@ def test_resizing_back_with_grid_restores_the_original_shape(tmp_path, monkeypat
     original, _ = load_weights(src / MODEL_FILE)
     restored, meta = load_weights(back)
     assert restored["pos_embed"].shape == original["pos_embed"].shape and meta["model"]["img_size"] == 32
-    # bilinear with aligned corners keeps the class row and the four corner positions through 4 -> 8 -> 4
+    # bilinear with aligned corners keeps the class row and the four corner positions through 4 -> 8
+    # -> 4
     rows = [0, *(1 + i for i in (0, 3, 12, 15))]
     torch.testing.assert_close(restored["pos_embed"][:, rows], original["pos_embed"][:, rows])
 
@@ -308,7 +322,8 @@ def test_init_missing_path(tmp_path, monkeypatch, capsys, data):
 
 
 def test_init_pickle_of_another_class_is_refused_naming_it(tmp_path, monkeypatch, capsys, data):
-    """torch.save files are read with weights_only=True, argparse.Namespace allowed: a pickled Path is not."""
+    """torch.save files are read with weights_only=True, argparse.Namespace allowed: a pickled Path
+    is not."""
     pickle = tmp_path / "x.pt"
     torch.save({"model": {"patch_embed.proj.weight": torch.zeros(32, 3, 8, 8)}, "where": tmp_path}, pickle)
     code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", pickle, "--workdir", tmp_path / "w",
@@ -318,7 +333,8 @@ def test_init_pickle_of_another_class_is_refused_naming_it(tmp_path, monkeypatch
 
 
 def non_square(tmp_path, img_size=(40, 32)) -> tuple:
-    """A timm file whose 1-D position table spans a non-square grid (40x32 px at patch 8: 5x4 + [cls])."""
+    """A timm file whose 1-D position table spans a non-square grid (40x32 px at patch 8: 5x4 +
+    [cls])."""
     path = tmp_path / "rect.safetensors"
     sd = timm_vit({"img_size": img_size, "num_classes": 4, **TINY_MODEL}).state_dict()
     save_file(sd, str(path), metadata={"format": "pt"})
@@ -326,8 +342,8 @@ def non_square(tmp_path, img_size=(40, 32)) -> tuple:
 
 
 def test_a_non_square_table_names_the_file_the_tensor_and_init_grid(tmp_path, monkeypatch, capsys, data):
-    """Once "give the old grid (image size and patch size) explicitly", which no key or flag could do, and
-    only when training started: --dry-run accepted it."""
+    """Once "give the old grid (image size and patch size) explicitly", which no key or flag could
+    do, and only when training started: --dry-run accepted it."""
     init, _ = non_square(tmp_path)
     for dry in ([], ["--dry-run"]):
         code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", init, "--workdir", tmp_path / "w",
@@ -347,8 +363,9 @@ def test_a_non_square_table_names_the_file_the_tensor_and_init_grid(tmp_path, mo
                          ids=["20 positions", "24 positions + [cls] = 25 rows, a square"])
 def test_init_grid_resizes_a_non_square_table_from_that_grid(tmp_path, monkeypatch, capsys, data, img_size,
                                                              grid):
-    """The table is resampled from init.grid to the model's 8x8, its class row kept; a 4x6 table with its
-    class row is 25 rows, which alone reads as a 5x5 table without one (and then fitted no model)."""
+    """The table is resampled from init.grid to the model's 8x8, its class row kept; a 4x6 table
+    with its class row is 25 rows, which alone reads as a 5x5 table without one (and then fitted no
+    model)."""
     init, sd = non_square(tmp_path, img_size)
     given = f"init.grid={grid[0]}x{grid[1]}"
     r = finetune_recipe(data[64], init, given)
@@ -363,7 +380,8 @@ def test_init_grid_resizes_a_non_square_table_from_that_grid(tmp_path, monkeypat
 
 
 def mismatch_vitcli(tmp_path) -> tuple:
-    """Our checkpoint with one tensor's shape tampered: the recipe in it says mlp_dim 64, fc1 has 48 rows."""
+    """Our checkpoint with one tensor's shape tampered: the recipe in it says mlp_dim 64, fc1 has 48
+    rows."""
     init = save_tiny_checkpoint(tmp_path / "pre", num_classes=4)
     sd, meta = load_weights(init / MODEL_FILE)
     sd["blocks.0.mlp.fc1.weight"] = sd["blocks.0.mlp.fc1.weight"][:48]
@@ -373,7 +391,8 @@ def mismatch_vitcli(tmp_path) -> tuple:
 
 
 def mismatch_timm(tmp_path) -> tuple:
-    """A plain timm file (no recipe inside) of width 32, fine-tuned as the named ViT-Ti/16 (width 192)."""
+    """A plain timm file (no recipe inside) of width 32, fine-tuned as the named ViT-Ti/16 (width
+    192)."""
     init = tmp_path / "timm.safetensors"
     sd = timm_vit({"img_size": 32, "num_classes": 4, **TINY_MODEL}).state_dict()
     save_file(sd, str(init), metadata={"format": "pt"})
@@ -420,7 +439,8 @@ def test_resolution_valid_for_the_checkpoints_patch_is_accepted(tmp_path, monkey
     assert sd["pos_embed"].shape == (1, 1 + 5 * 5, 32)
 
 
-# ---------------------------------------------------------------- 6. learning-rate sweep chosen on dev
+# ---------------------------------------------------------------- 6. learning-rate sweep chosen on
+# dev
 
 
 def test_lr_sweep_writes_both_rates_and_picks_the_best_dev(tmp_path, monkeypatch, capsys, data, pretrained):
@@ -446,7 +466,8 @@ def test_lr_sweep_writes_both_rates_and_picks_the_best_dev(tmp_path, monkeypatch
 
 
 def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
-    """A stand-in trainer whose dev and test rankings disagree, so the choice shows which one was read."""
+    """A stand-in trainer whose dev and test rankings disagree, so the choice shows which one was
+    read."""
     outcomes = {0.1: {"val/top1": 0.5, "test/top1": 0.9}, 0.01: {"val/top1": 0.7, "test/top1": 0.6},
                 0.001: {"val/top1": 0.6, "test/top1": 0.8}}
     seen = []
@@ -470,7 +491,8 @@ def test_lr_sweep_chooses_on_dev_not_on_test(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- the finetune recipes
 
 FINETUNE_RECIPES = sorted((REPO / "recipes" / "finetune").glob("*.yaml"))
-# What every finetune recipe restated before it said only what differs: the stage defaults' own values
+# What every finetune recipe restated before it said only what differs: the stage defaults' own
+# values
 PROTOCOL = {"model.img_size": 384, "data.batch_size": 512, "data.inception_crop": True,
             "data.crop_min_area": 0.05, "data.hflip": True, "schedule.decay": "cosine", "optim.name": "sgd",
             "optim.lr": 0.01, "optim.momentum": 0.9, "optim.weight_decay": 0.0, "optim.clip_grad_norm": 1.0,

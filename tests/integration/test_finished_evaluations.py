@@ -1,8 +1,9 @@
-"""A finished evaluation is read-only to its own repetition: `vit eval-fewshot` and `vit evaluate` run again
-with the same request print the stored results and touch no file (bytes and mtimes); another request into the
-workdir is one line, exit 2, naming the difference, another --workdir and --overwrite; --overwrite evaluates
-again and keeps the finished results in previous-<time>/; a run stopped before its results.json is completed
-by the same command. And `vit evaluate` says when the split's class names are not the checkpoint's."""
+"""A finished evaluation is read-only to its own repetition: `vit eval-fewshot` and `vit evaluate`
+run again with the same request print the stored results and touch no file (bytes and mtimes);
+another request into the workdir is one line, exit 2, naming the difference, another --workdir and
+--overwrite; --overwrite evaluates again and keeps the finished results in previous-<time>/; a run
+stopped before its results.json is completed by the same command. And `vit evaluate` says when the
+split's class names are not the checkpoint's."""
 
 import json
 import shutil
@@ -208,7 +209,8 @@ def test_evaluate_records_that_it_scored_the_ema_weights(tmp_path, monkeypatch, 
 
 def test_what_auto_precision_chose_stands_when_it_would_choose_otherwise_now(run, tmp_path, monkeypatch,
                                                                              capsys):
-    """auto's bf16 probe times a matmul: on a busy machine it may flip, and the request has not changed."""
+    """auto's bf16 probe times a matmul: on a busy machine it may flip, and the request has not
+    changed."""
     args = [a for a in fewshot(run, tmp_path / "w") if a != "run.precision=fp32"]  # eval-fewshot: auto
     for native, says in ((False, "features in fp32"), (True, "nothing to do")):
         monkeypatch.setattr(precision, "detect_bf16", lambda device, native=native: (native, "stand-in"))

@@ -1,10 +1,10 @@
 """run.strategy: fsdp. FSDP2 on 2 processes (Gloo, CPU) trains what one process trains; its sharded
-checkpoints resume bit-exactly, reshard, refuse damage, and live beside the .pt checkpoints in one discovery
-and rotation.
+checkpoints resume bit-exactly, reshard, refuse damage, and live beside the .pt checkpoints in one
+discovery and rotation.
 
-The 2-process scenarios run once, in one torchrun launch (tests/integration/fsdp_ranks.py, ~15 s, most of
-it importing torch in three processes); the tests below read what rank 0 wrote and compare it with a
-one-process run.
+The 2-process scenarios run once, in one torchrun launch (tests/integration/fsdp_ranks.py, ~15 s,
+most of it importing torch in three processes); the tests below read what rank 0 wrote and compare
+it with a one-process run.
 """
 
 import json
@@ -34,10 +34,11 @@ from vitcli.train.optim import build_optimizer
 
 HERE = Path(__file__).resolve().parent
 ONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-# FSDP reduce-scatters the two processes' gradients (each a mean of 2 micro-batch means) where one process
-# takes one mean over all 8 images: the same sum in another order, ~1e-7 apart in float32 (measured 1.8e-7
-# on the weights after 4 steps). Adam's update is at most ~lr = 1e-3 per step, so 1e-5 is 1% of one step: a
-# wrong average (a sum, or one process's gradient) or a missed clip moves weights by far more.
+# FSDP reduce-scatters the two processes' gradients (each a mean of 2 micro-batch means) where one
+# process takes one mean over all 8 images: the same sum in another order, ~1e-7 apart in float32
+# (measured 1.8e-7 on the weights after 4 steps). Adam's update is at most ~lr = 1e-3 per step, so
+# 1e-5 is 1% of one step: a wrong average (a sum, or one process's gradient) or a missed clip moves
+# weights by far more.
 ATOL = 1e-5
 
 
@@ -51,7 +52,8 @@ def ranks(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_process(one_thread):
-    """The same STEPS on the whole global batch, unsharded, in this process: (final state, gradient norms)."""
+    """The same STEPS on the whole global batch, unsharded, in this process: (final state, gradient
+    norms)."""
     model = tiny_model(0)
     norms = train(model, build_optimizer(model, OPTIM), 0, STEPS)
     return model.state_dict(), norms
@@ -81,9 +83,9 @@ def test_resuming_a_sharded_checkpoint_ends_bit_identical_to_an_uninterrupted_ru
 
 
 def test_a_sharded_ema_resumes_bit_identical_and_averages_what_one_process_averages(ranks, one_thread):
-    """The EMA of 2 FSDP processes, sharded like the model: saved in the checkpoint's shards and loaded into
-    a fresh EMA, it ends bit-identical to the run never stopped; and it is the EMA one process keeps of
-    the same training, within the weights' 1-vs-2-process tolerance (ATOL)."""
+    """The EMA of 2 FSDP processes, sharded like the model: saved in the checkpoint's shards and
+    loaded into a fresh EMA, it ends bit-identical to the run never stopped; and it is the EMA one
+    process keeps of the same training, within the weights' 1-vs-2-process tolerance (ATOL)."""
     straight, resumed = (load_file(ranks / f"ema_{run}.safetensors") for run in ("straight", "resumed"))
     assert sorted(straight) == sorted(resumed) == sorted(tiny_model(0).state_dict())
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
@@ -96,9 +98,9 @@ def test_a_sharded_ema_resumes_bit_identical_and_averages_what_one_process_avera
 
 
 def test_a_sharded_model_evaluates_and_exports_its_ema_inside_swapped(ranks, one_thread):
-    """With the EMA swapped in, the gathered state (what model.safetensors gets) is the EMA and a forward
-    under `gathered` (the evaluators' path) computes the EMA's logits; after it, the model has its own
-    weights back, bit for bit."""
+    """With the EMA swapped in, the gathered state (what model.safetensors gets) is the EMA and a
+    forward under `gathered` (the evaluators' path) computes the EMA's logits; after it, the model
+    has its own weights back, bit for bit."""
     ema = load_file(ranks / "ema_straight.safetensors")
     assert all(torch.equal(v, ema[k]) for k, v in load_file(ranks / "ema_swapped.safetensors").items())
     params, after = load_file(ranks / "ema_params.safetensors"), load_file(ranks / "ema_after.safetensors")
@@ -122,7 +124,8 @@ def test_full_model_state_has_the_plain_models_keys_and_loads_strictly(ranks):
 
 
 def test_a_sharded_checkpoint_of_two_processes_loads_into_one_unsharded_process(ranks, one_process, tmp_path):
-    """DCP reshards: the run may resume on another process count (here 1, without a process group)."""
+    """DCP reshards: the run may resume on another process count (here 1, without a process
+    group)."""
     model = tiny_model(5)
     optimizer = build_optimizer(model, OPTIM)
     extra = sharded.load(ranks / "run" / f"state-{SAVE_AT}", model, optimizer)
@@ -145,7 +148,8 @@ def test_the_extra_part_comes_back_as_saved_without_pickle(ranks):
 
 
 def damaged_copy(ranks, workdir) -> Path:
-    """The 2-process checkpoint at SAVE_AT copied into `workdir`, with one byte of rank 1's shard flipped."""
+    """The 2-process checkpoint at SAVE_AT copied into `workdir`, with one byte of rank 1's shard
+    flipped."""
     path = state.checkpoint_dir(workdir, SAVE_AT)
     shutil.copytree(ranks / "run" / path.name, path)
     flipped_bytes(path / "__1_0.distcp")
@@ -182,8 +186,8 @@ def test_a_leftover_temporary_directory_is_never_taken_for_a_checkpoint(ranks, t
 
 
 def test_activation_checkpointing_on_two_processes_gives_the_same_gradients(ranks):
-    """Exactly the same (tolerance 0): the recomputation runs the same kernels on the same inputs, and the
-    dropout and drop-path draws are replayed from the restored RNG state."""
+    """Exactly the same (tolerance 0): the recomputation runs the same kernels on the same inputs,
+    and the dropout and drop-path draws are replayed from the restored RNG state."""
     plain, checkpointed = (load_file(ranks / "grads_ac_False.safetensors"),
                            load_file(ranks / "grads_ac_True.safetensors"))
     assert sorted(plain) == sorted(checkpointed) and len(plain) == len(list(tiny_model(0).parameters()))
@@ -300,8 +304,8 @@ def tiny_linear():
 
 @pytest.mark.parametrize("keep", [1, 2])
 def test_sharded_saves_rotate_files_and_directories_alike(tmp_path, keep):
-    """manager.save of a sharded model in one process (no process group: DCP writes one shard) keeps the
-    `keep` newest steps."""
+    """manager.save of a sharded model in one process (no process group: DCP writes one shard) keeps
+    the `keep` newest steps."""
     model, optimizer = tiny_linear()
     pt(tmp_path, 1)
     for step in (2, 3, 4):
@@ -310,7 +314,8 @@ def test_sharded_saves_rotate_files_and_directories_alike(tmp_path, keep):
 
 
 def test_a_sharded_save_first_removes_checkpoints_of_later_steps(tmp_path):
-    """An abandoned run's later checkpoints go, whatever their kind, so the newest one is from this run."""
+    """An abandoned run's later checkpoints go, whatever their kind, so the newest one is from this
+    run."""
     model, optimizer = tiny_linear()
     pt(tmp_path, 5)
     fake_sharded(tmp_path, 6)
@@ -368,7 +373,8 @@ def test_a_fresh_run_sets_sharded_checkpoints_aside(tmp_path):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_fsdp_is_a_strategy_for_any_process_count(world_size):
-    """With one process fsdp runs unsharded (nothing to shard over) and writes the same directories."""
+    """With one process fsdp runs unsharded (nothing to shard over) and writes the same
+    directories."""
     r = resolve("pretrain", None, ["run.strategy=fsdp", "run.activation_checkpointing=true",
                                    "data.batch_size=8"], inputs=False)  # a recipe, not a run: no length
     check(r, world_size, inputs=False)

@@ -1,6 +1,7 @@
-"""`make gpu-check` where CI can run it: `bench/gpu_check.py --quick` (a tiny model at 32 px on this CPU)
-prints one JSON object holding every section, its runs pass their checks, its data are real JPEGs, and
-its arguments are checked. The GPU half (tests/cuda, the real sizes) runs only on a GPU machine."""
+"""`make gpu-check` where CI can run it: `bench/gpu_check.py --quick` (a tiny model at 32 px on this
+CPU) prints one JSON object holding every section, its runs pass their checks, its data are real
+JPEGs, and its arguments are checked. The GPU half (tests/cuda, the real sizes) runs only on a GPU
+machine."""
 
 import json
 import os

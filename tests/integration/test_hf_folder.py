@@ -1,13 +1,14 @@
 """`vit predict --ckpt DIR` on a folder transformers' ViT wrote gives transformers' own pipeline's
-probabilities on real photographs (scikit-image's samples, square and not, one greyscale), with the class
-names of its id2label; a config timm's ViT cannot be is one line, exit 2; and what `vit export --format hf`
-writes is read back as the same network.
+probabilities on real photographs (scikit-image's samples, square and not, one greyscale), with the
+class names of its id2label; a config timm's ViT cannot be is one line, exit 2; and what `vit export
+--format hf` writes is read back as the same network.
 
-The folder's preprocessor is ViTImageProcessor's (google/vit-*'s): both sides squashed to the model's size,
-bilinear, [-1, 1], which the reader turns into data.eval_crop_mode squash. torchvision's antialiased
-bilinear resize of uint8 is PIL's, so the pixels agree to float rounding (1e-5 of a level, measured), and the
-probabilities are held to 1e-5 at fp32 (run.precision=fp32: `auto` may run bf16 on a CPU, 1e-2 apart);
-with the shorter side resized and cropped instead, the two non-square photos differed by 0.17.
+The folder's preprocessor is ViTImageProcessor's (google/vit-*'s): both sides squashed to the
+model's size, bilinear, [-1, 1], which the reader turns into data.eval_crop_mode squash.
+torchvision's antialiased bilinear resize of uint8 is PIL's, so the pixels agree to float rounding
+(1e-5 of a level, measured), and the probabilities are held to 1e-5 at fp32 (run.precision=fp32:
+`auto` may run bf16 on a CPU, 1e-2 apart); with the shorter side resized and cropped instead, the
+two non-square photos differed by 0.17.
 """
 
 import json
@@ -38,8 +39,9 @@ def photos(tmp_path_factory):
 
 
 def _folder(path, **config):
-    """A tiny ViTForImageClassification with random weights (its head scaled up, so the probabilities are
-    far from uniform) and google/vit-*'s image processor, as save_pretrained writes them."""
+    """A tiny ViTForImageClassification with random weights (its head scaled up, so the
+    probabilities are far from uniform) and google/vit-*'s image processor, as save_pretrained
+    writes them."""
     torch.manual_seed(0)
     cfg = transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                                  intermediate_size=64, image_size=32, patch_size=8, id2label=NAMES,

@@ -1,8 +1,9 @@
-"""`vit inspect`: the paper's Figure 7 maths against direct computations, and the command on real files.
+"""`vit inspect`: the paper's Figure 7 maths against direct computations, and the command on real
+files.
 
-Attention distances are checked against brute-force double loops over patch centres written here, position
-similarities against a per-pair cosine, filter components against an eigen-decomposition of the covariance,
-and the per-patch position tables against what the model itself adds to its tokens.
+Attention distances are checked against brute-force double loops over patch centres written here,
+position similarities against a per-pair cosine, filter components against an eigen-decomposition of
+the covariance, and the per-patch position tables against what the model itself adds to its tokens.
 """
 
 import functools
@@ -231,7 +232,8 @@ def test_hybrid_and_t2t_have_no_pixel_filters_and_say_why():
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    """Tiny checkpoints as the trainer writes them (ours), as timm and Google write them, and a CNN."""
+    """Tiny checkpoints as the trainer writes them (ours), as timm and Google write them, and a
+    CNN."""
     root = tmp_path_factory.mktemp("inspect")
     for kind in ("learned_1d", "learned_2d", "sincos_2d"):
         cfg = ModelConfig(**TINY, pos_embed=kind)

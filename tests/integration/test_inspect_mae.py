@@ -1,5 +1,6 @@
-"""`vit inspect` on an MAE run draws MAE's Figure 2 from the decoder in its training state: the masked input,
-the reconstruction with the visible patches pasted back, the original; without the decoder it says why."""
+"""`vit inspect` on an MAE run draws MAE's Figure 2 from the decoder in its training state: the
+masked input, the reconstruction with the visible patches pasted back, the original; without the
+decoder it says why."""
 
 import json
 

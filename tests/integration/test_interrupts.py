@@ -1,7 +1,7 @@
-"""Ctrl-C and SIGTERM mean the same on every command and at every moment: exit 130 (143), one line saying
-what is kept, nothing half-written, and never success (Typer turned Ctrl-C into a return value that `vit`
-exited 0 on, so `vit prepare-data ... && vit pretrain ...` carried on). The training loop's own stop, with its
-checkpoint, is test_signals.py's."""
+"""Ctrl-C and SIGTERM mean the same on every command and at every moment: exit 130 (143), one line
+saying what is kept, nothing half-written, and never success (Typer turned Ctrl-C into a return
+value that `vit` exited 0 on, so `vit prepare-data ... && vit pretrain ...` carried on). The
+training loop's own stop, with its checkpoint, is test_signals.py's."""
 
 import os
 import signal
@@ -92,7 +92,8 @@ def test_a_stop_while_the_recipe_is_read_is_the_same(done, monkeypatch, capsys):
 
 
 def launched(args: list) -> subprocess.Popen:
-    """`vit ARGS` in a session of its own, so that a signal reaches its whole group as a terminal's does."""
+    """`vit ARGS` in a session of its own, so that a signal reaches its whole group as a terminal's
+    does."""
     return subprocess.Popen([sys.executable, "-m", "vitcli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ENV, start_new_session=True)
 
@@ -101,8 +102,9 @@ def launched(args: list) -> subprocess.Popen:
 @pytest.mark.parametrize("command", ["prepare-data", "eval-fewshot"])
 def test_a_real_ctrl_c_at_start_up_or_mid_write_leaves_nothing_half_written(done, tmp_path, command, moment):
     """SIGINT to the process group at start-up (a Ctrl-C inside an import once came out as
-    ModuleNotFoundError, exit 1) and mid-write (copying or extracting 20,000 built-in images takes longer
-    than 4 s here): no --out folder or temporary one beside it; a feature cache holds only whole files."""
+    ModuleNotFoundError, exit 1) and mid-write (copying or extracting 20,000 built-in images takes
+    longer than 4 s here): no --out folder or temporary one beside it; a feature cache holds only
+    whole files."""
     out = tmp_path / "out"
     args = (["prepare-data", "synthetic", "--out", out, "data.synthetic.train_size=20000"]
             if command == "prepare-data" else

@@ -1,6 +1,6 @@
-"""optim.layer_decay in a run: the trainer sets every layer's lr to the schedule's times its scale, FSDP2
-trains and resumes its groups as one process does, and a run says at the start how the lr is spread (the
-starting-weights table, or a line)."""
+"""optim.layer_decay in a run: the trainer sets every layer's lr to the schedule's times its scale,
+FSDP2 trains and resumes its groups as one process does, and a run says at the start how the lr is
+spread (the starting-weights table, or a line)."""
 
 from pathlib import Path
 
@@ -75,8 +75,9 @@ def test_a_run_without_starting_weights_says_it_in_a_line(tmp_path, logged):
 
 
 def test_fsdp_with_layer_decay_trains_what_one_process_trains_and_resumes_bit_exactly(tmp_path, one_thread):
-    """2 processes (tests/integration/layer_decay_ranks.py, fused AdamW on the shards) against the same steps
-    unsharded here: 1e-5 as in test_fsdp (the same gradients summed in another order, ~1e-7 apart)."""
+    """2 processes (tests/integration/layer_decay_ranks.py, fused AdamW on the shards) against the
+    same steps unsharded here: 1e-5 as in test_fsdp (the same gradients summed in another order,
+    ~1e-7 apart)."""
     run_ranks(Path(__file__).with_name("layer_decay_ranks.py"), tmp_path)
     model = tiny_model(0)
     start = {k: v.clone() for k, v in model.state_dict().items()}

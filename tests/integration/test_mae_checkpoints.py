@@ -1,11 +1,12 @@
-"""MAE's checkpoints in and out: facebookresearch/mae's `.pth` files as starting weights (the encoder kept,
-the decoder, mask token and training state dropped and said so), and an MAE encoder exported for timm's MAE
-ViT and transformers' ViTMAEModel.
+"""MAE's checkpoints in and out: facebookresearch/mae's `.pth` files as starting weights (the
+encoder kept, the decoder, mask token and training state dropped and said so), and an MAE encoder
+exported for timm's MAE ViT and transformers' ViTMAEModel.
 
-The `.pth` files are made here as MAE's util/misc.py save_model writes them (tests/helpers.py mae_pth: a
-run's checkpoint-N.pth with optimizer, epoch, scaler and a pickled argparse.Namespace; the releases'
-{'model': ...}), around a tiny encoder with MAE's own fixed sin-cos table. A vit MAE run is stood in for by
-its model.safetensors as such a run writes it: the headless encoder, the recipe's objective `mae` in metadata.
+The `.pth` files are made here as MAE's util/misc.py save_model writes them (tests/helpers.py
+mae_pth: a run's checkpoint-N.pth with optimizer, epoch, scaler and a pickled argparse.Namespace;
+the releases' {'model': ...}), around a tiny encoder with MAE's own fixed sin-cos table. A vit MAE
+run is stood in for by its model.safetensors as such a run writes it: the headless encoder, the
+recipe's objective `mae` in metadata.
 
 Tolerances: timm's and vit's forward of the same weights agree within 1e-6 (the same module code);
 transformers' ViTMAEModel within 1e-5 (float32 through another attention implementation).
@@ -46,7 +47,8 @@ def _rows(out: str) -> str:
 
 
 def _vit_mae_run(tmp_path, encoder):
-    """model.safetensors as a vit run of objective mae writes it: the encoder, headless, ImageNet's pixels."""
+    """model.safetensors as a vit run of objective mae writes it: the encoder, headless, ImageNet's
+    pixels."""
     recipe = {"objective": "mae", "data": {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
                                            "interpolation": "bicubic", "eval_crop_pct": 1.0}}
     path = tmp_path / "mae_run" / "model.safetensors"
@@ -55,7 +57,8 @@ def _vit_mae_run(tmp_path, encoder):
 
 
 def _unshuffled(output) -> torch.Tensor:
-    """ViTMAEModel's last_hidden_state (B, 1 + N, D) with its patch tokens put back in the image's order."""
+    """ViTMAEModel's last_hidden_state (B, 1 + N, D) with its patch tokens put back in the image's
+    order."""
     tokens, restore = output.last_hidden_state, output.ids_restore  # restore: (B, N)
     patches = tokens[:, 1:].gather(1, restore[..., None].expand(-1, -1, tokens.shape[-1]))
     return torch.cat([tokens[:, :1], patches], dim=1)
@@ -122,9 +125,9 @@ def test_evaluate_refuses_maes_pth_in_one_line_saying_what_was_left_out(monkeypa
 
 
 def test_finetune_with_pool_gap_fc_norm_builds_maes_fine_tune_network(monkeypatch, capsys, tmp_path):
-    """model.pool=gap_fc_norm over MAE's encoder, as main_finetune.py with global_pool: the class token and
-    blocks loaded, the encoder's final norm dropped, a fresh fc_norm after the mean of the patch tokens; it
-    trains its steps and the run records the pooling."""
+    """model.pool=gap_fc_norm over MAE's encoder, as main_finetune.py with global_pool: the class
+    token and blocks loaded, the encoder's final norm dropped, a fresh fc_norm after the mean of the
+    patch tokens; it trains its steps and the run records the pooling."""
     encoder = mae_encoder()
     ckpt = mae_pth(tmp_path / "mae_pretrain_vit_tiny.pth", encoder)
     args = [a.replace("WORKDIR", str(tmp_path / "ft")) for a in RUN] + ["model.pool=gap_fc_norm"]
@@ -143,8 +146,9 @@ def test_finetune_with_pool_gap_fc_norm_builds_maes_fine_tune_network(monkeypatc
 
 
 def test_maes_fine_tuned_pth_evaluates_as_mae_runs_it(monkeypatch, capsys, tmp_path):
-    """mae_finetuned_vit_*.pth (class token, fc_norm, head, no final norm) is read whole: `vit evaluate`
-    scores it, and the network it builds gives timm's global_pool='avg', fc_norm=True logits (1e-5)."""
+    """mae_finetuned_vit_*.pth (class token, fc_norm, head, no final norm) is read whole: `vit
+    evaluate` scores it, and the network it builds gives timm's global_pool='avg', fc_norm=True
+    logits (1e-5)."""
     finetuned = timm.create_model("vit_base_patch16_224", pretrained=False, **TIMM_MAE, num_classes=4,
                                   global_pool="avg", fc_norm=True).eval()
     with torch.no_grad():
@@ -163,13 +167,15 @@ def test_maes_fine_tuned_pth_evaluates_as_mae_runs_it(monkeypatch, capsys, tmp_p
         torch.testing.assert_close(load_for_eval(r, 4)(images), finetuned(images), rtol=0, atol=1e-5)
 
 
-# ---------------------------------------------------------------- out: timm's MAE ViT, transformers' ViTMAE
+# ---------------------------------------------------------------- out: timm's MAE ViT,
+# transformers' ViTMAE
 
 
 @pytest.mark.parametrize("source", ["vit run", "mae .pth"])
 def test_an_mae_encoder_exports_strictly_into_timms_mae_vit(monkeypatch, capsys, tmp_path, source):
-    """timm's `vit_base_patch16_224.mae` is a token-pooled, headless VisionTransformer (num_classes 0, no
-    fc_norm): at tiny sizes the exported weights load into it strictly and give the encoder's features."""
+    """timm's `vit_base_patch16_224.mae` is a token-pooled, headless VisionTransformer (num_classes
+    0, no fc_norm): at tiny sizes the exported weights load into it strictly and give the encoder's
+    features."""
     encoder = mae_encoder()
     ckpt = (_vit_mae_run(tmp_path, encoder) if source == "vit run"
             else mae_pth(tmp_path / "checkpoint-799.pth", encoder, "run"))
@@ -189,9 +195,9 @@ def test_an_mae_encoder_exports_strictly_into_timms_mae_vit(monkeypatch, capsys,
 
 @pytest.mark.parametrize("source", ["vit run", "mae .pth"])
 def test_an_mae_encoder_exports_to_transformers_vitmae_without_masking(monkeypatch, capsys, tmp_path, source):
-    """--format hf writes a headless MAE encoder as ViTMAEModel: eps 1e-6 (MAE's, not transformers' 1e-12),
-    mask_ratio 0.0, and its hidden states, put back in order, are timm's forward_features of the same
-    weights within 1e-5; with `noise` ascending they come in order as they are."""
+    """--format hf writes a headless MAE encoder as ViTMAEModel: eps 1e-6 (MAE's, not transformers'
+    1e-12), mask_ratio 0.0, and its hidden states, put back in order, are timm's forward_features of
+    the same weights within 1e-5; with `noise` ascending they come in order as they are."""
     encoder = mae_encoder()
     ckpt = (_vit_mae_run(tmp_path, encoder) if source == "vit run"
             else mae_pth(tmp_path / "mae_pretrain_vit_tiny.pth", encoder))
@@ -218,8 +224,8 @@ def test_an_mae_encoder_exports_to_transformers_vitmae_without_masking(monkeypat
 
 
 def test_a_headless_checkpoint_of_another_objective_is_still_refused_by_hf(monkeypatch, capsys, tmp_path):
-    """Only an MAE encoder goes to ViTMAEModel: a masked-patch-prediction run's headless ViT is refused as
-    before (transformers would attach a random classifier to it)."""
+    """Only an MAE encoder goes to ViTMAEModel: a masked-patch-prediction run's headless ViT is
+    refused as before (transformers would attach a random classifier to it)."""
     path = tmp_path / "mpp" / "model.safetensors"
     save_weights(path, mae_encoder().state_dict(), {"model": model_spec(TINY, 0),
                                                     "recipe": {"objective": "mpp"}})

@@ -1,6 +1,7 @@
-"""`objective: mae` through the one trainer: the loss falls, the metrics are the pretext's, the exported file
-is the encoder alone (a headless timm ViT) that fine-tuning starts from, the masks follow the images whatever
-the micro-batches, and a run SIGKILLed at a checkpoint resumes to the uninterrupted run's exact weights."""
+"""`objective: mae` through the one trainer: the loss falls, the metrics are the pretext's, the
+exported file is the encoder alone (a headless timm ViT) that fine-tuning starts from, the masks
+follow the images whatever the micro-batches, and a run SIGKILLed at a checkpoint resumes to the
+uninterrupted run's exact weights."""
 
 import json
 import os
@@ -73,10 +74,10 @@ def test_finetuning_starts_from_the_encoder_and_its_pixel_normalisation(pretrain
 
 
 def test_accumulated_micro_batches_mask_and_train_as_one_batch(tmp_path):
-    """A batch of 32 as one micro-batch or as 4 of 8: without random crops or flips every micro-batch holds
-    the same images either way, and each image keeps its mask, so the weights differ only by the float
-    summation order of the gradient (after 4 steps: measured 8.6e-6; with masks drawn per micro-batch
-    instead, 1.0e-2)."""
+    """A batch of 32 as one micro-batch or as 4 of 8: without random crops or flips every
+    micro-batch holds the same images either way, and each image keeps its mask, so the weights
+    differ only by the float summation order of the gradient (after 4 steps: measured 8.6e-6; with
+    masks drawn per micro-batch instead, 1.0e-2)."""
     args = TINY + ["schedule.steps=4", "data.val_split=", "data.test_split=", "data.crop_min_area=1.0",
                    "data.hflip=false"]
     one_run(resolve("pretrain", None, args), tmp_path / "one")
@@ -93,8 +94,9 @@ def _vit(workdir, *extra) -> list[str]:
 
 
 def test_a_run_killed_at_a_checkpoint_resumes_to_the_same_weights(tmp_path):
-    """SIGKILLed after its step-10 checkpoint (no handler runs), then the same command again: the masks
-    (and drop-path) of every later step are the uninterrupted run's, so the weights are equal."""
+    """SIGKILLed after its step-10 checkpoint (no handler runs), then the same command again: the
+    masks (and drop-path) of every later step are the uninterrupted run's, so the weights are
+    equal."""
     straight = subprocess.run(_vit(tmp_path / "straight"), env=ENV, capture_output=True, text=True,
                               timeout=300, check=False)
     assert straight.returncode == 0, straight.stderr[-2000:]

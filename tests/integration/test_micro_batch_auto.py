@@ -1,7 +1,7 @@
-"""data.micro_batch_size: auto on a CPU, for real: trials in child processes against a budget set between two
-candidates' measured peaks; the run it chooses is the run with that micro-batch set by hand, recorded in
-recipe.yaml and the checkpoints, and kept on resume without trying again; a budget nothing fits is one line;
-a dry run says `auto` without importing torch."""
+"""data.micro_batch_size: auto on a CPU, for real: trials in child processes against a budget set
+between two candidates' measured peaks; the run it chooses is the run with that micro-batch set by
+hand, recorded in recipe.yaml and the checkpoints, and kept on resume without trying again; a budget
+nothing fits is one line; a dry run says `auto` without importing torch."""
 
 import math
 import subprocess
@@ -20,8 +20,9 @@ from vitcli.run.micro_batch import Trial
 from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 from vitcli.stages.run import one_run
 
-# A model whose activations are large for its compute: 257 tokens (64 px in patches of 4) of width 64, ~2 MiB
-# an image, so micro-batches of 7 and 49 peak ~90 MiB apart, while one trial's CPU peak varies by ~10 MiB.
+# A model whose activations are large for its compute: 257 tokens (64 px in patches of 4) of width
+# 64, ~2 MiB an image, so micro-batches of 7 and 49 peak ~90 MiB apart, while one trial's CPU peak
+# varies by ~10 MiB.
 TINY = ["model.img_size=64", "model.patch_size=4", "model.embed_dim=64", "model.depth=2", "model.num_heads=2",
         "model.mlp_dim=128", "data.synthetic.num_classes=4", "data.synthetic.train_size=98",
         "data.synthetic.img_size=32", "data.val_split=", "data.test_split=", "data.num_workers=0",
@@ -42,8 +43,8 @@ def recorded(workdir) -> tuple[int, int]:
 
 
 def assert_same_weights(a, b) -> None:
-    """model.safetensors of two workdirs: bitwise the same tensors, and the same recipe and model spec (the
-    bytes of the files differ: safetensors writes its metadata in no fixed order)."""
+    """model.safetensors of two workdirs: bitwise the same tensors, and the same recipe and model
+    spec (the bytes of the files differ: safetensors writes its metadata in no fixed order)."""
     (wa, meta_a), (wb, meta_b) = load_weights(a / MODEL_FILE), load_weights(b / MODEL_FILE)
     assert meta_a == meta_b
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -66,7 +67,8 @@ def test_auto_takes_the_largest_micro_batch_under_the_budget_and_trains_as_set_b
 
 
 def stand_in(r, micro, accum, device, budget_mb, width) -> Trial:
-    """A trial whose peak is 800 MiB and 2 MiB an image, without a process: the search is the other test's."""
+    """A trial whose peak is 800 MiB and 2 MiB an image, without a process: the search is the other
+    test's."""
     peak = 800.0 + 2 * micro
     return Trial(micro, peak <= budget_mb, f"peak {peak:.0f} MiB", peak)
 
@@ -85,7 +87,8 @@ def test_a_resumed_auto_run_keeps_its_micro_batch_without_trying_again(tmp_path,
 
 
 def test_a_budget_no_micro_batch_fits_is_one_line(tmp_path, monkeypatch, capsys):
-    """Each trial is stopped as soon as its resident memory passes 1 MiB: the search costs no steps."""
+    """Each trial is stopped as soon as its resident memory passes 1 MiB: the search costs no
+    steps."""
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *TINY,
                            "data.micro_batch_size=auto", "run.memory_budget_mb=1")
     assert code == 2 and "Traceback" not in err

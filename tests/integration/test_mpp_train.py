@@ -1,5 +1,6 @@
-"""`objective: mpp` through the one trainer: the loss falls, the metrics are the pretext's, the exported
-file is a plain ViT that timm loads, fine-tunes and few-shot-evaluates, and runs repeat exactly."""
+"""`objective: mpp` through the one trainer: the loss falls, the metrics are the pretext's, the
+exported file is a plain ViT that timm loads, fine-tunes and few-shot-evaluates, and runs repeat
+exactly."""
 
 import json
 
@@ -72,7 +73,8 @@ def test_the_mpp_checkpoint_finetunes_and_evaluates_few_shot(pretrained, tmp_pat
 
 
 def test_two_mpp_runs_are_identical(tmp_path):
-    """The corruption draws come from the per-step stream, so a rerun (or a resume) repeats exactly."""
+    """The corruption draws come from the per-step stream, so a rerun (or a resume) repeats
+    exactly."""
     r = resolve("pretrain", None, TINY + ["schedule.steps=4", "data.val_split=", "data.test_split="])
     for name in ("a", "b"):
         torch.manual_seed(len(name))  # the global stream differs; the run must not depend on it

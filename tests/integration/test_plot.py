@@ -1,4 +1,5 @@
-"""`vit plot`: training curves of one or several workdirs in one PNG; bad workdirs are one-line errors."""
+"""`vit plot`: training curves of one or several workdirs in one PNG; bad workdirs are one-line
+errors."""
 
 import math
 import re
@@ -13,7 +14,8 @@ from vitcli.runtime.metrics import MetricsLog
 
 
 def workdir(path, steps=20, lr=1e-3, fewshot=False):
-    """A workdir whose metrics.jsonl looks like the trainer's: train rows, periodic val, a final test."""
+    """A workdir whose metrics.jsonl looks like the trainer's: train rows, periodic val, a final
+    test."""
     path.mkdir(parents=True)
     log = MetricsLog(path / "metrics.jsonl")
     for step in range(1, steps + 1):
@@ -66,8 +68,8 @@ def test_a_split_has_one_line_style_in_every_panel_and_the_legend_names_it(tmp_p
 
 
 def test_the_ema_weights_lines_keep_their_splits_style_with_hollow_squares(tmp_path):
-    """val_ema/top1 is dashed as val/top1 is (not the next free style, as it was), and its markers tell
-    the two apart in the plot and the legend."""
+    """val_ema/top1 is dashed as val/top1 is (not the next free style, as it was), and its markers
+    tell the two apart in the plot and the legend."""
     rows = [{"step": s, "train/loss": 1.0 / s, "val/top1": 0.1 * s, "val_ema/top1": 0.09 * s,
              "test/top1": 0.5, "test_ema/top1": 0.52} for s in (1, 2, 3)]
     fig = curves.curves_figure({"run": rows})
@@ -122,9 +124,9 @@ def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):
 
 
 def test_losses_share_a_panel_only_when_they_are_one_quantity(tmp_path):
-    """train/loss and val/loss of a run come from one loss definition: one panel. Runs trained with different
-    losses (softmax vs sigmoid cross-entropy, or label smoothing) get a loss panel each, titled by the
-    loss."""
+    """train/loss and val/loss of a run come from one loss definition: one panel. Runs trained with
+    different losses (softmax vs sigmoid cross-entropy, or label smoothing) get a loss panel each,
+    titled by the loss."""
     runs = {}
     for name, optim in (("soft", {"loss": "softmax"}), ("sig", {"loss": "sigmoid"}),
                         ("sig2", {"loss": "sigmoid"}),
@@ -148,8 +150,9 @@ def lines_by_label(fig):
 
 
 def test_the_legend_draws_each_line_as_it_is_drawn(tmp_path):
-    """A user read val as solid: the legend's dashed handle was too short to show a gap beside its marker.
-    Each handle has its line's colour, style and marker, and is long enough for a dash pattern."""
+    """A user read val as solid: the legend's dashed handle was too short to show a gap beside its
+    marker. Each handle has its line's colour, style and marker, and is long enough for a dash
+    pattern."""
     a, b = workdir(tmp_path / "a"), workdir(tmp_path / "b", lr=3e-3, fewshot=True)
     for runs in ({"a": curves.read_run(a)}, {"a": curves.read_run(a), "b": curves.read_run(b)}):
         fig = curves.curves_figure(runs)
@@ -164,8 +167,8 @@ def test_the_legend_draws_each_line_as_it_is_drawn(tmp_path):
 
 
 def test_a_series_has_its_own_colour_the_same_in_every_panel(tmp_path):
-    """All lines of a run were one colour: now every line in a panel has its own, and a split keeps its
-    colour across panels (val/loss and val/top1 alike), its style telling train from val too."""
+    """All lines of a run were one colour: now every line in a panel has its own, and a split keeps
+    its colour across panels (val/loss and val/top1 alike), its style telling train from val too."""
     fig = curves.curves_figure({"run": curves.read_run(workdir(tmp_path / "run"))})
     for ax in fig.axes:
         colours = [line.get_color() for line in ax.get_lines()]
@@ -177,8 +180,8 @@ def test_a_series_has_its_own_colour_the_same_in_every_panel(tmp_path):
 
 
 def test_several_runs_are_told_apart_by_a_marker_each_and_named_in_the_legend(tmp_path):
-    """Across runs a key keeps its colour and style; each run has its own marker shape, on every line,
-    dense ones included, and the legend says which run a line is."""
+    """Across runs a key keeps its colour and style; each run has its own marker shape, on every
+    line, dense ones included, and the legend says which run a line is."""
     runs = {n: curves.read_run(workdir(tmp_path / n, steps=60)) for n in ("a", "b", "c")}
     fig = curves.curves_figure(runs)
     lines = lines_by_label(fig)
@@ -213,9 +216,9 @@ def test_several_runs_are_told_apart_by_a_marker_each_and_named_in_the_legend(tm
       " | val: softmax xent")),
 ])
 def test_the_loss_panel_says_what_train_loss_is_under_the_recipe(tmp_path, recipe, title):
-    """Under distillation train/loss is DeiT's weighted sum and under mixup / CutMix the loss on mixed
-    targets, while val/loss is the plain loss on labels: the title says both, a line each ("|" below; long
-    lines wrap), read from recipe.yaml."""
+    """Under distillation train/loss is DeiT's weighted sum and under mixup / CutMix the loss on
+    mixed targets, while val/loss is the plain loss on labels: the title says both, a line each ("|"
+    below; long lines wrap), read from recipe.yaml."""
     run = workdir(tmp_path / "run")
     (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     fig = curves.curves_figure({"run": curves.read_run(run)}, {"run": curves.loss_name(run)})

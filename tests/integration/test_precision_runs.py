@@ -1,5 +1,5 @@
-"""run.precision=auto in a run: the choice announced and recorded, and a resume on a machine that chooses
-differently (the choice itself: unit/test_precision.py)."""
+"""run.precision=auto in a run: the choice announced and recorded, and a resume on a machine that
+chooses differently (the choice itself: unit/test_precision.py)."""
 
 import json
 

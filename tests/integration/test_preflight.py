@@ -1,5 +1,6 @@
-"""`vit pretrain --preflight`: every figure reported, as a table and as JSON; the workdir never made; the
-throwaway folder gone on every way out (a return, an error, Ctrl-C in the loop and outside it)."""
+"""`vit pretrain --preflight`: every figure reported, as a table and as JSON; the workdir never
+made; the throwaway folder gone on every way out (a return, an error, Ctrl-C in the loop and outside
+it)."""
 
 import json
 import os
@@ -34,8 +35,8 @@ FIELDS = {
 
 
 def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
-    """`vit pretrain --preflight` into tmp_path/runs/w, its steady steps timed for `timed_s` at least (0: no
-    second short run, in seconds of a test); (exit code, stdout, stderr)."""
+    """`vit pretrain --preflight` into tmp_path/runs/w, its steady steps timed for `timed_s` at
+    least (0: no second short run, in seconds of a test); (exit code, stdout, stderr)."""
     monkeypatch.setattr(measure, "TIMED_S", timed_s)
     return run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path / "runs" / "w", "--preflight",
                    "--preflight-steps", "4", *TINY, *extra)
@@ -53,8 +54,8 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
     assert set(f) == FIELDS
     nothing_left(tmp_path)
     run = cost.plan(4)[1]
-    # 64 images kept decoded: a sample of 3 windows' images, then the cache; then more steps, for 1 s of them
-    # at the short run's pace
+    # 64 images kept decoded: a sample of 3 windows' images, then the cache; then more steps, for 1
+    # s of them at the short run's pace
     assert f["preflight/steps_run"] == run and f["train/first_epoch_steps"] == 64 // 16
     assert f["preflight/steps_timed"] > run and f["train/first_epoch_step_s"] > 0
     assert f["schedule/steps"] == 40 and f["eval/test_runs"] == 1
@@ -64,8 +65,8 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
                                              + f["eta/checkpoint_s"])
     assert f["mem/device_allocated_mb"] is None and f["eta/gpu_hours"] is None  # a CPU run
     assert f["train/mfu"] > 0 and f["train/img_per_s"] == pytest.approx(16 / f["train/step_s"])
-    # no loader worker; but runtime.memory counts every child of the process, and in-process a pytest worker
-    # can hold one of another test's, so only the main figure is asserted here
+    # no loader worker; but runtime.memory counts every child of the process, and in-process a
+    # pytest worker can hold one of another test's, so only the main figure is asserted here
     assert f["mem/main_peak_mb"] > 0
     assert 0 < f["disk/checkpoint_bytes"] and 0 < f["disk/model_bytes"] < f["disk/checkpoint_bytes"]
     assert f["disk/needed_bytes"] == cost.disk_needed(f["disk/checkpoint_bytes"], 2, f["disk/model_bytes"])
@@ -95,7 +96,8 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
 
 
 def test_an_auto_micro_batch_is_chosen_as_the_run_chooses_it(monkeypatch, capsys, tmp_path):
-    # the search itself (trials in child processes) is test_micro_batch_auto's: here what it chose is used
+    # the search itself (trials in child processes) is test_micro_batch_auto's: here what it chose
+    # is used
     monkeypatch.setattr(micro_batch, "search", lambda r, device, world_size=1: (8, "a test's choice"))
     code, out, err = preflight(monkeypatch, capsys, tmp_path, "--json", "data.micro_batch_size=auto")
     assert code == 0, err
@@ -142,7 +144,8 @@ def stopping_at_step(monkeypatch, stop):
 
 
 def test_ctrl_c_in_the_loop_removes_the_throwaway_folder(monkeypatch, capsys, tmp_path):
-    # the loop's own stop: a checkpoint at the end of the step, written into the folder that then goes
+    # the loop's own stop: a checkpoint at the end of the step, written into the folder that then
+    # goes
     stopping_at_step(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGINT))
     code, _, err = preflight(monkeypatch, capsys, tmp_path)
     assert code == 130 and "preflight stopped by SIGINT" in err and "untouched" in err, err

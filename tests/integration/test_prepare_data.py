@@ -1,8 +1,9 @@
-"""`vit prepare-data`: a pre-resized copy of a source that data.source reads like the original (labels, names,
-row order; images at the new size, close to an exact resize), map-style and streamed; as WebDataset tar shards
-(--shards tar) the same images, which HF's webdataset builder reads and training streams; the manifest counts
-and digests what is on disk; training on it resumes exactly; bad input is one line, exit 2, nothing written;
-an existing copy is kept unless --overwrite, and then set aside."""
+"""`vit prepare-data`: a pre-resized copy of a source that data.source reads like the original
+(labels, names, row order; images at the new size, close to an exact resize), map-style and
+streamed; as WebDataset tar shards (--shards tar) the same images, which HF's webdataset builder
+reads and training streams; the manifest counts and digests what is on disk; training on it resumes
+exactly; bad input is one line, exit 2, nothing written; an existing copy is kept unless
+--overwrite, and then set aside."""
 
 import hashlib
 import io
@@ -67,9 +68,10 @@ def _manifest(path):
 
 @pytest.mark.parametrize("split", ["train", "validation", "test"])
 def test_the_copy_has_the_sources_labels_names_and_order_and_its_images_resized(prepared, split):
-    """Images against torchvision's antialiased bicubic resize of the original. The tolerance is JPEG's loss:
-    at quality 95 and 24 px, on the synthetic images' one-pixel edges and pixel noise (the hardest case for
-    JPEG), ~3 grey levels mean per image; a mean over the split under 4 allows for the smaller splits."""
+    """Images against torchvision's antialiased bicubic resize of the original. The tolerance is
+    JPEG's loss: at quality 95 and 24 px, on the synthetic images' one-pixel edges and pixel noise
+    (the hardest case for JPEG), ~3 grey levels mean per image; a mean over the split under 4 allows
+    for the smaller splits."""
     original = sources.load_source("synthetic", split, synthetic=SYNTHETIC)
     copy = sources.load_source(str(prepared), split)
     assert copy.features["label"].names == original.features["label"].names
@@ -130,10 +132,10 @@ def test_a_shard_cut_short_is_named(prepared, tmp_path):
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_hf_webdataset_builder_reads_the_tar_shards_as_the_parquet_copy_holds_them(prepared, prepared_tar,
                                                                                    split):
-    """The real client reads the tars: each key's image and label are the parquet copy's row of that number
-    (the same JPEG bytes), the rows in the manifest's seeded order, members `KEY.jpg` then `KEY.cls`,
-    adjacent; and data.source reads them as it reads the copy (default columns, class names from the
-    manifest), loaded or streamed."""
+    """The real client reads the tars: each key's image and label are the parquet copy's row of that
+    number (the same JPEG bytes), the rows in the manifest's seeded order, members `KEY.jpg` then
+    `KEY.cls`, adjacent; and data.source reads them as it reads the copy (default columns, class
+    names from the manifest), loaded or streamed."""
     written = _manifest(prepared_tar)
     entry = written["splits"][split]
     files = [str(prepared_tar / shard["file"]) for shard in entry["shards"]]
@@ -181,7 +183,8 @@ def test_the_tar_copy_is_written_through_the_command_the_same_bytes_every_time(t
 
 
 def test_a_tar_shard_missing_cut_short_or_miscounted_is_named(prepared_tar, tmp_path):
-    """Rows of a tar are vouched for by its size (the manifest's `bytes`), not by reading every header."""
+    """Rows of a tar are vouched for by its size (the manifest's `bytes`), not by reading every
+    header."""
     def damaged(name, damage):
         copy = tmp_path / name
         shutil.copytree(prepared_tar, copy)
@@ -259,8 +262,8 @@ def _shard_labels(out):
 
 def test_tar_shards_of_a_class_sorted_folder_mix_the_classes_in_a_seeded_order(tmp_path, capsys):
     """An image folder lists its rows class by class; the parquet copy keeps that order (one class a
-    shard), the tar copy writes them in the order its seed draws (both classes in every shard), the same
-    bytes for the same seed, another order for another."""
+    shard), the tar copy writes them in the order its seed draws (both classes in every shard), the
+    same bytes for the same seed, another order for another."""
     folder = tmp_path / "folder"
     for cls in ("cat", "dog"):
         (folder / cls).mkdir(parents=True)

@@ -1,14 +1,16 @@
-"""Preprocessing follows the weights: what a checkpoint says of its input (timm's pretrained_cfg, our own
-recipe) is what `vit predict` and `vit finetune` feed it, and what `vit export` writes for transformers,
-against each library's own pipeline on real photographs (scikit-image's samples, written as PNG here); the
-user's keys win over the checkpoint, which wins over the defaults; the fused normalisation is the formula.
+"""Preprocessing follows the weights: what a checkpoint says of its input (timm's pretrained_cfg,
+our own recipe) is what `vit predict` and `vit finetune` feed it, and what `vit export` writes for
+transformers, against each library's own pipeline on real photographs (scikit-image's samples,
+written as PNG here); the user's keys win over the checkpoint, which wins over the defaults; the
+fused normalisation is the formula.
 
-Tolerances. Our resize is torchvision's on uint8 tensors (antialiased bicubic or bilinear), timm's and
-transformers' PIL's: the two round apart by a level at some pixels (measured: at most 1 level on these
-photos, at 32 and at 224 px), so pixels are compared within 2 levels in normalised units (2 / 255 / std).
-Through the tiny random ViT below those differences move probabilities by ~1e-4 (measured 1.3e-4 against
-timm on 4 photos); any one of mean/std, interpolation or crop taken wrong moves them by 0.02 to 0.2, so a
-tolerance of 2e-3 tells the right pipeline from each wrong one, and the tests assert that margin too.
+Tolerances. Our resize is torchvision's on uint8 tensors (antialiased bicubic or bilinear), timm's
+and transformers' PIL's: the two round apart by a level at some pixels (measured: at most 1 level on
+these photos, at 32 and at 224 px), so pixels are compared within 2 levels in normalised units (2 /
+255 / std). Through the tiny random ViT below those differences move probabilities by ~1e-4
+(measured 1.3e-4 against timm on 4 photos); any one of mean/std, interpolation or crop taken wrong
+moves them by 0.02 to 0.2, so a tolerance of 2e-3 tells the right pipeline from each wrong one, and
+the tests assert that margin too.
 """
 
 import io
@@ -58,8 +60,8 @@ def photos(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def timm_dir(tmp_path_factory):
-    """(a folder timm wrote with save_for_hf, the model): a 2-block ViT at 32 px, every weight random, whose
-    pretrained_cfg says ImageNet mean and std, bicubic, crop 0.875."""
+    """(a folder timm wrote with save_for_hf, the model): a 2-block ViT at 32 px, every weight
+    random, whose pretrained_cfg says ImageNet mean and std, bicubic, crop 0.875."""
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2,
                               num_heads=HEADS, mlp_ratio=2, num_classes=NUM_CLASSES,
@@ -73,7 +75,8 @@ def timm_dir(tmp_path_factory):
 
 
 def _timm_probs(model, photos) -> np.ndarray:
-    """timm's own inference: resolve_data_config + create_transform (PIL), softmax, in file order."""
+    """timm's own inference: resolve_data_config + create_transform (PIL), softmax, in file
+    order."""
     transform = create_transform(**resolve_data_config({}, model=model))
     x = torch.stack([transform(Image.open(p).convert("RGB")) for p in sorted(photos.iterdir())])
     with torch.no_grad():
@@ -116,7 +119,8 @@ def _photo_bytes(name: str) -> bytes:
 
 @pytest.mark.parametrize("interpolation", ["bicubic", "bilinear"])
 def test_eval_pixels_are_timms_within_two_levels(interpolation):
-    """Our eval transform and normalisation against timm's eval transform, pixel by pixel, per setting."""
+    """Our eval transform and normalisation against timm's eval transform, pixel by pixel, per
+    setting."""
     cfg = DataConfig(**IMAGENET, interpolation=interpolation, eval_crop_pct=0.875)
     transform = create_transform(32, interpolation=interpolation, crop_pct=0.875, **IMAGENET)
     tolerance = 2 / 255 / min(IMAGENET["std"]) + 1e-6
@@ -166,7 +170,8 @@ def test_the_users_keys_win_over_the_checkpoint_which_wins_over_the_defaults(tmp
 
 
 def test_a_bare_timm_file_takes_the_pretrained_cfg_of_the_named_model(tmp_path):
-    """The issue's case: a DeiT-Ti file with model.name=deit_tiny_patch16_224 is fed as timm registers it."""
+    """The issue's case: a DeiT-Ti file with model.name=deit_tiny_patch16_224 is fed as timm
+    registers it."""
     torch.manual_seed(0)
     path = tmp_path / "deit_tiny.safetensors"
     save_file(timm.create_model("deit_tiny_patch16_224").state_dict(), str(path))  # timm's, no metadata
@@ -189,10 +194,10 @@ def test_our_checkpoint_is_fed_as_its_recipe_says_and_an_old_one_as_the_paper(tm
 
 def test_exports_carry_the_runs_preprocessing_to_transformers_and_timm(monkeypatch, capsys, tmp_path, photos,
                                                                         timm_dir):
-    """Our checkpoint trained on ImageNet-normalised, bicubic, 0.875-cropped inputs, exported: transformers'
-    own processor and classifier (AutoImageProcessor: the BitImageProcessor our export names, since
-    ViTImageProcessor can only squash an image, not resize its shorter side and crop) give vit predict's
-    probabilities; timm's config.json states the same preprocessing."""
+    """Our checkpoint trained on ImageNet-normalised, bicubic, 0.875-cropped inputs, exported:
+    transformers' own processor and classifier (AutoImageProcessor: the BitImageProcessor our export
+    names, since ViTImageProcessor can only squash an image, not resize its shorter side and crop)
+    give vit predict's probabilities; timm's config.json states the same preprocessing."""
     transformers = pytest.importorskip("transformers")
     _, model = timm_dir
     ckpt = tmp_path / "ours.safetensors"
@@ -216,8 +221,9 @@ def test_exports_carry_the_runs_preprocessing_to_transformers_and_timm(monkeypat
 
 def test_a_transformers_preprocessor_config_beside_the_weights_is_read(monkeypatch, capsys, tmp_path,
                                                                        timm_dir):
-    """The preprocessor_config.json `vit export --format hf` writes (BitImageProcessor: resample 3, shortest
-    edge 36, crop 32), beside timm-named weights: bicubic, its mean and std, crop 32 / 36."""
+    """The preprocessor_config.json `vit export --format hf` writes (BitImageProcessor: resample 3,
+    shortest edge 36, crop 32), beside timm-named weights: bicubic, its mean and std, crop 32 /
+    36."""
     folder, model = timm_dir
     ours = tmp_path / "ours.safetensors"
     save_weights(ours, model.state_dict(), {"model": model_spec(TINY, NUM_CLASSES),

@@ -1,6 +1,7 @@
-"""The figures the docs quote are the recorded ones: each number README.md, docs/ and the recipe headers take
-from a run is marked (`<!-- quote: KEY -->`, scripts/quotes.py), equals its record in docs/measured/
-(written by `make record`) and stands nowhere else unmarked. `make quotes` rewrites what differs.
+"""The figures the docs quote are the recorded ones: each number README.md, docs/ and the recipe
+headers take from a run is marked (`<!-- quote: KEY -->`, scripts/quotes.py), equals its record in
+docs/measured/ (written by `make record`) and stands nowhere else unmarked. `make quotes` rewrites
+what differs.
 
 It reads files only: the runs are measured by `make record`, never here."""
 
@@ -15,8 +16,8 @@ SPEC = importlib.util.spec_from_file_location("quotes", REPO / "scripts/quotes.p
 quotes = sys.modules["quotes"] = importlib.util.module_from_spec(SPEC)  # dataclasses look their module up
 SPEC.loader.exec_module(quotes)
 
-# Where a quickstart figure must be quoted: the walkthrough, and the header of the recipe that measures it
-# (a figure there without its marker would go stale unseen).
+# Where a quickstart figure must be quoted: the walkthrough, and the header of the recipe that
+# measures it (a figure there without its marker would go stale unseen).
 MUST_QUOTE = {
     "README.md": {"quickstart.pretrain.test_top1", "quickstart.finetune.test_top1",
                   "quickstart.finetune_scratch.test_top1", "quickstart.fewshot.top1"},

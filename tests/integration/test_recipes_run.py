@@ -1,7 +1,8 @@
-"""Today's training recipes (DeiT, T2T-ViT, AugReg, MAE's pretraining and fine-tune) run their first steps
-as shipped, shrunk only in size: a tiny network of the recipe's own family at 32 px on the built-in data, a
-small batch and two steps, every other key as the file sets it (augmentation, repeated augmentation, EMA,
-distillation, layer decay, loss, schedule, MAE's decoder). Each writes its weights and logs both steps."""
+"""Today's training recipes (DeiT, T2T-ViT, AugReg, MAE's pretraining and fine-tune) run their first
+steps as shipped, shrunk only in size: a tiny network of the recipe's own family at 32 px on the
+built-in data, a small batch and two steps, every other key as the file sets it (augmentation,
+repeated augmentation, EMA, distillation, layer decay, loss, schedule, MAE's decoder). Each writes
+its weights and logs both steps."""
 
 import dataclasses
 
@@ -34,7 +35,8 @@ RECIPES = {  # file -> (stage, what shrinks its network); DeiT-S and -B are DeiT
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    """A tiny teacher of the student's 4 classes, for the distilled recipe (its own is a Hub download)."""
+    """A tiny teacher of the student's 4 classes, for the distilled recipe (its own is a Hub
+    download)."""
     workdir = tmp_path_factory.mktemp("teacher")
     one_run(resolve("pretrain", None, [*SMALL, *RUN], complete=complete), workdir)
     return workdir
@@ -57,8 +59,8 @@ def test_a_shipped_recipe_runs_its_first_steps(path, tmp_path, teacher):
 
 @pytest.mark.parametrize("name", ["deit_small", "deit_base"])
 def test_deit_s_and_b_are_deit_ti_but_for_the_network(name):
-    """Table 9 trains the three sizes alike: their files differ in the model's name (and the header) only,
-    so DeiT-Ti's run above stands for theirs."""
+    """Table 9 trains the three sizes alike: their files differ in the model's name (and the header)
+    only, so DeiT-Ti's run above stands for theirs."""
     ti, other = (resolve("pretrain", REPO / f"recipes/deit/{n}_i1k.yaml", complete=complete, inputs=False)
                  for n in ("deit_tiny", name))
     assert other.model.name == f"{name}_patch16_224" and other.model.embed_dim > ti.model.embed_dim

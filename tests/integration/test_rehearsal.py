@@ -1,7 +1,7 @@
-"""The scale rehearsal, small: `vit pretrain` as a user types it on an ImageNet-shaped folder of 1,000 classes
-x 8 hard links (bench/rehearse.py's tree and watcher): its decoded-image cache is decided by the bytes on
-disk (8,000 files of ~100 KB: off, though the folder's table holds only paths) and every process stays
-within bounds."""
+"""The scale rehearsal, small: `vit pretrain` as a user types it on an ImageNet-shaped folder of
+1,000 classes x 8 hard links (bench/rehearse.py's tree and watcher): its decoded-image cache is
+decided by the bytes on disk (8,000 files of ~100 KB: off, though the folder's table holds only
+paths) and every process stays within bounds."""
 
 import importlib
 import io

@@ -1,6 +1,6 @@
-"""One resolve step: what a command runs is exactly what its `--dry-run` prints, for every shipped recipe and
-for stages that start from a checkpoint; the command decides the stage; a checkpoint's heads come from
-evidence.
+"""One resolve step: what a command runs is exactly what its `--dry-run` prints, for every shipped
+recipe and for stages that start from a checkpoint; the command decides the stage; a checkpoint's
+heads come from evidence.
 """
 
 import subprocess
@@ -40,7 +40,8 @@ def stage_of(path: Path) -> str:
 
 
 def ours(workdir: Path, num_classes: int = 5) -> Path:
-    """A vitcli workdir: custom ViT at 32 px, patch 8, width 32, 2 heads (none of them the defaults)."""
+    """A vitcli workdir: custom ViT at 32 px, patch 8, width 32, 2 heads (none of them the
+    defaults)."""
     cfg = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, mlp_dim=64)
     meta = {"recipe": to_dict(Recipe(model=cfg)), "model": model_spec(cfg, num_classes)}
     save_weights(workdir / MODEL_FILE, build_model(cfg, num_classes).state_dict(), meta)
@@ -48,7 +49,8 @@ def ours(workdir: Path, num_classes: int = 5) -> Path:
 
 
 def timm_file(path: Path, width: int, heads: int, patch: int, img_size: int) -> Path:
-    """A plain timm safetensors file, one block: no metadata, so the architecture is read off the tensors."""
+    """A plain timm safetensors file, one block: no metadata, so the architecture is read off the
+    tensors."""
     model = VisionTransformer(img_size=img_size, patch_size=patch, embed_dim=width, depth=1, num_heads=heads,
                               mlp_ratio=1.0, num_classes=3)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path),
@@ -79,8 +81,8 @@ def test_the_recipe_package_imports_no_torch():
 
 
 def test_a_recipe_is_resolved_and_checked_without_torch():
-    """Every key and value of a shipped recipe, overrides included, is checked with torch never imported;
-    a misspelt key is reported the same way."""
+    """Every key and value of a shipped recipe, overrides included, is checked with torch never
+    imported; a misspelt key is reported the same way."""
     resolved = ("from vitcli.recipe.resolve import resolve\n"
                 f"resolve('pretrain', {str(QUICK)!r}, ['optim.lr=3e-3'])")
     assert imported_after(resolved) == []
@@ -109,7 +111,8 @@ def test_every_shipped_recipe_hands_its_driver_exactly_what_its_dry_run_prints(p
 
 
 def run_and_compare(monkeypatch, capsys, workdir: Path, *args) -> dict:
-    """Dry-run a command, run it for real into `workdir`, and require recipe.yaml to equal the dry run."""
+    """Dry-run a command, run it for real into `workdir`, and require recipe.yaml to equal the dry
+    run."""
     code, printed, err = run_vit(monkeypatch, capsys, *args, "--dry-run")
     assert code == 0, err
     code, _, err = run_vit(monkeypatch, capsys, *args, "--workdir", workdir)
@@ -124,7 +127,8 @@ def test_pretrain_writes_the_recipe_its_dry_run_printed(monkeypatch, capsys, tmp
 
 
 def test_finetune_from_a_checkpoint_dry_runs_the_checkpoints_network(monkeypatch, capsys, tmp_path):
-    """It used to print the default ViT-B/16 sizes, and `--res 40` (fine for patch 8) failed the dry run."""
+    """It used to print the default ViT-B/16 sizes, and `--res 40` (fine for patch 8) failed the dry
+    run."""
     init = ours(tmp_path / "pre")
     resolved = run_and_compare(monkeypatch, capsys, tmp_path / "w", "finetune", "-r",
                                REPO / "recipes/quickstart/finetune.yaml", "--init", init, "--res", 40,
@@ -165,11 +169,13 @@ def test_finetune_task_outside_vtab_is_one_line_exit_2(monkeypatch, capsys, tmp_
     assert not (tmp_path / "w").exists()
 
 
-# ---------------------------------------------------------------- heads from evidence, never width // 64
+# ---------------------------------------------------------------- heads from evidence, never width
+# // 64
 
 
 def test_a_vit_h_width_timm_file_gets_the_papers_16_heads(monkeypatch, capsys, tmp_path):
-    """ViT-H/14 is width 1280 with 16 heads; width // 64 said 20, and strict loading could not notice."""
+    """ViT-H/14 is width 1280 with 16 heads; width // 64 said 20, and strict loading could not
+    notice."""
     init = timm_file(tmp_path / "h14.safetensors", width=1280, heads=16, patch=14, img_size=56)
     m = dry_run(monkeypatch, capsys, "finetune", "--init", init, "--res", 56, LENGTH)["model"]
     assert (m["embed_dim"], m["num_heads"], m["patch_size"]) == (1280, 16, 14)
@@ -194,7 +200,8 @@ def test_the_load_table_says_where_the_heads_came_from(tmp_path):
 
 
 def test_a_named_non_vit_timm_model_finetunes_from_its_own_file(monkeypatch, capsys, tmp_path):
-    """No patch embedding to read, but the recipe names the network: its head (`fc`) is swapped for zeros."""
+    """No patch embedding to read, but the recipe names the network: its head (`fc`) is swapped for
+    zeros."""
     theirs = timm.create_model("test_resnet", num_classes=3)
     init = tmp_path / "resnet.safetensors"
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(init),

@@ -1,7 +1,8 @@
-"""`vit evaluate` on ImageNet's robustness sets and `--suite`, `--real`, and ImageNet class names in `vit
-predict`: a tiny 1000-class timm checkpoint on generated 32 px image folders laid out as ImageNet-R, V2 and
-val. Every number is compared with a plain timm forward over the same files (numpy arg-max over the set's
-classes, labels from the folder names), ReaL with timm's real.json read here as plain JSON."""
+"""`vit evaluate` on ImageNet's robustness sets and `--suite`, `--real`, and ImageNet class names in
+`vit predict`: a tiny 1000-class timm checkpoint on generated 32 px image folders laid out as
+ImageNet-R, V2 and val. Every number is compared with a plain timm forward over the same files
+(numpy arg-max over the set's classes, labels from the folder names), ReaL with timm's real.json
+read here as plain JSON."""
 
 import csv
 import json
@@ -27,8 +28,8 @@ PIXELS = np.random.default_rng(0)  # one stream for the module's generated image
 
 
 def checkpoint(path: Path, bias: dict[int, float], num_classes: int = 1000) -> torch.nn.Module:
-    """A tiny timm ViT saved as a timm safetensors file (no class names stored), its head's bias raised for
-    the classes `bias` names."""
+    """A tiny timm ViT saved as a timm safetensors file (no class names stored), its head's bias
+    raised for the classes `bias` names."""
     model = tiny_vit(num_classes=num_classes)
     with torch.no_grad():
         for c, b in bias.items():
@@ -38,7 +39,8 @@ def checkpoint(path: Path, bias: dict[int, float], num_classes: int = 1000) -> t
 
 
 def image_folder(root: Path, counts: dict[str, int], name=lambda folder, j: f"{j}.png") -> None:
-    """root/<folder>/<file> with counts[folder] random 32 px PNGs (PNG: the pixels read back exactly)."""
+    """root/<folder>/<file> with counts[folder] random 32 px PNGs (PNG: the pixels read back
+    exactly)."""
     for folder, n in counts.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
         for j in range(n):
@@ -47,8 +49,8 @@ def image_folder(root: Path, counts: dict[str, int], name=lambda folder, j: f"{j
 
 
 def logits_of(model, root: Path) -> tuple[np.ndarray, list[Path]]:
-    """(logits (N, 1000) of a plain forward over every image under root, the files): at 32 px the eval
-    transform (resize to 32 / crop_pct 1.0, centre crop 32) leaves the pixels as they are."""
+    """(logits (N, 1000) of a plain forward over every image under root, the files): at 32 px the
+    eval transform (resize to 32 / crop_pct 1.0, centre crop 32) leaves the pixels as they are."""
     files = sorted(root.rglob("*.png"))
     x = torch.stack([torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in files])
     with torch.no_grad():
@@ -70,8 +72,9 @@ def evaluate(monkeypatch, capsys, ckpt, workdir, *args):
 
 
 def test_an_r_folder_is_scored_over_rs_200_classes(tmp_path, monkeypatch, capsys):
-    """Four of R's synset folders; the head's arg-max over all 1000 is class 0 (tench, not in R), over R's
-    200 one of the four folders' classes: top-1/-5 and the loss are the numpy ones over R's classes."""
+    """Four of R's synset folders; the head's arg-max over all 1000 is class 0 (tench, not in R),
+    over R's 200 one of the four folders' classes: top-1/-5 and the loss are the numpy ones over R's
+    classes."""
     folders = {SYNSETS[c]: 3 for c in R_CLASSES[2:6]}
     image_folder(tmp_path / "imagenet-r", folders)
     model = checkpoint(tmp_path / "c.safetensors", {0: 50, **{c: 6 for c in R_CLASSES[2:6]}})
@@ -94,7 +97,8 @@ def test_an_r_folder_is_scored_over_rs_200_classes(tmp_path, monkeypatch, capsys
     assert named == {c: LEMMA[SYNSETS[c]] for c in R_CLASSES[2:6]}
     assert [row["class"] for row in results["per_class"]] == sorted(R_CLASSES)  # R's classes, not all 1000
     assert results["class_names_from"] == "timm imagenet-1k lemmas"
-    # the same folder without --imagenet-set: four synset folders are any ImageNet folder, all 1000 classes
+    # the same folder without --imagenet-set: four synset folders are any ImageNet folder, all 1000
+    # classes
     results, _ = evaluate(monkeypatch, capsys, tmp_path / "c.safetensors", tmp_path / "ev_all", "--data",
                           tmp_path / "imagenet-r", "--split", "train")
     assert results["imagenet_set"] == "imagenet" and results["imagenet_set/classes"] == 1000
@@ -103,8 +107,9 @@ def test_an_r_folder_is_scored_over_rs_200_classes(tmp_path, monkeypatch, capsys
 
 
 def test_an_r_folder_with_tta_and_calibration_is_scored_over_its_200_classes(tmp_path, monkeypatch, capsys):
-    """--tta flip on an R folder: the views' softmax is over R's 200 classes, as the plain one's (evaluate's
-    views and the set's mask come from two features: this is where they meet); nll is the cut loss."""
+    """--tta flip on an R folder: the views' softmax is over R's 200 classes, as the plain one's
+    (evaluate's views and the set's mask come from two features: this is where they meet); nll is
+    the cut loss."""
     folders = {SYNSETS[c]: 3 for c in R_CLASSES[2:6]}
     image_folder(tmp_path / "imagenet-r", folders)
     model = checkpoint(tmp_path / "c.safetensors", {0: 50, **{c: 6 for c in R_CLASSES[2:6]}})
@@ -127,8 +132,8 @@ def test_an_r_folder_with_tta_and_calibration_is_scored_over_its_200_classes(tmp
 
 
 def test_v2_index_folders_are_classes_by_number(tmp_path, monkeypatch, capsys):
-    """Folders 1, 2, 10 (an image folder numbers them 0, 2, 1: '10' sorts before '2'); the head prefers
-    class 10, then 2: top-1 is the share of folder 10's images, as numpy counts it."""
+    """Folders 1, 2, 10 (an image folder numbers them 0, 2, 1: '10' sorts before '2'); the head
+    prefers class 10, then 2: top-1 is the share of folder 10's images, as numpy counts it."""
     image_folder(tmp_path / "v2", {"1": 1, "2": 2, "10": 3})
     model = checkpoint(tmp_path / "c.safetensors", {10: 50, 2: 40, 1: 30})
     logits, files = logits_of(model, tmp_path / "v2")
@@ -153,8 +158,8 @@ def real_by_hand(logits: np.ndarray, files: list[Path]) -> tuple[float, int]:
 
 
 def suite_root(root: Path) -> None:
-    """imagenet/val (validation files 1..8: ReaL's lists of 1 and 22 are empty), imagenet-r, a V2 variant,
-    and a folder the suite does not know."""
+    """imagenet/val (validation files 1..8: ReaL's lists of 1 and 22 are empty), imagenet-r, a V2
+    variant, and a folder the suite does not know."""
     number = iter(range(1, 9))
     image_folder(root / "imagenet" / "val", {SYNSETS[c]: 4 for c in (1, 2)},
                  name=lambda folder, j: f"ILSVRC2012_val_{next(number):08d}.png")
@@ -224,8 +229,8 @@ def test_suite_and_set_refusals_are_one_line(tmp_path, monkeypatch, capsys):
 
 
 def test_predict_names_an_imagenet_head_by_timms_lemmas(tmp_path, monkeypatch, capsys, logged):
-    """A 1000-class timm file stores no names: predict prints timm's lemma for class 281 and says so; a
-    5-class file keeps printing indices."""
+    """A 1000-class timm file stores no names: predict prints timm's lemma for class 281 and says
+    so; a 5-class file keeps printing indices."""
     image_folder(tmp_path / "imgs", {"a": 2})
     checkpoint(tmp_path / "c.safetensors", {281: 50})
     code, out, err = run_vit(monkeypatch, capsys, "predict", tmp_path / "imgs", "--ckpt",

@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM as a user and a scheduler send them: the step finishes, a checkpoint is written, one
-line says how to resume, the exit code is 130 / 143, and resuming ends exactly where an uninterrupted run
-ends."""
+"""Ctrl-C and SIGTERM as a user and a scheduler send them: the step finishes, a checkpoint is
+written, one line says how to resume, the exit code is 130 / 143, and resuming ends exactly where an
+uninterrupted run ends."""
 
 import json
 import os
@@ -31,7 +31,8 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM
 
 
 def vit(workdir: Path, *extra: str) -> subprocess.Popen:
-    """`vit pretrain ...` in its own session, so a signal can go to its whole group, as a terminal's does."""
+    """`vit pretrain ...` in its own session, so a signal can go to its whole group, as a terminal's
+    does."""
     return subprocess.Popen([sys.executable, "-m", "vitcli.cli", *ARGS, "--workdir", str(workdir), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
@@ -58,8 +59,9 @@ def straight(tmp_path_factory) -> dict:
     return load_weights(workdir / MODEL_FILE)[0]
 
 
-# SLURM's SIGUSR2 (twice, as srun and torchrun deliver it) takes the same path: tests/unit/test_interrupt.py,
-# and end to end tests/integration/test_torchrun_cluster.py and test_slurm.py
+# SLURM's SIGUSR2 (twice, as srun and torchrun deliver it) takes the same path:
+# tests/unit/test_interrupt.py, and end to end tests/integration/test_torchrun_cluster.py and
+# test_slurm.py
 @pytest.mark.parametrize("sig, code, workers", [(signal.SIGINT, 130, 2), (signal.SIGTERM, 143, 0)],
                          ids=["ctrl-c to the group, with loader workers", "sigterm to the process"])
 def test_a_signal_checkpoints_and_resuming_ends_where_the_straight_run_ends(tmp_path, straight, sig, code,
@@ -106,8 +108,8 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_no_partial_file(tmp_path):
 
 
 def test_two_augmented_runs_are_identical(tmp_path):
-    """DeiT's augmentation (RandAugment, erasing, mixup and CutMix) draws from the per-micro-batch seeded
-    streams, not from the global RNGs, which differ between the two runs."""
+    """DeiT's augmentation (RandAugment, erasing, mixup and CutMix) draws from the per-micro-batch
+    seeded streams, not from the global RNGs, which differ between the two runs."""
     tiny = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
             "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4",
             "data.synthetic.train_size=64", "data.val_split=", "data.test_split=", "data.batch_size=16",

@@ -1,8 +1,8 @@
-"""`vit pretrain --slurm` on a real one-node SLURM cluster started for these tests (tests/slurm_cluster.py):
-the job runs torchrun, SLURM's warning before the time limit (`scancel --batch --signal=USR2`, what
-`--signal=B:USR2@S` sends) becomes a checkpoint and a requeue, and the requeued job ends with the
-uninterrupted run's weights, bit for bit; a crash is not requeued. Skipped, with the reason, where SLURM
-cannot start."""
+"""`vit pretrain --slurm` on a real one-node SLURM cluster started for these tests
+(tests/slurm_cluster.py): the job runs torchrun, SLURM's warning before the time limit (`scancel
+--batch --signal=USR2`, what `--signal=B:USR2@S` sends) becomes a checkpoint and a requeue, and the
+requeued job ends with the uninterrupted run's weights, bit for bit; a crash is not requeued.
+Skipped, with the reason, where SLURM cannot start."""
 
 import json
 import os
@@ -82,8 +82,9 @@ def straight(tmp_path_factory) -> dict:
                               "a preemption's SIGTERM (to every process of the job)"])
 def test_a_stopped_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, straight, tmp_path,
                                                                            signal, scancel):
-    """The warning: every rank checkpoints at its next step. A preemption's SIGTERM: srun kills the step at
-    once (its own answer to SIGTERM), so the run resumes from its last periodic checkpoint."""
+    """The warning: every rank checkpoints at its next step. A preemption's SIGTERM: srun kills the
+    step at once (its own answer to SIGTERM), so the run resumes from its last periodic
+    checkpoint."""
     workdir = tmp_path / "run"
     job = submit(cluster, workdir, "run.ckpt_every=50")
     wait_for_step(workdir, 120)
@@ -94,8 +95,9 @@ def test_a_stopped_job_is_requeued_and_ends_with_the_uninterrupted_weights(clust
     assert first["signal"] == signal and first["action"] == "requeue" and 100 <= first["to_step"] < STEPS
     if signal == "USR2":  # a checkpoint at the step the warning found, not only a periodic one
         assert f"stopped by SIGUSR2 at step {first['to_step']}/{STEPS}" in log(workdir)
-    # SLURM holds a requeued job ~2 min; released at once, slurmd would refuse it: a credential newer than
-    # the revoked one of the job's last run is needed, and their times are in whole seconds
+    # SLURM holds a requeued job ~2 min; released at once, slurmd would refuse it: a credential
+    # newer than the revoked one of the job's last run is needed, and their times are in whole
+    # seconds
     time.sleep(2.5)
     cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
     ended = cluster.wait_state(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"))

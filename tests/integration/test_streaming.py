@@ -1,7 +1,7 @@
-"""data.streaming=true: the train split streams from parquet files, a save_to_disk directory or WebDataset tar
-shards, split by rank, shuffled through a seeded buffer, and resumes at any micro-batch to exactly the batches
-the uninterrupted stream gives, whatever the worker count; corrupt images are replaced and counted; bad
-recipes are one line."""
+"""data.streaming=true: the train split streams from parquet files, a save_to_disk directory or
+WebDataset tar shards, split by rank, shuffled through a seeded buffer, and resumes at any
+micro-batch to exactly the batches the uninterrupted stream gives, whatever the worker count;
+corrupt images are replaced and counted; bad recipes are one line."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def _parquet(tmp, bad=()) -> str:
 
 
 def _tars(tmp) -> str:
-    """The rows as a standard WebDataset (KEY.png + KEY.cls, no class names), 4 shards, named by a brace
-    pattern as WebDataset users name them."""
+    """The rows as a standard WebDataset (KEY.png + KEY.cls, no class names), 4 shards, named by a
+    brace pattern as WebDataset users name them."""
     rows = _rows().cast_column("image", datasets.Image(decode=False))
     for k in range(FILES):
         shard = rows.shard(FILES, k, contiguous=True)
@@ -87,8 +87,8 @@ def _cfg(source: str, **kw) -> DataConfig:
 
 
 def _stream(source: str, seed=0, start_step=0, rank=0, world_size=1, batch=B, state=None, **kw):
-    """A fresh stream from a fresh load, as a restarted process builds it; given a saved `state`, placed
-    there as the CheckpointManager places it."""
+    """A fresh stream from a fresh load, as a restarted process builds it; given a saved `state`,
+    placed there as the CheckpointManager places it."""
     cfg = _cfg(source, **kw)
     ids = sources.load_stream(cfg)
     stream = streams.stream_train_batches(ids, cfg, 32, batch, seed, start_step, rank, world_size)
@@ -136,8 +136,9 @@ def test_a_resumed_stream_gives_the_uninterrupted_batches_across_epochs(source_d
 
 
 def test_an_augmented_stream_is_the_same_with_workers_and_resumed(source_dirs):
-    """DeiT's per-image augmentation (RandAugment, erasing) drawn per micro-batch: 2 workers give the main
-    process's batches, and a stream placed at its saved state goes on with them, bit for bit."""
+    """DeiT's per-image augmentation (RandAugment, erasing) drawn per micro-batch: 2 workers give
+    the main process's batches, and a stream placed at its saved state goes on with them, bit for
+    bit."""
     deit = {"randaugment": "rand-m9-mstd0.5-inc1", "erasing": 0.25}
     ref, where = _take(_stream(source_dirs["saved"], **deit), 8)
     assert _same(ref, _take(_stream(source_dirs["saved"], num_workers=2, **deit), 8)[0])
@@ -166,7 +167,8 @@ def test_a_state_of_another_world_size_or_kind_is_refused(source_dirs, straight)
 
 
 def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> list[int]:
-    """The labels this rank sees in `epoch`, in order: micro-batches of one, each tagged by its position."""
+    """The labels this rank sees in `epoch`, in order: micro-batches of one, each tagged by its
+    position."""
     stream, seen = _stream(source, rank=rank, world_size=world_size, batch=1, hflip=False), []
     while (at := stream.state_dict())["epoch"] <= epoch:
         y = next(stream)[1]
@@ -177,8 +179,8 @@ def _epoch_labels(source: str, rank: int, world_size: int, epoch: int = 0) -> li
 
 @pytest.mark.parametrize(("name", "world_size"), [("parquet", 2), ("parquet", 3), ("saved", 2), ("tar", 2)])
 def test_ranks_see_disjoint_shares_whose_union_is_the_epoch(source_dirs, name, world_size):
-    # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards over 2; tar:
-    # whole tars per rank
+    # parquet over 2: whole files per rank; over 3 (4 files): every 3rd example; saved: 64 shards
+    # over 2; tar: whole tars per rank
     for epoch in (0, 1):
         shares = [_epoch_labels(source_dirs[name], r, world_size, epoch) for r in range(world_size)]
         everything = [y for share in shares for y in share]
@@ -198,8 +200,8 @@ def test_the_seed_decides_the_order(source_dirs):
 
 
 def test_streamed_augmentation_is_seeded_as_map_style_batches():
-    """Rank 1's micro-batches 5, 6, 7 with 2 per step: seeds of (seed, step, global micro-batch), the family
-    map-style batches and the trainer's mixup, dropout and masking draw from."""
+    """Rank 1's micro-batches 5, 6, 7 with 2 per step: seeds of (seed, step, global micro-batch),
+    the family map-style batches and the trainer's mixup, dropout and masking draw from."""
     examples = (({"image": {"bytes": b"", "path": f"{i}.png"}}, (0, i + 1)) for i in itertools.count())
     cfg = DataConfig(image_column="image", label_column="")
     streamed = [seed for _, seed, _
@@ -215,7 +217,8 @@ def test_one_stand_in_rule_for_a_corrupt_training_image():
     assert bad_images.stand_in(2, 5, lambda j: False) is None
 
 
-# ---------------------------------------------------------------- corrupt images, evaluation, sources
+# ---------------------------------------------------------------- corrupt images, evaluation,
+# sources
 
 
 def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped(source_dirs):
@@ -229,8 +232,9 @@ def test_corrupt_images_are_replaced_counted_once_and_never_decoded_when_skipped
     # no path and, streamed, no row number: the split and a digest of the bytes name each
     assert all(name.startswith(f"an image in {where} (sha1 ") for name in ref.skipped.rows[where])
     assert all(len(y) == B for _, y in got)
-    # the same rows with good images come in the same order (shuffling never looks at the bytes), so they say
-    # where each bad image was: the next good image of its micro-batch (cyclically) must stand in for it
+    # the same rows with good images come in the same order (shuffling never looks at the bytes), so
+    # they say where each bad image was: the next good image of its micro-batch (cyclically) must
+    # stand in for it
     truths = [truth for _, truth in _take(_stream(source_dirs["parquet"]), 26)[0]]
     for (_, y), truth in zip(got, truths):
         good = [i for i, t in enumerate(truth.tolist()) if t not in BAD]
@@ -289,17 +293,18 @@ def test_a_missing_split_of_a_saved_dataset_is_one_line(source_dirs):
 
 DEIT = ("data.randaugment=rand-m9-mstd0.5-inc1", "data.erasing=0.25", "data.mixup_alpha=0.8",
         "data.cutmix_alpha=1.0")  # DeiT's augmentation, every part of it drawn per micro-batch
-# the streamed sources a run is resumed on: a tar source streams unasked, and its .cls labels have no names
+# the streamed sources a run is resumed on: a tar source streams unasked, and its .cls labels have
+# no names
 STREAMED = {"saved": ["data.streaming=true"], "tar": ["data.num_classes=200"]}
 
 
 @pytest.mark.parametrize("name", STREAMED)
 def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_dirs, tmp_path, monkeypatch,
                                                                         name):
-    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead) and DeiT's augmentation:
-    stopped after step 4 of 9 (its checkpoint holds the stream's state), then run again, it resumes from its
-    position and ends with the weights of the run never stopped (torch.equal); the epoch of 200 rows ends
-    inside step 7."""
+    """`vit pretrain` with data.streaming=true (2 loader workers prefetching ahead) and DeiT's
+    augmentation: stopped after step 4 of 9 (its checkpoint holds the stream's state), then run
+    again, it resumes from its position and ends with the weights of the run never stopped
+    (torch.equal); the epoch of 200 rows ends inside step 7."""
     r = resolve("pretrain", None, [
         f"data.source={source_dirs[name]}", *STREAMED[name], "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
@@ -321,10 +326,10 @@ def test_a_streamed_pretrain_interrupted_and_resumed_ends_bit_identical(source_d
 
 @pytest.mark.parametrize("name", STREAMED)
 def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights(source_dirs, tmp_path, name):
-    """The same, as a pre-empted node dies: `vit pretrain` SIGKILLed (process group, loader workers too: no
-    handler runs, no checkpoint is written on the way out) once its step-8 checkpoint is whole, then the same
-    command again: it resumes from the last good checkpoint and its stream's saved position and ends with the
-    weights of the uninterrupted run (torch.equal)."""
+    """The same, as a pre-empted node dies: `vit pretrain` SIGKILLed (process group, loader workers
+    too: no handler runs, no checkpoint is written on the way out) once its step-8 checkpoint is
+    whole, then the same command again: it resumes from the last good checkpoint and its stream's
+    saved position and ends with the weights of the uninterrupted run (torch.equal)."""
     overrides = [
         f"data.source={source_dirs[name]}", *STREAMED[name], "data.shuffle_buffer=64",
         "data.num_workers=2", "data.val_split=", "data.test_split=", "data.batch_size=32",
@@ -332,8 +337,8 @@ def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights
         "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "model.dropout=0.1", "schedule.steps=20",
         "schedule.warmup_steps=1", "run.ckpt_every=4", "run.log_every=1", "run.precision=fp32", *DEIT]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    # both runs as commands with one thread each: a thread count of its own would sum the same matmuls in
-    # another order, and the weights would differ by that alone
+    # both runs as commands with one thread each: a thread count of its own would sum the same
+    # matmuls in another order, and the weights would differ by that alone
     straight = [sys.executable, "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "straight")]
     assert subprocess.run([*straight, *overrides], check=False, env=env, capture_output=True).returncode == 0
     cmd = [sys.executable, "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "killed"), *overrides]
@@ -356,8 +361,9 @@ def test_a_streamed_pretrain_killed_mid_run_resumes_to_the_uninterrupted_weights
 
 @pytest.mark.parametrize("streaming", [True, False])
 def test_a_label_beyond_the_head_is_the_same_one_line_streamed_or_not(source_dirs, tmp_path, streaming):
-    """A map-style split is scanned before training; a streamed one cannot be, so each batch's labels are
-    checked as it arrives: the same line either way, instead of a failure deep in the loss."""
+    """A map-style split is scanned before training; a streamed one cannot be, so each batch's
+    labels are checked as it arrives: the same line either way, instead of a failure deep in the
+    loss."""
     r = resolve("pretrain", None, [
         f"data.source={source_dirs['saved']}", f"data.streaming={streaming}", "data.shuffle_buffer=64",
         "data.num_workers=0", "data.val_split=", "data.test_split=", "data.batch_size=16",

@@ -1,7 +1,8 @@
-"""Sweeps over any recipe key (`--sweep KEY=V1,V2`): one run per point in WORKDIR/<point>, each with its
-values in its recipe; one table and CSV of every point's final metrics, the best on the dev split marked; a
-rerun skips every finished point and touches no file; `--sweep-point I` runs one point and the run that
-finishes the last writes the table; a point that diverges is recorded as failed and the others still run."""
+"""Sweeps over any recipe key (`--sweep KEY=V1,V2`): one run per point in WORKDIR/<point>, each with
+its values in its recipe; one table and CSV of every point's final metrics, the best on the dev
+split marked; a rerun skips every finished point and touches no file; `--sweep-point I` runs one
+point and the run that finishes the last writes the table; a point that diverges is recorded as
+failed and the others still run."""
 
 import csv
 import io
@@ -110,8 +111,8 @@ def test_the_dry_run_prints_the_commands_recipe_and_lists_the_points(tmp_path, m
 
 
 def fake_training(fails: dict, calls: list):
-    """run_training as the sweep calls it, for stand-in points: a summary whose val/top1 is the rate, or the
-    error `fails` gives for that rate."""
+    """run_training as the sweep calls it, for stand-in points: a summary whose val/top1 is the
+    rate, or the error `fails` gives for that rate."""
 
     def train(recipe, workdir, dist, resume=None, overwrite=False, skip_note="", table=True):
         calls.append(workdir.name)
@@ -149,7 +150,8 @@ def test_a_failed_sweep_point_fails_its_task_and_writes_no_table(tmp_path, monke
 
 
 def test_the_lr_sweep_chooses_among_the_rates_that_trained(tmp_path, monkeypatch):
-    """A rate that diverges is an outcome of the learning-rate sweep: left out of the choice, recorded."""
+    """A rate that diverges is an outcome of the learning-rate sweep: left out of the choice,
+    recorded."""
     calls = []
     fails = {0.9: TrainingError("loss became inf")}
     monkeypatch.setattr(sweep_mod, "run_training", fake_training(fails, calls))

@@ -1,6 +1,6 @@
-"""A run says how fast it went and why: train/data_wait in every metrics row, a warning once when it waits for
-data, images/s and MFU in its summary, and run.compile's auto choice announced and recorded (the pure parts:
-unit/test_throughput.py, unit/test_flops.py, unit/test_precision.py)."""
+"""A run says how fast it went and why: train/data_wait in every metrics row, a warning once when it
+waits for data, images/s and MFU in its summary, and run.compile's auto choice announced and
+recorded (the pure parts: unit/test_throughput.py, unit/test_flops.py, unit/test_precision.py)."""
 
 import json
 import time
@@ -28,8 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class _Slow:
-    """A feed's stream that takes `seconds` longer for each of its first `batches` batches (all when None;
-    skipped, warm_after and the state a checkpoint keeps: the stream's)."""
+    """A feed's stream that takes `seconds` longer for each of its first `batches` batches (all when
+    None; skipped, warm_after and the state a checkpoint keeps: the stream's)."""
 
     def __init__(self, stream, seconds: float, batches: int | None = None):
         self.stream, self.seconds, self.batches = stream, seconds, batches
@@ -66,19 +66,22 @@ def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, m
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert all(r["train/data_wait"] > 0.1 for r in rows)
     (warning,) = warnings(logged, but=())  # once, though every window waited
-    # judged over the warm windows together, once two are in: windows end at steps 2, 4, 6, 8; the built-in
-    # data are cached decoded after one epoch (64 images, 4 steps of 16), so those from step 4 on
+    # judged over the warm windows together, once two are in: windows end at steps 2, 4, 6, 8; the
+    # built-in data are cached decoded after one epoch (64 images, 4 steps of 16), so those from
+    # step 4 on
     assert "step 8: input-bound" in warning and "data.num_workers (now 0)" in warning
     assert "img/s" in warning
     assert "prepare-data" not in warning  # the built-in data: nothing to prepare
 
 
 def test_the_first_epochs_decoding_of_cached_data_is_not_called_input_bound(tmp_path, monkeypatch, logged):
-    """The decoded-image cache makes the first epoch slow and the rest fast (`make demo`: 29% waiting over
-    the first windows, 7% over the run): the warning judges the data once they are warm."""
+    """The decoded-image cache makes the first epoch slow and the rest fast (`make demo`: 29%
+    waiting over the first windows, 7% over the run): the warning judges the data once they are
+    warm."""
     feed = run_build.train_feed
     monkeypatch.setattr(run_build, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.5, batches=4))
-    # a model that takes 200 ms a step: the warm loader's few ms (tens on a loaded machine) are not a tenth
+    # a model that takes 200 ms a step: the warm loader's few ms (tens on a loaded machine) are not
+    # a tenth
     clip = loop._clip
     monkeypatch.setattr(loop, "_clip", lambda *a: (time.sleep(0.2), clip(*a))[1])
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
@@ -102,8 +105,9 @@ def test_a_model_without_a_flop_count_says_why_there_is_no_mfu(tmp_path):
 
 
 def test_a_run_started_with_compile_auto_resumes_with_auto(tmp_path, monkeypatch):
-    """The checkpoints hold auto's choice (false here) and the resumed run's recipe says auto again: it goes
-    on, as precision's auto does (run.compile may even differ on resume: checkpoints.manager.RESUMABLE)."""
+    """The checkpoints hold auto's choice (false here) and the resumed run's recipe says auto again:
+    it goes on, as precision's auto does (run.compile may even differ on resume:
+    checkpoints.manager.RESUMABLE)."""
     r = resolve("pretrain", None, TINY + ["schedule.steps=4", "run.ckpt_every=1"])
     stopped_at_call(monkeypatch, r, tmp_path, 3)
     assert manager.latest_good_state(tmp_path)[1]["recipe"]["run"]["compile"] is False
@@ -116,7 +120,8 @@ def test_a_run_started_with_compile_auto_resumes_with_auto(tmp_path, monkeypatch
 def test_a_run_on_a_shared_machine_says_once_which_thread_count_helps(tmp_path, monkeypatch, capsys,
                                                                       timings, says):
     """The load average says other work holds the cores; the timed ops decide whether to say so. The
-    load reader, the cores and the timing are stand-ins: this machine's own load must not decide a test."""
+    load reader, the cores and the timing are stand-ins: this machine's own load must not decide a
+    test."""
     torch.set_num_threads(2)  # torch's default on 2 cores; the module's one_thread fixture puts it back
     monkeypatch.setattr(threads.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
     monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1})

@@ -1,6 +1,7 @@
-"""torchrun as a SLURM job runs it, on this machine: one launch per node meeting at a c10d endpoint, and the
-scheduler's SIGUSR2 ahead of a time limit forwarded by torchrun to every rank (`--signals-to-handle`), which
-stop at one step with one checkpoint; the same command resumes bit-for-bit. Tiny runs on Gloo."""
+"""torchrun as a SLURM job runs it, on this machine: one launch per node meeting at a c10d endpoint,
+and the scheduler's SIGUSR2 ahead of a time limit forwarded by torchrun to every rank
+(`--signals-to-handle`), which stop at one step with one checkpoint; the same command resumes
+bit-for-bit. Tiny runs on Gloo."""
 
 import json
 import os
@@ -26,8 +27,8 @@ from vitcli.stages.run import one_run
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
-# the global batch of 16 as 2 micro-batches of 8: accumulated by one process, or one on each of two; dropout,
-# drop-path and mixup draw the same numbers whichever process draws them
+# the global batch of 16 as 2 micro-batches of 8: accumulated by one process, or one on each of two;
+# dropout, drop-path and mixup draw the same numbers whichever process draws them
 TINY = ["schedule.epochs=0", "schedule.warmup_steps=1", "run.log_every=1", "data.synthetic.train_size=64",
         "data.val_split=", "data.test_split=", "data.batch_size=16", "data.micro_batch_size=8",
         "data.num_workers=0", "model.depth=1", "model.embed_dim=32", "model.num_heads=2", "model.mlp_dim=64",
@@ -46,8 +47,8 @@ def free_port() -> int:
 
 @contextmanager
 def launched(*cmds: list[str]):
-    """Each command started in a session of its own; on the way out, whatever still runs of them and of what
-    they started (torchrun's ranks are in sessions of their own) is SIGKILLed."""
+    """Each command started in a session of its own; on the way out, whatever still runs of them and
+    of what they started (torchrun's ranks are in sessions of their own) is SIGKILLed."""
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                               start_new_session=True) for cmd in cmds]
     try:
@@ -80,11 +81,11 @@ def losses(workdir: Path) -> dict[int, float]:
 
 
 def test_two_launches_at_a_c10d_endpoint_train_as_one_process(tmp_path, one_thread):
-    """Two torchrun launches of one process each, `--nnodes 2` at one c10d endpoint, as a SLURM job's two
-    nodes start them, form one run: one workdir, written by rank 0 alone (one launch tells the run, the other
-    nothing; each step logged once), whose weights are those of one process with the same global batch up to
-    float summation order (5e-5 after 6 steps, the bound of test_distributed.py's one-vs-two-process test;
-    measured: equal weights, losses 1.2e-7 apart)."""
+    """Two torchrun launches of one process each, `--nnodes 2` at one c10d endpoint, as a SLURM
+    job's two nodes start them, form one run: one workdir, written by rank 0 alone (one launch tells
+    the run, the other nothing; each step logged once), whose weights are those of one process with
+    the same global batch up to float summation order (5e-5 after 6 steps, the bound of
+    test_distributed.py's one-vs-two-process test; measured: equal weights, losses 1.2e-7 apart)."""
     steps = ("schedule.steps=6",)
     one_run(resolve("pretrain", QUICKSTART, [*TINY, *steps]), tmp_path / "one")  # here: one start less
     node = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
@@ -119,24 +120,26 @@ def wait_for_step(workdir: Path, step: int, proc: subprocess.Popen, timeout: flo
 
 
 def last_lines(log_dir: Path) -> list[str]:
-    """Each rank's last line, from the error file torchrun gives it (cli.entry writes it on every rank)."""
+    """Each rank's last line, from the error file torchrun gives it (cli.entry writes it on every
+    rank)."""
     files = sorted(log_dir.glob("*/attempt_0/*/error.json"), key=lambda f: int(f.parent.name))
     return [json.loads(f.read_text())["message"]["message"] for f in files]
 
 
 def test_sigusr2_through_torchrun_stops_every_rank_at_one_checkpoint_and_resumes_bit_identical(tmp_path):
-    """SLURM's warning before a time limit, sent to torchrun, which forwards SIGUSR1/2 to its ranks only when
-    `--signals-to-handle` names them (torch 2.14): both ranks finish their step, agree, write one checkpoint
-    and exit 140, each saying so in the error file torchrun gives it; torchrun itself exits 1. The same
-    command then resumes and ends with exactly (torch.equal) the weights and logged losses of the run never
-    stopped."""
+    """SLURM's warning before a time limit, sent to torchrun, which forwards SIGUSR1/2 to its ranks
+    only when `--signals-to-handle` names them (torch 2.14): both ranks finish their step, agree,
+    write one checkpoint and exit 140, each saying so in the error file torchrun gives it; torchrun
+    itself exits 1. The same command then resumes and ends with exactly (torch.equal) the weights
+    and logged losses of the run never stopped."""
     run(two(tmp_path / "straight"))
     stopped, logs = tmp_path / "stopped", tmp_path / "logs"
     with launched(two(stopped, *SIGNALS, "--log-dir", str(logs))) as (proc,):
         wait_for_step(stopped, 3, proc)
         proc.send_signal(signal.SIGUSR2)
         err = finish(proc, timeout=120)
-    # torchrun raises the signal it forwarded again, as a traceback, and exits 1 whatever its ranks' codes
+    # torchrun raises the signal it forwarded again, as a traceback, and exits 1 whatever its ranks'
+    # codes
     assert proc.returncode == 1 and "SignalException" in err, err[-3000:]
     said = last_lines(logs)
     assert len(said) == 2 and said[0] == said[1], (said, err[-3000:])

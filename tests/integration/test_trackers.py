@@ -1,5 +1,5 @@
-"""run.loggers: TensorBoard events and a W&B offline run carry the same rows as metrics.jsonl, resumes do
-not repeat steps, and a logger that cannot run is refused before training."""
+"""run.loggers: TensorBoard events and a W&B offline run carry the same rows as metrics.jsonl,
+resumes do not repeat steps, and a logger that cannot run is refused before training."""
 
 import importlib.util
 import time

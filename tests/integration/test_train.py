@@ -1,4 +1,5 @@
-"""The training loop as a user sees it: loss goes down, files appear, resume continues, failures are clean."""
+"""The training loop as a user sees it: loss goes down, files appear, resume continues, failures are
+clean."""
 
 import json
 import random
@@ -26,7 +27,8 @@ TINY = [
     "data.batch_size=32", "data.num_workers=0", "data.eval_batch_size=64", "optim.lr=3e-3",
     "optim.weight_decay=0.0", "schedule.warmup_steps=1", "schedule.decay=cosine", "run.log_every=1",
     "data.crop_min_area=1.0", "data.hflip=false",
-    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the same
+    # the thresholds below were measured in fp32: pinned, so an AVX-512 (bf16) machine tests the
+    # same
     "run.precision=fp32",
 ]
 
@@ -36,7 +38,8 @@ def recipe(*extra):
 
 
 def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
-    # 32 images seen 40 times: a tiny model must fit them (the full synthetic task takes minutes to learn)
+    # 32 images seen 40 times: a tiny model must fit them (the full synthetic task takes minutes to
+    # learn)
     results = one_run(recipe("schedule.steps=40", "data.synthetic.train_size=32"), tmp_path)
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     first, last = rows[0]["train/loss"], sum(r["train/loss"] for r in rows[-5:]) / 5
@@ -55,7 +58,8 @@ def test_short_pretrain_lowers_loss_and_writes_outputs(tmp_path):
 
 
 def test_final_weights_rebuild_the_model_alone(tmp_path):
-    """A later stage needs nothing but the file: its metadata resolves to the network, every weight loads."""
+    """A later stage needs nothing but the file: its metadata resolves to the network, every weight
+    loads."""
     one_run(recipe("schedule.steps=3"), tmp_path)
     model = load_for_eval(resolve("eval-fewshot", None, [f"init.checkpoint={tmp_path}"], complete=complete,
                                       inputs=False))
@@ -120,8 +124,8 @@ def test_gradient_accumulation_matches_one_big_batch(tmp_path):
 
 
 def test_repeated_augmentation_trains_and_resumes_onto_the_same_weights(tmp_path, monkeypatch):
-    """data.repeated_aug=3 (DeiT's sampler, data/sampler.step_rows) in a run of 2 steps; stopped after its
-    first checkpoint, it resumes onto the weights of the run that was not stopped."""
+    """data.repeated_aug=3 (DeiT's sampler, data/sampler.step_rows) in a run of 2 steps; stopped
+    after its first checkpoint, it resumes onto the weights of the run that was not stopped."""
     r = recipe("data.repeated_aug=3", "schedule.steps=2", "run.ckpt_every=1", "data.crop_min_area=0.3",
                "data.val_split=", "data.test_split=")
     one_run(r, tmp_path / "straight")
@@ -211,8 +215,8 @@ def test_a_checkpoint_holds_each_ranks_train_stream_state_and_no_rng_state(tmp_p
 
 
 def _older_rng_states() -> dict:
-    """One process's RNG states as checkpoints held them before (runtime.rngs.capture, now gone): every
-    value a tensor, number or string, so that they load with weights_only."""
+    """One process's RNG states as checkpoints held them before (runtime.rngs.capture, now gone):
+    every value a tensor, number or string, so that they load with weights_only."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     return {"torch": torch.get_rng_state(), "cuda": [],
@@ -223,17 +227,18 @@ def _older_rng_states() -> dict:
 
 
 def _rewritten(src, workdir, step: int, change) -> None:
-    """`workdir` holding only the checkpoint of `step` from `src`, its contents changed by `change`."""
+    """`workdir` holding only the checkpoint of `step` from `src`, its contents changed by
+    `change`."""
     saved = state.load_state(state.checkpoint_path(src, step))
     workdir.mkdir()
     state.save_state(state.checkpoint_path(workdir, step), change(saved))
 
 
 def test_an_older_checkpoint_with_rng_states_and_no_stream_state_resumes_bit_identical(tmp_path):
-    """Checkpoints once held every rank's RNG states (`rng`) and, for a map-style split, no train stream
-    state: such a checkpoint resumes, its `rng` unread and its data placed by the step alone, and the run
-    ends with the weights of the run never stopped (torch.equal; dropout on, so a draw left to the global
-    RNGs would show)."""
+    """Checkpoints once held every rank's RNG states (`rng`) and, for a map-style split, no train
+    stream state: such a checkpoint resumes, its `rng` unread and its data placed by the step alone,
+    and the run ends with the weights of the run never stopped (torch.equal; dropout on, so a draw
+    left to the global RNGs would show)."""
     r = recipe("schedule.steps=4", "run.ckpt_every=2", "run.keep_checkpoints=2", "model.dropout=0.1",
                "data.val_split=", "data.test_split=")
     one_run(r, tmp_path / "straight")

@@ -1,5 +1,5 @@
-"""`vit eval-fewshot --protocols`: kNN, the logistic probe and ridge beside few-shot, on one cached feature
-pass per split; the same protocols logged during training."""
+"""`vit eval-fewshot --protocols`: kNN, the logistic probe and ridge beside few-shot, on one cached
+feature pass per split; the same protocols logged during training."""
 
 import json
 
@@ -72,7 +72,8 @@ def test_every_protocol_scores_the_cached_features_and_a_second_run_extracts_not
     assert all(row["train"] == 120 and row["test"] == 60 for row in rows.values())
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["all_data"] == second["all_data"] and on_disk["protocols"] == ["knn", "linear", "ridge"]
-    # few-shot's files described the first run: results.json no longer does, so they went aside with it
+    # few-shot's files described the first run: results.json no longer does, so they went aside with
+    # it
     assert not (tmp_path / "results.csv").exists() and not (tmp_path / "fewshot.png").exists()
     (kept,) = tmp_path.glob("previous-*")
     assert {p.name for p in kept.iterdir()} == {"results.json", "results.csv", "fewshot.png", "recipe.yaml"}

@@ -1,5 +1,5 @@
-"""val/loss is the quantity train/loss is: a run with optim.loss=sigmoid reports big_vision's sigmoid_xent on
-the val logits (the loss formulas themselves: unit/test_loss.py)."""
+"""val/loss is the quantity train/loss is: a run with optim.loss=sigmoid reports big_vision's
+sigmoid_xent on the val logits (the loss formulas themselves: unit/test_loss.py)."""
 
 import numpy as np
 import pytest
@@ -23,8 +23,8 @@ TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.
 
 
 def test_val_loss_is_the_recipes_sigmoid_loss(tmp_path):
-    """optim.loss=sigmoid (the paper's ImageNet-21k recipes): val/loss is big_vision's sigmoid_xent on the val
-    logits, not softmax cross-entropy, at every evaluation as in the final one."""
+    """optim.loss=sigmoid (the paper's ImageNet-21k recipes): val/loss is big_vision's sigmoid_xent
+    on the val logits, not softmax cross-entropy, at every evaluation as in the final one."""
     r = resolve("pretrain", None, TINY + ["optim.loss=sigmoid"])
     results = one_run(r, tmp_path)
     logits, y = val_logits(r, tmp_path)

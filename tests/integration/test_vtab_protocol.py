@@ -1,6 +1,6 @@
-"""VTAB-1k as task_adaptation defines it, on local copies: dSprites' 0/1 pixels reach the model as 0/255, the
-lr sweep retrains its choice on train800val200 and tests only that model, a short local split is an error,
-and --data-root finds DIR/<task> (or says every path it tried)."""
+"""VTAB-1k as task_adaptation defines it, on local copies: dSprites' 0/1 pixels reach the model as
+0/255, the lr sweep retrains its choice on train800val200 and tests only that model, a short local
+split is an error, and --data-root finds DIR/<task> (or says every path it tried)."""
 
 import io
 import json
@@ -119,7 +119,8 @@ def test_stretch_binary_decides_on_the_pixel_range():
     assert np.array_equal(_decoded(Image.fromarray(dark)), dark)
 
 
-# ---------------------------------------------------------------- lr sweep, then retrain on train800val200
+# ---------------------------------------------------------------- lr sweep, then retrain on
+# train800val200
 
 
 def test_lr_sweep_retrains_the_chosen_lr_on_1000_images_and_tests_only_that(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""A workdir with someone's work in it: a fresh run replaces a finished one only when told, and keeps it."""
+"""A workdir with someone's work in it: a fresh run replaces a finished one only when told, and
+keeps it."""
 
 import shutil
 from pathlib import Path
@@ -115,7 +116,8 @@ def test_two_replacements_in_the_same_second_keep_both(tmp_path):
 
 
 def test_too_little_free_space_is_named_before_anything_is_written(tmp_path, monkeypatch):
-    """The estimate is (keep_checkpoints + 1) states of weights and Adam's two slots, plus the model."""
+    """The estimate is (keep_checkpoints + 1) states of weights and Adam's two slots, plus the
+    model."""
     monkeypatch.setattr(shutil, "disk_usage",
                         lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 1000, 1000))
     with pytest.raises(OutputError, match=r"needs about .* GiB, but only 0.00 GiB is free"):

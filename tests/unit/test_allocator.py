@@ -1,5 +1,6 @@
-"""runtime.allocator: a large block freed is reused by the next allocation instead of being faulted in
-afresh; counted in page faults (the kernel's count, not a timing), each side in a process of its own."""
+"""runtime.allocator: a large block freed is reused by the next allocation instead of being faulted
+in afresh; counted in page faults (the kernel's count, not a timing), each side in a process of its
+own."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ print(said, (faults() - before) / (20 * PAGES))
 
 
 def _faults(mode: str, env: dict | None = None) -> tuple[str, float]:
-    """What keep_freed_memory said and the pages faulted in per page allocated, in a process of its own."""
+    """What keep_freed_memory said and the pages faulted in per page allocated, in a process of its
+    own."""
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})}).stdout.split()
     return " ".join(out[:-1]), float(out[-1])
@@ -44,8 +46,8 @@ def _thp_always() -> bool:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
 def test_freed_batches_are_reused_not_faulted_in_again():
-    """Measured on glibc 2.36: 0.40 of the pages faulted in with the setting (torch's 64-byte aligned
-    blocks are not always carved from the same place), 1.00 without it."""
+    """Measured on glibc 2.36: 0.40 of the pages faulted in with the setting (torch's 64-byte
+    aligned blocks are not always carved from the same place), 1.00 without it."""
     said, kept = _faults("keep")
     assert said == "set"
     assert kept < 0.7

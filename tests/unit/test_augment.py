@@ -1,6 +1,7 @@
-"""Batched augmentation is big_vision's: the Inception crop boxes follow TF's sample_distorted_bounding_box
-(compared by distribution with a plain scalar transliteration of the TF kernel), the batched resize is
-tf.image.resize(bilinear, antialias=False) per crop cast back to uint8, flips mirror only their rows."""
+"""Batched augmentation is big_vision's: the Inception crop boxes follow TF's
+sample_distorted_bounding_box (compared by distribution with a plain scalar transliteration of the
+TF kernel), the batched resize is tf.image.resize(bilinear, antialias=False) per crop cast back to
+uint8, flips mirror only their rows."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ def lrint(v: float) -> int:
 
 def tf_crop(h: int, w: int, area_range, rnd: random.Random, aspect_range=(3 / 4, 4 / 3), attempts=100):
     """One box (top, left, height, width), line by line from TF's GenerateRandomCrop and its caller
-    (tensorflow/core/kernels/image/sample_distorted_bounding_box_op.cc); the whole image when no attempt
-    passes (use_image_if_no_bounding_boxes, min_object_covered=0)."""
+    (tensorflow/core/kernels/image/sample_distorted_bounding_box_op.cc); the whole image when no
+    attempt passes (use_image_if_no_bounding_boxes, min_object_covered=0)."""
     min_area, max_area = area_range[0] * w * h, area_range[1] * w * h
     for _ in range(attempts):
         aspect = rnd.uniform(*aspect_range)
@@ -87,7 +88,8 @@ def test_inception_boxes_follow_tfs_distribution(h, w, area_range, n):
         se = math.sqrt(a.var() / n + b.var() / n)
         assert abs(a.mean() - b.mean()) <= 4 * se + 1e-12, (name, a.mean(), b.mean())
         for q in (0.1, 0.25, 0.5, 0.75, 0.9):
-            # a quantile of one sample must sit among the other's quantiles within 4 standard errors of rank
+            # a quantile of one sample must sit among the other's quantiles within 4 standard errors
+            # of rank
             d = 4 * math.sqrt(2 * q * (1 - q) / n)
             lo, hi = np.quantile(b, max(q - d, 0)), np.quantile(b, min(q + d, 1))
             assert lo - 1e-9 <= np.quantile(a, q) <= hi + 1e-9, (name, q)
@@ -108,15 +110,16 @@ def test_inception_boxes_lie_inside_and_keep_the_area_range():
 
 
 def test_batched_resize_is_per_crop_tf_bilinear_within_one_level():
-    """Each crop of a padded batch resizes as F.interpolate (TF's half-pixel bilinear) does it alone, then
-    clipped and rounded to uint8 levels (big_vision truncates: at most one level above it). Not bit-exact:
-    the gather sums its four float32 products in another order than torch's kernel, so a value within ~1e-4
-    of a half level may land one level apart; the workers' uint8 kernel blends in fixed point."""
+    """Each crop of a padded batch resizes as F.interpolate (TF's half-pixel bilinear) does it
+    alone, then clipped and rounded to uint8 levels (big_vision truncates: at most one level above
+    it). Not bit-exact: the gather sums its four float32 products in another order than torch's
+    kernel, so a value within ~1e-4 of a half level may land one level apart; the workers' uint8
+    kernel blends in fixed point."""
     g = torch.Generator().manual_seed(0)
     crops = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
              for h, w in torch.randint(1, 90, (64, 2), generator=g).tolist()]
-    # shapes met more than once (resize_each sends them through the kernel together), and 32 x 32 crops,
-    # which at size 32 are only copied
+    # shapes met more than once (resize_each sends them through the kernel together), and 32 x 32
+    # crops, which at size 32 are only copied
     crops += [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
               for h, w in [(32, 32), (20, 17), (32, 32), (20, 17), (32, 32)]]
     for size in (7, 32, 64):

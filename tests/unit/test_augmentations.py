@@ -1,6 +1,7 @@
-"""The recipe's augmentation on the one route: drawn in the worker from the micro-batch's seed beside the
-crop boxes (which it leaves as they were), applied where the pixels are, the same functions in a loader
-worker (a model on the CPU) and in augment.finish (the model's device), and the mixing in the loop."""
+"""The recipe's augmentation on the one route: drawn in the worker from the micro-batch's seed
+beside the crop boxes (which it leaves as they were), applied where the pixels are, the same
+functions in a loader worker (a model on the CPU) and in augment.finish (the model's device), and
+the mixing in the loop."""
 
 import io
 import random
@@ -42,7 +43,8 @@ def _photos(n: int = 8) -> list[bytes]:
 
 
 def _batch(cfg: DataConfig, seed: int, resize_here: bool, size: int = 32) -> torch.Tensor:
-    """One micro-batch of _photos as the stream hands it over: the worker's transform, then finish."""
+    """One micro-batch of _photos as the stream hands it over: the worker's transform, then
+    finish."""
     pixels = build_transform(cfg, size, train=True, resize_here=resize_here)(
         [Encoded(f) for f in _photos()], seed)
     return finish(pixels, CPU, augmentations.of(cfg, size))
@@ -57,8 +59,8 @@ def test_no_augmentation_keys_is_the_plain_route():
 
 @pytest.mark.parametrize("keys", [DEIT, THREE], ids=["deit", "3-augment"])
 def test_the_augmentation_leaves_the_crops_and_flips_as_they_were(keys):
-    """Its draws come from a stream of their own: with erasing alone, every pixel outside an erased box is
-    the plain batch's, bit for bit; with the whole policy, the batch changes."""
+    """Its draws come from a stream of their own: with erasing alone, every pixel outside an erased
+    box is the plain batch's, bit for bit; with the whole policy, the batch changes."""
     plain = _batch(DataConfig(crop_min_area=0.3), 5, resize_here=True)
     erased = _batch(DataConfig(crop_min_area=0.3, erasing=1.0, erasing_mode="const"), 5, resize_here=True)
     kept = erased != 0
@@ -69,12 +71,12 @@ def test_the_augmentation_leaves_the_crops_and_flips_as_they_were(keys):
 
 @pytest.mark.parametrize("keys", [DEIT, THREE], ids=["deit", "3-augment"])
 def test_a_worker_and_the_models_device_give_the_same_batch(keys):
-    """resize_here (a model on the CPU: the worker resizes and runs the uint8 ops) against the device route
-    (augment.finish resizes, runs the same ops, erases): the two resizes round alike within a level
-    (augment.levels), which an op with a threshold (solarize, posterize) can turn into a large difference
-    for the few pixels at its edge. Measured over seeds 0-4: mean 0.005-0.044 levels, at most 0.03% of
-    pixels more than 4 levels apart (one pixel 48 levels apart, a solarize edge); held to 0.1 level and
-    0.5%."""
+    """resize_here (a model on the CPU: the worker resizes and runs the uint8 ops) against the
+    device route (augment.finish resizes, runs the same ops, erases): the two resizes round alike
+    within a level (augment.levels), which an op with a threshold (solarize, posterize) can turn
+    into a large difference for the few pixels at its edge. Measured over seeds 0-4: mean
+    0.005-0.044 levels, at most 0.03% of pixels more than 4 levels apart (one pixel 48 levels apart,
+    a solarize edge); held to 0.1 level and 0.5%."""
     cfg = DataConfig(crop_min_area=0.3, **keys)
     for seed in range(3):
         worker, device = _batch(cfg, seed, resize_here=True), _batch(cfg, seed, resize_here=False)

@@ -1,7 +1,8 @@
-"""Calibration and test-time augmentation maths against independent computations: ECE by hand and by a plain
-loop over the bins (Guo et al.'s reference code, gt(lower) & le(upper)), NLL against cross_entropy, the
-fitted temperature against a grid search and against the temperature the labels were drawn with, and the
-averaged test-time probabilities against the model run on each view by hand."""
+"""Calibration and test-time augmentation maths against independent computations: ECE by hand and by
+a plain loop over the bins (Guo et al.'s reference code, gt(lower) & le(upper)), NLL against
+cross_entropy, the fitted temperature against a grid search and against the temperature the labels
+were drawn with, and the averaged test-time probabilities against the model run on each view by
+hand."""
 
 import itertools
 import math
@@ -16,8 +17,8 @@ from vitcli.evaluators.tta import averaged_probs, views
 
 
 def loop_bins(confidence: np.ndarray, correct: np.ndarray, n_bins: int) -> list[tuple[int, float, float]]:
-    """(rows, accuracy, mean confidence) of each bin (lower, upper] as Guo et al.'s code finds them, one bin
-    at a time; the edges torchmetrics' float32 linspace; (0, 0, 0) for an empty bin."""
+    """(rows, accuracy, mean confidence) of each bin (lower, upper] as Guo et al.'s code finds them,
+    one bin at a time; the edges torchmetrics' float32 linspace; (0, 0, 0) for an empty bin."""
     edges = torch.linspace(0, 1, n_bins + 1).tolist()
     conf32 = torch.as_tensor(confidence, dtype=torch.float32)
     out = []
@@ -44,8 +45,8 @@ def test_ece_of_four_predictions_in_two_bins_by_hand():
 
 
 def test_a_confidence_on_a_bin_edge_belongs_to_the_lower_bin():
-    # 0.5 wrong and 0.75 right in 2 bins: 0.5 in (0, 0.5] alone -> 1/2 * |0 - 0.5| + 1/2 * |1 - 0.75|;
-    # had it gone to (0.5, 1] with 0.75 the one bin would give |1/2 - 0.625| = 0.125
+    # 0.5 wrong and 0.75 right in 2 bins: 0.5 in (0, 0.5] alone -> 1/2 * |0 - 0.5| + 1/2 * |1 -
+    # 0.75|; had it gone to (0.5, 1] with 0.75 the one bin would give |1/2 - 0.625| = 0.125
     ece = calibration.expected_calibration_error(np.array([0.5, 0.75]), np.array([False, True]), 2)
     assert ece == pytest.approx(0.5 * 0.5 + 0.5 * 0.25, abs=1e-12)
     edges = torch.linspace(0, 1, 16).numpy()  # each float32 edge in the bin below it; 0 in the first
@@ -124,8 +125,8 @@ def test_flip_averages_the_probabilities_of_x_and_its_mirror():
 
 
 def test_flip_takes_the_plain_views_probabilities_instead_of_a_second_forward():
-    """The pass has x's probabilities already: given them, flip runs the model once (on the mirror); the
-    crops, none of which is x, run it for every view."""
+    """The pass has x's probabilities already: given them, flip runs the model once (on the mirror);
+    the crops, none of which is x, run it for every view."""
     net, x = tiny_net(), torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     seen = []
     counted = lambda v: seen.append(v) or net(v)
@@ -141,8 +142,8 @@ def test_flip_takes_the_plain_views_probabilities_instead_of_a_second_forward():
 
 
 def test_multicrop_is_the_centre_and_corner_crops_resized_back():
-    """28-pixel crops of 32 (0.875): rows/cols 0-27 and 4-31 at the corners, 2-29 in the centre; each
-    upsampled back to 32 by plain bilinear interpolation; with flip, their mirrors too."""
+    """28-pixel crops of 32 (0.875): rows/cols 0-27 and 4-31 at the corners, 2-29 in the centre;
+    each upsampled back to 32 by plain bilinear interpolation; with flip, their mirrors too."""
     net, x = tiny_net(), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     crops = [x[..., a:a + 28, b:b + 28] for a, b in ((0, 0), (0, 4), (4, 0), (4, 4), (2, 2))]
     up = [F.interpolate(c, size=(32, 32), mode="bilinear", align_corners=False) for c in crops]

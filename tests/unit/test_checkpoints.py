@@ -1,10 +1,10 @@
-"""The checkpoint layer: reading every source into timm names, describing the network a checkpoint holds,
-fitting it to a model, and position-embedding surgery on files.
+"""The checkpoint layer: reading every source into timm names, describing the network a checkpoint
+holds, fitting it to a model, and position-embedding surgery on files.
 
-Google .npz files are made here by exporting a tiny timm ViT with the inverse of the mapping under test
-(vit_jax and big_vision layouts), so reading them back must give the original weights. The ViT-H/14 file is
-written directly in vit_jax's key layout, the one place a real width is needed: 1280 wide with 16 heads is
-where the old width // 64 guess went wrong.
+Google .npz files are made here by exporting a tiny timm ViT with the inverse of the mapping under
+test (vit_jax and big_vision layouts), so reading them back must give the original weights. The
+ViT-H/14 file is written directly in vit_jax's key layout, the one place a real width is needed:
+1280 wide with 16 heads is where the old width // 64 guess went wrong.
 """
 
 import argparse
@@ -48,7 +48,8 @@ def gap_vit(**kw) -> VisionTransformer:
 
 
 def vit_h14_npz(path, classes=10):
-    """ViT-H/14 at 224 px, one block, random values in vit_jax's key layout: (D, H, D/H) query kernels."""
+    """ViT-H/14 at 224 px, one block, random values in vit_jax's key layout: (D, H, D/H) query
+    kernels."""
     width, heads, mlp, patch, grid = 1280, 16, 5120, 14, 16
     rng = np.random.default_rng(0)
 
@@ -155,7 +156,8 @@ def test_big_vision_gap_npz_reads_back(tmp_path, prefix, scan):
 
 
 def test_big_vision_token_npz_gives_the_same_network(tmp_path):
-    """big_vision adds posemb before prepending [cls]: read back as a zero class row, same outputs."""
+    """big_vision adds posemb before prepending [cls]: read back as a zero class row, same
+    outputs."""
     model = tiny_vit()
     loaded = read_checkpoint(str(export_npz(model, tmp_path / "bv.npz", layout="big_vision")))
     assert torch.equal(loaded.state_dict["pos_embed"][:, 0], torch.zeros(1, D))
@@ -238,8 +240,9 @@ class _Payload:
     ],
 )
 def test_pickles_are_refused_without_unpickling(tmp_path, name, how):
-    """torch.save files are read with weights_only=True, which refuses the payload's global before building
-    it; a bare pickle is not read at all. Either way one line naming the file, and nothing ran."""
+    """torch.save files are read with weights_only=True, which refuses the payload's global before
+    building it; a bare pickle is not read at all. Either way one line naming the file, and nothing
+    ran."""
     path, marker = tmp_path / name, tmp_path / "unpickled"
     payload = {"w": torch.zeros(2), "evil": _Payload(str(marker))}
     if how == "pickle":
@@ -265,9 +268,10 @@ def test_pickles_are_refused_without_unpickling(tmp_path, name, how):
     ("pretrain", ()),
 ])
 def test_mae_checkpoints_give_their_encoder_and_say_what_was_dropped(tmp_path, layout, dropped):
-    """A run's checkpoint-N.pth (args a pickled argparse.Namespace), the _full release with its decoder, and
-    the encoder-only release: each is the encoder, tensor for tensor, sin-cos table as it is; a 2-block
-    decoder has 2 x 12 block tensors + embed, norm and pred (2 each) + decoder_pos_embed = 31."""
+    """A run's checkpoint-N.pth (args a pickled argparse.Namespace), the _full release with its
+    decoder, and the encoder-only release: each is the encoder, tensor for tensor, sin-cos table as
+    it is; a 2-block decoder has 2 x 12 block tensors + embed, norm and pred (2 each) +
+    decoder_pos_embed = 31."""
     encoder = mae_encoder()
     loaded = read_checkpoint(str(mae_pth(tmp_path / f"mae_{layout}.pth", encoder, layout)))
     assert loaded.kind == "mae" and loaded.dropped == dropped
@@ -279,8 +283,9 @@ def test_mae_checkpoints_give_their_encoder_and_say_what_was_dropped(tmp_path, l
 
 
 def test_mae_sincos_table_is_maes_own():
-    """The fingerprint of MAE's encoder-only release: its get_2d_sincos_pos_embed, restated from MAE's code
-    in the helpers, equals ours to the bit; a learned table of the same shape is not taken for it."""
+    """The fingerprint of MAE's encoder-only release: its get_2d_sincos_pos_embed, restated from
+    MAE's code in the helpers, equals ours to the bit; a learned table of the same shape is not
+    taken for it."""
     for side, dim in ((4, 32), (14, 768), (16, 1024)):
         reference = torch.from_numpy(mae_sincos_reference(dim, side)).float()[None]
         assert torch.equal(sincos_table((side, side), dim), reference)
@@ -290,8 +295,8 @@ def test_mae_sincos_table_is_maes_own():
 
 
 def test_another_torch_file_is_read_as_its_state_dict(tmp_path):
-    """DeiT's and timm's training files keep their weights under 'model' or 'state_dict_ema' (EMA first),
-    with DDP's module. prefix: read as a plain ViT, kind torch, the rest said unused."""
+    """DeiT's and timm's training files keep their weights under 'model' or 'state_dict_ema' (EMA
+    first), with DDP's module. prefix: read as a plain ViT, kind torch, the rest said unused."""
     model = tiny_vit()
     sd = {f"module.{k}": v for k, v in model.state_dict().items()}
     torch.save({"model": sd, "epoch": 3, "args": argparse.Namespace(lr=5e-4)}, tmp_path / "deit.pth")
@@ -306,8 +311,9 @@ def test_another_torch_file_is_read_as_its_state_dict(tmp_path):
 
 
 def test_a_torch_file_pickling_another_class_is_refused_naming_it(tmp_path):
-    """argparse.Namespace is allowed by name and nothing else: an MAE run file that also pickles a Path (a
-    harmless class, but not allowed) is refused in one line naming the file and the class."""
+    """argparse.Namespace is allowed by name and nothing else: an MAE run file that also pickles a
+    Path (a harmless class, but not allowed) is refused in one line naming the file and the
+    class."""
     path = mae_pth(tmp_path / "checkpoint-799.pth", mae_encoder(), "run", extra={"where": tmp_path})
     with pytest.raises(CheckpointError) as e:
         read_checkpoint(str(path))
@@ -316,8 +322,9 @@ def test_a_torch_file_pickling_another_class_is_refused_naming_it(tmp_path):
 
 
 def test_mae_finetuned_checkpoint_is_read_whole_as_pool_gap_fc_norm(tmp_path):
-    """MAE's global-pool fine-tune (fc_norm after the mean of the patch tokens, head, no final norm) is read
-    whole: describe calls its network pool gap_fc_norm, which builds it, so it loads with its head."""
+    """MAE's global-pool fine-tune (fc_norm after the mean of the patch tokens, head, no final norm)
+    is read whole: describe calls its network pool gap_fc_norm, which builds it, so it loads with
+    its head."""
     finetuned = tiny_vit(num_classes=7, global_pool="avg")  # timm's avg pool: fc_norm, norm = Identity
     sd = finetuned.state_dict()
     assert "fc_norm.weight" in sd and "norm.weight" not in sd
@@ -383,7 +390,8 @@ def test_hub_names_fail_fast_offline(monkeypatch):
 
 
 def test_a_hub_models_heads_are_evidence(monkeypatch):
-    """The Hub path builds the model, so its attn.num_heads is known even where Table 1 would differ."""
+    """The Hub path builds the model, so its attn.num_heads is known even where Table 1 would
+    differ."""
     built = []
 
     def create_model(name, pretrained):
@@ -475,7 +483,8 @@ def test_our_checkpoint_is_described_by_its_metadata(tmp_path):
 
 
 def test_our_metadata_wins_over_the_tensors(tmp_path):
-    """A hybrid's 1x1 kernel sits on a stride-16 ResNet map: the recorded patch size is the one to use."""
+    """A hybrid's 1x1 kernel sits on a stride-16 ResNet map: the recorded patch size is the one to
+    use."""
     sd = tiny_vit().state_dict()
     sd["patch_embed.proj.weight"] = torch.randn(D, 3, 1, 1)
     save_weights(tmp_path / "h" / MODEL_FILE, sd, our_meta(name="R50+ViT-B/16"))
@@ -568,8 +577,9 @@ def _fit(sd, model, spec=None, **kw):
     ("vit_base_patch16_384", "ViT-B/16 (paper Table 1), grid 24x24"),
 ])
 def test_a_file_of_a_known_size_is_named_by_it(timm_name, row):
-    """A foreign file with a paper or DeiT/AugReg geometry is named by that size, not as `custom patch 16,
-    width 192, depth 12, 3 heads`. describe reads shapes only, so timm's model is built on the meta device."""
+    """A foreign file with a paper or DeiT/AugReg geometry is named by that size, not as `custom
+    patch 16, width 192, depth 12, 3 heads`. describe reads shapes only, so timm's model is built on
+    the meta device."""
     with torch.device("meta"):
         sd = timm.create_model(timm_name, pretrained=False).state_dict()
     assert architecture_row(describe(Loaded(sd, {}, "timm", "x.safetensors"))) == row

@@ -1,6 +1,6 @@
-"""`vit evaluate`'s arithmetic against cases worked by hand: top-k, the confusion matrix and per-class
-accuracy, ImageNet ReaL (empty and multi-label rows, matched by file name or by row order), the checks on a
-real.json, and the confusion figure's row shares."""
+"""`vit evaluate`'s arithmetic against cases worked by hand: top-k, the confusion matrix and
+per-class accuracy, ImageNet ReaL (empty and multi-label rows, matched by file name or by row
+order), the checks on a real.json, and the confusion figure's row shares."""
 
 import json
 
@@ -17,7 +17,8 @@ LABELS = np.array([2, 3, 3, 0, 1])
 
 
 def test_top_k_by_hand():
-    # row 0: 2 first (top-1 right); row 1: 3 second; row 2: 3 third; row 3: 0 nowhere; row 4: 1 second
+    # row 0: 2 first (top-1 right); row 1: 3 second; row 2: 3 third; row 3: 0 nowhere; row 4: 1
+    # second
     assert classify.top_k_correct(TOP, LABELS, 1).tolist() == [True, False, False, False, False]
     assert classify.top_k_correct(TOP, LABELS, 2).tolist() == [True, True, False, False, True]
     assert classify.top_k_correct(TOP, LABELS, 3).tolist() == [True, True, True, False, True]

@@ -1,5 +1,6 @@
-"""The SLURM pieces without a cluster: time limits read as sbatch reads them, the slurm section's checks, the
-requeue rules, and the batch script as text (valid bash, the lines sbatch and torchrun need)."""
+"""The SLURM pieces without a cluster: time limits read as sbatch reads them, the slurm section's
+checks, the requeue rules, and the batch script as text (valid bash, the lines sbatch and torchrun
+need)."""
 
 import shlex
 import subprocess

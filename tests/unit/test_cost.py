@@ -1,5 +1,5 @@
-"""The arithmetic of `--preflight` (train/cost.py), each rule checked against a step-by-step simulation of
-what train.loop and a SLURM job do."""
+"""The arithmetic of `--preflight` (train/cost.py), each rule checked against a step-by-step
+simulation of what train.loop and a SLURM job do."""
 
 import io
 import math
@@ -23,7 +23,8 @@ def test_the_plan_times_at_least_the_steps_asked_after_one_window_of_warm_up(ste
 
 
 def rows_of(windows, batch):
-    """metrics.jsonl's train rows for windows of (seconds, waited, steps), as train.loop._log writes them."""
+    """metrics.jsonl's train rows for windows of (seconds, waited, steps), as train.loop._log writes
+    them."""
     rows, step = [], 0
     for seconds, waited, steps in windows:
         step += steps
@@ -58,7 +59,8 @@ def test_the_cold_and_the_warm_windows_are_told_apart():
     cold = [(9.0, 3.0, 5), (2.0, 1.0, 5), (2.2, 1.2, 5)]
     warm = [(1.0, 0.1, 5), (1.2, 0.1, 5)]
     assert cost.timed_windows(cold + warm, every, boundary) == (cold[1:], warm)
-    # a slow second window is judged against its own kind: the cold ones are not warm-up for being cold
+    # a slow second window is judged against its own kind: the cold ones are not warm-up for being
+    # cold
     assert cost.timed_windows(cold + cold[1:] + warm, every, 25) == (cold[1:] * 2, warm)
 
 
@@ -73,7 +75,8 @@ def test_evaluations_are_counted_as_the_loop_runs_them(total, every):
 
 
 def loop_writes(total, every, minutes, step_s):
-    """train.loop's saves: each `every` steps, the last step, and when the clock since the last one is due."""
+    """train.loop's saves: each `every` steps, the last step, and when the clock since the last one
+    is due."""
     writes, since = 0, 0.0
     for done in range(1, total + 1):
         since += step_s
@@ -99,9 +102,9 @@ def test_step_seconds_add_up_the_steps_one_by_one():
 
 
 def test_the_eta_of_a_run_is_its_time_when_the_preflight_met_the_same_costs():
-    """A run made of parts: what once costs (`once`), steps (decoding in the first epoch), evaluations,
-    checkpoint writes. The preflight, the same run cut to a few steps with each part met once, recovers
-    `once`, and the ETA the whole run."""
+    """A run made of parts: what once costs (`once`), steps (decoding in the first epoch),
+    evaluations, checkpoint writes. The preflight, the same run cut to a few steps with each part
+    met once, recovers `once`, and the ETA the whole run."""
     once, cold_s, step_s, eval_s, write_s, total, every, first = 12.0, 0.4, 0.3, 2.5, 0.4, 1000, 200, 78
     runs, writes = cost.evaluations(total, every), cost.checkpoint_writes(total, every, 0, step_s)
     whole = once + first * cold_s + (total - first) * step_s + runs * eval_s + writes * write_s
@@ -116,8 +119,8 @@ def test_the_eta_of_a_run_is_its_time_when_the_preflight_met_the_same_costs():
 @pytest.mark.parametrize("rows, micro, accum, world, repeats", [
     (10_000, 128, 1, 1, 1), (10_000, 32, 4, 1, 1), (1000, 16, 2, 2, 3), (50, 16, 1, 1, 1)])
 def test_the_first_epoch_ends_where_the_stream_says_its_data_turn_warm(rows, micro, accum, world, repeats):
-    """batches.train_batches's warm_after (micro-batches) over the loop's accumulation, as train.loop reads
-    it: the step from which the run's data are decoded from the cache."""
+    """batches.train_batches's warm_after (micro-batches) over the loop's accumulation, as
+    train.loop reads it: the step from which the run's data are decoded from the cache."""
     ds = synthetic_rows(rows)
     cfg = DataConfig(batch_size=micro * accum * world, repeated_aug=repeats, num_workers=0)
     stream = batches.train_batches(ds, cfg, 8, micro, 0, world_size=world, accum=accum)
@@ -141,13 +144,14 @@ def test_the_sample_of_a_cached_split_ends_its_first_epoch_half_way_through_the_
     for repeats in (1, 3):
         rows = cost.cold_rows(every, timed // 2, batch, repeats)
         warm = cost.first_epoch_steps(rows, batch, 1, 1, repeats)
-        # at least one batch of rows: with repeated augmentation k, a first epoch of k steps at least
+        # at least one batch of rows: with repeated augmentation k, a first epoch of k steps at
+        # least
         assert warm == max(every * (1 + timed // 2) // repeats, 1) * repeats
 
 
 def segments(eta, startup, limit, signal_s):
-    """Jobs of `limit` seconds, each starting up again and stopping signal_s before its limit, until the
-    run's work (eta - startup) is done; None if a job cannot advance it."""
+    """Jobs of `limit` seconds, each starting up again and stopping signal_s before its limit, until
+    the run's work (eta - startup) is done; None if a job cannot advance it."""
     work, jobs = eta - startup, 0
     while work > 0 or jobs == 0:
         advance = limit - signal_s - startup

@@ -1,6 +1,6 @@
-"""The data layer: every source kind loads with HF split slicing, tar shards are named as the shell names them
-and read with the default columns, errors are one line naming the culprit, the synthetic set is deterministic
-and balanced, transforms match torchvision references, and the batch streams
+"""The data layer: every source kind loads with HF split slicing, tar shards are named as the shell
+names them and read with the default columns, errors are one line naming the culprit, the synthetic
+set is deterministic and balanced, transforms match torchvision references, and the batch streams
 are deterministic, resumable by index arithmetic and disjoint across ranks."""
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ SMALL = SyntheticConfig(num_classes=10, train_size=200, val_size=40, test_size=6
 
 
 def _indexed(n: int, size: int = 8) -> datasets.Dataset:
-    """Random images whose integer label is their row index, so a batch's labels say which rows it holds."""
+    """Random images whose integer label is their row index, so a batch's labels say which rows it
+    holds."""
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)) for _ in range(n)]
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
@@ -82,7 +83,8 @@ def test_synthetic_draws_the_same_scene_at_any_resolution():
     small = render(labels, 24, np.random.default_rng(7)).astype(np.float32)
     big = render(labels, 96, np.random.default_rng(7)).astype(np.float32)
     pooled = big.reshape(30, 24, 4, 24, 4, 3).mean(axis=(2, 4))  # box-downsample 96 -> 24
-    # same parameters, different pixel noise: the pooled big image tracks the small one up to noise/edges
+    # same parameters, different pixel noise: the pooled big image tracks the small one up to
+    # noise/edges
     assert np.abs(pooled - small).mean() < 15
     assert np.abs(pooled - small[::-1]).mean() > 40  # and is far from another scene
 
@@ -252,8 +254,9 @@ def test_tar_shards_are_a_file_a_pattern_or_a_folder_split_by_file_names(tmp_pat
 
 
 def test_a_standard_webdataset_reads_with_the_default_columns_an_ambiguous_one_names_its_columns(tmp_path):
-    """KEY.jpg + KEY.cls (timm's layout; a mask beside it is no rival) reads as image and label, streamed
-    or loaded; images no name decides between, or no label, are one line listing the columns there are."""
+    """KEY.jpg + KEY.cls (timm's layout; a mask beside it is no rival) reads as image and label,
+    streamed or loaded; images no name decides between, or no label, are one line listing the
+    columns there are."""
     standard = _tar(tmp_path / "std.tar", [{"jpg": _png_bytes(i), "seg.png": _png_bytes(0), "cls": b"%d" % i}
                                            for i in range(3)])
     assert sources.load_source(standard, "train")["label"] == [0, 1, 2]
@@ -331,8 +334,9 @@ def test_train_transform_shape_and_range_for_rgb_and_grayscale():
 
 @pytest.mark.parametrize("shape", [(30, 40), (97, 61)])
 def test_eval_transform_matches_timm_pil_within_two_levels(shape):
-    """Resize short side to floor(S / crop_pct) antialiased, centre crop: torchvision's uint8 tensor resize
-    is PIL's filter, so it agrees with timm's PIL pipeline to within rounding (2 levels of 255)."""
+    """Resize short side to floor(S / crop_pct) antialiased, centre crop: torchvision's uint8 tensor
+    resize is PIL's filter, so it agrees with timm's PIL pipeline to within rounding (2 levels of
+    255)."""
     img = Image.fromarray(np.random.default_rng(1).integers(0, 256, (*shape, 3), dtype=np.uint8))
     finishing = [T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]
     bilinear = T.InterpolationMode.BILINEAR
@@ -444,8 +448,8 @@ def test_worker_processes_give_the_same_stream():
 
 
 def _jpegs(n: int, truncated: int) -> datasets.Dataset:
-    """n smooth JPEGs of 60..120 px (reduced-scale decoding applies to their larger crops), the label their
-    row; row `truncated` opens (its header is whole) but its pixels do not decode."""
+    """n smooth JPEGs of 60..120 px (reduced-scale decoding applies to their larger crops), the
+    label their row; row `truncated` opens (its header is whole) but its pixels do not decode."""
     rng = np.random.default_rng(4)
     rows = []
     for i in range(n):
@@ -469,9 +473,9 @@ AUGMENTATIONS = {  # the plain route, DeiT's per-image augmentation, DeiT III's
 
 @pytest.mark.parametrize("augmentation", AUGMENTATIONS)
 def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(augmentation):
-    """Past the cache (large datasets) images are read as bytes and only their crops decoded, some at 1/2 or
-    1/4 scale; the batches stay a function of (seed, step), and a file that opens but does not decode gets
-    the next row in its place in every process alike."""
+    """Past the cache (large datasets) images are read as bytes and only their crops decoded, some
+    at 1/2 or 1/4 scale; the batches stay a function of (seed, step), and a file that opens but does
+    not decode gets the next row in its place in every process alike."""
     ds, size = _jpegs(12, truncated=3), 16
     cfg = DataConfig(num_workers=0, crop_min_area=0.3, cache_mb=0, **AUGMENTATIONS[augmentation])
     main = _take(batches.train_batches(ds, cfg, size, 4, seed=2), 6)
@@ -487,8 +491,9 @@ def test_undecoded_jpegs_give_the_same_stream_in_workers_and_on_resume(augmentat
 
 
 def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
-    """A stream for a GPU ships crops and augment.finish resizes them there in one batched gather; one for
-    the CPU resizes its crops in its workers with torch's uint8 kernel: the same resize within one level."""
+    """A stream for a GPU ships crops and augment.finish resizes them there in one batched gather;
+    one for the CPU resizes its crops in its workers with torch's uint8 kernel: the same resize
+    within one level."""
     raws = _jpegs(6, truncated=-1).cast_column("image", datasets.Image(decode=False))["image"]
     images, size = [Encoded(raw["bytes"]) for raw in raws], 16
     cfg = DataConfig(crop_min_area=0.3)
@@ -498,7 +503,8 @@ def test_crops_resized_on_the_device_equal_crops_resized_in_the_worker():
     assert here.pixels.shape == (6, 3, size, size)
     cpu = torch.device("cpu")
     diff = (finish(shipped, cpu) - finish(here, cpu)).abs() * 127.5
-    # the worker's uint8 kernel blends in fixed point: ~19% of pixels a level from the gather's rounding
+    # the worker's uint8 kernel blends in fixed point: ~19% of pixels a level from the gather's
+    # rounding
     assert diff.max() <= 1 + 1e-4 and (diff > 0.5).float().mean() < 0.3
 
 
@@ -526,8 +532,8 @@ def test_eval_batches_in_order_sharded_without_drop():
 
 
 def test_one_process_accumulating_sees_what_two_processes_see():
-    """Global batch 16 of micro-batches of 4: one process with 4 per step, or two with 2 each, get the same
-    micro-batches (rows and augmentation), global micro-batch j on rank j // 2."""
+    """Global batch 16 of micro-batches of 4: one process with 4 per step, or two with 2 each, get
+    the same micro-batches (rows and augmentation), global micro-batch j on rank j // 2."""
     ds, cfg = _indexed(40), DataConfig(num_workers=0, crop_min_area=0.3)
     one = _take(batches.train_batches(ds, cfg, 8, 4, seed=3, accum=4), 12)  # 3 steps: 2 per epoch of 40
     two = [_take(batches.train_batches(ds, cfg, 8, 4, 3, rank=r, world_size=2, accum=2), 6) for r in (0, 1)]

@@ -1,6 +1,6 @@
 """Distillation is DeiT's: the losses against a transliteration of facebookresearch/deit `losses.py`
-(DistillationLoss, at commit 7e160fe) on the same logits, DeiT's base criteria (timm's), the teacher frozen,
-and a distilled student predicting with the mean of its two heads."""
+(DistillationLoss, at commit 7e160fe) on the same logits, DeiT's base criteria (timm's), the teacher
+frozen, and a distilled student predicting with the mean of its two heads."""
 
 import pytest
 import torch
@@ -18,7 +18,8 @@ B, K, SMOOTHING = 8, 5, 0.1
 
 
 class DeitDistillationLoss(torch.nn.Module):
-    """facebookresearch/deit losses.py DistillationLoss.forward, transliterated (comments dropped)."""
+    """facebookresearch/deit losses.py DistillationLoss.forward, transliterated (comments
+    dropped)."""
 
     def __init__(self, base_criterion, teacher_model, distillation_type, alpha, tau):
         super().__init__()
@@ -74,10 +75,11 @@ def draws(soft_targets: bool):
 @pytest.mark.parametrize("soft_targets", [False, True])
 @pytest.mark.parametrize("token", [True, False])
 def test_the_loss_is_deits_distillation_loss(kind, tau, alpha, soft_targets, token):
-    """Through the distillation token, the class-token logits meet the labels and the distillation-token
-    logits the teacher; on the class token (token=False), both terms read the same logits, which is DeiT's
-    loss handed the pair (logits, logits). DeiT's base criterion: timm's SoftTargetCrossEntropy after mixup,
-    LabelSmoothingCrossEntropy otherwise. fp32, tolerance 1e-6."""
+    """Through the distillation token, the class-token logits meet the labels and the
+    distillation-token logits the teacher; on the class token (token=False), both terms read the
+    same logits, which is DeiT's loss handed the pair (logits, logits). DeiT's base criterion:
+    timm's SoftTargetCrossEntropy after mixup, LabelSmoothingCrossEntropy otherwise. fp32, tolerance
+    1e-6."""
     x, cls, dist, y = draws(soft_targets)
     teacher = tiny_teacher()
     base = SoftTargetCrossEntropy() if soft_targets else LabelSmoothingCrossEntropy(SMOOTHING)
@@ -96,8 +98,9 @@ def test_the_loss_is_deits_distillation_loss(kind, tau, alpha, soft_targets, tok
 
 
 def test_the_terms_are_the_formulas_the_issue_states():
-    """Written out without F.kl_div: sum of p_t (log p_t - log p_s) at temperature tau, x tau^2, / (B x K);
-    and the mean negative log-probability of the teacher's top class. float64, tolerance 1e-12."""
+    """Written out without F.kl_div: sum of p_t (log p_t - log p_s) at temperature tau, x tau^2, /
+    (B x K); and the mean negative log-probability of the teacher's top class. float64, tolerance
+    1e-12."""
     g = torch.Generator().manual_seed(1)
     s, t, tau = torch.randn(B, K, generator=g, dtype=torch.float64), torch.randn(B, K, generator=g,
                                                                                  dtype=torch.float64), 2.0
@@ -131,8 +134,8 @@ def distilled_student(**kw) -> torch.nn.Module:
 
 
 def test_a_distilled_student_predicts_with_the_mean_of_its_two_heads():
-    """Trained through its distillation token, timm's VisionTransformerDistilled returns both heads' logits;
-    evaluated, their mean (DeiT's inference), which is what the evaluators score."""
+    """Trained through its distillation token, timm's VisionTransformerDistilled returns both heads'
+    logits; evaluated, their mean (DeiT's inference), which is what the evaluators score."""
     model = distilled_student(head_zero_init=False)
     distill.use_distillation_token(model, DistillConfig(teacher="t", type="hard"))
     x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
@@ -152,7 +155,8 @@ def test_only_distillation_trains_through_the_token():
 
 
 def test_both_heads_of_a_distilled_model_start_at_zero():
-    """model.head_zero_init reaches the distillation token's head too (timm's get_classifier gives a pair)."""
+    """model.head_zero_init reaches the distillation token's head too (timm's get_classifier gives a
+    pair)."""
     heads = zoo.classifiers(distilled_student())
     assert len(heads) == 2 and all(not h.weight.any() and not h.bias.any() for h in heads)
 

@@ -1,6 +1,6 @@
-"""Weight EMA (train/ema.py) against timm's ModelEmaV3 itself: the decay schedule, the weights after a
-sequence of updates (exact: the same foreach kernel on the same fp32 numbers), the swap that evaluates and
-exports the EMA, its saved state, and the recipe keys that configure it."""
+"""Weight EMA (train/ema.py) against timm's ModelEmaV3 itself: the decay schedule, the weights after
+a sequence of updates (exact: the same foreach kernel on the same fp32 numbers), the swap that
+evaluates and exports the EMA, its saved state, and the recipe keys that configure it."""
 
 import dataclasses
 import re
@@ -33,8 +33,9 @@ def timm_ema(model: nn.Module, cfg: EmaConfig, **kw) -> ModelEmaV3:
 
 
 class Normed(nn.Module):
-    """A model with buffers beside its parameters: BatchNorm's float running statistics (averaged, as
-    ModelEmaV3 averages every floating state-dict entry) and its integer batch count (copied by timm)."""
+    """A model with buffers beside its parameters: BatchNorm's float running statistics (averaged,
+    as ModelEmaV3 averages every floating state-dict entry) and its integer batch count (copied by
+    timm)."""
 
     def __init__(self):
         super().__init__()
@@ -86,8 +87,9 @@ def test_the_ema_after_n_updates_is_timms_model_ema_v3_fed_the_same_weights(name
 
 
 def test_a_low_precision_model_keeps_its_ema_in_fp32_as_timm_with_dtype_float32():
-    """A bf16 model: the EMA stays fp32 (a bf16 one would round the small (1 - decay) steps away), updated
-    with ModelEmaV3's mul and add for mixed dtypes; the same numbers as ModelEmaV3(dtype=torch.float32)."""
+    """A bf16 model: the EMA stays fp32 (a bf16 one would round the small (1 - decay) steps away),
+    updated with ModelEmaV3's mul and add for mixed dtypes; the same numbers as
+    ModelEmaV3(dtype=torch.float32)."""
     cfg, model, g = CONFIGS["warmup"], tiny_vit(num_classes=3).to(torch.bfloat16), torch.Generator()
     ours, reference = WeightEma(model, cfg), timm_ema(model, cfg, dtype=torch.float32)
     for step in range(1, 8):

@@ -1,11 +1,12 @@
-"""Random erasing is timm's RandomErasing: the boxes we draw for a batch follow the distribution of the boxes
-timm's own `_erase` writes (recorded from timm itself, its Python `random` replaced by a seeded instance),
-and `apply` fills exactly those boxes (N(0, 1) per pixel, one colour per box and channel, or zeros) and
-leaves every other pixel as it was.
+"""Random erasing is timm's RandomErasing: the boxes we draw for a batch follow the distribution of
+the boxes timm's own `_erase` writes (recorded from timm itself, its Python `random` replaced by a
+seeded instance), and `apply` fills exactly those boxes (N(0, 1) per pixel, one colour per box and
+channel, or zeros) and leaves every other pixel as it was.
 
-Tolerances come from the sample size: 20000 images per sample; a frequency or a mean may differ from timm's
-by 5 standard errors of the difference; distributions are compared with the two-sample Kolmogorov-Smirnov
-test at p > 1e-4, and quantiles must fall inside the band that the DKW bound at the same level allows.
+Tolerances come from the sample size: 20000 images per sample; a frequency or a mean may differ from
+timm's by 5 standard errors of the difference; distributions are compared with the two-sample
+Kolmogorov-Smirnov test at p > 1e-4, and quantiles must fall inside the band that the DKW bound at
+the same level allows.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ Z = 5.0  # standard errors a frequency or a mean may stray
 
 
 class Recorder:
-    """Stands in for an image tensor in timm's `_erase`: records each box it writes, (top, left, h, w)."""
+    """Stands in for an image tensor in timm's `_erase`: records each box it writes, (top, left, h,
+    w)."""
 
     def __init__(self):
         self.boxes = []
@@ -39,8 +41,9 @@ class Recorder:
 
 
 def timm_boxes(spec: ErasingSpec, n: int, height: int, width: int, seed: int, monkeypatch) -> list[list]:
-    """The boxes timm's RandomErasing writes into n images, per image, its draws from random.Random(seed)
-    (the module's `random` replaced, so the global one is neither used nor touched)."""
+    """The boxes timm's RandomErasing writes into n images, per image, its draws from
+    random.Random(seed) (the module's `random` replaced, so the global one is neither used nor
+    touched)."""
     monkeypatch.setattr(random_erasing, "random", random.Random(seed))
     eraser = RandomErasing(spec.prob, spec.min_area, spec.max_area, spec.min_aspect, spec.max_aspect,
                            mode="const", min_count=spec.min_count, max_count=spec.max_count, device="cpu")
@@ -68,8 +71,8 @@ def same_frequency(ours: float, theirs: float, n: int, m: int):
 
 
 def same_distribution(ours: np.ndarray, theirs: np.ndarray):
-    """Mean within Z standard errors, two-sample KS at ALPHA, and our 10/25/50/75/90% quantiles inside
-    timm's band [q(p - e), q(p + e)], e the DKW half-width at ALPHA for the two samples."""
+    """Mean within Z standard errors, two-sample KS at ALPHA, and our 10/25/50/75/90% quantiles
+    inside timm's band [q(p - e), q(p + e)], e the DKW half-width at ALPHA for the two samples."""
     se = math.sqrt(ours.var() / len(ours) + theirs.var() / len(theirs))
     assert abs(ours.mean() - theirs.mean()) <= Z * se + 1e-12, (ours.mean(), theirs.mean(), se)
     assert ks_2samp(ours, theirs).pvalue > ALPHA
@@ -131,8 +134,8 @@ def test_box_aspects_follow_timm(samples):
 
 @pytest.mark.parametrize("axis", [0, 1], ids=["top", "left"])
 def test_corners_are_uniform_over_every_place_the_box_fits(samples, axis):
-    """The corner's place relative to its range [0, extent - size], compared with timm's; and the last
-    place is reached as often as timm reaches it (randint includes its upper end)."""
+    """The corner's place relative to its range [0, extent - size], compared with timm's; and the
+    last place is reached as often as timm reaches it (randint includes its upper end)."""
     _, size, ours, theirs = samples
     a, b = flat(ours), flat(theirs)
     places = [size[axis] - x[:, axis + 2] + 1 for x in (a, b)]
@@ -155,7 +158,8 @@ def test_tiny_images_get_boxes_that_fit_strictly_inside(size):
 
 
 def python_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """bool (B, 1, H, W) of every box's pixels, written with plain slices (independent of box_masks)."""
+    """bool (B, 1, H, W) of every box's pixels, written with plain slices (independent of
+    box_masks)."""
     mask = torch.zeros((len(boxes), 1, height, width), dtype=torch.bool)
     for i, image in enumerate(boxes.tolist()):
         for top, left, h, w in image:

@@ -1,4 +1,5 @@
-"""The few-shot ridge solver matches a direct solve, its leave-one-out matches refits, and shots nest."""
+"""The few-shot ridge solver matches a direct solve, its leave-one-out matches refits, and shots
+nest."""
 
 import numpy as np
 import pytest
@@ -10,13 +11,15 @@ RTOL = 1e-6  # float64 eigendecomposition vs float64 direct solve
 
 
 def _augmented(x_train: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Reference preprocessing, written out: shot-set mean / population std + 1e-5, then a column of 100."""
+    """Reference preprocessing, written out: shot-set mean / population std + 1e-5, then a column of
+    100."""
     mean, std = x_train.mean(0), np.sqrt(((x_train - x_train.mean(0)) ** 2).mean(0)) + 1e-5
     return np.hstack([(x - mean) / std, np.full((len(x), 1), 100.0)])
 
 
 def _problem(n: int, d: int, k: int, seed: int = 0, spread: float = 1.0):
-    """Features with class-dependent means (so accuracy and LOO are neither 0 nor 1) and their labels."""
+    """Features with class-dependent means (so accuracy and LOO are neither 0 nor 1) and their
+    labels."""
     rng = np.random.default_rng(seed)
     labels = np.arange(n) % k
     centres = rng.normal(size=(k, d)) * spread

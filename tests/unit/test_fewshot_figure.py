@@ -1,5 +1,6 @@
-"""fewshot.png cannot be misread: the weights are named (a checkpoint, or "random init" of its network), each
-task's chance level is a line at 100/K that the legend names, and the axis is 0-100% whatever the scores."""
+"""fewshot.png cannot be misread: the weights are named (a checkpoint, or "random init" of its
+network), each task's chance level is a line at 100/K that the legend names, and the axis is 0-100%
+whatever the scores."""
 
 import pytest
 from matplotlib.colors import to_rgba

@@ -1,8 +1,9 @@
-"""Few-shot preprocessing is big_vision's `decode|resize(R)|central_crop(S)|value_range(-1,1)` by default.
+"""Few-shot preprocessing is big_vision's `decode|resize(R)|central_crop(S)|value_range(-1,1)` by
+default.
 
-big_vision resizes with tf.image.resize(method="bilinear", antialias=False): half-pixel centres, no low-pass
-prefilter, cast back to the decoded uint8 (clip, truncate); R = int(256 / 224 * S); the crop margin is
-floored; it is the one few-shot resize (`fewshot.resize_method=big_vision`).
+big_vision resizes with tf.image.resize(method="bilinear", antialias=False): half-pixel centres, no
+low-pass prefilter, cast back to the decoded uint8 (clip, truncate); R = int(256 / 224 * S); the
+crop margin is floored; it is the one few-shot resize (`fewshot.resize_method=big_vision`).
 """
 
 import io
@@ -31,7 +32,8 @@ TOL = 1e-5  # in [-1, 1] units (1.3e-3 of a grey level): float32 interpolation a
 
 def half_pixel_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
     """TF2 bilinear without antialias, written out in float64: output pixel i samples the input at
-    (i + 0.5) * in / out - 0.5; floor and ceil neighbours clamped into the image; linear weights between."""
+    (i + 0.5) * in / out - 0.5; floor and ceil neighbours clamped into the image; linear weights
+    between."""
 
     def axis(out_n: int, in_n: int):
         src = (np.arange(out_n) + 0.5) * (in_n / out_n) - 0.5
@@ -48,7 +50,8 @@ def half_pixel_bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
 
 
 def big_vision_resize_crop(img: Image.Image, resize: int, img_size: int) -> torch.Tensor:
-    """The few-shot path as the workers run it: PNG -> uint8 -> resize(R) | central_crop(S) -> [-1, 1]."""
+    """The few-shot path as the workers run it: PNG -> uint8 -> resize(R) | central_crop(S) -> [-1,
+    1]."""
     buf = io.BytesIO()
     img.save(buf, "PNG")
     fewshot_pp = build_transform(DataConfig(), img_size, train=False, resize=resize)
@@ -93,7 +96,8 @@ def test_big_vision_pipeline_matches_the_reference_and_differs_from_antialiasing
     got = big_vision_resize_crop(Image.fromarray(img), resize=36, img_size=32).numpy()  # (3, 32, 32)
     resized = np.clip(half_pixel_bilinear(img, 36, 36), 0, 255)  # big_vision's cast back to uint8: truncate
     want = (np.floor(resized) / 127.5 - 1.0)[2:34, 2:34].transpose(2, 0, 1)
-    # float32 one ulp under an integer would truncate a level lower; this image has no value near one
+    # float32 one ulp under an integer would truncate a level lower; this image has no value near
+    # one
     assert (np.abs(resized - np.round(resized)) > 1e-3).all()
     np.testing.assert_allclose(got, want, rtol=0, atol=TOL)
     pil = T.Compose([T.Resize((36, 36), T.InterpolationMode.BILINEAR), T.CenterCrop(32), T.ToTensor(),
@@ -105,7 +109,8 @@ def test_big_vision_pipeline_matches_the_reference_and_differs_from_antialiasing
 def test_central_crop_floors_the_margin():
     assert [central_crop_offsets(n, n, 80) for n in (80, 81, 83, 91)] == [(0, 0), (0, 0), (1, 1), (5, 5)]
     assert central_crop_offsets(438, 440, 384) == (27, 28)
-    # torchvision rounds half to even (91 - 80 = 11: 5.5 -> 6), one pixel off big_vision's 11 // 2 = 5
+    # torchvision rounds half to even (91 - 80 = 11: 5.5 -> 6), one pixel off big_vision's 11 // 2 =
+    # 5
     img = np.random.default_rng(0).integers(0, 256, (91, 91, 3), dtype=np.uint8)
     tv = T.CenterCrop(80)(Image.fromarray(img))
     np.testing.assert_array_equal(np.asarray(tv), img[6:86, 6:86])
@@ -141,8 +146,9 @@ def test_the_method_is_checked_keyed_and_dumped():
 
 
 def test_a_batch_of_mixed_shapes_equals_each_image_alone():
-    """The workers resize images of one shape in one call (augment.per_shape): a batch with repeated and
-    distinct shapes gives, row by row and in order, what the float pipeline gives each image alone."""
+    """The workers resize images of one shape in one call (augment.per_shape): a batch with repeated
+    and distinct shapes gives, row by row and in order, what the float pipeline gives each image
+    alone."""
     rng = np.random.default_rng(5)
     shapes = [(45, 45), (50, 71), (45, 45), (32, 32), (50, 71), (45, 45)]
     images = [Image.fromarray(rng.integers(0, 256, (*s, 3), dtype=np.uint8)) for s in shapes]
@@ -163,10 +169,11 @@ def _png(pixels: np.ndarray) -> bytes:
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_extracted_features_equal_a_plain_loop_over_the_reference_pipeline_bit_for_bit(workers):
-    """features.extract (loader, per-shape batching, workers, finish, gather back into row order) gives
-    exactly, bit for bit on the CPU in fp32, what a plain loop gives: the batches of eval_batch_size rows in
-    row order less the rows that do not decode, each image through the float pipeline alone, the network's
-    pre-logits. Mixed shapes, an undecodable row, a short last batch."""
+    """features.extract (loader, per-shape batching, workers, finish, gather back into row order)
+    gives exactly, bit for bit on the CPU in fp32, what a plain loop gives: the batches of
+    eval_batch_size rows in row order less the rows that do not decode, each image through the float
+    pipeline alone, the network's pre-logits. Mixed shapes, an undecodable row, a short last
+    batch."""
     rng = np.random.default_rng(3)
     shapes = [(45, 45), (50, 71), (45, 45), None, (32, 32), (17, 23), (45, 45), (50, 71), (60, 40), (45, 45)]
     images = [None if s is None else rng.integers(0, 256, (*s, 3), dtype=np.uint8) for s in shapes]

@@ -1,5 +1,5 @@
-"""MFU's two halves: a ViT's analytic FLOPs (against PyTorch's own counter) and a device's peak FLOP/s (the
-datasheet table for a known GPU, a measured matmul otherwise), and their ratio."""
+"""MFU's two halves: a ViT's analytic FLOPs (against PyTorch's own counter) and a device's peak
+FLOP/s (the datasheet table for a known GPU, a measured matmul otherwise), and their ratio."""
 
 import pytest
 import torch
@@ -23,9 +23,9 @@ def _model(img, patch, dim, depth, mlp, *extra):
 @pytest.mark.parametrize("size", [(32, 8, 32, 2, 64), (48, 16, 24, 1, 96)])
 @pytest.mark.parametrize("extra", [[], ["model.pool=gap"], ["model.representation_size=16"]])
 def test_analytic_flops_match_pytorchs_counter(size, extra):
-    """Exact for the patch convolution and the linear layers, the only ops FlopCounterMode counts here (it
-    counts no norm, softmax or GELU, and neither does our count). CPU SDPA is not counted either, so the two
-    N x N products are checked against their own formula."""
+    """Exact for the patch convolution and the linear layers, the only ops FlopCounterMode counts
+    here (it counts no norm, softmax or GELU, and neither does our count). CPU SDPA is not counted
+    either, so the two N x N products are checked against their own formula."""
     m = _model(*size, *extra)
     img, patch, dim, depth, _ = size
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
@@ -84,7 +84,8 @@ def test_a_cpu_peak_is_a_measured_matmul_at_the_runs_precision():
     cpu = torch.device("cpu")
     flops, source = peak.peak_flops(cpu, "fp32")
     assert source == "measured 2048^2 fp32 matmul"
-    # an independent timing of the same product: within 3x (a shared 2-core machine's noise, not a bound)
+    # an independent timing of the same product: within 3x (a shared 2-core machine's noise, not a
+    # bound)
     again = peak.matmul_flops("fp32", 1024, 3)
     assert again / 3 < flops < again * 3
 

@@ -1,6 +1,7 @@
-"""The folder index: a plain image tree gives exactly what HF's imagefolder builder gives for it (splits,
-features, rows in order), anything else is left to HF, and the index is kept, reused while the folder is
-unchanged and built again when a file is added or removed, its file damaged or its cache unwritable."""
+"""The folder index: a plain image tree gives exactly what HF's imagefolder builder gives for it
+(splits, features, rows in order), anything else is left to HF, and the index is kept, reused while
+the folder is unchanged and built again when a file is added or removed, its file damaged or its
+cache unwritable."""
 
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ JPEG = _buf.getvalue()
 
 
 def tree(root, files: list[str], settle: bool = False):
-    """`files` (relative paths) under `root`, each a small JPEG (a name ending in / is an empty directory);
-    `settle` dates every directory an hour back, so the index may be kept (see folder_index.SETTLE_NS)."""
+    """`files` (relative paths) under `root`, each a small JPEG (a name ending in / is an empty
+    directory); `settle` dates every directory an hour back, so the index may be kept (see
+    folder_index.SETTLE_NS)."""
     for name in files:
         path = root / name
         if name.endswith("/"):
@@ -103,7 +105,8 @@ def test_links_to_files_count_and_broken_links_do_not_as_for_hf(tmp_path):
 
 @pytest.mark.parametrize("layout", ["", "train/"])
 def test_a_class_directory_that_is_a_broken_link_is_refused_not_left_out(tmp_path, layout):
-    """HF's glob sees nothing where the link is: class `b` would vanish and `c` take its label id."""
+    """HF's glob sees nothing where the link is: class `b` would vanish and `c` take its label
+    id."""
     files = [f"{layout}a/0.jpg", f"{layout}c/0.jpg", *(["val/a/0.jpg"] if layout else [])]
     root = tree(tmp_path / "data", files)
     link, target = root / layout / "b", tmp_path / "unmounted" / "b"
@@ -147,15 +150,17 @@ def test_a_link_to_a_directory_is_left_to_hf(tmp_path):
 
 
 def test_hf_finds_no_layout_we_do_not_know():
-    """HF tries these pattern sets in order; a new one (a release adding a layout) must be handled here."""
+    """HF tries these pattern sets in order; a new one (a release adding a layout) must be handled
+    here."""
     known = [DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME, DEFAULT_PATTERNS_SPLIT_IN_FILENAME, DEFAULT_PATTERNS_ALL]
     others = [p for d in ALL_DEFAULT_PATTERNS if d not in known for ps in d.values() for p in ps]
     assert sorted(others) == ["**/*.eval", "**/instruction.md", "**/task.toml"]
 
 
 def test_the_suffix_tables_are_hfs_own():
-    """The index reads no private name of datasets; its tables are HF's private ones, rebuilt from the
-    public builders (a release adding a builder or a suffix fails here, not in a silent mismatch)."""
+    """The index reads no private name of datasets; its tables are HF's private ones, rebuilt from
+    the public builders (a release adding a builder or a suffix fails here, not in a silent
+    mismatch)."""
     from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
 
     assert folder_index._DATA_SUFFIXES == frozenset(_ALL_ALLOWED_EXTENSIONS)
@@ -246,7 +251,8 @@ def test_adding_or_removing_a_file_builds_it_again(tmp_path, monkeypatch, change
 
 
 def test_a_start_beside_one_building_the_index_waits_for_it_and_reuses_it(tmp_path, monkeypatch):
-    """Ranks (or runs) starting together: the one holding the index's lock builds it, the others wait."""
+    """Ranks (or runs) starting together: the one holding the index's lock builds it, the others
+    wait."""
     root = tree(tmp_path / "data", ["a/0.jpg", "b/0.jpg"], settle=True)
     calls, path = scans(monkeypatch), folder_index.index_file(root)
     holding, built = threading.Event(), []

@@ -1,6 +1,6 @@
-"""A sweep's grid (recipe/grid.py): `--sweep KEY=V1,V2` values coerced as the recipe coerces an override of
-the key, the points in product order with the last key fastest, names that are exact, safe as directories and
-unique, and every mistake a one-line RecipeError naming the key."""
+"""A sweep's grid (recipe/grid.py): `--sweep KEY=V1,V2` values coerced as the recipe coerces an
+override of the key, the points in product order with the last key fastest, names that are exact,
+safe as directories and unique, and every mistake a one-line RecipeError naming the key."""
 
 import itertools
 
@@ -43,7 +43,8 @@ def test_points_are_the_product_in_the_order_given_the_last_key_fastest():
 
 
 def test_names_write_values_exactly():
-    """Floats a `%g` would round alike get two names; bools as YAML writes them; lists joined by +."""
+    """Floats a `%g` would round alike get two names; bools as YAML writes them; lists joined by
+    +."""
     assert point_name({"optim.lr": 0.1 + 0.2}) == "optim.lr=0.30000000000000004"
     assert point_name({"optim.lr": 1e-4}) == "optim.lr=0.0001"
     a, b = (p.name for p in points(["optim.lr=0.0012345671,0.0012345672"]))

@@ -1,5 +1,5 @@
-"""decode.header_size against PIL's own header parse (the reference it stands in for), on the JPEG and PNG
-variants real datasets hold, and on bytes it must leave to PIL."""
+"""decode.header_size against PIL's own header parse (the reference it stands in for), on the JPEG
+and PNG variants real datasets hold, and on bytes it must leave to PIL."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_other_formats_and_unknown_bytes_still_go_through_pil():
 
 
 def test_a_truncated_jpeg_has_a_size_and_fails_at_its_pixels():
-    """As before the reader: the header is whole, the pixels are not, and that shows when they are read."""
+    """As before the reader: the header is whole, the pixels are not, and that shows when they are
+    read."""
     data = CASES["baseline"]()
     cut = Encoded(data[: len(data) // 2])
     assert cut.size == (23, 37)

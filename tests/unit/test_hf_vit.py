@@ -1,7 +1,7 @@
-"""A folder transformers' ViT wrote is read into timm's names and rebuilt as the same network: logits equal
-transformers' own on the same tensors (within 1e-5: float32 through another attention implementation), its
-LayerNorm eps honoured, a ViTModel's pooler as timm's pre-logits, and what timm's ViT cannot be refused in
-one line naming config.json and the key."""
+"""A folder transformers' ViT wrote is read into timm's names and rebuilt as the same network:
+logits equal transformers' own on the same tensors (within 1e-5: float32 through another attention
+implementation), its LayerNorm eps honoured, a ViTModel's pooler as timm's pre-logits, and what
+timm's ViT cannot be refused in one line naming config.json and the key."""
 
 import json
 
@@ -25,7 +25,8 @@ SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "i
 
 
 def _folder(path, cls=None, **config):
-    """A transformers ViT with random weights saved by save_pretrained; returns (folder, the model)."""
+    """A transformers ViT with random weights saved by save_pretrained; returns (folder, the
+    model)."""
     torch.manual_seed(0)
     cls = cls or transformers.ViTForImageClassification
     labels = {"id2label": NAMES, "label2id": {v: k for k, v in NAMES.items()}}
@@ -35,7 +36,8 @@ def _folder(path, cls=None, **config):
 
 
 def _ours(folder, num_classes=3, **changes):
-    """The network vitcli builds from the folder, with its weights (what evaluate and predict load)."""
+    """The network vitcli builds from the folder, with its weights (what evaluate and predict
+    load)."""
     loaded = read_checkpoint(str(folder))
     spec = describe(loaded)
     cfg = ModelConfig(img_size=spec.img_size, **{**spec.architecture(), **changes})
@@ -45,7 +47,8 @@ def _ours(folder, num_classes=3, **changes):
 
 
 def _tiny_variance(model):
-    """Scale the embeddings so the first LayerNorm sees a variance ~1e-12: there 1e-6 and 1e-12 part ways."""
+    """Scale the embeddings so the first LayerNorm sees a variance ~1e-12: there 1e-6 and 1e-12 part
+    ways."""
     emb = model.vit.embeddings if hasattr(model, "vit") else model.embeddings
     with torch.no_grad():
         for p in (emb.cls_token, emb.position_embeddings, *emb.patch_embeddings.parameters()):

@@ -1,5 +1,5 @@
-"""The decoded-image cache: decided by the bytes the images take on disk (never the arrow table's size), one
-copy shared by the loader workers, and never more than its capacity."""
+"""The decoded-image cache: decided by the bytes the images take on disk (never the arrow table's
+size), one copy shared by the loader workers, and never more than its capacity."""
 
 import io
 import multiprocessing
@@ -122,8 +122,8 @@ def test_a_copy_sent_to_a_spawned_process_is_off_rather_than_its_own():
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_cached_stream_equals_itself_in_workers_and_keeps_each_image_once(tmp_path, workers):
-    """Two epochs of 12 images: with the cache the batches are the same whatever the workers, and each image
-    is held once, its whole decoded size."""
+    """Two epochs of 12 images: with the cache the batches are the same whatever the workers, and
+    each image is held once, its whole decoded size."""
     _folder(tmp_path, 12)
     ds = sources.load_source(str(tmp_path), "train")
     cfg = DataConfig(source=str(tmp_path), num_workers=workers, crop_min_area=0.3)

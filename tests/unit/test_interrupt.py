@@ -1,5 +1,5 @@
-"""train.interrupt.StopRequest, with real signals raised in this process: which signal arriving again aborts
-the stop under way and which changes nothing."""
+"""train.interrupt.StopRequest, with real signals raised in this process: which signal arriving
+again aborts the stop under way and which changes nothing."""
 
 import signal
 import threading
@@ -14,10 +14,10 @@ pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2])
 def test_a_schedulers_signal_arriving_again_is_the_same_stop(sig, logged):
-    """SLURM signals every process of a job step and torchrun forwards what it received, so under srun each
-    rank gets the signal twice, milliseconds apart, and then the time limit's SIGTERM after SIGUSR2's warning:
-    none of them may abort the step's checkpoint (before this, the second raised KeyboardInterrupt, exit 130,
-    no checkpoint: seen under a real SLURM step)."""
+    """SLURM signals every process of a job step and torchrun forwards what it received, so under
+    srun each rank gets the signal twice, milliseconds apart, and then the time limit's SIGTERM
+    after SIGUSR2's warning: none of them may abort the step's checkpoint (before this, the second
+    raised KeyboardInterrupt, exit 130, no checkpoint: seen under a real SLURM step)."""
     before = signal.getsignal(sig)
     with StopRequest() as stop:
         signal.raise_signal(sig)

@@ -1,11 +1,12 @@
-"""jpeg_region decodes a JPEG's crop alone and gives the pixels the whole-image decoders give, sliced:
-torchvision's decode_jpeg at full scale, PIL's draft at 1/2, 1/4 and 1/8 (the box mapped as decode.py maps
-it), bit for bit. Tolerance 0 because the three run the same libjpeg-turbo code paths (islow IDCT, fancy
-upsampling, the same DCT scaling) even where they bundle different releases (torchvision's wheel, Pillow's
-3.2, Debian's 2.1.5 for the extension): a level of difference would mean the region decode lost its context.
-On photograph-like JPEGs of sizes that are not whole MCUs, every subsampling, grey, progressive and with
-restart markers; boxes at every edge and corner and of one pixel. What it does not do (CMYK, data that does
-not decode, a file cut short) it leaves to the whole-image decoders, so a bad image fails as before."""
+"""jpeg_region decodes a JPEG's crop alone and gives the pixels the whole-image decoders give,
+sliced: torchvision's decode_jpeg at full scale, PIL's draft at 1/2, 1/4 and 1/8 (the box mapped as
+decode.py maps it), bit for bit. Tolerance 0 because the three run the same libjpeg-turbo code paths
+(islow IDCT, fancy upsampling, the same DCT scaling) even where they bundle different releases
+(torchvision's wheel, Pillow's 3.2, Debian's 2.1.5 for the extension): a level of difference would
+mean the region decode lost its context. On photograph-like JPEGs of sizes that are not whole MCUs,
+every subsampling, grey, progressive and with restart markers; boxes at every edge and corner and of
+one pixel. What it does not do (CMYK, data that does not decode, a file cut short) it leaves to the
+whole-image decoders, so a bad image fails as before."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ KINDS = {  # PIL's save options: 4:2:0 (its default), 4:2:2, 4:4:4, grey, progre
 
 
 def _picture(height: int, width: int, seed: int = 0) -> np.ndarray:
-    """uint8 (H, W, 3): colour waves (smooth) under grain (texture), what chroma upsampling has to get right
-    at every edge."""
+    """uint8 (H, W, 3): colour waves (smooth) under grain (texture), what chroma upsampling has to
+    get right at every edge."""
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     waves = (60 * np.sin(x / 17)[..., None] * np.array([1, 0.3, -0.5])
              + 50 * np.cos(y / 11)[..., None] * np.array([-0.4, 1, 0.6]))
@@ -51,8 +52,8 @@ def _jpeg(kind: str, size: tuple[int, int]) -> bytes:
 
 
 def _boxes(size: tuple[int, int], n: int, seed: int = 0) -> list[tuple[int, int, int, int]]:
-    """(top, left, height, width): the whole image, a pixel at each corner, a strip along each edge, then
-    `n` random boxes (some of one pixel a side)."""
+    """(top, left, height, width): the whole image, a pixel at each corner, a strip along each edge,
+    then `n` random boxes (some of one pixel a side)."""
     height, width = size
     fixed = [(0, 0, height, width), (0, 0, 1, 1), (0, width - 1, 1, 1), (height - 1, 0, 1, 1),
              (height - 1, width - 1, 1, 1), (0, 0, height, 1), (0, width - 1, height, 1), (0, 0, 1, width),
@@ -136,8 +137,9 @@ def test_cmyk_is_left_to_the_whole_image_decoders():
 
 
 def test_a_file_cut_short_fails_whatever_crop_is_drawn():
-    """A crop above the cut would decode from the bytes that are there; it is refused, as torchvision and PIL
-    refuse every crop of a truncated file, so a bad image is bad whichever box is drawn."""
+    """A crop above the cut would decode from the bytes that are there; it is refused, as
+    torchvision and PIL refuse every crop of a truncated file, so a bad image is bad whichever box
+    is drawn."""
     size = (237, 301)
     data = _jpeg("420", size)
     cut = data[: len(data) // 2]
@@ -149,8 +151,8 @@ def test_a_file_cut_short_fails_whatever_crop_is_drawn():
 
 @built
 def test_a_file_cut_then_closed_decodes_as_torchvision_decodes_it():
-    """Data cut mid-scan but ending in an EOI marker: libjpeg warns and fills the rest with grey, for
-    torchvision as here; the crop is the same pixels."""
+    """Data cut mid-scan but ending in an EOI marker: libjpeg warns and fills the rest with grey,
+    for torchvision as here; the crop is the same pixels."""
     size = (237, 301)
     data = _jpeg("420", size)
     closed = data[: len(data) // 2] + jpeg_region.EOI

@@ -1,6 +1,6 @@
-"""optim.layer_decay: the parameter groups are timm's (`create_optimizer_v2(model, layer_decay=...)`, itself
-param_groups_layer_decay) for our ViT, a DeiT and a hybrid; T2T-ViT numbers its own layers; the schedule
-scales each group's lr and the fused step applies it."""
+"""optim.layer_decay: the parameter groups are timm's (`create_optimizer_v2(model,
+layer_decay=...)`, itself param_groups_layer_decay) for our ViT, a DeiT and a hybrid; T2T-ViT
+numbers its own layers; the schedule scales each group's lr and the fused step applies it."""
 
 import functools
 
@@ -27,7 +27,8 @@ VIT = {"img_size": 32, "embed_dim": 32, "depth": 3, "num_heads": 2, "mlp_ratio":
 
 
 def tiny_hybrid() -> ViT:
-    """Our ViT class on timm's HybridEmbed as zoo builds R50+ViT-B/16, over a one-unit BiT ResNet (tiny)."""
+    """Our ViT class on timm's HybridEmbed as zoo builds R50+ViT-B/16, over a one-unit BiT ResNet
+    (tiny)."""
     backbone = ResNetV2(layers=(1,), channels=(128,), num_classes=0, global_pool="", preact=False,
                         stem_type="same", conv_layer=functools.partial(StdConv2dSame, eps=1e-8))
     return ViT(patch_size=1, embed_layer=functools.partial(HybridEmbed, backbone=backbone), num_classes=5,
@@ -36,7 +37,8 @@ def tiny_hybrid() -> ViT:
 
 MODELS = {  # the models the groups are compared on, each a few thousand parameters
     "vit": lambda: build_model(ModelConfig(**TINY), 5),
-    # gap, the 2-D learned table (ours: pos_embed_row/col) and a pre-logits layer in the head's layer
+    # gap, the 2-D learned table (ours: pos_embed_row/col) and a pre-logits layer in the head's
+    # layer
     "vit_gap_2d": lambda: build_model(ModelConfig(**TINY, pool="gap", pos_embed="learned_2d",
                                                   representation_size=16), 5),
     # timm's DeiT with a distillation token and head
@@ -67,8 +69,8 @@ def test_parameter_groups_are_timms_layer_decay_groups(name, opt):
 
 
 def t2t_layer(name: str, depth: int) -> int:
-    """T2T-ViT's layers written out: tokens-to-token and class token 0, block i i + 1, the final norm with
-    the last block, the head after it."""
+    """T2T-ViT's layers written out: tokens-to-token and class token 0, block i i + 1, the final
+    norm with the last block, the head after it."""
     if name.startswith(("tokens_to_token.", "cls_token", "pos_embed")):
         return 0
     if name.startswith("blocks."):
@@ -107,9 +109,9 @@ def test_the_table_row_gives_the_lr_multipliers_from_the_embeddings_to_the_head(
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_each_group_steps_at_the_schedules_lr_times_its_scale(fused):
-    """Adam's first step moves a weight by lr * g / (|g| + eps), so by ~lr where the gradient is large: the
-    largest move in each tensor is its group's lr, which the fused kernel (or the loop) read off the
-    group."""
+    """Adam's first step moves a weight by lr * g / (|g| + eps), so by ~lr where the gradient is
+    large: the largest move in each tensor is its group's lr, which the fused kernel (or the loop)
+    read off the group."""
     torch.manual_seed(0)
     model = MODELS["vit"]()
     torch.nn.init.normal_(model.head.weight, std=0.02)  # zero-initialised: the blocks would get no gradient

@@ -1,10 +1,11 @@
-"""The package reads as the pipeline: packages by layer, without cycles, imports at the top, short functions.
+"""The package reads as the pipeline: packages by layer, without cycles, imports at the top, short
+functions.
 
-LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime <
-models < data < checkpoints < train < evaluators < objectives < figures < fewshot < run < stages < cluster <
-cli. A module may
-import only packages below its own and, inside its package, modules listed before it: so no import runs back
-up and no cycle can form. A new module has to be given its place here.
+LAYERS below is the architecture, an order of packages from the bottom up: errors < recipe < runtime
+< models < data < checkpoints < train < evaluators < objectives < figures < fewshot < run < stages <
+cluster < cli. A module may
+import only packages below its own and, inside its package, modules listed before it: so no import
+runs back up and no cycle can form. A new module has to be given its place here.
 """
 
 import ast
@@ -33,10 +34,11 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                  "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "mae", "t2t", "zoo", "flops", "layer_decay"]),
-    # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how an image
-    # that does not decode is named and tallied (every reader of images uses it), the crop-only JPEG decode,
-    # the decoded-image cache; then the augmentation ops and what draws and applies them; then where rows come
-    # from (sources, the folder index, tar shards, prepared copies); then what batches them
+    # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how
+    # an image that does not decode is named and tallied (every reader of images uses it), the
+    # crop-only JPEG decode, the decoded-image cache; then the augmentation ops and what draws and
+    # applies them; then where rows come from (sources, the folder index, tar shards, prepared
+    # copies); then what batches them
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
                            "augment", "transforms"]),
@@ -57,7 +59,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # module each, picked by name in the registry
     ("objectives", ["objective", "supervised", "mpp", "mae", "registry"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
-    # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that one)
+    # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that
+    # one)
     ("figures", ["canvas", "figure7", "figure2", "curves", "confusion", "reliability", "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
@@ -90,7 +93,8 @@ def modules() -> dict[str, Path]:
 
 
 def vitcli_imports(tree: ast.AST) -> list[tuple[str, ast.AST]]:
-    """(module imported, node) for every `import vitcli.x` / `from vitcli(.x) import y` in the tree."""
+    """(module imported, node) for every `import vitcli.x` / `from vitcli(.x) import y` in the
+    tree."""
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("vitcli"):
@@ -169,8 +173,9 @@ def test_functions_are_short():
 
 
 def test_the_loop_never_asks_which_strategy_or_data_kind_it_runs_under():
-    """Parallelism is applied before the loop (train.parallelize.apply) and the stage picks the batches: the
-    loop reads no run.strategy, no data.streaming, and never tells a checkpoint file from a directory."""
+    """Parallelism is applied before the loop (train.parallelize.apply) and the stage picks the
+    batches: the loop reads no run.strategy, no data.streaming, and never tells a checkpoint file
+    from a directory."""
     tree = ast.parse(modules()["train.loop"].read_text())
     names = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -179,8 +184,8 @@ def test_the_loop_never_asks_which_strategy_or_data_kind_it_runs_under():
 
 
 def test_one_module_owns_resume():
-    """checkpoints.manager alone decides, saves and loads training state: nothing else imports the formats it
-    writes (checkpoints.state, checkpoints.sharded)."""
+    """checkpoints.manager alone decides, saves and loads training state: nothing else imports the
+    formats it writes (checkpoints.state, checkpoints.sharded)."""
     parts = {"checkpoints.state", "checkpoints.sharded"}
     users = {name for name, path in modules().items()
              for m, _ in vitcli_imports(ast.parse(path.read_text())) if m in parts}

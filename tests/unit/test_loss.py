@@ -1,5 +1,6 @@
-"""One loss definition: the trainer and the held-out evaluators both use the recipe's optim.loss, so val/loss
-is the quantity train/loss is. References are written out here, independently, as big_vision writes them."""
+"""One loss definition: the trainer and the held-out evaluators both use the recipe's optim.loss, so
+val/loss is the quantity train/loss is. References are written out here, independently, as
+big_vision writes them."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,7 @@
-"""MAE's maths and network: its sin-cos table against an independent numpy transcription, its patch layout,
-masking and loss as models_mae.py defines them, an encoder that runs on the kept patches only, masks that
-belong to the image (not to the batch that holds it), and FLOPs that count what runs."""
+"""MAE's maths and network: its sin-cos table against an independent numpy transcription, its patch
+layout, masking and loss as models_mae.py defines them, an encoder that runs on the kept patches
+only, masks that belong to the image (not to the batch that holds it), and FLOPs that count what
+runs."""
 
 import numpy as np
 import pytest
@@ -60,9 +61,10 @@ def test_the_noise_is_a_function_of_seed_image_and_patch():
 
 
 def test_the_noise_is_uniform_and_every_patch_is_removed_at_the_ratio():
-    """40,000 images x 64 patches: the mean of U(0, 1) has standard error 0.29 / sqrt(2.56e6) = 1.8e-4, so
-    5e-3 is far outside chance; each patch position is removed in 0.75 of 40,000 images (standard error
-    2.2e-3): 0.015 is 7 standard errors, while a sampler that favoured some positions by 2% fails."""
+    """40,000 images x 64 patches: the mean of U(0, 1) has standard error 0.29 / sqrt(2.56e6) =
+    1.8e-4, so 5e-3 is far outside chance; each patch position is removed in 0.75 of 40,000 images
+    (standard error 2.2e-3): 0.015 is 7 standard errors, while a sampler that favoured some
+    positions by 2% fails."""
     noise = mae.mask_noise(0, torch.arange(40_000), 64)
     assert abs(noise.mean().item() - 0.5) < 5e-3 and abs(noise.var().item() - 1 / 12) < 5e-3
     removed = mae.random_masking(noise, 16)[2].mean(0)  # (64,)
@@ -122,8 +124,8 @@ def test_a_loaded_encoder_keeps_its_weights_and_only_the_decoder_is_initialised(
 
 
 def _masks(recipe_args: list[str], step: int, rank_micro: int, micro_batches: int) -> torch.Tensor:
-    """The masks the loop's MAE objective draws for `micro_batches` micro-batches of a rank whose first global
-    micro-batch is rank_micro, at `step`, concatenated (B, N)."""
+    """The masks the loop's MAE objective draws for `micro_batches` micro-batches of a rank whose
+    first global micro-batch is rank_micro, at `step`, concatenated (B, N)."""
     r = resolve("pretrain", None, ["objective=mae", *recipe_args], inputs=False)
     model = _model(cfg=r.mae)
     seen = []
@@ -138,8 +140,9 @@ def _masks(recipe_args: list[str], step: int, rank_micro: int, micro_batches: in
 
 
 def test_an_images_mask_is_the_same_however_the_batch_is_split():
-    """A global batch of 8 at step 5: one process with one micro-batch, one with 4 accumulated micro-batches
-    of 2, and rank 1 of 2 processes with 2 micro-batches of 2 each (its global micro-batches 2 and 3)."""
+    """A global batch of 8 at step 5: one process with one micro-batch, one with 4 accumulated
+    micro-batches of 2, and rank 1 of 2 processes with 2 micro-batches of 2 each (its global
+    micro-batches 2 and 3)."""
     common = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=2",
               "model.num_heads=2", "model.mlp_dim=64", "mae.decoder_embed_dim=16", "mae.decoder_depth=1",
               "mae.decoder_num_heads=2", "data.batch_size=8"]
@@ -153,9 +156,9 @@ def test_an_images_mask_is_the_same_however_the_batch_is_split():
 
 @pytest.mark.parametrize("pool", ["token", "gap"])
 def test_the_flop_count_is_the_step_that_runs(pool):
-    """Exact against PyTorch's counter for the matmuls it counts (linear layers and the patch convolution;
-    CPU attention is not counted, so the N x N products are left out of both): the encoder on 4 of 16
-    patches, the decoder on all 16 (and the class token)."""
+    """Exact against PyTorch's counter for the matmuls it counts (linear layers and the patch
+    convolution; CPU attention is not counted, so the N x N products are left out of both): the
+    encoder on 4 of 16 patches, the decoder on all 16 (and the class token)."""
     model_cfg = ModelConfig(**{**TINY.__dict__, "pool": pool})
     model, images = _model(model=model_cfg), torch.randn(2, 3, 32, 32)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:

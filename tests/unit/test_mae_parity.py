@@ -1,16 +1,16 @@
-"""MAE against the reference client: transformers' ViTMAEForPreTraining on a tiny configuration, with our
-weights copied across and the same noise passed in, keeps the same patches, restores the same order and
-computes the same loss, with norm_pix_loss on and off.
+"""MAE against the reference client: transformers' ViTMAEForPreTraining on a tiny configuration,
+with our weights copied across and the same noise passed in, keeps the same patches, restores the
+same order and computes the same loss, with norm_pix_loss on and off.
 
-Where the defaults differ: transformers' ViTMAEConfig has layer_norm_eps 1e-12, MAE (models_mae.py) and timm
-1e-6; the config below sets 1e-6, as the converted facebook/vit-mae-* configs do not (they keep 1e-12). Its
-norm_pix_loss defaults to off, MAE's pretraining turns it on (our default). And transformers 5.24's
-ViTMAEForPreTraining built from a config leaves both position tables (and the class and [mask] tokens) at
-zero: its _init_weights zeroes decoder_pos_embed, and the encoder's initialize_weights returns early once the
-patch projection is marked initialised. Only from_pretrained fills them, so the tables are copied across
-like the weights, and compared with the sin-cos function transformers' own initialisation would use.
-Tolerance: the loss to 1e-5 relative in float32 (two implementations of the same arithmetic, summed in other
-orders)."""
+Where the defaults differ: transformers' ViTMAEConfig has layer_norm_eps 1e-12, MAE (models_mae.py)
+and timm 1e-6; the config below sets 1e-6, as the converted facebook/vit-mae-* configs do not (they
+keep 1e-12). Its norm_pix_loss defaults to off, MAE's pretraining turns it on (our default). And
+transformers 5.24's ViTMAEForPreTraining built from a config leaves both position tables (and the
+class and [mask] tokens) at zero: its _init_weights zeroes decoder_pos_embed, and the encoder's
+initialize_weights returns early once the patch projection is marked initialised. Only
+from_pretrained fills them, so the tables are copied across like the weights, and compared with the
+sin-cos function transformers' own initialisation would use. Tolerance: the loss to 1e-5 relative in
+float32 (two implementations of the same arithmetic, summed in other orders)."""
 
 import pytest
 import torch
@@ -92,8 +92,8 @@ def test_kept_patches_restore_order_and_loss_agree_with_transformers(norm_pix):
 
 @pytest.mark.parametrize("dim", [16, 32, 768])
 def test_the_sincos_tables_are_the_ones_transformers_initialises_with(dim):
-    """transformers' initialize_weights: its canonical [sin_h|cos_h|sin_w|cos_w] table with the halves
-    swapped, 'to match' MAE's layout."""
+    """transformers' initialize_weights: its canonical [sin_h|cos_h|sin_w|cos_w] table with the
+    halves swapped, 'to match' MAE's layout."""
     from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
 
     table = build_2d_sinusoidal_position_embedding(height=4, width=4, embed_dim=dim, cls_token=True)

@@ -1,6 +1,6 @@
-"""data.micro_batch_size: auto in its pure parts: which micro-batches keep the global batch, the bisection
-that finds the largest that fits, the recipe's checks, a resumed run taking its checkpoint's, and how a
-trial's end is read."""
+"""data.micro_batch_size: auto in its pure parts: which micro-batches keep the global batch, the
+bisection that finds the largest that fits, the recipe's checks, a resumed run taking its
+checkpoint's, and how a trial's end is read."""
 
 import json
 import math
@@ -66,8 +66,8 @@ def test_auto_with_mixing_needs_an_even_batch_per_process():
 
 
 def test_a_resumed_auto_run_takes_its_checkpoints_micro_batch_without_trying(monkeypatch):
-    """manager accepts `auto` against the checkpoint's number (and a changed budget), and resolved takes
-    that number; an explicit number that differs is still refused."""
+    """manager accepts `auto` against the checkpoint's number (and a changed budget), and resolved
+    takes that number; an explicit number that differs is still refused."""
     monkeypatch.setattr(micro_batch, "search", lambda *a: pytest.fail("a resumed run tried micro-batches"))
     auto = resolve("pretrain", None, [*BASE, "data.micro_batch_size=auto", "run.memory_budget_mb=512"])
     saved = to_dict(resolve("pretrain", None, [*BASE, "data.micro_batch_size=16"]))
@@ -87,8 +87,8 @@ def test_a_number_is_left_as_it_is(monkeypatch):
 
 
 def ended(tmp_path, result=None, code=0, stopped_at=None, stderr=""):
-    """micro_batch._outcome of a trial of micro-batch 8 that ended with this result file, exit code and
-    stderr, in a folder of its own."""
+    """micro_batch._outcome of a trial of micro-batch 8 that ended with this result file, exit code
+    and stderr, in a folder of its own."""
     folder = Path(tempfile.mkdtemp(dir=tmp_path))
     if result is not None:
         (folder / micro_batch.RESULT).write_text(json.dumps(result))
@@ -110,7 +110,8 @@ def test_a_trial_that_does_not_finish_does_not_fit(tmp_path):
 
 
 def test_a_trial_that_fails_otherwise_is_an_error_not_a_misfit(tmp_path):
-    """A broken trial must not read as 'too big': the search would settle on a smaller micro-batch."""
+    """A broken trial must not read as 'too big': the search would settle on a smaller
+    micro-batch."""
     with pytest.raises(DataError, match="no such teacher"):
         ended(tmp_path, {"error": "no such teacher", "kind": "DataError"})
     with pytest.raises(TrainingError, match=r"micro-batch 8 failed \(exit 1\): ValueError: bad"):
@@ -118,8 +119,8 @@ def test_a_trial_that_fails_otherwise_is_an_error_not_a_misfit(tmp_path):
 
 
 def test_under_torchrun_each_nodes_local_rank_0_searches_and_every_rank_takes_the_smallest(monkeypatch):
-    """Nodes may differ (another GPU): local rank 0 of each searches its own device, the others wait; every
-    rank then takes the smallest choice gathered."""
+    """Nodes may differ (another GPU): local rank 0 of each searches its own device, the others
+    wait; every rank then takes the smallest choice gathered."""
     r = resolve("pretrain", None, [*BASE, "data.micro_batch_size=auto"], world_size=4)
     searched = []
     monkeypatch.setattr(micro_batch, "search", lambda r, device, n: searched.append(n) or (16, "mine"))

@@ -1,9 +1,10 @@
-"""Mixup and CutMix (data.mixing) are timm's Mixup: given the same random values, the same images and soft
-targets in every mode; drawn from a Generator, the same distributions as timm's draws; and neither half
-touches a global RNG nor reads anything back from the device.
+"""Mixup and CutMix (data.mixing) are timm's Mixup: given the same random values, the same images
+and soft targets in every mode; drawn from a Generator, the same distributions as timm's draws; and
+neither half touches a global RNG nor reads anything back from the device.
 
-`GlobalNumpy` answers the Generator calls `draw` makes from numpy's global RNG, the one timm draws from:
-seeded alike, the two consume the very same values wherever they make the same calls in the same order.
+`GlobalNumpy` answers the Generator calls `draw` makes from numpy's global RNG, the one timm draws
+from: seeded alike, the two consume the very same values wherever they make the same calls in the
+same order.
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def expected_kinds(name: str) -> set[str]:
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("mode, n", [("batch", 8), ("pair", 2)])
 def test_same_values_drawn_as_timm_and_the_same_batch(mode, n, name, shape):
-    """Batch mode, and pair mode with one pair, draw at most one box: `draw` makes timm's very calls, so
-    from one seed it consumes exactly what timm's unpatched Mixup consumes, and mixes exactly as it does."""
+    """Batch mode, and pair mode with one pair, draw at most one box: `draw` makes timm's very
+    calls, so from one seed it consumes exactly what timm's unpatched Mixup consumes, and mixes
+    exactly as it does."""
     spec, seen = spec_of(name, mode), set()
     for seed in SEEDS:
         x, y = batch(n, shape, seed)
@@ -115,9 +117,10 @@ def test_same_values_drawn_as_timm_and_the_same_batch(mode, n, name, shape):
 
 
 def timm_given_our_boxes(monkeypatch, spec: MixSpec, draws: MixDraws, x, y):
-    """timm's Mixup in elem or pair mode on its own per-image decisions (drawn first, from the global RNG),
-    its rand_bbox / rand_bbox_minmax answering with the boxes `draw` made for the images timm cuts: `draw`
-    makes all images' boxes at once where timm draws one image's after the other's."""
+    """timm's Mixup in elem or pair mode on its own per-image decisions (drawn first, from the
+    global RNG), its rand_bbox / rand_bbox_minmax answering with the boxes `draw` made for the
+    images timm cuts: `draw` makes all images' boxes at once where timm draws one image's after the
+    other's."""
     mix, cuts = Mixup(**dataclasses.asdict(spec)), []
     params = mix._params_per_elem
 
@@ -142,8 +145,9 @@ def timm_given_our_boxes(monkeypatch, spec: MixSpec, draws: MixDraws, x, y):
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize("mode", ["elem", "pair"])
 def test_per_image_and_per_pair_mixing_as_timm_given_the_same_boxes(monkeypatch, mode, name, shape):
-    """Where timm loops over the images: the same decisions (both draw them first, from one seed), the same
-    boxes handed to timm, then the same images, lambdas after the box correction and soft targets."""
+    """Where timm loops over the images: the same decisions (both draw them first, from one seed),
+    the same boxes handed to timm, then the same images, lambdas after the box correction and soft
+    targets."""
     spec, n, seen = spec_of(name, mode), 8, set()
     for seed in SEEDS:
         x, y = batch(n, shape, seed)
@@ -211,9 +215,9 @@ def assert_same_distribution(a: np.ndarray, b: np.ndarray):
                                   MixSpec(cutmix_minmax=(0.2, 0.8), prob=0.7, num_classes=K)],
                          ids=["batch", "elem", "minmax"])
 def test_draws_distributed_as_timms(spec):
-    """How often a batch (or image) is mixed, how often with CutMix, lambda's mean and distribution for
-    mixup and for CutMix, box sides, corners and centres: ours from a Generator, timm's from numpy's global
-    RNG, two samples of N."""
+    """How often a batch (or image) is mixed, how often with CutMix, lambda's mean and distribution
+    for mixup and for CutMix, box sides, corners and centres: ours from a Generator, timm's from
+    numpy's global RNG, two samples of N."""
     ours, timms = our_draws(spec, 0), timm_draws(spec, 0)
     assert_same_proportion(ours["lam"] != 1, timms["lam"] != 1)
     for d in (ours, timms):
@@ -230,8 +234,9 @@ def test_draws_distributed_as_timms(spec):
 
 
 def test_minmax_box_centres_spread_evenly():
-    """cutmix_minmax places a box uniformly among the positions where it fits: each row is a box's top
-    equally often (sides from int(0.5 * 24) to int(0.55 * 24) exclusive: 12 rows, fixed for clarity)."""
+    """cutmix_minmax places a box uniformly among the positions where it fits: each row is a box's
+    top equally often (sides from int(0.5 * 24) to int(0.55 * 24) exclusive: 12 rows, fixed for
+    clarity)."""
     spec = MixSpec(cutmix_minmax=(0.5, 0.55), num_classes=K, mode="elem")
     boxes = draw(spec, N, 24, 24, np.random.default_rng(1)).boxes.numpy()
     assert (boxes[:, 1] - boxes[:, 0] == 12).all()
@@ -326,7 +331,8 @@ def test_spec_names_its_modes_and_when_it_mixes():
 # 5. Nothing read back from the device
 
 def test_apply_runs_on_meta_tensors_so_it_reads_no_value():
-    """Meta tensors hold no values: any .item(), .tolist(), .cpu() or `if tensor` in apply would fail."""
+    """Meta tensors hold no values: any .item(), .tolist(), .cpu() or `if tensor` in apply would
+    fail."""
     spec = spec_of("switch", "elem")
     draws = draw(spec, 8, 8, 12, np.random.default_rng(0))
     x, y = torch.empty(8, 3, 8, 12, device="meta"), torch.empty(8, dtype=torch.int64, device="meta")

@@ -1,5 +1,5 @@
-"""The model zoo: every family builds and runs, position tables match their formulas, heads behave as the
-paper's transfer protocol needs, and plain ViTs stay interchangeable with timm's."""
+"""The model zoo: every family builds and runs, position tables match their formulas, heads behave
+as the paper's transfer protocol needs, and plain ViTs stay interchangeable with timm's."""
 
 import dataclasses
 import json
@@ -83,7 +83,8 @@ def test_head_bias_init_dropout_drop_path_and_exact_mlp_dim_are_honoured():
 
 @pytest.mark.parametrize("name", ["custom", "T2T-ViT-14", "BiT-R50x1"])
 def test_pretraining_heads_start_with_a_zero_kernel_and_the_recipe_bias(name):
-    # big_vision/vit_jax `head_zeroinit`: the first logits are the bias alone, for every family we build
+    # big_vision/vit_jax `head_zeroinit`: the first logits are the bias alone, for every family we
+    # build
     cfg = tiny(name=name, img_size=32, head_bias_init=-10.0) if name == "custom" else ModelConfig(
         name=name, img_size=32, depth=1, head_bias_init=-10.0)
     head = build_model(cfg, K).get_classifier()
@@ -153,9 +154,10 @@ def test_state_dict_loads_strictly_into_timm_vision_transformer(pool, pos_embed,
 
 
 def test_gap_fc_norm_is_maes_fine_tune_network_and_timms_avg_pool_with_fc_norm(images):
-    """pool gap_fc_norm: MAE's models_vit.py with global_pool=True, as timm builds it (class_token=True,
-    global_pool='avg', fc_norm=True): a class token in the sequence, no final norm, the mean of the patch
-    tokens alone through fc_norm, then the head. Same weights, logits within 1e-5 of both."""
+    """pool gap_fc_norm: MAE's models_vit.py with global_pool=True, as timm builds it
+    (class_token=True, global_pool='avg', fc_norm=True): a class token in the sequence, no final
+    norm, the mean of the patch tokens alone through fc_norm, then the head. Same weights, logits
+    within 1e-5 of both."""
     ours = build_model(tiny(pool="gap_fc_norm"), K).eval()
     with torch.no_grad():
         for p in ours.parameters():  # every weight random: timm's ones and zeros would hide mix-ups
@@ -166,7 +168,8 @@ def test_gap_fc_norm_is_maes_fine_tune_network_and_timms_avg_pool_with_fc_norm(i
     theirs.load_state_dict(ours.state_dict(), strict=True)
     assert "cls_token" in ours.state_dict() and not any(k.startswith("norm.") for k in ours.state_dict())
     torch.testing.assert_close(ours(images), theirs(images), rtol=0, atol=1e-5)
-    # MAE's forward_features, restated: cls token + patches, + pos_embed, blocks, x[:, 1:].mean, fc_norm
+    # MAE's forward_features, restated: cls token + patches, + pos_embed, blocks, x[:, 1:].mean,
+    # fc_norm
     x = ours.patch_embed(images)  # (B, N, D)
     x = torch.cat([ours.cls_token.expand(len(x), -1, -1), x], dim=1) + ours.pos_embed  # (B, 1 + N, D)
     mae = ours.head(ours.fc_norm(ours.blocks(x)[:, 1:].mean(dim=1)))
@@ -262,7 +265,8 @@ def test_zero_head_gives_exactly_zero_logits(model_fn, images):
 
 
 def rebuild(spec: dict):
-    """The network a stored spec describes: every ModelConfig field and the class count are in it."""
+    """The network a stored spec describes: every ModelConfig field and the class count are in
+    it."""
     return build_model(ModelConfig(**{k: v for k, v in spec.items() if k != "num_classes"}),
                        spec["num_classes"])
 
@@ -295,7 +299,8 @@ def test_model_spec_is_resolved_so_the_recipe_is_truthful():
 
 
 def count_sdpa_calls(monkeypatch, model: torch.nn.Module, x: torch.Tensor) -> int:
-    """How often a forward pass calls PyTorch's fused attention (looked up at call time, so patchable)."""
+    """How often a forward pass calls PyTorch's fused attention (looked up at call time, so
+    patchable)."""
     real, calls = torch.nn.functional.scaled_dot_product_attention, []
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -305,7 +310,8 @@ def count_sdpa_calls(monkeypatch, model: torch.nn.Module, x: torch.Tensor) -> in
 
 
 def test_vit_attention_runs_pytorch_sdpa(monkeypatch, images):
-    # timm decides once at import (env TIMM_FUSED_ATTN=0 would turn it off); its per-block flag follows
+    # timm decides once at import (env TIMM_FUSED_ATTN=0 would turn it off); its per-block flag
+    # follows
     assert timm.layers.use_fused_attn()
     model = build_model(tiny(), K).eval()
     attention = [m for m in model.modules() if isinstance(m, timm.layers.Attention)]

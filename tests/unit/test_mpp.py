@@ -1,5 +1,5 @@
-"""Masked patch prediction maths: hand-made colours, timm's token order, masking statistics, gradients,
-loss."""
+"""Masked patch prediction maths: hand-made colours, timm's token order, masking statistics,
+gradients, loss."""
 
 import math
 
@@ -33,9 +33,10 @@ from vitcli.models.mpp import (
 from vitcli.recipe.choices import MPP_TARGETS
 
 BATCH, PATCHES = 2000, 64  # 128,000 patches, 64,000 of them corrupted
-# Among the 64,000 corrupted patches a fraction p has binomial standard deviation sqrt(p (1-p) / 64000):
-# 0.0016 for p = 0.8 and 0.0012 for p = 0.1, so +-0.01 is 6 and 8 standard deviations: a correct sampler
-# fails with probability < 1e-8, while a sampler off by 0.01 or more (say 0.8/0.2/0.0) fails.
+# Among the 64,000 corrupted patches a fraction p has binomial standard deviation sqrt(p (1-p) /
+# 64000): 0.0016 for p = 0.8 and 0.0012 for p = 0.1, so +-0.01 is 6 and 8 standard deviations: a
+# correct sampler fails with probability < 1e-8, while a sampler off by 0.01 or more (say
+# 0.8/0.2/0.0) fails.
 FRACTION_TOL = 0.01
 
 
@@ -68,7 +69,8 @@ def test_levels_change_exactly_at_multiples_of_one_eighth():
 
 
 def test_every_8_bit_pixel_quantises_like_integer_arithmetic():
-    """pixel p in [0, 255] -> x = p/127.5 - 1 -> level floor(8 p / 255), computed here in integers."""
+    """pixel p in [0, 255] -> x = p/127.5 - 1 -> level floor(8 p / 255), computed here in
+    integers."""
     pixels = torch.arange(256)
     levels = quantise((pixels / 127.5 - 1 + 1) / 2)
     assert levels.tolist() == [min(8 * p // 255, 7) for p in range(256)]
@@ -85,7 +87,8 @@ def test_color_bins_are_r64_g8_b():
 def test_4x4_target_of_16_constant_cells_is_the_cells_bins(p):
     rng = np.random.default_rng(p)
     levels = rng.integers(0, 8, size=(4, 4, 3))  # a level per cell and channel
-    # 0.3 of a level above the edge: the cells' mean never lands on a level edge (sums of 1/16 + 0.3)
+    # 0.3 of a level above the edge: the cells' mean never lands on a level edge (sums of 1/16 +
+    # 0.3)
     cells01 = (levels + 0.3) / 8
     patch01 = np.kron(cells01.transpose(2, 0, 1), np.ones((p // 4, p // 4)))  # (3, P, P), each cell constant
     patch = torch.tensor(patch01 * 2 - 1, dtype=torch.float32)[None, None]
@@ -142,7 +145,8 @@ def test_exactly_half_of_every_image_is_corrupted(mode):
     assert mode.shape == (BATCH, PATCHES) and mode.dtype == torch.int8
     assert ((mode != UNTOUCHED).sum(dim=1) == PATCHES // 2).all()
     # the corrupted half is a random subset: each position is corrupted in about half of the images
-    # (sd sqrt(0.25 / 2000) = 0.011 per position; 0.06 is over 5 sd, a fixed subset would sit at 0 or 1)
+    # (sd sqrt(0.25 / 2000) = 0.011 per position; 0.06 is over 5 sd, a fixed subset would sit at 0
+    # or 1)
     per_position = (mode != UNTOUCHED).double().mean(dim=0)
     assert (per_position - 0.5).abs().max() < 0.06, per_position
 

@@ -1,16 +1,17 @@
 """Google's `.npz` checkpoints give the network timm's own `.npz` loader gives: the same logits.
 
-The reference is timm's `_load_weights` (`VisionTransformer.load_pretrained`). A timm model with random
-weights is written out here as flattened Flax params, by hand (the vit_jax / big_vision names and transposes
-are spelled out below, independently of vitcli's mapping); timm loads that file into a model of the same
-configuration whose weights were all changed first, and vitcli loads it the way `vit finetune --init x.npz`
-and `vit eval-fewshot --ckpt x.npz` do, without being told the architecture. Logits agree within 1e-5
-(float32 on CPU; measured: exactly equal, both sides run the same timm layers).
+The reference is timm's `_load_weights` (`VisionTransformer.load_pretrained`). A timm model with
+random weights is written out here as flattened Flax params, by hand (the vit_jax / big_vision names
+and transposes are spelled out below, independently of vitcli's mapping); timm loads that file into
+a model of the same configuration whose weights were all changed first, and vitcli loads it the way
+`vit finetune --init x.npz` and `vit eval-fewshot --ckpt x.npz` do, without being told the
+architecture. Logits agree within 1e-5 (float32 on CPU; measured: exactly equal, both sides run the
+same timm layers).
 
-The hybrid is the paper's R50+ViT-B/16 at full width and depth (the name fixes its sizes, so vitcli cannot
-build a smaller one), at 32 px (a 2x2 grid on the stride-16 ResNet): ~100M parameters, ~6 s of CPU (more on
-a busy machine), most of it initialising the two models. The refusals use names and ranks only, so they stay
-tiny.
+The hybrid is the paper's R50+ViT-B/16 at full width and depth (the name fixes its sizes, so vitcli
+cannot build a smaller one), at 32 px (a 2x2 grid on the stride-16 ResNet): ~100M parameters, ~6 s
+of CPU (more on a busy machine), most of it initialising the two models. The refusals use names and
+ranks only, so they stay tiny.
 """
 
 import numpy as np
@@ -33,8 +34,8 @@ IMG = 32
 
 
 def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Parameters that timm starts at constants (zero last GroupNorm gains, biases, norms, tokens) moved off
-    them, so every array matters; dense and conv weights already start random."""
+    """Parameters that timm starts at constants (zero last GroupNorm gains, biases, norms, tokens)
+    moved off them, so every array matters; dense and conv weights already start random."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -68,7 +69,8 @@ def flax_block(sd: dict, t: str, heads: int, layout: str) -> dict[str, np.ndarra
 
 
 def flax_vit(model, layout: str = "vit_jax", scan: bool = False) -> dict[str, np.ndarray]:
-    """A timm VisionTransformer's patch embedding, tokens, blocks, final norm and head as Flax arrays."""
+    """A timm VisionTransformer's patch embedding, tokens, blocks, final norm and head as Flax
+    arrays."""
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     w = {"embedding/kernel": hwio(sd["patch_embed.proj.weight"]),
          "embedding/bias": sd["patch_embed.proj.bias"],
@@ -109,9 +111,10 @@ def flax_resnet(model) -> dict[str, np.ndarray]:
 
 
 def timm_loaded(path, model: torch.nn.Module) -> torch.nn.Module:
-    """`model`, exported to `path`, with every weight negated and then loaded by timm's own .npz loader:
-    whatever that loader leaves out keeps a value unrelated to the file, as in a fresh model (negated, not
-    re-drawn, because drawing 100M numbers is slow; weight standardisation removes shifts, not signs)."""
+    """`model`, exported to `path`, with every weight negated and then loaded by timm's own .npz
+    loader: whatever that loader leaves out keeps a value unrelated to the file, as in a fresh model
+    (negated, not re-drawn, because drawing 100M numbers is slow; weight standardisation removes
+    shifts, not signs)."""
     with torch.no_grad():
         for p in model.parameters():
             p.neg_()
@@ -131,8 +134,8 @@ def hybrid(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hybrid_names():
-    """The hybrid's array names, each a zero array of its rank (1, ..., 1): the refusals look at names and
-    ranks only, and 100M floats would only slow them down."""
+    """The hybrid's array names, each a zero array of its rank (1, ..., 1): the refusals look at
+    names and ranks only, and 100M floats would only slow them down."""
     model = timm.create_model("vit_base_r50_s16_224", embed_dim=64, depth=1, num_heads=2, num_classes=K)
     return {k: np.zeros((1,) * v.ndim) for k, v in {**flax_vit(model), **flax_resnet(model)}.items()}
 
@@ -146,7 +149,8 @@ def logits_gap(ours: torch.nn.Module, theirs: torch.nn.Module, x: torch.Tensor) 
 
 
 def test_hybrid_npz_finetunes_from_timms_logits(hybrid):
-    """`vit finetune --init x.npz` with the head kept: the network timm's loader builds, logit for logit."""
+    """`vit finetune --init x.npz` with the head kept: the network timm's loader builds, logit for
+    logit."""
     path, theirs = hybrid
     r = resolve("finetune", None, [f"init.checkpoint={path}", f"model.img_size={IMG}", "init.keep_head=true"],
                 complete=complete, inputs=False)
@@ -162,7 +166,8 @@ def test_hybrid_npz_finetunes_from_timms_logits(hybrid):
 
 
 def test_hybrid_npz_is_described_as_the_hybrid_at_its_native_resolution(hybrid):
-    """`vit eval-fewshot --ckpt x.npz`: the R50 hybrid at the grid x 16 px its position table spans."""
+    """`vit eval-fewshot --ckpt x.npz`: the R50 hybrid at the grid x 16 px its position table
+    spans."""
     path = hybrid[0]
     spec = describe(read_checkpoint(str(path)))
     assert (spec.name, spec.patch_size, spec.grid, spec.img_size) == (HYBRID, 16, (2, 2), IMG)
@@ -186,8 +191,9 @@ def test_the_refusals_below_start_from_a_file_that_reads(tmp_path, hybrid_names)
 
 
 def test_a_hybrid_with_another_resnet_is_not_taken_for_r50(tmp_path, hybrid_names):
-    """Stage 3 cut to 6 units (the first stages of R50+ViT-L/32's ResNet): the file reads, but its network is
-    not one vitcli builds from the file alone, so the architecture asks for model.name."""
+    """Stage 3 cut to 6 units (the first stages of R50+ViT-L/32's ResNet): the file reads, but its
+    network is not one vitcli builds from the file alone, so the architecture asks for
+    model.name."""
     shorter = {k: v for k, v in hybrid_names.items() if not k.startswith(("block3/unit7/", "block3/unit8/",
                                                                          "block3/unit9/"))}
     spec = describe(read_checkpoint(save_with(tmp_path, shorter)))
@@ -228,9 +234,9 @@ PLAIN = {"img_size": IMG, "depth": 2, "embed_dim": 64, "num_heads": 4, "num_clas
 @pytest.mark.parametrize("layout,scan,gap", [("vit_jax", False, False), ("big_vision", False, True),
                                              ("big_vision", True, True)])
 def test_plain_npz_gives_timms_logits(tmp_path, layout, scan, gap):
-    """vit_tiny_patch16_224-shaped (smaller), as `vit eval-fewshot --ckpt x.npz` loads it: the pre-logits
-    with the file's head applied equal timm's logits. big_vision's gap models: no class token, and the
-    final LayerNorm before the average (timm fc_norm=False)."""
+    """vit_tiny_patch16_224-shaped (smaller), as `vit eval-fewshot --ckpt x.npz` loads it: the
+    pre-logits with the file's head applied equal timm's logits. big_vision's gap models: no class
+    token, and the final LayerNorm before the average (timm fc_norm=False)."""
     kwargs = {**PLAIN, **({"class_token": False, "global_pool": "avg", "fc_norm": False} if gap else {})}
     model = randomized(timm.create_model("vit_tiny_patch16_224", pretrained=False, **kwargs), 2)
     arrays = flax_vit(model, layout, scan)

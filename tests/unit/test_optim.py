@@ -1,5 +1,5 @@
-"""Weight-decay conventions: torch's (decay scaled by the learning rate) and big_vision's (by the schedule
-only), each held against the update rule written out by hand."""
+"""Weight-decay conventions: torch's (decay scaled by the learning rate) and big_vision's (by the
+schedule only), each held against the update rule written out by hand."""
 
 import copy
 

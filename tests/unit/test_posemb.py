@@ -1,4 +1,5 @@
-"""Position-embedding maths against independent references: scipy's zoom (big_vision), timm, numpy."""
+"""Position-embedding maths against independent references: scipy's zoom (big_vision), timm,
+numpy."""
 
 import numpy as np
 import pytest
@@ -53,8 +54,8 @@ def test_bilinear_matches_scipy_zoom(old, new, prefix):
 def test_bicubic_matches_timm(old, new, prefix):
     posemb = _posemb(old, prefix, seed=1)
     ours = resample_posemb(posemb, old, new, prefix, "bicubic")
-    # timm's NHWC variant (bicubic, antialias=True by default) on the grid alone: an independent code path
-    # that checks our prefix split and row-major layout
+    # timm's NHWC variant (bicubic, antialias=True by default) on the grid alone: an independent
+    # code path that checks our prefix split and row-major layout
     grid = posemb[:, prefix:].reshape(1, old[0], old[1], -1)
     ref = resample_abs_pos_embed_nhwc(grid, list(new)).reshape(1, -1, posemb.shape[-1])
     assert (ours[:, prefix:] - ref).abs().max() < TOL
@@ -92,7 +93,8 @@ def test_grid_that_does_not_match_the_table_is_an_error():
 @pytest.mark.parametrize("method", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("old,new", [((4, 6), (7, 3)), ((5, 5), (8, 8)), ((6, 6), (6, 9))])
 def test_axis_tables_resize_like_the_full_2d_embedding(method, old, new):
-    """learned_2d: concat(row[y], col[x]) resized on the grid equals the two tables resized in 1-D."""
+    """learned_2d: concat(row[y], col[x]) resized on the grid equals the two tables resized in
+    1-D."""
     g = torch.Generator().manual_seed(3)
     row, col = torch.randn(1, old[0], 8, generator=g), torch.randn(1, old[1], 8, generator=g)
 
@@ -108,7 +110,8 @@ def test_axis_tables_resize_like_the_full_2d_embedding(method, old, new):
 
 
 def _sincos_numpy(gh, gw, dim, temperature=10_000.0):
-    """Element by element: row i, column j -> [sin(j w_k)], [cos(j w_k)], [sin(i w_k)], [cos(i w_k)]."""
+    """Element by element: row i, column j -> [sin(j w_k)], [cos(j w_k)], [sin(i w_k)], [cos(i
+    w_k)]."""
     q = dim // 4
     out = np.zeros((gh * gw, dim))
     for i in range(gh):

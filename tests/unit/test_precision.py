@@ -1,7 +1,7 @@
-"""run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be emulated,
-judged by the CPU's flags, then by a measured matmul (the runs that announce and record it:
-integration/test_precision_runs.py). run.compile: `auto` compiles on CUDA, not on a CPU; TF32 is turned on
-for CUDA devices and announced."""
+"""run.precision: `auto` becomes bf16 where the device runs it natively and fp32 where it would be
+emulated, judged by the CPU's flags, then by a measured matmul (the runs that announce and record
+it: integration/test_precision_runs.py). run.compile: `auto` compiles on CUDA, not on a CPU; TF32 is
+turned on for CUDA devices and announced."""
 
 import pytest
 import torch
@@ -67,7 +67,8 @@ def test_unresolved_auto_cannot_reach_autocast():
         precision.autocast(CPU, "auto")
 
 
-# ---------------------------------------------------------------- run.compile: auto, and TF32 on CUDA
+# ---------------------------------------------------------------- run.compile: auto, and TF32 on
+# CUDA
 
 CUDA = torch.device("cuda", 0)  # a device object only: no GPU is touched
 

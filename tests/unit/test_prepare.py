@@ -1,6 +1,7 @@
-"""The resize of `vit prepare-data`: the shorter side becomes min(original, max) with the aspect kept, the
-pixels stay close to an exact antialiased resize (torchvision's, an independent implementation), small images
-are copied byte for byte and images that do not decode are reported, not rewritten."""
+"""The resize of `vit prepare-data`: the shorter side becomes min(original, max) with the aspect
+kept, the pixels stay close to an exact antialiased resize (torchvision's, an independent
+implementation), small images are copied byte for byte and images that do not decode are reported,
+not rewritten."""
 
 import io
 
@@ -23,8 +24,8 @@ def _encoded(pixels: np.ndarray, fmt: str = "PNG") -> bytes:
 
 
 def _smooth(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """A photograph-like (H, W, 3) uint8 image: a few random low frequencies, so resizing has work to do
-    but no content at the Nyquist limit, where any two resamplers would rightly disagree."""
+    """A photograph-like (H, W, 3) uint8 image: a few random low frequencies, so resizing has work
+    to do but no content at the Nyquist limit, where any two resamplers would rightly disagree."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:h, 0:w] / max(h, w)
     img = sum(rng.uniform(0, 1, 3) * np.sin(2 * np.pi * (rng.uniform(0, 4) * x + rng.uniform(0, 4) * y)
@@ -52,10 +53,11 @@ def _exact(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 @pytest.mark.parametrize("source_fmt", ["PNG", "JPEG"])  # a JPEG source also takes the DCT-scaled draft path
 def test_pixels_are_close_to_an_exact_antialiased_resize(source_fmt):
-    """Against torchvision's antialiased bicubic resize of the decoded original. PIL's and torchvision's
-    kernels agree (a = -0.5), so png output from a PNG source is within rounding (1 grey level); the rest is
-    JPEG loss: quality 95 storage ~1 level mean here (6 max, at the sine crests), the draft decode of a JPEG
-    source ~0.5 more. Tolerances: mean 2, max 10 levels for jpeg output; mean 1, max 4 for png."""
+    """Against torchvision's antialiased bicubic resize of the decoded original. PIL's and
+    torchvision's kernels agree (a = -0.5), so png output from a PNG source is within rounding (1
+    grey level); the rest is JPEG loss: quality 95 storage ~1 level mean here (6 max, at the sine
+    crests), the draft decode of a JPEG source ~0.5 more. Tolerances: mean 2, max 10 levels for jpeg
+    output; mean 1, max 4 for png."""
     pixels = _smooth(150, 200)
     source = _encoded(pixels, source_fmt)
     exact = _exact(np.asarray(Image.open(io.BytesIO(source)).convert("RGB")), (60, 80))

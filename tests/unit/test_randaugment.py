@@ -1,7 +1,8 @@
-"""Batched RandAugment (vitcli.data.augmentation.randaugment) is timm's: each op on a batch of uint8 tensors
-equals timm's PIL op (timm.data.auto_augment.NAME_TO_OP) on the same image with the same argument, the level
-functions equal timm's for both signs, the draws follow timm's RandAugment's distribution (ops, how often
-applied, arguments), any image size works, and the result depends only on the draws."""
+"""Batched RandAugment (vitcli.data.augmentation.randaugment) is timm's: each op on a batch of uint8
+tensors equals timm's PIL op (timm.data.auto_augment.NAME_TO_OP) on the same image with the same
+argument, the level functions equal timm's for both signs, the draws follow timm's RandAugment's
+distribution (ops, how often applied, arguments), any image size works, and the result depends only
+on the draws."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ NEGATED = {"Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Colo
 
 
 def drawn(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """(h, w, 3) uint8 with what RandAugment's ops react to: edges, a gradient, a disc, a checker, a flat
-    patch, saturated levels."""
+    """(h, w, 3) uint8 with what RandAugment's ops react to: edges, a gradient, a disc, a checker, a
+    flat patch, saturated levels."""
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
     r = 128 + 127 * np.sin(xx / (3.0 + seed) + yy / 5.0)
     g = 255 * xx / max(w - 1, 1) * (0.6 + 0.4 * yy / max(h - 1, 1))
@@ -75,8 +76,9 @@ def timm_ops(spec: str) -> list:
 
 
 def pil(name: str, img: np.ndarray, arg: float, op) -> np.ndarray:
-    """timm's own op with the resolved argument (ints for posterize and solarize, as its levels give them).
-    Posterize to 0 bits: black, TF's posterize, which vitcli follows where Pillow 13 refuses."""
+    """timm's own op with the resolved argument (ints for posterize and solarize, as its levels give
+    them). Posterize to 0 bits: black, TF's posterize, which vitcli follows where Pillow 13
+    refuses."""
     if op.level_fn is None:
         args = ()
     else:
@@ -92,13 +94,14 @@ def ours(spec, k, images, magnitude, sign) -> np.ndarray:
 
 
 def close_enough(name: str, a: np.ndarray, b: np.ndarray) -> bool:
-    """Per-op tolerance. Every op but the geometric ones is bit-exact: vitcli computes Pillow's integers
-    (equalize, autocontrast's float64 table, luma 19595/38470/7471, SMOOTH's rounding) and its float32 blend
-    in Pillow's order. Geometric ops sample in float32 (grid_sample) where Pillow works in double and
-    truncates: a point whose exact value is an integer (a flat region, a linear gradient shifted by a round
-    fraction) truncates to it or to the level below as the last bit falls, so pixels may be 1 level off
-    (measured on these images: mean <= 0.12 levels, none more than 1 apart; the wrong direction: mean >= 29);
-    a point within rounding of the image's edge may flip between the fill and a pixel: 0.5% allowed past 1."""
+    """Per-op tolerance. Every op but the geometric ones is bit-exact: vitcli computes Pillow's
+    integers (equalize, autocontrast's float64 table, luma 19595/38470/7471, SMOOTH's rounding) and
+    its float32 blend in Pillow's order. Geometric ops sample in float32 (grid_sample) where Pillow
+    works in double and truncates: a point whose exact value is an integer (a flat region, a linear
+    gradient shifted by a round fraction) truncates to it or to the level below as the last bit
+    falls, so pixels may be 1 level off (measured on these images: mean <= 0.12 levels, none more
+    than 1 apart; the wrong direction: mean >= 29); a point within rounding of the image's edge may
+    flip between the fill and a pixel: 0.5% allowed past 1."""
     diff = np.abs(a.astype(int) - b.astype(int))
     if name not in ra.MATRICES:
         return diff.max() == 0
@@ -135,8 +138,8 @@ def test_level_functions_equal_timms_for_both_signs(inc, monkeypatch):
 
 
 class Spy:
-    """Stands in for one of timm's AugmentOps in RandAugment.ops: logs that it was chosen, and (through its
-    aug_fn, which no longer touches pixels) the arguments it would have applied."""
+    """Stands in for one of timm's AugmentOps in RandAugment.ops: logs that it was chosen, and
+    (through its aug_fn, which no longer touches pixels) the arguments it would have applied."""
 
     def __init__(self, op, log: list):
         self.op, self.log = op, log
@@ -152,7 +155,8 @@ class Spy:
 
 
 def timm_draws(spec: str, n: int, seed: int) -> list:
-    """n images' [op name, applied, argument] per layer, from timm's RandAugment and its global RNGs."""
+    """n images' [op name, applied, argument] per layer, from timm's RandAugment and its global
+    RNGs."""
     t = aa.rand_augment_transform(spec, dict(HPARAMS))
     log = []
     t.ops = [Spy(op, log) for op in t.ops]
@@ -185,7 +189,8 @@ def ks_agrees(a: np.ndarray, b: np.ndarray, alpha: float = 1e-6) -> bool:
 @pytest.mark.parametrize("spec", ["rand-m9-mstd0.5-inc1", "rand-m9-n2-mstd0.5", "rand-m7-mstd101-inc1",
                                   "rand-m9-tweights"])
 def test_draws_follow_timms_distribution(spec):
-    """`rand-m9-tweights` is timm's weighted choice (without replacement); timm 1.0 refuses the old `w0`."""
+    """`rand-m9-tweights` is timm's weighted choice (without replacement); timm 1.0 refuses the old
+    `w0`."""
     n = 20000
     theirs = timm_draws(spec, n, seed=0)
     parsed = ra.parse(spec, 32)
@@ -219,8 +224,9 @@ def odd_images() -> dict[str, list[np.ndarray]]:
 @pytest.mark.parametrize("m", [0, 10])
 @pytest.mark.parametrize("mstd", [0, 0.5])
 def test_every_op_at_its_bounds_on_odd_images(inc, m, mstd):
-    """Magnitudes 0 and 10, with and without noise, on grey (R=G=B), tiny (down to 1x1) and non-square images:
-    every op runs and keeps shape and dtype; all but the geometric ones still equal timm's PIL op exactly."""
+    """Magnitudes 0 and 10, with and without noise, on grey (R=G=B), tiny (down to 1x1) and
+    non-square images: every op runs and keeps shape and dtype; all but the geometric ones still
+    equal timm's PIL op exactly."""
     spec = ra.parse(f"rand-m{m}-mstd{mstd}-inc{inc}", 16)
     for label, images in odd_images().items():
         n = len(images)

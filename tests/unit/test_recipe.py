@@ -1,4 +1,5 @@
-"""Recipes: precedence, coercion, strictness, cross-field checks, and every shipped recipe resolving."""
+"""Recipes: precedence, coercion, strictness, cross-field checks, and every shipped recipe
+resolving."""
 
 import re
 
@@ -115,7 +116,8 @@ def test_round_trip_through_dict_and_yaml():
 @pytest.mark.parametrize("path", sorted(p.relative_to(REPO) for p in (REPO / "recipes").rglob("*.yaml")),
                          ids=str)
 def test_every_shipped_recipe_resolves(path):
-    """Each shipped recipe resolves for the stage it says (checks passed, model named), nothing is built."""
+    """Each shipped recipe resolves for the stage it says (checks passed, model named), nothing is
+    built."""
     text = (REPO / path).read_text()
     stage = next((s for s in ("finetune", "pretrain") if f"stage: {s}" in text), "eval-fewshot")
     r = resolve(stage, REPO / path, complete=complete, inputs=False)  # eval-fewshot's --ckpt: the command's
@@ -242,7 +244,8 @@ def flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-# ---------------------------------------------------------------- the four bad inputs, checks needing no data
+# ---------------------------------------------------------------- the four bad inputs, checks
+# needing no data
 
 
 @pytest.mark.parametrize("text, line, key", [
@@ -296,9 +299,9 @@ def test_data_and_length_are_refused_at_resolve_time(overrides, fragment):
 
 
 def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming_the_way_out(tmp_path):
-    """WebDataset shards loaded whole would be copied into HF's cache first: a training stage streams them
-    (the resolved recipe, saved with the run, says so); a user's data.streaming=false is one line; a stage
-    that does not train (prepare-data) is left as it is."""
+    """WebDataset shards loaded whole would be copied into HF's cache first: a training stage
+    streams them (the resolved recipe, saved with the run, says so); a user's data.streaming=false
+    is one line; a stage that does not train (prepare-data) is left as it is."""
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "train-0.tar").write_bytes(b"")
     base = ["schedule.steps=10", "schedule.warmup_steps=1", "data.val_split=", "data.test_split="]
@@ -316,8 +319,8 @@ def test_a_tar_source_trains_as_a_stream_and_an_explicit_false_is_refused_naming
 
 
 def test_a_sliced_train_split_of_the_built_in_data_is_counted_when_loaded():
-    """train[:10%] of 64 images holds 6: known only once sliced, so run.build.build_job refuses it (before
-    it writes anything); resolve lets it through."""
+    """train[:10%] of 64 images holds 6: known only once sliced, so run.build.build_job refuses it
+    (before it writes anything); resolve lets it through."""
     r = resolve("pretrain", None, ["schedule.steps=10", "schedule.warmup_steps=1", "data.batch_size=8",
                                    "data.synthetic.train_size=64", "data.train_split=train[:10%]"])
     assert r.data.train_split == "train[:10%]"
@@ -350,8 +353,8 @@ def augment_signature(spec: str) -> tuple:
 
 @pytest.mark.parametrize("section", ["m9", "n3", "mstd0.5", "mmax20", "inc1", "p0.3"])
 def test_each_randaugment_section_we_accept_is_one_timm_parses_and_uses(section):
-    """Our grammar (vitcli.recipe.data_checks), held against timm's own parser: each section we accept
-    changes the transform timm builds, so none is ignored."""
+    """Our grammar (vitcli.recipe.data_checks), held against timm's own parser: each section we
+    accept changes the transform timm builds, so none is ignored."""
     check_randaugment(f"rand-{section}")
     assert augment_signature(f"rand-{section}") != augment_signature("rand")
 
@@ -373,7 +376,8 @@ def test_a_randaugment_section_timm_would_skip_is_refused():
 @pytest.mark.parametrize("batch, micro, world",
                          [(63, 0, 2), (100, 32, 1), (64, 24, 2), (5, 0, 8), (96, 7, 4)])
 def test_batch_advice_that_is_followed_resolves(batch, micro, world):
-    """The refusal names values (`such as M`, `use ... (A or B)`); the recipe with the first one resolves."""
+    """The refusal names values (`such as M`, `use ... (A or B)`); the recipe with the first one
+    resolves."""
     base = ["schedule.steps=10", "schedule.warmup_steps=1", f"data.batch_size={batch}",
             f"data.micro_batch_size={micro}"]
     with pytest.raises(RecipeError) as e:

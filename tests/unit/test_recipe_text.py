@@ -1,5 +1,6 @@
-"""Recipe values are read as typed: a scalar is the text written, and its key's declared type reads it, in a
-recipe file and in a KEY=VALUE override alike (no YAML 1.1 base 60, hex, octal or yes/on booleans)."""
+"""Recipe values are read as typed: a scalar is the text written, and its key's declared type reads
+it, in a recipe file and in a KEY=VALUE override alike (no YAML 1.1 base 60, hex, octal or yes/on
+booleans)."""
 
 import re
 

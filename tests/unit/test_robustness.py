@@ -1,7 +1,7 @@
-"""ImageNet's label spaces and robustness sets: the A/R subsets and names are timm's files (read here
-independently, as plain text), folder names map to the head's classes (V2's '10' is class 10, not the
-label its alphabetical place gives), logits cut to a subset arg-max as masked ones do, and a set is
-recognised, refused or left alone as the docs say."""
+"""ImageNet's label spaces and robustness sets: the A/R subsets and names are timm's files (read
+here independently, as plain text), folder names map to the head's classes (V2's '10' is class 10,
+not the label its alphabetical place gives), logits cut to a subset arg-max as masked ones do, and a
+set is recognised, refused or left alone as the docs say."""
 
 import csv
 import json
@@ -111,7 +111,8 @@ def test_scoring_an_r_folder_targets_its_classes_among_the_200():
 
 
 def test_restricted_logits_arg_max_as_masked_logits_do():
-    """The kept columns' top-k, mapped back, are the top-k of the logits with every other class at -inf."""
+    """The kept columns' top-k, mapped back, are the top-k of the logits with every other class at
+    -inf."""
     rng = np.random.default_rng(0)
     names = r_names(200)
     s = robustness.detect(names, 199, 1000, None, None, "c")

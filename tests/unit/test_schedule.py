@@ -22,7 +22,8 @@ def test_linear_decay_reaches_end_lr():
 
 
 def test_cosine_matches_timm():
-    """timm's CosineLRScheduler with a warmup prefix is an independent implementation of the same curve."""
+    """timm's CosineLRScheduler with a warmup prefix is an independent implementation of the same
+    curve."""
     import torch
     from timm.scheduler import CosineLRScheduler
 

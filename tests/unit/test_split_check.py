@@ -1,6 +1,6 @@
-"""The split keys checked at resolve time: what data_checks.source_splits says a source has, from a file
-or a listing or two, is what loading it finds (sources.available_splits); where it cannot tell cheaply
-it says nothing, and the load decides."""
+"""The split keys checked at resolve time: what data_checks.source_splits says a source has, from a
+file or a listing or two, is what loading it finds (sources.available_splits); where it cannot tell
+cheaply it says nothing, and the load decides."""
 
 from __future__ import annotations
 

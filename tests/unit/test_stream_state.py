@@ -1,5 +1,6 @@
-"""The train stream as a checkpointed part: its `state_dict()` is json, and a fresh stream given it back
-(`load_state_dict`) yields exactly the batches the original goes on to yield, map-style and streamed."""
+"""The train stream as a checkpointed part: its `state_dict()` is json, and a fresh stream given it
+back (`load_state_dict`) yields exactly the batches the original goes on to yield, map-style and
+streamed."""
 
 import json
 
@@ -90,7 +91,8 @@ def test_a_stream_is_placed_before_its_first_batch_only(make):
 
 
 def test_an_older_checkpoints_stream_position_is_taken():
-    """Checkpoints before the stream was a part saved {step, epoch, examples}, step counting micro-batches."""
+    """Checkpoints before the stream was a part saved {step, epoch, examples}, step counting
+    micro-batches."""
     original = _streamed()
     _take(original, 3)
     ahead = _take(original, 2)

@@ -1,7 +1,7 @@
 """T2T-ViT as published (yitu-opensource/T2T-ViT, models/t2t_vit.py, token_performer.py,
-token_transformer.py): the official state-dict layout, the official equations, the README's parameter counts,
-and official checkpoints (torch.save pickles, read with weights_only=True) reaching `vit finetune --init` /
-`vit eval-fewshot` as they are."""
+token_transformer.py): the official state-dict layout, the official equations, the README's
+parameter counts, and official checkpoints (torch.save pickles, read with weights_only=True)
+reaching `vit finetune --init` / `vit eval-fewshot` as they are."""
 
 import argparse
 import math
@@ -34,11 +34,13 @@ def shapes(model: torch.nn.Module) -> dict:
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
-# ---------------------------------------------------------------- the official layout, from its source
+# ---------------------------------------------------------------- the official layout, from its
+# source
 
 
 def official_token_layer(prefix: str, mixer: str, dim: int, t: int) -> dict:
-    """Token_performer(dim, in_dim=t) / Token_transformer(dim, in_dim=t, num_heads=1, mlp_ratio=1)."""
+    """Token_performer(dim, in_dim=t) / Token_transformer(dim, in_dim=t, num_heads=1,
+    mlp_ratio=1)."""
     if mixer == "performer":  # kqv, proj, norm1, norm2, mlp = Sequential(Linear, GELU, Linear, Dropout), w
         layer = {"kqv.weight": (3 * t, dim), "kqv.bias": (3 * t,), "proj.weight": (t, t), "proj.bias": (t,),
                  "norm1.weight": (dim,), "norm1.bias": (dim,), "norm2.weight": (t,), "norm2.bias": (t,),
@@ -92,7 +94,8 @@ README_MILLIONS = {"T2T-ViT-7": "4.3", "T2T-ViT-10": "5.9", "T2T-ViT-12": "6.9",
 
 @pytest.mark.parametrize("name", list(README_MILLIONS))
 def test_parameter_counts_are_the_official_ones(name):
-    # counted as the official code counts: every Parameter, the frozen pos_embed and performer `w` included
+    # counted as the official code counts: every Parameter, the frozen pos_embed and performer `w`
+    # included
     with torch.device("meta"):
         model = build_model(ModelConfig(name=name), 1000)
     figure = README_MILLIONS[name]
@@ -100,7 +103,8 @@ def test_parameter_counts_are_the_official_ones(name):
     assert f"{count_params(model) / 1e6:.{decimals}f}" == figure
 
 
-# ---------------------------------------------------------------- the official equations, written out
+# ---------------------------------------------------------------- the official equations, written
+# out
 
 
 def ln(x, sd, p):
@@ -112,7 +116,8 @@ def linear(x, sd, p):
 
 
 def official_sinusoid(n_position: int, d_hid: int) -> np.ndarray:
-    """transformer_block.get_sinusoid_encoding: position / 10000^(2*(j//2)/d), sin on even j, cos on odd."""
+    """transformer_block.get_sinusoid_encoding: position / 10000^(2*(j//2)/d), sin on even j, cos on
+    odd."""
     table = np.array([[pos / np.power(10000, 2 * (j // 2) / d_hid) for j in range(d_hid)]
                       for pos in range(n_position)])
     table[:, 0::2], table[:, 1::2] = np.sin(table[:, 0::2]), np.cos(table[:, 1::2])
@@ -120,7 +125,8 @@ def official_sinusoid(n_position: int, d_hid: int) -> np.ndarray:
 
 
 def token_performer(x, sd, p):
-    """Token_performer.forward: single_attn(norm1(x)), then + mlp(norm2(.)); k, q, v in that order."""
+    """Token_performer.forward: single_attn(norm1(x)), then + mlp(norm2(.)); k, q, v in that
+    order."""
     x = ln(x, sd, f"{p}.norm1")
     emb, w = sd[f"{p}.proj.weight"].shape[0], sd[f"{p}.w"]
     k, q, v = torch.split(linear(x, sd, f"{p}.kqv"), emb, dim=-1)
@@ -138,7 +144,8 @@ def token_performer(x, sd, p):
 
 
 def token_transformer(x, sd, p):
-    """Token_transformer.forward with its one-head Attention: scale = (input width)^-0.5, v as residual."""
+    """Token_transformer.forward with its one-head Attention: scale = (input width)^-0.5, v as
+    residual."""
     x = ln(x, sd, f"{p}.norm1")
     q, k, v = linear(x, sd, f"{p}.attn.qkv").chunk(3, dim=-1)
     attn = ((q * x.shape[-1] ** -0.5) @ k.transpose(-2, -1)).softmax(dim=-1)
@@ -163,7 +170,8 @@ def refold(tokens: torch.Tensor) -> torch.Tensor:
 
 
 def reference_logits(sd: dict, images: torch.Tensor, mixer: str, heads: int) -> torch.Tensor:
-    """T2T_ViT.forward from the state dict: soft splits, token layers, project, class token, blocks, head."""
+    """T2T_ViT.forward from the state dict: soft splits, token layers, project, class token, blocks,
+    head."""
     token_layer = token_performer if mixer == "performer" else token_transformer
     x = F.unfold(images, 7, padding=2, stride=4).transpose(1, 2)  # soft_split0
     x = token_layer(x, sd, "tokens_to_token.attention1")
@@ -180,9 +188,11 @@ def reference_logits(sd: dict, images: torch.Tensor, mixer: str, heads: int) -> 
 
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights of order-one effect everywhere (the trained regime), so a wrong equation shows in the logits.
+    """Weights of order-one effect everywhere (the trained regime), so a wrong equation shows in the
+    logits.
 
-    Frozen tensors (pos_embed, the performer's `w`) stay as built: the reference recomputes the table."""
+    Frozen tensors (pos_embed, the performer's `w`) stay as built: the reference recomputes the
+    table."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -292,7 +302,8 @@ def test_t2t_state_dict_of_unknown_size_is_named_in_the_error():
 
 @pytest.fixture
 def official_pickle(tmp_path):
-    """An official-format T2T-ViT-7 training checkpoint: EMA and raw weights under DDP names, plus `args`."""
+    """An official-format T2T-ViT-7 training checkpoint: EMA and raw weights under DDP names, plus
+    `args`."""
     model = randomise(build_model(ModelConfig(name="T2T-ViT-7", img_size=32), 1000)).eval()
     ema = {f"module.{k}": v for k, v in model.state_dict().items()}
     raw = {k: v + 1 for k, v in ema.items()}  # not the weights to use: the official transfer code takes EMA
@@ -303,8 +314,8 @@ def official_pickle(tmp_path):
 
 
 def test_an_official_checkpoint_loads_strictly_for_eval_and_finetune(official_pickle):
-    """The .pth.tar is read as it is (weights_only=True, its argparse.Namespace allowed): the EMA weights,
-    DDP's module. prefix stripped, the rest said unused."""
+    """The .pth.tar is read as it is (weights_only=True, its argparse.Namespace allowed): the EMA
+    weights, DDP's module. prefix stripped, the rest said unused."""
     path, model = official_pickle
     out = str(path)
     loaded = read_checkpoint(out)

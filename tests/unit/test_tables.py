@@ -1,5 +1,5 @@
-"""The tables a command prints on stdout fit the terminal: a long value (train/mfu_skipped's reason, a
-path) folds within the width instead of widening the table past it or being cut to `…`."""
+"""The tables a command prints on stdout fit the terminal: a long value (train/mfu_skipped's reason,
+a path) folds within the width instead of widening the table past it or being cut to `…`."""
 
 import io
 import sys

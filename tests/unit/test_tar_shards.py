@@ -1,5 +1,5 @@
-"""A WebDataset tar cut short is found by its last kilobyte and named by a walk over its headers: where it
-ends, and how many examples come whole before that."""
+"""A WebDataset tar cut short is found by its last kilobyte and named by a walk over its headers:
+where it ends, and how many examples come whole before that."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def _members(path):
 
 
 def _whole_before(path, size: int) -> int:
-    """The examples all of whose members end inside the first `size` bytes, from tarfile's own offsets."""
+    """The examples all of whose members end inside the first `size` bytes, from tarfile's own
+    offsets."""
     members = _members(path)
     keys = {m.name.split(".")[0] for m in members}
     return sum(all(m.offset_data + m.size <= size for m in members if m.name.split(".")[0] == key)

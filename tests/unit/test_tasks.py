@@ -1,4 +1,5 @@
-"""The task registry: VTAB-1k's 19 tasks and their split slices, spec parsing, and derived-label rules."""
+"""The task registry: VTAB-1k's 19 tasks and their split slices, spec parsing, and derived-label
+rules."""
 
 import math
 
@@ -10,7 +11,8 @@ from datasets.arrow_reader import ReadInstruction
 from vitcli.data.rows import tasks
 from vitcli.errors import DataError
 
-# TFDS train-split sizes and task_adaptation's train percentages: val200 starts where its "train" ends.
+# TFDS train-split sizes and task_adaptation's train percentages: val200 starts where its "train"
+# ends.
 TFDS_TRAIN = {"caltech101": (3060, 90), "cifar100": (50000, 90), "pets": (3680, 80), "svhn": (73257, 90),
               "eurosat": (27000, 60), "resisc45": (31500, 60), "clevr_count": (70000, 90),
               "clevr_dist": (70000, 90), "dsprites_loc": (737280, 80), "dsprites_ori": (737280, 80)}

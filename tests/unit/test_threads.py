@@ -1,7 +1,7 @@
-"""CPU threads on a shared machine (runtime.threads): when the load leaves fewer cores than a run would
-use, a few ops are timed at 1 thread and at the run's count, and the faster count is advised in one line.
-On a 2-core machine shared with other work a run at torch's 2 threads trained ~6x slower than at 1 and
-said nothing."""
+"""CPU threads on a shared machine (runtime.threads): when the load leaves fewer cores than a run
+would use, a few ops are timed at 1 thread and at the run's count, and the faster count is advised
+in one line. On a 2-core machine shared with other work a run at torch's 2 threads trained ~6x
+slower than at 1 and said nothing."""
 
 import torch
 

@@ -1,12 +1,14 @@
-"""3-Augment is DeiT III's: per image one of PIL's grayscale (torchvision's Grayscale(3) of a PIL image),
-ImageOps.solarize or a Gaussian blur, then torchvision's ColorJitter(0.3, 0.3, 0.3) in a random order.
+"""3-Augment is DeiT III's: per image one of PIL's grayscale (torchvision's Grayscale(3) of a PIL
+image), ImageOps.solarize or a Gaussian blur, then torchvision's ColorJitter(0.3, 0.3, 0.3) in a
+random order.
 
-References, image by image: PIL for grayscale and solarize (exact); torchvision.transforms.v2.functional's
-gaussian_blur with kernel 2 * ceil(3 sigma) + 1 (within 1 level; numpy's reflect padding and a float64
-convolution where the image is smaller than the kernel, which torchvision refuses); its adjust_brightness,
-adjust_contrast and adjust_saturation in the drawn order (within 1 level). How far PIL's GaussianBlur and
-PIL's ColorJitter (DeiT's actual path) are is measured and bounded. Frequencies and factor distributions
-are checked within 5 standard errors of 30000 draws, or with a KS test at p > 1e-4.
+References, image by image: PIL for grayscale and solarize (exact);
+torchvision.transforms.v2.functional's gaussian_blur with kernel 2 * ceil(3 sigma) + 1 (within 1
+level; numpy's reflect padding and a float64 convolution where the image is smaller than the kernel,
+which torchvision refuses); its adjust_brightness, adjust_contrast and adjust_saturation in the
+drawn order (within 1 level). How far PIL's GaussianBlur and PIL's ColorJitter (DeiT's actual path)
+are is measured and bounded. Frequencies and factor distributions are checked within 5 standard
+errors of 30000 draws, or with a KS test at p > 1e-4.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ SIZES = [(4, 4), (8, 12), (32, 32)]
 
 
 def smooth(n: int, height: int, width: int, seed: int = 0) -> torch.Tensor:
-    """uint8 (n, 3, H, W) smooth colour images (bicubic upsampling of coarse noise), photographs' stand-in:
-    flat regions, edges, every level."""
+    """uint8 (n, 3, H, W) smooth colour images (bicubic upsampling of coarse noise), photographs'
+    stand-in: flat regions, edges, every level."""
     g = torch.Generator().manual_seed(seed)
     low = torch.rand(n, 3, max(height // 4, 2), max(width // 4, 2), generator=g) * 255
     up = torch.nn.functional.interpolate(low, size=(height, width), mode="bicubic")
@@ -77,8 +79,9 @@ def test_solarize_is_pils_exactly(size):
 
 
 def numpy_blur(x: torch.Tensor, sigma: float) -> torch.Tensor:
-    """One uint8 (3, H, W) image blurred in float64 by the sampled Gaussian of kernel 2 * ceil(3 sigma) + 1,
-    numpy's reflect padding (which reflects again where the pad is wider than the image)."""
+    """One uint8 (3, H, W) image blurred in float64 by the sampled Gaussian of kernel 2 * ceil(3
+    sigma) + 1, numpy's reflect padding (which reflects again where the pad is wider than the
+    image)."""
     r = math.ceil(3 * np.float32(sigma))
     k = np.exp(-0.5 * (np.arange(-r, r + 1) / np.float32(sigma)) ** 2)
     k /= k.sum()
@@ -106,9 +109,9 @@ def test_blur_is_torchvisions_gaussian_blur_per_image_within_a_level(size):
 
 
 def test_blur_is_near_pils_gaussian_blur():
-    """DeiT blurs with PIL's GaussianBlur, three extended box blurs approximating the Gaussian, edges
-    extended rather than reflected. Measured on 200 smooth 32 px images, sigma ~ U(0.1, 2): 0.63 levels
-    apart on average (0.42 away from the 6 px border); on uniform noise, 3.2."""
+    """DeiT blurs with PIL's GaussianBlur, three extended box blurs approximating the Gaussian,
+    edges extended rather than reflected. Measured on 200 smooth 32 px images, sigma ~ U(0.1, 2):
+    0.63 levels apart on average (0.42 away from the 6 px border); on uniform noise, 3.2."""
     x = smooth(200, 32, 32)
     sigma = torch.from_numpy(np.random.default_rng(0).uniform(0.1, 2.0, 200).astype(np.float32))
     theirs = torch.stack([tensor(pil(i).filter(ImageFilter.GaussianBlur(float(s))))
@@ -140,8 +143,8 @@ def test_jitter_is_torchvisions_adjustments_in_the_drawn_order_within_a_level(si
 
 
 def test_jitter_is_near_pils_color_jitter():
-    """DeiT jitters PIL images (ImageEnhance: PIL's integer grey, a rounded mean): measured 0.13 levels apart
-    on average, at most 3, on 200 smooth 32 px images."""
+    """DeiT jitters PIL images (ImageEnhance: PIL's integer grey, a rounded mean): measured 0.13
+    levels apart on average, at most 3, on 200 smooth 32 px images."""
     x = smooth(200, 32, 32)
     d = draw(len(x), np.random.default_rng(2))
     theirs = jittered(x, d.factors, d.order, ADJUST_PIL, pil, tensor)
@@ -150,7 +153,8 @@ def test_jitter_is_near_pils_color_jitter():
 
 
 def deit(x: torch.Tensor, d: ThreeDraws) -> torch.Tensor:
-    """DeiT's op per image by its reference (PIL grey, PIL solarize, torchvision's blur), then the jitter."""
+    """DeiT's op per image by its reference (PIL grey, PIL solarize, torchvision's blur), then the
+    jitter."""
     ops = {GRAY: lambda i, s: tensor(T.Grayscale(3)(pil(i))),
            SOLARIZE: lambda i, s: tensor(ImageOps.solarize(pil(i), 128)),
            BLUR: lambda i, s: numpy_blur(i, s)}
@@ -160,8 +164,8 @@ def deit(x: torch.Tensor, d: ThreeDraws) -> torch.Tensor:
 
 @pytest.mark.parametrize("size", SIZES)
 def test_apply_is_the_drawn_op_then_the_jitter(size):
-    """Exactly our own parts composed, and within 2 levels of the references composed (a blur a level off
-    can come out of a 1.3x contrast 2 apart)."""
+    """Exactly our own parts composed, and within 2 levels of the references composed (a blur a
+    level off can come out of a 1.3x contrast 2 apart)."""
     x = smooth(90, *size)
     d = draw(len(x), np.random.default_rng(3))
     out = apply(x, d)

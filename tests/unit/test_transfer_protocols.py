@@ -11,7 +11,8 @@ from vitcli.fewshot import knn, probe
 
 
 def clustered(n_train: int, n_test: int, classes: int, dim: int, spread: float, seed: int):
-    """(train features, labels, test features, labels) around one random centre per class, shared by both."""
+    """(train features, labels, test features, labels) around one random centre per class, shared by
+    both."""
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(classes, dim)) * spread
 
@@ -23,8 +24,9 @@ def clustered(n_train: int, n_test: int, classes: int, dim: int, spread: float, 
 
 
 def dino_knn_classifier(train_features, train_labels, test_features, test_labels, k, T, num_classes):
-    """facebookresearch/dino eval_knn.py `knn_classifier`, transliterated (100 chunks of test rows, the
-    one-hot retrieval matrix, exp(distance / T) weights, probs.sort(1, True)); returns percentages."""
+    """facebookresearch/dino eval_knn.py `knn_classifier`, transliterated (100 chunks of test rows,
+    the one-hot retrieval matrix, exp(distance / T) weights, probs.sort(1, True)); returns
+    percentages."""
     top1, top5, total = 0.0, 0.0, 0
     train_features = train_features.t()
     num_test_images, num_chunks = test_labels.shape[0], 100
@@ -59,7 +61,8 @@ def test_knn_matches_dinos_knn_classifier(k, classes):
     tr = torch.nn.functional.normalize(torch.from_numpy(x_tr), dim=1, p=2)
     te = torch.nn.functional.normalize(torch.from_numpy(x_te), dim=1, p=2)
     top1, top5 = dino_knn_classifier(tr, torch.from_numpy(y_tr), te, torch.from_numpy(y_te), k, 0.07, classes)
-    # the same float32 products summed in another order: a vote can differ in its last bits, never a rank
+    # the same float32 products summed in another order: a vote can differ in its last bits, never a
+    # rank
     assert ours["top1"] * 100 == pytest.approx(top1, abs=1e-9)
     assert ours["top5"] * 100 == pytest.approx(top5, abs=1e-9)
     assert 0 < ours["top1"] < 1  # neither trivial nor hopeless: the comparison can fail
@@ -107,7 +110,8 @@ def test_the_logistic_probe_matches_scikit_learn(l2):
 
 
 def test_the_fit_minimises_sklearns_objective():
-    """Weights, not only accuracy: the same objective's minimiser, up to L-BFGS's stopping tolerance."""
+    """Weights, not only accuracy: the same objective's minimiser, up to L-BFGS's stopping
+    tolerance."""
     x_tr, y_tr, _, _ = clustered(300, 0, 5, 12, 0.4, seed=9)
     x = x_tr.astype(np.float64)
     z = (x - x.mean(0)) / (x.std(0) + probe.STD_EPS)
@@ -145,7 +149,8 @@ def test_too_few_train_examples_is_one_line():
 
 
 def test_the_sweep_stops_past_the_peak(monkeypatch):
-    """Held-out accuracy scripted per λ (a fit stands for its λ): the sweep stops 3 points past the peak."""
+    """Held-out accuracy scripted per λ (a fit stands for its λ): the sweep stops 3 points past the
+    peak."""
     scripted = {1e3: 0.2, 1e2: 0.4, 1e1: 0.6, 1e0: 0.8, 1e-1: 0.7, 1e-2: 0.8, 1e-3: 0.5, 1e-4: 0.5,
                 1e-5: 0.5, 1e-6: 0.9}
     fitted = []
@@ -157,5 +162,6 @@ def test_the_sweep_stops_past_the_peak(monkeypatch):
     monkeypatch.setattr(probe, "fit", lambda x, y, k, l2, *_, **__: fitted.append(l2) or Scripted(l2))
     monkeypatch.setattr(probe, "top_k", lambda l2, labels, k: scripted[l2])
     l2, _ = probe.choose_l2(torch.zeros(10, 2), torch.zeros(10, dtype=torch.int64), 2, grid=tuple(scripted))
-    # 0.1 is below the best (0.8 at 1), 0.01 ties it (the count restarts), then three below: 1e-6 never fitted
+    # 0.1 is below the best (0.8 at 1), 0.01 ties it (the count restarts), then three below: 1e-6
+    # never fitted
     assert fitted == [1e3, 1e2, 1e1, 1e0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5] and l2 == 1.0

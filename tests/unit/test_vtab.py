@@ -1,4 +1,5 @@
-"""VTAB-1k fine-tuning on local data: the protocol's splits, derived labels, and the summary table."""
+"""VTAB-1k fine-tuning on local data: the protocol's splits, derived labels, and the summary
+table."""
 
 import json
 import sys

@@ -5,25 +5,33 @@ One concept per file, in the order a checkpoint travels:
 - `weights.py`: our own final weights (safetensors with the recipe in metadata).
 - `state.py`: the layout of a workdir's training states (`state-<step>.pt`, `state-<step>/`): names,
   discovery, rotation, and the whole-file format; `sharded.py`: the sharded (DCP) format.
-- `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving (whole or
+- `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving
+(whole or
   sharded) with rotation, loading model, optimizer and the train stream's state back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
 - `pth.py`: a torch.save file (MAE's checkpoints, timm's and DeiT's training files) read with
   weights_only=True, argparse.Namespace allowed by name; MAE's decoder and mask token dropped.
-- `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers wrote
-  (`ViTForImageClassification`, `ViTModel`) read into timm's names (whole or sharded), its config.json
-  checked by type and value.
+- `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers
+wrote
+  (`ViTForImageClassification`, `ViTModel`) read into timm's names (whole or sharded), its
+  config.json checked by type and value.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers
   folder, Hub name) into timm names; bare pickles are refused.
-- `describe.py`: `describe`, the one place that says what network a checkpoint holds (`CheckpointSpec`).
-- `preprocessing.py`: the pixels a checkpoint's weights expect (mean, std, interpolation, eval crop), and
+- `describe.py`: `describe`, the one place that says what network a checkpoint holds
+(`CheckpointSpec`).
+- `preprocessing.py`: the pixels a checkpoint's weights expect (mean, std, interpolation, eval
+crop), and
   where it says so.
-- `complete.py`: the torch step of recipe resolution: the starting checkpoint's network fills the model.
-- `fit.py`: `adapt_state_dict`, a checkpoint fitted to a model (head, pre-logits, position embedding).
+- `complete.py`: the torch step of recipe resolution: the starting checkpoint's network fills the
+model.
+- `fit.py`: `adapt_state_dict`, a checkpoint fitted to a model (head, pre-logits, position
+embedding).
 - `resize.py`: a file's position embedding resized to a new grid (`vit resize-posemb`'s maths).
-- `transfer.py`: starting weights into a built model: the transfer protocol, or the body for evaluation.
+- `transfer.py`: starting weights into a built model: the transfer protocol, or the body for
+evaluation.
 - `export_hf.py`, `export_onnx.py`, `export_timm.py`: a built checkpoint written for another library
-  (transformers' ViTForImageClassification, ONNX, timm's own folder), each refusing what it cannot hold.
+  (transformers' ViTForImageClassification, ONNX, timm's own folder), each refusing what it cannot
+  hold.
 
 Callers import from the modules; nothing is re-exported here.
 """

@@ -1,4 +1,5 @@
-"""The step of recipe resolution that needs torch (vitcli.recipe.resolve hands it the recipe it has checked).
+"""The step of recipe resolution that needs torch (vitcli.recipe.resolve hands it the recipe it has
+checked).
 
 A timm model name is described as timm registers it; for every stage but `pretrain` the starting
 checkpoint's architecture fills the model (and, to evaluate, inspect or export it, its native
@@ -22,18 +23,19 @@ from vitcli.models.zoo import resolve_name
 from vitcli.recipe.choices import AS_TRAINED, CLASS_TOKEN_POOLS, CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
 
-# what `vit evaluate` and `vit predict` take from our own checkpoint's recipe: how its eval images were
-# prepared (beside the preprocessing module's keys), its loss, and the precision it ran at (the resolved one:
-# a run's test top-1 is reproduced, not re-rolled by `auto`); and, unless --data names other data, where its
-# test images are
+# what `vit evaluate` and `vit predict` take from our own checkpoint's recipe: how its eval images
+# were prepared (beside the preprocessing module's keys), its loss, and the precision it ran at (the
+# resolved one: a run's test top-1 is reproduced, not re-rolled by `auto`); and, unless --data names
+# other data, where its test images are
 TRAINED_EVAL = {"data": ("binary_pixels",), "optim": ("loss", "label_smoothing"), "run": ("precision",)}
 TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "train_split",
-                "val_split", "test_split", "holdout", "synthetic")  # holdout + train_split: its split
+                # holdout + train_split: its split
+                "val_split", "test_split", "holdout", "synthetic")
 
 
 def complete(recipe: Recipe, user_heads: bool) -> Recipe:
-    """`recipe` with its model filled in from timm or its starting checkpoint; `user_heads`: the user set
-    model.num_heads (evidence for a foreign checkpoint that does not say)."""
+    """`recipe` with its model filled in from timm or its starting checkpoint; `user_heads`: the
+    user set model.num_heads (evidence for a foreign checkpoint that does not say)."""
     if recipe.run.device == "cuda" and not torch.cuda.is_available():
         raise RecipeError("run.device=cuda but this machine has no CUDA device; use run.device=auto or cpu")
     _check_task_names(recipe)
@@ -42,8 +44,9 @@ def complete(recipe: Recipe, user_heads: bool) -> Recipe:
 
 
 def _check_teacher(recipe: Recipe) -> None:
-    """A teacher named by a local path is there before anything runs (--dry-run says so too); its weights
-    are read when the run builds it (train.distill.load_teacher), a Hub or timm name then downloaded."""
+    """A teacher named by a local path is there before anything runs (--dry-run says so too); its
+    weights are read when the run builds it (train.distill.load_teacher), a Hub or timm name then
+    downloaded."""
     if recipe.distill.teacher:
         try:
             locate_checkpoint(recipe.distill.teacher)
@@ -52,12 +55,12 @@ def _check_teacher(recipe: Recipe) -> None:
 
 
 def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
-    """The recipe layer the starting checkpoint gives (vitcli.recipe.resolve's `base`), from the recipe
-    resolved without it (its stage, init.checkpoint and model.name): the pixels its weights expect
-    (preprocessing.FEED; export and, with the eval crop, evaluate and predict: preprocessing.KEYS). evaluate
-    and predict also take its native resolution, and from our own files the eval settings, loss and
-    precision it was trained with, plus with `own_data` its data (source, columns, splits). {} for a stage
-    that starts from no checkpoint."""
+    """The recipe layer the starting checkpoint gives (vitcli.recipe.resolve's `base`), from the
+    recipe resolved without it (its stage, init.checkpoint and model.name): the pixels its weights
+    expect (preprocessing.FEED; export and, with the eval crop, evaluate and predict:
+    preprocessing.KEYS). evaluate and predict also take its native resolution, and from our own
+    files the eval settings, loss and precision it was trained with, plus with `own_data` its data
+    (source, columns, splits). {} for a stage that starts from no checkpoint."""
     if recipe.stage in ("pretrain", "prepare-data") or not recipe.init.checkpoint or recipe.init.random:
         return {}
     loaded = read_checkpoint(recipe.init.checkpoint)
@@ -80,23 +83,28 @@ def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
 
 
 def _check_task_names(recipe: Recipe) -> None:
-    """Every name in fewshot.tasks is a registry name, a group, `synthetic` or fewshot.custom.name."""
+    """Every name in fewshot.tasks is a registry name, a group, `synthetic` or
+    fewshot.custom.name."""
     own = {"synthetic", recipe.fewshot.custom.name} - {""}
-    stand_ins = {name: tasks.synthetic_task(name=name) for name in own}  # only their names matter here
+    # only their names matter here
+    stand_ins = {name: tasks.synthetic_task(name=name) for name in own}
     for spec in recipe.fewshot.tasks:
         tasks.get_tasks(spec, stand_ins)
 
 
 def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
-    """recipe.model with its name's sizes, and for a stage that starts from a checkpoint, that network."""
+    """recipe.model with its name's sizes, and for a stage that starts from a checkpoint, that
+    network."""
     model = resolve_name(recipe.model)
     if recipe.stage == "pretrain" or not recipe.init.checkpoint:
         return model
     loaded = read_checkpoint(recipe.init.checkpoint)
     if recipe.stage == "inspect":
         _check_attention(loaded, recipe.init.checkpoint)
-    named = loaded.kind != "vitcli" and model.name != "custom"  # the recipe names a foreign file's network
-    foreign_heads = user_heads and loaded.kind != "vitcli" and not named  # ours: metadata wins, as for sizes
+    # the recipe names a foreign file's network
+    named = loaded.kind != "vitcli" and model.name != "custom"
+    # ours: metadata wins, as for sizes
+    foreign_heads = user_heads and loaded.kind != "vitcli" and not named
     spec = describe(loaded, num_heads=model.num_heads if foreign_heads else 0)
     if not recipe.init.random:  # its table is loaded: its grid must be known now, for --dry-run too
         spec = with_grid(spec, loaded.state_dict, recipe.init.grid)
@@ -120,9 +128,10 @@ def _model(recipe: Recipe, user_heads: bool) -> ModelConfig:
 
 
 def _transfer_pool(recipe: Recipe, had: str) -> str:
-    """The fine-tune's pooling: the checkpoint's, unless the recipe asks for gap_fc_norm over a class-token
-    network (MAE fine-tunes its token-pooled encoder so: the final norm gives way to an fc_norm after the
-    mean of the patch tokens, checkpoints.fit); the pooling is the head's choice, the weights are the same."""
+    """The fine-tune's pooling: the checkpoint's, unless the recipe asks for gap_fc_norm over a
+    class-token network (MAE fine-tunes its token-pooled encoder so: the final norm gives way to an
+    fc_norm after the mean of the patch tokens, checkpoints.fit); the pooling is the head's choice,
+    the weights are the same."""
     if recipe.model.pool != "gap_fc_norm" or had == "gap_fc_norm":
         return had
     if had not in CLASS_TOKEN_POOLS:

@@ -1,13 +1,15 @@
 """What network a checkpoint holds: the one place that reads a checkpoint's geometry and sizes.
 
-Ours say it in their metadata. Foreign files (timm safetensors, Google .npz, Hub models) are taken to be a
-plain timm-layout ViT and read from the tensors' shapes. The number of attention heads is not in a timm
-state dict's shapes (qkv is (3D, D) for any head count), so it comes from evidence only: our metadata, the
-npz query kernel (D, H, D/H), the Hub model's attn.num_heads, the recipe's explicit model.num_heads, or the
-paper's Table 1 for its own widths. Never width // 64: ViT-H/14 is 1280 wide with 16 heads, not 20.
+Ours say it in their metadata. Foreign files (timm safetensors, Google .npz, Hub models) are taken
+to be a plain timm-layout ViT and read from the tensors' shapes. The number of attention heads is
+not in a timm state dict's shapes (qkv is (3D, D) for any head count), so it comes from evidence
+only: our metadata, the npz query kernel (D, H, D/H), the Hub model's attn.num_heads, the recipe's
+explicit model.num_heads, or the paper's Table 1 for its own widths. Never width // 64: ViT-H/14 is
+1280 wide with 16 heads, not 20.
 
-A foreign file holding timm's R50 HybridEmbed ResNet (`patch_embed.backbone.*`, the names the vit_jax
-hybrid .npz is read into) is the R50+ViT-B/16 hybrid, whose 1x1 kernel sits on a stride-16 map.
+A foreign file holding timm's R50 HybridEmbed ResNet (`patch_embed.backbone.*`, the names the
+vit_jax hybrid .npz is read into) is the R50+ViT-B/16 hybrid, whose 1x1 kernel sits on a stride-16
+map.
 """
 
 from __future__ import annotations
@@ -40,11 +42,13 @@ BACKBONE = "patch_embed.backbone."
 class CheckpointSpec:
     """A checkpoint's network, as far as the checkpoint tells it."""
 
-    # model.name that builds it: ours as recorded; foreign plain ViTs "custom"; "" = not a ViT we read
+    # model.name that builds it: ours as recorded; foreign plain ViTs "custom"; "" = not a ViT we
+    # read
     name: str
     patch_size: int
     grid: tuple[int, int] | None  # patch grid (H, W) of the position table; None when nothing tells
-    num_prefix_tokens: int  # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
+    # class/register tokens that own a pos_embed row (timm no_embed_class: 0)
+    num_prefix_tokens: int
     pos_embed: str  # learned_1d | learned_2d | sincos_2d | sincos_1d | none
     pool: str  # token | gap | gap_fc_norm
     embed_dim: int
@@ -54,7 +58,8 @@ class CheckpointSpec:
     mlp_dim: int
     representation_size: int
     num_classes: int  # rows of the checkpoint's head, 0 if none
-    img_size: int | None  # native resolution: our metadata, else grid x patch when the grid is square
+    # native resolution: our metadata, else grid x patch when the grid is square
+    img_size: int | None
     path: str = ""  # the file or Hub name it was read from, for messages
     layer_norm_eps: float = 1e-6  # our metadata's, a transformers config.json's; else timm's
     # what states `grid` besides the table's shape (our metadata, a transformers config.json),
@@ -78,7 +83,8 @@ class CheckpointSpec:
 
 
 def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
-    """The network `loaded` holds; `num_heads` is the recipe's explicit model.num_heads (0: not set)."""
+    """The network `loaded` holds; `num_heads` is the recipe's explicit model.num_heads (0: not
+    set)."""
     model, sd = _our_model(loaded), loaded.state_dict
     fields = _ours(sd, model) if model is not None else _t2t(sd, loaded.path) or _foreign(sd, loaded.path)
     heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads, fields["name"])
@@ -113,7 +119,8 @@ def _ours(sd: dict[str, torch.Tensor], model: dict) -> dict:
     sizes = _sizes(sd)
     fields = {**sizes, **{k: model[k] for k in sizes if model.get(k) is not None}}
     img_size = int(model["img_size"]) if model.get("img_size") else None
-    patch = fields["patch_size"]  # a hybrid's 1x1 kernel sits on a stride-16 ResNet map: trust the spec
+    # a hybrid's 1x1 kernel sits on a stride-16 ResNet map: trust the spec
+    patch = fields["patch_size"]
     grid = (img_size // patch,) * 2 if img_size and patch and img_size % patch == 0 else None
     prefix = _prefix_tokens(sd, grid)
     return {**fields, "name": model.get("name", "custom"), "grid": grid, "num_prefix_tokens": prefix,
@@ -121,9 +128,9 @@ def _ours(sd: dict[str, torch.Tensor], model: dict) -> dict:
 
 
 def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
-    """A plain timm-layout ViT (or the R50 hybrid) read from the tensors' shapes; name "" when it is none
-    (a ResNet, another hybrid), whose position tables are still described so that a model named in the
-    recipe can load it."""
+    """A plain timm-layout ViT (or the R50 hybrid) read from the tensors' shapes; name "" when it is
+    none (a ResNet, another hybrid), whose position tables are still described so that a model named
+    in the recipe can load it."""
     kernel = sd.get("patch_embed.proj.weight")  # (D, C, ph, pw)
     plain_vit = kernel is not None and "blocks.0.mlp.fc1.weight" in sd
     if plain_vit and kernel.shape[-2] != kernel.shape[-1]:
@@ -132,7 +139,8 @@ def _foreign(sd: dict[str, torch.Tensor], path: str) -> dict:
             f"{kernel.shape[-2]}x{kernel.shape[-1]} patches; only square patches are supported"
         )
     fields, name = _sizes(sd), "custom" if plain_vit else ""
-    if any(k.startswith(BACKBONE) for k in sd):  # another backbone than R50's: only model.name can tell it
+    # another backbone than R50's: only model.name can tell it
+    if any(k.startswith(BACKBONE) for k in sd):
         name = HYBRID if plain_vit and _backbone_units(sd) == HYBRID_UNITS else ""
         fields["patch_size"] = HYBRID_STRIDE if name else 0
     prefix = _prefix_tokens(sd, None)
@@ -152,7 +160,8 @@ def _backbone_units(sd: dict[str, torch.Tensor]) -> tuple[int, ...]:
 
 
 def _t2t(sd: dict[str, torch.Tensor], path: str) -> dict | None:
-    """An official T2T-ViT state dict as the T2T-ViT name with its mixer, width and depth; None if not one."""
+    """An official T2T-ViT state dict as the T2T-ViT name with its mixer, width and depth; None if
+    not one."""
     mixer = next((kind for key, kind in T2T_MIXER_KEYS.items() if key in sd), None)
     if mixer is None:
         return None
@@ -184,8 +193,8 @@ def _sizes(sd: dict[str, torch.Tensor]) -> dict:
 
 
 def _pool(sd: dict[str, torch.Tensor]) -> str:
-    """token, gap, or gap_fc_norm: a class token with a norm after the pooling and none before it (MAE's
-    global-pool fine-tune, timm's fc_norm)."""
+    """token, gap, or gap_fc_norm: a class token with a norm after the pooling and none before it
+    (MAE's global-pool fine-tune, timm's fc_norm)."""
     if "cls_token" not in sd:
         return "gap"
     return "gap_fc_norm" if "fc_norm.weight" in sd and "norm.weight" not in sd else "token"
@@ -196,7 +205,8 @@ def _rows(sd: dict[str, torch.Tensor], key: str) -> int:
 
 
 def _pos_kind(sd: dict[str, torch.Tensor]) -> str:
-    """Learned tables only: a fixed sin-cos table is indistinguishable from a learned one in a file."""
+    """Learned tables only: a fixed sin-cos table is indistinguishable from a learned one in a
+    file."""
     if "pos_embed_row" in sd and "pos_embed_col" in sd:
         return "learned_2d"
     return "learned_1d" if "pos_embed" in sd else "none"
@@ -207,7 +217,8 @@ def _prefix_tokens(sd: dict[str, torch.Tensor], grid: tuple[int, int] | None) ->
     if "pos_embed" not in sd:
         return 0
     rows = sd["pos_embed"].shape[1]
-    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)  # reg (1, R, D)
+    # reg (1, R, D)
+    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)
     if grid is not None:
         return 0 if rows == grid[0] * grid[1] else tokens
     # timm no_embed_class: the table covers the patches only, so it is square without the tokens
@@ -217,7 +228,8 @@ def _prefix_tokens(sd: dict[str, torch.Tensor], grid: tuple[int, int] | None) ->
 
 
 def _table_grid(sd: dict[str, torch.Tensor], kind: str, prefix: int) -> tuple[int, int] | None:
-    """The patch grid the position tables span; a 1-D table only tells when its grid rows are a square."""
+    """The patch grid the position tables span; a 1-D table only tells when its grid rows are a
+    square."""
     if kind == "learned_2d":
         # (1, H, D/2) and (1, W, D/2)
         return int(sd["pos_embed_row"].shape[1]), int(sd["pos_embed_col"].shape[1])
@@ -229,7 +241,8 @@ def _table_grid(sd: dict[str, torch.Tensor], kind: str, prefix: int) -> tuple[in
 
 
 def _heads(loaded: Loaded, model: dict, width: int, asked: int, name: str = "") -> tuple[int, str]:
-    """(num_heads, where it came from): evidence, else the recipe's value, else Table 1, else unknown."""
+    """(num_heads, where it came from): evidence, else the recipe's value, else Table 1, else
+    unknown."""
     found, source = _heads_evidence(loaded, model, name)
     if found and asked and asked != found:
         raise CheckpointError(
@@ -246,8 +259,8 @@ def _heads(loaded: Loaded, model: dict, width: int, asked: int, name: str = "") 
 
 
 def _heads_evidence(loaded: Loaded, model: dict, name: str = "") -> tuple[int, str]:
-    """What the checkpoint itself says about its heads: our metadata, npz kernels, the Hub model, or the
-    T2T-ViT its keys identify (official T2T-ViT names define their heads)."""
+    """What the checkpoint itself says about its heads: our metadata, npz kernels, the Hub model, or
+    the T2T-ViT its keys identify (official T2T-ViT names define their heads)."""
     if model.get("num_heads"):
         return int(model["num_heads"]), "metadata"
     if loaded.num_heads:

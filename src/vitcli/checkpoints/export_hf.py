@@ -1,21 +1,23 @@
-"""A plain ViT in Hugging Face transformers' layout: `ViTForImageClassification` weights, config and image
-processor, so that `from_pretrained(DIR)` rebuilds the same network.
+"""A plain ViT in Hugging Face transformers' layout: `ViTForImageClassification` weights, config and
+image processor, so that `from_pretrained(DIR)` rebuilds the same network.
 
-The key mapping is the one transformers' own `convert_vit_timm_to_pytorch.py` applies (hf_vit.py holds it,
-and reads such a folder back): timm's fused qkv (3D, D) is split into query, key and value,
-`norm1`/`norm2` become `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 become
+The key mapping is the one transformers' own `convert_vit_timm_to_pytorch.py` applies (hf_vit.py
+holds it, and reads such a folder back): timm's fused qkv (3D, D) is split into query, key and
+value, `norm1`/`norm2` become `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 become
 `intermediate`/`output` dense layers, the final norm `vit.layernorm` and the head `classifier`.
 
-`ViTForImageClassification` is one architecture: class token read after the final LayerNorm, a learned 1-D
-table over [class; patches], exact GELU, the model's LayerNorm eps (model.layer_norm_eps, set in the config:
-timm's 1e-6, where transformers' default is 1e-12), no pre-logits layer (ViTModel's tanh `pooler` is not
-used by the classifier). Anything else is refused by `check_hf`, never exported as a different network.
+`ViTForImageClassification` is one architecture: class token read after the final LayerNorm, a
+learned 1-D table over [class; patches], exact GELU, the model's LayerNorm eps
+(model.layer_norm_eps, set in the config: timm's 1e-6, where transformers' default is 1e-12), no
+pre-logits layer (ViTModel's tanh `pooler` is not used by the classifier). Anything else is refused
+by `check_hf`, never exported as a different network.
 
-A headless MAE encoder (one of MAE's .pth files, or our run of objective mae) goes to `ViTMAEModel` instead:
-the same encoder and names, its position table loaded as it is (MAE's is a fixed sin-cos one), LayerNorm eps
-1e-6 (MAE's, as timm's), and `mask_ratio` 0.0: ViTMAEModel masks 75% of the patches by default, at inference
-too (transformers #20328). With 0.0 every patch is kept, but still in the order of a random shuffle unless
-`noise` is passed (`noise=torch.arange(N)` keeps the order; `ids_restore` undoes it).
+A headless MAE encoder (one of MAE's .pth files, or our run of objective mae) goes to `ViTMAEModel`
+instead: the same encoder and names, its position table loaded as it is (MAE's is a fixed sin-cos
+one), LayerNorm eps 1e-6 (MAE's, as timm's), and `mask_ratio` 0.0: ViTMAEModel masks 75% of the
+patches by default, at inference too (transformers #20328). With 0.0 every patch is kept, but still
+in the order of a random shuffle unless `noise` is passed (`noise=torch.arange(N)` keeps the order;
+`ids_restore` undoes it).
 """
 
 from __future__ import annotations
@@ -40,16 +42,17 @@ PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
 
 def is_mae_encoder(loaded: Loaded, num_classes: int) -> bool:
-    """A headless MAE encoder, which goes to ViTMAEModel: one of MAE's .pth files, or our run whose recipe's
-    objective is mae (its model.safetensors holds the encoder, the decoder stays in the training state)."""
+    """A headless MAE encoder, which goes to ViTMAEModel: one of MAE's .pth files, or our run whose
+    recipe's objective is mae (its model.safetensors holds the encoder, the decoder stays in the
+    training state)."""
     recipe = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
     ours = isinstance(recipe, dict) and recipe.get("objective") == "mae"
     return num_classes == 0 and (loaded.kind == "mae" or ours)
 
 
 def check_hf(model: ModelConfig, num_classes: int, path: str, mae: bool = False) -> None:
-    """A CheckpointError naming the first feature ViTForImageClassification (with `mae`, ViTMAEModel)
-    cannot hold."""
+    """A CheckpointError naming the first feature ViTForImageClassification (with `mae`,
+    ViTMAEModel) cannot hold."""
     why = _unsupported(model, num_classes, mae)
     if why:
         formats = "onnx" if timm_refusal(model) else "onnx or timm"  # only formats that take it
@@ -59,8 +62,9 @@ def check_hf(model: ModelConfig, num_classes: int, path: str, mae: bool = False)
 
 
 def _unsupported(model: ModelConfig, num_classes: int, mae: bool = False) -> str:
-    """What of the network has no place in ViTForImageClassification, or ViTMAEModel for a headless MAE
-    encoder (`mae`: its table is loaded as it is, so a fixed sin-cos one fits); "" when it all fits."""
+    """What of the network has no place in ViTForImageClassification, or ViTMAEModel for a headless
+    MAE encoder (`mae`: its table is loaded as it is, so a fixed sin-cos one fits); "" when it all
+    fits."""
     if model.name in T2T_VITS:
         return f"a {model.name} (Tokens-to-Token embedding)"
     if model.name == HYBRID:
@@ -80,12 +84,14 @@ def _unsupported(model: ModelConfig, num_classes: int, mae: bool = False) -> str
 
 
 def hf_state_dict(sd: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
-    """timm names -> ViTForImageClassification names; every tensor is used once, none is left over."""
+    """timm names -> ViTForImageClassification names; every tensor is used once, none is left
+    over."""
     out = {TOP_NAMES[k]: v for k, v in sd.items() if k in TOP_NAMES}
     for i in range(depth):
         src, dst = f"blocks.{i}.", f"vit.encoder.layer.{i}."
         for part in ("weight", "bias"):
-            # weight (3D, D) -> 3 x (D, D), bias (3D,) -> 3 x (D,): rows are query, key, value in timm's qkv
+            # weight (3D, D) -> 3 x (D, D), bias (3D,) -> 3 x (D,): rows are query, key, value in
+            # timm's qkv
             q, k, v = sd[f"{src}attn.qkv.{part}"].chunk(3, dim=0)
             for name, t in (("query", q), ("key", k), ("value", v)):
                 out[f"{dst}attention.attention.{name}.{part}"] = t
@@ -122,18 +128,20 @@ def hf_mae_config(model: ModelConfig) -> dict:
         "image_size": model.img_size, "patch_size": model.patch_size, "num_channels": 3, "qkv_bias": True,
         "hidden_act": "gelu", "layer_norm_eps": model.layer_norm_eps,  # MAE's 1e-6, as timm's
         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
-        "mask_ratio": 0.0,  # transformers' default 0.75 drops three patches in four at inference too
+        # transformers' default 0.75 drops three patches in four at inference too
+        "mask_ratio": 0.0,
     }
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both sides,
-    transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre crop,
-    (x / 255 - mean) / std.
+    """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both
+    sides, transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre
+    crop, (x / 255 - mean) / std.
 
-    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole image to
-    size x size, which differs from our eval on any non-square image or crop_pct < 1. The classifier does not
-    care which processor feeds it; AutoImageProcessor and the image-classification pipeline load either.
+    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole
+    image to size x size, which differs from our eval on any non-square image or crop_pct < 1. The
+    classifier does not care which processor feeds it; AutoImageProcessor and the
+    image-classification pipeline load either.
     """
     size = prep["size"]
     return {
@@ -153,8 +161,8 @@ def _resized(side: int, crop_mode: str) -> dict:
 
 def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
                summary: dict) -> str:
-    """README.md: what the network is, what it was trained on and how, and the results its run recorded; no
-    class names: a headless MAE encoder for ViTMAEModel."""
+    """README.md: what the network is, what it was trained on and how, and the results its run
+    recorded; no class names: a headless MAE encoder for ViTMAEModel."""
     size, scale = prep["size"], f"(x / 255 - {prep['mean'][0]}) / {prep['std'][0]}"
     task = "image-classification" if class_names else "image-feature-extraction"
     front = ["---", "library_name: transformers", f"pipeline_tag: {task}",

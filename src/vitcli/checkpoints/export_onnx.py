@@ -1,11 +1,12 @@
-"""A built model as ONNX: `model.onnx` with a dynamic batch axis, input `pixel_values` (B, 3, S, S) already
-preprocessed, output `logits` (B, K) (or `features` (B, D) for a headless model).
+"""A built model as ONNX: `model.onnx` with a dynamic batch axis, input `pixel_values` (B, 3, S, S)
+already preprocessed, output `logits` (B, K) (or `features` (B, D) for a headless model).
 
-torch 2.14's `torch.onnx.export` defaults to the dynamo exporter (torch.export, then onnxscript), which is
-the maintained path: the TorchScript one is deprecated. It runs offline and needs `onnxscript` (and `onnx`),
-an optional extra imported only here. Opset 18 is the dynamo exporter's default and what onnxruntime >= 1.16
-runs. The weights are embedded in the one file up to ViT-L (1.2 GB); above protobuf's 2 GiB limit (ViT-H/14,
-2.5 GB) they go to `model.onnx.data` beside it, which onnxruntime finds by itself.
+torch 2.14's `torch.onnx.export` defaults to the dynamo exporter (torch.export, then onnxscript),
+which is the maintained path: the TorchScript one is deprecated. It runs offline and needs
+`onnxscript` (and `onnx`), an optional extra imported only here. Opset 18 is the dynamo exporter's
+default and what onnxruntime >= 1.16 runs. The weights are embedded in the one file up to ViT-L (1.2
+GB); above protobuf's 2 GiB limit (ViT-H/14, 2.5 GB) they go to `model.onnx.data` beside it, which
+onnxruntime finds by itself.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def write_onnx(model: nn.Module, out: Path, img_size: int, headless: bool) -> st
     """Export the eval-mode `model` into out/model.onnx; returns its output name."""
     check_installed()
     output = "features" if headless else "logits"
-    example = torch.zeros(2, 3, img_size, img_size)  # batch 2: a batch of 1 would be specialised away
+    # batch 2: a batch of 1 would be specialised away
+    example = torch.zeros(2, 3, img_size, img_size)
     batch = torch.export.Dim("batch", min=1)
     with warnings.catch_warnings(), _quiet_exporter():
-        warnings.simplefilter("ignore")  # the exporter's deprecation and tracing chatter is not the user's
+        # the exporter's deprecation and tracing chatter is not the user's
+        warnings.simplefilter("ignore")
         torch.onnx.export(model.eval(), (example,), str(out / ONNX_FILE), input_names=[INPUT],
                           output_names=[output], dynamic_shapes=({0: batch},), opset_version=OPSET,
                           dynamo=True, external_data=_weight_bytes(model) > EMBEDDED_BYTES, verbose=False,
@@ -48,8 +51,10 @@ def _weight_bytes(model: nn.Module) -> int:
 
 
 def check_installed() -> None:
-    """A CheckpointError naming the install command when the exporter's optional packages are missing."""
-    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]  # torch.onnx imports them
+    """A CheckpointError naming the install command when the exporter's optional packages are
+    missing."""
+    # torch.onnx imports them
+    missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
     if missing:
         raise CheckpointError(f"--format onnx needs the '{missing[0]}' package: {EXTRA}")
 

@@ -1,11 +1,13 @@
-"""A checkpoint as a timm model folder: what `timm.models.save_for_hf` writes (model.safetensors in timm's
-names, config.json with architecture, num_classes, label_names, model_args and pretrained_cfg), so that
-`timm.create_model("local-dir:DIR", pretrained=True)` and `push_to_hf_hub` take it as it is.
+"""A checkpoint as a timm model folder: what `timm.models.save_for_hf` writes (model.safetensors in
+timm's names, config.json with architecture, num_classes, label_names, model_args and
+pretrained_cfg), so that `timm.create_model("local-dir:DIR", pretrained=True)` and `push_to_hf_hub`
+take it as it is.
 
 timm writes the folder itself from a timm-built model: a plain ViT of ours is rebuilt as timm's
-VisionTransformer with the same sizes (our ViT subclass keeps timm's exact state-dict layout for plain
-configurations), a timm-named model is timm's already. What timm's VisionTransformer has no option for (the
-learned 2-D position embedding, the Dense+tanh pre-logits layer, T2T-ViT, our hybrid) is refused.
+VisionTransformer with the same sizes (our ViT subclass keeps timm's exact state-dict layout for
+plain configurations), a timm-named model is timm's already. What timm's VisionTransformer has no
+option for (the learned 2-D position embedding, the Dense+tanh pre-logits layer, T2T-ViT, our
+hybrid) is refused.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def timm_refusal(model: ModelConfig) -> str:
 def timm_model(model: ModelConfig, num_classes: int) -> nn.Module:
     """The timm-built network with `model`'s sizes (weights still to load)."""
     if not is_vit_family(model.name):
-        return zoo.build_model(model, num_classes)  # a timm name: timm builds it, with its pretrained_cfg
+        # a timm name: timm builds it, with its pretrained_cfg
+        return zoo.build_model(model, num_classes)
     token = model.pool == "token"
     args = {"img_size": model.img_size, "patch_size": model.patch_size, "embed_dim": model.embed_dim,
             "depth": model.depth, "num_heads": model.num_heads, "mlp_ratio": model.mlp_dim / model.embed_dim,
@@ -60,7 +63,8 @@ def timm_model(model: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def _architecture(model: ModelConfig) -> str:
-    """timm's name for a paper / DeiT size at this patch and resolution when it registers one, else any."""
+    """timm's name for a paper / DeiT size at this patch and resolution when it registers one, else
+    any."""
     size = paper_size(model.patch_size, model.embed_dim, model.depth, model.num_heads, model.mlp_dim)
     letter = size.removeprefix("ViT-").split("/")[0]
     name = f"vit_{TIMM_SIZES.get(letter, '')}_patch{model.patch_size}_{model.img_size}"
@@ -72,14 +76,16 @@ def write_timm(net: nn.Module, sd: dict[str, torch.Tensor], out: Path, class_nam
     """Load `sd` into timm's `net` (strict) and let timm write the folder with our preprocessing."""
     try:
         net.load_state_dict(sd, strict=True)
-    except RuntimeError as e:  # torch's first line is a header ("Error(s) in loading ..."), its next the keys
+    # torch's first line is a header ("Error(s) in loading ..."), its next the keys
+    except RuntimeError as e:
         lines = str(e).strip().splitlines()
         detail = lines[1].strip() if len(lines) > 1 else first_line(e)
         raise CheckpointError(f"the weights do not fit timm's {type(net).__name__}: {detail}") from None
     data = {"mean": tuple(prep["mean"]), "std": tuple(prep["std"]), "interpolation": prep["interpolation"],
             "crop_pct": prep["crop_pct"], "crop_mode": prep["crop_mode"]}
     config = {"label_names": list(class_names)} if class_names else None
-    # timm's registered weights for the architecture name are not these: their tag and licence are dropped
+    # timm's registered weights for the architecture name are not these: their tag and licence are
+    # dropped
     net.pretrained_cfg = {**{k: v for k, v in net.pretrained_cfg.items() if k not in ("tag", "license")},
                           "tag": "vitcli"}
     save_for_hf(net.eval(), str(out), model_config=config, safe_serialization=True, data_config=data)

@@ -1,9 +1,9 @@
 """A checkpoint fitted to a model: the paper's transfer protocol applied to a state dict.
 
-Drop the head (the model keeps its zero-initialised one), drop the pre_logits layer unless asked, and
-resize the position embedding to the model's grid. What the checkpoint's table is (kind, grid, prefix rows)
-comes from its `CheckpointSpec`, never re-guessed here. The result loads with strict=True or the error
-names the first keys that do not fit.
+Drop the head (the model keeps its zero-initialised one), drop the pre_logits layer unless asked,
+and resize the position embedding to the model's grid. What the checkpoint's table is (kind, grid,
+prefix rows) comes from its `CheckpointSpec`, never re-guessed here. The result loads with
+strict=True or the error names the first keys that do not fit.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from vitcli.recipe.checks import parse_grid
 
 HEAD = "head."
 REPRESENTATION = "pre_logits."  # the i21k Dense+tanh before the head, `pre_logits.fc.*`
-AXIS_TABLES = {"pos_embed_row": 0, "pos_embed_col": 1}  # learned_2d: which grid axis each table spans
-FIXED_TABLES = ("sincos_2d", "sincos_1d")  # functions of the grid, rebuilt by the model at its own size
+# learned_2d: which grid axis each table spans
+AXIS_TABLES = {"pos_embed_row": 0, "pos_embed_col": 1}
+# functions of the grid, rebuilt by the model at its own size
+FIXED_TABLES = ("sincos_2d", "sincos_1d")
 TABLES = {"learned_1d": ("pos_embed",), "sincos_2d": ("pos_embed",), "learned_2d": tuple(AXIS_TABLES)}
 
 
@@ -36,13 +38,16 @@ def adapt_state_dict(
     keep_representation: bool,
     method: str,
 ) -> tuple[dict[str, torch.Tensor], list[tuple[str, str]]]:
-    """A state dict that loads strict=True into `model`, plus (what, detail) report rows; `sd` is not changed.
+    """A state dict that loads strict=True into `model`, plus (what, detail) report rows; `sd` is
+    not changed.
 
-    `spec` (from `describe`) says what the checkpoint's position table is: kind, grid and prefix rows.
+    `spec` (from `describe`) says what the checkpoint's position table is: kind, grid and prefix
+    rows.
     """
     target = model.state_dict()
     sd = dict(sd)
-    prefixes = head_prefixes(model)  # the first is the head; a DeiT distilled model's second, head_dist
+    # the first is the head; a DeiT distilled model's second, head_dist
+    prefixes = head_prefixes(model)
     rows = [row for i, prefix in enumerate(prefixes)
             for row in _fit_head(sd, target, keep_head, prefix, prefix[:-1] if i else "head")]
     rows += _fit_representation(sd, keep_representation)
@@ -108,9 +113,10 @@ def _fit_representation(sd: dict, keep: bool) -> list[tuple[str, str]]:
 
 
 def _fit_final_norm(sd: dict, target: dict) -> list[tuple[str, str]]:
-    """A token-pooled encoder fine-tuned with pool gap_fc_norm, as MAE's main_finetune.py does: the model has
-    no final norm, so the checkpoint's is dropped, and the fc_norm after the pooling starts fresh (weight 1,
-    bias 0; MAE asserts it is missing, and timm's `.mae` weights under global_pool='avg' load the same)."""
+    """A token-pooled encoder fine-tuned with pool gap_fc_norm, as MAE's main_finetune.py does: the
+    model has no final norm, so the checkpoint's is dropped, and the fc_norm after the pooling
+    starts fresh (weight 1, bias 0; MAE asserts it is missing, and timm's `.mae` weights under
+    global_pool='avg' load the same)."""
     moves = "fc_norm.weight" in target and "norm.weight" not in target
     if not moves or "fc_norm.weight" in sd or "norm.weight" not in sd:
         return []
@@ -136,10 +142,11 @@ def _fit_posemb(sd: dict, target: dict, model: nn.Module, spec: CheckpointSpec, 
 
 
 def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid") -> CheckpointSpec:
-    """`spec` with the patch grid of its learned 1-D position table known: `given` (HxW, from `key`),
-    which also says whether the table has rows for the class and register tokens, else the file's own.
-    One line naming the file, the tensor and the grids its rows would fit when neither tells;
-    `given` may not contradict a grid the file states (our metadata, a transformers config.json)."""
+    """`spec` with the patch grid of its learned 1-D position table known: `given` (HxW, from
+    `key`), which also says whether the table has rows for the class and register tokens, else the
+    file's own. One line naming the file, the tensor and the grids its rows would fit when neither
+    tells; `given` may not contradict a grid the file states (our metadata, a transformers
+    config.json)."""
     learned = spec.pos_embed == "learned_1d" and "pos_embed" in sd
     if given and not learned:
         raise CheckpointError(f"{key}={given}: {spec.path} has no learned 1-D position table "
@@ -152,7 +159,8 @@ def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid"
                               "the checkpoint's own")
     table = tuple(sd["pos_embed"].shape)  # (1, P+N, D)
     n = table[1] - spec.num_prefix_tokens
-    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)  # reg (1, R, D)
+    # reg (1, R, D)
+    tokens = ("cls_token" in sd) + (sd["reg_token"].shape[1] if "reg_token" in sd else 0)
     if not given:
         raise CheckpointError(f"{spec.path}: pos_embed {table} holds {n} grid positions"
                               f"{_after(spec.num_prefix_tokens)}, not a square, so the grid it was trained "
@@ -162,7 +170,8 @@ def with_grid(spec: CheckpointSpec, sd: dict, given: str, key: str = "init.grid"
         raise CheckpointError(f"{key}={given} is {gh * gw} positions, but {spec.path}: pos_embed {table} "
                               f"holds {table[1] - tokens}{_after(tokens)}; e.g. {key}="
                               f"{_grids(table[1] - tokens)}")
-    prefix = 0 if gh * gw == table[1] else tokens  # 0: timm's no_embed_class, a table of the patches alone
+    # 0: timm's no_embed_class, a table of the patches alone
+    prefix = 0 if gh * gw == table[1] else tokens
     img_size = gh * spec.patch_size if gh == gw else spec.img_size
     return dataclasses.replace(spec, grid=(gh, gw), num_prefix_tokens=prefix, img_size=img_size)
 
@@ -200,15 +209,17 @@ def _fit_axis_tables(sd: dict, new_grid: tuple[int, int], method: str) -> list[t
 
 def move_posemb(sd: dict, kind: str, old_grid: tuple[int, int] | None, new_grid: tuple[int, int], prefix: int,
                 method: str) -> list[tuple[str, tuple, tuple]]:
-    """A checkpoint's position tables onto `new_grid`, in `sd` (entries replaced, tensors never changed):
-    learned_1d `pos_embed` (1, P+N, D) resampled over the grid (`old_grid` None: square), learned_2d's row
-    (1, H, D/2) and column (1, W, D/2) tables each along its own axis, sincos_2d recomputed at the new grid
-    with its P prefix rows kept. (key, shape before, shape after) for each table of the kind."""
+    """A checkpoint's position tables onto `new_grid`, in `sd` (entries replaced, tensors never
+    changed): learned_1d `pos_embed` (1, P+N, D) resampled over the grid (`old_grid` None: square),
+    learned_2d's row (1, H, D/2) and column (1, W, D/2) tables each along its own axis, sincos_2d
+    recomputed at the new grid with its P prefix rows kept. (key, shape before, shape after) for
+    each table of the kind."""
     keys = TABLES.get(kind, ())
     before = {k: tuple(sd[k].shape) for k in keys}
     if kind == "learned_1d":
         sd["pos_embed"] = resample_posemb(sd["pos_embed"], old_grid, new_grid, prefix, method)
-    elif kind == "sincos_2d" and old_grid != new_grid:  # a function of the grid: rebuilt, not resampled
+    # a function of the grid: rebuilt, not resampled
+    elif kind == "sincos_2d" and old_grid != new_grid:
         pe = sd["pos_embed"]  # (1, P+N, D)
         sd["pos_embed"] = torch.cat([pe[:, :prefix], sincos_2d(new_grid, pe.shape[-1]).to(pe.dtype)], dim=1)
     elif kind == "learned_2d":
@@ -222,7 +233,8 @@ def _grid_str(grid: tuple[int, int]) -> str:
 
 
 def _check_fit(sd: dict, target: dict, resizable: tuple[str, ...] = ()) -> None:
-    """Raise one line naming the first mismatching, missing and unexpected keys with their shapes."""
+    """Raise one line naming the first mismatching, missing and unexpected keys with their
+    shapes."""
     shapes = [
         f"{k} {tuple(sd[k].shape)} in checkpoint vs {tuple(v.shape)} in model"
         for k, v in target.items()

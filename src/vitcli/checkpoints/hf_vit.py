@@ -1,21 +1,22 @@
-"""transformers' ViT layout, both ways: the names `vit export --format hf` writes, and a folder transformers
-wrote (`ViTForImageClassification` or `ViTModel.save_pretrained`, e.g. a local copy of
+"""transformers' ViT layout, both ways: the names `vit export --format hf` writes, and a folder
+transformers wrote (`ViTForImageClassification` or `ViTModel.save_pretrained`, e.g. a local copy of
 google/vit-base-patch16-224) read back into timm's names.
 
-The mapping is transformers' own `convert_vit_timm_to_pytorch.py` (written here from it, not imported: that
-script is not part of the installed package): timm's fused qkv (3D, D) is query, key and value stacked,
-`norm1`/`norm2` are `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 the `intermediate`/`output`
-dense layers, the final norm `vit.layernorm` and the head `classifier`. transformers 5 renames these in
-memory but still saves them so; a ViTModel saves them without the `vit.` prefix.
+The mapping is transformers' own `convert_vit_timm_to_pytorch.py` (written here from it, not
+imported: that script is not part of the installed package): timm's fused qkv (3D, D) is query, key
+and value stacked, `norm1`/`norm2` are `layernorm_before`/`layernorm_after`, the MLP's fc1/fc2 the
+`intermediate`/`output` dense layers, the final norm `vit.layernorm` and the head `classifier`.
+transformers 5 renames these in memory but still saves them so; a ViTModel saves them without the
+`vit.` prefix.
 
-The network comes from config.json, and everything timm's ViT cannot be is refused in one line naming the
-file and the key: only exact GELU, 3 channels, square patches and images. `layer_norm_eps` is honoured
-(model.layer_norm_eps): transformers' default, and google's converted checkpoints, say 1e-12 where timm's
-ViT has 1e-6. `qkv_bias: false` is zero biases, the same network. A ViTModel's `pooler` (Dense + tanh on
-the class token) is timm's pre-logits layer when no classifier reads past it (google's in21k folders); beside
-a `classifier`, which reads the class token itself, or with another `pooler_act`, it is dropped, and the
-load table says so. The class names are `id2label`'s, unless they are transformers' LABEL_0, LABEL_1, ...
-placeholders.
+The network comes from config.json, and everything timm's ViT cannot be is refused in one line
+naming the file and the key: only exact GELU, 3 channels, square patches and images.
+`layer_norm_eps` is honoured (model.layer_norm_eps): transformers' default, and google's converted
+checkpoints, say 1e-12 where timm's ViT has 1e-6. `qkv_bias: false` is zero biases, the same
+network. A ViTModel's `pooler` (Dense + tanh on the class token) is timm's pre-logits layer when no
+classifier reads past it (google's in21k folders); beside a `classifier`, which reads the class
+token itself, or with another `pooler_act`, it is dropped, and the load table says so. The class
+names are `id2label`'s, unless they are transformers' LABEL_0, LABEL_1, ... placeholders.
 
 config.json's values are checked by the types transformers' ViTConfig declares (a quoted "2" for
 num_hidden_layers is refused naming the file, the key and what it should be). Weights are
@@ -90,7 +91,8 @@ class HfVit:
     num_heads: int
     layer_norm_eps: float
     class_names: list[str] | None  # id2label's, None when it holds transformers' placeholders
-    notes: list[tuple[str, str]]  # load-table rows: what the config says and what was dropped or filled
+    # load-table rows: what the config says and what was dropped or filled
+    notes: list[tuple[str, str]]
     image_size: int  # config.json's (square: check_config refuses others), so its grid is known
     patch_size: int
 
@@ -112,14 +114,16 @@ def model_type(folder: Path) -> str | None:
 
 
 def weights_file(folder: Path) -> Path | None:
-    """The weights save_pretrained wrote into a transformers ViT folder; None for any other folder."""
+    """The weights save_pretrained wrote into a transformers ViT folder; None for any other
+    folder."""
     if not is_vit_folder(folder):
         return None
     return next((folder / n for n in WEIGHTS_FILES if (folder / n).is_file()), None)
 
 
 def read_vit_folder(path: Path) -> HfVit:
-    """`path` (a transformers ViT folder's weights file) and its config.json as timm's VisionTransformer."""
+    """`path` (a transformers ViT folder's weights file) and its config.json as timm's
+    VisionTransformer."""
     where = path.parent / "config.json"
     config = {**DEFAULTS, **json.loads(where.read_text())}
     check_config(config, where)
@@ -249,9 +253,10 @@ def _file_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path
                     ) -> tuple[dict[str, torch.Tensor], list[tuple[str, str]]]:
-    """transformers' names -> timm's (and load-table rows for what had no place); every tensor is used
-    once or named in a row, and anything else is refused."""
-    left = {k.removeprefix("vit."): v for k, v in raw.items()}  # a ViTModel saves without the prefix
+    """transformers' names -> timm's (and load-table rows for what had no place); every tensor is
+    used once or named in a row, and anything else is refused."""
+    # a ViTModel saves without the prefix
+    left = {k.removeprefix("vit."): v for k, v in raw.items()}
 
     def take(name: str) -> torch.Tensor:
         if name not in left:
@@ -265,7 +270,8 @@ def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path
     for i in range(config["num_hidden_layers"]):
         sd.update(_block(take, f"encoder.layer.{i}.", f"blocks.{i}.", config["qkv_bias"]))
     notes = _pooler(take, left, config, "head.weight" in sd, sd)
-    if "embeddings.mask_token" in left:  # ViTModel(use_mask_token=True): masked image modelling only
+    # ViTModel(use_mask_token=True): masked image modelling only
+    if "embeddings.mask_token" in left:
         take("embeddings.mask_token")
         notes.append(("dropped", "embeddings.mask_token (masked image modelling's; no classifier reads it)"))
     if not config["qkv_bias"]:
@@ -277,7 +283,8 @@ def timm_state_dict(raw: dict[str, torch.Tensor], config: dict, path: Path
 
 
 def _block(take, src: str, dst: str, qkv_bias: bool) -> dict[str, torch.Tensor]:
-    """One encoder layer: query, key and value stacked into timm's qkv, weight (3D, D) and bias (3D,)."""
+    """One encoder layer: query, key and value stacked into timm's qkv, weight (3D, D) and bias
+    (3D,)."""
     attn = f"{src}attention.attention."
     out = {f"{dst}attn.qkv.weight": torch.cat([take(f"{attn}{n}.weight") for n in QKV])}
     biases = [take(f"{attn}{n}.bias") for n in QKV] if qkv_bias else []
@@ -289,8 +296,8 @@ def _block(take, src: str, dst: str, qkv_bias: bool) -> dict[str, torch.Tensor]:
 
 
 def _pooler(take, left: dict, config: dict, has_head: bool, sd: dict) -> list[tuple[str, str]]:
-    """ViTModel's pooler into `sd` as timm's pre-logits (Dense + tanh) when nothing reads past it; else
-    dropped. The load-table row that says which."""
+    """ViTModel's pooler into `sd` as timm's pre-logits (Dense + tanh) when nothing reads past it;
+    else dropped. The load-table row that says which."""
     if "pooler.dense.weight" not in left:
         return []
     weight, bias = take("pooler.dense.weight"), take("pooler.dense.bias")  # (R, D), (R,)

@@ -1,19 +1,20 @@
-"""The one owner of a run's training state (torchtitan's CheckpointManager): whether a run resumes and from
-which checkpoint, writing one (whole or sharded) and rotating, and loading one back into the model, the
-optimizer and the train stream.
+"""The one owner of a run's training state (torchtitan's CheckpointManager): whether a run resumes
+and from which checkpoint, writing one (whole or sharded) and rotating, and loading one back into
+the model, the optimizer and the train stream.
 
-What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; `ema`, the weight EMA, when
-the recipe keeps one (ema.decay > 0); the train state, `step` and `recipe`; and `data`, the position in the
-data (examples seen, the world size, and `streams`, every rank's train stream state: its `state_dict()`,
-json). A whole checkpoint (`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one
-(`state-<step>/`, checkpoints.sharded) keeps the model, optimizer and EMA as shards and the rest beside them.
-A checkpoint from before a run kept an EMA has none, and its recipe's missing `ema` section reads as EMA
-off: a recipe that turns EMA on is then a changed recipe, refused on resume like any other
-(_check_same_training), never an EMA begun from the weights halfway through.
+What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; `ema`, the weight EMA,
+when the recipe keeps one (ema.decay > 0); the train state, `step` and `recipe`; and `data`, the
+position in the data (examples seen, the world size, and `streams`, every rank's train stream state:
+its `state_dict()`, json). A whole checkpoint (`state-<step>.pt`, checkpoints.state) holds them all
+in one file; a sharded one (`state-<step>/`, checkpoints.sharded) keeps the model, optimizer and EMA
+as shards and the rest beside them. A checkpoint from before a run kept an EMA has none, and its
+recipe's missing `ema` section reads as EMA off: a recipe that turns EMA on is then a changed
+recipe, refused on resume like any other (_check_same_training), never an EMA begun from the weights
+halfway through.
 
-No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed, step,
-micro-batch) (sampler.micro_seed, loop._objective), so a resumed run draws what the uninterrupted one drew.
-An older checkpoint's `rng` entry is left unread.
+No RNG state is saved (big_vision keeps none): every random draw of training is a function of (seed,
+step, micro-batch) (sampler.micro_seed, loop._objective), so a resumed run draws what the
+uninterrupted one drew. An older checkpoint's `rng` entry is left unread.
 """
 
 from __future__ import annotations
@@ -38,24 +39,27 @@ from vitcli.runtime.run_dir import RESUMABLE, finished
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
 # The keys that may differ between a run and its resumption: run_dir.RESUMABLE; all others match.
-# data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (run.micro_batch), so the
-# budget that chose it may change.
+# data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (run.micro_batch),
+# so the budget that chose it may change.
 MICRO_BATCH = "data.micro_batch_size"
 
-Checkpoint = tuple[Path, dict]  # (path, what it holds: all of a file; a directory's part beside its shards)
+# (path, what it holds: all of a file; a directory's part beside its shards)
+Checkpoint = tuple[Path, dict]
 
 
 def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
-    """The newest checkpoint that verifies and is complete, as (path, state); None when there is none at all.
+    """The newest checkpoint that verifies and is complete, as (path, state); None when there is
+    none at all.
 
-    For a file `state-<step>.pt`, state is all of it (state.STATE_KEYS). For a directory `state-<step>/` (a
-    sharded run), state is only its extra part (sharded.SHARDED_KEYS at least), read without unpickling;
-    the model and optimizer tensors stay on disk until CheckpointManager.load reads them into the live,
-    already sharded model. Either is checked against its checksums first.
+    For a file `state-<step>.pt`, state is all of it (state.STATE_KEYS). For a directory
+    `state-<step>/` (a sharded run), state is only its extra part (sharded.SHARDED_KEYS at least),
+    read without unpickling; the model and optimizer tensors stay on disk until
+    CheckpointManager.load reads them into the live, already sharded model. Either is checked
+    against its checksums first.
 
-    Each newer one skipped is named in a warning (if `verbose`); if none is usable, a CheckpointError names
-    them, unless they were only cut short (a kill before their checksum: the run's first save), when the run
-    starts over (None) with a warning.
+    Each newer one skipped is named in a warning (if `verbose`); if none is usable, a
+    CheckpointError names them, unless they were only cut short (a kill before their checksum: the
+    run's first save), when the run starts over (None) with a warning.
     """
     failures = []
     for path in state.checkpoints(workdir):
@@ -70,7 +74,8 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
     if len(failures) > len(state.orphans(workdir)):  # damaged, not only cut short: the user decides
         raise CheckpointError(f"no usable checkpoint in {workdir}: {'; '.join(failures)}; "
                               "--no-resume starts over")
-    for failure in failures if verbose else []:  # the first save was killed: nothing was lost but its steps
+    # the first save was killed: nothing was lost but its steps
+    for failure in failures if verbose else []:
         console.log(f"[yellow]warning: {failure}; no checkpoint before it: starting at step 0")
     return None
 
@@ -80,10 +85,10 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     """The checkpoint to resume from (read once, handed to the loop), or None for a fresh run.
 
     `resume`: --resume (True), --no-resume (False) or neither (None: resume when the workdir holds a
-    checkpoint); `overwrite` starts over even where a checkpoint could be resumed, and lets a fresh run
-    replace a finished one. Refused if the recipe changed what is trained. `recipe` has its precision
-    resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at the other
-    precision, on a machine that chose differently, is continued with a warning instead.
+    checkpoint); `overwrite` starts over even where a checkpoint could be resumed, and lets a fresh
+    run replace a finished one. Refused if the recipe changed what is trained. `recipe` has its
+    precision resolved; with `auto_precision` (the user's recipe said auto) a checkpoint trained at
+    the other precision, on a machine that chose differently, is continued with a warning instead.
     """
     check_resume_flags(resume, overwrite)
     found = None if overwrite or resume is False else latest_good_state(workdir, verbose=dist.is_main)
@@ -110,7 +115,8 @@ def finished_summary(workdir: Path, start: Checkpoint | None) -> dict | None:
 
 
 def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
-    """`saved` with this machine's precision, after a loud warning if the checkpoint trained at another."""
+    """`saved` with this machine's precision, after a loud warning if the checkpoint trained at
+    another."""
     was = saved["run"]["precision"]
     if was != recipe.run.precision:
         console.log(f"[bold yellow]warning: {workdir} trained at {was}; run.precision=auto chooses "
@@ -121,11 +127,13 @@ def _accept_precision(recipe: Recipe, saved: dict, workdir: Path) -> dict:
 
 def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> None:
     """Refuse to continue a run whose recipe trains differently. A key the saved recipe lacks (a key
-    vitcli gained since the checkpoint was written) counts as its default: what the run trained with."""
+    vitcli gained since the checkpoint was written) counts as its default: what the run trained
+    with."""
     saved, now = flatten(saved_recipe), flatten(to_dict(recipe))
     defaults = flatten(to_dict(Recipe(stage=recipe.stage)))
     saved = {k: saved.get(k, defaults.get(k)) for k in now}
-    if now[MICRO_BATCH] == "auto":  # continues with the checkpoint's choice (run.micro_batch.resolved)
+    # continues with the checkpoint's choice (run.micro_batch.resolved)
+    if now[MICRO_BATCH] == "auto":
         now[MICRO_BATCH] = saved[MICRO_BATCH]
     diffs = [k for k in now if saved[k] != now[k] and not k.startswith(RESUMABLE)]
     if diffs:
@@ -139,26 +147,28 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
 
 
 def prepare_workdir(workdir: Path, fresh: bool) -> Path | None:
-    """Before a run writes anything (rank 0): the killed writes of an earlier run go (ours only, by their
-    pattern: files.remove_stale_temps, state.remove_stale_dirs); a `fresh` run first sets the previous run's
-    files aside, its checkpoints with them, so that nothing old looks resumable. Returns where they went."""
+    """Before a run writes anything (rank 0): the killed writes of an earlier run go (ours only, by
+    their pattern: files.remove_stale_temps, state.remove_stale_dirs); a `fresh` run first sets the
+    previous run's files aside, its checkpoints with them, so that nothing old looks resumable.
+    Returns where they went."""
     workdir.mkdir(parents=True, exist_ok=True)
     files.remove_stale_temps(workdir)
     state.remove_stale_dirs(workdir)
     if fresh:
         return set_aside(workdir, state.state_files(workdir))
-    # a checkpoint whose checksum a kill never wrote (latest_good_state skipped it): kept, out of the way
+    # a checkpoint whose checksum a kill never wrote (latest_good_state skipped it): kept, out of
+    # the way
     set_aside(workdir, state.orphans(workdir), outputs=False, why="the half-written checkpoints")
     return None
 
 
 def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
          keep: int, sharded: bool, ema: TensorState | None = None) -> Path:
-    """Write the checkpoint of parts["step"]: `parts` with the model, optimizer and `ema` (if any), as one
-    file by rank 0 or (`sharded`) as a directory every rank writes its shard into; then keep the `keep`
-    newest. Every rank calls it; it returns once the checkpoint is in place. Any checkpoint of that step or
-    later goes first (an abandoned run's), so that whatever a kill leaves behind, the newest checkpoint is
-    from this run."""
+    """Write the checkpoint of parts["step"]: `parts` with the model, optimizer and `ema` (if any),
+    as one file by rank 0 or (`sharded`) as a directory every rank writes its shard into; then keep
+    the `keep` newest. Every rank calls it; it returns once the checkpoint is in place. Any
+    checkpoint of that step or later goes first (an abandoned run's), so that whatever a kill leaves
+    behind, the newest checkpoint is from this run."""
     step = int(parts["step"])
     if dist.is_main:
         state.discard_from(workdir, step)
@@ -185,8 +195,9 @@ class TensorState(Protocol):
 
 
 class TrainStream(Protocol):
-    """The train stream as a checkpointed part (data.batches.MappedTrainStream, data.streams.TrainStream):
-    placed before its first batch, by its saved state or, without one, at a micro-batch of the run."""
+    """The train stream as a checkpointed part (data.batches.MappedTrainStream,
+    data.streams.TrainStream): placed before its first batch, by its saved state or, without one, at
+    a micro-batch of the run."""
 
     def state_dict(self) -> dict: ...
 
@@ -196,10 +207,11 @@ class TrainStream(Protocol):
 
 
 class CheckpointManager:
-    """Saves, rotates and loads the training state of one run, for the loop. `model` is the module as
-    parallelized (not compiled: its state dict has the plain names); `stream`: this rank's train stream, not
-    yet begun; `sharded`: parallelize sharded the model, so its parts are saved as shards in `state-<step>/`,
-    else as one `state-<step>.pt`; `ema`: the weight EMA, if the run keeps one."""
+    """Saves, rotates and loads the training state of one run, for the loop. `model` is the module
+    as parallelized (not compiled: its state dict has the plain names); `stream`: this rank's train
+    stream, not yet begun; `sharded`: parallelize sharded the model, so its parts are saved as
+    shards in `state-<step>/`, else as one `state-<step>.pt`; `ema`: the weight EMA, if the run
+    keeps one."""
 
     def __init__(self, workdir: Path, recipe: Recipe, dist: Dist, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, stream: TrainStream, sharded: bool,
@@ -210,8 +222,8 @@ class CheckpointManager:
         self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
 
     def load(self) -> int:
-        """The model, optimizer, EMA and train stream as the checkpoint left them; the step to continue from
-        (0: a fresh run, nothing loaded)."""
+        """The model, optimizer, EMA and train stream as the checkpoint left them; the step to
+        continue from (0: a fresh run, nothing loaded)."""
         if self.resume_from is None:
             return 0
         path, saved = self.resume_from
@@ -229,8 +241,9 @@ class CheckpointManager:
         return step
 
     def _load_ema(self, path: Path, saved: dict) -> None:
-        """The EMA of a whole checkpoint, in place; one this run keeps must be there (the recipe check lets
-        no EMA-less checkpoint resume into a run that keeps one, but a hand-made file could)."""
+        """The EMA of a whole checkpoint, in place; one this run keeps must be there (the recipe
+        check lets no EMA-less checkpoint resume into a run that keeps one, but a hand-made file
+        could)."""
         if self.ema is None:
             return
         if "ema" not in saved:
@@ -242,9 +255,10 @@ class CheckpointManager:
             raise CheckpointError(f"{path}: {e}") from None
 
     def _load_stream(self, states: list[dict], step: int) -> None:
-        """This rank's train stream at `step`: where its state in the checkpoint says (a streamed split goes
-        on from its saved position, reading nothing twice), which must agree with the step; from a checkpoint
-        without one (an older map-style run's) or of another world size, placed by the step alone."""
+        """This rank's train stream at `step`: where its state in the checkpoint says (a streamed
+        split goes on from its saved position, reading nothing twice), which must agree with the
+        step; from a checkpoint without one (an older map-style run's) or of another world size,
+        placed by the step alone."""
         micro_batch = step * micro_batches(self.recipe, self.dist.world_size)[1]
         if len(states) != self.dist.world_size:
             _warn_resplit(states, self.dist)
@@ -257,8 +271,8 @@ class CheckpointManager:
                                   f"micro-batch {at}, not {micro_batch}: its data position and step disagree")
 
     def save(self, step: int) -> Path:
-        """A checkpoint of everything resuming needs after `step`, every rank's train stream state with it;
-        the oldest beyond run.keep_checkpoints go. Every rank calls it."""
+        """A checkpoint of everything resuming needs after `step`, every rank's train stream state
+        with it; the oldest beyond run.keep_checkpoints go. Every rank calls it."""
         t0 = time.perf_counter()
         r, dist = self.recipe, self.dist
         streams = all_gather(self.stream.state_dict(), dist)
@@ -276,9 +290,10 @@ class CheckpointManager:
 
 
 def _warn_resplit(states: list[dict], dist: Dist) -> None:
-    """A streamed split's saved positions are per rank: on another world size each rank re-reads its new
-    share (a map-style split's batches do not depend on the world size: nothing to say)."""
-    streamed = states and states[0].get("kind", "streamed") == "streamed"  # older states: streamed only
+    """A streamed split's saved positions are per rank: on another world size each rank re-reads its
+    new share (a map-style split's batches do not depend on the world size: nothing to say)."""
+    # older states: streamed only
+    streamed = states and states[0].get("kind", "streamed") == "streamed"
     if streamed and dist.is_main:
         console.log(f"[yellow]warning: the stream was split over {len(states)} process(es), now "
                     f"{dist.world_size}: each rank re-reads its new share up to this step, and the "

@@ -1,13 +1,15 @@
 """Google's Flax ViT checkpoints (`.npz`, vit_jax and big_vision layouts) renamed to timm's names.
 
-Flax Dense kernels are (in, out) and timm Linear weights (out, in); conv kernels HWIO vs OIHW; attention
-q/k/v kernels (D, H, D/H) are flattened and stacked into timm's fused (3D, D) qkv. The query kernel's
-middle axis is the number of heads, the one architecture fact a timm state dict loses, so it is returned.
+Flax Dense kernels are (in, out) and timm Linear weights (out, in); conv kernels HWIO vs OIHW;
+attention q/k/v kernels (D, H, D/H) are flattened and stacked into timm's fused (3D, D) qkv. The
+query kernel's middle axis is the number of heads, the one architecture fact a timm state dict
+loses, so it is returned.
 
-The vit_jax hybrid (R50+ViT-B/16) keeps its BiT ResNet beside `embedding/` and `Transformer/`: `conv_root`,
-`gn_root`, then `block{i}/unit{j}/` bottlenecks (conv1-3 and gn1-3, conv_proj and gn_proj where the shape
-changes). They become timm's `patch_embed.backbone.*` (HybridEmbed over a ResNetV2), and `embedding/kernel`
-is then a 1x1 conv over the ResNet's channels; describe tells the hybrid by those names.
+The vit_jax hybrid (R50+ViT-B/16) keeps its BiT ResNet beside `embedding/` and `Transformer/`:
+`conv_root`, `gn_root`, then `block{i}/unit{j}/` bottlenecks (conv1-3 and gn1-3, conv_proj and
+gn_proj where the shape changes). They become timm's `patch_embed.backbone.*` (HybridEmbed over a
+ResNetV2), and `embedding/kernel` is then a 1x1 conv over the ResNet's channels; describe tells the
+hybrid by those names.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class _Arrays:
         return self.get(f"{key}/kernel", idx).T, self.get(f"{key}/bias", idx)
 
     def leftover(self) -> list[str]:
-        """Arrays under the prefix that nothing read: parts neither a ViT nor its hybrid ResNet has."""
+        """Arrays under the prefix that nothing read: parts neither a ViT nor its hybrid ResNet
+        has."""
         return sorted(k for k in self.w if k.startswith(self.prefix) and k not in self.used)
 
     def count(self, pattern: str) -> int:
@@ -68,7 +71,8 @@ class _Arrays:
 
 
 def npz_to_timm(arrays: dict[str, np.ndarray], name: str = "npz") -> tuple[dict[str, torch.Tensor], int]:
-    """Flattened Flax ViT params -> (timm VisionTransformer state dict, number of attention heads)."""
+    """Flattened Flax ViT params -> (timm VisionTransformer state dict, number of attention
+    heads)."""
     prefix = next((p for p in PREFIXES if f"{p}embedding/kernel" in arrays), None)
     if prefix is None:
         raise CheckpointError(
@@ -88,9 +92,11 @@ def npz_to_timm(arrays: dict[str, np.ndarray], name: str = "npz") -> tuple[dict[
 
 
 def _stem(a: _Arrays) -> dict[str, torch.Tensor]:
-    """Everything outside the encoder blocks: patch embedding, tokens, final norm, pre-logits, head."""
+    """Everything outside the encoder blocks: patch embedding, tokens, final norm, pre-logits,
+    head."""
     sd = {
-        "patch_embed.proj.weight": a.conv("embedding/kernel"),  # (D, C, ph, pw); hybrid (D, 1024, 1, 1)
+        # (D, C, ph, pw); hybrid (D, 1024, 1, 1)
+        "patch_embed.proj.weight": a.conv("embedding/kernel"),
         "patch_embed.proj.bias": a.get("embedding/bias"),
         "norm.weight": a.get("Transformer/encoder_norm/scale"),
         "norm.bias": a.get("Transformer/encoder_norm/bias"),
@@ -111,13 +117,15 @@ def _pos_embed(pos: torch.Tensor, sd: dict[str, torch.Tensor]) -> torch.Tensor:
     pos = pos.reshape(1, -1, sd["patch_embed.proj.bias"].shape[0])  # (1, N or 1+N, D)
     n = pos.shape[1]
     if "cls_token" in sd and math.isqrt(n) ** 2 == n:
-        # big_vision adds posemb before prepending [cls]; timm adds it after, so [cls] gets a zero row
+        # big_vision adds posemb before prepending [cls]; timm adds it after, so [cls] gets a zero
+        # row
         pos = torch.cat([torch.zeros_like(pos[:, :1]), pos], dim=1)
     return pos
 
 
 def _blocks(a: _Arrays) -> tuple[dict[str, torch.Tensor], int]:
-    """Encoder blocks and the head count; `scan` checkpoints stack all blocks with a leading depth axis."""
+    """Encoder blocks and the head count; `scan` checkpoints stack all blocks with a leading depth
+    axis."""
     scan_key = "Transformer/encoderblock/LayerNorm_0/scale"
     scan = a.has(scan_key)
     depth = len(a.w[a.prefix + scan_key]) if scan else 0
@@ -132,7 +140,8 @@ def _blocks(a: _Arrays) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def _block(a: _Arrays, t: str, bp: str, idx: int | None) -> tuple[dict[str, torch.Tensor], int]:
-    """One encoder block under timm prefix `t`, and its head count (0 when the kernels are flattened)."""
+    """One encoder block under timm prefix `t`, and its head count (0 when the kernels are
+    flattened)."""
     # vit_jax numbers submodules in call order (LN_0, MHDPA_1, LN_2, Mlp_3), big_vision per type
     attn, ln2, mlp = (1, 2, 3) if a.has(f"{bp}MultiHeadDotProductAttention_1/out/bias") else (0, 1, 0)
     at = f"{bp}MultiHeadDotProductAttention_{attn}/"
@@ -142,7 +151,8 @@ def _block(a: _Arrays, t: str, bp: str, idx: int | None) -> tuple[dict[str, torc
         t + "norm1.weight": a.get(bp + "LayerNorm_0/scale", idx),
         t + "norm1.bias": a.get(bp + "LayerNorm_0/bias", idx),
         t + "attn.qkv.weight": torch.cat([k.flatten(1).T for k in qkv]),  # (3D, D)
-        t + "attn.qkv.bias": torch.cat([a.get(f"{at}{n}/bias", idx).flatten() for n in QKV]),  # (3D,)
+        # (3D,)
+        t + "attn.qkv.bias": torch.cat([a.get(f"{at}{n}/bias", idx).flatten() for n in QKV]),
         t + "attn.proj.weight": out.reshape(-1, out.shape[-1]).T,  # (D, D)
         t + "attn.proj.bias": a.get(at + "out/bias", idx),
         t + "norm2.weight": a.get(f"{bp}LayerNorm_{ln2}/scale", idx),
@@ -155,7 +165,8 @@ def _block(a: _Arrays, t: str, bp: str, idx: int | None) -> tuple[dict[str, torc
 
 
 def _resnet(a: _Arrays) -> dict[str, torch.Tensor]:
-    """The hybrid's BiT ResNet (root, then stages of bottleneck units) as timm's HybridEmbed backbone."""
+    """The hybrid's BiT ResNet (root, then stages of bottleneck units) as timm's HybridEmbed
+    backbone."""
     t = "patch_embed.backbone."
     sd = {t + "stem.conv.weight": a.conv("conv_root/kernel"), **_group_norm(a, t + "stem.norm", "gn_root")}
     for i in range(a.count("block{}/unit1/conv1/kernel")):
@@ -165,7 +176,8 @@ def _resnet(a: _Arrays) -> dict[str, torch.Tensor]:
 
 
 def _unit(a: _Arrays, t: str, u: str) -> dict[str, torch.Tensor]:
-    """One bottleneck (1x1, strided 3x3, 1x1 convs, each before a GroupNorm) and its projection shortcut."""
+    """One bottleneck (1x1, strided 3x3, 1x1 convs, each before a GroupNorm) and its projection
+    shortcut."""
     sd = {}
     for r in (1, 2, 3):
         sd[f"{t}conv{r}.weight"] = a.conv(f"{u}conv{r}/kernel")
@@ -177,5 +189,6 @@ def _unit(a: _Arrays, t: str, u: str) -> dict[str, torch.Tensor]:
 
 
 def _group_norm(a: _Arrays, t: str, key: str) -> dict[str, torch.Tensor]:
-    """A Flax GroupNorm's scale and bias, (C,); flattened, as some exports keep them (1, 1, 1, C)."""
+    """A Flax GroupNorm's scale and bias, (C,); flattened, as some exports keep them (1, 1, 1,
+    C)."""
     return {f"{t}.weight": a.get(f"{key}/scale").reshape(-1), f"{t}.bias": a.get(f"{key}/bias").reshape(-1)}

@@ -1,15 +1,18 @@
 """The pixels a checkpoint's weights expect, as the recipe's data keys (mean, std, interpolation,
 eval_crop_pct, eval_crop_mode), and where the checkpoint says so.
 
-Resolution puts them just above the defaults (the `base` layer of vitcli.recipe.resolve), so a recipe file
-or a KEY=VALUE override still wins; the run's recipe.yaml records what was chosen, and the load table says
-where it came from (`row`). By the checkpoint's kind:
+Resolution puts them just above the defaults (the `base` layer of vitcli.recipe.resolve), so a
+recipe file or a KEY=VALUE override still wins; the run's recipe.yaml records what was chosen, and
+the load table says where it came from (`row`). By the checkpoint's kind:
 
 - ours: the recipe it was trained with (a file from before these keys was fed [-1, 1], bilinear);
 - a Hub name, or a folder timm or transformers wrote: what it states (read.Loaded.pretrained_cfg);
-- a bare timm .safetensors: the pretrained_cfg timm registers for the recipe's model.name, if a timm name;
-- Google's .npz: [-1, 1], bilinear: vit_jax and big_vision feed x / 127.5 - 1 (the crop stays the recipe's);
-- MAE's .pth: ImageNet mean and std, bicubic, a 0.875 eval crop, as MAE's main_finetune.py feeds them
+- a bare timm .safetensors: the pretrained_cfg timm registers for the recipe's model.name, if a timm
+name;
+- Google's .npz: [-1, 1], bilinear: vit_jax and big_vision feed x / 127.5 - 1 (the crop stays the
+recipe's);
+- MAE's .pth: ImageNet mean and std, bicubic, a 0.875 eval crop, as MAE's main_finetune.py feeds
+them
   (timm's create_transform, then resize to 256 and centre-crop 224 to evaluate).
 """
 
@@ -26,8 +29,9 @@ from vitcli.recipe.names import NAMED
 from vitcli.recipe.schema import DataConfig
 
 KEYS = ("mean", "std", "interpolation", "eval_crop_pct", "eval_crop_mode")
-# what fine-tuning, few-shot features and inspect take: the input the weights know; the eval crop is a
-# protocol's choice (the paper's transfer evaluates uncropped), only evaluate, predict and export take it
+# what fine-tuning, few-shot features and inspect take: the input the weights know; the eval crop is
+# a protocol's choice (the paper's transfer evaluates uncropped), only evaluate, predict and export
+# take it
 FEED = ("mean", "std", "interpolation")
 SIGNED = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bilinear"}
 MAE = {"mean": list(IMAGENET_DEFAULT_MEAN), "std": list(IMAGENET_DEFAULT_STD), "interpolation": "bicubic",
@@ -36,15 +40,16 @@ MAE = {"mean": list(IMAGENET_DEFAULT_MEAN), "std": list(IMAGENET_DEFAULT_STD), "
 
 @dataclass(frozen=True)
 class Said:
-    """What a checkpoint says of its input, as data keys -> values, and where it says it ("" when nowhere)."""
+    """What a checkpoint says of its input, as data keys -> values, and where it says it ("" when
+    nowhere)."""
 
     values: dict
     source: str
 
 
 def said_by(loaded: Loaded, model_name: str) -> Said:
-    """The preprocessing `loaded` states; `model_name` (the recipe's model.name) names timm's registered
-    pretrained_cfg for a bare timm file."""
+    """The preprocessing `loaded` states; `model_name` (the recipe's model.name) names timm's
+    registered pretrained_cfg for a bare timm file."""
     if loaded.kind == "vitcli":
         data = (loaded.meta.get("recipe") or {}).get("data") or {}
         return Said({**SIGNED, "eval_crop_pct": 1.0, "eval_crop_mode": "center",
@@ -55,7 +60,8 @@ def said_by(loaded: Loaded, model_name: str) -> Said:
     if loaded.kind == "mae":
         return Said(dict(MAE), "MAE's .pth: ImageNet mean and std, bicubic, as its main_finetune.py")
     cfg = loaded.pretrained_cfg or _registered(model_name)
-    resize = cfg.get("interpolation")  # timm also knows `random` and lanczos, which the recipe does not
+    # timm also knows `random` and lanczos, which the recipe does not
+    resize = cfg.get("interpolation")
     values = {"mean": cfg.get("mean"), "std": cfg.get("std"), "eval_crop_pct": cfg.get("crop_pct"),
               "interpolation": resize if resize in INTERPOLATIONS else None,
               "eval_crop_mode": cfg.get("crop_mode") if cfg.get("crop_mode") in EVAL_CROP_MODES else None}
@@ -64,8 +70,8 @@ def said_by(loaded: Loaded, model_name: str) -> Said:
 
 
 def _registered(name: str) -> dict:
-    """timm's registered pretrained_cfg for a timm model name (its default tag, or the one named); {} for
-    vitcli's own names and names timm does not know."""
+    """timm's registered pretrained_cfg for a timm model name (its default tag, or the one named);
+    {} for vitcli's own names and names timm does not know."""
     if name in NAMED:
         return {}
     cfg = timm.models.get_pretrained_cfg(name)

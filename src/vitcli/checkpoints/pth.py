@@ -1,25 +1,30 @@
-"""A `torch.save` file (.pth, .pt): read with `torch.load(weights_only=True)`, MAE's layouts told apart.
+"""A `torch.save` file (.pth, .pt): read with `torch.load(weights_only=True)`, MAE's layouts told
+apart.
 
 weights_only unpickles tensors, containers and primitives only, plus what is allowed by name: here
-`argparse.Namespace`, the `args` entry every facebookresearch/mae (and timm, DeiT) training checkpoint
-pickles (a plain attribute bag). Any other pickled global is refused before it is built, in one line that
-names the file and the global.
+`argparse.Namespace`, the `args` entry every facebookresearch/mae (and timm, DeiT) training
+checkpoint pickles (a plain attribute bag). Any other pickled global is refused before it is built,
+in one line that names the file and the global.
 
-The weights are the first of `state_dict_ema`, `state_dict`, `model` that the file holds (timm's EMA weights,
-then the raw ones; MAE and DeiT keep theirs under `model`), DDP's `module.` prefix stripped; the rest of the
-file (optimizer, loss scaler, epoch, args) is not used, and the load table says so.
+The weights are the first of `state_dict_ema`, `state_dict`, `model` that the file holds (timm's EMA
+weights, then the raw ones; MAE and DeiT keep theirs under `model`), DDP's `module.` prefix
+stripped; the rest of the file (optimizer, loss scaler, epoch, args) is not used, and the load table
+says so.
 
-MAE's checkpoints (He et al., facebookresearch/mae) keep the encoder in timm's names (cls_token, pos_embed,
-patch_embed.proj, blocks.N, norm), so the encoder is read as any plain ViT. Their layouts:
+MAE's checkpoints (He et al., facebookresearch/mae) keep the encoder in timm's names (cls_token,
+pos_embed, patch_embed.proj, blocks.N, norm), so the encoder is read as any plain ViT. Their
+layouts:
 
 - `mae_pretrain_vit_*.pth`: {'model': encoder}; told by its fixed 2-D sin-cos position table (MAE's
   `get_2d_sincos_pos_embed`, class row zero), which MAE never trains;
-- `mae_pretrain_vit_*_full.pth`, `mae_visualize_vit_*.pth` and a run's `checkpoint-N.pth`: also the decoder
-  (`decoder_*`) and `mask_token`, dropped; a run's file also holds optimizer, scaler, epoch and args;
+- `mae_pretrain_vit_*_full.pth`, `mae_visualize_vit_*.pth` and a run's `checkpoint-N.pth`: also the
+decoder
+  (`decoder_*`) and `mask_token`, dropped; a run's file also holds optimizer, scaler, epoch and
+  args;
 - `mae_finetuned_vit_*.pth` (global pool): encoder, `fc_norm` and `head` but no final `norm`: MAE's
-  fine-tuned network, which reads the head off fc_norm(mean of the patch tokens) with the class token kept in
-  the sequence; read whole, as model.pool `gap_fc_norm` (checkpoints.describe tells it by those keys), so
-  `vit evaluate` and `vit predict` run it as MAE does.
+  fine-tuned network, which reads the head off fc_norm(mean of the patch tokens) with the class
+  token kept in the sequence; read whole, as model.pool `gap_fc_norm` (checkpoints.describe tells it
+  by those keys), so `vit evaluate` and `vit predict` run it as MAE does.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ from vitcli.models.mae import sincos_table
 
 ALLOWED_GLOBALS = (argparse.Namespace,)
 STATE_DICT_KEYS = ("state_dict_ema", "state_dict", "model")
-MAE_DROPPED = ("decoder_", "mask_token")  # MAE's pre-training decoder, the token it puts in masked slots
+# MAE's pre-training decoder, the token it puts in masked slots
+MAE_DROPPED = ("decoder_", "mask_token")
 SINCOS_ATOL = 1e-5  # MAE computes the table in float64 and stores float32
 
 
@@ -52,7 +58,8 @@ class TorchFile:
 
 
 def read_pth(path: Path, is_zip: bool) -> TorchFile:
-    """A torch.save file's weights; the decoder, mask token and training state of MAE's files dropped."""
+    """A torch.save file's weights; the decoder, mask token and training state of MAE's files
+    dropped."""
     content = _load(path, is_zip)
     keys = STATE_DICT_KEYS if isinstance(content, dict) else ()
     found = next((k for k in keys if isinstance(content.get(k), dict)), None)
@@ -68,8 +75,8 @@ def read_pth(path: Path, is_zip: bool) -> TorchFile:
 
 
 def _load(path: Path, is_zip: bool):
-    """torch.load with weights_only=True and argparse.Namespace allowed; mmap spares the optimizer state's
-    pages in a zip file (the legacy format cannot be mapped)."""
+    """torch.load with weights_only=True and argparse.Namespace allowed; mmap spares the optimizer
+    state's pages in a zip file (the legacy format cannot be mapped)."""
     try:
         with torch.serialization.safe_globals(list(ALLOWED_GLOBALS)):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=is_zip)
@@ -91,9 +98,9 @@ def _unused(key: str) -> str:
 
 
 def is_mae(sd: dict[str, torch.Tensor], under_model: bool = True) -> bool:
-    """One of MAE's layouts: its decoder or mask token, its global-pool fine-tune (fc_norm, no final norm,
-    under 'model' as MAE saves it; timm's avg-pool training files keep theirs under 'state_dict'), or the
-    fixed sin-cos position table its encoder-only release carries."""
+    """One of MAE's layouts: its decoder or mask token, its global-pool fine-tune (fc_norm, no final
+    norm, under 'model' as MAE saves it; timm's avg-pool training files keep theirs under
+    'state_dict'), or the fixed sin-cos position table its encoder-only release carries."""
     if any(k.startswith(MAE_DROPPED) for k in sd):
         return True
     if "fc_norm.weight" in sd and "norm.weight" not in sd and "blocks.0.attn.qkv.weight" in sd:
@@ -108,7 +115,8 @@ def is_mae(sd: dict[str, torch.Tensor], under_model: bool = True) -> bool:
 
 
 def split_mae(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """(the network, what was dropped): decoder and mask_token go; a global-pool fine-tune is kept whole."""
+    """(the network, what was dropped): decoder and mask_token go; a global-pool fine-tune is kept
+    whole."""
     decoder = [k for k in sd if k.startswith("decoder_")]
     dropped = [f"decoder ({len(decoder)} tensors)"] if decoder else []
     dropped += ["mask_token"] if "mask_token" in sd else []

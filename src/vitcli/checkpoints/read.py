@@ -1,20 +1,21 @@
 """Starting weights from wherever the paper's models live, read into timm names.
 
 Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
-big_vision layout, a torch.save file (.pth/.pt: MAE's checkpoints, timm's or DeiT's training files; read
-by vitcli.checkpoints.pth with weights_only=True, argparse.Namespace allowed by name and nothing else), a
-folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm downloads it). What a foreign
-source says of the pixels its weights expect is kept in timm's terms (`pretrained_cfg`: mean, std,
-interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's beside its model.safetensors (timm's
-config.json, transformers' preprocessor_config.json). A bare pickle (not a torch.save file) is refused,
-never unpickled: unpickling runs whatever code the file carries. A torch.save file named .safetensors is
-refused with the name to give it (torch.load reads a .safetensors name as safetensors), and a folder that
-is not what it looks like (another transformers model_type, weights without their config.json, a config
-without weights) is named with what it holds.
+big_vision layout, a torch.save file (.pth/.pt: MAE's checkpoints, timm's or DeiT's training files;
+read by vitcli.checkpoints.pth with weights_only=True, argparse.Namespace allowed by name and
+nothing else), a folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm
+downloads it). What a foreign source says of the pixels its weights expect is kept in timm's terms
+(`pretrained_cfg`: mean, std, interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's
+beside its model.safetensors (timm's config.json, transformers' preprocessor_config.json). A bare
+pickle (not a torch.save file) is refused, never unpickled: unpickling runs whatever code the file
+carries. A torch.save file named .safetensors is refused with the name to give it (torch.load reads
+a .safetensors name as safetensors), and a folder that is not what it looks like (another
+transformers model_type, weights without their config.json, a config without weights) is named with
+what it holds.
 
-Reads are cached per process (the resolve step and the training driver read the same checkpoint), keyed on
-the resolved path, inode, modification time and size, so a rewritten file is read again. Callers share the
-returned dicts and must not mutate them.
+Reads are cached per process (the resolve step and the training driver read the same checkpoint),
+keyed on the resolved path, inode, modification time and size, so a rewritten file is read again.
+Callers share the returned dicts and must not mutate them.
 """
 
 from __future__ import annotations
@@ -42,35 +43,39 @@ from vitcli.runtime.run_files import MODEL_FILE
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
 ZIP_MAGIC = b"PK\x03\x04"
-PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")  # a pickle starts with PROTO (0x80) and its version
-# torch.save's legacy (non-zip) format: a protocol-2 pickle of its magic number 0x1950a86a20f9469cfc6c first
+# a pickle starts with PROTO (0x80) and its version
+PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
+# torch.save's legacy (non-zip) format: a protocol-2 pickle of its magic number
+# 0x1950a86a20f9469cfc6c first
 LEGACY_TORCH = b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8\x50\x19"
 
 
 @dataclass
 class Loaded:
-    """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model spec."""
+    """A checkpoint in memory: timm-named tensors plus, for our own files, the recipe and model
+    spec."""
 
     state_dict: dict[str, torch.Tensor]  # timm names
     # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps",
     # "notes", "image_size", "patch_size"}; {} for other foreign files
     meta: dict
-    # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file) | hf (a
-    # transformers ViT folder)
+    # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file)
+    # | hf (a transformers ViT folder)
     kind: str
     path: str
     # evidence the source itself carries: npz query kernels, a Hub model's attn.num_heads; 0 = none
     num_heads: int = 0
-    # a foreign source's preprocessing in timm's pretrained_cfg terms (mean, std, interpolation, crop_pct)
-    # and where it was read; {} when it says none
+    # a foreign source's preprocessing in timm's pretrained_cfg terms (mean, std, interpolation,
+    # crop_pct) and where it was read; {} when it says none
     pretrained_cfg: dict = field(default_factory=dict)
-    # what the file held that was left out (MAE's decoder and mask token, a training file's optimizer), as
-    # the load table says it
+    # what the file held that was left out (MAE's decoder and mask token, a training file's
+    # optimizer), as the load table says it
     dropped: tuple[str, ...] = ()
 
 
 def read_checkpoint(src: str) -> Loaded:
-    """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse pickles."""
+    """Read a workdir, .safetensors, Google .npz or Hub/timm name into timm names; refuse
+    pickles."""
     where = locate_checkpoint(src)
     if isinstance(where, Path):
         # an atomic rewrite is a new inode, an in-place one changes mtime or size; shards count too
@@ -81,8 +86,9 @@ def read_checkpoint(src: str) -> Loaded:
 
 
 def locate_checkpoint(src: str) -> Path | str:
-    """Where `src` is, read nothing: a local weights file (a workdir's model.safetensors), or the Hub/timm
-    name it is; a local path that is not there (or a workdir without weights) is refused."""
+    """Where `src` is, read nothing: a local weights file (a workdir's model.safetensors), or the
+    Hub/timm name it is; a local path that is not there (or a workdir without weights) is
+    refused."""
     src = str(src)
     path = Path(src).expanduser()
     if path.is_dir():
@@ -129,8 +135,9 @@ def _not_vit(folder: Path, model_type: str) -> CheckpointError:
 
 
 def _near(src: str, path: Path) -> str:
-    """What a missing source probably meant: a neighbour in its folder when that folder exists here (a
-    mistyped runs/fm_pree is a local path, not a Hub model), else the Hub spelling of an `org/name`."""
+    """What a missing source probably meant: a neighbour in its folder when that folder exists here
+    (a mistyped runs/fm_pree is a local path, not a Hub model), else the Hub spelling of an
+    `org/name`."""
     folder = path.parent
     if str(folder) not in ("", ".") and folder.is_dir():
         near = difflib.get_close_matches(path.name, [p.name for p in folder.iterdir()], n=1)
@@ -138,7 +145,8 @@ def _near(src: str, path: Path) -> str:
     return f" (for a Hub model write hf-hub:{src})" if src.count("/") == 1 and not path.suffix else ""
 
 
-@functools.lru_cache(maxsize=2)  # one cache for files and Hub names: at most two checkpoints held in memory
+# one cache for files and Hub names: at most two checkpoints held in memory
+@functools.lru_cache(maxsize=2)
 def _read_cached(src: str, version: tuple | None) -> Loaded:
     """A resolved file path with the (inode, mtime_ns, size) of it and its shards, or a Hub name
     with None."""
@@ -157,7 +165,8 @@ def _read_file(path: Path) -> Loaded:
         raise _not_vit(path.parent, model_type)
     if model_type == "vit":
         return _read_hf(path)
-    names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []  # .npz and torch.save files are zips
+    # .npz and torch.save files are zips
+    names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []
     is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
     if path.suffix.lower() == ".safetensors" and (is_torch_zip or head.startswith(LEGACY_TORCH)):
         # torch.load would read it as safetensors, by its name
@@ -207,10 +216,11 @@ PIL_RESAMPLE = {0: "nearest", 2: "bilinear", 3: "bicubic"}
 
 def _folder_cfg(path: Path) -> dict:
     """The preprocessing a model folder states beside its model.safetensors: timm's config.json
-    (pretrained_cfg, or the legacy flat form), else transformers' preprocessor_config.json (image_mean,
-    image_std, resample; crop_pct, or crop_size over size.shortest_edge, or over size.height when both
-    sides are set: crop_mode squash); {} for anything else."""
-    if path.name not in hf_vit.WEIGHTS_FILES:  # MODEL_FILE, or a transformers folder's pytorch_model.bin
+    (pretrained_cfg, or the legacy flat form), else transformers' preprocessor_config.json
+    (image_mean, image_std, resample; crop_pct, or crop_size over size.shortest_edge, or over
+    size.height when both sides are set: crop_mode squash); {} for anything else."""
+    # MODEL_FILE, or a transformers folder's pytorch_model.bin
+    if path.name not in hf_vit.WEIGHTS_FILES:
         return {}
     timm_cfg = json_object(path.parent / "config.json")
     timm_cfg = timm_cfg.get("pretrained_cfg", timm_cfg)
@@ -225,7 +235,8 @@ def _folder_cfg(path: Path) -> dict:
     if hf.get("resample") in PIL_RESAMPLE:
         out["interpolation"] = PIL_RESAMPLE[hf["resample"]]
     size, crop = hf.get("size") or {}, hf.get("crop_size")
-    edge = size.get("shortest_edge") or size.get("height")  # ViTImageProcessor: height and width, squashed
+    # ViTImageProcessor: height and width, squashed
+    edge = size.get("shortest_edge") or size.get("height")
     if "height" in size and "shortest_edge" not in size:
         out["crop_mode"] = "squash"
     if hf.get("crop_pct"):
@@ -246,8 +257,8 @@ def _zip_names(path: Path) -> list[str]:
 
 
 def _pickle_refusal(path: Path) -> CheckpointError:
-    """A pickle that torch.save did not write: torch.load's weights_only reader does not take it, and plain
-    unpickling runs whatever code the file carries."""
+    """A pickle that torch.save did not write: torch.load's weights_only reader does not take it,
+    and plain unpickling runs whatever code the file carries."""
     return CheckpointError(
         f"{path} is a pickle file that torch.save did not write, which can run arbitrary code, so it is not "
         f"loaded; where you trust it, save its weights with safetensors.torch.save_file and pass that file"
@@ -265,7 +276,8 @@ def _read_npz(path: Path) -> Loaded:
 
 
 def _read_hub(name: str) -> Loaded:
-    """A Hub / timm name, built by timm with its pretrained weights (timm downloads and caches them)."""
+    """A Hub / timm name, built by timm with its pretrained weights (timm downloads and caches
+    them)."""
     model_name = f"hf-hub:{name}" if name.startswith("timm/") else name
     try:
         model = timm.create_model(model_name, pretrained=True)

@@ -1,10 +1,12 @@
-"""Checkpoint surgery: resize a checkpoint's position embedding to a new resolution, offline, once (the
-command, `vit resize-posemb`, is stages/resize.py; the tables move as fit.move_posemb moves them).
+"""Checkpoint surgery: resize a checkpoint's position embedding to a new resolution, offline, once
+(the command, `vit resize-posemb`, is stages/resize.py; the tables move as fit.move_posemb moves
+them).
 
-Reads anything `read_checkpoint` reads; `describe` says its patch size, grid, table kind and prefix rows
-(the heads are not needed, so a file whose heads are unknown resizes too). Our own checkpoints keep their
-metadata with model.img_size (and the recipe's) moved to the new size, so they rebuild there; foreign ones
-come out as timm-layout safetensors that timm's VisionTransformer at the new img_size loads with strict=True.
+Reads anything `read_checkpoint` reads; `describe` says its patch size, grid, table kind and prefix
+rows (the heads are not needed, so a file whose heads are unknown resizes too). Our own checkpoints
+keep their metadata with model.img_size (and the recipe's) moved to the new size, so they rebuild
+there; foreign ones come out as timm-layout safetensors that timm's VisionTransformer at the new
+img_size loads with strict=True.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def resize_checkpoint(
     out: str | None = None,
     dry_run: bool = False,
 ) -> list[tuple[str, str]]:
-    """Resize the position embedding of `src` to `new_grid` (or res / patch) and write `out` atomically.
+    """Resize the position embedding of `src` to `new_grid` (or res / patch) and write `out`
+    atomically.
 
     `old_grid` (HxW) is the grid a 1-D table spans where the file cannot tell (fit.with_grid). `out`
     defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source. Returns (what, detail) rows:
@@ -53,7 +56,8 @@ def resize_checkpoint(
         ("grid", f"{old[0]}x{old[1]} -> {new[0]}x{new[1]} (patch {patch}, {spec.pos_embed}, {method})"),
         ("img_size", f"{old[0] * patch}x{old[1] * patch} -> {new[0] * patch}x{new[1] * patch}"),
     ]
-    sd = dict(loaded.state_dict)  # the read is cached and shared: replace entries, never change them
+    # the read is cached and shared: replace entries, never change them
+    sd = dict(loaded.state_dict)
     moved = move_posemb(sd, spec.pos_embed, old, new, spec.num_prefix_tokens, method)
     rows += [(key, f"{before} -> {after}") for key, before, after in moved]
     meta = _new_meta(loaded, new, patch)
@@ -66,7 +70,8 @@ def resize_checkpoint(
 
 
 def _check_request(new_grid, res, patch_size, method: str, out: str | None) -> None:
-    """Everything about the request that is wrong whatever the checkpoint holds, before anything is read."""
+    """Everything about the request that is wrong whatever the checkpoint holds, before anything is
+    read."""
     if (new_grid is None) == (res is None):
         raise CheckpointError("give exactly one of a new grid (HxW) or a new resolution")
     check_method(method, "--method")
@@ -83,7 +88,8 @@ def _check_request(new_grid, res, patch_size, method: str, out: str | None) -> N
 
 
 def _patch_size(spec: CheckpointSpec, given: int | None) -> int:
-    """The checkpoint's patch size; --patch must agree, and is needed only when the checkpoint cannot tell."""
+    """The checkpoint's patch size; --patch must agree, and is needed only when the checkpoint
+    cannot tell."""
     if given is not None and spec.patch_size and spec.patch_size != given:
         raise CheckpointError(
             f"patch size {given} given, but the checkpoint's patch embedding is "
@@ -95,15 +101,16 @@ def _patch_size(spec: CheckpointSpec, given: int | None) -> int:
 
 
 def _old_grid(spec: CheckpointSpec) -> tuple[int, int]:
-    """The grid the checkpoint's position tables span (a 1-D table that does not tell it was refused,
-    or told by --old-grid, in fit.with_grid)."""
+    """The grid the checkpoint's position tables span (a 1-D table that does not tell it was
+    refused, or told by --old-grid, in fit.with_grid)."""
     if spec.grid is None:
         raise CheckpointError("the checkpoint has no position embedding, so there is nothing to resize")
     return spec.grid
 
 
 def _new_meta(loaded: Loaded, new: tuple[int, int], patch: int) -> dict:
-    """Our metadata with model.img_size (spec and recipe) at the new size; foreign files carry none."""
+    """Our metadata with model.img_size (spec and recipe) at the new size; foreign files carry
+    none."""
     if loaded.kind != "vitcli":
         return {}
     h, w = new[0] * patch, new[1] * patch
@@ -121,7 +128,8 @@ def _new_meta(loaded: Loaded, new: tuple[int, int], patch: int) -> dict:
 
 
 def _default_out(loaded: Loaded, new: tuple[int, int]) -> Path:
-    """`<stem>_<gh>x<gw>.safetensors` beside the source file (in the current directory for a Hub name)."""
+    """`<stem>_<gh>x<gw>.safetensors` beside the source file (in the current directory for a Hub
+    name)."""
     if loaded.kind == "hub":
         stem, parent = loaded.path.replace("/", "_").replace(":", "_"), Path(".")
     else:
@@ -133,5 +141,6 @@ def _write(path: Path, sd: dict, meta: dict, ours: bool) -> None:
     if ours:
         save_weights(path, sd, meta)
         return
-    with atomic_path(path) as tmp:  # timm's own safetensors metadata, so it reads back as a timm file
+    # timm's own safetensors metadata, so it reads back as a timm file
+    with atomic_path(path) as tmp:
         save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(tmp), metadata={"format": "pt"})

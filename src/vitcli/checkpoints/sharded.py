@@ -1,10 +1,11 @@
 """The sharded checkpoint format (run.strategy: fsdp): the directory `WORKDIR/state-<step>/`.
 
-Each process writes its own shard with torch.distributed.checkpoint (DCP), which also reads them back into any
-number of processes, sharded or not, so a run may resume on another process count. The non-tensor part (step,
-recipe, data position) sits beside the shards as extra.json (its tensors in extra.safetensors), so
-reading it never unpickles; a SHA256SUMS manifest seals the whole directory (files.atomic_dir). Where it lives
-among the others, and when it is written, is checkpoints.state's and checkpoints.manager's business.
+Each process writes its own shard with torch.distributed.checkpoint (DCP), which also reads them
+back into any number of processes, sharded or not, so a run may resume on another process count. The
+non-tensor part (step, recipe, data position) sits beside the shards as extra.json (its tensors in
+extra.safetensors), so reading it never unpickles; a SHA256SUMS manifest seals the whole directory
+(files.atomic_dir). Where it lives among the others, and when it is written, is checkpoints.state's
+and checkpoints.manager's business.
 
 DCP is imported by the functions that write and load shards, not with this module: the checkpoint
 manager imports it for every run, and importing DCP takes seconds (12.8 s measured under load) that
@@ -29,21 +30,26 @@ from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, barrier
 
-SHARDED_KEYS = ("step", "recipe")  # what a sharded checkpoint's extra part must hold; its tensors are DCP's
+# what a sharded checkpoint's extra part must hold; its tensors are DCP's
+SHARDED_KEYS = ("step", "recipe")
 EXTRA_JSON, EXTRA_TENSORS = "extra.json", "extra.safetensors"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
-SHARDED_FILES = (DCP_METADATA, EXTRA_JSON, EXTRA_TENSORS)  # a sharded checkpoint without one is incomplete
-_TENSOR = "__tensor__"  # extra.json's stand-in for a tensor kept in extra.safetensors: {"__tensor__": "t0"}
+# a sharded checkpoint without one is incomplete
+SHARDED_FILES = (DCP_METADATA, EXTRA_JSON, EXTRA_TENSORS)
+# extra.json's stand-in for a tensor kept in extra.safetensors: {"__tensor__": "t0"}
+_TENSOR = "__tensor__"
 
 
 def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,
           states: dict[str, dict] | None = None) -> Path:
-    """Write the directory `path`: every process its shard of the model and optimizer (and of `states`, more
-    state dicts laid out like the model's: the weight EMA), rank 0 `extra`. Every process calls it.
+    """Write the directory `path`: every process its shard of the model and optimizer (and of
+    `states`, more state dicts laid out like the model's: the weight EMA), rank 0 `extra`. Every
+    process calls it.
 
-    Into a temporary directory first; after a barrier (every shard written) rank 0 adds `extra` and seals it
-    (SHA256SUMS, fsync, one rename, files.atomic_dir), so `path` exists only whole. Write after an optimizer
-    step: an optimizer without state would get one from torch's step at lr 0 (Adam's count at 1).
+    Into a temporary directory first; after a barrier (every shard written) rank 0 adds `extra` and
+    seals it (SHA256SUMS, fsync, one rename, files.atomic_dir), so `path` exists only whole. Write
+    after an optimizer step: an optimizer without state would get one from torch's step at lr 0
+    (Adam's count at 1).
     """
     import torch.distributed.checkpoint as dcp  # here, not above: see the module's docstring
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -64,8 +70,8 @@ def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra:
 
 @contextlib.contextmanager
 def _single_process_is_intended() -> Iterator[None]:
-    """Without DCP's warning on each save and load of a one-process run ("assuming the intent is to save in a
-    single process"): it is the intent."""
+    """Without DCP's warning on each save and load of a one-process run ("assuming the intent is to
+    save in a single process"): it is the intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         yield
@@ -82,13 +88,14 @@ def _rank0_path(path: Path | None, dist: Dist) -> Path:
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=None,
          states: dict[str, dict] | None = None) -> dict:
-    """Read the checkpoint directory `path` into the live model and optimizer (already sharded as they will
-    train, on any number of processes), and `states` (as `write` took them) in place; return its extra
-    part. Every process calls it; DCP's waits for the slowest reader go through `group` (Dist.control: on
-    the CPU, not under NCCL's watchdog).
+    """Read the checkpoint directory `path` into the live model and optimizer (already sharded as
+    they will train, on any number of processes), and `states` (as `write` took them) in place;
+    return its extra part. Every process calls it; DCP's waits for the slowest reader go through
+    `group` (Dist.control: on the CPU, not under NCCL's watchdog).
 
-    The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a pickle, read
-    only once its checksum matches. The tensors load in place through DCP, which reshards them as needed.
+    The manifest is verified first, so no damaged byte is read; DCP's own index (.metadata) is a
+    pickle, read only once its checksum matches. The tensors load in place through DCP, which
+    reshards them as needed.
     """
     import torch.distributed.checkpoint as dcp  # here, not above: see the module's docstring
     from torch.distributed.checkpoint.api import CheckpointException
@@ -103,15 +110,16 @@ def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, group=N
             dcp.load(loaded, checkpoint_id=path, process_group=group,
                      no_dist=not torch_dist.is_initialized())
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's own is a BaseException
-        parts = " and ".join([", ".join(["model", *(states or {})]), "optimizer"])  # model, ema and optimizer
+        # model, ema and optimizer
+        parts = " and ".join([", ".join(["model", *(states or {})]), "optimizer"])
         raise CheckpointError(f"{path}: does not fit this {parts} ({_first_failure(e)})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])
     return extra
 
 
 def _first_failure(error: BaseException) -> str:
-    """`Type: message` of the first rank's error that a CheckpointException carries (its str is a traceback
-    per rank), or of the error itself; first line only."""
+    """`Type: message` of the first rank's error that a CheckpointException carries (its str is a
+    traceback per rank), or of the error itself; first line only."""
     from torch.distributed.checkpoint.api import CheckpointException  # imported already by `load`
 
     if isinstance(error, CheckpointException) and error.failures:
@@ -120,9 +128,9 @@ def _first_failure(error: BaseException) -> str:
 
 
 def write_extra(directory: Path, extra: dict) -> None:
-    """The non-tensor part of a sharded checkpoint (step, recipe, data position), so that reading it never
-    unpickles: plain data as extra.json, any tensors in it (an older run's RNG byte tensors) in
-    extra.safetensors."""
+    """The non-tensor part of a sharded checkpoint (step, recipe, data position), so that reading it
+    never unpickles: plain data as extra.json, any tensors in it (an older run's RNG byte tensors)
+    in extra.safetensors."""
     tensors: dict[str, torch.Tensor] = {}
     plain = _split_tensors(extra, tensors)
     save_file(tensors, str(Path(directory) / EXTRA_TENSORS))
@@ -130,10 +138,12 @@ def write_extra(directory: Path, extra: dict) -> None:
 
 
 def _split_tensors(obj, tensors: dict[str, torch.Tensor]):
-    """`obj` with each tensor moved into `tensors` under a fresh name and replaced by {_TENSOR: name}."""
+    """`obj` with each tensor moved into `tensors` under a fresh name and replaced by {_TENSOR:
+    name}."""
     if isinstance(obj, torch.Tensor):
         name = f"t{len(tensors)}"
-        tensors[name] = obj.detach().cpu().contiguous().clone()  # clone: safetensors refuses shared storage
+        # clone: safetensors refuses shared storage
+        tensors[name] = obj.detach().cpu().contiguous().clone()
         return {_TENSOR: name}
     if isinstance(obj, dict):
         return {k: _split_tensors(v, tensors) for k, v in obj.items()}
@@ -143,7 +153,8 @@ def _split_tensors(obj, tensors: dict[str, torch.Tensor]):
 
 
 def read_extra(directory: Path) -> dict:
-    """What write_extra wrote, tensors back in place; a CheckpointError naming the file it cannot read."""
+    """What write_extra wrote, tensors back in place; a CheckpointError naming the file it cannot
+    read."""
     directory = Path(directory)
     try:
         tensors = load_file(str(directory / EXTRA_TENSORS))
@@ -170,7 +181,8 @@ def _join_tensors(obj, tensors: dict[str, torch.Tensor], directory: Path):
 
 
 def verified_extra(path: Path) -> dict:
-    """The extra part of a sharded checkpoint whose manifest verifies and which holds every file and key."""
+    """The extra part of a sharded checkpoint whose manifest verifies and which holds every file and
+    key."""
     listed = files.verify_manifest(path)
     absent = [name for name in SHARDED_FILES if name not in listed]
     if absent:

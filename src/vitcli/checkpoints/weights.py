@@ -1,4 +1,5 @@
-"""Our final weights: safetensors with the recipe and the model spec in its metadata, written atomically."""
+"""Our final weights: safetensors with the recipe and the model spec in its metadata, written
+atomically."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ PICKLE_OR_ZIP = (b"\x80", b"PK\x03\x04")  # how torch.save's files start: a pick
 
 
 def save_weights(path: str | Path, state_dict: dict[str, torch.Tensor], meta: dict[str, object]) -> None:
-    """Write weights as safetensors; `meta` values (recipe, model spec) are stored as JSON strings."""
+    """Write weights as safetensors; `meta` values (recipe, model spec) are stored as JSON
+    strings."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     metadata = {"format": FORMAT, **{k: json.dumps(v) for k, v in meta.items()}}
     with atomic_path(path) as tmp:

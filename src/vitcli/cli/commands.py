@@ -67,12 +67,14 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
              sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
              preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
              overrides: opt.TrainOverrides = None) -> None:
-    """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding resize."""
+    """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding
+    resize."""
     flags = {"init.checkpoint": init, "model.img_size": res, "fewshot.data_root": data_root}
     r = resolve_recipe("finetune", recipe, overrides, flags, vtab=bool(task))
     from vitcli.stages.finetune import check_flags, finetune
 
-    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))  # here: --dry-run refuses what the run would
+    # here: --dry-run refuses what the run would
+    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))
     grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
     if preflight:
@@ -89,9 +91,9 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
 
 def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid,
                resume: bool | None = None, overwrite: bool = False) -> None:
-    """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume and
-    --overwrite decide as they would for the run (a finished run is timed only with --overwrite),
-    but what is timed is always a fresh run."""
+    """--preflight: the run timed in a throwaway folder instead of run (stages.preflight); --resume
+    and --overwrite decide as they would for the run (a finished run is timed only with
+    --overwrite), but what is timed is always a fresh run."""
     if grid is not None:
         raise typer.BadParameter("--preflight times one run: drop --sweep (or time one point with its "
                                  "values as KEY=VALUE overrides)")
@@ -112,8 +114,9 @@ def eval_fewshot(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
                  list_tasks: opt.ListTasks = False, random_init: opt.RandomInit = False,
                  dry_run: opt.DryRun = False, overwrite: opt.Again = False, json_out: opt.Json = False,
                  overrides: opt.FewshotOverrides = None) -> None:
-    """Frozen features scored: linear few-shot by closed-form least squares (big_vision fewshot_lsr); with
-    --protocols also DINO's weighted kNN, a logistic probe (CLIP's protocol) and ridge on all train data."""
+    """Frozen features scored: linear few-shot by closed-form least squares (big_vision
+    fewshot_lsr); with --protocols also DINO's weighted kNN, a logistic probe (CLIP's protocol) and
+    ridge on all train data."""
     from vitcli.recipe.choices import TRANSFER_PROTOCOLS
 
     if list_tasks:
@@ -140,8 +143,8 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
              calibrate_on: opt.CalibrateOn = None, workdir: opt.Workdir = None, dry_run: opt.DryRun = False,
              overwrite: opt.Again = False, json_out: opt.Json = False,
              overrides: opt.EvalOverrides = None) -> None:
-    """Top-1, top-5, loss, calibration, per-class accuracy and a confusion matrix of a checkpoint's head on a
-    split, or on every ImageNet set under a folder (--suite)."""
+    """Top-1, top-5, loss, calibration, per-class accuracy and a confusion matrix of a checkpoint's
+    head on a split, or on every ImageNet set under a folder (--suite)."""
     _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm, calibrate_on)
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.test_split": split}
     r = resolve_recipe("evaluate", recipe, overrides, flags,
@@ -172,7 +175,8 @@ def evaluate(ckpt: opt.Ckpt = None, recipe: opt.RecipeFile = None, data: opt.Eva
 
     named = {"imagenet_set": imagenet_set.value} if imagenet_set is not None else {}
     sets = {"root": suite} if suite is not None else {"calibrate_on": calibrate_on, **named}
-    views = tuple(str(v) for v in opt.TtaView if v in (tta or ()))  # each view once, in TTA_VIEWS' order
+    # each view once, in TTA_VIEWS' order
+    views = tuple(str(v) for v in opt.TtaView if v in (tta or ()))
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
              real_path=real_labels, real=real, tta=views, overwrite=overwrite, **sets)
 
@@ -192,7 +196,8 @@ def _check_suite_flags(suite, data, split, imagenet_set, real_labels, real_timm,
 def predict(images: opt.Images, ckpt: opt.Ckpt = None, top_k: opt.TopK = 5,
             batch_size: opt.BatchSize = None, json_out: opt.Json = False, csv_out: opt.Csv = False,
             recipe: opt.RecipeFile = None, overrides: opt.Set = None) -> None:
-    """Top-k classes of image files with a checkpoint's head, with its class names where it stores them."""
+    """Top-k classes of image files with a checkpoint's head, with its class names where it stores
+    them."""
     output = output_format(json_out, csv_out)
     flags = {"init.checkpoint": ckpt, "data.eval_batch_size": batch_size}
     r = resolve_recipe("predict", recipe, overrides, flags)
@@ -259,8 +264,8 @@ def prepare_data(source: opt.Source, out: opt.OutDir, max_size: opt.MaxSize = 25
                  seed: opt.ShuffleSeed = 0, recipe: opt.RecipeFile = None, overwrite: opt.Replace = False,
                  dry_run: opt.Plan = False, json_out: opt.Json = False,
                  overrides: opt.DataOverrides = None) -> None:
-    """A pre-resized copy of a dataset (parquet or tar shards + manifest.json) that data.source=OUT reads
-    faster."""
+    """A pre-resized copy of a dataset (parquet or tar shards + manifest.json) that data.source=OUT
+    reads faster."""
     from vitcli.data.rows.prepare import Options
     from vitcli.stages.prepare import prepare_data
 
@@ -336,4 +341,5 @@ def _root(
              "exit.")
     ] = False,
 ) -> None:
-    """Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR 2021)."""
+    """Vision Transformers from pretraining to few-shot evaluation (Dosovitskiy et al., ICLR
+    2021)."""

@@ -36,8 +36,8 @@ def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | 
                    flags: dict | None = None, *, vtab: bool = False, own_data: bool = False) -> Recipe:
     """The checked recipe of `vit STAGE`; torch is imported only if the recipe needs it (after every
     torch-free check). What the starting checkpoint says of itself lies below the recipe file: the
-    pixels its weights expect, and for evaluate and predict its resolution (and for ours, with `own_data`,
-    its data)."""
+    pixels its weights expect, and for evaluate and predict its resolution (and for ours, with
+    `own_data`, its data)."""
     from vitcli.recipe.resolve import resolve
 
     world_size = LaunchEnv.read().world_size  # torchrun's; the batch must split over it
@@ -48,9 +48,9 @@ def resolve_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | 
 
 def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | None, specs: list[str] | None,
                  only: int | None, flags: dict | None = None) -> Grid | None:
-    """The sweep the `--sweep KEY=V1,V2,...` options ask for, every point's recipe resolved (and so checked)
-    as the command with that point's values would resolve it, above its overrides and flags, before any
-    point trains; None without --sweep. `only` is --sweep-point's index."""
+    """The sweep the `--sweep KEY=V1,V2,...` options ask for, every point's recipe resolved (and so
+    checked) as the command with that point's values would resolve it, above its overrides and
+    flags, before any point trains; None without --sweep. `only` is --sweep-point's index."""
     from vitcli.errors import RecipeError, VitcliError
     from vitcli.recipe.grid import Grid, check_index, check_swept, points
 
@@ -113,8 +113,8 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
     stage(recipe, workdir, *args, **kwargs), the workdir runs/<name>-<time> unless given; with
     `dry_run` the resolved recipe is printed instead and the stage is not even imported. Any other
     stage is called as stage([recipe,] *args, **kwargs) and plans its own dry run: it is handed
-    `dry_run` where the command has the option, and says what it would write. A `sweep` (its Grid) is
-    handed to the stage as `sweep=`; a dry run lists its points on stderr below the recipe.
+    `dry_run` where the command has the option, and says what it would write. A `sweep` (its Grid)
+    is handed to the stage as `sweep=`; a dry run lists its points on stderr below the recipe.
 
     With output json or csv the stage's tables go nowhere and what it returned is printed on stdout
     by rank 0 alone (every rank returns it). Errors go up to main(), which makes each one line and
@@ -142,9 +142,10 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
 def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry_run: bool, output: Output,
                    resume: bool | None = None, overwrite: bool = False, sweep: list[str] | None = None,
                    grid: Grid | None = None) -> None:
-    """`--slurm`: the recipe (every point's, for a sweep) checked for the job's processes (slurm.nodes x
-    processes per node), then the batch script printed (dry run) or written and submitted
-    (vitcli.cluster.submit): one job, or a job array of one task per sweep point. Torch-free."""
+    """`--slurm`: the recipe (every point's, for a sweep) checked for the job's processes
+    (slurm.nodes x processes per node), then the batch script printed (dry run) or written and
+    submitted (vitcli.cluster.submit): one job, or a job array of one task per sweep point.
+    Torch-free."""
     from vitcli.cluster.submit import submit
     from vitcli.recipe.checks import check
     from vitcli.recipe.cluster_checks import procs_per_node
@@ -195,7 +196,8 @@ def _print_recipe(r: Recipe) -> None:
     from vitcli.recipe.layers import to_yaml
 
     sys.stdout.write(to_yaml(r))
-    if r.data.micro_batch_size == "auto":  # tried on the device, in child processes (run/micro_batch)
+    # tried on the device, in child processes (run/micro_batch)
+    if r.data.micro_batch_size == "auto":
         sys.stderr.write("# data.micro_batch_size: auto -> the largest that fits run.memory_budget_mb, found "
                          "by trial steps at the start of the run\n")
     if "auto" in (r.run.precision, r.run.compile):
@@ -207,8 +209,8 @@ def _print_recipe(r: Recipe) -> None:
 
 
 def _print_points(grid: Grid, workdir: Path | None) -> None:
-    """A dry run's list of a sweep's points on stderr, below the recipe (whose values they replace), and the
-    directory each would train in."""
+    """A dry run's list of a sweep's points on stderr, below the recipe (whose values they replace),
+    and the directory each would train in."""
     where = workdir or f"runs/{WORKDIR_NAMES[grid.recipes[0].stage]}-<time>"
     sys.stderr.write(f"# sweep: {len(grid.points)} points, each its own run in {where}/<point>\n")
     for i, point in enumerate(grid.points):

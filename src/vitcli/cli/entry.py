@@ -31,9 +31,11 @@ def main() -> None:
     """Entry point: known errors become one red line (rank 0's alone) and exit 2; VITCLI_DEBUG=1
     shows tracebacks."""
     debug = os.environ.get("VITCLI_DEBUG") == "1"
-    keep_freed_memory()  # large tensors reused, not faulted in afresh every step (runtime/allocator.py)
+    # large tensors reused, not faulted in afresh every step (runtime/allocator.py)
+    keep_freed_memory()
     # unwind (temporary files removed) rather than die mid-write
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's stop, or its warning
+    # a scheduler's stop, or its warning
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, _terminate)
     signal.signal(signal.SIGINT, _interrupt)
     try:
@@ -72,8 +74,8 @@ def _process_group():
     except BaseException as e:
         if LaunchEnv.read().world_size > 1 or isinstance(e, Interrupted):
             # The outcome is decided: torchrun's SIGTERM to the ranks still running, once one has
-            # exited with an error, or a scheduler's signal again (it reaches a process more than once),
-            # would only cut short the leaving and the report
+            # exited with an error, or a scheduler's signal again (it reaches a process more than
+            # once), would only cut short the leaving and the report
             for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(signum, signal.SIG_IGN)
         # an agreed stop (Interrupted) finds every rank at the same step: they leave as on a return
@@ -89,7 +91,8 @@ def _leave(failed: bool) -> None:
         dist.leave(failed)
 
 
-_STOPPED: list[tuple[int, str]] = []  # (exit code, what): the signal that stopped the command, once one did
+# (exit code, what): the signal that stopped the command, once one did
+_STOPPED: list[tuple[int, str]] = []
 
 
 def _terminate(signum, frame) -> None:
@@ -135,9 +138,9 @@ def _fail(message: str, code: int) -> None:
 
 
 def _stop(message: str, code: int) -> None:
-    """A stop that Ctrl-C or a scheduler's SIGTERM asked for, as one plain yellow line: not an error,
-    though its exit code (130, 143) tells a script it did not finish. Told as `_fail` tells an error.
-    A scheduler's signal that comes again now changes nothing."""
+    """A stop that Ctrl-C or a scheduler's SIGTERM asked for, as one plain yellow line: not an
+    error, though its exit code (130, 143) tells a script it did not finish. Told as `_fail` tells
+    an error. A scheduler's signal that comes again now changes nothing."""
     for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_IGN)
     _say("[yellow]", message, code)

@@ -96,7 +96,8 @@ Preflight = flag(
     "peak memory, the whole run's ETA, disk and SLURM requeues.")
 PreflightSteps = Annotated[int, typer.Option(
     "--preflight-steps", min=1, help="Steps --preflight times, after a quarter as many of warm-up.")]
-# 4 logging windows of 5 steps after one of warm-up: at a second a step, the preflight's steps take 25 s
+# 4 logging windows of 5 steps after one of warm-up: at a second a step, the preflight's steps take
+# 25 s
 PREFLIGHT_STEPS = 20
 NetworkOverrides = overrides("model.num_heads=3 for a foreign file that does not tell")
 
@@ -149,8 +150,8 @@ EvalSplit = Annotated[str | None, typer.Option(
     "--split", help="Split to evaluate (HF syntax); default data.test_split, else data.val_split.")]
 RealLabels = Annotated[Path | None, typer.Option(
     help="ImageNet ReaL real.json: also report real/top1 on the ImageNet validation split.")]
-# a flag of its own, not --real-labels without a value: Typer (0.29) gives an option no optional value,
-# and `--real-labels data.x=1` would be ambiguous with the overrides that follow
+# a flag of its own, not --real-labels without a value: Typer (0.29) gives an option no optional
+# value, and `--real-labels data.x=1` would be ambiguous with the overrides that follow
 Real = flag("--real", "--real-labels with timm's copy of ReaL's real.json (timm/data/_info).")
 EvalImagenetSet = Annotated[ImagenetSet | None, typer.Option(
     "--imagenet-set", help="The ImageNet set the split is, scored with a 1000-class head (A and R over "

@@ -1,20 +1,23 @@
-"""What a SLURM job of a run does when its step ends: finished, requeued to resume, or failed; and one line
-per attempt in WORKDIR/slurm/attempts.jsonl, which the next attempt reads.
+"""What a SLURM job of a run does when its step ends: finished, requeued to resume, or failed; and
+one line per attempt in WORKDIR/slurm/attempts.jsonl, which the next attempt reads.
 
-The batch script (cluster/slurm.py) runs `python -m vitcli.cluster.requeue begin RUN` before its step and
-`... end RUN --rc RC --signal SIG` after it. Torch-free and quick: it runs inside the time limit's lead.
+The batch script (cluster/slurm.py) runs `python -m vitcli.cluster.requeue begin RUN` before its
+step and `... end RUN --rc RC --signal SIG` after it. Torch-free and quick: it runs inside the time
+limit's lead.
 
-The rules (`decide`): a finished run is never requeued; a step that failed with no signal from SLURM is a
-failure (requeueing a crash would crash again); a stop SLURM asked for is requeued, after a time limit at
-most slurm.max_requeues times (submitit: 3; a week-long run on a 24-hour partition needs 7), after a
-preemption always (the cluster's doing, not the run's); but a time limit met with no checkpoint moved
-forward since the job started is requeued once, and not a second time in a row: the same failure twice is
-not requeued forever (a time limit shorter than the start-up and a step, say).
+The rules (`decide`): a finished run is never requeued; a step that failed with no signal from SLURM
+is a failure (requeueing a crash would crash again); a stop SLURM asked for is requeued, after a
+time limit at most slurm.max_requeues times (submitit: 3; a week-long run on a 24-hour partition
+needs 7), after a preemption always (the cluster's doing, not the run's); but a time limit met with
+no checkpoint moved forward since the job started is requeued once, and not a second time in a row:
+the same failure twice is not requeued forever (a time limit shorter than the start-up and a step,
+say).
 
-A preemption's SIGTERM reaches every process of the job, srun included, and srun answers it by killing the
-step at once: the ranks get no time to write a checkpoint, and the run resumes from its last periodic one
-(run.ckpt_every, run.ckpt_every_minutes). A cluster with PreemptParameters=send_user_signal sends the
-warning (USR2) at preemption instead, and the run checkpoints at its next step as before a time limit.
+A preemption's SIGTERM reaches every process of the job, srun included, and srun answers it by
+killing the step at once: the ranks get no time to write a checkpoint, and the run resumes from its
+last periodic one (run.ckpt_every, run.ckpt_every_minutes). A cluster with
+PreemptParameters=send_user_signal sends the warning (USR2) at preemption instead, and the run
+checkpoints at its next step as before a time limit.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class Outcome:
 
 def decide(rc: int, signal: str, finished: bool, progress: bool, history: list[dict],
            max_requeues: int) -> Outcome:
-    """The requeue rules (module docstring). `history`: the earlier attempts' records, oldest first."""
+    """The requeue rules (module docstring). `history`: the earlier attempts' records, oldest
+    first."""
     if finished:
         return Outcome("done", "the run is finished")
     if not signal:
@@ -73,7 +77,8 @@ def _write(workdir: Path, records: list[dict]) -> None:
 
 
 def begin(workdir: Path) -> dict:
-    """Record this attempt's start: the job, how often SLURM restarted it, the step it starts from."""
+    """Record this attempt's start: the job, how often SLURM restarted it, the step it starts
+    from."""
     record = {"job": _job_id(), "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
               "host": os.uname().nodename, "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
               "from_step": run_dir.newest_step(workdir)}
@@ -82,7 +87,8 @@ def begin(workdir: Path) -> dict:
 
 
 def end(workdir: Path, rc: int, signal: str, max_requeues: int) -> Outcome:
-    """Decide, record the outcome in this attempt's line, and requeue the job if that is the decision."""
+    """Decide, record the outcome in this attempt's line, and requeue the job if that is the
+    decision."""
     records = attempts(workdir) or [begin(workdir)]
     current, history = records[-1], records[:-1]
     step = run_dir.newest_step(workdir)  # by name alone: verifying one would import torch (seconds)
@@ -107,8 +113,9 @@ def _job_id() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m vitcli.cluster.requeue begin|end RUN [--rc N --signal SIG --max-requeues N]`: the batch
-    script's two calls. Exit 0 when finished or requeued, else the step's exit code (1 if it was 0)."""
+    """`python -m vitcli.cluster.requeue begin|end RUN [--rc N --signal SIG --max-requeues N]`: the
+    batch script's two calls. Exit 0 when finished or requeued, else the step's exit code (1 if it
+    was 0)."""
     parser = argparse.ArgumentParser(prog="python -m vitcli.cluster.requeue")
     parser.add_argument("when", choices=("begin", "end"))
     parser.add_argument("run", type=Path)

@@ -1,15 +1,16 @@
-"""The batch script of a run on SLURM, as text: sbatch's lines from the recipe's slurm section, then one task
-per node, each running torchrun with c10d rendezvous on the first node (torchtitan's multinode_trainer.slurm
-shape), and SLURM's warning before the time limit turned into a checkpoint and a requeue.
+"""The batch script of a run on SLURM, as text: sbatch's lines from the recipe's slurm section, then
+one task per node, each running torchrun with c10d rendezvous on the first node (torchtitan's
+multinode_trainer.slurm shape), and SLURM's warning before the time limit turned into a checkpoint
+and a requeue.
 
-The signal path, end to end: `--signal=B:USR2@S` sends SIGUSR2 to this script's shell alone, S seconds
-before the limit; its trap hands the signal to srun, which forwards it to each node's torchrun, which (asked
-by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT, SIGHUP and SIGQUIT unless told) forwards
-it to every rank, and waits --shutdown-timeout for them (30 s by default: too short for a large checkpoint,
-so the whole lead is given). The ranks agree on the step, write one checkpoint and exit 140
-(train/interrupt.py). The shell then asks requeue.py, which requeues the job or says why not. A preemption's
-SIGTERM reaches every process of the job at once, srun too, which kills the step on it: requeue.py says
-what that means for the run.
+The signal path, end to end: `--signal=B:USR2@S` sends SIGUSR2 to this script's shell alone, S
+seconds before the limit; its trap hands the signal to srun, which forwards it to each node's
+torchrun, which (asked by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT, SIGHUP and
+SIGQUIT unless told) forwards it to every rank, and waits --shutdown-timeout for them (30 s by
+default: too short for a large checkpoint, so the whole lead is given). The ranks agree on the step,
+write one checkpoint and exit 140 (train/interrupt.py). The shell then asks requeue.py, which
+requeues the job or says why not. A preemption's SIGTERM reaches every process of the job at once,
+srun too, which kills the step on it: requeue.py says what that means for the run.
 """
 
 from __future__ import annotations
@@ -31,17 +32,21 @@ from vitcli.runtime.run_files import (
     SLURM_LOG,
 )
 
-# torchrun's default list and the two signals SLURM's --signal sends (submitit: USR2; some sites: USR1)
+# torchrun's default list and the two signals SLURM's --signal sends (submitit: USR2; some sites:
+# USR1)
 FORWARDED = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-PORTS = 1000  # the rendezvous port is slurm.port + job id mod PORTS: two jobs on one first node differ
+# the rendezvous port is slurm.port + job id mod PORTS: two jobs on one first node differ
+PORTS = 1000
 
 
 @dataclass(frozen=True)
 class Job:
-    """What the batch script runs: `vit STAGE` with `args`, in `workdir`, from `cwd` (absolute paths)."""
+    """What the batch script runs: `vit STAGE` with `args`, in `workdir`, from `cwd` (absolute
+    paths)."""
 
     stage: str  # pretrain | finetune
-    args: tuple[str, ...]  # the command's own flags beyond --recipe and --workdir (a sweep's, --task ...)
+    # the command's own flags beyond --recipe and --workdir (a sweep's, --task ...)
+    args: tuple[str, ...]
     workdir: Path
     cwd: Path
     python: str  # the interpreter that submitted: the compute nodes run the same installation
@@ -63,22 +68,24 @@ def log_pattern(job: Job) -> Path:
     return slurm_dir(job.workdir) / (SLURM_ARRAY_LOG if job.points else SLURM_LOG)
 
 
-# what an #SBATCH value may hold unquoted: sbatch splits its lines at blanks, reads " and ' as quotes, \ as
-# an escape and an unquoted # as the start of a comment (sbatch/opt.c, _get_argument)
+# what an #SBATCH value may hold unquoted: sbatch splits its lines at blanks, reads " and ' as
+# quotes, \ as an escape and an unquoted # as the start of a comment (sbatch/opt.c, _get_argument)
 _SBATCH_PLAIN = re.compile(r"[\w@%:,./+=&|!*()\[\]-]*")
 
 
 def sbatch_value(text: str) -> str:
-    """`text` as one argument of an #SBATCH line: as is when plain, else in double quotes, each backslash
-    and double quote escaped (a path with a blank stays one --output, a partition cannot add an option)."""
+    """`text` as one argument of an #SBATCH line: as is when plain, else in double quotes, each
+    backslash and double quote escaped (a path with a blank stays one --output, a partition cannot
+    add an option)."""
     if _SBATCH_PLAIN.fullmatch(text):
         return text
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def sbatch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
-    """The #SBATCH lines: resources from the recipe, the log in the workdir, the warning, requeue allowed;
-    each value one argument to sbatch (sbatch_value), slurm.extra's lines as the recipe gives them."""
+    """The #SBATCH lines: resources from the recipe, the log in the workdir, the warning, requeue
+    allowed; each value one argument to sbatch (sbatch_value), slurm.extra's lines as the recipe
+    gives them."""
     v = sbatch_value
     opts = [f"--job-name={v(f'vit-{job.workdir.name}')}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
     opts += [f"--gpus-per-node={cfg.gpus_per_node}"] if cfg.gpus_per_node else []
@@ -97,7 +104,8 @@ def sbatch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
 
 
 def torchrun(cfg: SlurmConfig, job: Job) -> str:
-    """One node's launch: torchrun with c10d rendezvous on the first node, every rank running `vit STAGE`."""
+    """One node's launch: torchrun with c10d rendezvous on the first node, every rank running `vit
+    STAGE`."""
     q = shlex.quote
     command = [job.stage, "--recipe", str(slurm_dir(job.workdir) / RECIPE_FILE), "--workdir",
                str(job.workdir), *job.args]
@@ -110,8 +118,8 @@ def torchrun(cfg: SlurmConfig, job: Job) -> str:
 
 
 def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
-    """The whole script; `written` says when and by what (its header). No value may hold a control character
-    (resolving the recipe refused one already; the paths are checked here)."""
+    """The whole script; `written` says when and by what (its header). No value may hold a control
+    character (resolving the recipe refused one already; the paths are checked here)."""
     check_one_line(cfg)
     for name, path in (("--workdir", job.workdir), ("the current directory", job.cwd)):
         found = control_character(str(path))

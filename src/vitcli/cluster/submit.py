@@ -1,5 +1,5 @@
-"""`--slurm`: the batch script and the frozen recipe written into WORKDIR/slurm, then `sbatch`; the job id
-back. With --dry-run the script is printed and nothing is written or submitted."""
+"""`--slurm`: the batch script and the frozen recipe written into WORKDIR/slurm, then `sbatch`; the
+job id back. With --dry-run the script is printed and nothing is written or submitted."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from vitcli.runtime.workdir import refuse_single_run
 
 def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: list[str] | None = None,
            dry_run: bool = False) -> dict | None:
-    """Submit `vit <recipe.stage>` of `workdir` (a sweep's `points`, one array task each) to SLURM; returns
-    the job id, the script and the log. `args` are the command's own flags the job passes on."""
+    """Submit `vit <recipe.stage>` of `workdir` (a sweep's `points`, one array task each) to SLURM;
+    returns the job id, the script and the log. `args` are the command's own flags the job passes
+    on."""
     workdir = workdir.absolute()
     job = Job(recipe.stage, tuple(args), workdir, Path.cwd(), sys.executable, len(points or []))
     written = f"`vit {recipe.stage} --slurm` on {time.strftime('%Y-%m-%d %H:%M')}"

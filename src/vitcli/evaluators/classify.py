@@ -1,10 +1,11 @@
-"""Classification metrics from per-row predictions, as pure numpy: top-k, per-class accuracy, the confusion
-matrix, and ImageNet ReaL.
+"""Classification metrics from per-row predictions, as pure numpy: top-k, per-class accuracy, the
+confusion matrix, and ImageNet ReaL.
 
-ReaL (Beyer et al. 2020, "Are we done with ImageNet?") relabels the 50,000 ImageNet validation images: its
-`real.json` holds one list of valid class indices per image, entry i for ILSVRC2012_val_{i+1:08d}. An image
-whose list is empty (no valid label) is left out; a prediction is right when it is in the list, and top-k is
-right when any of the first k is (timm's RealLabelsImagenet, which this matches).
+ReaL (Beyer et al. 2020, "Are we done with ImageNet?") relabels the 50,000 ImageNet validation
+images: its `real.json` holds one list of valid class indices per image, entry i for
+ILSVRC2012_val_{i+1:08d}. An image whose list is empty (no valid label) is left out; a prediction is
+right when it is in the list, and top-k is right when any of the first k is (timm's
+RealLabelsImagenet, which this matches).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ REAL_NAME = re.compile(r"ILSVRC2012_val_(\d{8})")  # the validation file number,
 
 
 def top_k_correct(top: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
-    """(N,) bool: each row's label is among its first k predictions; `top` (N, >= k) is best first."""
+    """(N,) bool: each row's label is among its first k predictions; `top` (N, >= k) is best
+    first."""
     return (top[:, :k] == labels[:, None]).any(axis=1)
 
 
@@ -32,13 +34,15 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray, num_classes: int
 
 
 def per_class_accuracy(confusion: np.ndarray) -> list[float | None]:
-    """Recall of each class, its diagonal over its row; None for a class with no rows (JSON has no NaN)."""
+    """Recall of each class, its diagonal over its row; None for a class with no rows (JSON has no
+    NaN)."""
     totals = confusion.sum(axis=1)
     return [float(confusion[k, k] / n) if n else None for k, n in enumerate(totals)]
 
 
 def read_real_labels(path: Path, num_classes: int) -> list[list[int]]:
-    """A real.json: a JSON list with one list of class indices (each < num_classes) per validation image."""
+    """A real.json: a JSON list with one list of class indices (each < num_classes) per validation
+    image."""
     try:
         entries = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -49,7 +53,8 @@ def read_real_labels(path: Path, num_classes: int) -> list[list[int]]:
         raise DataError(f"--real-labels {path}: expected a JSON list of label lists, one per validation "
                         "image")
     for i, labels in enumerate(entries):
-        ints = isinstance(labels, list) and all(type(c) is int for c in labels)  # bool is an int: refused
+        # bool is an int: refused
+        ints = isinstance(labels, list) and all(type(c) is int for c in labels)
         if not ints:
             raise DataError(f"--real-labels {path}: entry {i} is {labels!r}, not a list of class indices")
         bad = [c for c in labels if not 0 <= c < num_classes]
@@ -67,10 +72,12 @@ def real_file_number(name: str | None) -> int | None:
 
 def real_entries(names: list[str | None] | None, rows: int, entries: int,
                  path: Path) -> tuple[np.ndarray, str]:
-    """(the entry of each of the split's `rows` rows (N,), how they were matched: "file name" or "row order").
+    """(the entry of each of the split's `rows` rows (N,), how they were matched: "file name" or
+    "row order").
 
-    Rows are matched by their ILSVRC2012_val number when every row's file name (`names`, None: the split has
-    none) carries one, by row order when none does, and then the split must have one row per entry."""
+    Rows are matched by their ILSVRC2012_val number when every row's file name (`names`, None: the
+    split has none) carries one, by row order when none does, and then the split must have one row
+    per entry."""
     numbers = [real_file_number(n) for n in names] if names else []
     if numbers and all(n is not None for n in numbers):
         beyond = max(numbers)
@@ -90,8 +97,9 @@ def real_entries(names: list[str | None] | None, rows: int, entries: int,
 
 
 def real_top_k(top: np.ndarray, entries: np.ndarray, real: list[list[int]], k: int) -> tuple[int, int]:
-    """(rows right, rows counted): a row counts when its ReaL list is not empty, and is right when one of its
-    first k predictions (`top` (N, >= k), best first) is in that list; `entries` (N,) are its list indices."""
+    """(rows right, rows counted): a row counts when its ReaL list is not empty, and is right when
+    one of its first k predictions (`top` (N, >= k), best first) is in that list; `entries` (N,) are
+    its list indices."""
     right = counted = 0
     for predicted, entry in zip(top[:, :k].tolist(), entries.tolist(), strict=True):
         valid = real[entry]

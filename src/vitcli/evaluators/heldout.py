@@ -1,4 +1,5 @@
-"""Evaluators: small, uniform units the training loop runs when told. Each yields (metric name, value)."""
+"""Evaluators: small, uniform units the training loop runs when told. Each yields (metric name,
+value)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from vitcli.runtime.dist import Dist, all_gather, all_reduce_sum
 
 
 class SplitEvaluator:
-    """What every held-out evaluator shares: one split's batch stream, the model in eval mode, sums over the
-    batches added up across ranks, and `PREFIX/skipped_images` when some images do not decode (left out)."""
+    """What every held-out evaluator shares: one split's batch stream, the model in eval mode, sums
+    over the batches added up across ranks, and `PREFIX/skipped_images` when some images do not
+    decode (left out)."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str):
         self.prefix, self.ds, self.cfg, self.img_size = prefix, ds, cfg, img_size
@@ -23,16 +25,18 @@ class SplitEvaluator:
         self.skipped = bad_images.Skipped()
 
     def sums(self, model: torch.nn.Module, per_batch, width: int) -> tuple[list[float], int]:
-        """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every rank
-        (a rank may have no rows at all), and the skipped images)."""
+        """(sums of the `width` numbers per_batch(model, i, x, y) returns, over the split and every
+        rank (a rank may have no rows at all), and the skipped images)."""
         values = sharded_pass(model, self.ds, self.cfg, self.img_size, self.dist, self.precision, per_batch,
                               self.skipped)
         totals = [0.0] * width
         for batch in values:
             totals = [a + b for a, b in zip(totals, batch, strict=True)]
-        # ranks read disjoint rows, so their skipped counts add up too; a batch holds at least one image
+        # ranks read disjoint rows, so their skipped counts add up too; a batch holds at least one
+        # image
         *totals, skipped, decoded = all_reduce_sum([*totals, self.skipped.total, len(values)], self.dist)
-        if skipped and not decoded:  # the same on every rank: all gather the tallies, all raise alike
+        # the same on every rank: all gather the tallies, all raise alike
+        if skipped and not decoded:
             raise_if_nothing_decoded(0, all_gather(self.skipped.rows, self.dist))
         return totals, int(skipped)
 
@@ -45,8 +49,9 @@ class SplitEvaluator:
 
 
 class ClassificationEvaluator(SplitEvaluator):
-    """Top-1 accuracy and mean loss of the model's own head on one split; the loss is the one the run trains
-    with (train.losses.loss_fn of the recipe), so val/loss and train/loss are one quantity."""
+    """Top-1 accuracy and mean loss of the model's own head on one split; the loss is the one the
+    run trains with (train.losses.loss_fn of the recipe), so val/loss and train/loss are one
+    quantity."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, *, loss):
         super().__init__(prefix, ds, cfg, img_size, dist, precision)
@@ -64,10 +69,11 @@ class ClassificationEvaluator(SplitEvaluator):
 
 
 class PretextEvaluator(SplitEvaluator):
-    """A self-supervised objective's held-out losses on one split: `measure(model, i, x)` gives batch
-    i's `names` values (0-d tensors, means over its images), each batch with the same draws every run
-    (the objective seeds them by i), so the values are comparable step to step; averaged over images.
-    The objective (vitcli.objectives) supplies both: its evaluation is its own maths."""
+    """A self-supervised objective's held-out losses on one split: `measure(model, i, x)` gives
+    batch i's `names` values (0-d tensors, means over its images), each batch with the same draws
+    every run (the objective seeds them by i), so the values are comparable step to step; averaged
+    over images. The objective (vitcli.objectives) supplies both: its evaluation is its own
+    maths."""
 
     def __init__(self, prefix: str, ds, cfg: DataConfig, img_size: int, dist: Dist, precision: str, *,
                  names: tuple[str, ...], measure):

@@ -1,8 +1,9 @@
-"""Frozen-feature evaluation of one model on the recipe's tasks: features -> every shots x seed few-shot
-score, and the all-data protocols (fewshot.protocols) on the same features.
+"""Frozen-feature evaluation of one model on the recipe's tasks: features -> every shots x seed
+few-shot score, and the all-data protocols (fewshot.protocols) on the same features.
 
-Shared by `vit eval-fewshot` (stages/fewshot.py, with a feature cache) and by the in-training evaluator
-below (no cache: the weights change between calls). Both score few-shot through `solver.score`.
+Shared by `vit eval-fewshot` (stages/fewshot.py, with a feature cache) and by the in-training
+evaluator below (no cache: the weights change between calls). Both score few-shot through
+`solver.score`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from vitcli.runtime.dist import Dist
 
 
 def preprocessing(recipe: Recipe) -> tuple[int, int, str]:
-    """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and scales
-    that as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
+    """(img_size, resize, resize_method): big_vision resizes to 256 x 256 and centre-crops 224, and
+    scales that as `int(256 / 224 * res)` (configs/proj/cappa/pretrain.py: 384 -> 438, 32 -> 36)."""
     img_size, f = recipe.model.img_size, recipe.fewshot
     return img_size, int(f.resize / 224 * img_size), f.resize_method
 
@@ -41,7 +42,8 @@ def _custom_task(recipe: Recipe) -> tasks.Task:
 
 
 def recipe_tasks(recipe: Recipe) -> list[tasks.Task]:
-    """The tasks fewshot.tasks names: registry names, `synthetic` (built-in data), or fewshot.custom.name."""
+    """The tasks fewshot.tasks names: registry names, `synthetic` (built-in data), or
+    fewshot.custom.name."""
     custom = {"synthetic": tasks.synthetic_task(recipe.data.synthetic.num_classes)}
     if recipe.fewshot.custom.name:
         custom[recipe.fewshot.custom.name] = _custom_task(recipe)
@@ -54,9 +56,9 @@ def load_task_split(task: tasks.Task, recipe: Recipe, split: str):
 
 
 def open_splits(chosen: list[tasks.Task], recipe: Recipe) -> None:
-    """Open every task's train and test split (no image is decoded) before the first feature is extracted
-    or cached: a split that is missing is one line naming the key that chose it, not an error after the
-    train features were extracted and written."""
+    """Open every task's train and test split (no image is decoded) before the first feature is
+    extracted or cached: a split that is missing is one line naming the key that chose it, not an
+    error after the train features were extracted and written."""
     for task in chosen:
         for role, split in (("train", task.train_split), ("test", task.test_split)):
             try:
@@ -78,13 +80,15 @@ def data_id(task: tasks.Task, recipe: Recipe) -> str:
 
 
 def data_cfg(task: tasks.Task, recipe: Recipe) -> DataConfig:
-    """The recipe's data settings reading the task (sources.task_data, as VTAB fine-tuning reads it)."""
+    """The recipe's data settings reading the task (sources.task_data, as VTAB fine-tuning reads
+    it)."""
     return dataclasses.replace(recipe.data, **sources.task_data(task, recipe.fewshot.data_root))
 
 
 def evaluate_task(train, test, num_classes: int, recipe: Recipe, name: str) -> list[dict]:
     """One row per (shots, seed): accuracy, the λ used, and the shot set's size and short classes
-    (ShotSet.record). A class with fewer than `shots` train examples gives what it has, as in big_vision."""
+    (ShotSet.record). A class with fewer than `shots` train examples gives what it has, as in
+    big_vision."""
     (x_tr, y_tr), (x_te, y_te) = train, test
     f = recipe.fewshot
     rows = []
@@ -102,8 +106,9 @@ def evaluate_task(train, test, num_classes: int, recipe: Recipe, name: str) -> l
 
 
 def draws(rows: list[dict]) -> dict[tuple[str, int], dict]:
-    """(task, shots) -> its shot sets' record (solver.DRAW_FIELDS), the same for every seed: the class sizes
-    decide it. `short_classes` > 0 marks a (task, shots) scored on fewer than shots * classes examples."""
+    """(task, shots) -> its shot sets' record (solver.DRAW_FIELDS), the same for every seed: the
+    class sizes decide it. `short_classes` > 0 marks a (task, shots) scored on fewer than shots *
+    classes examples."""
     return {(r["task"], r["shots"]): {k: r[k] for k in solver.DRAW_FIELDS} for r in rows}
 
 
@@ -117,15 +122,17 @@ def summarise(rows: list[dict]) -> dict[tuple[str, int], tuple[float, float]]:
 
 
 class FewshotEvaluator:
-    """Frozen-feature scores of the model being trained (no feature cache), one extraction per split serving
-    every protocol of fewshot.protocols: `fewshot/<task>/<k>shot`, `knn/<task>/top1`, `linear/...`."""
+    """Frozen-feature scores of the model being trained (no feature cache), one extraction per split
+    serving every protocol of fewshot.protocols: `fewshot/<task>/<k>shot`, `knn/<task>/top1`,
+    `linear/...`."""
 
     def __init__(self, recipe: Recipe, dist: Dist):
         self.recipe, self.dist = recipe, dist
         self.tasks = recipe_tasks(recipe)
         self.splits = {t.name: [load_task_split(t, recipe, s) for s in (t.train_split, t.test_split)]
                        for t in self.tasks}  # read once, reused every run
-        self.skipped = bad_images.Skipped()  # kept across runs: a corrupt image is warned about once
+        # kept across runs: a corrupt image is warned about once
+        self.skipped = bad_images.Skipped()
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
         img_size, resize, method = preprocessing(self.recipe)
@@ -143,8 +150,9 @@ class FewshotEvaluator:
 
 
 def fewshot_metrics(rows: list[dict]) -> Iterator[tuple[str, float]]:
-    """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also `.../<k>shot/short_classes` and
-    `.../<k>shot/examples` (the shot set's size, below k * classes)."""
+    """`fewshot/<task>/<k>shot` (mean over seeds); where a class is short also
+    `.../<k>shot/short_classes` and `.../<k>shot/examples` (the shot set's size, below k *
+    classes)."""
     drawn = draws(rows)
     for (name, shots), (mean, _) in summarise(rows).items():
         yield f"fewshot/{name}/{shots}shot", mean

@@ -1,7 +1,8 @@
-"""Frozen pre-logits features: extracted once per (checkpoint, task, split, preprocessing), cached on disk.
+"""Frozen pre-logits features: extracted once per (checkpoint, task, split, preprocessing), cached
+on disk.
 
-Every shot count and seed of a few-shot run reuses the same features, so extraction is the whole cost of
-an evaluation; the solves are noise next to it.
+Every shot count and seed of a few-shot run reuses the same features, so extraction is the whole
+cost of an evaluation; the solves are noise next to it.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ from vitcli.runtime.run_files import MODEL_FILE
 
 
 def pre_logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, 3, H, W) -> (B, D'): after the final norm, pooling and representation layer; before the head."""
+    """(B, 3, H, W) -> (B, D'): after the final norm, pooling and representation layer; before the
+    head."""
     return model.forward_head(model.forward_features(x), pre_logits=True)
 
 
 def extract(model, ds, cfg: DataConfig, img_size: int, resize: int, dist: Dist, precision: str,
             skipped: bad_images.Skipped | None = None, resize_method: str = "big_vision"):
-    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every rank; rows
-    whose image does not decode are left out (and recorded in `skipped`).
+    """Features (N, D') float32 and labels (N,) int64 of a whole split, in dataset order, on every
+    rank; rows whose image does not decode are left out (and recorded in `skipped`).
     `resize_method`: fewshot.resize_method.
 
-    Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective call."""
+    Each rank extracts rows rank, rank + world_size, ... and the parts are gathered: a collective
+    call."""
     own = bad_images.Skipped(warn=False)  # this rank's share: `skipped` names each, from every rank
     skipped = skipped if skipped is not None else bad_images.Skipped()
 
@@ -74,7 +77,8 @@ def weights_id(path: str | Path) -> str:
 
 
 def state_id(model: torch.nn.Module) -> str:
-    """Content hash of a network's weights (names, dtypes, shapes, bytes): the id of weights no file holds."""
+    """Content hash of a network's weights (names, dtypes, shapes, bytes): the id of weights no file
+    holds."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
@@ -83,8 +87,9 @@ def state_id(model: torch.nn.Module) -> str:
 
 
 def cache_key(weights: str, task: str, split: str, preprocessing: dict) -> str:
-    """Key of one cached feature set: the four things that determine it (`preprocessing` holds img_size,
-    resize, resize_method, precision, and the mean and std that normalise unless they are [-1, 1]'s)."""
+    """Key of one cached feature set: the four things that determine it (`preprocessing` holds
+    img_size, resize, resize_method, precision, and the mean and std that normalise unless they are
+    [-1, 1]'s)."""
     blob = json.dumps({"weights": weights, "task": task, "split": split, "pre": preprocessing},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]

@@ -1,20 +1,24 @@
-"""Linear probe on all the training data: multinomial logistic regression on frozen features, with the L2
-strength chosen on a held-out part of train (CLIP, Radford et al. 2021, sec. 3.2 and App. A.3: L-BFGS, at
-most 1,000 iterations, λ swept log-uniformly over 1e-6 .. 1e6 on a validation split, then the model refitted).
+"""Linear probe on all the training data: multinomial logistic regression on frozen features, with
+the L2 strength chosen on a held-out part of train (CLIP, Radford et al. 2021, sec. 3.2 and App.
+A.3: L-BFGS, at most 1,000 iterations, λ swept log-uniformly over 1e-6 .. 1e6 on a validation split,
+then the model refitted).
 
-  1. features are standardised with the fitting set's mean and std: MAE's linear probe puts a BatchNorm
-     without affine before its head for the same reason (features of different scales train badly); it is
-     also what makes one λ grid fit every backbone;
-  2. the objective is mean cross-entropy + λ / (2N) ||W||², the bias unpenalised: exactly scikit-learn's
+  1. features are standardised with the fitting set's mean and std: MAE's linear probe puts a
+  BatchNorm
+     without affine before its head for the same reason (features of different scales train badly);
+     it is also what makes one λ grid fit every backbone;
+  2. the objective is mean cross-entropy + λ / (2N) ||W||², the bias unpenalised: exactly
+  scikit-learn's
      LogisticRegression(C=1/λ, solver="lbfgs"), which CLIP ran, so λ means what CLIP's does;
-  3. λ is the grid point with the best top-1 on a seeded `holdout` fraction of train, fitted on the rest
-     (ties go to the larger λ; the sweep stops PATIENCE points past the peak); the probe is refitted on all
-     of train with it and scored on test.
+  3. λ is the grid point with the best top-1 on a seeded `holdout` fraction of train, fitted on the
+  rest
+     (ties go to the larger λ; the sweep stops PATIENCE points past the peak); the probe is refitted
+     on all of train with it and scored on test.
 
-Written here rather than taken from scikit-learn, which is not a dependency: torch's L-BFGS with a strong
-Wolfe line search on the same objective, float64 on a CPU (as scikit-learn) and float32 on a GPU. The grid
-runs from strong to weak regularisation, each fit starting from the last one's weights (the path is smooth,
-so the warm start saves most iterations).
+Written here rather than taken from scikit-learn, which is not a dependency: torch's L-BFGS with a
+strong Wolfe line search on the same objective, float64 on a CPU (as scikit-learn) and float32 on a
+GPU. The grid runs from strong to weak regularisation, each fit starting from the last one's weights
+(the path is smooth, so the warm start saves most iterations).
 """
 
 from __future__ import annotations
@@ -49,8 +53,8 @@ class Fit:
 
 def fit(x: torch.Tensor, y: torch.Tensor, num_classes: int, l2: float, max_iter: int = MAX_ITER,
         start: Fit | None = None) -> Fit:
-    """The minimiser of mean cross-entropy + l2 / (2N) ||W||² over standardised `x` (N, D), labels `y` (N,);
-    `start`: a fit on the same rows to warm-start from."""
+    """The minimiser of mean cross-entropy + l2 / (2N) ||W||² over standardised `x` (N, D), labels
+    `y` (N,); `start`: a fit on the same rows to warm-start from."""
     mean = x.mean(dim=0, keepdim=True)
     std = x.std(dim=0, unbiased=False, keepdim=True) + STD_EPS
     z = (x - mean) / std
@@ -74,10 +78,11 @@ def fit(x: torch.Tensor, y: torch.Tensor, num_classes: int, l2: float, max_iter:
 
 
 def prior_logits(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
-    """(K,) log class frequencies of `y`: the optimal bias while the weights are zero, where a cold fit
-    starts. The unpenalised bias is the ill-conditioned direction of a strongly regularised fit (its
-    curvature is ~p(1 - p), the weights' ~λ/N), so starting it at its optimum saves most of L-BFGS's
-    iterations there. A class absent from `y` starts at half an example's frequency; the fit moves it on."""
+    """(K,) log class frequencies of `y`: the optimal bias while the weights are zero, where a cold
+    fit starts. The unpenalised bias is the ill-conditioned direction of a strongly regularised fit
+    (its curvature is ~p(1 - p), the weights' ~λ/N), so starting it at its optimum saves most of
+    L-BFGS's iterations there. A class absent from `y` starts at half an example's frequency; the
+    fit moves it on."""
     counts = torch.bincount(y, minlength=num_classes).to(dtype).clamp(min=0.5)
     return (counts / counts.sum()).log()
 
@@ -101,10 +106,10 @@ def choose_l2(x: torch.Tensor, y: torch.Tensor, num_classes: int, grid=L2_GRID, 
               max_iter: int = MAX_ITER, patience: int = PATIENCE) -> tuple[float, dict[float, float]]:
     """(the λ of `grid` with the best held-out top-1, ties to the larger; top-1 of every λ tried).
 
-    The sweep goes from strong to weak and stops once `patience` λ in a row score below the best so far:
-    held-out accuracy rises and then falls along the path (CLIP's binary search over λ assumes the same),
-    and the weakly regularised fits past the peak are the slow ones (a separable task's weights grow without
-    bound as λ -> 0, and L-BFGS takes its whole budget)."""
+    The sweep goes from strong to weak and stops once `patience` λ in a row score below the best so
+    far: held-out accuracy rises and then falls along the path (CLIP's binary search over λ assumes
+    the same), and the weakly regularised fits past the peak are the slow ones (a separable task's
+    weights grow without bound as λ -> 0, and L-BFGS takes its whole budget)."""
     fit_rows, held_rows = (torch.as_tensor(r, device=x.device) for r in holdout_split(len(x), holdout))
     accuracy, last, worse = {}, None, 0
     for l2 in sorted(grid, reverse=True):  # strong to weak: each fit warm-starts the next
@@ -120,8 +125,8 @@ def choose_l2(x: torch.Tensor, y: torch.Tensor, num_classes: int, grid=L2_GRID, 
 def linear_probe(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                  num_classes: int, grid=L2_GRID, holdout: float = HOLDOUT, max_iter: int = MAX_ITER,
                  device: torch.device | str = "cpu") -> dict:
-    """{"top1", "top5" (>= 5 classes), "l2" (the chosen λ), "holdout_top1" (its held-out top-1)} of the
-    logistic probe fitted on all of train with the λ chosen on a held-out part of it."""
+    """{"top1", "top5" (>= 5 classes), "l2" (the chosen λ), "holdout_top1" (its held-out top-1)} of
+    the logistic probe fitted on all of train with the λ chosen on a held-out part of it."""
     device = torch.device(device)
     dtype = torch.float64 if device.type == "cpu" else torch.float32
     as_tensor = lambda a, t: torch.as_tensor(np.asarray(a), dtype=t, device=device)

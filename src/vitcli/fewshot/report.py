@@ -1,9 +1,11 @@
-"""Few-shot results: a table (task x shots, mean ± std over seeds, group and VTAB means), json, csv, png.
+"""Few-shot results: a table (task x shots, mean ± std over seeds, group and VTAB means), json, csv,
+png.
 
-A (task, shots) whose shot set lacks examples (some class has fewer than `shots` train images, as SUN397's
-397 classes over VTAB-1k's 1,000) is scored on what there is, as big_vision does, and marked: `*` in the
-table with a footnote, and in results.json every run and summary row carries classes / short_classes /
-empty_classes / examples (the shot set's size; shots * classes when no class is short).
+A (task, shots) whose shot set lacks examples (some class has fewer than `shots` train images, as
+SUN397's 397 classes over VTAB-1k's 1,000) is scored on what there is, as big_vision does, and
+marked: `*` in the table with a footnote, and in results.json every run and summary row carries
+classes / short_classes / empty_classes / examples (the shot set's size; shots * classes when no
+class is short).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from vitcli.runtime.run_files import FEWSHOT_CSV, FEWSHOT_FILE, FEWSHOT_PLOT
 
 
 def group_means(summary: dict[tuple[str, Any], tuple[float, float]]) -> dict[tuple[str, Any], float]:
-    """Mean accuracy per (VTAB group or `vtab` overall, shots or protocol), over the tasks evaluated in that
-    group."""
+    """Mean accuracy per (VTAB group or `vtab` overall, shots or protocol), over the tasks evaluated
+    in that group."""
     groups = {t.name: t.group for t in tasks.get_tasks("vtab")}
     buckets: dict[tuple[str, int], list[float]] = {}
     for (name, shots), (mean, _) in summary.items():
@@ -43,10 +45,12 @@ def group_means(summary: dict[tuple[str, Any], tuple[float, float]]) -> dict[tup
 def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.Skipped | None = None,
           probes: list[dict] | None = None, inputs: dict | None = None) -> dict:
     """Write results.csv and fewshot.png (with few-shot rows), then results.json, last: it marks the
-    evaluation finished (vitcli.runtime.finished); print the tables. Returns what results.json holds.
-    `probes`: the all-data protocols' rows (fewshot.protocols); `inputs`: the request's record."""
+    evaluation finished (vitcli.runtime.finished); print the tables. Returns what results.json
+    holds. `probes`: the all-data protocols' rows (fewshot.protocols); `inputs`: the request's
+    record."""
     probes = probes or []
-    for stale in (FEWSHOT_CSV, FEWSHOT_PLOT) if not rows else ():  # an earlier run's, that results.json will
+    # an earlier run's, that results.json will
+    for stale in (FEWSHOT_CSV, FEWSHOT_PLOT) if not rows else ():
         (workdir / stale).unlink(missing_ok=True)  # not describe
     if rows:
         with atomic_path(workdir / FEWSHOT_CSV) as tmp, tmp.open("w", newline="") as f:
@@ -64,7 +68,8 @@ def write(rows: list[dict], workdir: Path, recipe: Recipe, skipped: bad_images.S
 
 
 def show(rows: list[dict], probes: list[dict], workdir: Path) -> None:
-    """The tables of few-shot `rows` and all-data `probes` (as results.json stores them), and the files."""
+    """The tables of few-shot `rows` and all-data `probes` (as results.json stores them), and the
+    files."""
     if rows:
         summary, drawn = summarise(rows), draws(rows)
         _table(summary, group_means(summary), {key: d for key, d in drawn.items() if d["short_classes"]})
@@ -76,15 +81,16 @@ def show(rows: list[dict], probes: list[dict], workdir: Path) -> None:
 
 def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None = None,
             probes: list[dict] | None = None, inputs: dict | None = None) -> dict:
-    """results.json: every few-shot run, the mean ± std per (task, shots), the group means, the all-data
-    protocols' rows and their group means, and the recipe; with the tally, the images left out because they
-    do not decode (`data/skipped_images`) and where they are; `inputs`, the request's record
-    (vitcli.runtime.finished)."""
+    """results.json: every few-shot run, the mean ± std per (task, shots), the group means, the
+    all-data protocols' rows and their group means, and the recipe; with the tally, the images left
+    out because they do not decode (`data/skipped_images`) and where they are; `inputs`, the
+    request's record (vitcli.runtime.finished)."""
     summary, drawn = summarise(rows), draws(rows)
     probes = probes or []
     payload = {
         "checkpoint": recipe.init.checkpoint,
-        "random_init": recipe.init.random,  # true: the checkpoint's network with fresh weights (run.seed)
+        # true: the checkpoint's network with fresh weights (run.seed)
+        "random_init": recipe.init.random,
         "protocols": recipe.fewshot.protocols,
         "runs": rows,
         "summary": [{"task": t, "shots": k, "mean": m, "std": s, **drawn[(t, k)]}
@@ -95,7 +101,8 @@ def results(rows: list[dict], recipe: Recipe, skipped: bad_images.Skipped | None
                                  for (g, p), m in group_means(_probe_summary(probes)).items()],
         "recipe": to_dict(recipe),
     }
-    if skipped is not None:  # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
+    # "SOURCE split 'SPLIT'" -> rows, so the files can be found and repaired
+    if skipped is not None:
         payload.update({"data/skipped_images": skipped.total, "skipped_rows": skipped.as_dict()})
     if inputs is not None:
         payload["inputs"] = inputs
@@ -126,7 +133,8 @@ def _probe_table(probes: list[dict]) -> None:
 
 
 def footnote(name: str, shots: int, draw: dict) -> str:
-    """The table's note on a short (task, shots): which classes fell short and how big the shot set is."""
+    """The table's note on a short (task, shots): which classes fell short and how big the shot set
+    is."""
     short, empty, classes = draw["short_classes"], draw["empty_classes"], draw["classes"]
     which = ("had no train example" if short == empty else
              f"had fewer than {shots} train examples" + (f" ({empty} had none)" if empty else ""))

@@ -1,24 +1,31 @@
-"""Linear few-shot accuracy: closed-form ridge regression on frozen features (big_vision `fewshot_lsr`).
+"""Linear few-shot accuracy: closed-form ridge regression on frozen features (big_vision
+`fewshot_lsr`).
 
 The protocol, as big_vision runs it (ViT paper, App. B.1.1 "few-shot linear"):
-  1. per seed, one permutation of each class's example indices from `np.random.default_rng(seed)`, classes
-     visited in order 0..K-1; the k-shot set is the first k of every permutation, so sets nest across k;
-  2. standardise every feature with the shot set's mean and population std (+1e-5), and the test features
+  1. per seed, one permutation of each class's example indices from `np.random.default_rng(seed)`,
+  classes
+     visited in order 0..K-1; the k-shot set is the first k of every permutation, so sets nest
+     across k;
+  2. standardise every feature with the shot set's mean and population std (+1e-5), and the test
+  features
      with the same statistics;
-  3. append a constant feature of 100: its weight is the bias, nearly unregularised because a unit of
+  3. append a constant feature of 100: its weight is the bias, nearly unregularised because a unit
+  of
      weight there moves the output 100 times as much as on a standardised feature;
   4. regress {-1, 1}^K targets (2 * onehot - 1) with an L2 penalty l2_reg (default 2**10) on all D+1
      weights, and score the argmax on the test set.
 
-Derivation kept beside the code, as big_vision does. With X (N, P) the augmented features (P = D + 1):
+Derivation kept beside the code, as big_vision does. With X (N, P) the augmented features (P = D +
+1):
   primal (N >= P):  W = (XᵀX + λI)⁻¹ XᵀY     and  XᵀX = Q diag(e) Qᵀ,  so  W = Q diag(1/(e+λ)) QᵀXᵀY
   dual   (N <  P):  W = Xᵀ(XXᵀ + λI)⁻¹ Y     and  XXᵀ = Q diag(e) Qᵀ,  so  W = XᵀQ diag(1/(e+λ)) QᵀY
 One eigendecomposition of the smaller Gram matrix serves every λ: another λ is one rescale of e.
 
 Everything here is numpy float64. big_vision runs the same algebra in JAX float32; we pay the extra
-precision because forming the Gram matrix squares X's condition number (the bias column alone is 100x
-the others) and the leave-one-out grid goes down to λ = 2**-10, where float32 loses most digits. At these
-sizes (P <= 1025) float64 costs milliseconds, and features arrive as numpy arrays from the feature cache.
+precision because forming the Gram matrix squares X's condition number (the bias column alone is
+100x the others) and the leave-one-out grid goes down to λ = 2**-10, where float32 loses most
+digits. At these sizes (P <= 1025) float64 costs milliseconds, and features arrive as numpy arrays
+from the feature cache.
 """
 
 from __future__ import annotations
@@ -75,12 +82,14 @@ def targets(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return 2.0 * np.eye(num_classes)[labels] - 1.0
 
 
-DRAW_FIELDS = ("classes", "short_classes", "empty_classes", "examples")  # ShotSet.record, a result row's
+# ShotSet.record, a result row's
+DRAW_FIELDS = ("classes", "short_classes", "empty_classes", "examples")
 
 
 @dataclass(frozen=True)
 class ShotSet:
-    """One seed's shot set, and how far it falls short of `shots` examples in each of the K classes."""
+    """One seed's shot set, and how far it falls short of `shots` examples in each of the K
+    classes."""
 
     indices: np.ndarray  # (N,) train rows, class 0's first; N = shots * K unless a class is short
     shots: int
@@ -99,12 +108,14 @@ class ShotSet:
 
 
 def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int | None = None) -> ShotSet:
-    """Up to `shots` examples per class, drawn exactly as big_vision draws them (nested across shots).
+    """Up to `shots` examples per class, drawn exactly as big_vision draws them (nested across
+    shots).
 
-    One `default_rng(seed)` permutes each class's indices, classes 0..num_classes-1 in order (all of them,
-    empty ones too, before any are cut), and the first `shots` of each are concatenated in class order. As in
-    big_vision a class with fewer examples gives what it has, possibly none (VTAB-1k's 1,000 train images
-    over SUN397's 397 classes); the ShotSet says how many classes fell short. Only an empty draw is an error.
+    One `default_rng(seed)` permutes each class's indices, classes 0..num_classes-1 in order (all of
+    them, empty ones too, before any are cut), and the first `shots` of each are concatenated in
+    class order. As in big_vision a class with fewer examples gives what it has, possibly none
+    (VTAB-1k's 1,000 train images over SUN397's 397 classes); the ShotSet says how many classes fell
+    short. Only an empty draw is an error.
     """
     labels = np.asarray(labels)
     if shots < 1:
@@ -121,7 +132,8 @@ def sample_shots(labels: np.ndarray, shots: int, seed: int, num_classes: int | N
 
 
 def precompute(x_train: np.ndarray) -> LsrCache:
-    """Standardisation statistics and the eigendecomposition of the smaller Gram matrix of one shot set."""
+    """Standardisation statistics and the eigendecomposition of the smaller Gram matrix of one shot
+    set."""
     x_train = _check_features(x_train, "train")
     mean = x_train.mean(axis=0, keepdims=True)
     std = x_train.std(axis=0, keepdims=True) + STD_EPS  # population std (ddof=0), as jnp.std
@@ -161,8 +173,9 @@ def score(
 ) -> tuple[float, float]:
     """(top-1 accuracy on the test set, λ used) of the ridge classifier fitted on the shot set.
 
-    The one scoring function of `vit eval-fewshot` and of few-shot evaluation during training. `l2_reg` is a
-    positive number or "auto" (the λ of L2_GRID with the lowest leave-one-out error on the shot set).
+    The one scoring function of `vit eval-fewshot` and of few-shot evaluation during training.
+    `l2_reg` is a positive number or "auto" (the λ of L2_GRID with the lowest leave-one-out error on
+    the shot set).
     """
     if len(x_train) != len(y_train) or len(x_test) != len(y_test):
         raise DataError(
@@ -180,10 +193,10 @@ def loo_errors(cache: LsrCache, y_onehot_pm1: np.ndarray, l2_regs=L2_GRID) -> np
     """Exact leave-one-out classification error of the shot set for each λ in `l2_regs`.
 
     With hat matrix H = X (XᵀX + λI)⁻¹ Xᵀ, the prediction for point i from a fit without it is
-    y_i - r_i / (1 - H_ii), r = Y - HY; exact for ridge because the bias is just another column of X.
-    In eigen terms H = B diag(h) Bᵀ with B = XQ, h = 1/(e+λ) (primal) or B = Q, h = e/(e+λ) (dual).
-    The standardisation stays the one of the full shot set (point i included), so the refit this matches
-    is "same features, row i dropped", not "re-standardise without i".
+    y_i - r_i / (1 - H_ii), r = Y - HY; exact for ridge because the bias is just another column of
+    X. In eigen terms H = B diag(h) Bᵀ with B = XQ, h = 1/(e+λ) (primal) or B = Q, h = e/(e+λ)
+    (dual). The standardisation stays the one of the full shot set (point i included), so the refit
+    this matches is "same features, row i dropped", not "re-standardise without i".
     """
     y = np.asarray(y_onehot_pm1, dtype=np.float64)  # (N, K)
     labels = y.argmax(axis=1)
@@ -192,7 +205,8 @@ def loo_errors(cache: LsrCache, y_onehot_pm1: np.ndarray, l2_regs=L2_GRID) -> np
     basis_y = basis.T @ y  # (R, K)
     errors = []
     for l2_reg in np.atleast_1d(l2_regs):
-        h = 1.0 / (cache.eigs + l2_reg) if cache.primal else cache.eigs / (cache.eigs + l2_reg)  # (R,)
+        # (R,)
+        h = 1.0 / (cache.eigs + l2_reg) if cache.primal else cache.eigs / (cache.eigs + l2_reg)
         fitted = basis @ (h[:, None] * basis_y)  # (N, K) = HY
         leverage = basis_sq @ h  # (N,) = diag(H)
         held_out = y - (y - fitted) / (1.0 - leverage)[:, None]  # (N, K)
@@ -203,9 +217,9 @@ def loo_errors(cache: LsrCache, y_onehot_pm1: np.ndarray, l2_regs=L2_GRID) -> np
 def choose_l2(cache: LsrCache, y_onehot_pm1: np.ndarray, grid=L2_GRID) -> tuple[float, np.ndarray]:
     """The λ in `grid` with the lowest leave-one-out error, and the errors; ties go to the larger λ.
 
-    Larger wins ties because it is the more conservative fit. With one shot per class every held-out point
-    loses its whole class, so the error is (near) 100% for every λ and the largest is returned: LOO says
-    nothing there, so prefer a fixed l2_reg at 1 shot.
+    Larger wins ties because it is the more conservative fit. With one shot per class every held-out
+    point loses its whole class, so the error is (near) 100% for every λ and the largest is
+    returned: LOO says nothing there, so prefer a fixed l2_reg at 1 shot.
     """
     grid = np.asarray(grid, dtype=np.float64)
     errors = loo_errors(cache, y_onehot_pm1, grid)

@@ -1,6 +1,7 @@
-"""`vit evaluate`'s confusion matrix as a PNG: true class down, predicted class across, each row coloured by
-its share of the class (so a rare class reads as clearly as a common one), the counts written in the cells
-while they fit, and the class names on the axes while there are few enough to read."""
+"""`vit evaluate`'s confusion matrix as a PNG: true class down, predicted class across, each row
+coloured by its share of the class (so a rare class reads as clearly as a common one), the counts
+written in the cells while they fit, and the class names on the axes while there are few enough to
+read."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def row_normalised(confusion: np.ndarray) -> np.ndarray:
 
 
 def confusion_figure(confusion: np.ndarray, names: list[str], title: str) -> Figure:
-    """The (K, K) counts as a heat map of row shares, with counts and names where they are readable."""
+    """The (K, K) counts as a heat map of row shares, with counts and names where they are
+    readable."""
     k = len(confusion)
     side = min(max(4.0, 0.32 * k + 2.5), 16.0)
     fig = new_figure(figsize=(side + 1.2, side))
@@ -35,7 +37,8 @@ def confusion_figure(confusion: np.ndarray, names: list[str], title: str) -> Fig
     image = ax.imshow(row_normalised(confusion), cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
     labels = names if k <= NAMED_UP_TO else None
-    ticks = np.arange(0, k, 1 if labels else -(-k // 10))  # every class named, or about 10 round indices
+    # every class named, or about 10 round indices
+    ticks = np.arange(0, k, 1 if labels else -(-k // 10))
     ax.set_xticks(ticks, labels=labels or [str(t) for t in ticks], rotation=90 if labels else 0)
     ax.set_yticks(ticks, labels=labels or [str(t) for t in ticks])
     ax.set_xlabel("predicted class")

@@ -1,7 +1,7 @@
-"""`vit eval-fewshot`'s fewshot.png: top-1 against shots per task with the spread over seeds, on a fixed
-0-100% axis above each task's chance level (1/K), the weights named in the title (a checkpoint, or the
-random initialisation of its network), so that a `--random-init` baseline is never taken for the checkpoint
-and two figures compare at a glance."""
+"""`vit eval-fewshot`'s fewshot.png: top-1 against shots per task with the spread over seeds, on a
+fixed 0-100% axis above each task's chance level (1/K), the weights named in the title (a
+checkpoint, or the random initialisation of its network), so that a `--random-init` baseline is
+never taken for the checkpoint and two figures compare at a glance."""
 
 from __future__ import annotations
 
@@ -21,20 +21,23 @@ LEGEND_ROWS = 13  # more tasks than this: the legend in two columns
 
 
 def weights_label(checkpoint: str, random: bool, seed: int) -> str:
-    """What produced the features: the checkpoint as the user named it, or its network at random init."""
+    """What produced the features: the checkpoint as the user named it, or its network at random
+    init."""
     name = checkpoint if len(checkpoint) <= NAME_CHARS else "..." + checkpoint[-NAME_CHARS:]
     return f"random init (seed {seed}), network of {name}" if random else name
 
 
 def fewshot_figure(summary: dict[tuple[str, int], tuple[float, float]], classes: dict[str, int],
                    weights: str) -> Figure:
-    """Mean top-1 (%) against shots per task (summary: (task, shots) -> (mean, std) in [0, 1]), error bars
-    the std over seeds; each task's chance level, 100/K for its K classes (`classes`), a dotted line in the
-    task's colour and told in its legend entry; y fixed to 0-100; `weights` (weights_label) in the title."""
+    """Mean top-1 (%) against shots per task (summary: (task, shots) -> (mean, std) in [0, 1]),
+    error bars the std over seeds; each task's chance level, 100/K for its K classes (`classes`), a
+    dotted line in the task's colour and told in its legend entry; y fixed to 0-100; `weights`
+    (weights_label) in the title."""
     names = list(dict.fromkeys(t for t, _ in summary))
     columns = 1 if len(names) < LEGEND_ROWS else 2  # VTAB's 19 tasks in two
     rows = -(-(len(names) + 1) // columns)
-    # the object API: no pyplot state, no GUI backend, files only; the legend beside the axes, never on data
+    # the object API: no pyplot state, no GUI backend, files only; the legend beside the axes, never
+    # on data
     fig = new_figure(figsize=(5.0 + 2.8 * columns, max(4.2, 0.24 * rows + 1.0)))
     ax = fig.subplots()
     drawn = []

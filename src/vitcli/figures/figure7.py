@@ -1,9 +1,11 @@
-"""The paper's Figure 7 as numbers, then pictures: what a ViT's patch filters, position table and heads do.
+"""The paper's Figure 7 as numbers, then pictures: what a ViT's patch filters, position table and
+heads do.
 
-Left: the top principal components of the patch-embedding filters. Centre: the cosine similarity of each
-patch's position embedding with every other one. Right: the mean attention distance of every head against
-depth (App. D.7), the analogue of a CNN's receptive field. The maths is here in small functions; reading
-the tables and attention maps out of a model is the `vit inspect` driver's (vitcli.stages.inspect).
+Left: the top principal components of the patch-embedding filters. Centre: the cosine similarity of
+each patch's position embedding with every other one. Right: the mean attention distance of every
+head against depth (App. D.7), the analogue of a CNN's receptive field. The maths is here in small
+functions; reading the tables and attention maps out of a model is the `vit inspect` driver's
+(vitcli.stages.inspect).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ NUM_COMPONENTS = 28  # Figure 7 (left) shows 28 components in a 4 x 7 grid
 
 
 def filter_components(kernel: np.ndarray, k: int = NUM_COMPONENTS) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k principal components of patch filters (D, C, P, P) -> ((k, C, P, P), explained variance (k,)).
+    """Top-k principal components of patch filters (D, C, P, P) -> ((k, C, P, P), explained variance
+    (k,)).
 
-    Each of the D filters is one sample of C*P*P numbers; components are unit vectors, sign arbitrary.
+    Each of the D filters is one sample of C*P*P numbers; components are unit vectors, sign
+    arbitrary.
     """
     flat = kernel.reshape(len(kernel), -1).astype(np.float64)  # (D, C*P*P)
     flat = flat - flat.mean(axis=0)
@@ -47,9 +51,10 @@ def to_rgb(component: np.ndarray) -> np.ndarray:
 
 
 def patch_table(grid: tuple[int, int], pos_embed: np.ndarray) -> np.ndarray:
-    """Each patch's position embedding (H*W, D), row-major, from a table (T, D) in timm's layout: learned,
-    fixed sin-cos, or a learned 2-D pair expanded by ViT.learned_2d_table. Its first T - H*W rows belong to
-    prefix tokens (class, registers; none for timm no_embed_class) and are dropped."""
+    """Each patch's position embedding (H*W, D), row-major, from a table (T, D) in timm's layout:
+    learned, fixed sin-cos, or a learned 2-D pair expanded by ViT.learned_2d_table. Its first T -
+    H*W rows belong to prefix tokens (class, registers; none for timm no_embed_class) and are
+    dropped."""
     h, w = grid
     prefix = len(pos_embed) - h * w
     if prefix < 0:
@@ -58,13 +63,15 @@ def patch_table(grid: tuple[int, int], pos_embed: np.ndarray) -> np.ndarray:
 
 
 def cosine_maps(table: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """(H, W, H, W): [y, x] is the cosine similarity of patch (y, x)'s embedding with every patch's."""
+    """(H, W, H, W): [y, x] is the cosine similarity of patch (y, x)'s embedding with every
+    patch's."""
     unit = table / np.maximum(np.linalg.norm(table, axis=-1, keepdims=True), 1e-12)  # (N, D)
     return (unit @ unit.T).reshape(*grid, *grid)
 
 
 def mosaic(maps: np.ndarray, gap: int = 1, fill: float = np.nan) -> np.ndarray:
-    """Small maps (H, W, h, w, ...) tiled into one image (H*(h+gap)-gap, W*(w+gap)-gap, ...), `fill` between.
+    """Small maps (H, W, h, w, ...) tiled into one image (H*(h+gap)-gap, W*(w+gap)-gap, ...), `fill`
+    between.
 
     One image drawn once rather than H*W axes: a ViT-B/16 has 196 maps, and axes cost ~30 ms each.
     """
@@ -77,16 +84,18 @@ def mosaic(maps: np.ndarray, gap: int = 1, fill: float = np.nan) -> np.ndarray:
 
 
 def patch_distances(grid: tuple[int, int], cell: float) -> torch.Tensor:
-    """(N, N) Euclidean distances in pixels between the centres of the grid's patches (cell pixels apart)."""
+    """(N, N) Euclidean distances in pixels between the centres of the grid's patches (cell pixels
+    apart)."""
     ys, xs = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
-    centres = (torch.stack([ys, xs], dim=-1).reshape(-1, 2).double() + 0.5) * cell  # (N, 2), row-major
+    # (N, 2), row-major
+    centres = (torch.stack([ys, xs], dim=-1).reshape(-1, 2).double() + 0.5) * cell
     return torch.cdist(centres, centres)
 
 
 def uniform_distance(distances: torch.Tensor) -> float:
-    """The mean attention distance of a head that attends to every patch alike: the mean pixel distance
-    between two patches of the grid, query and key drawn uniformly (N x N `distances`). A head near it looks
-    everywhere, not far; one well below it is local."""
+    """The mean attention distance of a head that attends to every patch alike: the mean pixel
+    distance between two patches of the grid, query and key drawn uniformly (N x N `distances`). A
+    head near it looks everywhere, not far; one well below it is local."""
     return float(distances.double().mean())
 
 
@@ -94,12 +103,13 @@ def attention_distance(attn: torch.Tensor, distances: torch.Tensor, prefix: int)
     """Mean attention distance (B, heads) of attention probabilities (B, heads, T, T)
     over T = prefix + N tokens.
 
-    Per query patch: sum over key patches of weight x distance between the patch centres; then the mean over
-    query patches. Prefix tokens (class, registers) have no place in the image, so they are dropped as
-    queries and as keys, and each query's weights over the patches are renormalised to sum to 1: the result
-    is a distance in pixels, whatever share of attention a head gives the class token. (The Keras/probing-vits
-    reimplementation drops them without renormalising, which counts class-token attention as distance 0 and
-    makes heads that attend to the class token look local; the paper does not say.)
+    Per query patch: sum over key patches of weight x distance between the patch centres; then the
+    mean over query patches. Prefix tokens (class, registers) have no place in the image, so they
+    are dropped as queries and as keys, and each query's weights over the patches are renormalised
+    to sum to 1: the result is a distance in pixels, whatever share of attention a head gives the
+    class token. (The Keras/probing-vits reimplementation drops them without renormalising, which
+    counts class-token attention as distance 0 and makes heads that attend to the class token look
+    local; the paper does not say.)
     """
     n = distances.shape[0]
     if attn.shape[-1] != prefix + n:
@@ -114,15 +124,16 @@ def attention_distance(attn: torch.Tensor, distances: torch.Tensor, prefix: int)
 
 
 def save_figure(fig: Figure, path: Path) -> None:
-    """Write a figure as PNG atomically (no pyplot: Agg through the object API, no display needed)."""
+    """Write a figure as PNG atomically (no pyplot: Agg through the object API, no display
+    needed)."""
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
 
 
 def filters_figure(components: np.ndarray, explained: np.ndarray, title: str) -> Figure:
-    """Figure 7 left: each component (3, P, P) an RGB patch, 7 to a row, on white, with the share of the
-    filters' variance it explains above it and the share of all of them shown in the title."""
+    """Figure 7 left: each component (3, P, P) an RGB patch, 7 to a row, on white, with the share of
+    the filters' variance it explains above it and the share of all of them shown in the title."""
     cols = min(7, len(components))
     rows = -(-len(components) // cols)
     patch = components.shape[-1]
@@ -144,7 +155,8 @@ def filters_figure(components: np.ndarray, explained: np.ndarray, title: str) ->
 
 
 def position_figure(maps: np.ndarray, title: str) -> Figure:
-    """Figure 7 centre: one H x W similarity map per patch, placed at that patch's row and column."""
+    """Figure 7 centre: one H x W similarity map per patch, placed at that patch's row and
+    column."""
     h, w = maps.shape[:2]
     fig = new_figure(figsize=(6.4, 5.4))
     ax = fig.subplots()
@@ -163,8 +175,9 @@ def position_figure(maps: np.ndarray, title: str) -> Figure:
 
 
 def distance_figure(distances: np.ndarray, img_size: int, title: str, uniform: float) -> Figure:
-    """Figure 7 right: one dot per head (colour = head index) at each layer, distance in pixels, and the
-    distance of uniform attention (`uniform_distance`) as a dashed line: a head on it attends everywhere."""
+    """Figure 7 right: one dot per head (colour = head index) at each layer, distance in pixels, and
+    the distance of uniform attention (`uniform_distance`) as a dashed line: a head on it attends
+    everywhere."""
     depth, heads = distances.shape
     fig = new_figure(figsize=(5.5, 4))
     ax = fig.subplots()

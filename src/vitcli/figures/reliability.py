@@ -1,6 +1,7 @@
-"""`vit evaluate`'s reliability diagram as a PNG (Guo et al. 2017, Figure 1): above, each confidence bin's
-accuracy as a bar against the diagonal a calibrated model would follow, the gap to the bin's mean confidence
-shaded; below, how many rows each bin holds (log scale: a trained model puts most rows in the last bins)."""
+"""`vit evaluate`'s reliability diagram as a PNG (Guo et al. 2017, Figure 1): above, each confidence
+bin's accuracy as a bar against the diagonal a calibrated model would follow, the gap to the bin's
+mean confidence shaded; below, how many rows each bin holds (log scale: a trained model puts most
+rows in the last bins)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ if TYPE_CHECKING:
 
 def reliability_figure(counts: np.ndarray, accuracy: np.ndarray, confidence: np.ndarray,
                        title: str) -> Figure:
-    """Bars of accuracy (M,) per equal-width bin of [0, 1], with the bins' mean confidence (M,) and row
-    counts (M,); empty bins are left blank."""
+    """Bars of accuracy (M,) per equal-width bin of [0, 1], with the bins' mean confidence (M,) and
+    row counts (M,); empty bins are left blank."""
     m = len(counts)
     left = np.arange(m) / m
     held = counts > 0

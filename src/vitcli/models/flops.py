@@ -1,8 +1,10 @@
-"""Analytic FLOPs of a plain ViT (2 FLOPs per multiply-add): the numerator of MFU (model FLOPs utilisation).
+"""Analytic FLOPs of a plain ViT (2 FLOPs per multiply-add): the numerator of MFU (model FLOPs
+utilisation).
 
-Counted by hand rather than with torch.utils.flop_counter because it is free (no forward pass, no model) and
-the same on every device and precision. Only the matmuls count, as in the MFU convention (Chowdhery et al.,
-PaLM App. B): norms, softmax, GELU and the optimizer are left out, a few percent at ViT sizes.
+Counted by hand rather than with torch.utils.flop_counter because it is free (no forward pass, no
+model) and the same on every device and precision. Only the matmuls count, as in the MFU convention
+(Chowdhery et al., PaLM App. B): norms, softmax, GELU and the optimizer are left out, a few percent
+at ViT sizes.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from vitcli.recipe.schema import MaeConfig, ModelConfig
 
 
 def forward_flops(m: ModelConfig, attention: bool = True, num_classes: int | None = None) -> float:
-    """Matmul FLOPs of one image's forward pass through a ViT; `num_classes` defaults to m.num_classes.
+    """Matmul FLOPs of one image's forward pass through a ViT; `num_classes` defaults to
+    m.num_classes.
 
-    N tokens (the patches, and a class token with pool `token` or `gap_fc_norm`) of width D, MLP width M:
-    patch embedding N_p P^2 3 D; per block qkv 3 N D^2, q k^T and attn v 2 N^2 D (`attention`), projection
-    N D^2, MLP 2 N D M; then the pre-logits layer (D R, if any) and the head (R or D, times the classes)."""
+    N tokens (the patches, and a class token with pool `token` or `gap_fc_norm`) of width D, MLP
+    width M: patch embedding N_p P^2 3 D; per block qkv 3 N D^2, q k^T and attn v 2 N^2 D
+    (`attention`), projection N D^2, MLP 2 N D M; then the pre-logits layer (D R, if any) and the
+    head (R or D, times the classes)."""
     patches = (m.img_size // m.patch_size) ** 2
     n, d = patches + (m.pool in CLASS_TOKEN_POOLS), m.embed_dim
     k = m.num_classes if num_classes is None else num_classes
@@ -32,10 +36,11 @@ def _block(n: int, d: int, mlp: int, attention: bool = True) -> float:
 
 
 def mae_forward_flops(m: ModelConfig, a: MaeConfig, attention: bool = True) -> float:
-    """Matmul FLOPs of one image's MAE forward, what runs: the patch embedding of all N patches, the encoder
-    on its K = int(N (1 - mask_ratio)) kept patches (and the class token, with pool `token`), then the decoder
-    on all of them: the embedding of the encoder's tokens to its width W, its blocks (MLP 4 W) and the
-    prediction of P^2 3 values per token (MAE predicts the class token's too, then drops it)."""
+    """Matmul FLOPs of one image's MAE forward, what runs: the patch embedding of all N patches, the
+    encoder on its K = int(N (1 - mask_ratio)) kept patches (and the class token, with pool
+    `token`), then the decoder on all of them: the embedding of the encoder's tokens to its width W,
+    its blocks (MLP 4 W) and the prediction of P^2 3 values per token (MAE predicts the class
+    token's too, then drops it)."""
     patches = (m.img_size // m.patch_size) ** 2
     prefix, d, w = int(m.pool in CLASS_TOKEN_POOLS), m.embed_dim, a.decoder_embed_dim
     kept = prefix + int(patches * (1 - a.mask_ratio))  # models.mae.keep_count
@@ -48,8 +53,9 @@ def mae_forward_flops(m: ModelConfig, a: MaeConfig, attention: bool = True) -> f
 
 def train_flops_per_image(m: ModelConfig, num_classes: int | None = None,
                           mae: MaeConfig | None = None) -> float:
-    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of weights).
-    With `mae`, the MAE step's (mae_forward_flops): the network that runs, not the ViT on whole images."""
+    """Forward + backward: the backward pass costs twice the forward (gradients of inputs and of
+    weights). With `mae`, the MAE step's (mae_forward_flops): the network that runs, not the ViT on
+    whole images."""
     return 3 * (mae_forward_flops(m, mae) if mae is not None else forward_flops(m, num_classes=num_classes))
 
 

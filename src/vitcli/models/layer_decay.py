@@ -1,10 +1,12 @@
-"""Layer-wise learning-rate decay as a model's layers see it (BEiT; timm's param_groups_layer_decay).
+"""Layer-wise learning-rate decay as a model's layers see it (BEiT; timm's
+param_groups_layer_decay).
 
-timm numbers a model's layers with its `group_matcher` (ViT, DeiT, the hybrid: the embeddings, stem included,
-are layer 0, block i is layer i + 1, the final norm joins the last block, the head comes last; T2T-ViT's
-matcher, models.t2t, the same with its tokens-to-token module as layer 0) and trains layer i of n at
-lr * decay^(n - 1 - i). The optimizer takes its groups from timm too (vitcli.train.optim.param_groups); this
-says what they will be, for the table a run prints at its start.
+timm numbers a model's layers with its `group_matcher` (ViT, DeiT, the hybrid: the embeddings, stem
+included, are layer 0, block i is layer i + 1, the final norm joins the last block, the head comes
+last; T2T-ViT's matcher, models.t2t, the same with its tokens-to-token module as layer 0) and trains
+layer i of n at lr * decay^(n - 1 - i). The optimizer takes its groups from timm too
+(vitcli.train.optim.param_groups); this says what they will be, for the table a run prints at its
+start.
 """
 
 from __future__ import annotations

@@ -2,31 +2,37 @@
 network that learns it (`MppModel`) and its loss on one batch (`mpp_step`), together as MAE's
 models_mae.py keeps its own.
 
-Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of those, 80%
-are replaced by a learned [mask] embedding, 10% by the embedding of a random other patch of the batch and 10%
-are left as they are (BERT's recipe). The loss is computed on the corrupted patches only, against one of three
-targets (`MPP_TARGETS`, vitcli.recipe.choices):
+Per image, round(ratio * N) of the N patch embeddings are corrupted (ratio 0.5 in the paper); of
+those, 80% are replaced by a learned [mask] embedding, 10% by the embedding of a random other patch
+of the batch and 10% are left as they are (BERT's recipe). The loss is computed on the corrupted
+patches only, against one of three targets (`MPP_TARGETS`, vitcli.recipe.choices):
 
-- `mean_color` (the paper's final choice): the patch's mean colour at 3 bits per channel, one 512-way softmax;
-- `color_4x4`: that mean colour plus the 4x4 average-pooled patch, 1 + 16 softmaxes of 512 classes each;
+- `mean_color` (the paper's final choice): the patch's mean colour at 3 bits per channel, one
+512-way softmax;
+- `color_4x4`: that mean colour plus the 4x4 average-pooled patch, 1 + 16 softmaxes of 512 classes
+each;
 - `pixels_l2`: the full patch in [-1, 1], regressed with L2.
 
 Conventions, used throughout:
-- images are (B, 3, H, W) floats in [-1, 1] (pixel / 127.5 - 1); v = (x + 1) / 2 puts a value in [0, 1];
+- images are (B, 3, H, W) floats in [-1, 1] (pixel / 127.5 - 1); v = (x + 1) / 2 puts a value in [0,
+1];
 - patches are numbered row-major over the (H/P, W/P) grid, the order of timm's PatchEmbed tokens;
-- a channel value v in [0, 1] has level min(floor(v * 8), 7): level k covers [k/8, (k+1)/8) and 1.0 is level
+- a channel value v in [0, 1] has level min(floor(v * 8), 7): level k covers [k/8, (k+1)/8) and 1.0
+is level
   7 (values a rounding error outside [0, 1] clamp to 0 or 7); a colour's bin is r * 64 + g * 8 + b;
-- `mode` (B, N) int8 codes each patch: 0 untouched, 1 [mask], 2 random other patch, 3 corrupted but unchanged.
+- `mode` (B, N) int8 codes each patch: 0 untouched, 1 [mask], 2 random other patch, 3 corrupted but
+unchanged.
   Every random draw comes from a caller's torch.Generator, so a run repeats and resumes exactly.
 - nothing here reads a device tensor back on the host (no boolean indexing, no `if tensor`) but the
-  empty-mask check of `mpp_loss`, which a caller can skip: on a GPU such a read waits for all queued work.
+  empty-mask check of `mpp_loss`, which a caller can skip: on a GPU such a read waits for all queued
+  work.
 
-`MppModel` wraps the ViT the run exports: a learned [mask] embedding replaces patch embeddings before the
-position embedding is added (so a masked patch still knows where it is), and a linear head reads each
-patch's output token. Its targets are read from the pixels as the paper's [-1, 1] whatever data.mean and
-data.std normalised them to (the colour bins are of (x + 1) / 2). Only the ViT (`backbone`) is exported to
-model.safetensors; the wrapper hands `forward_features` / `forward_head` through, so few-shot evaluation
-during pretraining sees the backbone.
+`MppModel` wraps the ViT the run exports: a learned [mask] embedding replaces patch embeddings
+before the position embedding is added (so a masked patch still knows where it is), and a linear
+head reads each patch's output token. Its targets are read from the pixels as the paper's [-1, 1]
+whatever data.mean and data.std normalised them to (the colour bins are of (x + 1) / 2). Only the
+ViT (`backbone`) is exported to model.safetensors; the wrapper hands `forward_features` /
+`forward_head` through, so few-shot evaluation during pretraining sees the backbone.
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ def to_unit(images: torch.Tensor) -> torch.Tensor:
 
 
 def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, C, P, P), patches row-major over the grid like timm's PatchEmbed tokens."""
+    """(B, C, H, W) -> (B, N, C, P, P), patches row-major over the grid like timm's PatchEmbed
+    tokens."""
     b, c, h, w = images.shape
     if h % patch or w % patch:
         raise RecipeError(f"image size {h}x{w} is not a multiple of the patch size {patch}")
@@ -64,13 +71,15 @@ def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
 
 
 def quantise(values01: torch.Tensor, bits: int = BITS) -> torch.Tensor:
-    """Levels min(floor(v * 2^bits), 2^bits - 1) (int64) of values in [0, 1]; 1.0 is the top level."""
+    """Levels min(floor(v * 2^bits), 2^bits - 1) (int64) of values in [0, 1]; 1.0 is the top
+    level."""
     levels = 2**bits
     return (values01 * levels).floor().clamp(0, levels - 1).long()
 
 
 def color_bins(rgb01: torch.Tensor, bits: int = BITS) -> torch.Tensor:
-    """(..., 3) colours in [0, 1] -> (...) bins r * 2^(2 bits) + g * 2^bits + b; for 3 bits r*64 + g*8 + b."""
+    """(..., 3) colours in [0, 1] -> (...) bins r * 2^(2 bits) + g * 2^bits + b; for 3 bits r*64 +
+    g*8 + b."""
     q = quantise(rgb01, bits)
     return (q[..., 0] << (2 * bits)) + (q[..., 1] << bits) + q[..., 2]
 
@@ -87,7 +96,8 @@ def pooled_cells(patches: torch.Tensor, cells: int = MPP_CELLS) -> torch.Tensor:
     if p % cells:
         raise RecipeError(f"the color_4x4 target needs a patch size divisible by {cells}, got patch size {p}")
     side = p // cells
-    pooled = patches.reshape(b, n, c, cells, side, cells, side).mean(dim=(-3, -1))  # (B, N, 3, cells, cells)
+    # (B, N, 3, cells, cells)
+    pooled = patches.reshape(b, n, c, cells, side, cells, side).mean(dim=(-3, -1))
     return pooled.flatten(-2).transpose(-1, -2)
 
 
@@ -99,7 +109,8 @@ def color_4x4_target(patches: torch.Tensor) -> torch.Tensor:
 
 
 def pixels_target(patches: torch.Tensor) -> torch.Tensor:
-    """(B, N, 3, P, P) -> (B, N, 3*P*P) in [-1, 1], channel-major then row-major (F.unfold's layout)."""
+    """(B, N, 3, P, P) -> (B, N, 3*P*P) in [-1, 1], channel-major then row-major (F.unfold's
+    layout)."""
     return patches.flatten(2)
 
 
@@ -143,31 +154,36 @@ def corruption(
 ) -> torch.Tensor:
     """Draw which patches to corrupt and how: `mode` (B, N) int8 on the generator's device.
 
-    Exactly k = round(ratio * N) >= 1 patches per image are corrupted (Python's round: half to even, so 49
-    patches -> 24), a uniformly random k-subset; each corrupted patch independently becomes 1 [mask] with
-    probability `mask`, 2 random with probability `random`, else 3 unchanged. The number of draws does not
-    depend on their values, so the generator's state after the call is a function of its state before.
+    Exactly k = round(ratio * N) >= 1 patches per image are corrupted (Python's round: half to even,
+    so 49 patches -> 24), a uniformly random k-subset; each corrupted patch independently becomes 1
+    [mask] with probability `mask`, 2 random with probability `random`, else 3 unchanged. The number
+    of draws does not depend on their values, so the generator's state after the call is a function
+    of its state before.
     """
     _check_fractions(ratio, mask, random)
     k, device = round(ratio * num_patches), generator.device
-    if k == 0:  # checked here, on the host, so that the loss need not check for an empty mask on the device
+    # checked here, on the host, so that the loss need not check for an empty mask on the device
+    if k == 0:
         raise RecipeError(f"corruption ratio {ratio} of {num_patches} patches corrupts none of them; "
                           f"expected more than {0.5 / num_patches:.3g}")
-    # the k smallest of N iid uniforms sit at a uniformly random k-subset; float64 makes ties negligible
+    # the k smallest of N iid uniforms sit at a uniformly random k-subset; float64 makes ties
+    # negligible
     order = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64,
                        device=device).argsort(dim=1)
     corrupted = torch.zeros(batch, num_patches, dtype=torch.bool, device=device)
     corrupted.scatter_(1, order[:, :k], True)
     u = torch.rand(batch, num_patches, generator=generator, dtype=torch.float64, device=device)
     how = torch.full((batch, num_patches), UNCHANGED, dtype=torch.int8, device=device)
-    how = torch.where(u < mask + random, RANDOM, how)  # not how[u < ...] = ...: a mask index reads the mask
+    # not how[u < ...] = ...: a mask index reads the mask
+    how = torch.where(u < mask + random, RANDOM, how)
     how = torch.where(u < mask, MASK, how)
     return torch.where(corrupted, how, UNTOUCHED)
 
 
 def other_patches(batch: int, num_patches: int, generator: torch.Generator) -> torch.Tensor:
-    """(B*N,) int64: for each patch of the batch (flat index), a uniformly drawn other patch of the batch (any
-    image, never itself), on the generator's device; `corrupt` copies it where mode is 2."""
+    """(B*N,) int64: for each patch of the batch (flat index), a uniformly drawn other patch of the
+    batch (any image, never itself), on the generator's device; `corrupt` copies it where mode is
+    2."""
     if batch * num_patches < 2:
         raise ValueError("a random other patch needs at least 2 patches in the batch")
     own = torch.arange(batch * num_patches, device=generator.device)
@@ -179,15 +195,17 @@ def other_patches(batch: int, num_patches: int, generator: torch.Generator) -> t
 
 def corrupt(tokens: torch.Tensor, mode: torch.Tensor, mask_token: torch.Tensor, other: torch.Tensor
             ) -> torch.Tensor:
-    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,), 2 -> the embedding of
-    patch `other` (`other_patches`, (B*N,) flat indices).
+    """Apply `mode` (B, N) to patch embeddings (B, N, D): 1 -> mask_token (D,), 2 -> the embedding
+    of patch `other` (`other_patches`, (B*N,) flat indices).
 
-    That replacement is detached: it is input noise, so every token's gradient comes only through its own
-    position, while mask_token gets the summed gradient of all mode-1 positions. No random draw here: the
-    caller draws (`corruption`, `other_patches`) outside a compiled forward, which a torch.Generator breaks.
+    That replacement is detached: it is input noise, so every token's gradient comes only through
+    its own position, while mask_token gets the summed gradient of all mode-1 positions. No random
+    draw here: the caller draws (`corruption`, `other_patches`) outside a compiled forward, which a
+    torch.Generator breaks.
     """
     b, n, d = tokens.shape
-    replacement = tokens.detach().reshape(b * n, d)[other.to(tokens.device)].reshape(b, n, d)  # (B, N, D)
+    # (B, N, D)
+    replacement = tokens.detach().reshape(b * n, d)[other.to(tokens.device)].reshape(b, n, d)
     mode = mode.to(tokens.device)[..., None]  # (B, N, 1), broadcasts over D
     out = torch.where(mode == RANDOM, replacement, tokens)
     return torch.where(mode == MASK, mask_token.to(tokens.dtype), out)
@@ -212,16 +230,17 @@ def mpp_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, accuracy) over the corrupted patches only; both float32 scalars.
 
-    pred: (B, N, 512) logits for mean_color, (B, N, 17, 512) for color_4x4 (unflatten a flat head output with
-    `pred_shape`), (B, N, 3*P*P) pixels for pixels_l2; target from `make_target`; corrupted (B, N) bool.
-    Loss: cross-entropy averaged over the corrupted patches (and, for color_4x4, equally over the 17
-    predictions), or the squared error averaged over the corrupted patches' 3*P*P values. Accuracy: the
-    mean-colour bin is right (for pixels_l2 the bin of the predicted patch's mean colour).
+    pred: (B, N, 512) logits for mean_color, (B, N, 17, 512) for color_4x4 (unflatten a flat head
+    output with `pred_shape`), (B, N, 3*P*P) pixels for pixels_l2; target from `make_target`;
+    corrupted (B, N) bool. Loss: cross-entropy averaged over the corrupted patches (and, for
+    color_4x4, equally over the 17 predictions), or the squared error averaged over the corrupted
+    patches' 3*P*P values. Accuracy: the mean-colour bin is right (for pixels_l2 the bin of the
+    predicted patch's mean colour).
 
-    Every patch is scored and the uncorrupted ones are zeroed before the mean (no boolean indexing: its
-    shape depends on the mask's values). An empty mask is a ValueError, which reads the mask on the host;
-    `nonempty`: the caller knows it is not (`corruption` corrupts at least one patch per image), so nothing
-    is read back and on a GPU the step does not wait for its forward pass.
+    Every patch is scored and the uncorrupted ones are zeroed before the mean (no boolean indexing:
+    its shape depends on the mask's values). An empty mask is a ValueError, which reads the mask on
+    the host; `nonempty`: the caller knows it is not (`corruption` corrupts at least one patch per
+    image), so nothing is read back and on a GPU the step does not wait for its forward pass.
     """
     _check_shapes(pred, target, corrupted, kind)
     if not nonempty and not corrupted.any():
@@ -247,9 +266,11 @@ class MppModel(nn.Module):
                  mean: Sequence[float] = SIGNED, std: Sequence[float] = SIGNED):
         super().__init__()
         self.backbone, self.cfg, self.patch_size = backbone, cfg, patch_size
-        # normalised x -> x / 127.5 - 1 of its pixel: x * 2 std + (2 mean - 1), per channel (2, 1, 3, 1, 1)
+        # normalised x -> x / 127.5 - 1 of its pixel: x * 2 std + (2 mean - 1), per channel (2, 1,
+        # 3, 1, 1)
         signed = torch.tensor([[2 * s for s in std], [2 * m - 1 for m in mean]]).view(2, 1, 3, 1, 1)
-        self.register_buffer("signed", signed, persistent=False)  # on the model's device, in no checkpoint
+        # on the model's device, in no checkpoint
+        self.register_buffer("signed", signed, persistent=False)
         dim = backbone.embed_dim
         self.mask_token = nn.Parameter(trunc_normal_(torch.empty(dim), std=0.02))  # (D,)
         self.pred_shape = pred_shape(cfg.target, patch_size)
@@ -277,13 +298,15 @@ class MppModel(nn.Module):
 
 
 def mpp_step(model: nn.Module, images: torch.Tensor, seed: int, cfg: MppConfig, patch_size: int):
-    """(loss, mean-colour accuracy) of one masked-patch-prediction batch of `model` (an MppModel, maybe
-    wrapped: DDP, torch.compile); `seed` fixes the corruption draws.
+    """(loss, mean-colour accuracy) of one masked-patch-prediction batch of `model` (an MppModel,
+    maybe wrapped: DDP, torch.compile); `seed` fixes the corruption draws.
 
-    The draws are made here, eagerly, and handed to the model as tensors: a torch.Generator inside a compiled
-    forward breaks its graph at every draw. Nothing in the step reads a device value back on the host."""
+    The draws are made here, eagerly, and handed to the model as tensors: a torch.Generator inside a
+    compiled forward breaks its graph at every draw. Nothing in the step reads a device value back
+    on the host."""
     b, _, h, w = images.shape
-    num_patches = (h // patch_size) * (w // patch_size)  # (patchify refuses a size P does not divide)
+    # (patchify refuses a size P does not divide)
+    num_patches = (h // patch_size) * (w // patch_size)
     generator = torch.Generator(device=images.device).manual_seed(seed)
     mode = corruption(b, num_patches, generator, cfg.corrupt_ratio, cfg.mask_prob, cfg.random_prob)
     pred, target = model(images, mode, other_patches(b, num_patches, generator))

@@ -1,15 +1,19 @@
-"""Position embeddings: resampling to a new patch grid (high-res fine-tuning) and the fixed 2-D sin-cos table.
+"""Position embeddings: resampling to a new patch grid (high-res fine-tuning) and the fixed 2-D
+sin-cos table.
 
-Pure tensor-in/tensor-out functions that return their input unchanged when nothing changes (like timm's
-`resample_abs_pos_embed`). Layout everywhere is timm's: `(1, P+N, D)` with the P prefix tokens (class token)
-first, then the N = gh * gw grid positions in row-major order.
+Pure tensor-in/tensor-out functions that return their input unchanged when nothing changes (like
+timm's `resample_abs_pos_embed`). Layout everywhere is timm's: `(1, P+N, D)` with the P prefix
+tokens (class token) first, then the N = gh * gw grid positions in row-major order.
 
 Two resampling methods, each reproducing a reference:
-- `bilinear` is big_vision / vit_jax `resample_posemb`: `scipy.ndimage.zoom(grid, (gh'/gh, gw'/gw, 1),
-  order=1)`. With scipy's default `grid_mode=False` zoom maps the first and last output samples onto the
-  first and last input samples, input coordinate = output coordinate * (gh-1)/(gh'-1), which is exactly
-  `F.interpolate(..., mode="bilinear", align_corners=True)`; tests/unit/test_posemb.py checks the two agree.
-- `bicubic` is timm's default: `resample_abs_pos_embed(..., interpolation="bicubic", antialias=True)`.
+- `bilinear` is big_vision / vit_jax `resample_posemb`: `scipy.ndimage.zoom(grid, (gh'/gh, gw'/gw,
+1),
+  order=1)`. With scipy's default `grid_mode=False` zoom maps the first and last output samples onto
+  the first and last input samples, input coordinate = output coordinate * (gh-1)/(gh'-1), which is
+  exactly `F.interpolate(..., mode="bilinear", align_corners=True)`; tests/unit/test_posemb.py
+  checks the two agree.
+- `bicubic` is timm's default: `resample_abs_pos_embed(..., interpolation="bicubic",
+antialias=True)`.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def resample_posemb(
     num_prefix_tokens: int,
     method: str = "bilinear",
 ) -> torch.Tensor:
-    """Resize a (1, P+N, D) position embedding from old_grid to new_grid; the P prefix rows are kept as is."""
+    """Resize a (1, P+N, D) position embedding from old_grid to new_grid; the P prefix rows are kept
+    as is."""
     check_method(method)
     num_grid = posemb.shape[1] - num_prefix_tokens
     old_grid = tuple(old_grid) if old_grid is not None else _square_grid(num_grid)
@@ -88,8 +93,8 @@ def resample_posemb(
 def resample_axis(table: torch.Tensor, new_len: int, method: str = "bilinear") -> torch.Tensor:
     """Resize one axis table (1, L, d) of the 2-D learned embedding to (1, L', d).
 
-    Done as a 2-D resize of an (L, 2) map so that it equals resizing the full (gh, gw) embedding along
-    that axis: both methods weight neighbours with weights summing to one, so resizing
+    Done as a 2-D resize of an (L, 2) map so that it equals resizing the full (gh, gw) embedding
+    along that axis: both methods weight neighbours with weights summing to one, so resizing
     concat(row[y], col[x]) on the grid is concat of the two 1-D resizes.
     """
     check_method(method)
@@ -105,8 +110,8 @@ def resample_axis(table: torch.Tensor, new_len: int, method: str = "bilinear") -
 def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) -> torch.Tensor:
     """Fixed 2-D sin-cos table (1, gh*gw, dim) as big_vision `posemb_sincos_2d` (MoCo v3).
 
-    Feature order is [sin(x w), cos(x w), sin(y w), cos(y w)], x the column and y the row index, each block
-    dim/4 wide with frequencies w_k = temperature^(-k / (dim/4 - 1)).
+    Feature order is [sin(x w), cos(x w), sin(y w), cos(y w)], x the column and y the row index,
+    each block dim/4 wide with frequencies w_k = temperature^(-k / (dim/4 - 1)).
     """
     if dim % 4 or dim < 8:
         raise ModelError(
@@ -117,7 +122,8 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10_000.0) ->
         torch.arange(gh, dtype=torch.float64), torch.arange(gw, dtype=torch.float64), indexing="ij"
     )
     quarter = dim // 4
-    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / (quarter - 1))  # (D/4,)
+    # (D/4,)
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / (quarter - 1))
     xw = x.reshape(-1, 1) * omega  # (N, D/4)
     yw = y.reshape(-1, 1) * omega
     pe = torch.cat([xw.sin(), xw.cos(), yw.sin(), yw.cos()], dim=1)  # (N, D)

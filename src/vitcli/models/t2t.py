@@ -1,20 +1,26 @@
-"""T2T-ViT (Yuan et al. 2021, "Tokens-to-Token ViT") as the official code (yitu-opensource/T2T-ViT) builds it.
+"""T2T-ViT (Yuan et al. 2021, "Tokens-to-Token ViT") as the official code (yitu-opensource/T2T-ViT)
+builds it.
 
-The tokens-to-token module replaces the single 16x16 patch projection by three overlapping soft splits
-(nn.Unfold with kernels 7, 3, 3, strides 4, 2, 2, paddings 2, 1, 1: an effective patch of 16) with a small
-token layer after each of the first two that mixes neighbouring tokens before they are re-folded into an
-image. That layer maps the unfolded width (3*7*7, then token_dim*3*3) down to token_dim and, since input
-and output widths differ, uses `v` as its residual. Two kinds, as published:
+The tokens-to-token module replaces the single 16x16 patch projection by three overlapping soft
+splits (nn.Unfold with kernels 7, 3, 3, strides 4, 2, 2, paddings 2, 1, 1: an effective patch of 16)
+with a small token layer after each of the first two that mixes neighbouring tokens before they are
+re-folded into an image. That layer maps the unfolded width (3*7*7, then token_dim*3*3) down to
+token_dim and, since input and output widths differ, uses `v` as its residual. Two kinds, as
+published:
 
-- `performer` (`Token_performer`, the paper's T2T-ViT-N): FAVOR+ attention with positive random features,
-  m = token_dim / 2 fixed orthogonal projections `w` stored as a frozen Parameter (so checkpoints carry them);
-- `transformer` (`Token_transformer`, T2T-ViT_t-N): one-head softmax attention whose scale is the unfolded
+- `performer` (`Token_performer`, the paper's T2T-ViT-N): FAVOR+ attention with positive random
+features,
+  m = token_dim / 2 fixed orthogonal projections `w` stored as a frozen Parameter (so checkpoints
+  carry them);
+- `transformer` (`Token_transformer`, T2T-ViT_t-N): one-head softmax attention whose scale is the
+unfolded
   width^-0.5 (the official head_dim is the input width, not token_dim).
 
-Module and parameter names are the official ones, so official state dicts load strictly. The backbone is a
-ViT (timm Blocks without qkv bias) with the fixed 1-D sinusoid table. Not reproduced: the official
-`pretrained=True` factories override the backbone's attention scale with embed_dim^-0.5; the official eval
-and transfer scripts build with pretrained=False, the head_dim^-0.5 used here.
+Module and parameter names are the official ones, so official state dicts load strictly. The
+backbone is a ViT (timm Blocks without qkv bias) with the fixed 1-D sinusoid table. Not reproduced:
+the official `pretrained=True` factories override the backbone's attention scale with
+embed_dim^-0.5; the official eval and transfer scripts build with pretrained=False, the
+head_dim^-0.5 used here.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from vitcli.errors import ModelError
 
 MIXERS = ("performer", "transformer")
 KERNEL_RATIO = 0.5  # official Token_performer: m = token_dim * 0.5 random features
-PERFORMER_DROPOUT = 0.1  # official Token_performer dp1/dp2 defaults, which its T2T module never overrides
+# official Token_performer dp1/dp2 defaults, which its T2T module never overrides
+PERFORMER_DROPOUT = 0.1
 PERFORMER_EPS = 1e-8  # keeps the linear-attention normaliser away from zero
 
 
 def sincos_1d_table(num_positions: int, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
-    """Transformer sinusoid table (num_positions, dim): sin on even channels, cos on odd, as in T2T-ViT."""
+    """Transformer sinusoid table (num_positions, dim): sin on even channels, cos on odd, as in
+    T2T-ViT."""
     pos = torch.arange(num_positions, dtype=torch.float64)[:, None]
     # channels 2i and 2i+1 share the frequency temperature^(-2i/dim)
     freq = temperature ** (-2.0 * (torch.arange(dim, dtype=torch.float64) // 2) / dim)
@@ -60,7 +68,8 @@ def positive_random_features(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 class TokenPerformer(nn.Module):
-    """Official Token_performer: (B, T, dim) -> (B, T, in_dim), linear-time attention with `v` as residual."""
+    """Official Token_performer: (B, T, dim) -> (B, T, in_dim), linear-time attention with `v` as
+    residual."""
 
     def __init__(self, dim: int, in_dim: int, kernel_ratio: float = KERNEL_RATIO,
                  dropout: float = PERFORMER_DROPOUT):
@@ -80,7 +89,8 @@ class TokenPerformer(nn.Module):
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         """FAVOR+ attention, then `v` + projected output: (B, T, dim) -> (B, T, in_dim)."""
         k, q, v = self.kqv(x).split(self.emb, dim=-1)  # (B, T, in_dim) each
-        kp, qp = positive_random_features(k, self.w), positive_random_features(q, self.w)  # (B, T, m)
+        # (B, T, m)
+        kp, qp = positive_random_features(k, self.w), positive_random_features(q, self.w)
         denom = qp @ kp.sum(dim=1)[..., None]  # (B, T, 1): each query's sum of estimated weights
         kv = at_least_fp32(v).transpose(1, 2) @ kp  # (B, in_dim, m)
         y = (qp @ kv.transpose(1, 2)) / (denom + PERFORMER_EPS)  # (B, T, in_dim)
@@ -97,7 +107,8 @@ class TokenAttention(nn.Module):
 
     def __init__(self, dim: int, in_dim: int):
         super().__init__()
-        self.scale = dim**-0.5  # official: (dim // num_heads)^-0.5 with the input width dim and one head
+        # official: (dim // num_heads)^-0.5 with the input width dim and one head
+        self.scale = dim**-0.5
         self.qkv = nn.Linear(dim, 3 * in_dim, bias=False)
         self.proj = nn.Linear(in_dim, in_dim)
 
@@ -108,7 +119,8 @@ class TokenAttention(nn.Module):
 
 
 class TokenTransformer(nn.Module):
-    """Official Token_transformer: attention from the unfolded width to in_dim, then an in_dim MLP."""
+    """Official Token_transformer: attention from the unfolded width to in_dim, then an in_dim
+    MLP."""
 
     def __init__(self, dim: int, in_dim: int):
         super().__init__()
@@ -129,9 +141,11 @@ def _as_image(tokens: torch.Tensor) -> torch.Tensor:
 
 
 class TokensToToken(nn.Module):
-    """Official T2T_module: soft split, token layer, re-fold, twice, then a last split and a projection.
+    """Official T2T_module: soft split, token layer, re-fold, twice, then a last split and a
+    projection.
 
-    (B, 3, S, S) -> (B, (S/16)^2, embed_dim); also the `patch_embed` of the model (grid_size, num_patches).
+    (B, 3, S, S) -> (B, (S/16)^2, embed_dim); also the `patch_embed` of the model (grid_size,
+    num_patches).
     """
 
     def __init__(self, img_size: int, mixer: str = "performer", in_chans: int = 3, embed_dim: int = 384,
@@ -152,15 +166,17 @@ class TokensToToken(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.attention1(self.soft_split0(x).transpose(1, 2))  # (B, (S/4)^2, token_dim)
-        x = self.attention2(self.soft_split1(_as_image(x)).transpose(1, 2))  # (B, (S/8)^2, token_dim)
-        return self.project(self.soft_split2(_as_image(x)).transpose(1, 2))  # (B, (S/16)^2, embed_dim)
+        # (B, (S/8)^2, token_dim)
+        x = self.attention2(self.soft_split1(_as_image(x)).transpose(1, 2))
+        # (B, (S/16)^2, embed_dim)
+        return self.project(self.soft_split2(_as_image(x)).transpose(1, 2))
 
 
 class T2TViT(nn.Module):
     """T2T-ViT with the ViT model interface: forward_features / forward_head / reset_classifier.
 
-    Defaults give the official state dict; ours on top: `class_token=False` (average pooling over the
-    normalised tokens, no `cls_token`) and `representation_size` (a Dense+tanh `pre_logits.fc`).
+    Defaults give the official state dict; ours on top: `class_token=False` (average pooling over
+    the normalised tokens, no `cls_token`) and `representation_size` (a Dense+tanh `pre_logits.fc`).
     """
 
     def __init__(self, img_size: int = 224, num_classes: int = 1000, embed_dim: int = 384, depth: int = 14,
@@ -174,9 +190,11 @@ class T2TViT(nn.Module):
         self.tokens_to_token = TokensToToken(img_size, mixer, embed_dim=embed_dim, token_dim=token_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         table = sincos_1d_table(self.tokens_to_token.num_patches + self.num_prefix_tokens, embed_dim)
-        self.pos_embed = nn.Parameter(table[None], requires_grad=False)  # (1, P+N, D), fixed as in the paper
+        # (1, P+N, D), fixed as in the paper
+        self.pos_embed = nn.Parameter(table[None], requires_grad=False)
         self.pos_drop = nn.Dropout(drop_rate)
-        self.blocks = nn.Sequential(*[  # torch's LayerNorm (eps 1e-5) as the official Block, not timm's 1e-6
+        # torch's LayerNorm (eps 1e-5) as the official Block, not timm's 1e-6
+        self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias=False, proj_drop=drop_rate, drop_path=r,
                   norm_layer=nn.LayerNorm)
             for r in calculate_drop_path_rates(drop_path_rate, depth)])  # grows linearly with depth
@@ -193,20 +211,23 @@ class T2TViT(nn.Module):
 
     @property
     def patch_embed(self) -> TokensToToken:
-        """The tokens-to-token module under the name ViT code reads (grid_size, num_patches, img_size)."""
+        """The tokens-to-token module under the name ViT code reads (grid_size, num_patches,
+        img_size)."""
         return self.tokens_to_token
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """Parameters the optimizer should not decay (the frozen pos_embed and `w` are not trained at all)."""
+        """Parameters the optimizer should not decay (the frozen pos_embed and `w` are not trained
+        at all)."""
         return {"cls_token", "pos_embed"}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict:
-        """timm's parameter layers (layer-wise lr decay, timm.models.group_parameters): timm's ViT matcher
-        with the tokens-to-token module as the embedding, layer 0; block i is layer i + 1, the final norm
-        joins the last block (99999: timm's MATCH_PREV_GROUP), the head (unmatched) comes last. `coarse` is
-        timm's interface; like its ViT's, the matcher is the same either way."""
+        """timm's parameter layers (layer-wise lr decay, timm.models.group_parameters): timm's ViT
+        matcher with the tokens-to-token module as the embedding, layer 0; block i is layer i + 1,
+        the final norm joins the last block (99999: timm's MATCH_PREV_GROUP), the head (unmatched)
+        comes last. `coarse` is timm's interface; like its ViT's, the matcher is the same either
+        way."""
         return {"stem": r"^cls_token|pos_embed|tokens_to_token",
                 "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
 
@@ -238,7 +259,8 @@ class T2TViT(nn.Module):
 
 
 def _init_linear(module: nn.Module) -> None:
-    # the official T2T-ViT init: truncated normal weights, zero biases (LayerNorms keep torch's 1 and 0)
+    # the official T2T-ViT init: truncated normal weights, zero biases (LayerNorms keep torch's 1
+    # and 0)
     if isinstance(module, nn.Linear):
         trunc_normal_(module.weight, std=0.02)
         if module.bias is not None:

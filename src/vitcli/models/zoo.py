@@ -1,13 +1,14 @@
-"""The model zoo: names -> architectures, one builder for every family, and the transfer-time head surgery.
+"""The model zoo: names -> architectures, one builder for every family, and the transfer-time head
+surgery.
 
-Families: the paper's ViTs and `custom` are timm's VisionTransformer, subclassed only for what timm lacks
-(the learned 2-D position embedding of App. D.4 and the i21k Dense+tanh pre-logits layer), so a plain
-configuration keeps timm's exact state-dict layout. R50+ViT-B/16 is the same class on timm's HybridEmbed
-over a BiT ResNet (stem + stages of 3, 4, 9 units: stride 16, the paper's hybrid). BiT-R50x1 and any other
-timm name are built as timm registers them. T2T-ViT lives in t2t.py, with the official names: T2T-ViT-N
-(7, 10, 12, 14, 19, 24) mixes tokens with the Performer (the paper's default), T2T-ViT_t-N (14, 19, 24) with
-the Transformer; the name alone records the mixer. The official code names (t2t_vit_14, t2t_vit_t_14) are
-aliases.
+Families: the paper's ViTs and `custom` are timm's VisionTransformer, subclassed only for what timm
+lacks (the learned 2-D position embedding of App. D.4 and the i21k Dense+tanh pre-logits layer), so
+a plain configuration keeps timm's exact state-dict layout. R50+ViT-B/16 is the same class on timm's
+HybridEmbed over a BiT ResNet (stem + stages of 3, 4, 9 units: stride 16, the paper's hybrid).
+BiT-R50x1 and any other timm name are built as timm registers them. T2T-ViT lives in t2t.py, with
+the official names: T2T-ViT-N (7, 10, 12, 14, 19, 24) mixes tokens with the Performer (the paper's
+default), T2T-ViT_t-N (14, 19, 24) with the Transformer; the name alone records the mixer. The
+official code names (t2t_vit_14, t2t_vit_t_14) are aliases.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from vitcli.recipe.schema import ModelConfig
 
 
 class ViT(VisionTransformer):
-    """timm's VisionTransformer + learned 2-D / fixed sin-cos position embeddings + optional pre-logits."""
+    """timm's VisionTransformer + learned 2-D / fixed sin-cos position embeddings + optional
+    pre-logits."""
 
     def __init__(self, pos_embed_type: str = "learned_1d", representation_size: int = 0, **kwargs):
         timm_pos = "learn" if pos_embed_type in ("learned_1d", "sincos_2d") else "none"
@@ -42,7 +44,8 @@ class ViT(VisionTransformer):
         dim, (gh, gw) = self.embed_dim, self.patch_embed.grid_size
         self.pos_embed_row = self.pos_embed_col = None
         if pos_embed_type == "sincos_2d":
-            # kept in timm's `pos_embed` (zero rows for prefix tokens) so the state dict loads into timm
+            # kept in timm's `pos_embed` (zero rows for prefix tokens) so the state dict loads into
+            # timm
             table = torch.cat([torch.zeros(1, self.num_prefix_tokens, dim), sincos_2d((gh, gw), dim)], dim=1)
             with torch.no_grad():
                 self.pos_embed.copy_(table)  # (1, prefix + H*W, D)
@@ -66,7 +69,8 @@ class ViT(VisionTransformer):
         return super().no_weight_decay() | {"pos_embed_row", "pos_embed_col"}
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """timm's reset, but the new head reads the pre-logits width (num_features), not embed_dim."""
+        """timm's reset, but the new head reads the pre-logits width (num_features), not
+        embed_dim."""
         super().reset_classifier(num_classes, global_pool)
         if num_classes > 0 and self.num_features != self.embed_dim:
             w = self.head.weight
@@ -80,7 +84,8 @@ class ViT(VisionTransformer):
         return self.pos_drop(super()._pos_embed(x))
 
     def learned_2d_table(self) -> torch.Tensor:
-        """(1, H*W, D) of the App. D.4 embedding: patch (y, x) gets concat(row table[y], column table[x])."""
+        """(1, H*W, D) of the App. D.4 embedding: patch (y, x) gets concat(row table[y], column
+        table[x])."""
         (gh, gw), half = self.patch_embed.grid_size, self.embed_dim // 2
         rows = self.pos_embed_row[:, :, None].expand(-1, gh, gw, half)  # (1, H, W, D/2)
         cols = self.pos_embed_col[:, None, :].expand(-1, gh, gw, half)  # (1, H, W, D/2)
@@ -88,7 +93,8 @@ class ViT(VisionTransformer):
         return torch.cat([rows, cols], dim=-1).flatten(1, 2)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens (B, N, D) -> pooled, normalised, pre-logits (B, num_features), or logits (B, K)."""
+        """Tokens (B, N, D) -> pooled, normalised, pre-logits (B, num_features), or logits (B,
+        K)."""
         x = self.head_drop(self.pre_logits(self.fc_norm(self.pool(x))))
         return x if pre_logits else self.head(x)
 
@@ -106,7 +112,8 @@ def _unknown(name: str) -> ModelError:
 
 @functools.cache
 def _timm_probe(name: str) -> tuple:
-    """(is_vit, takes_img_size, sizes, pool, pos_embed) of a timm model, read from a weightless meta build."""
+    """(is_vit, takes_img_size, sizes, pool, pos_embed) of a timm model, read from a weightless meta
+    build."""
     if not timm.is_model(name):
         raise _unknown(name)
     with torch.device("meta"):
@@ -122,11 +129,12 @@ def _timm_probe(name: str) -> tuple:
 
 
 def resolve_name(cfg: ModelConfig) -> ModelConfig:
-    """A copy of cfg with the architecture fields its name defines filled in, so a recipe says what is built.
+    """A copy of cfg with the architecture fields its name defines filled in, so a recipe says what
+    is built.
 
-    Known names as vitcli.recipe.names.resolve_known fills them; other timm models as timm registers them:
-    non-ViTs have no class token or position table (pool `gap`, pos_embed `none`; their ViT size fields are
-    unused). Values are checked by vitcli.recipe.checks, not here.
+    Known names as vitcli.recipe.names.resolve_known fills them; other timm models as timm registers
+    them: non-ViTs have no class token or position table (pool `gap`, pos_embed `none`; their ViT
+    size fields are unused). Values are checked by vitcli.recipe.checks, not here.
     """
     cfg = resolve_known(cfg)
     if cfg.name in NAMED:
@@ -145,7 +153,8 @@ def resolve_name(cfg: ModelConfig) -> ModelConfig:
 
 def _r50_stages() -> nn.Module:
     """BiT ResNet-50 stem and its first three stages (3, 4, 9 units): stride 16, 1024 channels."""
-    conv = functools.partial(StdConv2dSame, eps=1e-8)  # weight-standardised, as in BiT and timm's hybrids
+    # weight-standardised, as in BiT and timm's hybrids
+    conv = functools.partial(StdConv2dSame, eps=1e-8)
     return ResNetV2(layers=(3, 4, 9), num_classes=0, global_pool="", preact=False, stem_type="same",
                     conv_layer=conv)
 
@@ -160,12 +169,15 @@ def _vit(cfg: ModelConfig, num_classes: int) -> ViT:
         "embed_dim": cfg.embed_dim, "depth": cfg.depth, "num_heads": cfg.num_heads, "mlp_ratio": mlp_ratio,
         "class_token": cfg.pool in CLASS_TOKEN_POOLS,
         "global_pool": "token" if cfg.pool == "token" else "avg",
-        # gap as in big_vision/vit_jax: final LayerNorm before pooling, not timm's fc_norm after it, so
-        # Google GAP checkpoints (and timm's *_gap_* models) load unchanged; gap_fc_norm as MAE's fine-tune
-        # (models_vit.py, global_pool=True): timm then drops the final norm and norms the patch tokens' mean
+        # gap as in big_vision/vit_jax: final LayerNorm before pooling, not timm's fc_norm after it,
+        # so Google GAP checkpoints (and timm's *_gap_* models) load unchanged; gap_fc_norm as MAE's
+        # fine-tune (models_vit.py, global_pool=True): timm then drops the final norm and norms the
+        # patch tokens' mean
         "fc_norm": cfg.pool == "gap_fc_norm",
-        "norm_layer": functools.partial(LayerNorm, eps=cfg.layer_norm_eps),  # timm's own default is 1e-6
-        # the paper's dropout: after every dense layer except qkv, and after adding position embeddings
+        # timm's own default is 1e-6
+        "norm_layer": functools.partial(LayerNorm, eps=cfg.layer_norm_eps),
+        # the paper's dropout: after every dense layer except qkv, and after adding position
+        # embeddings
         "pos_drop_rate": cfg.dropout, "proj_drop_rate": cfg.dropout, "drop_path_rate": cfg.drop_path}
     if hybrid:  # the ResNet's stride-16 map is cut into 1x1 "patches"
         kwargs["embed_layer"] = functools.partial(HybridEmbed, backbone=_r50_stages())
@@ -173,7 +185,8 @@ def _vit(cfg: ModelConfig, num_classes: int) -> ViT:
 
 
 def _timm(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    arch = "resnetv2_50x1_bit" if cfg.name == BIT else cfg.name  # GroupNorm + weight standardisation
+    # GroupNorm + weight standardisation
+    arch = "resnetv2_50x1_bit" if cfg.name == BIT else cfg.name
     is_vit, takes_img_size = _timm_probe(arch)[:2]
     kwargs: dict = {"num_classes": num_classes}
     if takes_img_size:
@@ -190,7 +203,8 @@ def _timm(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """A freshly initialised model for cfg (resolved on a copy) with a num_classes-way head (0: none)."""
+    """A freshly initialised model for cfg (resolved on a copy) with a num_classes-way head (0:
+    none)."""
     if num_classes < 0:
         raise ModelError(f"num_classes must be >= 0, got {num_classes}")
     cfg = resolve_name(cfg)
@@ -213,8 +227,8 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 def classifiers(model: nn.Module) -> tuple[nn.Module, ...]:
-    """The model's classification heads: its one, or a DeiT distilled model's two (timm's get_classifier
-    gives the class token's and the distillation token's as a pair)."""
+    """The model's classification heads: its one, or a DeiT distilled model's two (timm's
+    get_classifier gives the class token's and the distillation token's as a pair)."""
     heads = model.get_classifier()
     return heads if isinstance(heads, tuple) else (heads,)
 
@@ -223,8 +237,8 @@ def classifiers(model: nn.Module) -> tuple[nn.Module, ...]:
 
 
 def zero_head(model: nn.Module, num_classes: int) -> None:
-    """Replace the head by a fresh num_features x num_classes layer with zero weight and bias (paper's FT);
-    a DeiT distilled model's two heads both."""
+    """Replace the head by a fresh num_features x num_classes layer with zero weight and bias
+    (paper's FT); a DeiT distilled model's two heads both."""
     if num_classes <= 0:
         raise ModelError(f"zero_head needs num_classes > 0, got {num_classes}")
     model.reset_classifier(num_classes)
@@ -234,7 +248,8 @@ def zero_head(model: nn.Module, num_classes: int) -> None:
 
 
 def model_spec(cfg: ModelConfig, num_classes: int) -> dict:
-    """JSON-able description of the architecture (resolved config + num_classes) for checkpoint metadata."""
+    """JSON-able description of the architecture (resolved config + num_classes) for checkpoint
+    metadata."""
     return {**dataclasses.asdict(resolve_name(cfg)), "num_classes": num_classes}
 
 

@@ -30,9 +30,9 @@ class MaskedAutoencoder(Objective):
         return mae_step(model, x, r.run.seed, first, r.mae, r.model.patch_size), None
 
     def evaluator(self, name: str, ds, dist: Dist) -> PretextEvaluator:
-        """The reconstruction loss, the same masks every run: image p of batch i is this rank's image
-        i x eval_batch_size + p, masked with seed 0 (mae.mask_noise); every image has as many removed
-        patches, so the mean over images is the loss's."""
+        """The reconstruction loss, the same masks every run: image p of batch i is this rank's
+        image i x eval_batch_size + p, masked with seed 0 (mae.mask_noise); every image has as many
+        removed patches, so the mean over images is the loss's."""
         r = self.recipe
 
         def measure(model, i, x):

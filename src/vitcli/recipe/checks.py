@@ -1,12 +1,13 @@
-"""Every value check of a recipe, in one place, run once at resolve time: one RecipeError naming the key.
+"""Every value check of a recipe, in one place, run once at resolve time: one RecipeError naming the
+key.
 
-Types and unknown keys are layers.py's job (while merging); here are the values: choices, ranges, and the
-cross-field rules (image size vs patch, width vs heads, warmup vs steps, batch vs micro-batch x processes,
-which position embeddings a model family takes), the data keys (data_checks.py), and last what the command
-needs to run (a length, a batch, eval-fewshot's checkpoint and tasks). No torch: they run before it is
-imported. `vit --dry-run` runs them too, so what a dry run accepts the run accepts; what needs a library
-(a timm model, a checkpoint, the task registry) is vitcli.checkpoints.complete's, also before the dry run
-prints.
+Types and unknown keys are layers.py's job (while merging); here are the values: choices, ranges,
+and the cross-field rules (image size vs patch, width vs heads, warmup vs steps, batch vs
+micro-batch x processes, which position embeddings a model family takes), the data keys
+(data_checks.py), and last what the command needs to run (a length, a batch, eval-fewshot's
+checkpoint and tasks). No torch: they run before it is imported. `vit --dry-run` runs them too, so
+what a dry run accepts the run accepts; what needs a library (a timm model, a checkpoint, the task
+registry) is vitcli.checkpoints.complete's, also before the dry run prints.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
 from vitcli.recipe.schema import Recipe, micro_batches
 
-# the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal annotations (whose
-# sets recipe.choices holds), as a recipe's reading checks them; checked again here for a recipe changed
-# in code (a checkpoint's architecture filled in, a sweep's point)
+# the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal
+# annotations (whose sets recipe.choices holds), as a recipe's reading checks them; checked again
+# here for a recipe changed in code (a checkpoint's architecture filled in, a sweep's point)
 CHOICES: dict[str, tuple[str, ...]] = literal_keys(Recipe)
 POSITIVE = (
     "model.img_size", "model.patch_size", "model.embed_dim", "model.depth", "model.num_heads",
@@ -88,10 +89,10 @@ def get(recipe: Recipe, path: str) -> Any:
 def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bool = True) -> None:
     """Every check below; the first failure is a RecipeError naming the keys involved.
 
-    `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to fill in
-    (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that the command has
-    what it needs to run (a training length and a whole batch; the checkpoint of a stage that runs
-    one, eval-fewshot's tasks, evaluate's split), for a recipe read on its own.
+    `model=False` leaves out the architecture checks, for a model a checkpoint or timm is still to
+    fill in (vitcli.recipe.resolve runs them once it has); `inputs=False` leaves out the check that
+    the command has what it needs to run (a training length and a whole batch; the checkpoint of a
+    stage that runs one, eval-fewshot's tasks, evaluate's split), for a recipe read on its own.
     """
     _choices(recipe)
     _compile(recipe.run.compile)
@@ -127,14 +128,15 @@ def _choices(recipe: Recipe) -> None:
 
 
 def _compile(value) -> None:
-    """run.compile is a switch with a third position, auto (a bool or the string "auto" after coercion)."""
+    """run.compile is a switch with a third position, auto (a bool or the string "auto" after
+    coercion)."""
     if not isinstance(value, bool) and value != "auto":
         raise RecipeError(f"run.compile: '{value}' is not one of auto, true, false")
 
 
 def _micro_batch_size(value) -> None:
-    """data.micro_batch_size is a number of images (0: the batch per process) or auto (an int or the string
-    "auto" after coercion)."""
+    """data.micro_batch_size is a number of images (0: the batch per process) or auto (an int or the
+    string "auto" after coercion)."""
     if value == "auto":
         return
     if not isinstance(value, int):
@@ -168,8 +170,8 @@ def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
 def grid_for(img_size: int | tuple[int, int], patch_size: int | tuple[int, int], name: str = "image size",
              patch_name: str = "the patch size") -> tuple[int, int]:
     """The patch grid (gh, gw) for an image size: the one place image size vs patch is checked. A
-    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of the
-    patch."""
+    RecipeError naming `name` (`model.img_size`, `--res`) when a side is not a positive multiple of
+    the patch."""
     h, w = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
     ph, pw = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
     if h % ph or w % pw or h <= 0 or w <= 0:
@@ -192,7 +194,8 @@ def check_model(recipe: Recipe) -> None:
     """Image size vs patch, width vs heads, and the position embeddings each model family takes."""
     m = recipe.model
     family = "vit" if is_vit_family(m.name) else "t2t" if m.name in T2T_VITS else "timm"
-    if family != "vit" and m.layer_norm_eps != 1e-6:  # T2T-ViT and timm's own builds keep their norms
+    # T2T-ViT and timm's own builds keep their norms
+    if family != "vit" and m.layer_norm_eps != 1e-6:
         raise RecipeError(f"model.layer_norm_eps={m.layer_norm_eps:g} is only honoured by the paper's ViTs, "
                           f"the hybrid and custom, not '{m.name}'; leave it at 1e-6")
     if family == "timm":
@@ -203,7 +206,8 @@ def check_model(recipe: Recipe) -> None:
     if family == "t2t" and m.pool == "gap_fc_norm":
         raise RecipeError(f"model.pool=gap_fc_norm (MAE's fine-tune pooling) is built for the paper's ViTs, "
                           f"the hybrid and custom, not '{m.name}'; use token or gap")
-    patch = 16 if family == "t2t" else m.patch_size  # T2T's soft splits make an effective patch of 16
+    # T2T's soft splits make an effective patch of 16
+    patch = 16 if family == "t2t" else m.patch_size
     grid_for(m.img_size, patch, "model.img_size", f"the patch size of {m.name}")
     if m.num_heads <= 0 or m.embed_dim % m.num_heads:
         raise RecipeError(f"model.embed_dim={m.embed_dim} is not divisible by model.num_heads={m.num_heads}")
@@ -222,22 +226,24 @@ def _vit_pos_embed(kind: str, width: int) -> None:
 
 
 def check_schedule(warmup_steps: int, steps: int, derived: bool = False) -> None:
-    """Warmup must end before training does; `derived`: steps came from schedule.epochs and the data size."""
+    """Warmup must end before training does; `derived`: steps came from schedule.epochs and the data
+    size."""
     if steps and warmup_steps >= steps:
         total = f"the {steps} total steps" if derived else f"schedule.steps={steps}"
         raise RecipeError(f"schedule.warmup_steps={warmup_steps} must be smaller than {total}")
 
 
 def _batch(recipe: Recipe, world_size: int) -> None:
-    """The global batch splits into equal micro-batches on every process; the advice names values that do
-    (tests/unit/test_recipe.py follows it)."""
+    """The global batch splits into equal micro-batches on every process; the advice names values
+    that do (tests/unit/test_recipe.py follows it)."""
     d = recipe.data
     share, rest = divmod(d.batch_size, world_size)  # each process's images per step
     if rest or not share:
         near = sorted({m for m in (share * world_size, (share + 1) * world_size) if m > 0})
         raise RecipeError(f"data.batch_size={d.batch_size} does not split over {world_size} processes: use "
                           f"a multiple of {world_size} ({' or '.join(map(str, near))})")
-    if d.micro_batch_size == "auto":  # it will be a divisor of the share (run.micro_batch.candidates)
+    # it will be a divisor of the share (run.micro_batch.candidates)
+    if d.micro_batch_size == "auto":
         return
     micro, _ = micro_batches(recipe, world_size)
     if micro <= 0 or share % micro:
@@ -255,7 +261,8 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     d = recipe.data
     if d.randaugment:
         check_randaugment(d.randaugment, "data.randaugment")
-    if d.randaugment and d.three_augment:  # DeiT III's 3-Augment replaces RandAugment, it does not add
+    # DeiT III's 3-Augment replaces RandAugment, it does not add
+    if d.randaugment and d.three_augment:
         raise RecipeError(f"data.randaugment='{d.randaugment}' and data.three_augment are two per-image "
                           "policies (DeiT's and DeiT III's); keep one")
     if d.color_jitter and not d.three_augment:
@@ -268,7 +275,8 @@ def _augment(recipe: Recipe, world_size: int) -> None:
     if recipe.objective != "supervised":
         raise RecipeError(f"{mixing[0]} mixes labels, but objective: {recipe.objective} has none (it "
                           "predicts the input's own patches); set it to 0")
-    if d.micro_batch_size == "auto":  # auto tries even micro-batches only: the batch per process needs one
+    # auto tries even micro-batches only: the batch per process needs one
+    if d.micro_batch_size == "auto":
         if (d.batch_size // world_size) % 2:
             raise RecipeError(f"{mixing[0]} needs an even micro-batch, but data.micro_batch_size=auto has "
                               f"none to try: the batch per process, {d.batch_size // world_size}, is odd; "
@@ -281,7 +289,8 @@ def _augment(recipe: Recipe, world_size: int) -> None:
 
 
 def _objective(recipe: Recipe) -> None:
-    """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its patches."""
+    """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its
+    patches."""
     if recipe.objective == "supervised":
         if not recipe.data.label_column and recipe.stage in LABELLED:
             raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
@@ -294,7 +303,8 @@ def _objective(recipe: Recipe) -> None:
     if not is_vit_family(m.name) or m.name == HYBRID:
         raise RecipeError(f"objective: {objective} needs a plain ViT (a paper ViT name or custom), "
                           f"not model.name={m.name}")
-    if recipe.optim.layer_decay != 1:  # the wrappers have no layers for timm to number: all would be one
+    # the wrappers have no layers for timm to number: all would be one
+    if recipe.optim.layer_decay != 1:
         raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
                           f"tuning); objective: {objective} trains every layer at the lr, set it to 1")
     patches = (m.img_size // m.patch_size) ** 2
@@ -309,13 +319,15 @@ def _mpp(recipe: Recipe, patches: int) -> None:
     if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
         raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
                           f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
-    if round(p.corrupt_ratio * patches) < 1:  # models.mpp.corruption corrupts round(ratio * N) per image
+    # models.mpp.corruption corrupts round(ratio * N) per image
+    if round(p.corrupt_ratio * patches) < 1:
         raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
                           f"raise it above {0.5 / patches:.3g}")
 
 
 def _mae(recipe: Recipe, patches: int) -> None:
-    """MAE's encoder reads a few patches, its decoder all of them, both with MAE's sin-cos tables."""
+    """MAE's encoder reads a few patches, its decoder all of them, both with MAE's sin-cos
+    tables."""
     m, a = recipe.model, recipe.mae
     keep = int(patches * (1 - a.mask_ratio))  # models.mae.keep_count, MAE's len_keep
     if not 0 < keep < patches:
@@ -336,7 +348,8 @@ def _mae(recipe: Recipe, patches: int) -> None:
 
 
 def _ema(recipe: Recipe) -> None:
-    """EMA weights exist only with a decay, and the warm-up's floor sits below the decay it warms up to."""
+    """EMA weights exist only with a decay, and the warm-up's floor sits below the decay it warms up
+    to."""
     e = recipe.ema
     if e.save == "ema" and not e.decay:
         raise RecipeError("ema.save=ema, but ema.decay=0 keeps no EMA weights; set ema.decay (timm: 0.9998) "
@@ -402,7 +415,8 @@ def _checkpoint_inputs(recipe: Recipe) -> None:
 
 
 def check_loggers(names: list[str]) -> None:
-    """A RecipeError naming run.loggers for an unknown logger or one whose package is not installed."""
+    """A RecipeError naming run.loggers for an unknown logger or one whose package is not
+    installed."""
     for name in names:
         if name not in LOGGERS:
             raise RecipeError(f"run.loggers: '{name}' is not one of {', '.join(LOGGERS)}")

@@ -1,5 +1,6 @@
-"""The slurm section's values, checked at resolve time without torch (so `--slurm --dry-run` refuses what
-sbatch would), and SLURM's time-limit format read into seconds (preflight's requeue count uses it too)."""
+"""The slurm section's values, checked at resolve time without torch (so `--slurm --dry-run` refuses
+what sbatch would), and SLURM's time-limit format read into seconds (preflight's requeue count uses
+it too)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def time_limit_seconds(text: str) -> int:
 
 
 def control_character(text: str) -> str | None:
-    """The first control character in `text` (newline, CR, NUL, tab, ESC, ...; a Unicode line or paragraph
-    separator too), as repr shows it; None when there is none. A value written into the batch script must
-    keep to its line: after a newline the rest would run on the compute node as a shell line of its own."""
+    """The first control character in `text` (newline, CR, NUL, tab, ESC, ...; a Unicode line or
+    paragraph separator too), as repr shows it; None when there is none. A value written into the
+    batch script must keep to its line: after a newline the rest would run on the compute node as a
+    shell line of its own."""
     for char in text:
         if unicodedata.category(char) in ("Cc", "Zl", "Zp"):
             return repr(char)
@@ -50,8 +52,8 @@ def control_character(text: str) -> str | None:
 
 
 def check_one_line(cfg: SlurmConfig) -> None:
-    """Every text the slurm section writes into the batch script (each #SBATCH value, each extra line)
-    without a control character."""
+    """Every text the slurm section writes into the batch script (each #SBATCH value, each extra
+    line) without a control character."""
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         for i, text in enumerate(value if isinstance(value, list) else [value]):
@@ -63,9 +65,9 @@ def check_one_line(cfg: SlurmConfig) -> None:
 
 
 def check_slurm(cfg: SlurmConfig) -> None:
-    """Counts at least 1 (0 where it means "none" or "the default"), no more processes on a node than GPUs,
-    every text on one line, a time limit and memory sbatch reads, and a warning that fits inside the time
-    limit."""
+    """Counts at least 1 (0 where it means "none" or "the default"), no more processes on a node
+    than GPUs, every text on one line, a time limit and memory sbatch reads, and a warning that fits
+    inside the time limit."""
     check_one_line(cfg)
     for key in ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "signal_seconds", "max_requeues",
                 "array_parallel"):

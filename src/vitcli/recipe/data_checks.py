@@ -1,8 +1,9 @@
-"""Checks of the data keys that need no data: the source named, the built-in data's sizes and splits, what a
-stream can read, a RandAugment spec, a batch larger than a split whose size the recipe already gives.
+"""Checks of the data keys that need no data: the source named, the built-in data's sizes and
+splits, what a stream can read, a RandAugment spec, a batch larger than a split whose size the
+recipe already gives.
 
-What only the data can say (a missing file, a column, the labels) is checked when the split is loaded, which
-the run does before it writes anything into its workdir.
+What only the data can say (a missing file, a column, the labels) is checked when the split is
+loaded, which the run does before it writes anything into its workdir.
 """
 
 from __future__ import annotations
@@ -16,22 +17,25 @@ from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.choices import HOLDOUT, LABEL_RULES, SYNTHETIC_MAX_CLASSES, TRAINS
 from vitcli.recipe.schema import DataConfig, Recipe
 
-# timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a number.
-# timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run, and skips a
-# section without a number (`rand-m`) silently; we refuse both at resolve time. tests/unit/test_recipe.py
-# holds this grammar against timm's own parser.
+# timm's RandAugment config sections (timm.data.auto_augment.rand_augment_transform): a key, then a
+# number. timm refuses an unknown key (`rand-mag9`) only when it builds the transform, in the run,
+# and skips a section without a number (`rand-m`) silently; we refuse both at resolve time.
+# tests/unit/test_recipe.py holds this grammar against timm's own parser.
 IMAGENET_MEAN, IMAGENET_STD = "0.485,0.456,0.406", "0.229,0.224,0.225"  # as the messages spell them
 RANDAUGMENT_SECTION = re.compile(r"(mstd|mmax|inc|m|n|p)\d[\d.]*")
-PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"  # data/rows/prepare.py writes them
-# HF's split directory names (datasets.data_files.SPLIT_KEYWORDS) and the characters its patterns allow
-# around one (NON_WORDS_CHARS), kept here so that the split keys are checked without importing datasets;
-# tests/unit/test_split_check.py holds them against the installed release
+# data/rows/prepare.py writes them
+PREPARED_MANIFEST, PREPARED_KIND = "manifest.json", "vitcli prepare-data"
+# HF's split directory names (datasets.data_files.SPLIT_KEYWORDS) and the characters its patterns
+# allow around one (NON_WORDS_CHARS), kept here so that the split keys are checked without importing
+# datasets; tests/unit/test_split_check.py holds them against the installed release
 SPLIT_DIRS = {"train": ("train", "training"), "validation": ("validation", "valid", "dev", "val"),
               "test": ("test", "testing", "eval", "evaluation")}
 _SEP = "[-._ 0-9]"
 _KEYWORDS = "|".join(sorted((w for ws in SPLIT_DIRS.values() for w in ws), key=len, reverse=True))
-NAMES_A_SPLIT = re.compile(rf"(?:^|{_SEP})(?:{_KEYWORDS})(?:{_SEP}|$)")  # HF's **/val[-._ 0-9]*/** and kin
-# files at a folder's root that make HF read it otherwise: a dataset card (its configs may name splits)
+# HF's **/val[-._ 0-9]*/** and kin
+NAMES_A_SPLIT = re.compile(rf"(?:^|{_SEP})(?:{_KEYWORDS})(?:{_SEP}|$)")
+# files at a folder's root that make HF read it otherwise: a dataset card (its configs may name
+# splits)
 _ROOT_CARDS = ("README.md", ".huggingface.yaml", "dataset_infos.json")
 
 
@@ -66,7 +70,8 @@ def check_data(recipe: Recipe) -> None:
 
 
 def check_normalisation(mean: list[float], std: list[float]) -> None:
-    """data.mean and data.std: one value per RGB channel, a mean in [0, 1] (of x / 255) and a positive std."""
+    """data.mean and data.std: one value per RGB channel, a mean in [0, 1] (of x / 255) and a
+    positive std."""
     for key, values, imagenet in (("data.mean", mean, IMAGENET_MEAN), ("data.std", std, IMAGENET_STD)):
         if len(values) != 3:
             raise RecipeError(f"{key}: {len(values)} values {values}; give one per RGB channel, as "
@@ -79,10 +84,10 @@ def check_normalisation(mean: list[float], std: list[float]) -> None:
 
 
 def names_tar_shards(source: str) -> bool:
-    """Whether data.source names WebDataset tar shards: a .tar file, or a glob or brace pattern of them
-    (`/d/train-{000000..000146}.tar`), or a folder with .tar files in it (a `vit prepare-data --shards tar`
-    copy among them). Decided from the name and at most one directory listing, no file read, so the
-    recipe can say before the run that such a source streams."""
+    """Whether data.source names WebDataset tar shards: a .tar file, or a glob or brace pattern of
+    them (`/d/train-{000000..000146}.tar`), or a folder with .tar files in it (a `vit prepare-data
+    --shards tar` copy among them). Decided from the name and at most one directory listing, no file
+    read, so the recipe can say before the run that such a source streams."""
     if source.endswith(".tar"):
         return True
     path = Path(source).expanduser()
@@ -94,8 +99,9 @@ def names_tar_shards(source: str) -> bool:
 
 
 def check_train_batch(recipe: Recipe) -> None:
-    """A training step needs a whole batch: known now for a plain split of the built-in data; any other
-    split is counted when loaded (vitcli.run.build.build_job), still before the run writes a file."""
+    """A training step needs a whole batch: known now for a plain split of the built-in data; any
+    other split is counted when loaded (vitcli.run.build.build_job), still before the run writes a
+    file."""
     d, sizes = recipe.data, _synthetic_sizes(recipe.data)
     if recipe.stage in TRAINS and d.source == "synthetic" and d.train_split in sizes:
         key, size = sizes[d.train_split]
@@ -115,7 +121,8 @@ def _synthetic_sizes(d: DataConfig) -> dict[str, tuple[str, int]]:
 
 
 def _synthetic(d: DataConfig) -> None:
-    """The built-in data: what it can draw, and splits the recipe reads that exist and hold images."""
+    """The built-in data: what it can draw, and splits the recipe reads that exist and hold
+    images."""
     s = d.synthetic
     if not 2 <= s.num_classes <= SYNTHETIC_MAX_CLASSES:
         raise DataError(f"data.synthetic.num_classes={s.num_classes} must be between 2 and "
@@ -143,7 +150,8 @@ def check_batch_fits(rows: int, batch_size: int, where: str) -> None:
 
 
 def check_stream(d: DataConfig) -> None:
-    """A stream reads a whole split once, in order of its shards: no slices, nothing that needs the split."""
+    """A stream reads a whole split once, in order of its shards: no slices, nothing that needs the
+    split."""
     split = d.train_split
     # a tar source cannot be read map-style: its way out is a parquet copy
     instead = ("train from a parquet copy (vit prepare-data)" if names_tar_shards(d.source)
@@ -153,23 +161,25 @@ def check_stream(d: DataConfig) -> None:
                         f"data.streaming=true has not; give a whole split such as 'train', or {instead}")
     if d.label_rule:
         raise DataError(f"data.label_rule '{d.label_rule}' needs the whole split; {instead}")
-    if d.repeated_aug > 1:  # its copies of a row go to other micro-batches, other processes: random access
+    # its copies of a row go to other micro-batches, other processes: random access
+    if d.repeated_aug > 1:
         raise DataError(f"data.repeated_aug={d.repeated_aug} deals each image's copies across the global "
                         "batch, which a stream each process reads on its own cannot; set data.repeated_aug=1 "
                         f"or {instead}")
 
 
-# --- the splits the recipe names, against those the data has, where a look costs next to nothing ---------
+# --- the splits the recipe names, against those the data has, where a look costs next to nothing
+# ---------
 
 # what a split key's value "" does, for the messages (train_split has no such way out)
 SKIPS = {"val_split": "skips the evaluations while training", "test_split": "skips the final evaluation"}
 
 
 def check_splits(recipe: Recipe) -> None:
-    """A training stage's data.train_split, val_split and test_split name splits its source has, where
-    that is known cheaply (source_splits): refused at resolve time, in --dry-run, rather than once the run
-    has started and loads them. The built-in data's are _synthetic's; a Hub id's and any folder HF infers
-    are left to the load."""
+    """A training stage's data.train_split, val_split and test_split name splits its source has,
+    where that is known cheaply (source_splits): refused at resolve time, in --dry-run, rather than
+    once the run has started and loads them. The built-in data's are _synthetic's; a Hub id's and
+    any folder HF infers are left to the load."""
     d = recipe.data
     if recipe.stage not in TRAINS or d.source == "synthetic":
         return
@@ -178,7 +188,8 @@ def check_splits(recipe: Recipe) -> None:
         return
     for role in ("train_split", "val_split", "test_split"):
         value = getattr(d, role)
-        names = [name for name in split_names(value) if name != HOLDOUT] if value else []  # holdout_checks
+        # holdout_checks
+        names = [name for name in split_names(value) if name != HOLDOUT] if value else []
         missing = [name for name in names if name not in splits]
         if missing:
             raise DataError(f"data.{role}='{value}': {d.source} has no split '{missing[0]}' (it has "
@@ -191,9 +202,10 @@ def _way_out(role: str) -> str:
 
 def source_splits(source: str) -> list[str] | None:
     """The splits of a local source, from at most a small JSON file or a few directory listings: a
-    `vit prepare-data` copy's (its manifest), a save_to_disk directory's, a file or pattern's (`train`), a
-    folder of split directories' (split_dirs); None where that would take more (a Hub id, a folder of tar
-    shards or one HF infers the layout of, a path that is not there: loading it says)."""
+    `vit prepare-data` copy's (its manifest), a save_to_disk directory's, a file or pattern's
+    (`train`), a folder of split directories' (split_dirs); None where that would take more (a Hub
+    id, a folder of tar shards or one HF infers the layout of, a path that is not there: loading it
+    says)."""
     path = Path(source).expanduser()
     if any(c in source for c in "*?[{") or path.is_file():
         return ["train"]  # files and patterns are one split (vitcli.data.rows.sources)
@@ -220,12 +232,12 @@ def json_object(path: Path) -> dict:
 
 
 def split_dirs(root: Path) -> list[str] | None:
-    """A folder laid out as split directories (ImageNet's train/ and val/): every visible directory at
-    its root one HF reads as a split (SPLIT_DIRS; val/ is `validation`), one per split, no directory in
-    them and no file at the root that HF would read as another split or layout (its split patterns are
-    directories': `**/val[-._ 0-9]*/**`). Their splits in HF's order;
-    None for any other folder (a class folder's one split `train` is the folder index's to say: a file
-    named like a split anywhere in it makes HF read another)."""
+    """A folder laid out as split directories (ImageNet's train/ and val/): every visible directory
+    at its root one HF reads as a split (SPLIT_DIRS; val/ is `validation`), one per split, no
+    directory in them and no file at the root that HF would read as another split or layout (its
+    split patterns are directories': `**/val[-._ 0-9]*/**`). Their splits in HF's order;
+    None for any other folder (a class folder's one split `train` is the folder index's to say: a
+    file named like a split anywhere in it makes HF read another)."""
     entries = _visible(root)
     dirs = {name for name, is_dir in entries if is_dir}
     files = [name for name, is_dir in entries if not is_dir]

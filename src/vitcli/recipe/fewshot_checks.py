@@ -1,6 +1,6 @@
-"""Checks of the fewshot section (frozen-feature evaluation: few-shot and the all-data protocols) beyond the
-ranges every number key gets (checks.RANGES): shot counts, the resize, a custom task's source, the ridge
-strength, the protocols named and what they need."""
+"""Checks of the fewshot section (frozen-feature evaluation: few-shot and the all-data protocols)
+beyond the ranges every number key gets (checks.RANGES): shot counts, the resize, a custom task's
+source, the ridge strength, the protocols named and what they need."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ def check_fewshot(recipe: Recipe) -> None:
     f = recipe.fewshot
     if f.tasks and not f.shots:
         raise RecipeError("fewshot.shots is empty: give the shot counts, e.g. fewshot.shots=1,5,10,25")
-    if f.resize < 224:  # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
+    # a size at 224 px: resize / 224 * img_size could never hold the img_size crop
+    if f.resize < 224:
         raise RecipeError(f"fewshot.resize={f.resize} is below 224: "
                           "it is the resize before a 224 px centre crop "
                           "(big_vision's 256), scaled to the model's img_size; 224 means no crop")

@@ -1,11 +1,13 @@
-"""A sweep's grid: `--sweep KEY=V1,V2,...` options -> the points, each a name usable as a directory and the
-overrides it adds to the command's recipe. Pure and torch-free: the CLI resolves every point's recipe from
-them before the first one trains, and a SLURM job array asks how many there are and runs one per task.
+"""A sweep's grid: `--sweep KEY=V1,V2,...` options -> the points, each a name usable as a directory
+and the overrides it adds to the command's recipe. Pure and torch-free: the CLI resolves every
+point's recipe from them before the first one trains, and a SLURM job array asks how many there are
+and runs one per task.
 
-Values are read as overrides are (`optim.lr=1e-3`: a YAML scalar) and coerced to the key's declared type by
-layers.merge, so a point holds what its recipe will: `optim.lr=1e-3` a float, `model.depth=1,2` ints, a
-list key (`fewshot.shots=1,5`) one single-item list per point. Points are the Cartesian product in the order
-the options were given, the last key varying fastest (itertools.product), like nested loops written out.
+Values are read as overrides are (`optim.lr=1e-3`: a YAML scalar) and coerced to the key's declared
+type by layers.merge, so a point holds what its recipe will: `optim.lr=1e-3` a float,
+`model.depth=1,2` ints, a list key (`fewshot.shots=1,5`) one single-item list per point. Points are
+the Cartesian product in the order the options were given, the last key varying fastest
+(itertools.product), like nested loops written out.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.layers import merge, parse_overrides
 from vitcli.recipe.schema import Recipe
 
-# keys one command's points cannot differ in: the command decides the stage, and one process group (made
-# once, on one device, runtime.dist.setup) runs every point
+# keys one command's points cannot differ in: the command decides the stage, and one process group
+# (made once, on one device, runtime.dist.setup) runs every point
 FIXED = {"stage": "the command decides the stage",
          "run.device": "one process group runs every point, on one device"}
 # a directory name's characters on every filesystem a cluster mounts; anything else becomes `_`
@@ -31,8 +33,8 @@ MAX_NAME = 120  # bytes: a file system allows 255 per path component; the rest g
 
 @dataclass(frozen=True)
 class Point:
-    """One setting of the swept keys: `name` is its directory below the sweep's workdir, `overrides` maps each
-    dotted key to its coerced value, in the order the keys were given."""
+    """One setting of the swept keys: `name` is its directory below the sweep's workdir, `overrides`
+    maps each dotted key to its coerced value, in the order the keys were given."""
 
     name: str
     overrides: dict[str, Any] = field(hash=False)
@@ -40,8 +42,9 @@ class Point:
 
 @dataclass(frozen=True)
 class Grid:
-    """A sweep resolved by the CLI: its points, each one's complete recipe (checked before any point trains),
-    and `only`, the one point a SLURM array task runs (`--sweep-point`; None: every point in turn)."""
+    """A sweep resolved by the CLI: its points, each one's complete recipe (checked before any point
+    trains), and `only`, the one point a SLURM array task runs (`--sweep-point`; None: every point
+    in turn)."""
 
     points: list[Point]
     recipes: list[Recipe]
@@ -49,9 +52,9 @@ class Grid:
 
 
 def axes(specs: list[str]) -> list[tuple[str, list]]:
-    """`["optim.lr=1e-3,3e-3", "run.seed=0,1"]` -> `[("optim.lr", [0.001, 0.003]), ("run.seed", [0, 1])]`;
-    an unknown key, a value of the wrong type, a key or value given twice, or no values is a RecipeError
-    naming the key."""
+    """`["optim.lr=1e-3,3e-3", "run.seed=0,1"]` -> `[("optim.lr", [0.001, 0.003]), ("run.seed", [0,
+    1])]`; an unknown key, a value of the wrong type, a key or value given twice, or no values is a
+    RecipeError naming the key."""
     found: dict[str, list] = {}
     for spec in specs:
         key, sep, raw = spec.partition("=")
@@ -76,7 +79,8 @@ def _values(key: str, raw: str) -> list:
         probe = Recipe()
         try:
             merge(probe, parse_overrides([f"{key}={item}"]))
-        except RecipeError as e:  # named by the key already, or by the key's wrong part (a section, a typo)
+        # named by the key already, or by the key's wrong part (a section, a typo)
+        except RecipeError as e:
             raise RecipeError(f"--sweep {e}" if str(e).startswith(key) else f"--sweep {key}: {e}") from None
         value = _get(probe, key)
         if value in values:
@@ -93,8 +97,9 @@ def _get(recipe: Recipe, dotted: str) -> Any:
 
 
 def expand(swept: list[tuple[str, list]]) -> list[Point]:
-    """The Cartesian product of `swept` (key, values) in order, the last key varying fastest, each a named
-    Point; names differ whenever values do (a clash after making them safe is told apart by a hash)."""
+    """The Cartesian product of `swept` (key, values) in order, the last key varying fastest, each a
+    named Point; names differ whenever values do (a clash after making them safe is told apart by a
+    hash)."""
     keys = [key for key, _ in swept]
     points = [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in swept))]
     names = [point_name(p) for p in points]
@@ -104,21 +109,23 @@ def expand(swept: list[tuple[str, list]]) -> list[Point]:
 
 
 def points(specs: list[str]) -> list[Point]:
-    """The points of `--sweep` options (see axes and expand): what a SLURM job array counts and indexes."""
+    """The points of `--sweep` options (see axes and expand): what a SLURM job array counts and
+    indexes."""
     return expand(axes(specs))
 
 
 def point_name(overrides: dict[str, Any]) -> str:
-    """`{"optim.lr": 0.001, "run.seed": 1}` -> `optim.lr=0.001,run.seed=1`: every value written back exactly
-    (a float as its shortest round-trip repr), what no filesystem takes replaced by `_`, and one too long
-    for a directory cut and told apart by a hash."""
-    name = _UNSAFE.sub("_", ",".join(f"{k}={value_text(v)}" for k, v in overrides.items()))  # ASCII from here
+    """`{"optim.lr": 0.001, "run.seed": 1}` -> `optim.lr=0.001,run.seed=1`: every value written back
+    exactly (a float as its shortest round-trip repr), what no filesystem takes replaced by `_`, and
+    one too long for a directory cut and told apart by a hash."""
+    # ASCII from here
+    name = _UNSAFE.sub("_", ",".join(f"{k}={value_text(v)}" for k, v in overrides.items()))
     return _hashed(name[:MAX_NAME - 9], overrides) if len(name) > MAX_NAME else name
 
 
 def value_text(value: Any) -> str:
-    """A swept value as its point name and table write it: exactly (a float as its shortest round-trip
-    repr), a bool as YAML writes it, a list as its items joined by `+`."""
+    """A swept value as its point name and table write it: exactly (a float as its shortest
+    round-trip repr), a bool as YAML writes it, a list as its items joined by `+`."""
     if isinstance(value, bool):
         return str(value).lower()  # as YAML writes it and an override takes it
     if isinstance(value, list):
@@ -127,7 +134,8 @@ def value_text(value: Any) -> str:
 
 
 def _hashed(name: str, overrides: dict[str, Any]) -> str:
-    """`name` with 8 hex digits of the exact values: two points whose safe names are equal differ here."""
+    """`name` with 8 hex digits of the exact values: two points whose safe names are equal differ
+    here."""
     digest = hashlib.sha256(repr(sorted(overrides.items())).encode()).hexdigest()[:8]
     return f"{name}~{digest}"
 
@@ -154,7 +162,8 @@ def check_swept(points: list[Point], recipes: list[Recipe]) -> None:
 
 
 def check_index(index: int | None, count: int) -> None:
-    """`--sweep-point I` must name one of the `count` points (0-based, as SLURM_ARRAY_TASK_ID counts)."""
+    """`--sweep-point I` must name one of the `count` points (0-based, as SLURM_ARRAY_TASK_ID
+    counts)."""
     if index is not None and not 0 <= index < count:
         raise RecipeError(f"--sweep-point {index}: the sweep has {count} point{'s' * (count != 1)}, "
                           f"numbered 0 to {count - 1}")

@@ -1,8 +1,9 @@
-"""A recipe as text: YAML files read strictly (a key given twice is refused), `a.b=c` overrides, each layer
-merged onto the dataclasses of schema.py with its values coerced to their declared types, and the resolved
-recipe written back as YAML. A plain scalar is read as the text typed and its key's declared type reads it
-(TextLoader): no YAML 1.1 base-60 (`1:00:00`), hex or octal, no `yes`/`on` booleans. An unknown key names
-its dotted path and the closest valid one; a key vitcli removed says why it went (REMOVED_KEYS)."""
+"""A recipe as text: YAML files read strictly (a key given twice is refused), `a.b=c` overrides,
+each layer merged onto the dataclasses of schema.py with its values coerced to their declared types,
+and the resolved recipe written back as YAML. A plain scalar is read as the text typed and its key's
+declared type reads it (TextLoader): no YAML 1.1 base-60 (`1:00:00`), hex or octal, no `yes`/`on`
+booleans. An unknown key names its dotted path and the closest valid one; a key vitcli removed says
+why it went (REMOVED_KEYS)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,22 @@ from vitcli.recipe.schema import Recipe
 
 # ---------------------------------------------------------------- coercion
 
-# YAML 1.1's other booleans: refused for a bool key (one meaning in every YAML reader), text for a str key
+# YAML 1.1's other booleans: refused for a bool key (one meaning in every YAML reader), text for a
+# str key
 YAML11_BOOLS = ("yes", "no", "on", "off")
 LINE_BREAKS = ("\n", "\r", "\x85", "\u2028", "\u2029")  # YAML 1.1's
 YAML_FLOATS = {".inf": float("inf"), "+.inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}
 
 
 def _coerce(value: Any, typ: Any, path: str) -> Any:
-    """Return `value` as `typ`, or raise a RecipeError naming the dotted path, the type and the value."""
+    """Return `value` as `typ`, or raise a RecipeError naming the dotted path, the type and the
+    value."""
     origin = typing.get_origin(typ)
-    if origin is types.UnionType:  # `bool | str`: the first type that takes the value (true -> True, auto)
+    # `bool | str`: the first type that takes the value (true -> True, auto)
+    if origin is types.UnionType:
         if bool in typing.get_args(typ) and str(value).lower() in YAML11_BOOLS:
-            return _coerce(value, bool, path)  # `on` is no more the text `on` than a boolean: say why
+            # `on` is no more the text `on` than a boolean: say why
+            return _coerce(value, bool, path)
         for option in typing.get_args(typ):
             with contextlib.suppress(RecipeError):
                 return _coerce(value, option, path)
@@ -75,7 +80,8 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     elif typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if isinstance(value, str) and value.lower() in YAML_FLOATS:  # what yaml.safe_dump writes for them
+        # what yaml.safe_dump writes for them
+        if isinstance(value, str) and value.lower() in YAML_FLOATS:
             return YAML_FLOATS[value.lower()]
         try:
             return float(value)
@@ -89,8 +95,9 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
 
 
-# keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets (exit 2):
-# why the key went and what to do instead, rather than a "did you mean" guess at a neighbouring key
+# keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets
+# (exit 2): why the key went and what to do instead, rather than a "did you mean" guess at a
+# neighbouring key
 REMOVED_KEYS = {
     "data.decode_device": (
         "data.decode_device was removed: decoding JPEGs on the model's device (nvJPEG) trained a third "
@@ -100,7 +107,8 @@ REMOVED_KEYS = {
 
 
 def merge(obj: Any, updates: dict, prefix: str = "") -> None:
-    """Apply a nested dict of updates onto dataclass `obj` in place, coercing and rejecting unknown keys."""
+    """Apply a nested dict of updates onto dataclass `obj` in place, coercing and rejecting unknown
+    keys."""
     if not isinstance(updates, dict):
         raise RecipeError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping, got {updates!r}")
     hints = typing.get_type_hints(type(obj))
@@ -120,7 +128,8 @@ def merge(obj: Any, updates: dict, prefix: str = "") -> None:
 
 
 def literal_keys(cls: type, prefix: str = "") -> dict[str, tuple[str, ...]]:
-    """Every key of dataclass `cls` annotated with a Literal, by dotted path -> its choices in order."""
+    """Every key of dataclass `cls` annotated with a Literal, by dotted path -> its choices in
+    order."""
     found = {}
     for key, typ in typing.get_type_hints(cls).items():
         if dataclasses.is_dataclass(typ):
@@ -155,14 +164,16 @@ def flatten(nested: dict, prefix: str = "") -> dict:
 
 
 def parse_overrides(pairs: list[str]) -> dict:
-    """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values read as a recipe file's
-    are (load_text: `[1, 5]` a list, every scalar its text), their key's type coerces them."""
+    """Turn `["optim.lr=1e-3", "data.batch_size=64"]` into a nested dict; values read as a recipe
+    file's are (load_text: `[1, 5]` a list, every scalar its text), their key's type coerces
+    them."""
     dotted: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise RecipeError(f"override '{pair}' is not KEY=VALUE (for example optim.lr=1e-3)")
-        if any(brk in raw for brk in LINE_BREAKS):  # YAML would fold it into a blank: keep what was typed
+        # YAML would fold it into a blank: keep what was typed
+        if any(brk in raw for brk in LINE_BREAKS):
             dotted[key] = raw
             continue
         try:
@@ -172,15 +183,16 @@ def parse_overrides(pairs: list[str]) -> dict:
     return nest(dotted)
 
 
-# Why a schema-directed reading and not a YAML 1.2 reader: YAML 1.1 (PyYAML) reads `slurm.time: 1:00:00` as
-# the base-60 integer 3600 (sbatch then reads minutes: 60 hours), `init.grid: 0x4` as 4 and `010` as 8; YAML
-# 1.2's core schema drops base 60 but still reads `0x4` and `0o10` as integers, and would be a new dependency
-# (ruamel.yaml). The key's declared type already says what a value is, so the loader resolves nothing but
-# null from a plain scalar: every other scalar stays the text typed (quoted or not), and _coerce reads it as
-# its key's type: decimal numbers (`1e-3` a float, `1e4` an int), `true`/`false` for a bool (yes, no, on and
-# off are refused: YAML 1.1 and 1.2 disagree on them), the text itself for a str. It is still SafeLoader, so
-# safe_load's safety holds: explicit tags construct only what safe_load constructs.
-_KEEP = ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")  # `~`/`null`/empty: a section left empty
+# Why a schema-directed reading and not a YAML 1.2 reader: YAML 1.1 (PyYAML) reads `slurm.time:
+# 1:00:00` as the base-60 integer 3600 (sbatch then reads minutes: 60 hours), `init.grid: 0x4` as 4
+# and `010` as 8; YAML 1.2's core schema drops base 60 but still reads `0x4` and `0o10` as integers,
+# and would be a new dependency (ruamel.yaml). The key's declared type already says what a value is,
+# so the loader resolves nothing but null from a plain scalar: every other scalar stays the text
+# typed (quoted or not), and _coerce reads it as its key's type: decimal numbers (`1e-3` a float,
+# `1e4` an int), `true`/`false` for a bool (yes, no, on and off are refused: YAML 1.1 and 1.2
+# disagree on them), the text itself for a str. It is still SafeLoader, so safe_load's safety holds:
+# explicit tags construct only what safe_load constructs. `~`/`null`/empty: a section left empty
+_KEEP = ("tag:yaml.org,2002:null", "tag:yaml.org,2002:merge")
 
 
 class _DuplicateKey(yaml.MarkedYAMLError):
@@ -188,10 +200,12 @@ class _DuplicateKey(yaml.MarkedYAMLError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """safe_load, but a key given twice in one mapping is an error: PyYAML would keep the last silently."""
+    """safe_load, but a key given twice in one mapping is an error: PyYAML would keep the last
+    silently."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        """The mapping of `node`, once each explicit key in it is new (`<<` merges may repeat one)."""
+        """The mapping of `node`, once each explicit key in it is new (`<<` merges may repeat
+        one)."""
         first: dict = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
@@ -205,7 +219,8 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 class TextLoader(_StrictLoader):
-    """_StrictLoader whose plain scalars are text (null aside): the recipe's types read them (_coerce)."""
+    """_StrictLoader whose plain scalars are text (null aside): the recipe's types read them
+    (_coerce)."""
 
     yaml_implicit_resolvers: typing.ClassVar[dict] = {
         first: [(tag, regexp) for tag, regexp in resolvers if tag in _KEEP]
@@ -214,9 +229,9 @@ class TextLoader(_StrictLoader):
 
 
 def load_text(text: str):
-    """yaml.safe_load's result, with a key given twice refused and plain scalars left as text (TextLoader),
-    run as safe_load runs its loader (safe_load takes no Loader, and a load with a Loader passed in is the
-    call a safety review must read twice)."""
+    """yaml.safe_load's result, with a key given twice refused and plain scalars left as text
+    (TextLoader), run as safe_load runs its loader (safe_load takes no Loader, and a load with a
+    Loader passed in is the call a safety review must read twice)."""
     loader = TextLoader(text)
     try:
         return loader.get_single_data()
@@ -225,8 +240,8 @@ def load_text(text: str):
 
 
 def read_yaml(path: str | Path) -> dict:
-    """Read a recipe file as safe_load does, its scalars as text (load_text); malformed YAML or a key given
-    twice is a one-line error with the line number."""
+    """Read a recipe file as safe_load does, its scalars as text (load_text); malformed YAML or a
+    key given twice is a one-line error with the line number."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file not found: {path}")

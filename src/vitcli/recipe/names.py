@@ -1,8 +1,8 @@
 """Model names a recipe can give and the architecture each stands for, without torch or timm.
 
-The paper's ViTs (Table 1), the R50+ViT-B/16 hybrid, BiT-R50x1, T2T-ViT (official names; the name records
-the token mixer) and `custom` are known here; any other name is a timm model, which only timm can describe
-(vitcli.models.zoo.resolve_name reads it off a weightless build).
+The paper's ViTs (Table 1), the R50+ViT-B/16 hybrid, BiT-R50x1, T2T-ViT (official names; the name
+records the token mixer) and `custom` are known here; any other name is a timm model, which only
+timm can describe (vitcli.models.zoo.resolve_name reads it off a weightless build).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import dataclasses
 
 from vitcli.recipe.schema import ModelConfig
 
-# Table 1 of the paper, (patch_size, embed_dim, depth, num_heads, mlp_dim); Ti and S are the DeiT/AugReg sizes
+# Table 1 of the paper, (patch_size, embed_dim, depth, num_heads, mlp_dim); Ti and S are the
+# DeiT/AugReg sizes
 PAPER_VITS = {
     "ViT-Ti/16": (16, 192, 12, 3, 768),
     "ViT-S/16": (16, 384, 12, 6, 1536),
@@ -21,7 +22,8 @@ PAPER_VITS = {
     "ViT-L/16": (16, 1024, 24, 16, 4096),
     "ViT-H/14": (14, 1280, 32, 16, 5120),
 }
-# Official t2t_vit.py factories: name -> (embed_dim, depth, num_heads, mlp_dim, token mixer); token_dim 64
+# Official t2t_vit.py factories: name -> (embed_dim, depth, num_heads, mlp_dim, token mixer);
+# token_dim 64
 T2T_VITS = {
     "T2T-ViT-7": (256, 7, 4, 512, "performer"),
     "T2T-ViT-10": (256, 10, 4, 512, "performer"),
@@ -30,8 +32,8 @@ T2T_VITS = {
        for kind, mixer in (("", "performer"), ("_t", "transformer"))
        for dim, depth, heads in ((384, 14, 6), (448, 19, 7), (512, 24, 8))},
 }
-# (width, depth, heads, mlp_dim) -> size letter: a geometry any patch size shares, so a foreign file is named
-# by its size (a timm vit_tiny_patch16_224 is ViT-Ti/16); where each size was defined
+# (width, depth, heads, mlp_dim) -> size letter: a geometry any patch size shares, so a foreign file
+# is named by its size (a timm vit_tiny_patch16_224 is ViT-Ti/16); where each size was defined
 SIZES = {sizes[1:]: name.split("-")[1].split("/")[0] for name, sizes in PAPER_VITS.items()}
 SIZE_ORIGINS = {"Ti": "DeiT-Ti / AugReg Ti", "S": "DeiT-S / AugReg S", "B": "paper Table 1",
                 "L": "paper Table 1", "H": "paper Table 1"}
@@ -43,8 +45,8 @@ ALIASES = {name.lower().replace("-", "_"): name for name in T2T_VITS}
 
 
 def is_vit_family(name: str) -> bool:
-    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding option
-    applies."""
+    """Built by our ViT class (paper sizes, custom, hybrid): every pool and position-embedding
+    option applies."""
     return name in ("custom", *PAPER_VITS, HYBRID)
 
 
@@ -61,7 +63,8 @@ def paper_size(patch_size: int, embed_dim: int, depth: int, num_heads: int, mlp_
 
 
 def size_origin(name: str) -> str:
-    """Where a `ViT-<size>/<patch>` name's size was defined: `DeiT-Ti / AugReg Ti`, `paper Table 1`."""
+    """Where a `ViT-<size>/<patch>` name's size was defined: `DeiT-Ti / AugReg Ti`, `paper Table
+    1`."""
     return SIZE_ORIGINS.get(name.removeprefix("ViT-").split("/")[0], "")
 
 
@@ -73,12 +76,13 @@ def with_sizes(cfg: ModelConfig, patch_size: int, embed_dim: int, depth: int, nu
 
 
 def resolve_known(cfg: ModelConfig) -> ModelConfig:
-    """A copy of cfg under its canonical name with the architecture fields a known name defines filled in.
+    """A copy of cfg under its canonical name with the architecture fields a known name defines
+    filled in.
 
-    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`; its
-    token mixer is in the name); BiT has no class token or position table (pool `gap`, pos_embed `none`; its
-    ViT size fields are unused). Official T2T-ViT code names (t2t_vit_t_14) become ours. A timm name comes
-    back unchanged (`cfg.name not in NAMED`).
+    Paper ViTs define their sizes; T2T-ViT also its fixed 1-D sinusoid table (pos_embed `sincos_1d`;
+    its token mixer is in the name); BiT has no class token or position table (pool `gap`, pos_embed
+    `none`; its ViT size fields are unused). Official T2T-ViT code names (t2t_vit_t_14) become ours.
+    A timm name comes back unchanged (`cfg.name not in NAMED`).
     """
     key = cfg.name.lower()
     name = next((n for n in NAMED if n.lower() == key), ALIASES.get(key, cfg.name))

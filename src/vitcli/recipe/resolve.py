@@ -1,15 +1,16 @@
-"""One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) -> Recipe.
+"""One step from the command line to the recipe that runs: (stage, recipe file, overrides, flags) ->
+Recipe.
 
-Layers, later wins: defaults < the stage's defaults < what the starting checkpoint says of itself (`base`:
-the pixels its weights expect; evaluate and predict: its resolution too) < the VTAB protocol (`--task`) <
-the recipe file < `KEY=VALUE` overrides < command flags (`--res`, `--init`, `--shots`, ...). Then the model
-is filled in: a known name's sizes, and every key and value is checked (vitcli.recipe.checks), all without
-torch, so a misspelt key costs no import of torch. Only then, and only for a timm model name, a starting
-checkpoint (`finetune`, `eval-fewshot`, `evaluate`, `predict`, `inspect`, `export`: its architecture;
-eval-fewshot, inspect and export its native resolution and pre-logits, evaluate and predict its head),
-run.device=cuda or few-shot task names, the caller's `complete` step runs (it needs torch, timm or
-datasets) and everything is checked again.
-Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
+Layers, later wins: defaults < the stage's defaults < what the starting checkpoint says of itself
+(`base`: the pixels its weights expect; evaluate and predict: its resolution too) < the VTAB
+protocol (`--task`) < the recipe file < `KEY=VALUE` overrides < command flags (`--res`, `--init`,
+`--shots`, ...). Then the model is filled in: a known name's sizes, and every key and value is
+checked (vitcli.recipe.checks), all without torch, so a misspelt key costs no import of torch. Only
+then, and only for a timm model name, a starting checkpoint (`finetune`, `eval-fewshot`, `evaluate`,
+`predict`, `inspect`, `export`: its architecture; eval-fewshot, inspect and export its native
+resolution and pre-logits, evaluate and predict its head), run.device=cuda or few-shot task names,
+the caller's `complete` step runs (it needs torch, timm or datasets) and everything is checked
+again. Nothing downstream edits the result: `--dry-run` prints it and the run writes exactly it to
 WORKDIR/recipe.yaml.
 """
 
@@ -28,16 +29,18 @@ from vitcli.recipe.layers import merge, nest, parse_overrides, read_yaml
 from vitcli.recipe.names import NAMED, resolve_known
 from vitcli.recipe.schema import Recipe
 
-# (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and checked:
-# vitcli.checkpoints.complete.complete. This package imports no torch, so the caller hands it in.
+# (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and
+# checked: vitcli.checkpoints.complete.complete. This package imports no torch, so the caller hands
+# it in.
 Complete = Callable[[Recipe, bool], Recipe]
-# the recipe resolved without it -> the layer its starting checkpoint gives: vitcli.checkpoints.complete.
-# trained_with, handed in for the same reason
+# the recipe resolved without it -> the layer its starting checkpoint gives:
+# vitcli.checkpoints.complete. trained_with, handed in for the same reason
 Base = Callable[[Recipe], dict]
 
-# The paper's transfer protocol (Sec. 4.1, App. B.1.1) is the finetune stage's default, below the recipe file:
-# SGD momentum 0.9, global batch 512, global-norm clip 1, no weight decay, dropout 0, cosine decay after a
-# short linear warmup, 384 px. A finetune recipe then only says what differs (dataset, steps, lr).
+# The paper's transfer protocol (Sec. 4.1, App. B.1.1) is the finetune stage's default, below the
+# recipe file: SGD momentum 0.9, global batch 512, global-norm clip 1, no weight decay, dropout 0,
+# cosine decay after a short linear warmup, 384 px. A finetune recipe then only says what differs
+# (dataset, steps, lr).
 STAGE_DEFAULTS: dict[str, dict] = {
     "pretrain": {},
     "finetune": {
@@ -53,7 +56,8 @@ STAGE_DEFAULTS: dict[str, dict] = {
     "export": {},
     "prepare-data": {},
 }
-# VTAB-1k (Zhai et al. 2019; ViT paper App. B.1.1): 2,500 steps at lr 0.01, batch 512, 384 px, per task.
+# VTAB-1k (Zhai et al. 2019; ViT paper App. B.1.1): 2,500 steps at lr 0.01, batch 512, 384 px, per
+# task.
 VTAB_PROTOCOL = {"schedule": {"steps": 2500, "warmup_steps": 200}, "optim": {"lr": 0.01},
                  "data": {"batch_size": 512}, "model": {"img_size": 384}}
 
@@ -70,16 +74,17 @@ def resolve(
     inputs: bool = True,
     base: Base | None = None,
 ) -> Recipe:
-    """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not given).
+    """The complete, checked recipe a command runs. `flags` maps dotted keys to values (None: not
+    given).
 
-    `base(recipe)` gives a nested layer just above the stage's defaults from the recipe resolved without it:
-    what its starting checkpoint says about itself (the pixels its weights expect; for `vit evaluate` and
-    `vit predict` also the resolution it was trained at), so that the recipe file, overrides and flags
-    still win. Reading it needs torch, so it is called only once the other layers have passed the
-    torch-free checks (a misspelt key is still reported at once).
+    `base(recipe)` gives a nested layer just above the stage's defaults from the recipe resolved
+    without it: what its starting checkpoint says about itself (the pixels its weights expect; for
+    `vit evaluate` and `vit predict` also the resolution it was trained at), so that the recipe
+    file, overrides and flags still win. Reading it needs torch, so it is called only once the other
+    layers have passed the torch-free checks (a misspelt key is still reported at once).
 
-    `complete` is required when the recipe needs torch to be complete (`needs_torch`); `inputs=False` skips
-    the check that the command's inputs are named (vitcli.recipe.checks.check).
+    `complete` is required when the recipe needs torch to be complete (`needs_torch`);
+    `inputs=False` skips the check that the command's inputs are named (vitcli.recipe.checks.check).
     """
     layer = {}
     if base is not None:
@@ -88,7 +93,8 @@ def resolve(
         layer = base(first)
     recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, layer)
     late = needs_torch(recipe)
-    check(recipe, world_size, model=not late, inputs=inputs)  # a model to fill in: checked once it is
+    # a model to fill in: checked once it is
+    check(recipe, world_size, model=not late, inputs=inputs)
     if not late:
         return recipe
     if complete is None:
@@ -117,19 +123,20 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
 
 
 def _stream_tar_shards(recipe: Recipe, layers: list[dict]) -> None:
-    """A training stage on WebDataset tar shards streams its train split (data.streaming=true, so the saved
-    recipe says so) unless the user set data.streaming, whose false data_checks refuses. Why not load it
-    whole: HF's webdataset builder would first copy every image into its arrow cache, ImageNet's 140 GB
-    a second time, before the first step."""
+    """A training stage on WebDataset tar shards streams its train split (data.streaming=true, so
+    the saved recipe says so) unless the user set data.streaming, whose false data_checks refuses.
+    Why not load it whole: HF's webdataset builder would first copy every image into its arrow
+    cache, ImageNet's 140 GB a second time, before the first step."""
     said = any(isinstance(layer.get("data"), dict) and "streaming" in layer["data"] for layer in layers)
     if recipe.stage in TRAINS and not said and names_tar_shards(recipe.data.source):
         recipe.data.streaming = True
 
 
 def needs_torch(recipe: Recipe) -> bool:
-    """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm describes it),
-    a starting checkpoint to describe, run.device=cuda (only torch knows whether this machine has one),
-    few-shot task names (their registry, vitcli.data.rows.tasks, imports datasets), or a teacher to find."""
+    """True when completing the recipe needs torch (or timm, datasets): a timm model name (timm
+    describes it), a starting checkpoint to describe, run.device=cuda (only torch knows whether this
+    machine has one), few-shot task names (their registry, vitcli.data.rows.tasks, imports
+    datasets), or a teacher to find."""
     from_checkpoint = recipe.stage != "pretrain" and bool(recipe.init.checkpoint)
     heavy = from_checkpoint or recipe.run.device == "cuda" or bool(recipe.fewshot.tasks)
     heavy = heavy or bool(recipe.distill.teacher)
@@ -173,5 +180,6 @@ def _check_sections(stage: str, overrides: list[str]) -> None:
 
 
 def _says_num_heads(layers: list[dict]) -> bool:
-    """True when the user set model.num_heads themselves (evidence for a checkpoint that has none)."""
+    """True when the user set model.num_heads themselves (evidence for a checkpoint that has
+    none)."""
     return any(isinstance(layer.get("model"), dict) and "num_heads" in layer["model"] for layer in layers)

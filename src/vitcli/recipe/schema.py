@@ -1,6 +1,7 @@
-"""Recipes as typed dataclasses: one recipe is one experiment, every key with its declared type and default.
-layers.py reads YAML and `a.b=c` overrides onto them (defaults < recipe file < overrides) and writes the
-resolved recipe back as YAML, the `WORKDIR/recipe.yaml` stored in every checkpoint."""
+"""Recipes as typed dataclasses: one recipe is one experiment, every key with its declared type and
+default. layers.py reads YAML and `a.b=c` overrides onto them (defaults < recipe file < overrides)
+and writes the resolved recipe back as YAML, the `WORKDIR/recipe.yaml` stored in every
+checkpoint."""
 
 from __future__ import annotations
 
@@ -32,10 +33,11 @@ from vitcli.recipe.choices import (
 
 @dataclass
 class ModelConfig:
-    """The network. Named models (`ViT-B/16`, `T2T-ViT-14`, any timm name) fill in the sizes themselves."""
+    """The network. Named models (`ViT-B/16`, `T2T-ViT-14`, any timm name) fill in the sizes
+    themselves."""
 
-    # paper name, T2T-ViT-N (Performer token mixer) / T2T-ViT_t-N (Transformer), BiT-R50x1, R50+ViT-B/16, a
-    # timm name, or "custom"
+    # paper name, T2T-ViT-N (Performer token mixer) / T2T-ViT_t-N (Transformer), BiT-R50x1,
+    # R50+ViT-B/16, a timm name, or "custom"
     name: str = "custom"
     img_size: int = 224  # train and eval resolution; must be a multiple of patch_size
     patch_size: int = 16
@@ -43,20 +45,23 @@ class ModelConfig:
     depth: int = 12
     num_heads: int = 12
     mlp_dim: int = 3072
-    # token (class token, the paper's default) | gap (global average pool, final norm before it) | gap_fc_norm
-    # (MAE's fine-tune: class token kept, mean of the patch tokens, then fc_norm; recipe.choices.POOLS)
+    # token (class token, the paper's default) | gap (global average pool, final norm before it) |
+    # gap_fc_norm (MAE's fine-tune: class token kept, mean of the patch tokens, then fc_norm;
+    # recipe.choices.POOLS)
     pool: Pool = "token"
     # learned_1d | learned_2d | sincos_2d | none (paper App. D.4); T2T: sincos_1d
     pos_embed: PosEmbed = "learned_1d"
     representation_size: int = 0  # >0 adds Dense+tanh before the head, as in the i21k checkpoints
-    # every LayerNorm's eps: timm's ViT 1e-6; transformers' ViTConfig (and google's converted folders) 1e-12
+    # every LayerNorm's eps: timm's ViT 1e-6; transformers' ViTConfig (and google's converted
+    # folders) 1e-12
     layer_norm_eps: float = 1e-6
     dropout: float = 0.0
     drop_path: float = 0.0
     num_classes: int = 0  # 0: taken from the dataset's ClassLabel feature or data.num_classes
     head_bias_init: float = 0.0  # -10 with sigmoid loss on ImageNet-21k keeps early logits tiny
-    # big_vision and vit_jax start the head kernel at zero (`head_zeroinit`), so the first logits are the bias
-    # alone; false keeps timm's random kernel. Fine-tuning always zeroes the whole new head (paper, Sec. 3.2).
+    # big_vision and vit_jax start the head kernel at zero (`head_zeroinit`), so the first logits
+    # are the bias alone; false keeps timm's random kernel. Fine-tuning always zeroes the whole new
+    # head (paper, Sec. 3.2).
     head_zero_init: bool = True
 
 
@@ -68,7 +73,8 @@ class SyntheticConfig:
     train_size: int = 5000
     val_size: int = 500
     test_size: int = 1000
-    img_size: int = 32  # native resolution the images are drawn at; transforms resize to model.img_size
+    # native resolution the images are drawn at; transforms resize to model.img_size
+    img_size: int = 32
     seed: int = 0
 
 
@@ -76,7 +82,8 @@ class SyntheticConfig:
 class DataConfig:
     """Where images come from and how they are batched and augmented."""
 
-    # synthetic | Hub id | save_to_disk dir | parquet/arrow file(s) | image folder | WebDataset .tar shards
+    # synthetic | Hub id | save_to_disk dir | parquet/arrow file(s) | image folder | WebDataset .tar
+    # shards
     source: str = "synthetic"
     image_column: str = "image"
     label_column: str = "label"
@@ -89,39 +96,44 @@ class DataConfig:
     # 1% is its last ~10 classes). 0: off
     holdout: float = 0.0
     num_classes: int = 0  # 0: from the ClassLabel feature
-    label_rule: str = ""  # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
+    # derive the label from raw columns (VTAB: clevr_count, kitti_closest_vehicle, ...)
+    label_rule: str = ""
     binary_pixels: bool = False  # images stored as 0/1 (dSprites): decoded as 0/255, as VTAB does
     batch_size: int = 512  # global batch per optimizer step, reached by accumulation if needed
-    # per-process forward/backward batch; 0 = batch_size / world size; auto = the largest divisor of that
-    # which fits run.memory_budget_mb, found by trial steps before training (run/micro_batch.py)
+    # per-process forward/backward batch; 0 = batch_size / world size; auto = the largest divisor of
+    # that which fits run.memory_budget_mb, found by trial steps before training
+    # (run/micro_batch.py)
     micro_batch_size: int | str = 0
-    # repeated augmentation k, DeiT's RASampler: an epoch's images k times each, the copies in different
-    # micro-batches (on different processes when each takes one micro-batch per step), each copy with its
-    # own augmentation draws; an epoch stays len(split) images, so ~len / k distinct ones. 1 = off; DeiT: 3.
-    # A map-style split only (not data.streaming).
+    # repeated augmentation k, DeiT's RASampler: an epoch's images k times each, the copies in
+    # different micro-batches (on different processes when each takes one micro-batch per step),
+    # each copy with its own augmentation draws; an epoch stays len(split) images, so ~len / k
+    # distinct ones. 1 = off; DeiT: 3. A map-style split only (not data.streaming).
     repeated_aug: int = 1
     eval_batch_size: int = 256
     num_workers: int = 2
-    # training keeps its images decoded, one copy shared by the loader workers, when they take at most
-    # 192 MiB on disk (CIFAR, a VTAB-1k task; data/decoding/image_cache.py): at most this many MiB of pixels
-    # on this host, whatever the images turn out to be. 0 turns the cache off.
+    # training keeps its images decoded, one copy shared by the loader workers, when they take at
+    # most 192 MiB on disk (CIFAR, a VTAB-1k task; data/decoding/image_cache.py): at most this many
+    # MiB of pixels on this host, whatever the images turn out to be. 0 turns the cache off.
     cache_mb: int = 1024
-    # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead of loading
-    # it whole: for splits larger than the disk or the patience to download them. Val/test still load whole.
-    # WebDataset tar shards always stream (resolve sets it; an explicit false is refused).
+    # read the train split as a stream (Hub, parquet/arrow/json files, a save_to_disk dir) instead
+    # of loading it whole: for splits larger than the disk or the patience to download them.
+    # Val/test still load whole. WebDataset tar shards always stream (resolve sets it; an explicit
+    # false is refused).
     streaming: bool = False
-    shuffle_buffer: int = 10_000  # streaming: examples mixed at once (HF IterableDataset.shuffle buffer_size)
+    # streaming: examples mixed at once (HF IterableDataset.shuffle buffer_size)
+    shuffle_buffer: int = 10_000
     inception_crop: bool = True  # random-resized crop over crop_min_area..100% of the image
     crop_min_area: float = 0.05
     hflip: bool = True
-    # per-image augmentation, batched on uint8 where the model runs (data/augmentation/augmentations.py): a
-    # timm RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" ("" disables); or DeiT III's 3-Augment (one of
-    # grayscale, solarize, blur per image) with colour jitter of strength color_jitter
+    # per-image augmentation, batched on uint8 where the model runs
+    # (data/augmentation/augmentations.py): a timm RandAugment spec, e.g. "rand-m9-mstd0.5-inc1" (""
+    # disables); or DeiT III's 3-Augment (one of grayscale, solarize, blur per image) with colour
+    # jitter of strength color_jitter
     randaugment: str = ""
     three_augment: bool = False
     color_jitter: float = 0.0
-    # random erasing after normalisation, timm's RandomErasing: the probability per image (timm's reprob;
-    # 0 disables), the fill (pixel | rand | const) and the boxes per erased image
+    # random erasing after normalisation, timm's RandomErasing: the probability per image (timm's
+    # reprob; 0 disables), the fill (pixel | rand | const) and the boxes per erased image
     erasing: float = 0.0
     erasing_mode: ErasingMode = "pixel"
     erasing_count: int = 1
@@ -133,17 +145,18 @@ class DataConfig:
     mix_switch_prob: float = 0.5
     mix_mode: MixMode = "batch"
     eval_crop_pct: float = 1.0  # eval: resize to img_size / crop_pct, then centre crop img_size
-    # which sides that resize sets: center the shorter one (aspect kept) | squash both (transformers'
-    # ViTImageProcessor and vit_jax feed google's ViTs so); timm's crop_mode
+    # which sides that resize sets: center the shorter one (aspect kept) | squash both
+    # (transformers' ViTImageProcessor and vit_jax feed google's ViTs so); timm's crop_mode
     eval_crop_mode: EvalCropMode = "center"
-    # what the model is fed: (x / 255 - mean) / std per RGB channel. 0.5 and 0.5 are the ViT paper's [-1, 1];
-    # weights trained on other inputs say theirs (timm's pretrained_cfg, a transformers preprocessor, our
-    # own recipe: vitcli.checkpoints.preprocessing), which this recipe's keys override
+    # what the model is fed: (x / 255 - mean) / std per RGB channel. 0.5 and 0.5 are the ViT paper's
+    # [-1, 1]; weights trained on other inputs say theirs (timm's pretrained_cfg, a transformers
+    # preprocessor, our own recipe: vitcli.checkpoints.preprocessing), which this recipe's keys
+    # override
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    # the resize of training crops and eval images: bilinear (training: big_vision's, no antialias; eval:
-    # antialiased, as timm's) | bicubic (antialiased, PIL's and timm's) | nearest. Few-shot features keep
-    # fewshot.resize_method
+    # the resize of training crops and eval images: bilinear (training: big_vision's, no antialias;
+    # eval: antialiased, as timm's) | bicubic (antialiased, PIL's and timm's) | nearest. Few-shot
+    # features keep fewshot.resize_method
     interpolation: Interpolation = "bilinear"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -156,13 +169,15 @@ class OptimConfig:
     name: OptimName = "adamw"
     lr: float = 1e-3  # peak learning rate, reached at the end of warmup
     weight_decay: float = 0.03  # not applied to biases, norms, position embedding, class token
-    # torch: decay each step by lr_t * weight_decay (torch AdamW; flax.optim.Adam, so the paper's Table 3).
-    # big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax add_decayed_weights before
-    # the schedule), so a big_vision config's `wd` ports unchanged: its 1e-4 at lr 1e-3 is torch's 0.1.
+    # torch: decay each step by lr_t * weight_decay (torch AdamW; flax.optim.Adam, so the paper's
+    # Table 3). big_vision: by schedule_t * weight_decay, not scaled by the peak lr (optax
+    # add_decayed_weights before the schedule), so a big_vision config's `wd` ports unchanged: its
+    # 1e-4 at lr 1e-3 is torch's 0.1.
     weight_decay_convention: WeightDecayConvention = "torch"  # torch | big_vision
-    # layer-wise lr decay (BEiT, MAE fine-tuning; timm's param_groups_layer_decay): of a ViT's L + 2 layers
-    # (the embeddings 0, block j at j + 1 and the final norm with the last, the head L + 1), layer i trains at
-    # lr_t * layer_decay^(L + 1 - i), and decays its weights in proportion. In (0, 1]; 1: off
+    # layer-wise lr decay (BEiT, MAE fine-tuning; timm's param_groups_layer_decay): of a ViT's L + 2
+    # layers (the embeddings 0, block j at j + 1 and the final norm with the last, the head L + 1),
+    # layer i trains at lr_t * layer_decay^(L + 1 - i), and decays its weights in proportion. In (0,
+    # 1]; 1: off
     layer_decay: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.999
@@ -186,13 +201,15 @@ class ScheduleConfig:
 
 @dataclass
 class EmaConfig:
-    """Weight EMA (timm's ModelEmaV3): an exponential moving average of the weights, updated after each
-    optimizer step, evaluated beside them (`val_ema/top1`) and kept in every checkpoint."""
+    """Weight EMA (timm's ModelEmaV3): an exponential moving average of the weights, updated after
+    each optimizer step, evaluated beside them (`val_ema/top1`) and kept in every checkpoint."""
 
-    # the average's decay per optimizer step; 0 turns EMA off (timm's train.py: 0.9998; DeiT: 0.99996)
+    # the average's decay per optimizer step; 0 turns EMA off (timm's train.py: 0.9998; DeiT:
+    # 0.99996)
     decay: float = 0.0
     min_decay: float = 0.0  # floor of the warmed-up decay (timm's min_decay)
-    update_after_step: int = 0  # optimizer steps after the first that only copy the weights (timm's)
+    # optimizer steps after the first that only copy the weights (timm's)
+    update_after_step: int = 0
     # the decay warms up as min(decay, 1 - (1 + t / warmup_gamma) ** -warmup_power), t counting the
     # averaging steps, so the early average is not the random initial weights' (timm's use_warmup)
     warmup: bool = False
@@ -206,33 +223,38 @@ class RunConfig:
     """Everything about running that does not change the maths."""
 
     seed: int = 0
-    # auto | fp32 | bf16 (autocast; weights and optimizer stay fp32). auto: bf16 where the device runs it
-    # natively (CUDA with bf16, a CPU with AVX-512 bf16 or AMX), fp32 where bf16 would be emulated
+    # auto | fp32 | bf16 (autocast; weights and optimizer stay fp32). auto: bf16 where the device
+    # runs it natively (CUDA with bf16, a CPU with AVX-512 bf16 or AMX), fp32 where bf16 would be
+    # emulated
     precision: Precision = "auto"
-    # torch.compile the model for training (seconds to minutes of compiling first; exports unchanged).
-    # auto | true | false. auto: on where the device gains (CUDA: ~3x for a small ViT), off on a CPU (0.89x
-    # measured); the run's recipe.yaml holds the choice (runtime.precision.choose_compile)
+    # torch.compile the model for training (seconds to minutes of compiling first; exports
+    # unchanged). auto | true | false. auto: on where the device gains (CUDA: ~3x for a small ViT),
+    # off on a CPU (0.89x measured); the run's recipe.yaml holds the choice
+    # (runtime.precision.choose_compile)
     compile: bool | str = "auto"
     device: Device = "auto"  # auto | cpu | cuda
     log_every: int = 10  # steps between metrics.jsonl train rows
     eval_every: int = 0  # steps between held-out evaluations; 0 = only at the end
     ckpt_every: int = 500  # steps between resumable checkpoints; the last step always saves
-    ckpt_every_minutes: float = 30.0  # also checkpoint when this long has passed since the last one; 0: off
-    keep_checkpoints: int = 2  # resumable checkpoints kept; a damaged latest one falls back to the one before
-    # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt checkpoints). fsdp:
-    # FSDP2 shards them over the processes block by block (state-<step>/ directories, one file per process);
-    # with one process there is nothing to shard over, so it runs unsharded but writes the same directories
+    # also checkpoint when this long has passed since the last one; 0: off
+    ckpt_every_minutes: float = 30.0
+    # resumable checkpoints kept; a damaged latest one falls back to the one before
+    keep_checkpoints: int = 2
+    # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt
+    # checkpoints). fsdp: FSDP2 shards them over the processes block by block (state-<step>/
+    # directories, one file per process); with one process there is nothing to shard over, so it
+    # runs unsharded but writes the same directories
     strategy: Strategy = "ddp"
-    # recompute each transformer block's activations in the backward pass instead of keeping them: about a
-    # third more compute for far less activation memory; the gradients do not change
+    # recompute each transformer block's activations in the backward pass instead of keeping them:
+    # about a third more compute for far less activation memory; the gradients do not change
     activation_checkpointing: bool = False
     # MiB data.micro_batch_size=auto may fill, per process: on CUDA its device memory (the caching
-    # allocator's peak and the CUDA context); on a CPU a trial's peak resident memory (torch, the network and
-    # its steps; not the data side, nor loader workers). 0 = a GPU's total memory; on a CPU, MemAvailable
-    # shared by the node's processes
+    # allocator's peak and the CUDA context); on a CPU a trial's peak resident memory (torch, the
+    # network and its steps; not the data side, nor loader workers). 0 = a GPU's total memory; on a
+    # CPU, MemAvailable shared by the node's processes
     memory_budget_mb: int = 0
-    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without an
-    # account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
+    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without
+    # an account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
 
 
@@ -240,15 +262,18 @@ class RunConfig:
 class InitConfig:
     """Starting weights for fine-tuning (the paper's transfer protocol by default)."""
 
-    checkpoint: str = ""  # vitcli workdir / model.safetensors, timm safetensors, Google .npz, Hub name
+    # vitcli workdir / model.safetensors, timm safetensors, Google .npz, Hub name
+    checkpoint: str = ""
     keep_head: bool = False  # False: drop the pretrained head, attach a zero-initialised D x K head
     keep_representation: bool = False  # the paper drops the pre-logits layer when fine-tuning
     # bilinear (big_vision / vit_jax) | bicubic (timm, antialiased)
     posemb_method: PosembMethod = "bilinear"
-    # HxW: the patch grid the checkpoint's 1-D position table spans, for a file that cannot tell (a table of
-    # 4x5 = 20 positions, trained on 32x40 images at patch 8); "" = the file's own (metadata, or a square)
+    # HxW: the patch grid the checkpoint's 1-D position table spans, for a file that cannot tell (a
+    # table of 4x5 = 20 positions, trained on 32x40 images at patch 8); "" = the file's own
+    # (metadata, or a square)
     grid: str = ""
-    random: bool = False  # eval-fewshot: the checkpoint's network with fresh weights (run.seed), the baseline
+    # eval-fewshot: the checkpoint's network with fresh weights (run.seed), the baseline
+    random: bool = False
 
 
 @dataclass
@@ -274,81 +299,96 @@ class FewshotConfig:
     l2_reg: str = "1024"  # a number, or "auto" for leave-one-out choice on the shot set
     every: int = 0  # steps between few-shot runs inside training; 0 disables
     data_root: str = ""  # one directory per task, read by the data layer, instead of the Hub
-    resize: int = 256  # at 224 px (big_vision: resize to 256, centre crop 224), scaled to img_size; >= 224
-    # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare with its own;
+    # at 224 px (big_vision: resize to 256, centre crop 224), scaled to img_size; >= 224
+    resize: int = 256
+    # big_vision: tf bilinear without antialias, as big_vision's few-shot pp, so numbers compare
+    # with its own;
     resize_method: FewshotResizeMethod = "big_vision"
     cache_dir: str = ""  # feature cache; "" = WORKDIR/features
     custom: CustomTaskConfig = field(default_factory=CustomTaskConfig)
-    # what scores the frozen features, in training and in eval-fewshot, all from one extraction per split:
-    # fewshot (the above), knn (DINO's weighted kNN), linear (a logistic probe on all of train, CLIP's
-    # protocol), ridge (the closed-form least squares on all of train, λ by leave-one-out)
+    # what scores the frozen features, in training and in eval-fewshot, all from one extraction per
+    # split: fewshot (the above), knn (DINO's weighted kNN), linear (a logistic probe on all of
+    # train, CLIP's protocol), ridge (the closed-form least squares on all of train, λ by
+    # leave-one-out)
     protocols: list[str] = field(default_factory=lambda: ["fewshot"])
     knn_k: int = 20  # DINO's headline k
     knn_temperature: float = 0.07  # DINO's T: each neighbour's vote is exp(cosine similarity / T)
-    probe_holdout: float = 0.2  # linear: the fraction of train that chooses λ (VTAB-1k's 200 of 1,000)
+    # linear: the fraction of train that chooses λ (VTAB-1k's 200 of 1,000)
+    probe_holdout: float = 0.2
 
 
 @dataclass
 class MppConfig:
-    """Masked patch prediction (paper App. B.1.2): the self-supervised objective, used with objective: mpp."""
+    """Masked patch prediction (paper App. B.1.2): the self-supervised objective, used with
+    objective: mpp."""
 
     # mean_color (the paper's choice, 512 classes) | color_4x4 | pixels_l2
     target: MppTarget = "mean_color"
     corrupt_ratio: float = 0.5  # fraction of each image's patch embeddings corrupted
     mask_prob: float = 0.8  # of the corrupted: replaced by the learned [mask] embedding
-    random_prob: float = 0.1  # of the corrupted: replaced by another patch's embedding; the rest stay as is
+    # of the corrupted: replaced by another patch's embedding; the rest stay as is
+    random_prob: float = 0.1
 
 
 @dataclass
 class MaeConfig:
     """Masked autoencoders (He et al. 2022; facebookresearch/mae): the self-supervised objective of
-    objective: mae. The defaults are the paper's (models_mae.py's mae_vit_*_dec512d8b, main_pretrain.py)."""
+    objective: mae. The defaults are the paper's (models_mae.py's mae_vit_*_dec512d8b,
+    main_pretrain.py)."""
 
-    mask_ratio: float = 0.75  # fraction of each image's patches removed; the encoder sees int(N (1 - ratio))
+    # fraction of each image's patches removed; the encoder sees int(N (1 - ratio))
+    mask_ratio: float = 0.75
     decoder_embed_dim: int = 512  # the decoder's width; its MLP is 4x that, as in MAE
     decoder_depth: int = 8
     decoder_num_heads: int = 16
-    norm_pix_loss: bool = True  # targets: each patch less its mean, over its std (MAE's pretraining setting)
+    # targets: each patch less its mean, over its std (MAE's pretraining setting)
+    norm_pix_loss: bool = True
 
 
 @dataclass
 class DistillConfig:
-    """Knowledge distillation as DeiT does it (Touvron et al. 2021; facebookresearch/deit losses.py): a frozen
-    teacher's logits on the images the student sees, a second target beside the labels (train/distill.py)."""
+    """Knowledge distillation as DeiT does it (Touvron et al. 2021; facebookresearch/deit
+    losses.py): a frozen teacher's logits on the images the student sees, a second target beside the
+    labels (train/distill.py)."""
 
-    # the teacher's weights: a vitcli workdir / model.safetensors, a timm safetensors, a Google .npz, or a
-    # timm / Hub model name (timm downloads it); "" = no teacher
+    # the teacher's weights: a vitcli workdir / model.safetensors, a timm safetensors, a Google
+    # .npz, or a timm / Hub model name (timm downloads it); "" = no teacher
     teacher: str = ""
-    # the teacher's architecture, any model.name (DeiT's regnety_160), for a file that does not say it (a
-    # foreign network that is not a ViT); "" = read from the checkpoint or the timm name
+    # the teacher's architecture, any model.name (DeiT's regnety_160), for a file that does not say
+    # it (a foreign network that is not a ViT); "" = read from the checkpoint or the timm name
     teacher_model: str = ""
     # none | hard (cross-entropy on the teacher's top class) | soft (KL at temperature)
     type: DistillType = "none"
-    alpha: float = 0.5  # the distillation loss's weight; the labels' loss gets 1 - alpha (DeiT's 0.5)
+    # the distillation loss's weight; the labels' loss gets 1 - alpha (DeiT's 0.5)
+    alpha: float = 0.5
     tau: float = 1.0  # soft: the temperature of both softmaxes (DeiT's 1.0)
 
 
 @dataclass
 class SlurmConfig:
-    """Where `--slurm` sends the run: sbatch's resources, one task per node, each running torchrun with
-    c10d rendezvous on the first node (vitcli.cluster.slurm writes the batch script)."""
+    """Where `--slurm` sends the run: sbatch's resources, one task per node, each running torchrun
+    with c10d rendezvous on the first node (vitcli.cluster.slurm writes the batch script)."""
 
     nodes: int = 1
     gpus_per_node: int = 0  # sbatch --gpus-per-node; 0 asks for none (a CPU partition)
     procs_per_node: int = 0  # torchrun's --nproc-per-node; 0 = gpus_per_node, or 1 without GPUs
-    cpus_per_task: int = 0  # CPUs of each node's task (all of its processes); 0 = the partition's default
-    mem: str = ""  # memory per node, as sbatch's --mem says it (500G; 0 = all of it); "" = the default
+    # CPUs of each node's task (all of its processes); 0 = the partition's default
+    cpus_per_task: int = 0
+    # memory per node, as sbatch's --mem says it (500G; 0 = all of it); "" = the default
+    mem: str = ""
     partition: str = ""
     account: str = ""
-    time: str = ""  # the time limit, as sbatch's --time says it (minutes, H:MM:SS, D-HH:MM); "" = the default
+    # the time limit, as sbatch's --time says it (minutes, H:MM:SS, D-HH:MM); "" = the default
+    time: str = ""
     qos: str = ""
     constraint: str = ""
     extra: list[str] = field(default_factory=list)  # more #SBATCH lines, e.g. "--exclusive"
-    # seconds before the time limit that SLURM sends SIGUSR2: each rank checkpoints at its next step, and
-    # the job requeues itself (submitit's 90 s). Leave a step, a checkpoint write and the exit inside it.
+    # seconds before the time limit that SLURM sends SIGUSR2: each rank checkpoints at its next
+    # step, and the job requeues itself (submitit's 90 s). Leave a step, a checkpoint write and the
+    # exit inside it.
     signal_seconds: int = 90
-    # requeues after a time limit, at most (a preemption always requeues); a stop that made no progress
-    # since the last start is never requeued
+    # requeues after a time limit, at most (a preemption always requeues); a stop that made no
+    # progress since the last start is never requeued
     max_requeues: int = 20
     port: int = 29500  # the c10d rendezvous port on the first node
     array_parallel: int = 0  # a sweep's job array: at most this many points at once; 0 = no limit
@@ -360,7 +400,8 @@ class Recipe:
 
     # pretrain | finetune | eval-fewshot: set by the command, checked against the file
     stage: Stage = "pretrain"
-    # supervised (labels) | mpp (masked patch prediction) | mae (masked autoencoder); the last two pretrain
+    # supervised (labels) | mpp (masked patch prediction) | mae (masked autoencoder); the last two
+    # pretrain
     objective: Objective = "supervised"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -377,11 +418,11 @@ class Recipe:
 
 
 def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:
-    """(micro-batch, accumulation): each process's forward/backward batch (data.micro_batch_size, or 0 for
-    data.batch_size / world_size) and how many of them it sums per optimizer step, batch_size / (micro x
-    world_size). Accumulation is 0 when the micro-batch is not positive (recipe.checks refuses that, and a
-    micro-batch x world size that does not divide data.batch_size). A micro-batch of `auto` must have been
-    resolved first (run.micro_batch.resolved)."""
+    """(micro-batch, accumulation): each process's forward/backward batch (data.micro_batch_size, or
+    0 for data.batch_size / world_size) and how many of them it sums per optimizer step, batch_size
+    / (micro x world_size). Accumulation is 0 when the micro-batch is not positive (recipe.checks
+    refuses that, and a micro-batch x world size that does not divide data.batch_size). A
+    micro-batch of `auto` must have been resolved first (run.micro_batch.resolved)."""
     d = recipe.data
     if d.micro_batch_size == "auto":  # read as 0 it would silently train without accumulation
         raise ValueError("data.micro_batch_size auto: pass the recipe run.micro_batch.resolved returns")

@@ -41,20 +41,24 @@ from vitcli.train import cost
 from vitcli.train.cost import Window
 from vitcli.train.loop import Job, train
 
-EVAL_BATCHES = 8  # a held-out split of more eval batches (per process) is timed on this many, then scaled
-TIMED_S = 10.0  # seconds of steady steps timed at least: where the short run's took less, more steps follow
+# a held-out split of more eval batches (per process) is timed on this many, then scaled
+EVAL_BATCHES = 8
+# seconds of steady steps timed at least: where the short run's took less, more steps follow
+TIMED_S = 10.0
 
 
 class Timed:
-    """One of the run's evaluators, timed (`seconds`, every call: with an EMA the loop runs it twice, on
-    either weights, per evaluation); `scale` is its split's rows over those it is timed on."""
+    """One of the run's evaluators, timed (`seconds`, every call: with an EMA the loop runs it
+    twice, on either weights, per evaluation); `scale` is its split's rows over those it is timed
+    on."""
 
     def __init__(self, name: str, evaluator, every: int, scale: float = 1.0):
         self.name, self.evaluator, self.every, self.scale = name, evaluator, every, scale
         self.seconds = 0.0
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]:
-        """The evaluator's metrics, all computed before returning, so the time is the whole evaluation's."""
+        """The evaluator's metrics, all computed before returning, so the time is the whole
+        evaluation's."""
         t0 = time.perf_counter()
         found = list(self.evaluator.run(model))
         self.seconds += time.perf_counter() - t0
@@ -62,7 +66,8 @@ class Timed:
 
 
 def timed(ev, every: int, dist: Dist) -> Timed:
-    """`ev` timed; a held-out split larger than EVAL_BATCHES eval batches per process cut to that many."""
+    """`ev` timed; a held-out split larger than EVAL_BATCHES eval batches per process cut to that
+    many."""
     if not isinstance(ev, SplitEvaluator):
         return Timed("fewshot", ev, every)
     rows, sample = len(ev.ds), EVAL_BATCHES * ev.cfg.eval_batch_size * dist.world_size
@@ -74,9 +79,9 @@ def timed(ev, every: int, dist: Dist) -> Timed:
 
 @dataclass
 class Split:
-    """The run's train split as the preflight sees it: its rows (0 when streamed), the bytes its images take
-    on disk as image_cache.cache_for counted them, and the step from which a short run's data are warm (0:
-    no decoded-image cache, every step decodes)."""
+    """The run's train split as the preflight sees it: its rows (0 when streamed), the bytes its
+    images take on disk as image_cache.cache_for counted them, and the step from which a short run's
+    data are warm (0: no decoded-image cache, every step decodes)."""
 
     rows: int
     on_disk: int
@@ -85,8 +90,8 @@ class Split:
 
 @dataclass
 class Measured:
-    """What the short run found: numbers only, so that its job (model, data, loader workers, evaluators) is
-    let go before another is built, as a run holds one."""
+    """What the short run found: numbers only, so that its job (model, data, loader workers,
+    evaluators) is let go before another is built, as a run holds one."""
 
     recipe: Recipe  # the run's
     every: int  # the short run's logging window, in steps
@@ -94,20 +99,24 @@ class Measured:
     total_steps: int  # the run's schedule
     split: Split
     results: dict  # what train.loop.train returned, with utilisation's MFU
-    evaluations: list[tuple[str, int, float, float]]  # (name, due every, seconds, scale) of each evaluator
+    # (name, due every, seconds, scale) of each evaluator
+    evaluations: list[tuple[str, int, float, float]]
     metrics: list[dict]  # its metrics.jsonl
     state_bytes: int  # the one checkpoint it wrote
-    checked_bytes: int  # what the run's own check of the free space asks for (run.build.checkpoint_bytes)
+    # what the run's own check of the free space asks for (run.build.checkpoint_bytes)
+    checked_bytes: int
     model_bytes: int
-    device_mb: list  # CUDA's peak allocated and reserved MiB, the most of any process ([None, None]: a CPU)
+    # CUDA's peak allocated and reserved MiB, the most of any process ([None, None]: a CPU)
+    device_mb: list
     age: float  # this process's seconds when all the run would do was done
-    more: list[Window] = field(default_factory=list)  # steady windows of the second short run, if any
+    # steady windows of the second short run, if any
+    more: list[Window] = field(default_factory=list)
 
 
 def probe(r: Recipe, every: int, run: int) -> Recipe:
-    """The recipe of a short run of `run` steps: logging windows of `every` steps that tell warm-up from
-    steady steps, no checkpoint but the last step's (its time is known), no tracker (a W&B run would be made
-    for it)."""
+    """The recipe of a short run of `run` steps: logging windows of `every` steps that tell warm-up
+    from steady steps, no checkpoint but the last step's (its time is known), no tracker (a W&B run
+    would be made for it)."""
     return dataclasses.replace(r, run=dataclasses.replace(
         r.run, log_every=every, ckpt_every=run, ckpt_every_minutes=0.0, loggers=["jsonl"]))
 
@@ -121,8 +130,8 @@ def measure(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
 
 
 def short_run(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
-    """Build the run as `vit pretrain` does in `tmp`, train it for the planned steps with every evaluator
-    once at the end, and collect what it cost."""
+    """Build the run as `vit pretrain` does in `tmp`, train it for the planned steps with every
+    evaluator once at the end, and collect what it cost."""
     every, run = cost.plan(steps)
     torch.manual_seed(r.run.seed)
     job = build_job(probe(r, every, run), tmp, dist)
@@ -143,10 +152,11 @@ def short_run(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:
 
 
 def sampled(job: Job, r: Recipe, every: int, cold_windows: int, dist: Dist) -> tuple[Job, Split]:
-    """The job on a sample of its train split where the run keeps its images decoded (image_cache.cache_for
-    decides, on the whole split): the run's first epoch decodes every image and the rest read the cache, so
-    the short run's first epoch is cut to its warm-up window and `cold_windows` more (cost.cold_rows, rows
-    spread over the split), and the later windows time the cache. Without a cache the job is unchanged."""
+    """The job on a sample of its train split where the run keeps its images decoded
+    (image_cache.cache_for decides, on the whole split): the run's first epoch decodes every image
+    and the rest read the cache, so the short run's first epoch is cut to its warm-up window and
+    `cold_windows` more (cost.cold_rows, rows spread over the split), and the later windows time the
+    cache. Without a cache the job is unchanged."""
     cfg = r.data
     if cfg.streaming:
         return job, Split(0, 0, 0)
@@ -166,10 +176,10 @@ def sampled(job: Job, r: Recipe, every: int, cold_windows: int, dist: Dist) -> t
 
 
 def more_steps(m: Measured, tmp: Path, dist: Dist) -> list[Window]:
-    """Where the short run's steady steps took less than TIMED_S (fast steps; and a busy machine's bursts
-    average out only over longer), the steady windows of a second short run long enough to make up the
-    difference: the same job built again in `tmp`, its first epoch (a cached split's sample) its warm-up
-    window, no evaluator."""
+    """Where the short run's steady steps took less than TIMED_S (fast steps; and a busy machine's
+    bursts average out only over longer), the steady windows of a second short run long enough to
+    make up the difference: the same job built again in `tmp`, its first epoch (a cached split's
+    sample) its warm-up window, no evaluator."""
     r, batch = m.recipe, m.recipe.data.batch_size
     cold, warm = cost.timed_windows(cost.windows(m.metrics, batch), m.every, m.split.warm)
     step_s, timed = cost.rate(warm or cold)[0], sum(w[0] for w in warm)
@@ -186,8 +196,8 @@ def more_steps(m: Measured, tmp: Path, dist: Dist) -> list[Window]:
 
 
 def device_peaks(dist: Dist) -> list:
-    """CUDA's peak MiB allocated by tensors and reserved by its caching allocator, the most of any process;
-    [None, None] on a CPU."""
+    """CUDA's peak MiB allocated by tensors and reserved by its caching allocator, the most of any
+    process; [None, None] on a CPU."""
     if dist.device.type != "cuda":
         return [None, None]
     return all_reduce_max([torch.cuda.max_memory_allocated(dist.device) / 2**20,
@@ -202,8 +212,8 @@ def _bytes(path: Path) -> int:
 
 
 def process_age() -> float:
-    """Seconds since this process started (Linux: /proc), so start-up counts its imports; elsewhere since
-    this module was imported."""
+    """Seconds since this process started (Linux: /proc), so start-up counts its imports; elsewhere
+    since this module was imported."""
     try:
         ticks = int(Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

@@ -1,26 +1,29 @@
-"""data.micro_batch_size: auto, the largest micro-batch that fits in memory, found by trying before training.
+"""data.micro_batch_size: auto, the largest micro-batch that fits in memory, found by trying before
+training.
 
-The candidates are the divisors of the batch per process (data.batch_size / world size; the even ones only
-when Mixup or CutMix pair the images), so the global batch is kept by accumulation and the run trains
-exactly as it would with the chosen micro-batch set by hand: `resolved` puts that number in the recipe
-before recipe.yaml and the first checkpoint are written, and a resumed run takes its checkpoint's without
-trying again.
+The candidates are the divisors of the batch per process (data.batch_size / world size; the even
+ones only when Mixup or CutMix pair the images), so the global batch is kept by accumulation and the
+run trains exactly as it would with the chosen micro-batch set by hand: `resolved` puts that number
+in the recipe before recipe.yaml and the first checkpoint are written, and a resumed run takes its
+checkpoint's without trying again.
 
 Each candidate tried is a trial (run/trial.py): the run's steps at that micro-batch in a fresh child
 process, which reports its peak memory. It fits when it finishes and its peak is within the budget
-(run.memory_budget_mb; 0: a GPU's total memory, on a CPU the host's MemAvailable over the node's processes).
-Being a process of its own, a trial that runs out of memory leaves nothing behind in the training process:
-no fragmented caching allocator, no half-traced compiled graph, no heap grown to the trial's high-water
-mark. On a CPU this parent kills a trial whose resident memory passes the budget, so no trial can push the
-host into swap or its OOM killer; on CUDA the trial caps its own caching allocator.
+(run.memory_budget_mb; 0: a GPU's total memory, on a CPU the host's MemAvailable over the node's
+processes). Being a process of its own, a trial that runs out of memory leaves nothing behind in the
+training process: no fragmented caching allocator, no half-traced compiled graph, no heap grown to
+the trial's high-water mark. On a CPU this parent kills a trial whose resident memory passes the
+budget, so no trial can push the host into swap or its OOM killer; on CUDA the trial caps its own
+caching allocator.
 
-Memory grows with the micro-batch, so the search is a bisection over the candidates: ceil(log2(n + 1))
-trials for n candidates (4 for the 13 divisors of 4096), the candidate above the choice among them.
+Memory grows with the micro-batch, so the search is a bisection over the candidates: ceil(log2(n +
+1)) trials for n candidates (4 for the 13 divisors of 4096), the candidate above the choice among
+them.
 
-Under torchrun every node's local rank 0 searches on its own device (nodes may differ) while the other
-ranks wait, and all take the smallest of the nodes' choices. Under run.strategy=fsdp a trial holds the
-whole model, as one process does: its choice fits, but may be smaller than the largest that would with the
-model sharded.
+Under torchrun every node's local rank 0 searches on its own device (nodes may differ) while the
+other ranks wait, and all take the smallest of the nodes' choices. Under run.strategy=fsdp a trial
+holds the whole model, as one process does: its choice fits, but may be smaller than the largest
+that would with the model sharded.
 """
 
 from __future__ import annotations
@@ -62,8 +65,8 @@ RAISED = {e.__name__: e for e in (RecipeError, ModelError, DataError, Checkpoint
 
 @dataclass(frozen=True)
 class Trial:
-    """What the trial at micro-batch `micro` found: whether it fits, what it saw ("peak 812 MiB", "out of
-    memory"), and its peak in MiB if it finished."""
+    """What the trial at micro-batch `micro` found: whether it fits, what it saw ("peak 812 MiB",
+    "out of memory"), and its peak in MiB if it finished."""
 
     micro: int
     fits: bool
@@ -80,16 +83,18 @@ class Budget:
 
 
 def candidates(share: int, even: bool = False) -> list[int]:
-    """The micro-batches that keep the global batch: the divisors of the batch per process, ascending; the
-    even ones only (`even`) when Mixup or CutMix pair each image with its mirror in the micro-batch."""
+    """The micro-batches that keep the global batch: the divisors of the batch per process,
+    ascending; the even ones only (`even`) when Mixup or CutMix pair each image with its mirror in
+    the micro-batch."""
     return [m for m in range(1, share + 1) if share % m == 0 and not (even and m % 2)]
 
 
 def largest_fitting(options: list[int], fits: Callable[[int], bool]) -> int | None:
-    """The largest of `options` (ascending) that `fits`, where fits holds up to some option and fails above
-    it (memory grows with the micro-batch): a bisection, ceil(log2(n + 1)) calls for n options, which tries
-    the neighbour above the answer too. None when even the smallest fails."""
-    lo, hi = -1, len(options)  # options[lo] fits (-1: none known to), options[hi] does not (n: none known)
+    """The largest of `options` (ascending) that `fits`, where fits holds up to some option and
+    fails above it (memory grows with the micro-batch): a bisection, ceil(log2(n + 1)) calls for n
+    options, which tries the neighbour above the answer too. None when even the smallest fails."""
+    # options[lo] fits (-1: none known to), options[hi] does not (n: none known)
+    lo, hi = -1, len(options)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(options[mid]):
@@ -101,8 +106,8 @@ def largest_fitting(options: list[int], fits: Callable[[int], bool]) -> int | No
 
 def resolved(r: Recipe, dist: Dist, start: Checkpoint | None) -> Recipe:
     """The recipe with data.micro_batch_size's auto replaced by a number, said on the console: the
-    checkpoint's when the run resumes one (`start`), else the largest candidate that fits, the same on every
-    process. Any other value comes back as it is."""
+    checkpoint's when the run resumes one (`start`), else the largest candidate that fits, the same
+    on every process. Any other value comes back as it is."""
     if r.data.micro_batch_size != "auto":
         return r
     if start is not None:
@@ -116,9 +121,11 @@ def resolved(r: Recipe, dist: Dist, start: Checkpoint | None) -> Recipe:
 
 
 def _agreed(r: Recipe, dist: Dist) -> tuple[int, str]:
-    """(micro-batch, why): each node's local rank 0 searches its device, every rank takes the smallest."""
+    """(micro-batch, why): each node's local rank 0 searches its device, every rank takes the
+    smallest."""
     mine = search(r, dist.device, dist.world_size) if dist.local_rank == 0 else None
-    barrier(dist)  # a search takes minutes: waited out under the barrier's long timeout, not a collective's
+    # a search takes minutes: waited out under the barrier's long timeout, not a collective's
+    barrier(dist)
     found = sorted(choice for choice in all_gather(mine, dist) if choice is not None)
     micro, why = found[0]
     if len({m for m, _ in found}) > 1:
@@ -127,8 +134,8 @@ def _agreed(r: Recipe, dist: Dist) -> tuple[int, str]:
 
 
 def search(r: Recipe, device: torch.device, world_size: int = 1) -> tuple[int, str]:
-    """(the largest candidate micro-batch that fits on `device`, why): the chosen one's peak against the
-    budget and the next candidate's outcome. A RecipeError when not even the smallest fits."""
+    """(the largest candidate micro-batch that fits on `device`, why): the chosen one's peak against
+    the budget and the next candidate's outcome. A RecipeError when not even the smallest fits."""
     share = r.data.batch_size // world_size
     limit, width, tried = budget(r, device), head_width(r), {}
 
@@ -152,8 +159,8 @@ def search(r: Recipe, device: torch.device, world_size: int = 1) -> tuple[int, s
 
 
 def budget(r: Recipe, device: torch.device) -> Budget:
-    """run.memory_budget_mb, or 0's: a GPU's total memory; on a CPU, the memory available on the host
-    (MemAvailable) shared by the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
+    """run.memory_budget_mb, or 0's: a GPU's total memory; on a CPU, the memory available on the
+    host (MemAvailable) shared by the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
     if r.run.memory_budget_mb:
         return Budget(r.run.memory_budget_mb, "run.memory_budget_mb")
     if device.type == "cuda":
@@ -182,9 +189,10 @@ def train_split(r: Recipe):
 
 
 def trial(r: Recipe, micro: int, accum: int, device: torch.device, budget_mb: float, width: int) -> Trial:
-    """A trial of micro-batch `micro` (`accum` of them per step in the run) in a child process on `device`
-    (run/trial.py), for a classifier `width` wide. An error of the recipe's (a teacher that does not load)
-    is raised as the run would raise it; a trial that fails otherwise, not for memory, is a TrainingError."""
+    """A trial of micro-batch `micro` (`accum` of them per step in the run) in a child process on
+    `device` (run/trial.py), for a classifier `width` wide. An error of the recipe's (a teacher that
+    does not load) is raised as the run would raise it; a trial that fails otherwise, not for
+    memory, is a TrainingError."""
     spec = {"recipe": to_dict(r), "micro": micro, "micro_batches": min(accum, MICRO_BATCHES),
             "device": str(device), "budget_mb": budget_mb, "width": width, "others_mb": _used_mb(device)}
     with tempfile.TemporaryDirectory(prefix="vit-micro-batch-") as tmp:
@@ -199,8 +207,8 @@ def trial(r: Recipe, micro: int, accum: int, device: torch.device, budget_mb: fl
 
 
 def _used_mb(device: torch.device) -> float:
-    """MiB of the GPU already taken (this process's context, other processes'), so that a trial can tell
-    its own context from them; 0 on a CPU."""
+    """MiB of the GPU already taken (this process's context, other processes'), so that a trial can
+    tell its own context from them; 0 on a CPU."""
     if device.type != "cuda":
         return 0.0
     free, total = torch.cuda.mem_get_info(device)
@@ -208,8 +216,8 @@ def _used_mb(device: torch.device) -> float:
 
 
 def _child_env() -> dict[str, str]:
-    """This environment less torchrun's variables, with this vitcli first on the path: the child imports the
-    code its parent runs."""
+    """This environment less torchrun's variables, with this vitcli first on the path: the child
+    imports the code its parent runs."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
@@ -217,9 +225,10 @@ def _child_env() -> dict[str, str]:
 
 
 def _watch(proc: subprocess.Popen, cap_mb: float | None, result: Path) -> float | None:
-    """Wait for a trial; with a `cap_mb` (a CPU's budget) kill it once its resident memory passes the cap
-    before it has written its `result`. The resident MiB it was stopped at, or None when it ended by itself.
-    However this returns (Ctrl-C, a scheduler's SIGTERM), the child does not outlive it."""
+    """Wait for a trial; with a `cap_mb` (a CPU's budget) kill it once its resident memory passes
+    the cap before it has written its `result`. The resident MiB it was stopped at, or None when it
+    ended by itself. However this returns (Ctrl-C, a scheduler's SIGTERM), the child does not
+    outlive it."""
     deadline = time.monotonic() + TRIAL_TIMEOUT_S
     try:
         while proc.poll() is None:

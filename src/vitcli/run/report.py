@@ -31,6 +31,6 @@ def _cell(v) -> str | Text:
 
 
 def number(v: float) -> str:
-    """4 decimals, but small and large values (a final learning rate of 3e-6, a peak of 9.89e+14 FLOP/s) in
-    3 significant digits, not `0.0000`."""
+    """4 decimals, but small and large values (a final learning rate of 3e-6, a peak of 9.89e+14
+    FLOP/s) in 3 significant digits, not `0.0000`."""
     return f"{v:.3g}" if v and not 1e-3 <= abs(v) < 1e6 else f"{v:.4f}"

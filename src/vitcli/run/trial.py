@@ -1,17 +1,18 @@
-"""One trial of a micro-batch for data.micro_batch_size: auto (run/micro_batch.py searches with them): the
-run's own steps at that micro-batch, in a process of its own, and the peak memory they reached.
+"""One trial of a micro-batch for data.micro_batch_size: auto (run/micro_batch.py searches with
+them): the run's own steps at that micro-batch, in a process of its own, and the peak memory they
+reached.
 
 `python -m vitcli.run.trial FOLDER/spec.json` builds the run's network and objective as the run does
 (run.network: the recipe's objective, with its teacher if any; the weight EMA; the precision,
 activation checkpointing and torch.compile of parallelize.apply) and takes two optimizer steps
-of two micro-batches each (one when the micro-batch is the whole batch) on random inputs of the run's shape:
-the peak of weights, gradients, optimizer slots and one micro-batch's activations is reached within them
-(bench/memory.py says why). It writes FOLDER/result.json: its peak in MiB, on CUDA the caching allocator's
-max_memory_reserved plus its CUDA context (the allocator capped at the budget less the context), on a CPU
-its peak resident memory (VmHWM: torch, the network and its steps; the run's own process holds its data
-reading on top, and its loader workers apart); or that it ran out of memory; or the VitcliError the run
-would have met. This module imports no more than the steps and the objectives need: a trial starts
-in seconds.
+of two micro-batches each (one when the micro-batch is the whole batch) on random inputs of the
+run's shape: the peak of weights, gradients, optimizer slots and one micro-batch's activations is
+reached within them (bench/memory.py says why). It writes FOLDER/result.json: its peak in MiB, on
+CUDA the caching allocator's max_memory_reserved plus its CUDA context (the allocator capped at the
+budget less the context), on a CPU its peak resident memory (VmHWM: torch, the network and its
+steps; the run's own process holds its data reading on top, and its loader workers apart); or that
+it ran out of memory; or the VitcliError the run would have met. This module imports no more than
+the steps and the objectives need: a trial starts in seconds.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ from vitcli.train.loop import Draws
 from vitcli.train.optim import build_optimizer
 
 STEPS, MICRO_BATCHES = 2, 2  # the second step's second micro-batch meets every slot and gradient
-SPEC, RESULT, ERRORS = "spec.json", "result.json", "stderr.txt"  # a trial's files, in a folder of its own
+# a trial's files, in a folder of its own
+SPEC, RESULT, ERRORS = "spec.json", "result.json", "stderr.txt"
 
 
 def run(spec_path: Path) -> None:
-    """A trial's process: the steps `spec_path` asks for ({recipe, micro, micro_batches, device, width,
-    budget_mb, others_mb}), then beside it RESULT: {"peak_mb"}, {"failed": "out of memory"}, or a
-    VitcliError's {"error", "kind"}."""
+    """A trial's process: the steps `spec_path` asks for ({recipe, micro, micro_batches, device,
+    width, budget_mb, others_mb}), then beside it RESULT: {"peak_mb"}, {"failed": "out of memory"},
+    or a VitcliError's {"error", "kind"}."""
     keep_freed_memory()  # as `vit` itself does (cli.entry): the heap grows as the run's will
     spec = json.loads(spec_path.read_text())
     r = Recipe(stage=spec["recipe"]["stage"])
@@ -62,8 +64,8 @@ def run(spec_path: Path) -> None:
 
 
 def _out_of_memory(e: BaseException | None) -> bool:
-    """Whether `e`, or an error it was raised from, is running out of memory: torch.compile reports one met
-    while it compiles or tunes as its own error, raised from the OutOfMemoryError."""
+    """Whether `e`, or an error it was raised from, is running out of memory: torch.compile reports
+    one met while it compiles or tunes as its own error, raised from the OutOfMemoryError."""
     while e is not None:
         if isinstance(e, torch.OutOfMemoryError | MemoryError) or "out of memory" in str(e):
             return True
@@ -73,9 +75,10 @@ def _out_of_memory(e: BaseException | None) -> bool:
 
 def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device, width: int,
                 budget_mb: float = float("inf"), others_mb: float = 0.0) -> float:
-    """STEPS optimizer steps of `micro_batches` micro-batches of `micro` random images each, as the run
-    takes them (network, objective, precision, parallelize.apply, optimizer, EMA); the peak MiB of this
-    process on `device` (see the module's docstring). Run it in a process of its own: it is `run`'s."""
+    """STEPS optimizer steps of `micro_batches` micro-batches of `micro` random images each, as the
+    run takes them (network, objective, precision, parallelize.apply, optimizer, EMA); the peak MiB
+    of this process on `device` (see the module's docstring). Run it in a process of its own: it is
+    `run`'s."""
     context = _context_mb(device, budget_mb, others_mb)
     torch.manual_seed(r.run.seed)
     model, objective = network(r, width, device)
@@ -104,9 +107,9 @@ def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device,
 
 
 def _context_mb(device: torch.device, budget_mb: float, others_mb: float) -> float:
-    """On CUDA, the MiB of this process's CUDA context (the device's used memory before any tensor, less the
-    `others_mb` other processes held as the trial began), with the caching allocator capped at the budget
-    less it; 0 on a CPU."""
+    """On CUDA, the MiB of this process's CUDA context (the device's used memory before any tensor,
+    less the `others_mb` other processes held as the trial began), with the caching allocator capped
+    at the budget less it; 0 on a CPU."""
     if device.type != "cuda":
         return 0.0
     torch.cuda.set_device(device)
@@ -121,6 +124,6 @@ def _context_mb(device: torch.device, budget_mb: float, others_mb: float) -> flo
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
-    # no interpreter teardown: it takes seconds, and grows a CPU trial's resident memory by ~100 MiB once its
-    # result is written (the parent polices the budget only until then)
+    # no interpreter teardown: it takes seconds, and grows a CPU trial's resident memory by ~100 MiB
+    # once its result is written (the parent polices the budget only until then)
     os._exit(0)

@@ -77,7 +77,8 @@ def setup(device_pref: str = "auto") -> Dist:
     if world > 1 and not torch_dist.is_initialized():
         torch_dist.init_process_group(**group_args(device))
     control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
-    console.quiet = stdout.quiet = rank != 0  # rank 0 talks: every log line and table, in one switch
+    # rank 0 talks: every log line and table, in one switch
+    console.quiet = stdout.quiet = rank != 0
     here = Dist(rank, world, local_rank, device, control)
     if world > 1:
         _joined = here
@@ -89,11 +90,12 @@ def setup(device_pref: str = "auto") -> Dist:
 
 
 def oversubscription(threads: int, processes: int, cores: int) -> str | None:
-    """The warning for `processes` on this machine, each computing with `threads` threads, on `cores`
-    cores; None while they fit. Threads beyond the cores wait for each other at every parallel op:
-    measured 2026-11-25 on 2 cores (with other work running), two processes of the quickstart model
-    trained at 80-490 img/s each with 2 threads and 550-1290 with 1, 2.5-7x slower; one process of 2
-    threads beside the same work was not slower than of 1, so other jobs are not counted here."""
+    """The warning for `processes` on this machine, each computing with `threads` threads, on
+    `cores` cores; None while they fit. Threads beyond the cores wait for each other at every
+    parallel op: measured 2026-11-25 on 2 cores (with other work running), two processes of the
+    quickstart model trained at 80-490 img/s each with 2 threads and 550-1290 with 1, 2.5-7x slower;
+    one process of 2 threads beside the same work was not slower than of 1, so other jobs are not
+    counted here."""
     if threads * processes <= cores:
         return None
     fits = max(1, cores // processes)
@@ -103,10 +105,11 @@ def oversubscription(threads: int, processes: int, cores: int) -> str | None:
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`t` on `device` without stalling the host: a CPU tensor bound for CUDA is copied asynchronously from
-    page-locked memory (pinned here unless the DataLoader pinned it). A copy from pageable memory is not
-    asynchronous: CUDA waits for everything queued on the stream first, so a 16-byte tensor of flips would
-    stall the loop until the last backward finished, and that wait is counted as waiting for data."""
+    """`t` on `device` without stalling the host: a CPU tensor bound for CUDA is copied
+    asynchronously from page-locked memory (pinned here unless the DataLoader pinned it). A copy
+    from pageable memory is not asynchronous: CUDA waits for everything queued on the stream first,
+    so a 16-byte tensor of flips would stall the loop until the last backward finished, and that
+    wait is counted as waiting for data."""
     if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
@@ -147,10 +150,10 @@ def leave(failed: bool = False) -> None:
             barrier(joined)
             torch_dist.destroy_process_group()
         except RuntimeError:
-            # This rank's outcome is decided (a rank that failed reports its own): a peer that left the
-            # barrier first and closed its sockets can reset this one's last read ("Connection reset by
-            # peer", once in six full test runs here, a SIGINT to torchrun's two ranks), which must not turn
-            # an agreed stop or a success into an error
+            # This rank's outcome is decided (a rank that failed reports its own): a peer that left
+            # the barrier first and closed its sockets can reset this one's last read ("Connection
+            # reset by peer", once in six full test runs here, a SIGINT to torchrun's two ranks),
+            # which must not turn an agreed stop or a success into an error
             with contextlib.suppress(Exception):
                 torch_dist.destroy_process_group()
         return
@@ -162,10 +165,10 @@ def leave(failed: bool = False) -> None:
 
 
 def enable_tf32() -> None:
-    """fp32 matmuls on CUDA's tensor cores as TF32 (10-bit mantissa products, fp32 accumulation): up to 8x an
-    A100's or H100's fp32 rate, and the precision ViT training is routinely run at. torch's default for
-    matmuls is full fp32 ("highest"); cuDNN convolutions (the patch embedding) already default to TF32.
-    Called for a CUDA device only: a CPU run keeps full fp32."""
+    """fp32 matmuls on CUDA's tensor cores as TF32 (10-bit mantissa products, fp32 accumulation): up
+    to 8x an A100's or H100's fp32 rate, and the precision ViT training is routinely run at. torch's
+    default for matmuls is full fp32 ("highest"); cuDNN convolutions (the patch embedding) already
+    default to TF32. Called for a CUDA device only: a CPU run keeps full fp32."""
     torch.set_float32_matmul_precision("high")
 
 
@@ -175,7 +178,8 @@ def all_reduce_sum(values: list[float], dist: Dist) -> list[float]:
 
 
 def all_reduce_max(values: list[float], dist: Dist) -> list[float]:
-    """Element-wise maximum across processes (a flag any rank raised), on the CPU: no device sync."""
+    """Element-wise maximum across processes (a flag any rank raised), on the CPU: no device
+    sync."""
     return _all_reduce(values, dist, torch_dist.ReduceOp.MAX, control=True)
 
 

@@ -1,10 +1,11 @@
 """Our own files, written so that no reader ever sees half of one.
 
-Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so neither a
-killed run nor a power cut leaves a half-written file where a later stage would read it. A checksum can sit
-beside a file (`<name>.sha256`, `sha256sum` format; checkpoints.state writes one for each training state). A
-directory (a sharded checkpoint) is written the same way by `atomic_dir`: filled under a temporary name,
-sealed with a SHA256SUMS manifest of every file in it, fsync'd and renamed into place in one step.
+Every write goes to a temporary name in the same directory, is fsync'd and renamed into place, so
+neither a killed run nor a power cut leaves a half-written file where a later stage would read it. A
+checksum can sit beside a file (`<name>.sha256`, `sha256sum` format; checkpoints.state writes one
+for each training state). A directory (a sharded checkpoint) is written the same way by
+`atomic_dir`: filled under a temporary name, sealed with a SHA256SUMS manifest of every file in it,
+fsync'd and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 from vitcli.errors import CheckpointError
 
 CHECKSUM_SUFFIX = ".sha256"
-MANIFEST = "SHA256SUMS"  # in a checkpoint directory; `sha256sum -c SHA256SUMS` inside it checks it by hand
+# in a checkpoint directory; `sha256sum -c SHA256SUMS` inside it checks it by hand
+MANIFEST = "SHA256SUMS"
 # atomic_path's temporaries: `.<name>.` + mkstemp's 8 random characters + `.tmp`, and nothing else
 _TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
 
@@ -36,7 +38,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
-        _fsync(tmp)  # before the rename: after a power cut the name must not point at blocks never written
+        # before the rename: after a power cut the name must not point at blocks never written
+        _fsync(tmp)
         os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp's 0600 would hide outputs from the group
         os.replace(tmp, path)
         _fsync(path.parent)  # the rename itself is a change to the directory
@@ -47,9 +50,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory beside `path` (named as atomic_path's temporaries); if the block succeeds,
-    seal it with a MANIFEST of its files' sha256, make it durable and rename it onto `path` (which must not
-    exist: a directory cannot replace a non-empty one)."""
+    """Yield a temporary directory beside `path` (named as atomic_path's temporaries); if the block
+    succeeds, seal it with a MANIFEST of its files' sha256, make it durable and rename it onto
+    `path` (which must not exist: a directory cannot replace a non-empty one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -72,8 +75,8 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 
 def remove_dir(path: str | Path) -> None:
-    """Delete a directory we wrote. It is first renamed to a temporary name, so that a kill midway leaves a
-    stale temporary, never a half-deleted directory under its real name."""
+    """Delete a directory we wrote. It is first renamed to a temporary name, so that a kill midway
+    leaves a stale temporary, never a half-deleted directory under its real name."""
     path = Path(path)
     aside = tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.replace(path, aside)  # onto the empty directory mkdtemp reserved
@@ -90,7 +93,8 @@ def _fsync(path: str | Path) -> None:
 
 
 def current_umask() -> int:
-    """The process umask, read without changing it where Linux reports it (other threads may create files)."""
+    """The process umask, read without changing it where Linux reports it (other threads may create
+    files)."""
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
@@ -120,13 +124,15 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def checksum_path(path: str | Path) -> Path:
-    """Where the sha256 of `path` is kept: `<name>.sha256` beside it, checkable with `sha256sum -c`."""
+    """Where the sha256 of `path` is kept: `<name>.sha256` beside it, checkable with `sha256sum
+    -c`."""
     path = Path(path)
     return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
 def sha256_of(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks (a ViT-B state with Adam is about 1 GB)."""
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (a ViT-B state with Adam is about 1
+    GB)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -144,8 +150,9 @@ def write_manifest(directory: str | Path) -> None:
 
 
 def verify_manifest(directory: str | Path) -> list[str]:
-    """The files MANIFEST lists in `directory`, once each has its recorded sha256; else a CheckpointError
-    naming the first one that is missing or differs (or the directory, when it has no manifest)."""
+    """The files MANIFEST lists in `directory`, once each has its recorded sha256; else a
+    CheckpointError naming the first one that is missing or differs (or the directory, when it has
+    no manifest)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not found")

@@ -1,18 +1,20 @@
 """A finished evaluation is read-only to its own repetition (`vit evaluate`, `vit eval-fewshot`).
 
-The same command again, into a workdir where it finished, prints the results stored there and writes nothing,
-as `vit pretrain` does with a finished run. Another request into that workdir is refused with one line naming
-the first difference, unless --overwrite: then it is evaluated again, and the finished results are first moved
-to previous-<time>/ (never deleted; eval-fewshot's feature cache stays, it is keyed by what it holds).
+The same command again, into a workdir where it finished, prints the results stored there and writes
+nothing, as `vit pretrain` does with a finished run. Another request into that workdir is refused
+with one line naming the first difference, unless --overwrite: then it is evaluated again, and the
+finished results are first moved to previous-<time>/ (never deleted; eval-fewshot's feature cache
+stays, it is keyed by what it holds).
 
-The request is the resolved recipe (recipe.yaml), less the keys that decide how the evaluation runs and not
-what it measures (HOW_RUN), plus `inputs`, a record of what the recipe names only by a path: the checkpoint
-file (the same bytes: an unchanged size and mtime, else the same sha256, so a copy or a `touch` is the same
-checkpoint and a rewrite is not), local data by absolute path, and the command's own options (--tta, ...).
-A data folder changed in place under the same path is not noticed: --overwrite evaluates it again.
+The request is the resolved recipe (recipe.yaml), less the keys that decide how the evaluation runs
+and not what it measures (HOW_RUN), plus `inputs`, a record of what the recipe names only by a path:
+the checkpoint file (the same bytes: an unchanged size and mtime, else the same sha256, so a copy or
+a `touch` is the same checkpoint and a rewrite is not), local data by absolute path, and the
+command's own options (--tta, ...). A data folder changed in place under the same path is not
+noticed: --overwrite evaluates it again.
 
-results.json marks a finished evaluation: each stage writes it last and atomically, after its other files, so
-a run stopped before it (Ctrl-C) left none, and the same command again completes it.
+results.json marks a finished evaluation: each stage writes it last and atomically, after its other
+files, so a run stopped before it (Ctrl-C) left none, and the same command again completes it.
 """
 
 from __future__ import annotations
@@ -33,15 +35,17 @@ from vitcli.runtime.workdir import set_aside
 
 # How an evaluation runs, not what it measures, is run_dir.HOW_RUN: it may differ between a finished
 # evaluation and its repeat
-# Recipe keys naming a local path or a Hub name: compared as `inputs` records them (absolute, or by content)
+# Recipe keys naming a local path or a Hub name: compared as `inputs` records them (absolute, or by
+# content)
 PATH_KEYS = ("init.checkpoint", "data.source", "fewshot.data_root", "fewshot.custom.source")
 Difference = tuple[str, object, object]  # (what, its value in the finished request, its value now)
 
 
 def inputs(recipe: Recipe, weights: Path | str, **options) -> dict:
-    """The record of a request's inputs: `weights` (the located checkpoint file, or the Hub name it is) by
-    path, size and mtime; each PATH_KEYS value that names a local path by its absolute path; and `options`,
-    the command's own. Nothing is read: `sealed` adds the checkpoint's sha256 for results.json."""
+    """The record of a request's inputs: `weights` (the located checkpoint file, or the Hub name it
+    is) by path, size and mtime; each PATH_KEYS value that names a local path by its absolute path;
+    and `options`, the command's own. Nothing is read: `sealed` adds the checkpoint's sha256 for
+    results.json."""
     flat = flatten(to_dict(recipe))
     paths = {key: _where(flat[key]) for key in PATH_KEYS[1:] if flat.get(key)}
     if isinstance(weights, str):
@@ -53,7 +57,8 @@ def inputs(recipe: Recipe, weights: Path | str, **options) -> dict:
 
 
 def sealed(record: dict) -> dict:
-    """`record` with its checkpoint file's sha256, as results.json stores it (read once, by the first run)."""
+    """`record` with its checkpoint file's sha256, as results.json stores it (read once, by the
+    first run)."""
     checkpoint = record["checkpoint"]
     if "path" not in checkpoint:
         return record
@@ -62,11 +67,11 @@ def sealed(record: dict) -> dict:
 
 def stored(workdir: Path, results_file: str, recipe: Recipe, now: dict, overwrite: bool, what: str,
            auto_precision: bool = False) -> dict | None:
-    """The results the same request finished with in `workdir` (read from `results_file`), after saying so;
-    None when there are none to reuse (nothing finished there, or `overwrite`). Another request's finished
-    results are an OutputError naming the first difference and the two ways on. With `auto_precision` (the
-    user's run.precision is auto) the precision auto chose then stands: its bf16 probe times a matmul, and
-    on a busy machine may choose otherwise now."""
+    """The results the same request finished with in `workdir` (read from `results_file`), after
+    saying so; None when there are none to reuse (nothing finished there, or `overwrite`). Another
+    request's finished results are an OutputError naming the first difference and the two ways on.
+    With `auto_precision` (the user's run.precision is auto) the precision auto chose then stands:
+    its bf16 probe times a matmul, and on a busy machine may choose otherwise now."""
     found = _finished(workdir / results_file)
     if found is None or overwrite:
         return None
@@ -92,7 +97,8 @@ def set_aside_results(workdir: Path, names: tuple[str, ...]) -> None:
 
 
 def _finished(path: Path) -> dict | None:
-    """What a results.json holds; None when there is none, or it is not whole JSON (then it is redone)."""
+    """What a results.json holds; None when there is none, or it is not whole JSON (then it is
+    redone)."""
     try:
         found = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -102,7 +108,8 @@ def _finished(path: Path) -> dict | None:
 
 def _differences(workdir: Path, recipe: Recipe, saved: dict, now: dict,
                  skip: tuple[str, ...]) -> list[Difference]:
-    """(key, there, now) for each way the finished request differs from this one; [] when it is the same."""
+    """(key, there, now) for each way the finished request differs from this one; [] when it is the
+    same."""
     diffs = []
     if not _same_checkpoint(saved.get("checkpoint") or {}, now["checkpoint"]):
         there, here = saved.get("checkpoint") or {}, now["checkpoint"]
@@ -116,8 +123,8 @@ def _differences(workdir: Path, recipe: Recipe, saved: dict, now: dict,
 
 
 def _recipe_differences(path: Path, recipe: Recipe, skip: tuple[str, ...]) -> list[Difference]:
-    """The recipe keys (those under `skip` aside) whose value recipe.yaml does not share; a key it lacks (one
-    vitcli gained since) counts as its default."""
+    """The recipe keys (those under `skip` aside) whose value recipe.yaml does not share; a key it
+    lacks (one vitcli gained since) counts as its default."""
     try:
         saved = flatten(yaml.safe_load(path.read_text()) or {})
     except (OSError, yaml.YAMLError, AttributeError):
@@ -130,8 +137,8 @@ def _recipe_differences(path: Path, recipe: Recipe, skip: tuple[str, ...]) -> li
 
 
 def _same_checkpoint(saved: dict, now: dict) -> bool:
-    """The same weights: the same Hub name, or the same file unchanged since (size and mtime), or a file
-    with the same bytes (its sha256, read only when the quick look differs)."""
+    """The same weights: the same Hub name, or the same file unchanged since (size and mtime), or a
+    file with the same bytes (its sha256, read only when the quick look differs)."""
     if "name" in now or "name" in saved:
         return saved.get("name") == now.get("name")
     if all(saved.get(k) == now[k] for k in ("path", "bytes", "mtime_ns")):
@@ -144,6 +151,7 @@ def _name(record: dict) -> str:
 
 
 def _where(value: str) -> str:
-    """A local path as an absolute one (`runs/x` and `./runs/x` are one input); anything else as it is."""
+    """A local path as an absolute one (`runs/x` and `./runs/x` are one input); anything else as it
+    is."""
     path = Path(value).expanduser()
     return str(path.resolve()) if path.exists() else value

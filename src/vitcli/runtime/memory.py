@@ -1,12 +1,14 @@
-"""Peak resident memory of a training process and of its children (the loader workers), for summary.json.
+"""Peak resident memory of a training process and of its children (the loader workers), for
+summary.json.
 
-Linux keeps each process's high-water mark (VmHWM in /proc/PID/status), so a sample now and then loses no
-peak: a worker's is read while it lives (it exits with its loader), at each logging step and at the end.
-Elsewhere the main process's figure comes from getrusage and the workers' are not known.
+Linux keeps each process's high-water mark (VmHWM in /proc/PID/status), so a sample now and then
+loses no peak: a worker's is read while it lives (it exits with its loader), at each logging step
+and at the end. Elsewhere the main process's figure comes from getrusage and the workers' are not
+known.
 
 Shared pages count in every process that touched them (the decoded-image cache,
-data/decoding/image_cache.py, is one copy however many workers read it), so a worker's figure includes what
-it read of the cache.
+data/decoding/image_cache.py, is one copy however many workers read it), so a worker's figure
+includes what it read of the cache.
 
 And the memory a new process may still take on this host (MemAvailable), the CPU's default budget of
 data.micro_batch_size=auto (run/micro_batch.py).
@@ -27,14 +29,15 @@ def peak_rss_mb(pid: int | str = "self") -> float | None:
 
 
 def status_mb(pid: int | str, field: str) -> float | None:
-    """A figure of /proc/PID/status in MiB (VmHWM: the peak resident set; RssAnon: the resident memory that
-    is the process's own, not pages of files it maps); None when it has gone or /proc is not there."""
+    """A figure of /proc/PID/status in MiB (VmHWM: the peak resident set; RssAnon: the resident
+    memory that is the process's own, not pages of files it maps); None when it has gone or /proc is
+    not there."""
     return _field_mb(PROC / str(pid) / "status", field)
 
 
 def available_mb() -> float | None:
-    """MiB the kernel reckons a new workload can take without swapping (MemAvailable: free memory plus the
-    page cache and slabs it can reclaim); None where /proc/meminfo is not there."""
+    """MiB the kernel reckons a new workload can take without swapping (MemAvailable: free memory
+    plus the page cache and slabs it can reclaim); None where /proc/meminfo is not there."""
     return _field_mb(PROC / "meminfo", "MemAvailable")
 
 
@@ -50,8 +53,8 @@ def _field_mb(path: Path, field: str) -> float | None:
 
 
 def children(pid: int | str = "self") -> list[int]:
-    """The pids of a process's children (those of every thread: a DataLoader starts its workers from the
-    main thread, a compiler pool may from another)."""
+    """The pids of a process's children (those of every thread: a DataLoader starts its workers from
+    the main thread, a compiler pool may from another)."""
     found = []
     try:
         for task in (PROC / str(pid) / "task").iterdir():
@@ -62,8 +65,8 @@ def children(pid: int | str = "self") -> list[int]:
 
 
 def own_peak_mb() -> float:
-    """This process's peak resident set in MiB: VmHWM, or where /proc is missing ru_maxrss (kB on Linux,
-    bytes on macOS)."""
+    """This process's peak resident set in MiB: VmHWM, or where /proc is missing ru_maxrss (kB on
+    Linux, bytes on macOS)."""
     peak = peak_rss_mb()
     if peak is not None:
         return peak
@@ -87,7 +90,8 @@ class PeakMemory:
                 self.workers[pid] = max(self.workers.get(pid, 0.0), peak)
 
     def metrics(self) -> dict[str, float]:
-        """mem/main_peak_mb, and mem/worker_peak_mb (the largest child's) when there were children."""
+        """mem/main_peak_mb, and mem/worker_peak_mb (the largest child's) when there were
+        children."""
         found = {"mem/main_peak_mb": self.main}
         if self.workers:
             found["mem/worker_peak_mb"] = max(self.workers.values())

@@ -1,4 +1,5 @@
-"""metrics.jsonl (one JSON object per line: `step` plus slash-named metrics) and the live progress bar."""
+"""metrics.jsonl (one JSON object per line: `step` plus slash-named metrics) and the live progress
+bar."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def result_width() -> int | None:
         return None
     try:
         return os.get_terminal_size(sys.stderr.fileno()).columns or 160
-    except (OSError, ValueError, AttributeError):  # not a terminal, or a stream without a descriptor
+    # not a terminal, or a stream without a descriptor
+    except (OSError, ValueError, AttributeError):
         return 160
 
 
@@ -36,14 +38,16 @@ stdout = Console(width=result_width())
 
 
 class MetricsLog:
-    """Append-only metrics file; on resume, rows past the resumed step are dropped so no step repeats."""
+    """Append-only metrics file; on resume, rows past the resumed step are dropped so no step
+    repeats."""
 
     def __init__(self, path: Path, resume_step: int = 0, enabled: bool = True, trackers: list | None = None):
         self.path, self.enabled = path, enabled
         self.trackers = trackers or []  # TensorBoard, W&B (trackers.py): each row goes to them too
         if enabled and resume_step and path.exists():
             kept = [ln for ln, row in _parsed_lines(path) if row["step"] <= resume_step]
-            # rewritten atomically: a kill now must not take the rows before the resumed step with it
+            # rewritten atomically: a kill now must not take the rows before the resumed step with
+            # it
             write_text(path, "".join(ln + "\n" for ln in kept))
         elif enabled and not resume_step:
             path.write_text("")
@@ -101,8 +105,8 @@ def progress_bar(enabled: bool) -> Progress:
 
 
 def pairs_table(title: str, rows: list[tuple[str, str]]) -> Table:
-    """A two-column (what, detail) table, no header, for a command's report of what it did (print it on
-    `console` for a log, on `stdout` for a result)."""
+    """A two-column (what, detail) table, no header, for a command's report of what it did (print it
+    on `console` for a log, on `stdout` for a result)."""
     table = Table(title=title, show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # a long path folds within the width, never cut to `…`

@@ -1,11 +1,11 @@
-"""Mixed precision: bf16 autocast for matmuls; weights, optimizer state and the loss stay fp32. And the
-other per-device choice a recipe may leave to `auto`, run.compile.
+"""Mixed precision: bf16 autocast for matmuls; weights, optimizer state and the loss stay fp32. And
+the other per-device choice a recipe may leave to `auto`, run.compile.
 
-`run.precision: auto` is resolved once per run, when the device is known (`resolved`): bf16 where the
-device runs it natively, fp32 where bf16 would be emulated. Everything downstream (the trainer's autocast,
-the evaluators, few-shot extraction and its cache key, the resume check, the checkpoints' recipe) reads the
-resolved recipe, so it only ever sees `fp32` or `bf16`. `run.compile: auto` is resolved beside it
-(`resolved_compile`) to true or false.
+`run.precision: auto` is resolved once per run, when the device is known (`resolved`): bf16 where
+the device runs it natively, fp32 where bf16 would be emulated. Everything downstream (the trainer's
+autocast, the evaluators, few-shot extraction and its cache key, the resume check, the checkpoints'
+recipe) reads the resolved recipe, so it only ever sees `fp32` or `bf16`. `run.compile: auto` is
+resolved beside it (`resolved_compile`) to true or false.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ import torch
 
 from vitcli.recipe.schema import Recipe
 
-Detect = Callable[[torch.device], tuple[bool, str]]  # device -> (runs bf16 natively, what was detected)
+# device -> (runs bf16 natively, what was detected)
+Detect = Callable[[torch.device], tuple[bool, str]]
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
     """bf16 autocast on CPU or CUDA when asked for, a no-op context for fp32."""
-    if precision not in ("fp32", "bf16"):  # `auto` reaching here would silently mean fp32: resolve it first
+    # `auto` reaching here would silently mean fp32: resolve it first
+    if precision not in ("fp32", "bf16"):
         raise ValueError(f"precision {precision!r}: pass the resolved one (precision.resolved), fp32 or bf16")
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -43,8 +45,8 @@ def _cpu_features() -> dict:
 
 
 def cpu_bf16(features: dict, onednn_bf16: bool, isa: str) -> tuple[bool, str]:
-    """(native bf16, what was detected) for a CPU with cpuinfo `features`, oneDNN's own bf16 test and the
-    vector ISA torch dispatches to (`AVX2`, `AVX512`, ...)."""
+    """(native bf16, what was detected) for a CPU with cpuinfo `features`, oneDNN's own bf16 test
+    and the vector ISA torch dispatches to (`AVX2`, `AVX512`, ...)."""
     if features.get("amx_bf16"):
         return True, "CPU has AMX"
     if onednn_bf16:  # AVX-512 cores; the avx512_bf16 instructions make it fast, not only possible
@@ -54,10 +56,10 @@ def cpu_bf16(features: dict, onednn_bf16: bool, isa: str) -> tuple[bool, str]:
 
 
 def confirmed(native: bool, found: str, speedup: float | None) -> tuple[bool, str]:
-    """A CPU's flags say bf16 is native; `speedup` (bf16 matmul FLOP/s over fp32's, measured here) says
-    whether it pays. Measured because the flags are not enough: a 2-core AVX-512 bf16 Xeon of ours ran bf16
-    matmuls at 0.54x fp32 (163 vs 303 GFLOP/s) and ViT-Ti training at 0.6x, since oneDNN takes no bf16 fast
-    path there."""
+    """A CPU's flags say bf16 is native; `speedup` (bf16 matmul FLOP/s over fp32's, measured here)
+    says whether it pays. Measured because the flags are not enough: a 2-core AVX-512 bf16 Xeon of
+    ours ran bf16 matmuls at 0.54x fp32 (163 vs 303 GFLOP/s) and ViT-Ti training at 0.6x, since
+    oneDNN takes no bf16 fast path there."""
     if not native or speedup is None:
         return native, found
     if speedup < 1.0:
@@ -66,8 +68,9 @@ def confirmed(native: bool, found: str, speedup: float | None) -> tuple[bool, st
 
 
 def bf16_speedup(n: int = 1024, seconds: float = 0.05) -> float:
-    """bf16 over fp32 FLOP/s of an (n x n) matmul on this CPU: the best of two interleaved rounds of about
-    `seconds` each per dtype, so neither side pays alone for the thread pool's or oneDNN's first use."""
+    """bf16 over fp32 FLOP/s of an (n x n) matmul on this CPU: the best of two interleaved rounds of
+    about `seconds` each per dtype, so neither side pays alone for the thread pool's or oneDNN's
+    first use."""
     pairs = {dtype: (torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype))
              for dtype in (torch.float32, torch.bfloat16)}
     best = dict.fromkeys(pairs, 0.0)
@@ -84,8 +87,9 @@ def bf16_speedup(n: int = 1024, seconds: float = 0.05) -> float:
 
 @functools.cache
 def detect_bf16(device: torch.device) -> tuple[bool, str]:
-    """Whether `device` runs bf16 matmuls natively and faster than fp32, and what was detected (for the run's
-    announce line). On a CPU whose flags say yes, a 0.2 s matmul probe confirms it (once per process)."""
+    """Whether `device` runs bf16 matmuls natively and faster than fp32, and what was detected (for
+    the run's announce line). On a CPU whose flags say yes, a 0.2 s matmul probe confirms it (once
+    per process)."""
     if device.type == "cuda":
         native = torch.cuda.is_bf16_supported(including_emulation=False)
         return native, f"{torch.cuda.get_device_name(device)} {'has' if native else 'lacks'} native bf16"
@@ -97,9 +101,11 @@ def detect_bf16(device: torch.device) -> tuple[bool, str]:
 
 
 def choose(pref: str, device: torch.device, detect: Detect | None = None) -> tuple[str, str]:
-    """(precision, why): `auto` takes bf16 where `device` runs it natively, else fp32; fp32/bf16 are kept.
+    """(precision, why): `auto` takes bf16 where `device` runs it natively, else fp32; fp32/bf16 are
+    kept.
 
-    `detect` defaults to detect_bf16, looked up at call time so tests can stand in for either machine."""
+    `detect` defaults to detect_bf16, looked up at call time so tests can stand in for either
+    machine."""
     if pref != "auto":
         return pref, "run.precision"
     native, found = (detect or detect_bf16)(device)
@@ -113,17 +119,19 @@ def resolved(recipe: Recipe, device: torch.device, detect: Detect | None = None)
 
 
 def choose_compile(setting: bool | str, device: torch.device) -> tuple[bool, str]:
-    """(compile, why): `auto` compiles where the device gains from it, CUDA with a GPU Triton compiles for;
-    true/false are kept."""
+    """(compile, why): `auto` compiles where the device gains from it, CUDA with a GPU Triton
+    compiles for; true/false are kept."""
     if setting != "auto":
         return bool(setting), "run.compile"
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if (major, minor) < (7, 0):  # inductor generates Triton kernels, which need Volta or newer
             return False, f"auto: Triton needs compute capability 7.0+, this GPU has {major}.{minor}"
-        # published ViT figures: a 22M-parameter ViT on one H100 trains at 1,608 img/s eager, 5,560 compiled
+        # published ViT figures: a 22M-parameter ViT on one H100 trains at 1,608 img/s eager, 5,560
+        # compiled
         return True, "auto: CUDA gains ~3x"
-    if device.type == "cpu":  # bench/run.py, ours_compile_img_s over ours_img_s, ViT-Ti/16 at 224 px
+    # bench/run.py, ours_compile_img_s over ours_img_s, ViT-Ti/16 at 224 px
+    if device.type == "cpu":
         return False, "auto: the CPU gains nothing, measured 0.89x at ViT-Ti/16 on 2 cores"
     return False, f"auto: {device.type}: no gain known"
 
@@ -135,8 +143,8 @@ def resolved_compile(recipe: Recipe, device: torch.device) -> tuple[Recipe, str]
 
 
 def auto_choices(recipe: Recipe, device: torch.device) -> list[str]:
-    """What `auto` in run.precision and (for a training stage) run.compile becomes on `device`, and why: the
-    lines `--dry-run` prints."""
+    """What `auto` in run.precision and (for a training stage) run.compile becomes on `device`, and
+    why: the lines `--dry-run` prints."""
     lines = []
     if recipe.run.precision == "auto":
         lines.append("run.precision: auto -> {} ({})".format(*choose("auto", device)))

@@ -1,4 +1,5 @@
-"""The files of a run directory, named once: the stages write them, resume, `vit plot` and the CLI read them.
+"""The files of a run directory, named once: the stages write them, resume, `vit plot` and the CLI
+read them.
 
 Torch-free and import-free, so anything (the CLI included) may ask what a workdir holds. Checkpoints
 (`state-<step>.pt`, `state-<step>/`) are named in runtime.run_dir, with the rules of a run directory
@@ -9,7 +10,8 @@ them.
 from __future__ import annotations
 
 # Every training run (pretrain, finetune, each run of a sweep or of a VTAB task)
-RECIPE_FILE = "recipe.yaml"  # the resolved recipe, as `--dry-run` prints it (dinov2: saved with the run)
+# the resolved recipe, as `--dry-run` prints it (dinov2: saved with the run)
+RECIPE_FILE = "recipe.yaml"
 METRICS_FILE = "metrics.jsonl"  # one JSON row per logged step: `step` plus slash-named metrics
 SUMMARY_FILE = "summary.json"  # the run's final numbers: what `vit pretrain --json` prints
 MODEL_FILE = "model.safetensors"  # the final weights, recipe and model spec in the metadata
@@ -18,8 +20,8 @@ TENSORBOARD_DIR = "tensorboard"  # run.loggers=[tensorboard]: event files
 WANDB_DIR = "wandb"  # run.loggers=[wandb]: W&B's own folder (offline runs sync from it)
 WANDB_ID_FILE = "wandb_id"  # the W&B run id, so a resumed run appends to the same W&B run
 
-# What a training run writes at the top of its workdir besides its checkpoints; a replaced run's copies are
-# moved aside together (tracker folders too, so a new run's curves start clean).
+# What a training run writes at the top of its workdir besides its checkpoints; a replaced run's
+# copies are moved aside together (tracker folders too, so a new run's curves start clean).
 RUN_OUTPUTS = (RECIPE_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CURVES_FILE, TENSORBOARD_DIR, WANDB_DIR,
                WANDB_ID_FILE)
 
@@ -30,18 +32,22 @@ SWEEP_FILE, SWEEP_CSV = "sweep.json", "sweep.csv"
 VTAB_FILE = "vtab.json"  # `--task vtab...`: every task's lr and test top-1
 FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewshot.png"
 VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it
-EVALUATE_FILE, CONFUSION_PLOT = "results.json", "confusion.png"  # `vit evaluate`'s numbers and matrix
+# `vit evaluate`'s numbers and matrix
+EVALUATE_FILE, CONFUSION_PLOT = "results.json", "confusion.png"
 RELIABILITY_PLOT = "reliability.png"  # `vit evaluate`'s reliability diagram (softmax models)
-# What an evaluation writes, set aside together by --overwrite; results.json first: it marks them finished
+# What an evaluation writes, set aside together by --overwrite; results.json first: it marks them
+# finished
 EVALUATE_OUTPUTS = (EVALUATE_FILE, RECIPE_FILE, CONFUSION_PLOT, RELIABILITY_PLOT)
 FEWSHOT_OUTPUTS = (FEWSHOT_FILE, RECIPE_FILE, FEWSHOT_CSV, FEWSHOT_PLOT)
 FEATURES_DIR = "features"  # eval-fewshot's feature cache, unless fewshot.cache_dir says where
 
-# A run taken onto SLURM (`--slurm`, vitcli.cluster): in WORKDIR/slurm, the batch script, the recipe it runs
-# (frozen when submitted: editing the recipe file later does not change a requeued job), a sweep's point
-# directories one per line (array task i runs line i + 1), sbatch's logs, and one line per time the job ran
+# A run taken onto SLURM (`--slurm`, vitcli.cluster): in WORKDIR/slurm, the batch script, the recipe
+# it runs (frozen when submitted: editing the recipe file later does not change a requeued job), a
+# sweep's point directories one per line (array task i runs line i + 1), sbatch's logs, and one line
+# per time the job ran
 SLURM_DIR = "slurm"
 JOB_SCRIPT = "job.sh"
 POINTS_FILE = "points"
 ATTEMPTS_FILE = "attempts.jsonl"
-SLURM_LOG, SLURM_ARRAY_LOG = "%j.out", "%A_%a.out"  # sbatch's file patterns: job id; array job and task
+# sbatch's file patterns: job id; array job and task
+SLURM_LOG, SLURM_ARRAY_LOG = "%j.out", "%A_%a.out"

@@ -1,8 +1,9 @@
-"""Experiment trackers beside metrics.jsonl: TensorBoard event files and Weights & Biases, on rank 0 only.
+"""Experiment trackers beside metrics.jsonl: TensorBoard event files and Weights & Biases, on rank 0
+only.
 
-metrics.jsonl is always written (resume, `vit plot` and the run summary read it); `run.loggers` adds the
-others. Both are optional extras (`pip install 'vitcli[tensorboard]'` / `'vitcli[wandb]'`), imported only
-when a recipe asks for them, so a plain install carries neither.
+metrics.jsonl is always written (resume, `vit plot` and the run summary read it); `run.loggers` adds
+the others. Both are optional extras (`pip install 'vitcli[tensorboard]'` / `'vitcli[wandb]'`),
+imported only when a recipe asks for them, so a plain install carries neither.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ class TensorBoard:
     """Scalars under WORKDIR/tensorboard, one event per metric and step."""
 
     def __init__(self, workdir: Path, resume_step: int):
-        from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
+        # optional extra: imported only when asked for
+        from torch.utils.tensorboard import SummaryWriter
 
         # like metrics.jsonl on resume: events past the resumed step are purged, so no step repeats
         self.writer = SummaryWriter(str(workdir / TENSORBOARD_DIR),
@@ -40,7 +42,8 @@ class TensorBoard:
 
 
 class WandB:
-    """One W&B run per workdir (resumed runs append to it); offline unless an account is configured."""
+    """One W&B run per workdir (resumed runs append to it); offline unless an account is
+    configured."""
 
     def __init__(self, workdir: Path, resume_step: int, config: dict):
         import wandb  # optional extra: imported only when asked for
@@ -51,7 +54,8 @@ class WandB:
         mode = wandb_mode()
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "vitcli"), name=workdir.name, id=run_id,
                               resume="allow", dir=str(workdir), config=config, mode=mode,
-                              settings=wandb.Settings(console="off"))  # leave our progress bar unwrapped
+                              # leave our progress bar unwrapped
+                              settings=wandb.Settings(console="off"))
         if mode == "offline":
             console.log(f"W&B offline (no account configured): sync later with `wandb sync "
                         f"{escape(str(workdir / WANDB_DIR))}/offline-run-*`")

@@ -1,8 +1,10 @@
-"""Output locations, checked before anything is written, and a finished run's files kept, never deleted.
+"""Output locations, checked before anything is written, and a finished run's files kept, never
+deleted.
 
-A run validates its whole input first; only then does it touch the workdir. A fresh run into a workdir that
-holds a finished model needs `--overwrite`, and even then the old files are moved to `previous-<time>/`
-beside the new ones (a user's finished work is sacred), only once the new run has started cleanly.
+A run validates its whole input first; only then does it touch the workdir. A fresh run into a
+workdir that holds a finished model needs `--overwrite`, and even then the old files are moved to
+`previous-<time>/` beside the new ones (a user's finished work is sacred), only once the new run has
+started cleanly.
 """
 
 from __future__ import annotations
@@ -78,9 +80,10 @@ def refuse_single_run(workdir: Path) -> None:
 
 
 def refuse_other_run(workdir: Path, stage: str) -> None:
-    """A stage that writes its results into a workdir (recipe.yaml, results.json) refuses one that holds
-    another stage's run: its recipe.yaml would be replaced, its model left beside results it did not make.
-    A workdir of the same stage is its own: whether it runs again there is vitcli.runtime.finished's call."""
+    """A stage that writes its results into a workdir (recipe.yaml, results.json) refuses one that
+    holds another stage's run: its recipe.yaml would be replaced, its model left beside results it
+    did not make. A workdir of the same stage is its own: whether it runs again there is
+    vitcli.runtime.finished's call."""
     recipe = workdir / RECIPE_FILE
     said = _stage_line(recipe) if recipe.is_file() else stage
     if (workdir / MODEL_FILE).is_file() or said != stage:
@@ -90,7 +93,8 @@ def refuse_other_run(workdir: Path, stage: str) -> None:
 
 
 def _stage_line(recipe: Path) -> str:
-    """The `stage:` a recipe.yaml says (a top-level line, as to_yaml writes it); "another" if none."""
+    """The `stage:` a recipe.yaml says (a top-level line, as to_yaml writes it); "another" if
+    none."""
     for line in recipe.read_text(encoding="utf-8", errors="replace").splitlines():
         if line.startswith("stage:"):
             return line.partition(":")[2].strip() or "another"
@@ -99,8 +103,9 @@ def _stage_line(recipe: Path) -> str:
 
 def set_aside(workdir: Path, also: Iterable[Path] = (), outputs: bool = True,
               why: str = "the previous run's files") -> Path | None:
-    """Move a previous run's outputs (RUN_OUTPUTS, unless not `outputs`, and the paths `also` names: its
-    checkpoints) into WORKDIR/previous-<time>/ and say so, `why` first; None when there were none."""
+    """Move a previous run's outputs (RUN_OUTPUTS, unless not `outputs`, and the paths `also` names:
+    its checkpoints) into WORKDIR/previous-<time>/ and say so, `why` first; None when there were
+    none."""
     found = [workdir / name for name in RUN_OUTPUTS if outputs and (workdir / name).exists()] + list(also)
     if not found:
         return None
@@ -120,8 +125,8 @@ def _unused(parent: Path, name: str) -> Path:
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
-    """An --out folder (`vit prepare-data`, `vit export`): one to create, an empty one, or with --overwrite a
-    full one, to be set aside by `published_dir`; never a file."""
+    """An --out folder (`vit prepare-data`, `vit export`): one to create, an empty one, or with
+    --overwrite a full one, to be set aside by `published_dir`; never a file."""
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} is a file; name a directory (created if needed)")
     check_writable(out, "--out")
@@ -132,9 +137,9 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
 
 def check_apart(source: str, out: Path, flag: str = "--ckpt") -> None:
     """--out neither the folder `source` is read from nor inside it, nor holding it (symlinks and
-    relative paths resolved): publishing --out with --overwrite would set a training workdir aside and
-    put the export in its place, or nest the export inside the run it came from. A source that is
-    not a local path (a hub name) is no folder of the user's."""
+    relative paths resolved): publishing --out with --overwrite would set a training workdir aside
+    and put the export in its place, or nest the export inside the run it came from. A source that
+    is not a local path (a hub name) is no folder of the user's."""
     src = Path(source)
     if not src.exists():
         return
@@ -143,7 +148,8 @@ def check_apart(source: str, out: Path, flag: str = "--ckpt") -> None:
         return
     how = ("is the folder" if where == src else "is inside the folder" if where.is_relative_to(src)
            else "holds the path")
-    outer = Path(os.path.normpath(source if where.is_relative_to(src) else out))  # the one the other is in
+    # the one the other is in
+    outer = Path(os.path.normpath(source if where.is_relative_to(src) else out))
     outer = outer if outer.name else outer.resolve()  # `.` has no name to build on
     raise OutputError(f"--out {out} {how} {flag} {source}: name an --out folder apart from it, "
                       f"e.g. {outer.parent / (outer.name + '-export')}")
@@ -151,7 +157,8 @@ def check_apart(source: str, out: Path, flag: str = "--ckpt") -> None:
 
 @dataclass
 class Published:
-    """The folder `published_dir` fills (`tmp`), and where the old --out went (`aside`; None: nothing)."""
+    """The folder `published_dir` fills (`tmp`), and where the old --out went (`aside`; None:
+    nothing)."""
 
     tmp: Path
     aside: Path | None = None
@@ -159,9 +166,10 @@ class Published:
 
 @contextlib.contextmanager
 def published_dir(out: Path) -> Iterator[Published]:
-    """A temporary folder beside `out` to fill; when the block succeeds it is sealed and renamed onto `out`
-    (runtime.files.atomic_dir), a non-empty `out` first renamed to `<name>.previous-<time>` beside it and
-    said so. A failure or Ctrl-C leaves `out` as it was. Pass an absolute `out`: `.` has no name to use."""
+    """A temporary folder beside `out` to fill; when the block succeeds it is sealed and renamed
+    onto `out` (runtime.files.atomic_dir), a non-empty `out` first renamed to
+    `<name>.previous-<time>` beside it and said so. A failure or Ctrl-C leaves `out` as it was. Pass
+    an absolute `out`: `.` has no name to use."""
     with atomic_dir(out) as tmp:
         published = Published(tmp)
         yield published
@@ -172,7 +180,8 @@ def published_dir(out: Path) -> Iterator[Published]:
 
 
 def check_space(path: Path, needed: int, what: str) -> None:
-    """An OutputError when the file system that would hold `path` has less than `needed` bytes free."""
+    """An OutputError when the file system that would hold `path` has less than `needed` bytes
+    free."""
     free = shutil.disk_usage(existing_ancestor(path)).free
     if free < needed:
         raise OutputError(f"{path}: {what} needs about {needed / 2**30:.2f} GiB, but only "
@@ -180,6 +189,7 @@ def check_space(path: Path, needed: int, what: str) -> None:
 
 
 def check_resume_flags(resume: bool | None, overwrite: bool) -> None:
-    """--overwrite starts over and --resume continues: both at once is refused, by --dry-run as by the run."""
+    """--overwrite starts over and --resume continues: both at once is refused, by --dry-run as by
+    the run."""
     if overwrite and resume:
         raise RecipeError("--overwrite starts over and --resume continues the run there: pass one of them")

@@ -1,10 +1,12 @@
-"""`vit evaluate`: a checkpoint's own head on one split: top-1, top-5, the recipe's loss, per-class accuracy,
-a confusion matrix, and ImageNet ReaL with --real-labels; WORKDIR/results.json and confusion.png (rank 0).
+"""`vit evaluate`: a checkpoint's own head on one split: top-1, top-5, the recipe's loss, per-class
+accuracy, a confusion matrix, and ImageNet ReaL with --real-labels; WORKDIR/results.json and
+confusion.png (rank 0).
 
-The network is the checkpoint as it is (head and representation layer), at the resolution and with the eval
-preprocessing it was trained with (vitcli.checkpoints.complete.trained_with), which recipe keys override. The
-split is shared over torchrun's processes and its per-row predictions gathered back in row order, so the
-numbers do not depend on how many processes ran it; images that do not decode are left out and counted.
+The network is the checkpoint as it is (head and representation layer), at the resolution and with
+the eval preprocessing it was trained with (vitcli.checkpoints.complete.trained_with), which recipe
+keys override. The split is shared over torchrun's processes and its per-row predictions gathered
+back in row order, so the numbers do not depend on how many processes ran it; images that do not
+decode are left out and counted.
 """
 
 from __future__ import annotations
@@ -51,12 +53,12 @@ TOP_K = 5  # top-5 is reported when the head has at least this many classes
 def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
              real: list[list[int]] | None = None, imagenet_set: str | None = None, tta: tuple[str, ...] = (),
              calibrate_on: str | None = None, overwrite: bool = False) -> dict:
-    """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the parsed ReaL
-    lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`: the ImageNet set the
-    split is (robustness.SETS), else detected from its folder names; `tta`: the test-time views
-    (vitcli.evaluators.tta); `calibrate_on`: a held-out split to fit a temperature on
-    (vitcli.stages.evaluate_extra). A workdir where this request finished is read, not evaluated again
-    (vitcli.runtime.finished), unless `overwrite`. Returns what results.json holds."""
+    """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the
+    parsed ReaL lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`:
+    the ImageNet set the split is (robustness.SETS), else detected from its folder names; `tta`: the
+    test-time views (vitcli.evaluators.tta); `calibrate_on`: a held-out split to fit a temperature
+    on (vitcli.stages.evaluate_extra). A workdir where this request finished is read, not evaluated
+    again (vitcli.runtime.finished), unless `overwrite`. Returns what results.json holds."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
@@ -71,13 +73,15 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
             report(done)
         return done
     ds = sources.load_split(recipe.data, split)
-    held = sources.load_split(recipe.data, calibrate_on) if calibrate_on else None  # before the long pass
+    # before the long pass
+    held = sources.load_split(recipe.data, calibrate_on) if calibrate_on else None
     num_classes = recipe.model.num_classes
     scoring = _checked_scoring(ds, held, recipe, imagenet_set, split, calibrate_on)
     entries = _real_entries(ds, recipe, real_path, real) if real else None  # before the long pass
     loaded = read_checkpoint(recipe.init.checkpoint)
     split_names = sources.class_names(recipe.data, ds, num_classes) if scoring is None else None
-    other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)  # said early
+    # said early
+    other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
                 f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
@@ -89,7 +93,8 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     rows, top, probs, labels, loss_sum, (nll, tta_top, logits) = predictions(model, ds, recipe, dist, skipped,
                                                                               k, extra, scoring)
     names, names_from = head_names(loaded, num_classes)
-    if names is None and scoring is None:  # the split's labels are the head's classes: its names are theirs
+    # the split's labels are the head's classes: its names are theirs
+    if names is None and scoring is None:
         names, names_from = split_names, "split"
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "data": recipe.data.source,
                "split": split, "images": len(rows), "classes": num_classes,
@@ -111,8 +116,8 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
 
 def _request(recipe: Recipe, real_path: Path | None, imagenet_set: str | None, tta: tuple[str, ...],
              calibrate_on: str | None) -> dict:
-    """What makes this evaluation the one a workdir may hold finished (vitcli.runtime.finished): the recipe,
-    the checkpoint file, and the options that change what is scored."""
+    """What makes this evaluation the one a workdir may hold finished (vitcli.runtime.finished): the
+    recipe, the checkpoint file, and the options that change what is scored."""
     return finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint), tta=list(tta),
                            calibrate_on=calibrate_on, imagenet_set=imagenet_set,
                            real_labels=real_path and f"{Path(real_path).resolve()} {sha256_of(real_path)}")
@@ -120,8 +125,8 @@ def _request(recipe: Recipe, real_path: Path | None, imagenet_set: str | None, t
 
 def _checked_scoring(ds, held, recipe: Recipe, imagenet_set: str | None, split: str,
                      calibrate_on: str | None) -> robustness.Scoring | None:
-    """How the split is scored (None: its labels are the head's own, then checked against the head, as the
-    held-out split's are)."""
+    """How the split is scored (None: its labels are the head's own, then checked against the head,
+    as the held-out split's are)."""
     scoring = _scoring(ds, recipe, imagenet_set)
     if scoring is None:
         _check_labels(ds, recipe, split)
@@ -131,8 +136,8 @@ def _checked_scoring(ds, held, recipe: Recipe, imagenet_set: str | None, split: 
 
 
 def _save(results: dict, scored: tuple, names, recipe: Recipe, workdir: Path, overwrite: bool) -> None:
-    """The files, results.json last; with `overwrite` the finished ones set aside first. `scored`: (top,
-    probs, labels) of the long pass."""
+    """The files, results.json last; with `overwrite` the finished ones set aside first. `scored`:
+    (top, probs, labels) of the long pass."""
     top, probs, labels = scored
     if overwrite:
         finished.set_aside_results(workdir, EVALUATE_OUTPUTS)
@@ -141,8 +146,9 @@ def _save(results: dict, scored: tuple, names, recipe: Recipe, workdir: Path, ov
 
 
 def _describe(results: dict, names_from: str | None, other_names: dict, loaded, scoring) -> None:
-    """What results.json says of what was scored, in place: where the class names come from, how many differ
-    from the split's, which weights (live or EMA), and an ImageNet set's classes (per_class cut to them)."""
+    """What results.json says of what was scored, in place: where the class names come from, how
+    many differ from the split's, which weights (live or EMA), and an ImageNet set's classes
+    (per_class cut to them)."""
     if names_from is not None:
         results["class_names_from"] = names_from
     results.update(other_names)
@@ -151,15 +157,16 @@ def _describe(results: dict, names_from: str | None, other_names: dict, loaded, 
     if scoring is not None:
         results.update({"imagenet_set": scoring.name, "imagenet_set/classes": len(scoring.columns),
                         "imagenet_set/labels_by": scoring.labels_by})
-        scored = set(scoring.columns.tolist())  # A's and R's 200: the other 800 rows could only be empty
+        # A's and R's 200: the other 800 rows could only be empty
+        scored = set(scoring.columns.tolist())
         results["per_class"] = [row for row in results["per_class"] if row["class"] in scored]
 
 
 def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logits: np.ndarray,
                  top: np.ndarray, labels: np.ndarray, scoring: robustness.Scoring | None) -> dict:
-    """ts/...: a temperature fitted on the held-out split's logits (its own pass; an ImageNet set's cut to
-    its classes, as the evaluated split's), applied to the evaluated split's `logits` (N, K) for ECE and NLL
-    after scaling."""
+    """ts/...: a temperature fitted on the held-out split's logits (its own pass; an ImageNet set's
+    cut to its classes, as the evaluated split's), applied to the evaluated split's `logits` (N, K)
+    for ECE and NLL after scaling."""
     extra = evaluate_extra.per_row(True, (), True, 1)
     found = predictions(model, held, recipe, dist, bad_images.Skipped(), 1, extra, scoring)
     held_labels, held_logits = found[3], found[5][2]
@@ -170,12 +177,13 @@ def _temperature(model, held, held_split: str, recipe: Recipe, dist: Dist, logit
 
 
 def _other_names(own: list[str] | None, split_names: list[str] | None, recipe: Recipe, split: str) -> dict:
-    """Warn, once, when the checkpoint's own class names and the split's (its ClassLabel, an image folder's
-    folders) differ beyond spelling: a Fashion-MNIST head scored on MNIST digits would otherwise call digit 0
-    "tshirt" in silence. A warning and `class_names/differ` (how many) in results.json, not a refusal: one
-    dataset's copies name their classes differently ("T-shirt/top", "tshirt", "0") and that evaluation is
-    right; a label beyond the head, which is certainly another dataset, is refused (_check_labels). Where
-    either side has no names (foreign weights, integer labels, a label rule) there is nothing to compare."""
+    """Warn, once, when the checkpoint's own class names and the split's (its ClassLabel, an image
+    folder's folders) differ beyond spelling: a Fashion-MNIST head scored on MNIST digits would
+    otherwise call digit 0 "tshirt" in silence. A warning and `class_names/differ` (how many) in
+    results.json, not a refusal: one dataset's copies name their classes differently ("T-shirt/top",
+    "tshirt", "0") and that evaluation is right; a label beyond the head, which is certainly another
+    dataset, is refused (_check_labels). Where either side has no names (foreign weights, integer
+    labels, a label rule) there is nothing to compare."""
     if own is None or split_names is None:
         return {}
     # "T-shirt/top" and "tshirt_top" are one name
@@ -212,20 +220,22 @@ def _scoring(ds, recipe: Recipe, named: str | None) -> robustness.Scoring | None
 
 def predictions(model: torch.nn.Module, ds, recipe: Recipe, dist: Dist, skipped: bad_images.Skipped,
                 k: int, extra=None, scoring: robustness.Scoring | None = None) -> tuple:
-    """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss summed over
-    the rows) of the split in row order, on every rank; probabilities are the loss's own (softmax, or sigmoid
-    for a sigmoid-loss model). Undecodable rows are left out and join `skipped`, which names each
-    once (this rank's own tally stays quiet). With `extra(model, x, logits, y)`, which returns more per-row
-    arrays of a batch (each (B, ...)), those too, gathered in row order, as a sixth element (a tuple). With
-    `scoring` (an ImageNet set) the logits are cut to its classes (`extra` sees them cut) and the classes
-    and labels returned are the head's. A collective call."""
+    """(rows (N,), top-k classes (N, k) best first, their probabilities (N, k), labels (N,), loss
+    summed over the rows) of the split in row order, on every rank; probabilities are the loss's own
+    (softmax, or sigmoid for a sigmoid-loss model). Undecodable rows are left out and join
+    `skipped`, which names each once (this rank's own tally stays quiet). With `extra(model, x,
+    logits, y)`, which returns more per-row arrays of a batch (each (B, ...)), those too, gathered
+    in row order, as a sixth element (a tuple). With `scoring` (an ImageNet set) the logits are cut
+    to its classes (`extra` sees them cut) and the classes and labels returned are the head's. A
+    collective call."""
     loss = loss_fn(recipe.optim)
     own = bad_images.Skipped(warn=False)
 
     def per_batch(model, i, x, y):
         logits = model(x).float()  # (B, K)
         if scoring is not None:
-            logits, y = scoring.restrict(logits, y)  # (B, S) of the set's classes; y: positions among them
+            # (B, S) of the set's classes; y: positions among them
+            logits, y = scoring.restrict(logits, y)
         probs = logits.softmax(-1) if recipe.optim.loss == "softmax" else logits.sigmoid()
         p, idx = probs.topk(k, dim=-1)  # (B, k), best first
         more = extra(model, x, logits, y) if extra else ()
@@ -260,12 +270,14 @@ def scores(top: np.ndarray, labels: np.ndarray, loss_sum: float, num_classes: in
 
 
 def _real_entries(ds, recipe: Recipe, path: Path, real: list[list[int]]) -> tuple[np.ndarray, str]:
-    """Each row's ReaL entry and how rows were matched (by ILSVRC2012_val file number, else row order)."""
+    """Each row's ReaL entry and how rows were matched (by ILSVRC2012_val file number, else row
+    order)."""
     return classify.real_entries(sources.file_names(recipe.data, ds), len(ds), len(real), path)
 
 
 def real_scores(top: np.ndarray, entries: np.ndarray, real: list[list[int]], matched_by: str) -> dict:
-    """real/top1 (and real/top5 with 5 predictions per row) over the rows whose ReaL list is not empty."""
+    """real/top1 (and real/top5 with 5 predictions per row) over the rows whose ReaL list is not
+    empty."""
     out = {}
     for k in (1, TOP_K) if top.shape[1] >= TOP_K else (1,):
         right, counted = classify.real_top_k(top, entries, real, k)
@@ -277,7 +289,8 @@ def real_scores(top: np.ndarray, entries: np.ndarray, real: list[list[int]], mat
 
 def _write(results: dict, top: np.ndarray, labels: np.ndarray, names: list[str] | None, recipe: Recipe,
            workdir: Path) -> None:
-    """recipe.yaml, confusion.png (up to MAX_CLASSES classes), results.json; then the report (rank 0)."""
+    """recipe.yaml, confusion.png (up to MAX_CLASSES classes), results.json; then the report (rank
+    0)."""
     k = results["classes"]
     if k <= MAX_CLASSES:
         title = (f"{Path(recipe.init.checkpoint).name} on {results['data']} {results['split']}: "

@@ -5,7 +5,8 @@ native resolution; the network is built with its own head, so whatever vit reads
 What a format cannot hold is refused before anything is built or written. The folder is filled under
 a temporary name and renamed into place; a non-empty --out is replaced only with --overwrite, and
 then set aside first as `<out>.previous-<time>` beside it (not inside: a model folder is uploaded or
-loaded as a whole). --out is never --ckpt's folder, inside it, or around it (runtime.workdir.check_apart).
+loaded as a whole). --out is never --ckpt's folder, inside it, or around it
+(runtime.workdir.check_apart).
 """
 
 from __future__ import annotations
@@ -57,19 +58,21 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
               "preprocessing": preprocessing_row(recipe)[1], "files": FILES[fmt], "dry_run": dry_run,
               "set_aside": None}
     if not dry_run:
-        model = load_for_eval(recipe, spec.num_classes)  # the whole network, head and pre-logits layer
+        # the whole network, head and pre-logits layer
+        model = load_for_eval(recipe, spec.num_classes)
         with published_dir(out.absolute()) as into:
             _WRITERS[fmt](model, recipe, loaded, spec, into.tmp)
         report["set_aside"] = str(into.aside) if into.aside else None
-        extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])  # model.onnx.data, say
+        # model.onnx.data, say
+        extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])
         report["files"] = [*FILES[fmt], *extra]
     _print(report)
     return report
 
 
 def _refuse(fmt: str, recipe: Recipe, num_classes: int, ckpt: str, mae: bool) -> None:
-    """The format's one-line refusal of what it cannot hold (onnx holds any network we build, once its
-    optional packages are installed); `mae`: hf's target is ViTMAEModel."""
+    """The format's one-line refusal of what it cannot hold (onnx holds any network we build, once
+    its optional packages are installed); `mae`: hf's target is ViTMAEModel."""
     if fmt == "onnx":
         export_onnx.check_installed()
     elif fmt == "hf":
@@ -84,14 +87,15 @@ def _network(recipe: Recipe, spec: CheckpointSpec) -> str:
 
 
 def _class_names(loaded: Loaded, num_classes: int) -> list[str]:
-    """The class names, or the indices as names when the checkpoint has none (or a different count)."""
+    """The class names, or the indices as names when the checkpoint has none (or a different
+    count)."""
     return class_names(loaded, num_classes) or [str(i) for i in range(num_classes)]
 
 
 def preprocessing(recipe: Recipe) -> dict:
     """The eval preprocessing of the resolved recipe (what the checkpoint says, vitcli.checkpoints.
-    preprocessing, under the user's keys), as data.transforms.build_transform runs it: shorter side to
-    floor(size / crop_pct) (crop_mode squash: both sides) with data.interpolation, centre crop,
+    preprocessing, under the user's keys), as data.transforms.build_transform runs it: shorter side
+    to floor(size / crop_pct) (crop_mode squash: both sides) with data.interpolation, centre crop,
     (x / 255 - mean) / std."""
     d, size = recipe.data, recipe.model.img_size
     return {"size": size, "crop_pct": d.eval_crop_pct, "crop_mode": d.eval_crop_mode,
@@ -138,8 +142,8 @@ def _write_json(path: Path, content: dict) -> None:
 
 
 def _summary(loaded: Loaded) -> dict:
-    """The held-out results in summary.json of the run whose model.safetensors this is (our workdirs: its
-    val/, test/ and fewshot/ metrics and step count), {} for anything else."""
+    """The held-out results in summary.json of the run whose model.safetensors this is (our
+    workdirs: its val/, test/ and fewshot/ metrics and step count), {} for anything else."""
     path = Path(loaded.path)
     found = path.parent / SUMMARY_FILE if path.name == MODEL_FILE else None
     try:

@@ -1,5 +1,6 @@
-"""`vit eval-fewshot`: features per task (cached), every shots x seed few-shot score and the all-data
-protocols (fewshot.protocols: kNN, logistic probe, ridge) on the same features; tables, files (rank 0)."""
+"""`vit eval-fewshot`: features per task (cached), every shots x seed few-shot score and the
+all-data protocols (fewshot.protocols: kNN, logistic probe, ridge) on the same features; tables,
+files (rank 0)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ from vitcli.runtime.workdir import check_workdir, refuse_other_run
 
 
 def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict:
-    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*, the cache.
-    A workdir where this request finished is read, not scored again (vitcli.runtime.finished), unless
-    `overwrite`. Returns what results.json holds (every run under `runs`), on every rank."""
+    """Score the checkpoint's frozen features on every task; rank 0 writes recipe.yaml, results.*,
+    the cache. A workdir where this request finished is read, not scored again
+    (vitcli.runtime.finished), unless `overwrite`. Returns what results.json holds (every run under
+    `runs`), on every rank."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     if recipe.fewshot.cache_dir:
@@ -52,7 +54,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
         if dist.is_main:
             report.show(done["runs"], done["all_data"], workdir)
         return done
-    open_splits(chosen, recipe)  # a missing split is refused before any feature is extracted or written
+    # a missing split is refused before any feature is extracted or written
+    open_splits(chosen, recipe)
     console.log(f"features in {recipe.run.precision} ({why})")
     model = load_for_eval(recipe)
     if recipe.init.random:
@@ -61,7 +64,8 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
         weights = features.state_id(model)
     else:
         console.log("{}: {}".format(*preprocessing_row(recipe, FEED)))
-        weights = features.weights_id(recipe.init.checkpoint)  # a hash of the whole file: once, not per task
+        # a hash of the whole file: once, not per task
+        weights = features.weights_id(recipe.init.checkpoint)
     model = model.to(dist.device)
     # undecodable rows over every task's splits, extracted or read from the cache
     skipped = bad_images.Skipped()
@@ -81,14 +85,16 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
 
 def _task_rows(task: tasks.Task, model, weights: str, recipe: Recipe, workdir: Path, dist: Dist,
                skipped: bad_images.Skipped) -> tuple[list[dict], list[dict]]:
-    """Features of the task's train and test splits (from the cache when there), then its few-shot rows and
-    its all-data protocols' rows (fewshot.protocols), every protocol on the same features."""
+    """Features of the task's train and test splits (from the cache when there), then its few-shot
+    rows and its all-data protocols' rows (fewshot.protocols), every protocol on the same
+    features."""
     cache_dir = Path(recipe.fewshot.cache_dir) if recipe.fewshot.cache_dir else workdir / FEATURES_DIR
     img_size, resize, method = preprocessing(recipe)
     pre = {"img_size": img_size, "resize": resize, "resize_method": method, "precision": recipe.run.precision,
            # dSprites' 0/1 pixels decode differently since they are scaled
            "binary_pixels": task.binary_pixels}
-    if recipe.data.mean != SIGNED["mean"] or recipe.data.std != SIGNED["std"]:  # [-1, 1]: the keys it had
+    # [-1, 1]: the keys it had
+    if recipe.data.mean != SIGNED["mean"] or recipe.data.std != SIGNED["std"]:
         pre.update(mean=recipe.data.mean, std=recipe.data.std)
     sets = []
     for split in (task.train_split, task.test_split):

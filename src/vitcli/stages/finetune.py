@@ -1,5 +1,5 @@
-"""`vit finetune`: one run, a sweep (`--sweep`), a learning-rate sweep picked on the dev split, or the VTAB-1k
-protocol."""
+"""`vit finetune`: one run, a sweep (`--sweep`), a learning-rate sweep picked on the dev split, or
+the VTAB-1k protocol."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from vitcli.stages.vtab import run_vtab, vtab_tasks
 
 def check_flags(lr_sweep: str | None, task: str | None, recipe: Recipe,
                 swept: bool = False) -> tuple[list[float] | None, list | None]:
-    """(learning rates, VTAB tasks) the flags name for this recipe, or a one-line error; None where a flag is
-    not given. `swept`: --sweep is given, which runs one recipe's points, and so neither of the two."""
+    """(learning rates, VTAB tasks) the flags name for this recipe, or a one-line error; None where
+    a flag is not given. `swept`: --sweep is given, which runs one recipe's points, and so neither
+    of the two."""
     if swept and (lr_sweep or task):
         raise RecipeError("--sweep with --lr-sweep: pass one (--sweep optim.lr=... is the sweep --lr-sweep "
                           "chooses on dev from)" if lr_sweep else
@@ -33,9 +34,9 @@ def check_flags(lr_sweep: str | None, task: str | None, recipe: Recipe,
 
 def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overwrite: bool = False,
              lrs: list[float] | None = None, chosen: list | None = None, sweep: Grid | None = None) -> dict:
-    """Join the process group once and run what the flags (as check_flags read them) ask for: the VTAB
-    tasks `chosen`, a sweep over `lrs`, the points of `sweep`, or one run. Returns what its results file
-    (vtab.json, sweep.json or summary.json) holds."""
+    """Join the process group once and run what the flags (as check_flags read them) ask for: the
+    VTAB tasks `chosen`, a sweep over `lrs`, the points of `sweep`, or one run. Returns what its
+    results file (vtab.json, sweep.json or summary.json) holds."""
     dist = setup(recipe.run.device)
     if not recipe.init.checkpoint and dist.is_main:
         console.log("no --init: fine-tuning from random initialisation (a baseline, not transfer)")

@@ -1,16 +1,17 @@
 """`vit inspect`: the paper's Figure 7 for any ViT checkpoint we read, from a few real images.
 
 The recipe the command resolved (stage `inspect`) holds the checkpoint's own architecture at its
-native resolution, headless, so whatever vit reads (our workdirs, timm files, Google .npz, Hub names)
-can be inspected; a checkpoint without attention blocks is refused there (checkpoints.complete). A
-figure that does not apply to the network (the hybrid and T2T-ViT have no pixel patch filters; a model
-without a position table has no similarities) is skipped with the reason.
+native resolution, headless, so whatever vit reads (our workdirs, timm files, Google .npz, Hub
+names) can be inspected; a checkpoint without attention blocks is refused there
+(checkpoints.complete). A figure that does not apply to the network (the hybrid and T2T-ViT have no
+pixel patch filters; a model without a position table has no similarities) is skipped with the
+reason.
 
-An MAE run (objective: mae) also gets MAE's Figure 2 (figures.figure2): its model.safetensors holds the
-encoder only, so the encoder and decoder are read together from the run's newest training state
-(state-<step>.pt, weights_only), and a few images of the run's own held-out split are masked, reconstructed
-and drawn. An MAE encoder whose decoder is not at hand (a lone model.safetensors, MAE's .pth) is inspected as
-any ViT and the figure skipped with the reason.
+An MAE run (objective: mae) also gets MAE's Figure 2 (figures.figure2): its model.safetensors holds
+the encoder only, so the encoder and decoder are read together from the run's newest training state
+(state-<step>.pt, weights_only), and a few images of the run's own held-out split are masked,
+reconstructed and drawn. An MAE encoder whose decoder is not at hand (a lone model.safetensors,
+MAE's .pth) is inspected as any ViT and the figure skipped with the reason.
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict)  # figure file -> why it does not apply
     explained_variance: list[float] = field(default_factory=list)  # of the filter components shown
     attention: dict = field(default_factory=dict)  # attention_distance.json's content
-    reconstruction: dict = field(default_factory=dict)  # what MAE's Figure 2 shows; {} when not drawn
+    # what MAE's Figure 2 shows; {} when not drawn
+    reconstruction: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The report as JSON-able numbers and paths."""
@@ -187,13 +189,15 @@ def _stream(ds, recipe: Recipe) -> batches.BatchStream:
 
 def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], cell: float,
                              device: torch.device) -> tuple[np.ndarray, int]:
-    """((layers, heads) mean attention distance in pixels over every image of `stream`, images seen)."""
+    """((layers, heads) mean attention distance in pixels over every image of `stream`, images
+    seen)."""
     model = model.to(device).eval()
     distances = figure7.patch_distances(grid, cell).to(device)  # (N, N)
     prefix = int(getattr(model, "num_prefix_tokens", 0))
     sums: dict[int, torch.Tensor] = {}
 
-    def add(layer: int, probs: torch.Tensor) -> None:  # (B, heads, T, T) -> summed over the batch (heads,)
+    # (B, heads, T, T) -> summed over the batch (heads,)
+    def add(layer: int, probs: torch.Tensor) -> None:
         total = figure7.attention_distance(probs, distances, prefix).sum(dim=0)
         sums[layer] = sums[layer] + total if layer in sums else total
 
@@ -208,9 +212,9 @@ def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], ce
 @contextlib.contextmanager
 def attention_probabilities(blocks: nn.Module,
                             receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
-    """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T) to
-    `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off meanwhile and the
-    input of the attention dropout (the softmax output) is read."""
+    """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T)
+    to `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off
+    meanwhile and the input of the attention dropout (the softmax output) is read."""
     attns = [getattr(block, "attn", None) for block in blocks]
     unusable = [i for i, a in enumerate(attns) if not hasattr(a, "fused_attn") or not hasattr(a, "attn_drop")]
     if unusable:
@@ -243,8 +247,8 @@ class MaeRun:
 
 
 def mae_run(checkpoint: str) -> tuple[MaeRun | None, str]:
-    """(the MAE run behind `checkpoint`, ""); (None, why not) for an MAE encoder whose decoder is not at hand;
-    (None, "") for any other network."""
+    """(the MAE run behind `checkpoint`, ""); (None, why not) for an MAE encoder whose decoder is
+    not at hand; (None, "") for any other network."""
     if not checkpoint or not is_mae_encoder(read_checkpoint(checkpoint), 0):  # "": init.random
         return None, ""
     path = Path(checkpoint)
@@ -280,9 +284,9 @@ def _mae_model(path: Path, saved: dict) -> tuple[MaeRun | None, str]:
 
 def reconstruct(run: MaeRun, count: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
                                                                          torch.Tensor, str]:
-    """(images (B, 3, H, W) as fed, pred (B, N, P*P*3), mask (B, N), split) for the first `count` images of
-    the run's validation split (else its test split), each masked by mae.mask_noise of (run.seed, its index):
-    the same masks on every call."""
+    """(images (B, 3, H, W) as fed, pred (B, N, P*P*3), mask (B, N), split) for the first `count`
+    images of the run's validation split (else its test split), each masked by mae.mask_noise of
+    (run.seed, its index): the same masks on every call."""
     r = run.recipe
     split = r.data.val_split or r.data.test_split
     ds = sources.load_split(r.data, split)
@@ -310,7 +314,8 @@ def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
     n, kept = mask.shape[1], run.model.keep
     title = (f"{r.model.name}, MAE at step {run.step}: mask ratio {r.mae.mask_ratio:g} "
              f"({n - kept} of {n} patches removed), {split} images")
-    if r.mae.norm_pix_loss:  # the decoder predicts each patch's pattern, not its mean and contrast: say so
+    # the decoder predicts each patch's pattern, not its mean and contrast: say so
+    if r.mae.norm_pix_loss:
         title += "\nremoved patches: the predicted pattern at the original patch's mean and std (norm_pix)"
     figure7.save_figure(figure2.reconstruction_figure(tiles, title), out / RECONSTRUCTION)
     report.reconstruction = {"state": str(run.path), "step": run.step, "mask_ratio": r.mae.mask_ratio,

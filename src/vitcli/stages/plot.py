@@ -1,4 +1,5 @@
-"""`vit plot`: the training curves of one or more workdirs in one PNG (figures/curves.py draws them)."""
+"""`vit plot`: the training curves of one or more workdirs in one PNG (figures/curves.py draws
+them)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from vitcli.runtime.workdir import check_output_file
 
 
 def plot(workdirs: list[Path], out: Path | None = None) -> Path:
-    """All runs' curves in one PNG, by default WORKDIR/curves.png for one run, ./curves.png for several;
-    returns where it went."""
+    """All runs' curves in one PNG, by default WORKDIR/curves.png for one run, ./curves.png for
+    several; returns where it went."""
     if not workdirs:
         raise OutputError("name at least one workdir")
     out = out or (Path(workdirs[0]) / CURVES_FILE if len(workdirs) == 1 else Path(CURVES_FILE))

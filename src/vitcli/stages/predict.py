@@ -1,10 +1,11 @@
-"""`vit predict`: a checkpoint's top-k classes for image files and folders, with class names where the
-checkpoint stores them (else timm's ImageNet lemmas for a head of ImageNet-1k's or -21k's width).
+"""`vit predict`: a checkpoint's top-k classes for image files and folders, with class names where
+the checkpoint stores them (else timm's ImageNet lemmas for a head of ImageNet-1k's or -21k's
+width).
 
 The images go through `vit evaluate`'s own pass (vitcli.stages.evaluate.predictions: the same eval
-preprocessing, batching and precision), so a file scores exactly as the same image in a split does. An image
-that does not decode is named once, by its path: in a warning as it is skipped, or in the error
-when no image decodes; nothing is written.
+preprocessing, batching and precision), so a file scores exactly as the same image in a split does.
+An image that does not decode is named once, by its path: in a warning as it is skipped, or in the
+error when no image decodes; nothing is written.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from vitcli.stages.evaluate import predictions
 
 
 def image_files(paths: list[Path]) -> list[Path]:
-    """The files named, and the image files (by extension, torchvision's list) below the folders named,
-    sorted per folder; a path that does not exist, or no image at all, is a one-line error."""
+    """The files named, and the image files (by extension, torchvision's list) below the folders
+    named, sorted per folder; a path that does not exist, or no image at all, is a one-line
+    error."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -79,12 +81,14 @@ def undecodable(path: Path) -> str | None:
 
 def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     """One record per image that decodes, in file order: {"path", "top": [{"rank", "class_index",
-    "class_name", "probability"}, ...]}; rank 0 prints them as a table (the caller may silence it)."""
+    "class_name", "probability"}, ...]}; rank 0 prints them as a table (the caller may silence
+    it)."""
     files = image_files(paths)
     dist = setup(recipe.run.device)  # first: rank 0 alone warns about the files that do not decode
     files = decodable(files)
     recipe, _ = resolved(recipe, dist.device)
-    # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are unused)
+    # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are
+    # unused)
     data = dataclasses.replace(recipe.data, image_column="image", label_column="label")
     recipe = dataclasses.replace(recipe, data=data)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
@@ -107,8 +111,8 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
 
 
 def show(records: list[dict], loss: str, names_from: str = "") -> None:
-    """A table: each image's path, then its top-k classes with their probabilities; its title says where
-    the class names come from when the checkpoint does not store them."""
+    """A table: each image's path, then its top-k classes with their probabilities; its title says
+    where the class names come from when the checkpoint does not store them."""
     names = f"; class names: {names_from}" if names_from not in ("", "checkpoint") else ""
     table = Table(title=f"predictions ({'softmax' if loss == 'softmax' else 'sigmoid'} probabilities{names})")
     for col in ("image", "rank", "class", "probability"):

@@ -36,7 +36,8 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
     if manifest["quality"]:
         how += f" quality {manifest['quality']}"
     how += f", {manifest['shards']} shards"
-    if manifest.get("shuffle_seed") is not None:  # tar: rows in a seeded shuffled order (prepare.shard_order)
+    # tar: rows in a seeded shuffled order (prepare.shard_order)
+    if manifest.get("shuffle_seed") is not None:
         how += f" (rows shuffled, seed {manifest['shuffle_seed']})"
     rows = [("source", manifest["source"]), ("out", str(out)), ("images", how),
             ("classes", str(len(manifest["label_names"])))]
@@ -45,7 +46,8 @@ def _rows(manifest: dict, out: Path) -> list[tuple[str, str]]:
         bad = f", {entry['undecodable']} undecodable (kept as they were)" if entry.get("undecodable") else ""
         rows.append((split, f"{entry['rows']} rows{shards}{bad}"))
         rows += _undecodable(entry.get("undecodable_images", []))
-    written = all("shards" in entry for entry in manifest["splits"].values())  # not a dry run's plan
+    # not a dry run's plan
+    written = all("shards" in entry for entry in manifest["splits"].values())
     return rows + ([("read it with", f"data.source={out}")] if written else [])
 
 

@@ -1,4 +1,5 @@
-"""`vit resize-posemb`: the flags to a request for checkpoints.resize, and what changed as a table."""
+"""`vit resize-posemb`: the flags to a request for checkpoints.resize, and what changed as a
+table."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from vitcli.runtime.metrics import pairs_table, stdout
 
 
 def parse_grid(text: str) -> tuple[int, int]:
-    """`24x16` -> (24, 16); a one-line error for anything that is not a rectangle of positive sides."""
+    """`24x16` -> (24, 16); a one-line error for anything that is not a rectangle of positive
+    sides."""
     parts = text.lower().split("x")
     if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
         raise CheckpointError(f"--grid {text!r}: expected HxW with positive integers, e.g. 24x24")

@@ -1,7 +1,8 @@
-"""`vit evaluate --suite ROOT`: an ImageNet-1k checkpoint on every ImageNet set found under ROOT (val, V2,
-A, R, Sketch: vitcli.evaluators.robustness.SUITE_FOLDERS), each scored as its paper scores it, in one table
-beside the clean accuracy (and ReaL on ImageNet's val). Each set's own results.json, recipe.yaml and report
-go to WORKDIR/<folder>/ (vitcli.stages.evaluate); the table to WORKDIR/results.json.
+"""`vit evaluate --suite ROOT`: an ImageNet-1k checkpoint on every ImageNet set found under ROOT
+(val, V2, A, R, Sketch: vitcli.evaluators.robustness.SUITE_FOLDERS), each scored as its paper scores
+it, in one table beside the clean accuracy (and ReaL on ImageNet's val). Each set's own
+results.json, recipe.yaml and report go to WORKDIR/<folder>/ (vitcli.stages.evaluate); the table to
+WORKDIR/results.json.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
 from vitcli.runtime.run_files import EVALUATE_FILE, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
-from vitcli.stages import evaluate as one_set  # looked up at call time, as the CLI looks the stage up
+
+# looked up at call time, as the CLI looks the stage up
+from vitcli.stages import evaluate as one_set
 
 ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1", "real/top5", "real/images",
             "ece", "nll", "tta/top1", "tta/top5", "skipped_images")
@@ -33,11 +36,11 @@ ROW_KEYS = ("images", "imagenet_set/classes", "top1", "top5", "loss", "real/top1
 def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | None = None,
                    real: list[list[int]] | None = None, tta: tuple[str, ...] = (),
                    overwrite: bool = False) -> dict:
-    """Evaluate the checkpoint on each set under `root`; `real` (read from `real_path`) scores ImageNet's
-    val, else timm's copy of ReaL does when its files are ILSVRC2012_val_*; `tta`: evaluate's test-time
-    views, on every set. A set this request finished is read, not evaluated again, unless `overwrite`
-    (vitcli.runtime.finished), and the suite's own files are rewritten only when they change. Returns
-    results.json's content."""
+    """Evaluate the checkpoint on each set under `root`; `real` (read from `real_path`) scores
+    ImageNet's val, else timm's copy of ReaL does when its files are ILSVRC2012_val_*; `tta`:
+    evaluate's test-time views, on every set. A set this request finished is read, not evaluated
+    again, unless `overwrite` (vitcli.runtime.finished), and the suite's own files are rewritten
+    only when they change. Returns results.json's content."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     found = robustness.find_sets(root)
@@ -58,15 +61,17 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
             finished.set_aside_results(workdir, (EVALUATE_FILE, RECIPE_FILE))
         texts = ((RECIPE_FILE, to_yaml(recipe)), (EVALUATE_FILE, json.dumps(results, indent=2) + "\n"))
         for name, text in texts:
-            if not (workdir / name).is_file() or (workdir / name).read_text() != text:  # a repeat: no write
+            # a repeat: no write
+            if not (workdir / name).is_file() or (workdir / name).read_text() != text:
                 write_text(workdir / name, text)
         report(results)
     return results
 
 
 def set_recipe(recipe: Recipe, path: Path) -> Recipe:
-    """The recipe that reads one set: the folder as data.source with the image folder's columns, its split
-    `validation` when it has one (ImageNet's val/), else its only split (an image folder of classes)."""
+    """The recipe that reads one set: the folder as data.source with the image folder's columns, its
+    split `validation` when it has one (ImageNet's val/), else its only split (an image folder of
+    classes)."""
     data = dataclasses.replace(recipe.data, source=str(path), image_column="image", label_column="label",
                                label_rule="", num_classes=0)
     splits = sources.available_splits(data.source, data.synthetic)
@@ -78,8 +83,8 @@ def set_recipe(recipe: Recipe, path: Path) -> Recipe:
 
 
 def _real_for(recipe: Recipe, real_path: Path | None, real: list[list[int]] | None) -> dict:
-    """evaluate's ReaL arguments for ImageNet's val: the labels given, else timm's copy when every file of
-    the split is an ILSVRC2012_val_* (else none, said in a log line)."""
+    """evaluate's ReaL arguments for ImageNet's val: the labels given, else timm's copy when every
+    file of the split is an ILSVRC2012_val_* (else none, said in a log line)."""
     if real is not None:
         return {"real_path": real_path, "real": real}
     names = sources.file_names(recipe.data, sources.load_split(recipe.data, recipe.data.test_split))
@@ -92,7 +97,8 @@ def _real_for(recipe: Recipe, real_path: Path | None, real: list[list[int]] | No
 
 
 def report(results: dict) -> None:
-    """One table: a row per set, the clean set's first, with its top-1 difference to the clean one."""
+    """One table: a row per set, the clean set's first, with its top-1 difference to the clean
+    one."""
     rows = results["sets"]
     clean = next((row["top1"] for row in rows.values() if row["set"] == "imagenet"), None)
     table = Table(title=f"{results['checkpoint']} on {results['suite']}")

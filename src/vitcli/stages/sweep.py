@@ -1,23 +1,25 @@
-"""Sweeps: a training run per point of a grid, each in WORKDIR/<point>, and one table of their final metrics.
+"""Sweeps: a training run per point of a grid, each in WORKDIR/<point>, and one table of their final
+metrics.
 
-`--sweep KEY=V1,V2,...` (recipe/grid.py names the points; the CLI resolves every point's recipe before the
-first trains) runs the points in turn through run.build.run_training, which skips a finished one without
-touching a file, so a rerun trains only what is missing. Rank 0 then writes WORKDIR/sweep.json and sweep.csv
-(a row per point: its swept values and every final metric of its summary.json, the keys with a `/`)
-and prints a table readable at 100 columns: the swept values, the dev and test metrics and the
-status, the best on the dev split (val/top1) marked where the points have one. The CLI has refused,
-before this, a swept value that resolving a point's recipe replaced (recipe.grid.check_swept: a key
-the starting checkpoint fixes); a workdir that holds a single run is refused here
-(runtime.workdir.refuse_single_run).
+`--sweep KEY=V1,V2,...` (recipe/grid.py names the points; the CLI resolves every point's recipe
+before the first trains) runs the points in turn through run.build.run_training, which skips a
+finished one without touching a file, so a rerun trains only what is missing. Rank 0 then writes
+WORKDIR/sweep.json and sweep.csv (a row per point: its swept values and every final metric of its
+summary.json, the keys with a `/`) and prints a table readable at 100 columns: the swept values, the
+dev and test metrics and the status, the best on the dev split (val/top1) marked where the points
+have one. The CLI has refused, before this, a swept value that resolving a point's recipe replaced
+(recipe.grid.check_swept: a key the starting checkpoint fixes); a workdir that holds a single run is
+refused here (runtime.workdir.refuse_single_run).
 
-A point whose training fails as it runs (a non-finite loss; on one process also the device's memory running
-out) is recorded as failed and the other points still run: what a value does is the sweep's result. The
-command then exits 2 naming it (a rerun trains it again). With `--sweep-point I` (a SLURM array task) only
-point I runs, its failure is the task's, and the task that finds every point finished writes the table.
+A point whose training fails as it runs (a non-finite loss; on one process also the device's memory
+running out) is recorded as failed and the other points still run: what a value does is the sweep's
+result. The command then exits 2 naming it (a rerun trains it again). With `--sweep-point I` (a
+SLURM array task) only point I runs, its failure is the task's, and the task that finds every point
+finished writes the table.
 
-`--lr-sweep` is the sweep over optim.lr that chooses: the best rate on the dev split, its test top-1 reported
-(a rate that diverged is left out of the choice). Without a test split none is: VTAB's sweep (stages/vtab.py)
-retrains its choice and tests only that model.
+`--lr-sweep` is the sweep over optim.lr that chooses: the best rate on the dev split, its test top-1
+reported (a rate that diverged is left out of the choice). Without a test split none is: VTAB's
+sweep (stages/vtab.py) retrains its choice and tests only that model.
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ def run_grid(recipe: Recipe, workdir: Path, resume: bool | None = None, overwrit
 
 def sweep_grid(grid: Grid, workdir: Path, dist: Dist, resume: bool | None = None,
                overwrite: bool = False) -> dict:
-    """Every point of `grid` in turn (or grid.only alone, then the table if every point is finished); returns
-    what sweep.json holds. A point that failed is a TrainingError once the others ran and the table is
-    written."""
+    """Every point of `grid` in turn (or grid.only alone, then the table if every point is
+    finished); returns what sweep.json holds. A point that failed is a TrainingError once the others
+    ran and the table is written."""
     refuse_single_run(workdir)
     if grid.only is not None:
         return _one_point(grid, workdir, dist, resume, overwrite)
@@ -77,8 +79,9 @@ def sweep_grid(grid: Grid, workdir: Path, dist: Dist, resume: bool | None = None
 
 def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume: bool | None = None,
              overwrite: bool = False) -> dict:
-    """`--lr-sweep`: fine-tune once per learning rate into WORKDIR/optim.lr=<lr>, choose on data.val_split;
-    returns what sweep.json holds: the sweep's table and best_lr, its dev/top1 and test/top1."""
+    """`--lr-sweep`: fine-tune once per learning rate into WORKDIR/optim.lr=<lr>, choose on
+    data.val_split; returns what sweep.json holds: the sweep's table and best_lr, its dev/top1 and
+    test/top1."""
     refuse_single_run(workdir)
     planned = [(p, derive(recipe, nest(p.overrides), dist.world_size)) for p in expand([("optim.lr", lrs)])]
     summary = table(_run_points(planned, workdir, dist, resume, overwrite), ["optim.lr"])
@@ -114,16 +117,16 @@ def _train(point: Point, recipe: Recipe, workdir: Path, dist: Dist, resume: bool
 
 
 def _failures(dist: Dist) -> tuple[type[BaseException], ...]:
-    """What a point's training may raise that is that point's outcome, not the sweep's end. A non-finite loss
-    is seen by every process at once (the loss is averaged over them first), so every one goes on to the next
-    point; running out of memory is one process's, and the others would wait in the old point's collectives:
-    under torchrun it ends the sweep."""
+    """What a point's training may raise that is that point's outcome, not the sweep's end. A
+    non-finite loss is seen by every process at once (the loss is averaged over them first), so
+    every one goes on to the next point; running out of memory is one process's, and the others
+    would wait in the old point's collectives: under torchrun it ends the sweep."""
     return (TrainingError,) if dist.world_size > 1 else (TrainingError, torch.OutOfMemoryError)
 
 
 def _one_point(grid: Grid, workdir: Path, dist: Dist, resume: bool | None, overwrite: bool) -> dict:
-    """--sweep-point I: train point I; then the table, if every point's run is finished (read from their
-    workdirs: whichever array task finishes last writes it)."""
+    """--sweep-point I: train point I; then the table, if every point's run is finished (read from
+    their workdirs: whichever array task finishes last writes it)."""
     point = grid.points[grid.only]
     if dist.is_main:
         console.rule(f"point {grid.only} of 0-{len(grid.points) - 1}: {point.name}")
@@ -140,7 +143,8 @@ def _one_point(grid: Grid, workdir: Path, dist: Dist, resume: bool | None, overw
 
 
 def row(point: Point, summary: dict | None, error: str = "") -> dict:
-    """A point's table row: its name, swept values, status (finished, failed or pending) and final metrics."""
+    """A point's table row: its name, swept values, status (finished, failed or pending) and final
+    metrics."""
     status = "failed" if error else "pending" if summary is None else "finished"
     metrics = {k: v for k, v in (summary or {}).items() if "/" in k}
     return {"point": point.name, **point.overrides, "status": status, **metrics, **_error(error)}
@@ -151,8 +155,8 @@ def _error(error: str) -> dict:
 
 
 def table(rows: list[dict], keys: list[str]) -> dict:
-    """What sweep.json holds: the swept keys, the best point on the dev split (None where no point has one),
-    the failed points and every row."""
+    """What sweep.json holds: the swept keys, the best point on the dev split (None where no point
+    has one), the failed points and every row."""
     dev = [r for r in rows if isinstance(r.get(DEV), (int, float))]
     best = max(dev, key=lambda r: r[DEV])["point"] if dev else None  # a tie: the first listed
     return {"keys": keys, "best": best, "failed": [r["point"] for r in rows if r["status"] == "failed"],
@@ -160,8 +164,8 @@ def table(rows: list[dict], keys: list[str]) -> dict:
 
 
 def _publish(workdir: Path, summary: dict, dist: Dist, title: str) -> None:
-    """Rank 0: sweep.json and sweep.csv (each only if it changed, so a rerun that trained nothing touches no
-    file), and the table on stdout."""
+    """Rank 0: sweep.json and sweep.csv (each only if it changed, so a rerun that trained nothing
+    touches no file), and the table on stdout."""
     if not dist.is_main:
         return
     _write_if_changed(workdir / SWEEP_FILE, json.dumps(summary, indent=2) + "\n")
@@ -180,8 +184,8 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 
 def as_csv(summary: dict) -> str:
-    """sweep.csv: a row per point; point, the swept keys, status, then every metric any point has (a point
-    without it leaves its cell empty), and error where a point failed."""
+    """sweep.csv: a row per point; point, the swept keys, status, then every metric any point has (a
+    point without it leaves its cell empty), and error where a point failed."""
     rows = summary["points"]
     columns = ["point", *summary["keys"], "status", *metric_columns(rows)]
     columns += ["error"] * any("error" in r for r in rows)
@@ -193,7 +197,8 @@ def as_csv(summary: dict) -> str:
 
 
 def metric_columns(rows: list[dict]) -> list[str]:
-    """Every metric of any row, first seen first, the held-out ones (val, test, few-shot) in front."""
+    """Every metric of any row, first seen first, the held-out ones (val, test, few-shot) in
+    front."""
     seen = list(dict.fromkeys(k for r in rows for k in r if "/" in k))
     return sorted(seen, key=lambda k: k.split("/")[0] not in HELD_OUT)
 

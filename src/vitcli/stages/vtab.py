@@ -1,11 +1,12 @@
-"""VTAB-1k fine-tuning: the paper's protocol per task (train on train800val200, test on test), and a table.
+"""VTAB-1k fine-tuning: the paper's protocol per task (train on train800val200, test on test), and a
+table.
 
-Protocol (paper App. B.1.1 / Zhai et al. 2019): resolve.VTAB_PROTOCOL sits below the recipe file, so a
-recipe can still change it. `val200` is the split for choosing hyper-parameters: with --lr-sweep each rate
-trains on train800 into TASK/optim.lr=<lr> and is scored on val200 (not on test), then the chosen rate trains
-again on all 1,000 images, train800val200, into TASK/final, and that model's test top-1 is the task's result.
-Every run resumes or is skipped as run.build.run_training decides, so a rerun after completion trains
-nothing again.
+Protocol (paper App. B.1.1 / Zhai et al. 2019): resolve.VTAB_PROTOCOL sits below the recipe file, so
+a recipe can still change it. `val200` is the split for choosing hyper-parameters: with --lr-sweep
+each rate trains on train800 into TASK/optim.lr=<lr> and is scored on val200 (not on test), then the
+chosen rate trains again on all 1,000 images, train800val200, into TASK/final, and that model's test
+top-1 is the task's result. Every run resumes or is skipped as run.build.run_training decides, so a
+rerun after completion trains nothing again.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from vitcli.stages.sweep import lr_sweep
 
 
 def vtab_tasks(spec: str) -> list[tasks.Task]:
-    """The VTAB-1k tasks `--task` names (`vtab`, `vtab/natural`, `vtab/dtd`); anything else is an error."""
+    """The VTAB-1k tasks `--task` names (`vtab`, `vtab/natural`, `vtab/dtd`); anything else is an
+    error."""
     try:
         chosen = [t for t in tasks.get_tasks(spec) if t.name.startswith("vtab/")]
     except DataError as e:
@@ -40,8 +42,8 @@ def vtab_tasks(spec: str) -> list[tasks.Task]:
 
 
 def task_recipe(recipe: Recipe, task: tasks.Task, sweep_lr: bool, world_size: int = 1) -> Recipe:
-    """The recipe for one VTAB task: its data, its classes, its splits (a sweep's runs: train800, scored on
-    val200 and never tested; otherwise train800val200, tested)."""
+    """The recipe for one VTAB task: its data, its classes, its splits (a sweep's runs: train800,
+    scored on val200 and never tested; otherwise train800val200, tested)."""
     data = {
         **sources.task_data(task, recipe.fewshot.data_root),
         "train_split": task.splits["train800"] if sweep_lr else task.splits["train800val200"],
@@ -53,14 +55,17 @@ def task_recipe(recipe: Recipe, task: tasks.Task, sweep_lr: bool, world_size: in
 
 def run_vtab(recipe: Recipe, workdir: Path, chosen: list[tasks.Task], dist: Dist, resume: bool | None = None,
              lrs: list[float] | None = None, overwrite: bool = False) -> dict:
-    """Fine-tune on every task in `chosen`, one workdir each; rank 0 prints the table and writes vtab.json."""
-    planned = [(task, task_recipe(recipe, task, bool(lrs), dist.world_size)) for task in chosen]  # all found
+    """Fine-tune on every task in `chosen`, one workdir each; rank 0 prints the table and writes
+    vtab.json."""
+    # all found
+    planned = [(task, task_recipe(recipe, task, bool(lrs), dist.world_size)) for task in chosen]
     results = {}
     for task, r in planned:
         out = workdir / task.name.split("/")[1]
         try:
             found = _run_task(recipe, task, r, out, lrs, dist, resume, overwrite)
-        except DataError as e:  # the data layer names the file and split; say which task they were for
+        # the data layer names the file and split; say which task they were for
+        except DataError as e:
             raise DataError(f"{task.name}: {e}") from None
         results[task.name] = {"group": task.group, **found}
     if dist.is_main:
@@ -71,8 +76,9 @@ def run_vtab(recipe: Recipe, workdir: Path, chosen: list[tasks.Task], dist: Dist
 
 def _run_task(recipe: Recipe, task: tasks.Task, r: Recipe, out: Path, lrs: list[float] | None, dist: Dist,
               resume: bool | None, overwrite: bool) -> dict:
-    """One task's lr and test top-1. With `lrs`: the sweep's runs on train800 choose the lr on val200 (kept as
-    val/top1), then that lr trains on train800val200 into OUT/final, which alone is tested."""
+    """One task's lr and test top-1. With `lrs`: the sweep's runs on train800 choose the lr on
+    val200 (kept as val/top1), then that lr trains on train800val200 into OUT/final, which alone is
+    tested."""
     if not lrs:
         return {"lr": r.optim.lr, "test/top1": run_training(r, out, dist, resume, overwrite).get("test/top1")}
     summary = lr_sweep(r, out, lrs, dist, resume, overwrite)

@@ -1,10 +1,11 @@
-"""The one training loop. Pretrain and finetune differ in their recipes and starting weights, not here.
+"""The one training loop. Pretrain and finetune differ in their recipes and starting weights, not
+here.
 
-Each optimizer step sees `data.batch_size` images: each process accumulates micro-batches (their size and
-count from recipe.schema.micro_batches), summed (not averaged twice) across processes by DDP, so the paper's
-batch of 4096 runs on a single small machine. Parallelism is applied before the loop
-(train.parallelize.apply), and one CheckpointManager saves and resumes; the loop asks neither which strategy
-nor which data kind it runs.
+Each optimizer step sees `data.batch_size` images: each process accumulates micro-batches (their
+size and count from recipe.schema.micro_batches), summed (not averaged twice) across processes by
+DDP, so the paper's batch of 4096 runs on a single small machine. Parallelism is applied before the
+loop (train.parallelize.apply), and one CheckpointManager saves and resumes; the loop asks neither
+which strategy nor which data kind it runs.
 """
 
 from __future__ import annotations
@@ -41,21 +42,22 @@ from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
 
 log = logging.getLogger(__name__)
-MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3  # purposes of sampler.micro_seed; 0 is the augmentation's
+# purposes of sampler.micro_seed; 0 is the augmentation's
+MIXUP_STREAM, MPP_STREAM, MODEL_STREAM = 1, 2, 3
 
 
 class Evaluator(Protocol):
-    """What the loop runs when due (the evaluators package holds them): something that measures a model and
-    names what it measured (`val/top1`, `fewshot/x/5shot`)."""
+    """What the loop runs when due (the evaluators package holds them): something that measures a
+    model and names what it measured (`val/top1`, `fewshot/x/5shot`)."""
 
     def run(self, model: torch.nn.Module) -> Iterator[tuple[str, float]]: ...
 
 
 @dataclass(frozen=True)
 class Draws:
-    """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed per
-    purpose (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of its first
-    image."""
+    """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed
+    per purpose (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of
+    its first image."""
 
     seed: int
     step: int
@@ -82,9 +84,9 @@ class Objective(Protocol):
 
 
 class Feed(Protocol):
-    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step, from the
-    first on: a stream the CheckpointManager places before its first batch and saves with each checkpoint
-    (checkpoints.manager.TrainStream). It counts undecodable images in `skipped`."""
+    """This rank's endless train micro-batches (x, y) of `micro` images, `accum` per optimizer step,
+    from the first on: a stream the CheckpointManager places before its first batch and saves with
+    each checkpoint (checkpoints.manager.TrainStream). It counts undecodable images in `skipped`."""
 
     def __call__(self, micro: int, accum: int, dist: Dist) -> Iterator: ...
 
@@ -102,7 +104,8 @@ class Job:
     num_classes: int
     total_steps: int
     model_meta: dict  # model spec stored with the weights so later stages rebuild the model
-    evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)  # (every N steps; 0 = end only)
+    # (every N steps; 0 = end only)
+    evaluators: list[tuple[int, Evaluator]] = field(default_factory=list)
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
     # (checkpoint path, its state) to continue from: checkpoints.manager
     resume_from: Checkpoint | None = None
@@ -111,8 +114,8 @@ class Job:
 
 
 def _evaluate(evaluators: list[Evaluator], model, ema: WeightEma | None = None) -> dict[str, float]:
-    """Every evaluator's metrics on the model's weights, then (with an EMA) on the EMA weights swapped in,
-    named `val_ema/top1`, `fewshot_ema/<task>/<k>shot` (ema.ema_metric)."""
+    """Every evaluator's metrics on the model's weights, then (with an EMA) on the EMA weights
+    swapped in, named `val_ema/top1`, `fewshot_ema/<task>/<k>shot` (ema.ema_metric)."""
     if not evaluators:
         return {}
     results = _measure(evaluators, model)
@@ -123,28 +126,32 @@ def _evaluate(evaluators: list[Evaluator], model, ema: WeightEma | None = None) 
 
 
 def _measure(evaluators: list[Evaluator], model) -> dict[str, float]:
-    with parallelize.gathered(model):  # sharded: each rank evaluates its rows with the whole weights
+    # sharded: each rank evaluates its rows with the whole weights
+    with parallelize.gathered(model):
         return {name: value for ev in evaluators for name, value in ev.run(model)}
 
 
 def train(job: Job, dist: Dist) -> dict[str, float]:
-    """Run (or resume) training to job.total_steps; write state, metrics and final weights; return metrics."""
+    """Run (or resume) training to job.total_steps; write state, metrics and final weights; return
+    metrics."""
     r = job.recipe
     parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
-    model, ddp_model = parallel.model, parallel.train  # `model` is the one saved, evaluated and exported
+    # `model` is the one saved, evaluated and exported
+    model, ddp_model = parallel.model, parallel.train
     optimizer = build_optimizer(model, r.optim)
     ema = WeightEma(model, r.ema) if r.ema.decay else None  # in the model's layout: after sharding
     micro, accum = micro_batches(r, dist.world_size)
-    stream = job.feed(micro, accum, dist)  # this rank's train stream, placed by the checkpoint if any
+    # this rank's train stream, placed by the checkpoint if any
+    stream = job.feed(micro, accum, dist)
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
                                     job.resume_from, ema)
     start = checkpoints.load()
-    # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput: why that
-    # is still the honest measure on CUDA)
+    # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput:
+    # why that is still the honest measure on CUDA)
     waited = Waited(stream)
     advise = functools.partial(input_bound, feeding=feeding(r))
-    # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits before it
-    # are the first epochs' decoding, which the input-bound warning leaves out
+    # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits
+    # before it are the first epochs' decoding, which the input-bound warning leaves out
     warm = -(-getattr(stream, "warm_after", 0) // accum)
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
@@ -163,8 +170,9 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
-            # The loss is read (a host-device sync) only at log and checkpoint steps, before the update: a
-            # loss that became non-finite since is caught before any checkpoint could hold its weights.
+            # The loss is read (a host-device sync) only at log and checkpoint steps, before the
+            # update: a loss that became non-finite since is caught before any checkpoint could hold
+            # its weights.
             diverged = functools.partial(_diverged, r, done, newest)
             values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
@@ -190,8 +198,9 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
 
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
-    """The peak resident MiB of the main process and of its largest loader worker, the most of any rank,
-    and what the decoded-image cache held (data/decoding/image_cache.py), if the stream kept one."""
+    """The peak resident MiB of the main process and of its largest loader worker, the most of any
+    rank, and what the decoded-image cache held (data/decoding/image_cache.py), if the stream kept
+    one."""
     memory.sample()  # the stream, and so its workers, still alive
     found = memory.metrics()
     found = dict(zip(found, all_reduce_max(list(found.values()), dist)))
@@ -216,8 +225,9 @@ class _Clock:
 
 
 def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
-    """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on every
-    rank: one small all-reduce on the CPU per step, so every rank saves and stops at the same step."""
+    """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on
+    every rank: one small all-reduce on the CPU per step, so every rank saves and stops at the same
+    step."""
     signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
     return int(signum), bool(timed)
 
@@ -234,8 +244,8 @@ def _read(values: list, dist: Dist, diverged) -> list[float | None]:
 
 def _diverged(r: Recipe, done: int, newest: Path | None, loss: float) -> str:
     """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the
-    newest checkpoint on disk, which holds weights from before it (or that there is none), and what the
-    recipe can still change."""
+    newest checkpoint on disk, which holds weights from before it (or that there is none), and what
+    the recipe can still change."""
     kept = (f"the newest checkpoint, {newest.name}, is kept" if newest is not None
             else "no checkpoint was written before it")
     clip = r.optim.clip_grad_norm
@@ -253,8 +263,9 @@ def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
 
 @dataclass
 class _Window:
-    """Throughput since the last logged step, and the last logged train metrics; the logging windows after
-    the first (warm-up: worker start-up, compilation) summed as [seconds, seconds waiting, images]."""
+    """Throughput since the last logged step, and the last logged train metrics; the logging windows
+    after the first (warm-up: worker start-up, compilation) summed as [seconds, seconds waiting,
+    images]."""
 
     start: float
     images: int
@@ -262,14 +273,18 @@ class _Window:
     logged: int = 0
     totals: list = field(default_factory=lambda: [0.0, 0.0, 0])
     warned: bool = False
-    warm: int = 0  # the step from which the data are warm (decoded from the loader's cache, if it keeps one)
+    # the step from which the data are warm (decoded from the loader's cache, if it keeps one)
+    warm: int = 0
     since: int = 0  # the step the current window began after
-    judged: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])  # warm windows: the totals, then a count
-    memory: PeakMemory = field(default_factory=PeakMemory)  # the process's and its workers', at each log
+    # warm windows: the totals, then a count
+    judged: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])
+    # the process's and its workers', at each log
+    memory: PeakMemory = field(default_factory=PeakMemory)
 
     def add(self, elapsed: float, wait: float, done: int) -> None:
-        """Count a logging window ending at step `done` that ran `elapsed` seconds, `wait` of them waiting
-        for data: into the steady totals after the first window, into the judged ones once it began warm."""
+        """Count a logging window ending at step `done` that ran `elapsed` seconds, `wait` of them
+        waiting for data: into the steady totals after the first window, into the judged ones once
+        it began warm."""
         if self.logged:
             self.totals = [self.totals[0] + elapsed, self.totals[1] + wait, self.totals[2] + self.images]
         if self.logged and self.since >= self.warm:
@@ -278,7 +293,8 @@ class _Window:
         self.logged, self.since = self.logged + 1, done
 
     def steady(self) -> dict[str, float]:
-        """train/img_per_s and train/data_wait over the run after warm-up (the last window's if only one)."""
+        """train/img_per_s and train/data_wait over the run after warm-up (the last window's if only
+        one)."""
         seconds, wait, images = self.totals
         if not seconds:
             return {}
@@ -286,18 +302,20 @@ class _Window:
 
 
 def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
-    """Set the schedule's lr at `step`, times each group's lr_scale, on the optimizer; return the lr."""
+    """Set the schedule's lr at `step`, times each group's lr_scale, on the optimizer; return the
+    lr."""
     lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps,
                        warmup_steps=r.schedule.warmup_steps, decay=r.schedule.decay, end_lr=r.schedule.end_lr)
-    for group in optimizer.param_groups:  # a layer's share under optim.layer_decay (train.optim.param_groups)
+    # a layer's share under optim.layer_decay (train.optim.param_groups)
+    for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
     return lr
 
 
 def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, done: int, row: dict) -> None:
-    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats; once
-    two windows after warm-up are in, a warning the first time the loop waited too long for data over them
-    all (`advise`: input_bound)."""
+    """Every run.log_every steps (and at the end): a metrics.jsonl row and the progress bar's stats;
+    once two windows after warm-up are in, a warning the first time the loop waited too long for
+    data over them all (`advise`: input_bound)."""
     elapsed = max(time.perf_counter() - window.start, 1e-9)
     window.last = {**row, "train/img_per_s": window.images / elapsed,
                    "train/data_wait": min(wait / elapsed, 1.0)}
@@ -327,11 +345,12 @@ def _step(optimizer, model, ema: WeightEma | None, done: int, objective: Objecti
 
 
 def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None, dist: Dist) -> None:
-    """model.safetensors: the weights ema.save names (the trained ones, or the EMA swapped in), and its
-    metadata saying which (`weights`), beside the recipe and the model spec."""
+    """model.safetensors: the weights ema.save names (the trained ones, or the EMA swapped in), and
+    its metadata saying which (`weights`), beside the recipe and the model spec."""
     which = job.recipe.ema.save
     with ema.swapped(parallel.model) if which == "ema" else contextlib.nullcontext():
-        # every rank takes part: sharded weights are gathered; written inside, where they are the EMA's
+        # every rank takes part: sharded weights are gathered; written inside, where they are the
+        # EMA's
         weights = parallel.full_state(job.objective.exported(parallel.model))
         if dist.is_main:
             meta = {"recipe": to_dict(job.recipe), "model": job.model_meta, "weights": which}
@@ -339,7 +358,8 @@ def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None,
 
 
 def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done: int) -> None:
-    """Evaluators due at this step (the last step's run after the loop), on the EMA weights too if any."""
+    """Evaluators due at this step (the last step's run after the loop), on the EMA weights too if
+    any."""
     due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
     if due:
         results = _evaluate(due, model, ema)
@@ -352,13 +372,13 @@ def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
     (global micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a
     teacher if the recipe names one; masked patch prediction; MAE: the objectives package).
 
-    Every random draw of the model's side gets its own seed per (run seed, step, global micro-batch), as
-    the augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix from a numpy Generator
-    of their own (augmentations.mix), dropout and drop-path from torch's global RNG (pinned here for the
-    call), the masking of masked patch prediction from its own generator. MAE's masks are drawn per
-    image instead, from (run seed, the image's index in the run: Draws.first_sample), so they do not
-    change with the micro-batch size either. So a run repeats exactly, resumes exactly, and trains the
-    same with one process or several.
+    Every random draw of the model's side gets its own seed per (run seed, step, global
+    micro-batch), as the augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix
+    from a numpy Generator of their own (augmentations.mix), dropout and drop-path from torch's
+    global RNG (pinned here for the call), the masking of masked patch prediction from its own
+    generator. MAE's masks are drawn per image instead, from (run seed, the image's index in the
+    run: Draws.first_sample), so they do not change with the micro-batch size either. So a run
+    repeats exactly, resumes exactly, and trains the same with one process or several.
     """
 
     def loss(model, x, y, i):
@@ -371,8 +391,9 @@ def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
 
 def _accumulate_grads(parallel: parallelize.Parallel, optimizer, stream, accum: int, objective,
                       precision: str, dist: Dist):
-    """Gradients of one optimizer step over `accum` micro-batches of `parallel.train`; (loss, accuracy or
-    None) of this rank as 0-d tensors, averaged over its micro-batches, not read (no host-device sync)."""
+    """Gradients of one optimizer step over `accum` micro-batches of `parallel.train`; (loss,
+    accuracy or None) of this rank as 0-d tensors, averaged over its micro-batches, not read (no
+    host-device sync)."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = None
     for i in range(accum):
@@ -394,15 +415,16 @@ def _add(total, value):
 
 
 def _clip(model, max_norm: float) -> torch.Tensor:
-    """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d tensor."""
+    """Clip the global gradient norm (no-op clip when 0); the norm before clipping, as a 0-d
+    tensor."""
     return parallelize.clip_grad_norm(model, max_norm)
 
 
 @contextlib.contextmanager
 def seeded(seed: int):
-    """Pin torch's global RNG, which dropout and drop-path draw from, to `seed` for the block, then restore
-    it so the caller's own stream is untouched. (Nothing of training draws from python's or numpy's global
-    RNGs: the augmentation and the mixing take Generators of their own.)"""
+    """Pin torch's global RNG, which dropout and drop-path draw from, to `seed` for the block, then
+    restore it so the caller's own stream is untouched. (Nothing of training draws from python's or
+    numpy's global RNGs: the augmentation and the mixing take Generators of their own.)"""
     saved = torch.get_rng_state()
     torch.manual_seed(seed)
     try:

@@ -10,9 +10,12 @@ def learning_rate(
 ) -> float:
     """Learning rate for optimizer step `step` (0-based).
 
-    1. Linear warmup from 0: lr = peak * step / warmup (big_vision's convention, so step 0 has lr 0).
-    2. Then decay over the remaining steps with progress p = (step - warmup) / (total - warmup) in [0, 1]:
-       linear: end + (peak - end) * (1 - p); cosine: end + (peak - end) * (1 + cos(pi p)) / 2; constant: peak.
+    1. Linear warmup from 0: lr = peak * step / warmup (big_vision's convention, so step 0 has lr
+    0).
+    2. Then decay over the remaining steps with progress p = (step - warmup) / (total - warmup) in
+    [0, 1]:
+       linear: end + (peak - end) * (1 - p); cosine: end + (peak - end) * (1 + cos(pi p)) / 2;
+       constant: peak.
     """
     if warmup_steps and step < warmup_steps:
         return peak_lr * step / warmup_steps
@@ -27,7 +30,8 @@ def learning_rate(
 
 
 def total_steps(steps: int, epochs: float, train_size: int, batch_size: int) -> int:
-    """Optimizer steps for the run: `steps` if set, else ceil(epochs x train_size / global batch)."""
+    """Optimizer steps for the run: `steps` if set, else ceil(epochs x train_size / global
+    batch)."""
     if steps:
         return steps
     return max(1, math.ceil(epochs * train_size / batch_size))

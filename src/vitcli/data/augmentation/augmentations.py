@@ -1,13 +1,13 @@
-"""The augmentation a recipe asks for, on top of the crop and flip: per image, RandAugment or DeiT III's
-3-Augment on uint8 pixels at the output size, then random erasing on the normalised batch; per micro-batch,
-Mixup and CutMix of images and labels in the training loop (`mix`).
+"""The augmentation a recipe asks for, on top of the crop and flip: per image, RandAugment or DeiT
+III's 3-Augment on uint8 pixels at the output size, then random erasing on the normalised batch; per
+micro-batch, Mixup and CutMix of images and labels in the training loop (`mix`).
 
-Every choice is drawn in the loader worker with the crop boxes, from the micro-batch's seed (`draw`), and
-travels with the batch as small tensors (`Drawn`, pinned like the pixels); the uint8 work runs batched in
-the worker, which resizes there (batches.resize_in_workers), erasing on the model's device (augment.finish).
-With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) the uint8 work runs on the device too: the same
-functions, so a batch is the same function of (seed, step, micro-batch) on either route, within the
-rounding of the resize that precedes them.
+Every choice is drawn in the loader worker with the crop boxes, from the micro-batch's seed
+(`draw`), and travels with the batch as small tensors (`Drawn`, pinned like the pixels); the uint8
+work runs batched in the worker, which resizes there (batches.resize_in_workers), erasing on the
+model's device (augment.finish). With batches.RESIZE_IN_WORKERS off (gpu_check's comparison) the
+uint8 work runs on the device too: the same functions, so a batch is the same function of (seed,
+step, micro-batch) on either route, within the rounding of the resize that precedes them.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class Drawn:
 
 
 def draw(aug: Augmentation, n: int, size: int, seed: int) -> Drawn:
-    """The draws of `n` images of side `size` for the micro-batch of `seed`, from a numpy stream of their
-    own: RandAugment's or 3-Augment's, then erasing's."""
+    """The draws of `n` images of side `size` for the micro-batch of `seed`, from a numpy stream of
+    their own: RandAugment's or 3-Augment's, then erasing's."""
     rng = np.random.default_rng([seed, AUGMENT_STREAM])
     return Drawn(
         randaugment.draw(aug.randaugment, n, rng) if aug.randaugment is not None else None,
@@ -106,7 +106,7 @@ def mixing_of(cfg: DataConfig, num_classes: int, label_smoothing: float) -> mixi
 
 def mix(spec: mixing.MixSpec, x: torch.Tensor, y: torch.Tensor,
         seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A micro-batch (x (B, 3, H, W), labels y (B,)) mixed as `spec` says, with draws from `seed` (its
-    own micro-batch seed): the mixed images and soft targets (B, K), on x's device."""
+    """A micro-batch (x (B, 3, H, W), labels y (B,)) mixed as `spec` says, with draws from `seed`
+    (its own micro-batch seed): the mixed images and soft targets (B, K), on x's device."""
     drawn = mixing.draw(spec, len(x), x.shape[-2], x.shape[-1], np.random.default_rng(seed))
     return mixing.apply(x, y, drawn.to(x.device), spec)

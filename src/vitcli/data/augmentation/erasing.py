@@ -1,12 +1,14 @@
-"""Random erasing with timm's `RandomErasing` semantics, its boxes drawn on the host for a whole micro-batch
-(numpy, from the caller's Generator) and erased where the images are, box by box in place.
+"""Random erasing with timm's `RandomErasing` semantics, its boxes drawn on the host for a whole
+micro-batch (numpy, from the caller's Generator) and erased where the images are, box by box in
+place.
 
 timm erases image by image in the dataset transform (timm/data/random_erasing.py): per image, with
-probability `prob`, `count` boxes (fixed, or uniform in [min_count, max_count]); each box tries up to 10
-times an area fraction ~ U(min_area, max_area) / count and a log-uniform aspect, keeps the first that fits
-strictly inside the image, and puts its corner uniformly over the places it fits. We draw the same boxes
-(`draw`) for all images x boxes x attempts at once, and `apply` fills them after normalisation: N(0, 1)
-noise per pixel (`pixel`), one N(0, 1) colour per box and channel (`rand`), or zeros (`const`).
+probability `prob`, `count` boxes (fixed, or uniform in [min_count, max_count]); each box tries up
+to 10 times an area fraction ~ U(min_area, max_area) / count and a log-uniform aspect, keeps the
+first that fits strictly inside the image, and puts its corner uniformly over the places it fits. We
+draw the same boxes (`draw`) for all images x boxes x attempts at once, and `apply` fills them after
+normalisation: N(0, 1) noise per pixel (`pixel`), one N(0, 1) colour per box and channel (`rand`),
+or zeros (`const`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ ATTEMPTS = 10  # timm's tries per box
 @dataclass(frozen=True)
 class ErasingSpec:
     """timm RandomErasing's arguments (probability, mode, min_count, max_count, min_area, max_area,
-    min_aspect, max_aspect), our defaults: timm's train-time defaults (re_prob 0.25, re_mode pixel)."""
+    min_aspect, max_aspect), our defaults: timm's train-time defaults (re_prob 0.25, re_mode
+    pixel)."""
 
     prob: float = 0.25
     mode: Literal["pixel", "rand", "const"] = "pixel"
@@ -44,16 +47,17 @@ class ErasingSpec:
 
 @dataclass
 class ErasingDraws:
-    """A micro-batch's erasing as drawn on the host: `boxes` (B, max_count, 4) int64 (top, left, height,
-    width), height 0 for no box; `noise_seed` (B,) int64, which seeds the fill (apply reads the first).
-    Both stay on the host wherever the images go: `apply` reads the boxes as Python ints to slice them, which
-    asks a GPU nothing (a device copy would have to be read back: a sync)."""
+    """A micro-batch's erasing as drawn on the host: `boxes` (B, max_count, 4) int64 (top, left,
+    height, width), height 0 for no box; `noise_seed` (B,) int64, which seeds the fill (apply reads
+    the first). Both stay on the host wherever the images go: `apply` reads the boxes as Python ints
+    to slice them, which asks a GPU nothing (a device copy would have to be read back: a sync)."""
 
     boxes: torch.Tensor
     noise_seed: torch.Tensor
 
     def pin_memory(self) -> ErasingDraws:
-        """Itself: nothing of it is copied to a device (the DataLoader calls this when it pins a batch)."""
+        """Itself: nothing of it is copied to a device (the DataLoader calls this when it pins a
+        batch)."""
         return self
 
     def to(self, device: torch.device | str) -> ErasingDraws:
@@ -62,8 +66,8 @@ class ErasingDraws:
 
 
 def _counts(spec: ErasingSpec, n: int, rng: np.random.Generator) -> np.ndarray:
-    """(n,) boxes per image: min_count, or uniform in [min_count, max_count] (timm's random.randint, which
-    includes both ends)."""
+    """(n,) boxes per image: min_count, or uniform in [min_count, max_count] (timm's random.randint,
+    which includes both ends)."""
     if spec.min_count == spec.max_count:
         return np.full(n, spec.min_count, dtype=np.int64)
     return rng.integers(spec.min_count, spec.max_count + 1, n)
@@ -71,10 +75,11 @@ def _counts(spec: ErasingSpec, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def box_sizes(spec: ErasingSpec, counts: np.ndarray, height: int, width: int,
               rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(n,) counts -> each box's (height, width) at its first accepted attempt and whether one was, each
-    (n, max_count). timm per attempt: target = U(min_area, max_area) * area / count, aspect =
-    exp(U(log lo, log hi)), h = round(sqrt(target * aspect)), w = round(sqrt(target / aspect)), accepted if
-    w < width and h < height (strictly). Python's round and numpy's rint both round half to even."""
+    """(n,) counts -> each box's (height, width) at its first accepted attempt and whether one was,
+    each (n, max_count). timm per attempt: target = U(min_area, max_area) * area / count, aspect =
+    exp(U(log lo, log hi)), h = round(sqrt(target * aspect)), w = round(sqrt(target / aspect)),
+    accepted if w < width and h < height (strictly). Python's round and numpy's rint both round half
+    to even."""
     shape = (len(counts), spec.max_count, ATTEMPTS)
     hi = spec.max_aspect or 1 / spec.min_aspect  # `or`, as timm: 0 counts as None
     target = rng.uniform(spec.min_area, spec.max_area, shape) * (height * width) / counts[:, None, None]
@@ -88,11 +93,13 @@ def box_sizes(spec: ErasingSpec, counts: np.ndarray, height: int, width: int,
 
 
 def draw(spec: ErasingSpec, n: int, height: int, width: int, rng: np.random.Generator) -> ErasingDraws:
-    """The erasing of `n` images of height x width, all from `rng`: which images (prob), their box counts,
-    box sizes (box_sizes), corners uniform over [0, height - h] x [0, width - w] (both ends included, as
-    Python's randint), and the fill's seed. timm draws box after box and stops at the first accepted attempt;
-    we draw every attempt of every box: the same distribution, other numbers."""
-    erased = rng.random(n) < spec.prob  # timm skips when random() > prob: the same but for a null set
+    """The erasing of `n` images of height x width, all from `rng`: which images (prob), their box
+    counts, box sizes (box_sizes), corners uniform over [0, height - h] x [0, width - w] (both ends
+    included, as Python's randint), and the fill's seed. timm draws box after box and stops at the
+    first accepted attempt; we draw every attempt of every box: the same distribution, other
+    numbers."""
+    # timm skips when random() > prob: the same but for a null set
+    erased = rng.random(n) < spec.prob
     counts = _counts(spec, n, rng)
     h, w, ok = box_sizes(spec, counts, height, width, rng)  # (n, K) each
     top = rng.integers(0, np.maximum(height - h, 0) + 1)
@@ -105,8 +112,8 @@ def draw(spec: ErasingSpec, n: int, height: int, width: int, rng: np.random.Gene
 
 
 def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, K, 4) (top, left, h, w) -> bool (B, K, H, W): each box's pixels, by broadcasting row and column
-    ranges against the boxes (no loop over images); a box of height 0 covers nothing."""
+    """(B, K, 4) (top, left, h, w) -> bool (B, K, H, W): each box's pixels, by broadcasting row and
+    column ranges against the boxes (no loop over images); a box of height 0 covers nothing."""
     top, left, h, w = (boxes[..., i, None, None] for i in range(4))  # (B, K, 1, 1) each
     rows = torch.arange(height, device=boxes.device)[:, None]  # (H, 1)
     cols = torch.arange(width, device=boxes.device)[None, :]  # (1, W)
@@ -114,12 +121,13 @@ def box_masks(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def apply(x: torch.Tensor, draws: ErasingDraws, spec: ErasingSpec) -> torch.Tensor:
-    """Float (B, C, H, W), normalised, on any device, erased in place and returned: box after box, in
-    timm's order, so that where boxes overlap the later one's fill wins. The fill comes from one
-    torch.Generator on x's device seeded with draws.noise_seed[0], drawn box after box, so the result is a
-    function of the draws on a given device. Only the boxes' pixels are drawn and written (a box is a fifth
-    of an image on average): noise drawn for whole images and blended in cost 0.6 ms per 224 px image on a
-    core, three times timm's whole RandAugment + erasing. No host sync: the boxes are host ints."""
+    """Float (B, C, H, W), normalised, on any device, erased in place and returned: box after box,
+    in timm's order, so that where boxes overlap the later one's fill wins. The fill comes from one
+    torch.Generator on x's device seeded with draws.noise_seed[0], drawn box after box, so the
+    result is a function of the draws on a given device. Only the boxes' pixels are drawn and
+    written (a box is a fifth of an image on average): noise drawn for whole images and blended in
+    cost 0.6 ms per 224 px image on a core, three times timm's whole RandAugment + erasing. No host
+    sync: the boxes are host ints."""
     gen = None
     for i, image in enumerate(draws.boxes.tolist()):
         for top, left, h, w in image:
@@ -132,9 +140,10 @@ def apply(x: torch.Tensor, draws: ErasingDraws, spec: ErasingSpec) -> torch.Tens
             if gen is None:
                 gen = torch.Generator(device=x.device)
                 gen.manual_seed(int(draws.noise_seed[0]))
-            # drawn contiguous, then copied: torch's normal_ on a strided view draws number by number on a
-            # CPU (measured 0.98 vs 0.14 ms for a 100 x 120 box, one thread)
-            shape = region.shape if spec.mode == "pixel" else (x.shape[1], 1, 1)  # rand: a colour per channel
+            # drawn contiguous, then copied: torch's normal_ on a strided view draws number by
+            # number on a CPU (measured 0.98 vs 0.14 ms for a 100 x 120 box, one thread)
+            # rand: a colour per channel
+            shape = region.shape if spec.mode == "pixel" else (x.shape[1], 1, 1)
             noise = torch.randn(shape, generator=gen, device=x.device, dtype=torch.float32)
             region.copy_(noise.expand_as(region))
     return x

@@ -1,15 +1,17 @@
-"""Mixup and CutMix as timm's `Mixup` does them, in two halves: `draw` makes a micro-batch's random decisions
-on the host from a numpy Generator the caller seeds, `apply` mixes the images and labels on their device.
+"""Mixup and CutMix as timm's `Mixup` does them, in two halves: `draw` makes a micro-batch's random
+decisions on the host from a numpy Generator the caller seeds, `apply` mixes the images and labels
+on their device.
 
-Written here rather than calling timm's `Mixup` because that one draws from numpy's global RNG, and its
-`pair` and `elem` modes loop over the images in Python and read each box back to the host. The decisions
-are timm's, in its order (`Mixup._params_per_batch`, `_params_per_elem`, `rand_bbox`, `rand_bbox_minmax`,
-`cutmix_bbox_and_lam`): mix with probability `prob`; with both alphas > 0, CutMix with probability
-`switch_prob`, else mixup; lambda ~ Beta(alpha, alpha); a CutMix box of side sqrt(1 - lambda) centred
-uniformly and clipped to the image (or of sides drawn between the `cutmix_minmax` fractions), lambda then
-recomputed as the share of the image left outside the box. Image i mixes with image B-1-i: one lambda for
-the batch (`batch`), one per image (`elem`), or one per pair, which both images of the pair take (`pair`).
-Every draw is kept per image, so `apply` is one route for the three modes.
+Written here rather than calling timm's `Mixup` because that one draws from numpy's global RNG, and
+its `pair` and `elem` modes loop over the images in Python and read each box back to the host. The
+decisions are timm's, in its order (`Mixup._params_per_batch`, `_params_per_elem`, `rand_bbox`,
+`rand_bbox_minmax`, `cutmix_bbox_and_lam`): mix with probability `prob`; with both alphas > 0,
+CutMix with probability `switch_prob`, else mixup; lambda ~ Beta(alpha, alpha); a CutMix box of side
+sqrt(1 - lambda) centred uniformly and clipped to the image (or of sides drawn between the
+`cutmix_minmax` fractions), lambda then recomputed as the share of the image left outside the box.
+Image i mixes with image B-1-i: one lambda for the batch (`batch`), one per image (`elem`), or one
+per pair, which both images of the pair take (`pair`). Every draw is kept per image, so `apply` is
+one route for the three modes.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class MixSpec:
 
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
-    cutmix_minmax: tuple[float, float] | None = None  # box sides as fractions of the image's; forces CutMix
+    # box sides as fractions of the image's; forces CutMix
+    cutmix_minmax: tuple[float, float] | None = None
     prob: float = 1.0  # per batch (batch mode) or per image or pair
     switch_prob: float = 0.5  # CutMix rather than mixup, when both alphas > 0
     mode: MixMode = "batch"
@@ -54,16 +57,16 @@ class MixSpec:
 
     @property
     def cutmix_beta(self) -> float:
-        """CutMix's Beta parameter: timm sets it to 1 when cutmix_minmax is given (lambda then comes from the
-        box, but the draw still happens and decides whether the image is mixed)."""
+        """CutMix's Beta parameter: timm sets it to 1 when cutmix_minmax is given (lambda then comes
+        from the box, but the draw still happens and decides whether the image is mixed)."""
         return 1.0 if self.cutmix_minmax is not None else self.cutmix_alpha
 
 
 @dataclass
 class MixDraws:
-    """One micro-batch's draws, per image: `lam` (B,) float64, the weight of the image itself (after the
-    box correction; 1 where it is not mixed), `use_cutmix` (B,) bool, `boxes` (B, 4) int64 (y0, y1, x0, x1),
-    the region taken from the partner image B-1-i (empty where no box was drawn)."""
+    """One micro-batch's draws, per image: `lam` (B,) float64, the weight of the image itself (after
+    the box correction; 1 where it is not mixed), `use_cutmix` (B,) bool, `boxes` (B, 4) int64 (y0,
+    y1, x0, x1), the region taken from the partner image B-1-i (empty where no box was drawn)."""
 
     lam: torch.Tensor
     use_cutmix: torch.Tensor
@@ -74,9 +77,10 @@ class MixDraws:
         return MixDraws(self.lam.pin_memory(), self.use_cutmix.pin_memory(), self.boxes.pin_memory())
 
     def to(self, device: torch.device) -> MixDraws:
-        """The draws on `device`, copied without a host-device sync (runtime.dist.to_device), in one copy of
-        one (B, 6) float64 tensor (exact: the boxes are integers far below 2**53) where they are not there:
-        the training loop draws them, so each tensor pinned is a page-locked block it allocates itself."""
+        """The draws on `device`, copied without a host-device sync (runtime.dist.to_device), in one
+        copy of one (B, 6) float64 tensor (exact: the boxes are integers far below 2**53) where they
+        are not there: the training loop draws them, so each tensor pinned is a page-locked block it
+        allocates itself."""
         device = torch.device(device)
         if self.lam.device == device:
             return self
@@ -86,20 +90,22 @@ class MixDraws:
 
 
 def draw(spec: MixSpec, n: int, height: int, width: int, rng: np.random.Generator) -> MixDraws:
-    """The draws for `n` images of height x width, from `rng` only: timm's decisions in timm's order.
-    An inactive spec draws nothing and mixes nothing."""
+    """The draws for `n` images of height x width, from `rng` only: timm's decisions in timm's
+    order. An inactive spec draws nothing and mixes nothing."""
     _check_even(n)
     if not spec.active:
         return _per_image(np.ones(n), np.zeros(n, dtype=bool), np.zeros((n, 4), dtype=np.int64))
     if spec.mode == "batch":
         lam, use_cutmix = _params_per_batch(spec, rng)
-        lam, use_cutmix = np.array([lam]), np.array([use_cutmix])  # float64, as timm keeps a Python float
+        # float64, as timm keeps a Python float
+        lam, use_cutmix = np.array([lam]), np.array([use_cutmix])
     else:
         lam, use_cutmix = _params_per_elem(spec, n // 2 if spec.mode == "pair" else n, rng)
     lam, boxes = _cut(spec, lam, use_cutmix, height, width, rng)
     if spec.mode == "batch":
         return _per_image(*(np.repeat(a, n, axis=0) for a in (lam, use_cutmix, boxes)))
-    if spec.mode == "pair":  # the second of pair (i, B-1-i) takes the first's draws (timm's _mix_pair)
+    # the second of pair (i, B-1-i) takes the first's draws (timm's _mix_pair)
+    if spec.mode == "pair":
         return _per_image(*(np.concatenate([a, a[::-1]]) for a in (lam, use_cutmix, boxes)))
     return _per_image(lam, use_cutmix, boxes)
 
@@ -110,9 +116,9 @@ def _per_image(lam: np.ndarray, use_cutmix: np.ndarray, boxes: np.ndarray) -> Mi
 
 def _cut(spec: MixSpec, lam: np.ndarray, use_cutmix: np.ndarray, height: int, width: int,
          rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(lambda (k,) float64, boxes (k, 4)) for k images or pairs, or one batch, given their lambdas before
-    the box: timm draws a box only for those it mixes with CutMix, and keeps lambda in its dtype (float32
-    per image, a Python float per batch) through the correction."""
+    """(lambda (k,) float64, boxes (k, 4)) for k images or pairs, or one batch, given their lambdas
+    before the box: timm draws a box only for those it mixes with CutMix, and keeps lambda in its
+    dtype (float32 per image, a Python float per batch) through the correction."""
     boxes = np.zeros((len(lam), 4), dtype=np.int64)
     cut = use_cutmix & (lam != 1)
     if cut.any():
@@ -157,8 +163,9 @@ def _params_per_elem(spec: MixSpec, count: int, rng: np.random.Generator) -> tup
 
 def _boxes(spec: MixSpec, lam: np.ndarray, height: int, width: int,
            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(boxes (k, 4) (y0, y1, x0, x1), lambda (k,)) for k images that CutMix: timm's cutmix_bbox_and_lam,
-    drawing each coordinate for all k images at once where timm draws image by image."""
+    """(boxes (k, 4) (y0, y1, x0, x1), lambda (k,)) for k images that CutMix: timm's
+    cutmix_bbox_and_lam, drawing each coordinate for all k images at once where timm draws image by
+    image."""
     if spec.cutmix_minmax is not None:
         boxes = _boxes_minmax(spec.cutmix_minmax, len(lam), height, width, rng)
     else:
@@ -170,8 +177,8 @@ def _boxes(spec: MixSpec, lam: np.ndarray, height: int, width: int,
 
 
 def _boxes_from_lam(lam: np.ndarray, height: int, width: int, rng: np.random.Generator) -> np.ndarray:
-    """timm's rand_bbox: sides sqrt(1 - lambda) of the image's (computed in lambda's dtype, as timm does),
-    centres uniform over the pixels, the box clipped to the image."""
+    """timm's rand_bbox: sides sqrt(1 - lambda) of the image's (computed in lambda's dtype, as timm
+    does), centres uniform over the pixels, the box clipped to the image."""
     ratio = np.sqrt(1 - lam)
     cut_h, cut_w = (height * ratio).astype(np.int64), (width * ratio).astype(np.int64)
     cy = rng.integers(0, height, size=len(lam))
@@ -183,8 +190,8 @@ def _boxes_from_lam(lam: np.ndarray, height: int, width: int, rng: np.random.Gen
 
 def _boxes_minmax(minmax: tuple[float, float], k: int, height: int, width: int,
                   rng: np.random.Generator) -> np.ndarray:
-    """timm's rand_bbox_minmax: sides uniform between the min and max fractions of the image's, the box
-    placed uniformly inside the image."""
+    """timm's rand_bbox_minmax: sides uniform between the min and max fractions of the image's, the
+    box placed uniformly inside the image."""
     cut_h = rng.integers(int(height * minmax[0]), int(height * minmax[1]), size=k)
     cut_w = rng.integers(int(width * minmax[0]), int(width * minmax[1]), size=k)
     y0 = rng.integers(0, height - cut_h + 1, size=k)
@@ -194,8 +201,9 @@ def _boxes_minmax(minmax: tuple[float, float], k: int, height: int, width: int,
 
 def apply(x: torch.Tensor, y: torch.Tensor, draws: MixDraws,
           spec: MixSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mixed images (B, C, H, W), soft targets (B, K) float32) from images x and int64 labels y (B,) on one
-    device: timm's Mixup.__call__ given the same draws, batched, with nothing read back to the host."""
+    """(mixed images (B, C, H, W), soft targets (B, K) float32) from images x and int64 labels y
+    (B,) on one device: timm's Mixup.__call__ given the same draws, batched, with nothing read back
+    to the host."""
     n = x.shape[0]
     _check_even(n)
     if draws.lam.shape != (n,):
@@ -212,15 +220,15 @@ def apply(x: torch.Tensor, y: torch.Tensor, draws: MixDraws,
 
 
 def _box_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """(B, 1, H, W) bool: the pixels inside each image's box (y0, y1, x0, x1), ends excluded; erasing's
-    box_masks on the same boxes as (top, left, height, width)."""
+    """(B, 1, H, W) bool: the pixels inside each image's box (y0, y1, x0, x1), ends excluded;
+    erasing's box_masks on the same boxes as (top, left, height, width)."""
     y0, y1, x0, x1 = boxes.unbind(1)
     return box_masks(torch.stack([y0, x0, y1 - y0, x1 - x0], 1)[:, None], height, width)
 
 
 def _targets(y: torch.Tensor, lam: torch.Tensor, spec: MixSpec) -> torch.Tensor:
-    """(B, K) float32: timm's mixup_target, the smoothed one-hot of each label weighted by its image's
-    lambda plus its partner's weighted by 1 - lambda."""
+    """(B, K) float32: timm's mixup_target, the smoothed one-hot of each label weighted by its
+    image's lambda plus its partner's weighted by 1 - lambda."""
     off = spec.label_smoothing / spec.num_classes
     on = 1.0 - spec.label_smoothing + off
     hot = torch.full((y.shape[0], spec.num_classes), off, dtype=torch.float32, device=y.device)

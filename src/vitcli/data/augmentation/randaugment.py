@@ -1,16 +1,17 @@
 """timm's RandAugment, batched on uint8 tensors (B, 3, H, W) on any device.
 
-timm runs RandAugment per PIL image with the global `random` and `np.random`. Here `parse` reads the ops back
-from timm's own RandAugment object (so a spec means what it means in timm), `draw` makes a micro-batch's
-choices on the host from the caller's numpy Generator exactly as timm's RandAugment.__call__ and
-AugmentOp.__call__ draw them, and `apply` does the pixel work on whatever device the batch is on: layer by
-layer, each op on the images that drew it, with Pillow's arithmetic (pillow_ops: what ImageOps,
-ImageEnhance and Image.transform compute in C, truncations and rounding included). Nothing here is in
-timm or torchvision: torchvision's RandAugment draws one op per batch and does not follow Pillow's
-rounding.
+timm runs RandAugment per PIL image with the global `random` and `np.random`. Here `parse` reads the
+ops back from timm's own RandAugment object (so a spec means what it means in timm), `draw` makes a
+micro-batch's choices on the host from the caller's numpy Generator exactly as timm's
+RandAugment.__call__ and AugmentOp.__call__ draw them, and `apply` does the pixel work on whatever
+device the batch is on: layer by layer, each op on the images that drew it, with Pillow's arithmetic
+(pillow_ops: what ImageOps, ImageEnhance and Image.transform compute in C, truncations and rounding
+included). Nothing here is in timm or torchvision: torchvision's RandAugment draws one op per batch
+and does not follow Pillow's rounding.
 
-One deliberate difference: timm's Posterize at 0 bits (PosterizeIncreasing at magnitude 10, Posterize below
-2.5) raises in Pillow >= 13; here it is TF's posterize, a shift by 8 bits: a black image.
+One deliberate difference: timm's Posterize at 0 bits (PosterizeIncreasing at magnitude 10,
+Posterize below 2.5) raises in Pillow >= 13; here it is TF's posterize, a shift by 8 bits: a black
+image.
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ from vitcli.data.augmentation.pillow_ops import (
 from vitcli.errors import DataError
 from vitcli.runtime.dist import to_device
 
-DENOM = 10.0  # timm's _LEVEL_DENOM: magnitudes are tenths of an op's range, clipped at 10 unless mmax says
+# timm's _LEVEL_DENOM: magnitudes are tenths of an op's range, clipped at 10 unless mmax says
+DENOM = 10.0
 
 
-# Level functions: timm's LEVEL_TO_ARG transliterated onto arrays (float64 magnitudes, as timm's Python
-# floats), with the random sign of timm's `_randomly_negate` passed in (drawn from the caller's Generator).
-# tests/unit/test_randaugment.py holds each against timm's own function, both signs.
+# Level functions: timm's LEVEL_TO_ARG transliterated onto arrays (float64 magnitudes, as timm's
+# Python floats), with the random sign of timm's `_randomly_negate` passed in (drawn from the
+# caller's Generator). tests/unit/test_randaugment.py holds each against timm's own function, both
+# signs.
 
 def _no_arg(m, sign, hp):
     return np.zeros_like(m)
@@ -118,9 +121,10 @@ LEVELS = {  # timm's level function -> ours
 
 @dataclass(frozen=True)
 class RandSpec:
-    """timm's RandAugment read back: per op (K,) its name, prob, magnitude, magnitude std (inf: uniform), the
-    magnitude's upper bound (mmax, else 10) and its level function bound to the op's hparams; the layers per
-    image, the op weights (None: uniform with replacement) and the fill of geometric ops."""
+    """timm's RandAugment read back: per op (K,) its name, prob, magnitude, magnitude std (inf:
+    uniform), the magnitude's upper bound (mmax, else 10) and its level function bound to the op's
+    hparams; the layers per image, the op weights (None: uniform with replacement) and the fill of
+    geometric ops."""
 
     spec: str
     names: tuple[str, ...]
@@ -146,8 +150,9 @@ def _timm(spec: str, img_size: int):
 
 
 def parse(spec: str, img_size: int) -> RandSpec:
-    """`spec` (timm's grammar: m, n, mstd, mmax, inc, p, t) for images of side `img_size`, as timm reads
-    it: its op list, probabilities, magnitudes and level functions read back from timm's RandAugment."""
+    """`spec` (timm's grammar: m, n, mstd, mmax, inc, p, t) for images of side `img_size`, as timm
+    reads it: its op list, probabilities, magnitudes and level functions read back from timm's
+    RandAugment."""
     ra = _timm(spec, img_size)
     missing = [op.name for op in ra.ops if op.name not in PIXEL_OPS and op.name not in MATRICES]
     if missing:
@@ -155,7 +160,8 @@ def parse(spec: str, img_size: int) -> RandSpec:
                         "not implement; use the rand op sets (rand-..., rand-...-inc1, rand-...-tweights)")
     ops = ra.ops
     weights = None if ra.choice_weights is None else np.asarray(ra.choice_weights, dtype=np.float64)
-    if weights is not None and ra.num_layers > np.count_nonzero(weights):  # numpy would refuse in draw
+    # numpy would refuse in draw
+    if weights is not None and ra.num_layers > np.count_nonzero(weights):
         raise DataError(f"data.randaugment: '{spec}' draws {ra.num_layers} ops per image without replacement "
                         f"from {np.count_nonzero(weights)}; lower n")
     return RandSpec(
@@ -172,16 +178,17 @@ def parse(spec: str, img_size: int) -> RandSpec:
 
 @dataclass
 class RandDraws:
-    """One micro-batch's choices, (B, num_layers) each: op index into RandSpec.names, whether it applies, its
-    magnitude after noise and clipping, the sign timm's `_randomly_negate` would have drawn (+-1), and the
-    op's argument (level function of both), as apply reads it. Magnitudes, signs and arguments are float64,
-    as timm's Python floats (a shift of 0.405 * W pixels in float32 moves by a few 1e-6 of a pixel).
+    """One micro-batch's choices, (B, num_layers) each: op index into RandSpec.names, whether it
+    applies, its magnitude after noise and clipping, the sign timm's `_randomly_negate` would have
+    drawn (+-1), and the op's argument (level function of both), as apply reads it. Magnitudes,
+    signs and arguments are float64, as timm's Python floats (a shift of 0.405 * W pixels in float32
+    moves by a few 1e-6 of a pixel).
 
-    `images` and `groups` say which images take which op, found where the draws are made (`draw`, in a
-    loader worker): `images` the indices of every (layer, op)'s images one after the other, `groups` each
-    (layer, op, start, count) of them. So apply never asks the device (nonzero would sync), and the one
-    index tensor is pinned with the batch by the DataLoader's pinning thread rather than by the training
-    loop (a fresh pinned block costs milliseconds of cudaHostAlloc)."""
+    `images` and `groups` say which images take which op, found where the draws are made (`draw`, in
+    a loader worker): `images` the indices of every (layer, op)'s images one after the other,
+    `groups` each (layer, op, start, count) of them. So apply never asks the device (nonzero would
+    sync), and the one index tensor is pinned with the batch by the DataLoader's pinning thread
+    rather than by the training loop (a fresh pinned block costs milliseconds of cudaHostAlloc)."""
 
     op: torch.Tensor
     applied: torch.Tensor
@@ -220,8 +227,8 @@ class RandDraws:
 
 
 def _groups(op: np.ndarray, applied: np.ndarray) -> tuple[torch.Tensor, tuple]:
-    """(images, groups) of RandDraws from host op, applied (B, L): each layer's drawn ops in increasing order,
-    each with the images that apply it."""
+    """(images, groups) of RandDraws from host op, applied (B, L): each layer's drawn ops in
+    increasing order, each with the images that apply it."""
     found, groups, start = [], [], 0
     for layer in range(op.shape[1]):
         o, a = op[:, layer], applied[:, layer]
@@ -236,8 +243,8 @@ def _groups(op: np.ndarray, applied: np.ndarray) -> tuple[torch.Tensor, tuple]:
 
 def _choose(spec: RandSpec, n: int, rng: np.random.Generator) -> np.ndarray:
     """(n, L) op indices as timm's np.random.choice draws them: uniform with replacement, or without
-    replacement by weight. The latter through Gumbel top-k, which draws the same distribution as numpy's
-    successive weighted draws but for the whole batch at once."""
+    replacement by weight. The latter through Gumbel top-k, which draws the same distribution as
+    numpy's successive weighted draws but for the whole batch at once."""
     k, layers = len(spec.names), spec.num_layers
     if spec.choice_weights is None:
         return rng.integers(0, k, size=(n, layers))
@@ -247,8 +254,8 @@ def _choose(spec: RandSpec, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def _magnitudes(spec: RandSpec, op: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """AugmentOp.__call__'s magnitude: gauss(m, mstd) when mstd > 0, uniform(0, m) when mstd is inf, then
-    clipped to [0, mmax or 10]. (n, L) float64."""
+    """AugmentOp.__call__'s magnitude: gauss(m, mstd) when mstd > 0, uniform(0, m) when mstd is inf,
+    then clipped to [0, mmax or 10]. (n, L) float64."""
     m, std = spec.magnitude[op], spec.magnitude_std[op]
     gauss = m + np.where(np.isinf(std), 0.0, std) * rng.standard_normal(op.shape)
     uniform = m * rng.random(op.shape)
@@ -266,8 +273,9 @@ def _args(spec: RandSpec, op: np.ndarray, magnitude: np.ndarray, sign: np.ndarra
 
 
 def draw(spec: RandSpec, n: int, rng: np.random.Generator) -> RandDraws:
-    """n images' choices, drawn from `rng` only: ops, whether each applies (random() <= prob, as timm skips an
-    op when random() > prob), magnitude noise, and the random sign of the level functions that negate."""
+    """n images' choices, drawn from `rng` only: ops, whether each applies (random() <= prob, as
+    timm skips an op when random() > prob), magnitude noise, and the random sign of the level
+    functions that negate."""
     op = _choose(spec, n, rng)
     applied = (spec.prob[op] >= 1.0) | (rng.random(op.shape) <= spec.prob[op])
     magnitude = _magnitudes(spec, op, rng)
@@ -288,12 +296,12 @@ PIXEL_OPS = {  # timm's op name -> uint8 op of (images, argument)
 }
 
 
-# Geometric ops: Pillow's Image.transform(AFFINE, (a, b, c, d, e, f)) data, (n, 6), which maps the output
-# pixel centre (x, y) to the input point (a x + b y + c, d x + e y + f).
+# Geometric ops: Pillow's Image.transform(AFFINE, (a, b, c, d, e, f)) data, (n, 6), which maps the
+# output pixel centre (x, y) to the input point (a x + b y + c, d x + e y + f).
 
 def _matrix(v: torch.Tensor, a, b, c, d, e, f) -> torch.Tensor:
-    """(n, 6) from six entries, each a number or an (n,) tensor like `v`. A number is filled on v's device
-    (torch.as_tensor of a number on a GPU copies it from pageable memory: a sync)."""
+    """(n, 6) from six entries, each a number or an (n,) tensor like `v`. A number is filled on v's
+    device (torch.as_tensor of a number on a GPU copies it from pageable memory: a sync)."""
     return torch.stack([t.expand_as(v) if isinstance(t, torch.Tensor) else torch.full_like(v, t)
                         for t in (a, b, c, d, e, f)], 1)
 
@@ -323,7 +331,8 @@ def _translate_y_rel(v, h, w):
 
 
 def _rotate_matrix(degrees, h, w):
-    """Image.rotate(degrees) about the centre (w/2, h/2), counter-clockwise, as Pillow builds its matrix."""
+    """Image.rotate(degrees) about the centre (w/2, h/2), counter-clockwise, as Pillow builds its
+    matrix."""
     angle = -degrees * (math.pi / 180)
     cos, sin = torch.round(torch.cos(angle), decimals=15), torch.round(torch.sin(angle), decimals=15)
     cx, cy = w / 2.0, h / 2.0
@@ -337,9 +346,9 @@ MATRICES = {"Rotate": _rotate_matrix, "ShearX": _shear_x, "ShearY": _shear_y,
 
 def _layer(x: torch.Tensor, arg: torch.Tensor, chosen: dict[int, torch.Tensor],
            spec: RandSpec) -> torch.Tensor:
-    """One layer, in place: each image its drawn op, computed on the images that drew it (`chosen`: op ->
-    their indices, no image twice) and written back into x; the layer's geometric ops, each image its own
-    matrix, in one affine sampling."""
+    """One layer, in place: each image its drawn op, computed on the images that drew it (`chosen`:
+    op -> their indices, no image twice) and written back into x; the layer's geometric ops, each
+    image its own matrix, in one affine sampling."""
     h, w = x.shape[2], x.shape[3]
     geometric = []  # (indices, their matrices (n, 6))
     for k, idx in chosen.items():
@@ -355,10 +364,11 @@ def _layer(x: torch.Tensor, arg: torch.Tensor, chosen: dict[int, torch.Tensor],
 
 
 def apply(x: torch.Tensor, draws: RandDraws, spec: RandSpec) -> torch.Tensor:
-    """RandAugment on uint8 (B, 3, H, W) with `draws` on x's device: layer 0's ops, then layer 1's, ...
-    Which images take which op was found when the draws were made (RandDraws.chosen)."""
+    """RandAugment on uint8 (B, 3, H, W) with `draws` on x's device: layer 0's ops, then layer 1's,
+    ... Which images take which op was found when the draws were made (RandDraws.chosen)."""
     chosen = draws.chosen()
-    x = x.clone()  # once: the layers write into it (a clone per layer cost ~3 ms a batch of 64 at 224 px)
+    # once: the layers write into it (a clone per layer cost ~3 ms a batch of 64 at 224 px)
+    x = x.clone()
     for layer in range(draws.op.shape[1]):
         x = _layer(x, draws.arg[:, layer], chosen[layer], spec)
     return x

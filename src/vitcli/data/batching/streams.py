@@ -1,33 +1,37 @@
-"""Training micro-batches streamed from a `datasets.IterableDataset` (data.streaming=true), the streaming twin
-of `batches.train_batches`.
+"""Training micro-batches streamed from a `datasets.IterableDataset` (data.streaming=true), the
+streaming twin of `batches.train_batches`.
 
 Design: one reader, many decoders. The main process reads the raw examples (images still encoded, as
-data.load_stream leaves them), groups B of them into a micro-batch key that carries their bytes, and the
-DataLoader deals the keys round-robin to `data.num_workers` workers, which only decode and augment. So the
-ORDER of examples is HF's alone, a function of (seed, rank, world_size, epoch), whatever num_workers is; the
-alternative, HF's own per-worker shard split, would change the order (and each worker's share) with
-num_workers and the shard count. "Split by worker" therefore means: micro-batch k is decoded by worker
-k % num_workers, each example by exactly one worker. The price: the reading (arrow, network for a Hub id, the
-shuffle buffer) happens in the main process, while the model computes; it is cheap next to decoding.
+data.load_stream leaves them), groups B of them into a micro-batch key that carries their bytes, and
+the DataLoader deals the keys round-robin to `data.num_workers` workers, which only decode and
+augment. So the ORDER of examples is HF's alone, a function of (seed, rank, world_size, epoch),
+whatever num_workers is; the alternative, HF's own per-worker shard split, would change the order
+(and each worker's share) with num_workers and the shard count. "Split by worker" therefore means:
+micro-batch k is decoded by worker k % num_workers, each example by exactly one worker. The price:
+the reading (arrow, network for a Hub id, the shuffle buffer) happens in the main process, while the
+model computes; it is cheap next to decoding.
 
-The order: `IterableDataset.shuffle(seed, shuffle_buffer)` (shards in a new order every epoch, examples mixed
-through the buffer), `split_dataset_by_node` (whole shards per rank when their count is a multiple of
-world_size, else every world_size-th example), `set_epoch(e)` per pass. The stream is the concatenation of
-epochs 0, 1, 2, ... and micro-batch k holds its examples k*B .. k*B+B-1 (a micro-batch may span two epochs:
-nothing is dropped, and no epoch length needs to be known in advance).
+The order: `IterableDataset.shuffle(seed, shuffle_buffer)` (shards in a new order every epoch,
+examples mixed through the buffer), `split_dataset_by_node` (whole shards per rank when their count
+is a multiple of world_size, else every world_size-th example), `set_epoch(e)` per pass. The stream
+is the concatenation of epochs 0, 1, 2, ... and micro-batch k holds its examples k*B .. k*B+B-1 (a
+micro-batch may span two epochs: nothing is dropped, and no epoch length needs to be known in
+advance).
 
 Resuming: the position of micro-batch k is (epoch, examples read in that epoch), in the stream's
-`state_dict()`, which a checkpoint keeps for every rank. A stream given it back (`load_state_dict`; or,
-without it, placed at k by re-reading k*B examples from the start: `seek`) reads the epoch from its beginning
-and drops the examples before it: HF cannot restore a shuffle buffer, but it refills it identically. Skipped
-examples are never decoded. Augmentation is seeded per micro-batch as for map-style batches
-(sampler.micro_seed of the optimizer step and global micro-batch, sampler.micro_batch), so a resumed stream
-gives exactly the batches the uninterrupted one gives from k on.
+`state_dict()`, which a checkpoint keeps for every rank. A stream given it back (`load_state_dict`;
+or, without it, placed at k by re-reading k*B examples from the start: `seek`) reads the epoch from
+its beginning and drops the examples before it: HF cannot restore a shuffle buffer, but it refills
+it identically. Skipped examples are never decoded. Augmentation is seeded per micro-batch as for
+map-style batches (sampler.micro_seed of the optimizer step and global micro-batch,
+sampler.micro_batch), so a resumed stream gives exactly the batches the uninterrupted one gives from
+k on.
 
-An image that does not decode is replaced as map-style batches replace it (bad_images.stand_in), by the
-next one that does, cyclically, among the examples the stream can reach: its micro-batch (a stream has
-no random access to the rest). It is counted in the stream's `skipped` under its name (bad_images.image_name:
-its path, or a digest of its bytes), so it counts once however many epochs meet it.
+An image that does not decode is replaced as map-style batches replace it (bad_images.stand_in), by
+the next one that does, cyclically, among the examples the stream can reach: its micro-batch (a
+stream has no random access to the rest). It is counted in the stream's `skipped` under its name
+(bad_images.image_name: its path, or a digest of its bytes), so it counts once however many epochs
+meet it.
 """
 
 from __future__ import annotations
@@ -80,8 +84,8 @@ def _read(ids: datasets.IterableDataset, epoch: int, name: str) -> Iterator[dict
 def _epochs(ids: datasets.IterableDataset, epoch: int, skip: int, name: str) -> Iterator[tuple[dict, tuple]]:
     """Endless raw examples from `skip` examples into `epoch`, each with the position just after it.
 
-    One example of look-ahead, so the position after an epoch's last example is (epoch + 1, 0): a resume
-    from there starts the next epoch instead of re-reading this one to its end.
+    One example of look-ahead, so the position after an epoch's last example is (epoch + 1, 0): a
+    resume from there starts the next epoch instead of re-reading this one to its end.
     """
     while True:
         examples = islice(_read(ids, epoch, name), skip, None)
@@ -104,9 +108,9 @@ def _position(micro_batch: int, at: tuple[int, int]) -> dict:
 
 def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[int, int, int],
           positions: deque) -> Iterator[tuple]:
-    """Endless micro-batch keys (k, augmentation seed, [(encoded image, label)] * B) from this rank's
-    micro-batch k, `at` = (k, accum, rank); the position after each key goes to `positions`, for the stream to
-    report once the key's batch is out."""
+    """Endless micro-batch keys (k, augmentation seed, [(encoded image, label)] * B) from this
+    rank's micro-batch k, `at` = (k, accum, rank); the position after each key goes to `positions`,
+    for the stream to report once the key's batch is out."""
     k, accum, rank = at
     while True:
         chunk = list(islice(examples, batch))
@@ -118,14 +122,15 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
 
 
 class _Decode(KeyedBatches):
-    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y, bad); an
-    image's id in `bad` is its name (bad_images.image_name)."""
+    """Map-style dataset whose keys are whole micro-batches of encoded images -> (uint8 Pixels, y,
+    bad); an image's id in `bad` is its name (bad_images.image_name)."""
 
     def __init__(self, name: str, transform, binary: bool):
         self.name, self.transform, self.binary = name, transform, binary
 
     def _open(self, raw: dict) -> Encoded | Exception:
-        """The image, still encoded (0/1 images to be stretched), or the exception that stopped reading it."""
+        """The image, still encoded (0/1 images to be stretched), or the exception that stopped
+        reading it."""
         try:
             return Encoded(read(raw), self.binary)
         except Exception as e:  # noqa: BLE001 - PIL's errors for corrupt files span OSError, SyntaxError...
@@ -149,17 +154,19 @@ class _Decode(KeyedBatches):
         def mark_bad(i: int, error: Exception) -> None:  # bad from now on in this micro-batch
             images[i] = error
 
-        use, x = until_decoded(pick, lambda chosen: self.transform(chosen, seed), mark_bad)  # uint8 Pixels
+        # uint8 Pixels
+        use, x = until_decoded(pick, lambda chosen: self.transform(chosen, seed), mark_bad)
         return x, torch.tensor([rows[i][1] for i in use], dtype=torch.int64), failed()  # (B,)
 
 
 class TrainStream(BatchStream):
-    """The streamed train stream as a checkpointed part (torchtitan's stateful dataloader). Its state is
-    where this rank's next micro-batch starts, {kind: streamed, world_size, micro_batches, epoch, examples}
-    (examples read into the epoch): given back, the stream goes on from there without reading its share
-    again.
+    """The streamed train stream as a checkpointed part (torchtitan's stateful dataloader). Its
+    state is where this rank's next micro-batch starts, {kind: streamed, world_size, micro_batches,
+    epoch, examples} (examples read into the epoch): given back, the stream goes on from there
+    without reading its share again.
 
-    `start_at(micro_batch, at)` gives the raw examples from a micro-batch on, and where it starts (_start)."""
+    `start_at(micro_batch, at)` gives the raw examples from a micro-batch on, and where it starts
+    (_start)."""
 
     def __init__(self, loader: DataLoader, keys: Placed, start_at: Callable, positions: deque,
                  world_size: int, device: torch.device | None = None, aug: Augmentation | None = None,
@@ -170,7 +177,8 @@ class TrainStream(BatchStream):
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().__next__()
-        self.at = self.positions.popleft()  # keys are dealt and their batches return in the same order
+        # keys are dealt and their batches return in the same order
+        self.at = self.positions.popleft()
         return x, y
 
     def _place(self, micro_batch: int, at: tuple[int, int] | None) -> None:
@@ -179,8 +187,8 @@ class TrainStream(BatchStream):
         self.keys.start, self.at = (micro_batch, examples), _position(micro_batch, at)
 
     def seek(self, micro_batch: int) -> None:
-        """Start at this rank's micro-batch `micro_batch` of the run (step x accum) with no saved state: the
-        examples before it are read again (not decoded) from the first epoch on."""
+        """Start at this rank's micro-batch `micro_batch` of the run (step x accum) with no saved
+        state: the examples before it are read again (not decoded) from the first epoch on."""
         self._place(micro_batch, None)
 
     def state_dict(self) -> dict:
@@ -188,8 +196,8 @@ class TrainStream(BatchStream):
         return {"kind": "streamed", "world_size": self.world_size, **self.at}
 
     def load_state_dict(self, state: dict) -> None:
-        """Start where `state_dict` was taken (before the first batch), reading nothing before it. An older
-        checkpoint's {step, epoch, examples} (step: micro-batches) is taken as well."""
+        """Start where `state_dict` was taken (before the first batch), reading nothing before it.
+        An older checkpoint's {step, epoch, examples} (step: micro-batches) is taken as well."""
         if isinstance(state, dict) and sorted(state) == ["epoch", "examples", "step"]:
             at = (state["epoch"], state["examples"])
             state = {"kind": "streamed", "world_size": self.world_size, **_position(state["step"], at)}
@@ -199,8 +207,9 @@ class TrainStream(BatchStream):
 
 def _start(ids, batch: int, micro_batch: int, at: tuple[int, int] | None,
            name: str) -> tuple[Iterator, tuple[int, int]]:
-    """The raw examples from this rank's micro-batch `micro_batch` on, and where it starts (epoch, examples
-    read into it): `at` when known, else found by reading the examples before it again (decoding none)."""
+    """The raw examples from this rank's micro-batch `micro_batch` on, and where it starts (epoch,
+    examples read into it): `at` when known, else found by reading the examples before it again
+    (decoding none)."""
     if at is not None:
         return _epochs(ids, at[0], at[1], name), at
     examples, at = _epochs(ids, 0, 0, name), (0, 0)
@@ -214,16 +223,17 @@ def stream_train_batches(
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
     device: torch.device | None = None,
 ) -> TrainStream:
-    """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, y (B,) int64) of this rank's
-    share of a
-    streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted stream (the
-    examples before are read, not decoded, again from the first epoch on; a checkpoint's `load_state_dict`
-    places it without reading them). `accum` micro-batches make an optimizer step (they seed the
-    augmentation as map-style batches do). `skipped` counts the images that did not decode.
+    """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, y (B,) int64) of this
+    rank's share of a
+    streamed train split (data.load_stream), from micro-batch `start_step` of the uninterrupted
+    stream (the examples before are read, not decoded, again from the first epoch on; a checkpoint's
+    `load_state_dict` places it without reading them). `accum` micro-batches make an optimizer step
+    (they seed the augmentation as map-style batches do). `skipped` counts the images that did not
+    decode.
     """
     name = origin(ids)
-    # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a pass over
-    # parquet ends (apache/arrow#45214), at every epoch and every resume
+    # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a
+    # pass over parquet ends (apache/arrow#45214), at every epoch and every resume
     shuffled = ids.shuffle(seed=seed, buffer_size=cfg.shuffle_buffer, max_buffer_input_shards=1)
     mine = split_dataset_by_node(shuffled, rank, world_size)
     positions: deque = deque()
@@ -240,8 +250,9 @@ def stream_train_batches(
 
 
 def throughput(stream: Iterator, n_batches: int) -> float:
-    """Images/s a batch stream delivers on its own (reading, decoding, augmentation; no model), timed over
-    `n_batches` after one warm-up batch (worker start-up, the first shuffle buffer fill)."""
+    """Images/s a batch stream delivers on its own (reading, decoding, augmentation; no model),
+    timed over `n_batches` after one warm-up batch (worker start-up, the first shuffle buffer
+    fill)."""
     next(stream)
     t0, images = time.perf_counter(), 0
     for _ in range(n_batches):

@@ -1,23 +1,24 @@
-"""`vit prepare-data`: a pre-resized copy of an image source, as parquet or WebDataset tar shards and a
-manifest.json, that any data.source then reads (parquet map-style or streamed, tar streamed; sources.py
-recognises the directory by its manifest).
+"""`vit prepare-data`: a pre-resized copy of an image source, as parquet or WebDataset tar shards
+and a manifest.json, that any data.source then reads (parquet map-style or streamed, tar streamed;
+sources.py recognises the directory by its manifest).
 
-Why: decoding dominates the input pipeline, and its cost grows with the pixels stored, not the pixels trained
-on. An ImageNet JPEG of 500x375 decodes in ~550 us; at 256 px on the shorter side it holds a third of the
-pixels. FFCV's gain comes largely from this one step, done once, offline.
+Why: decoding dominates the input pipeline, and its cost grows with the pixels stored, not the
+pixels trained on. An ImageNet JPEG of 500x375 decodes in ~550 us; at 256 px on the shorter side it
+holds a third of the pixels. FFCV's gain comes largely from this one step, done once, offline.
 
-What is written, per split: `DIR/<split>-00000-of-000NN.parquet` in source order, every column kept as it was
-except the image, re-encoded with its shorter side at most `max_size` (never upscaled: a smaller image is
-copied byte for byte), and an integer label column cast to a `ClassLabel` with names. With `--shards tar`,
-`DIR/<split>-00000-of-000NN.tar` instead, WebDataset's layout (tar_shards.py): per row `KEY.jpg` (or `.png`,
-as --format says, whatever the bytes of an image copied unchanged are) and `KEY.cls`, KEY its row in the
-split, the rows in a seeded shuffled order (shard_order; the manifest's `shuffle_seed`); the other columns
-are not kept, and the class names are the manifest's. An image that does not
-decode keeps its original bytes, so training's skip-and-count rule still meets it and counts it; the
-manifest counts it too (`undecodable`) and names it (`undecodable_images`: its file's path, else
-its row and split, as bad_images.image_name names an image everywhere). The directory is filled under
-a temporary name beside DIR and renamed into place only when complete
-(runtime.workdir.published_dir), so an interrupted run leaves no half DIR.
+What is written, per split: `DIR/<split>-00000-of-000NN.parquet` in source order, every column kept
+as it was except the image, re-encoded with its shorter side at most `max_size` (never upscaled: a
+smaller image is copied byte for byte), and an integer label column cast to a `ClassLabel` with
+names. With `--shards tar`, `DIR/<split>-00000-of-000NN.tar` instead, WebDataset's layout
+(tar_shards.py): per row `KEY.jpg` (or `.png`, as --format says, whatever the bytes of an image
+copied unchanged are) and `KEY.cls`, KEY its row in the split, the rows in a seeded shuffled order
+(shard_order; the manifest's `shuffle_seed`); the other columns are not kept, and the class names
+are the manifest's. An image that does not decode keeps its original bytes, so training's
+skip-and-count rule still meets it and counts it; the manifest counts it too (`undecodable`) and
+names it (`undecodable_images`: its file's path, else its row and split, as bad_images.image_name
+names an image everywhere). The directory is filled under a temporary name beside DIR and renamed
+into place only when complete (runtime.workdir.published_dir), so an interrupted run leaves no half
+DIR.
 """
 
 from __future__ import annotations
@@ -44,17 +45,20 @@ from vitcli.runtime.files import sha256_of
 from vitcli.runtime.workdir import check_out_dir, published_dir
 
 FORMAT_VERSION = 1
-FORMATS = ("jpeg", "png")  # png: lossless. Raw uint8 arrays would need their own decoder in batches.py
+# png: lossless. Raw uint8 arrays would need their own decoder in batches.py
+FORMATS = ("jpeg", "png")
 MIN_SIZE = 16  # below this a ViT patch (16 px) would not fit the shorter side
-# 95: re-encoding adds a second JPEG loss to the source's own. Measured on 50 photographs at 256 px (bench/
-# prepare_data.py), RMS error against the exact resize / bytes per image: quality 90: 3.1 grey levels / 22 kB,
-# 95: 2.4 / 31 kB, 100: 1.6 / 61 kB. 95 is the knee: 100 doubles the bytes (and the reading) for 0.8 levels,
-# all far below what colour noise, crops and RandAugment change in training.
+# 95: re-encoding adds a second JPEG loss to the source's own. Measured on 50 photographs at 256 px
+# (bench/ prepare_data.py), RMS error against the exact resize / bytes per image: quality 90: 3.1
+# grey levels / 22 kB, 95: 2.4 / 31 kB, 100: 1.6 / 61 kB. 95 is the knee: 100 doubles the bytes (and
+# the reading) for 0.8 levels, all far below what colour noise, crops and RandAugment change in
+# training.
 QUALITY = 95
-# JPEG's 4:2:0 chroma subsampling stores colour at half resolution: at 256 px that is detail ImageNet's own
-# 4:2:0 JPEGs never had, and full chroma (4:4:4) would decode 22% slower (PIL, measured). At CIFAR-like sizes
-# it smears every colour edge (24 px synthetic images: mean error 7.8 grey levels vs 3.0 in 4:4:4), so
-# images whose shorter side is below this keep full chroma; they decode in microseconds either way.
+# JPEG's 4:2:0 chroma subsampling stores colour at half resolution: at 256 px that is detail
+# ImageNet's own 4:2:0 JPEGs never had, and full chroma (4:4:4) would decode 22% slower (PIL,
+# measured). At CIFAR-like sizes it smears every colour edge (24 px synthetic images: mean error 7.8
+# grey levels vs 3.0 in 4:4:4), so images whose shorter side is below this keep full chroma; they
+# decode in microseconds either way.
 FULL_CHROMA_BELOW = 128
 SHARD_MB = 256  # shard size: large enough to read fast, several per split so streams split by rank
 SHARDS = ("parquet", "tar")  # tar: WebDataset shards, streamed when training (recipe.resolve)
@@ -72,7 +76,8 @@ class Options:
     workers: int = 0  # processes for the resize (datasets map num_proc); 0 or 1: this one
     shard_mb: float = SHARD_MB  # MiB per shard: a split is cut into ceil(its bytes / this) shards
     shards: str = "parquet"  # parquet | tar
-    seed: int = 0  # of the order tar shards hold the rows in (shard_order); manifest.json records it
+    # of the order tar shards hold the rows in (shard_order); manifest.json records it
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.max_size < MIN_SIZE:
@@ -92,8 +97,8 @@ class Options:
 
 
 def target_size(width: int, height: int, max_size: int) -> tuple[int, int]:
-    """(width, height) with the shorter side `max_size` and the aspect kept to the nearest pixel; unchanged
-    when the shorter side is already at most `max_size`."""
+    """(width, height) with the shorter side `max_size` and the aspect kept to the nearest pixel;
+    unchanged when the shorter side is already at most `max_size`."""
     short = min(width, height)
     if short <= max_size:
         return width, height
@@ -104,43 +109,45 @@ def target_size(width: int, height: int, max_size: int) -> tuple[int, int]:
 
 
 def resize_image(data: bytes, opts: Options) -> bytes | None:
-    """The image re-encoded with its shorter side at most opts.max_size; `data` itself when it is small
-    enough already; None when it does not decode."""
+    """The image re-encoded with its shorter side at most opts.max_size; `data` itself when it is
+    small enough already; None when it does not decode."""
     try:
         img = Image.open(io.BytesIO(data))
         size = target_size(*img.size, opts.max_size)
         if size == img.size:
             img.load()  # a header alone can be fine over a broken body: the copy must still decode
             return data
-        # a JPEG decodes at 1/2, 1/4 or 1/8 scale in the DCT for a fraction of the time; at twice the
-        # target the antialiased resize below still sees every detail it keeps (PIL's own thumbnail does this)
+        # a JPEG decodes at 1/2, 1/4 or 1/8 scale in the DCT for a fraction of the time; at twice
+        # the target the antialiased resize below still sees every detail it keeps (PIL's own
+        # thumbnail does this)
         img.draft(None, (2 * size[0], 2 * size[1]))
         img = img.convert(_mode(img.mode, opts.format)).resize(size, Image.Resampling.BICUBIC,
                                                                reducing_gap=3.0)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
         return None
     out = io.BytesIO()
-    # no EXIF is copied: the pixels are stored as decoded, which is how training decodes them too (it
-    # applies no EXIF rotation), so a rotated photograph is trained on as before
+    # no EXIF is copied: the pixels are stored as decoded, which is how training decodes them too
+    # (it applies no EXIF rotation), so a rotated photograph is trained on as before
     if opts.format == "jpeg":
         img.save(out, "JPEG", quality=opts.quality, subsampling=0 if min(size) < FULL_CHROMA_BELOW else 2)
     else:
-        # PIL's default level 6: it writes 3x slower than level 1 but decodes 2x faster (256 px photographs),
-        # and a copy is written once and read every epoch
+        # PIL's default level 6: it writes 3x slower than level 1 but decodes 2x faster (256 px
+        # photographs), and a copy is written once and read every epoch
         img.save(out, "PNG")
     return out.getvalue()
 
 
 def _mode(mode: str, fmt: str) -> str:
-    """The mode an image is resized and stored in: grey stays grey, alpha stays only in PNG, the rest RGB
-    (a palette or 1-bit image cannot be resized with antialiasing)."""
+    """The mode an image is resized and stored in: grey stays grey, alpha stays only in PNG, the
+    rest RGB (a palette or 1-bit image cannot be resized with antialiasing)."""
     if mode == "L" or (fmt == "png" and mode in ("RGB", "RGBA", "LA")):
         return mode
     return "RGB"
 
 
 def _encoded(item: dict) -> bytes | None:
-    """An Image cell's bytes, read from its path when the source only refers to a file (imagefolder)."""
+    """An Image cell's bytes, read from its path when the source only refers to a file
+    (imagefolder)."""
     if item.get("bytes") is not None:
         return item["bytes"]
     try:
@@ -157,18 +164,21 @@ def _resize_rows(batch: dict, rows: list[int], column: str, opts: Options, where
         data = _encoded(item)
         new = resize_image(data, opts) if data is not None else None
         name = Path(item["path"]).name if item.get("path") else None
-        # no bytes at all (a path to a missing file): stored empty, which training counts as undecodable too
+        # no bytes at all (a path to a missing file): stored empty, which training counts as
+        # undecodable too
         images.append({"bytes": new if new is not None else (data or b""), "path": name})
         bad.append(bad_images.image_name(item, where, row) if new is None else None)
         sizes.append(len(images[-1]["bytes"] or b""))
     return {column: images, _UNDECODABLE: bad, _BYTES: sizes}
 
 
-# --- the source: its splits and label names ---------------------------------------------------------------
+# --- the source: its splits and label names
+# ---------------------------------------------------------------
 
 
 def load_splits(cfg: DataConfig, splits: list[str] | None) -> dict[str, datasets.Dataset]:
-    """The named whole splits of cfg.source (default: every split it has), columns checked, images encoded."""
+    """The named whole splits of cfg.source (default: every split it has), columns checked, images
+    encoded."""
     available = sources.available_splits(cfg.source, cfg.synthetic)
     for name in splits or []:
         if name not in available:
@@ -198,11 +208,13 @@ def label_names(splits: dict[str, datasets.Dataset], cfg: DataConfig) -> list[st
     return [str(k) for k in range(count)]
 
 
-# --- the copy -----------------------------------------------------------------------------------------------
+# --- the copy
+# -----------------------------------------------------------------------------------------------
 
 
 def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, split: str):
-    """The split with its images resized (and the per-row tallies), cached under `work`, not HF's cache."""
+    """The split with its images resized (and the per-row tallies), cached under `work`, not HF's
+    cache."""
     features = ds.features.copy()
     features[_UNDECODABLE], features[_BYTES] = datasets.Value("string"), datasets.Value("int64")
     kwargs = {"column": cfg.image_column, "opts": opts, "where": sources.origin(ds)}
@@ -213,8 +225,8 @@ def _resized(ds: datasets.Dataset, cfg: DataConfig, opts: Options, work: Path, s
 
 def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[str], opts: Options,
                  into: Path) -> dict:
-    """One resized split as contiguous shards (opts.shards) of about opts.shard_mb in `into`; its manifest
-    entry."""
+    """One resized split as contiguous shards (opts.shards) of about opts.shard_mb in `into`; its
+    manifest entry."""
     undecodable, total = [name for name in ds[_UNDECODABLE] if name is not None], sum(ds[_BYTES])
     ds = ds.remove_columns([_UNDECODABLE, _BYTES]).cast_column(cfg.image_column, datasets.Image())
     if cfg.label_column:
@@ -236,10 +248,11 @@ def _write_split(ds: datasets.Dataset, split: str, cfg: DataConfig, names: list[
 
 
 def shard_order(rows: int, opts: Options) -> np.ndarray:
-    """The split's rows in the order the shards hold them, (rows,) int64: parquet in source order (it is
-    read map-style, shuffled by index); tar in a permutation seeded by opts.seed, as WebDataset's writers
-    are fed. A stream shuffles only within a buffer of a shard or two, so class-sorted tars (an image
-    folder's order) would train on a few classes at a time: ImageNet at 256 MB a shard is 6-8 classes."""
+    """The split's rows in the order the shards hold them, (rows,) int64: parquet in source order
+    (it is read map-style, shuffled by index); tar in a permutation seeded by opts.seed, as
+    WebDataset's writers are fed. A stream shuffles only within a buffer of a shard or two, so
+    class-sorted tars (an image folder's order) would train on a few classes at a time: ImageNet at
+    256 MB a shard is 6-8 classes."""
     if opts.shards != "tar":
         return np.arange(rows)
     return np.random.default_rng(opts.seed).permutation(rows)
@@ -247,8 +260,8 @@ def shard_order(rows: int, opts: Options) -> np.ndarray:
 
 def _write_tar(shard: datasets.Dataset, rows: np.ndarray, file: Path, cfg: DataConfig,
                opts: Options) -> None:
-    """A shard's rows as one WebDataset tar (tar_shards.write_shard), `rows` their rows in the split: the
-    encoded image as it is, keyed by its row in the split, and its label id."""
+    """A shard's rows as one WebDataset tar (tar_shards.write_shard), `rows` their rows in the
+    split: the encoded image as it is, keyed by its row in the split, and its label id."""
     image, label = cfg.image_column, cfg.label_column
     cells = shard.select_columns([image, *([label] if label else [])])
     cells = cells.cast_column(image, datasets.Image(decode=False))  # the bytes, not decoded
@@ -268,7 +281,8 @@ def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> 
         "synthetic": dataclasses.asdict(cfg.synthetic) if cfg.source == "synthetic" else None,
         "image_column": cfg.image_column, "label_column": cfg.label_column,
         "max_size": opts.max_size, "format": opts.format, "shards": opts.shards,
-        "shuffle_seed": opts.seed if opts.shards == "tar" else None,  # None: source order (shard_order)
+        # None: source order (shard_order)
+        "shuffle_seed": opts.seed if opts.shards == "tar" else None,
         "quality": opts.quality if opts.format == "jpeg" else None,
         "label_names": names, "splits": splits,
     }
@@ -276,16 +290,18 @@ def manifest(cfg: DataConfig, opts: Options, names: list[str], splits: dict) -> 
 
 def prepare(cfg: DataConfig, out: Path, splits: list[str] | None, opts: Options, *, overwrite: bool = False,
             dry_run: bool = False) -> dict:
-    """Write the pre-resized copy of cfg.source into `out` (or with `dry_run` only check and plan it);
-    returns the manifest (planned: rows per split, no shards)."""
-    out = Path(out).absolute()  # `--out .` has no name to put a temporary or a set-aside copy beside
+    """Write the pre-resized copy of cfg.source into `out` (or with `dry_run` only check and plan
+    it); returns the manifest (planned: rows per split, no shards)."""
+    # `--out .` has no name to put a temporary or a set-aside copy beside
+    out = Path(out).absolute()
     check_out_dir(out, overwrite)
     loaded = load_splits(cfg, splits)
     names = label_names(loaded, cfg)
     if dry_run:
         return manifest(cfg, opts, names, {s: {"rows": len(ds)} for s, ds in loaded.items()})
     entries = {}
-    # the arrow files of the resize go to a work directory beside `out`, not HF's cache: removed when done
+    # the arrow files of the resize go to a work directory beside `out`, not HF's cache: removed
+    # when done
     with (published_dir(out) as into,
           tempfile.TemporaryDirectory(prefix=f".{out.name}.work.", dir=out.parent) as work):
         for split, ds in loaded.items():

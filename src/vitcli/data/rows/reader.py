@@ -1,8 +1,8 @@
-"""A reader: one kind of data.source behind one interface (reader_factory.py picks it; timm's readers have
-this shape), and the HF split syntax every reader's `load` takes: slices and `+` (`train[:98%]`,
-`train[:800]+validation`), resolved by `datasets.ReadInstruction` so percentages round exactly as HF does;
-a slice reaching past the end of its split, or selecting nothing, is an error (HF would clamp it silently:
-a short local copy of a VTAB task).
+"""A reader: one kind of data.source behind one interface (reader_factory.py picks it; timm's
+readers have this shape), and the HF split syntax every reader's `load` takes: slices and `+`
+(`train[:98%]`, `train[:800]+validation`), resolved by `datasets.ReadInstruction` so percentages
+round exactly as HF does; a slice reaching past the end of its split, or selecting nothing, is an
+error (HF would clamp it silently: a short local copy of a VTAB task).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ import datasets
 from vitcli.errors import DataError
 from vitcli.recipe.data_checks import split_names
 
-STREAM_SHARDS = 64  # shards a saved or synthetic split is cut into: a multiple of the usual world sizes
+# shards a saved or synthetic split is cut into: a multiple of the usual world sizes
+STREAM_SHARDS = 64
 
 
 class Reader:
-    """The splits of one source: their names, the rows a split spec names, one whole split as a stream.
-    `local`: a source on this machine, whose read errors sources.py turns into one line."""
+    """The splits of one source: their names, the rows a split spec names, one whole split as a
+    stream. `local`: a source on this machine, whose read errors sources.py turns into one line."""
 
     local = True
 
@@ -40,8 +41,8 @@ class Reader:
 
 
 class WholeReader(Reader):
-    """A source read with all its splits at once (a saved directory, files, a folder, a prepared parquet
-    copy): `load` selects from them, `stream` streams one from its memory-mapped arrow."""
+    """A source read with all its splits at once (a saved directory, files, a folder, a prepared
+    parquet copy): `load` selects from them, `stream` streams one from its memory-mapped arrow."""
 
     def loaded(self) -> dict[str, datasets.Dataset]:
         """Every split, loaded (memory-mapped)."""
@@ -91,12 +92,14 @@ _BOUNDS = re.compile(r"\[\s*(-?\d+)?\s*(%?)\s*:\s*(-?\d+)?\s*(%?)\s*\]")  # trai
 
 
 def _check_rows(part: str, span, rows: int, source: str) -> None:
-    """A slice reaching past its split, or selecting nothing, is an error: HF clamps `train[65931:66131]` on
-    4,000 rows to an empty selection and `train[3900:4100]` to 100 rows without a word."""
+    """A slice reaching past its split, or selecting nothing, is an error: HF clamps
+    `train[65931:66131]` on 4,000 rows to an empty selection and `train[3900:4100]` to 100 rows
+    without a word."""
     match = _BOUNDS.search(part)
     if not match:
         return  # a whole split: an empty one is sources._check's to report
-    bounds = [int(v) for v, pct in (match.group(1, 2), match.group(3, 4)) if v and not pct]  # row numbers
+    # row numbers
+    bounds = [int(v) for v, pct in (match.group(1, 2), match.group(3, 4)) if v and not pct]
     past = any(abs(b) > rows for b in bounds)
     if past:
         raise DataError(f"{source}: split slice '{part}' reaches past the end of split '{span.splitname}' "

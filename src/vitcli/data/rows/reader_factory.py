@@ -1,5 +1,6 @@
-"""Which reader a data.source gets, decided once for loading and streaming (timm's reader_factory.py):
-what the source names (source_kind), then one reader per kind (create_reader)."""
+"""Which reader a data.source gets, decided once for loading and streaming (timm's
+reader_factory.py): what the source names (source_kind), then one reader per kind
+(create_reader)."""
 
 from __future__ import annotations
 
@@ -34,11 +35,11 @@ def create_reader(source: str, synthetic: SyntheticConfig) -> Reader:
 
 
 def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
-    """What a data.source names: ("synthetic", None), ("hub", None), or a local ("files", the files of a
-    file, glob or brace pattern), ("shards", the WebDataset .tar files of a file or pattern, or a folder of
-    them), ("saved", a save_to_disk directory), ("prepared", a `vit prepare-data` directory, parquet or
-    tar) or ("folder", a directory HF infers the builder of: imagefolder, parquet shards, ...). A missing
-    path is an error."""
+    """What a data.source names: ("synthetic", None), ("hub", None), or a local ("files", the files
+    of a file, glob or brace pattern), ("shards", the WebDataset .tar files of a file or pattern, or
+    a folder of them), ("saved", a save_to_disk directory), ("prepared", a `vit prepare-data`
+    directory, parquet or tar) or ("folder", a directory HF infers the builder of: imagefolder,
+    parquet shards, ...). A missing path is an error."""
     if source == "synthetic":
         return "synthetic", None
     path, pattern = Path(source).expanduser(), any(c in source for c in "*?[{")
@@ -59,15 +60,17 @@ def source_kind(source: str) -> tuple[str, list[str] | Path | None]:
 
 
 def _looks_like_path(source: str) -> bool:
-    """Hub ids are `name` or `owner/name`; anything else (./x, /x, a/b/c, x.parquet) is meant as a path."""
+    """Hub ids are `name` or `owner/name`; anything else (./x, /x, a/b/c, x.parquet) is meant as a
+    path."""
     suffix = Path(source).suffix
     return source.startswith((".", "/", "~")) or source.count("/") > 1 or suffix in (".parquet", ".arrow")
 
 
 def _pattern_files(source: str) -> list[str]:
-    """The files a glob or brace pattern names, in order: braces expanded first (tar_shards.expand_braces),
-    then each part globbed. A part with no glob that names no file is an error, not dropped: a brace pattern
-    lists the shards a dataset has, and a lost one would go unnoticed."""
+    """The files a glob or brace pattern names, in order: braces expanded first
+    (tar_shards.expand_braces), then each part globbed. A part with no glob that names no file is an
+    error, not dropped: a brace pattern lists the shards a dataset has, and a lost one would go
+    unnoticed."""
     files = [file for part in tar_shards.expand_braces(source) for file in _part_files(part, source)]
     if not files:
         raise DataError(f"dataset path not found: {source} (the glob matches no file)")
@@ -75,7 +78,8 @@ def _pattern_files(source: str) -> list[str]:
 
 
 def _part_files(part: str, source: str) -> list[str]:
-    """The files one expanded part of `source` names: a glob's matches, sorted, or the one file it is."""
+    """The files one expanded part of `source` names: a glob's matches, sorted, or the one file it
+    is."""
     path = str(Path(part).expanduser())
     if any(c in part for c in "*?["):
         return sorted(glob.glob(path))

@@ -1,4 +1,5 @@
-"""Parquet, arrow or JSON files (one, a glob or a brace pattern of them) as a reader: one split, `train`."""
+"""Parquet, arrow or JSON files (one, a glob or a brace pattern of them) as a reader: one split,
+`train`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A directory HF infers the builder of as a reader: a plain image tree from its index (folder_index.py:
-seconds, where HF's builder takes minutes at ImageNet's size), anything else (parquet shards, metadata
-files) by HF's builder."""
+"""A directory HF infers the builder of as a reader: a plain image tree from its index
+(folder_index.py: seconds, where HF's builder takes minutes at ImageNet's size), anything else
+(parquet shards, metadata files) by HF's builder."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ class FolderReader(WholeReader):
         return sharded(indexed[split])
 
 
-# --- a folder with no image at all: what it holds instead -----------------------------------------------
+# --- a folder with no image at all: what it holds instead
+# -----------------------------------------------
 
 SURVEYED = 100_000  # files looked at, at most, to say what a folder without images holds
 
 
 def survey(root: Path, limit: int = SURVEYED) -> Counter:
-    """The lower-cased suffixes of the visible files under `root` ("" for none), up to `limit` files."""
+    """The lower-cased suffixes of the visible files under `root` ("" for none), up to `limit`
+    files."""
     found: Counter = Counter()
     for _, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
@@ -53,9 +55,9 @@ def survey(root: Path, limit: int = SURVEYED) -> Counter:
 
 
 def no_images(root: Path) -> str | None:
-    """What is wrong with a folder HF found no image in, as one line: the suffixes looked for and what it
-    holds instead; None if it does hold images, or tables that may hold them (parquet, arrow: then the
-    columns are what is wrong)."""
+    """What is wrong with a folder HF found no image in, as one line: the suffixes looked for and
+    what it holds instead; None if it does hold images, or tables that may hold them (parquet,
+    arrow: then the columns are what is wrong)."""
     found = survey(root)
     if any(suffix[1:] in IMAGE_SUFFIXES or suffix in (".parquet", ".arrow") for suffix in found):
         return None

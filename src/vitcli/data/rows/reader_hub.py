@@ -1,4 +1,5 @@
-"""A Hugging Face Hub id as a reader: its splits as the Hub lists them, loaded or streamed by `datasets`."""
+"""A Hugging Face Hub id as a reader: its splits as the Hub lists them, loaded or streamed by
+`datasets`."""
 
 from __future__ import annotations
 

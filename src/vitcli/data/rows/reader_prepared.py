@@ -1,6 +1,6 @@
-"""A `vit prepare-data` copy as a reader: the shards its manifest.json lists per split, each split checked
-to hold the rows the manifest counts before anything trains (parquet here; a tar copy is reader_tars.py's,
-with these checks)."""
+"""A `vit prepare-data` copy as a reader: the shards its manifest.json lists per split, each split
+checked to hold the rows the manifest counts before anything trains (parquet here; a tar copy is
+reader_tars.py's, with these checks)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def manifest(path: Path) -> dict:
 
 
 def is_prepared(path: Path) -> bool:
-    """A directory with a manifest.json that `vit prepare-data` wrote (another tool's file of that name is
-    not one)."""
+    """A directory with a manifest.json that `vit prepare-data` wrote (another tool's file of that
+    name is not one)."""
     try:
         return manifest(path).get("kind") == PREPARED_KIND
     except (OSError, ValueError, AttributeError):
@@ -51,9 +51,9 @@ def is_prepared(path: Path) -> bool:
 
 
 def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
-    """A prepared directory's shard files per split, each split checked to hold the rows its manifest counts
-    (from the parquet footers, or a tar's size: cheap), so a shard lost or cut short is named before anything
-    trains."""
+    """A prepared directory's shard files per split, each split checked to hold the rows its
+    manifest counts (from the parquet footers, or a tar's size: cheap), so a shard lost or cut short
+    is named before anything trains."""
     files = {}
     for split, entry in manifest(path)["splits"].items():
         files[split] = [str(path / shard["file"]) for shard in entry["shards"]]
@@ -68,10 +68,10 @@ def prepared_files(path: Path, source: str) -> dict[str, list[str]]:
 
 
 def _shard_rows(file: Path, shard: dict, source: str) -> int:
-    """A prepared shard's rows: a parquet footer's count; a tar's as its manifest entry says, once the tar
-    has the size recorded with it. Counting a tar's members would read a header per member, ~2.6 million
-    for ImageNet at every start; a tar lost, cut short or grown has another size. One cut short is walked
-    (tar_shards.cut_short) to say how many examples it still holds."""
+    """A prepared shard's rows: a parquet footer's count; a tar's as its manifest entry says, once
+    the tar has the size recorded with it. Counting a tar's members would read a header per member,
+    ~2.6 million for ImageNet at every start; a tar lost, cut short or grown has another size. One
+    cut short is walked (tar_shards.cut_short) to say how many examples it still holds."""
     if file.suffix != tar_shards.TAR:
         return pq.read_metadata(file).num_rows
     size = file.stat().st_size

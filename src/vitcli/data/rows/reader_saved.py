@@ -1,4 +1,5 @@
-"""A `save_to_disk` directory as a reader: a DatasetDict's splits, or a lone Dataset as the split `train`."""
+"""A `save_to_disk` directory as a reader: a DatasetDict's splits, or a lone Dataset as the split
+`train`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from vitcli.data.rows.reader import WholeReader
 
 
 class SavedReader(WholeReader):
-    """A directory with dataset_dict.json (its splits) or state.json (one Dataset), memory-mapped."""
+    """A directory with dataset_dict.json (its splits) or state.json (one Dataset),
+    memory-mapped."""
 
     def __init__(self, source: str, path: Path):
         super().__init__(source)

@@ -1,6 +1,7 @@
-"""WebDataset tar shards (tar_shards.py) as a reader, through HF's `webdataset` builder, one shard per tar:
-a .tar file or a pattern of them (the split `train`), a folder of them (split by their names), or a
-`vit prepare-data --shards tar` copy (its manifest's splits, shards and class names)."""
+"""WebDataset tar shards (tar_shards.py) as a reader, through HF's `webdataset` builder, one shard
+per tar: a .tar file or a pattern of them (the split `train`), a folder of them (split by their
+names), or a `vit prepare-data --shards tar` copy (its manifest's splits, shards and class
+names)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from vitcli.recipe.data_checks import split_names
 
 
 class TarReader(Reader):
-    """Tar shards: `where` the files of a file or pattern, or a folder; `prepared` for a prepared copy."""
+    """Tar shards: `where` the files of a file or pattern, or a folder; `prepared` for a prepared
+    copy."""
 
     def __init__(self, source: str, where: list[str] | Path, prepared: bool = False):
         super().__init__(source)
@@ -27,7 +29,8 @@ class TarReader(Reader):
         return list(self._files())
 
     def _files(self) -> dict[str, list[str]]:
-        """The tars of each split, a prepared copy's checked against its manifest (prepared_files)."""
+        """The tars of each split, a prepared copy's checked against its manifest
+        (prepared_files)."""
         if self.prepared:
             return prepared_files(self.where, self.source)
         if isinstance(self.where, list):
@@ -35,17 +38,17 @@ class TarReader(Reader):
         return tar_shards.folder_splits(self.where, self.source)
 
     def load(self, split: str) -> datasets.Dataset:
-        """The splits `split` names (HF syntax), loaded whole, which HF does by copying their images into its
-        cache: fine for evaluation splits, which is what reads a tar source map-style (a training split
-        streams: recipe.resolve)."""
+        """The splits `split` names (HF syntax), loaded whole, which HF does by copying their images
+        into its cache: fine for evaluation splits, which is what reads a tar source map-style (a
+        training split streams: recipe.resolve)."""
         return select(dict(self._read(list(dict.fromkeys(split_names(split))), False)), split, self.source)
 
     def stream(self, split: str) -> datasets.IterableDataset:
         return self._read([split], True)[split]
 
     def _read(self, wanted: list[str], streaming: bool):
-        """The `wanted` whole splits through HF's webdataset builder; plain tars checked to end whole first
-        (a prepared copy's sizes vouch for its own: prepared_files)."""
+        """The `wanted` whole splits through HF's webdataset builder; plain tars checked to end
+        whole first (a prepared copy's sizes vouch for its own: prepared_files)."""
         splits = self._files()
         for name in wanted:
             check_split(name, list(splits), self.source)

@@ -1,10 +1,10 @@
-"""Every image source as a Hugging Face `datasets.Dataset` or a stream (the batch streams built on them
-are batches.py): the functions the rest of vitcli calls (load_split, load_stream, available_splits,
-num_classes, class_names, file_names, origin, task_data), over one reader per kind of source
-(reader_factory.py: the built-in data, a Hub id, a `save_to_disk` directory, parquet/arrow files, an image
-folder, WebDataset tar shards, a `vit prepare-data` copy), and the checks every split passes: its image and
-label columns, labels that are class ids, not empty. Every kind accepts HF split syntax with slicing and
-`+` (reader.select).
+"""Every image source as a Hugging Face `datasets.Dataset` or a stream (the batch streams built on
+them are batches.py): the functions the rest of vitcli calls (load_split, load_stream,
+available_splits, num_classes, class_names, file_names, origin, task_data), over one reader per kind
+of source (reader_factory.py: the built-in data, a Hub id, a `save_to_disk` directory, parquet/arrow
+files, an image folder, WebDataset tar shards, a `vit prepare-data` copy), and the checks every
+split passes: its image and label columns, labels that are class ids, not empty. Every kind accepts
+HF split syntax with slicing and `+` (reader.select).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from vitcli.errors import DataError, first_line
 from vitcli.recipe.data_checks import PREPARED_KIND, PREPARED_MANIFEST
 from vitcli.recipe.schema import DataConfig, SyntheticConfig
 
-# named here too, for the modules that read sources (prepare.py writes the manifest; tests count shards)
+# named here too, for the modules that read sources (prepare.py writes the manifest; tests count
+# shards)
 __all__ = ["PREPARED_KIND", "PREPARED_MANIFEST", "STREAM_SHARDS", "prepared_files", "source_kind"]
 
 
@@ -36,8 +37,9 @@ def available_splits(source: str, synthetic: SyntheticConfig) -> list[str]:
 
 @contextlib.contextmanager
 def _readable(source: str):
-    """A local source that HF cannot read (an empty directory, unreadable or foreign files) as one line;
-    a folder without a single image says so (reader_folder.no_images), not what HF made of its other files."""
+    """A local source that HF cannot read (an empty directory, unreadable or foreign files) as one
+    line; a folder without a single image says so (reader_folder.no_images), not what HF made of its
+    other files."""
     try:
         yield
     except (OSError, ValueError) as e:
@@ -73,7 +75,8 @@ def _check(ds: datasets.Dataset, source: str, split: str, image_column: str, lab
     if len(ds) == 0:
         raise DataError(f"{source}: split '{split}' is empty")
     if not isinstance(ds.features[image_column], datasets.Image):
-        ds = ds.cast_column(image_column, datasets.Image())  # e.g. a {bytes, path} struct from plain parquet
+        # e.g. a {bytes, path} struct from plain parquet
+        ds = ds.cast_column(image_column, datasets.Image())
     return ds
 
 
@@ -85,29 +88,32 @@ def load_source(
     label_column: str = "label",
     synthetic: SyntheticConfig | None = None,
 ) -> datasets.Dataset:
-    """One split (HF syntax, slicing allowed) of any supported source, checked for its image/label columns.
+    """One split (HF syntax, slicing allowed) of any supported source, checked for its image/label
+    columns.
 
-    All columns are kept; `label_column=""` skips the label checks for callers that derive labels themselves.
+    All columns are kept; `label_column=""` skips the label checks for callers that derive labels
+    themselves.
     """
     ds = _open(source, split, synthetic or SyntheticConfig())
     ds = tar_shards.named_columns(ds, image_column, label_column)
     ds = _check(ds, source, split, image_column, label_column)
-    # HF copies `info` through select, map, casts and into worker processes, so a row that fails to decode
-    # deep in a batch stream can still be named with its split (see `origin`)
+    # HF copies `info` through select, map, casts and into worker processes, so a row that fails to
+    # decode deep in a batch stream can still be named with its split (see `origin`)
     ds.info.description = f"{source} split '{split}'"
     return ds
 
 
 def _open(source: str, split: str, synthetic: SyntheticConfig, streaming: bool = False):
-    """One split of any source, through its reader: a Dataset (HF split syntax), or with `streaming` an
-    IterableDataset of one whole split."""
+    """One split of any source, through its reader: a Dataset (HF split syntax), or with `streaming`
+    an IterableDataset of one whole split."""
     reader = create_reader(source, synthetic)
     with _readable(source) if reader.local else contextlib.nullcontext():
         return reader.stream(split) if streaming else reader.load(split)
 
 
 def origin(ds: datasets.Dataset) -> str:
-    """Where a split's rows come from, "SOURCE split 'SPLIT'" as `load_source` recorded it, for messages."""
+    """Where a split's rows come from, "SOURCE split 'SPLIT'" as `load_source` recorded it, for
+    messages."""
     return ds.info.description or "the dataset"
 
 
@@ -118,7 +124,8 @@ def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     if which := holdout.part(cfg, split):
         whole = load_split(dataclasses.replace(cfg, holdout=0.0), cfg.train_split)
         return holdout.take(whole, cfg, which)
-    if cfg.label_rule:  # one of tasks.LABEL_RULES: vitcli.recipe.data_checks says so at resolve time
+    # one of tasks.LABEL_RULES: vitcli.recipe.data_checks says so at resolve time
+    if cfg.label_rule:
         ds = load_source(cfg.source, split, image_column=cfg.image_column, label_column="",
                          synthetic=cfg.synthetic)
         task = tasks.Task(cfg.source, "custom", cfg.num_classes, cfg.source, label_rule=cfg.label_rule)
@@ -128,9 +135,9 @@ def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
 
 
 def task_data(task: tasks.Task, data_root: str = "") -> dict:
-    """The data.* settings that read `task`'s labelled images (VTAB fine-tuning and few-shot alike): its
-    source (the local copy under `data_root`, else its Hub id), columns, label rule (it writes `label`),
-    classes and pixel scale. Splits are the caller's."""
+    """The data.* settings that read `task`'s labelled images (VTAB fine-tuning and few-shot alike):
+    its source (the local copy under `data_root`, else its Hub id), columns, label rule (it writes
+    `label`), classes and pixel scale. Splits are the caller's."""
     return {
         "source": tasks.task_source(task, data_root),
         "image_column": task.image_column, "label_rule": task.label_rule, "binary_pixels": task.binary_pixels,
@@ -151,48 +158,55 @@ def num_classes(cfg: DataConfig, ds: datasets.Dataset) -> int:
 
 
 def class_names(cfg: DataConfig, ds, num_classes: int) -> list[str] | None:
-    """The names of a head's `num_classes` classes: the label column's ClassLabel names (the built-in data's
-    `shape_texture`, an imagefolder's directories, a Hub set's), for a Dataset or a stream alike; None where
-    the split has none or they do not match the head's width (a label rule, a data.num_classes of its own)."""
+    """The names of a head's `num_classes` classes: the label column's ClassLabel names (the
+    built-in data's `shape_texture`, an imagefolder's directories, a Hub set's), for a Dataset or a
+    stream alike; None where the split has none or they do not match the head's width (a label rule,
+    a data.num_classes of its own)."""
     feature = (ds.features or {}).get(cfg.label_column) if cfg.label_column else None
     if isinstance(feature, datasets.ClassLabel) and feature.num_classes == num_classes:
         return [str(name) for name in feature.names]
     return None
 
 
-FILE_NAME_COLUMNS = ("file_name", "filename", "image_name", "path")  # string columns that name a row's file
+# string columns that name a row's file
+FILE_NAME_COLUMNS = ("file_name", "filename", "image_name", "path")
 
 
 def file_names(cfg: DataConfig, ds: datasets.Dataset) -> list[str | None] | None:
-    """The file each row's image came from: a file-name column (FILE_NAME_COLUMNS), else the image column's
-    stored `path` (an imagefolder's files, a parquet export that kept them); None when the split has none."""
+    """The file each row's image came from: a file-name column (FILE_NAME_COLUMNS), else the image
+    column's stored `path` (an imagefolder's files, a parquet export that kept them); None when the
+    split has none."""
     for column in FILE_NAME_COLUMNS:
         feature = ds.features.get(column)
         if isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string"):
             return list(ds[column])
-    image = ds.select_columns([cfg.image_column]).with_format("arrow")[:][cfg.image_column]  # no decoding
+    # no decoding
+    image = ds.select_columns([cfg.image_column]).with_format("arrow")[:][cfg.image_column]
     if not pa.types.is_struct(image.type) or image.type.get_field_index("path") < 0:
         return None
     paths = image.combine_chunks().field("path").to_pylist()  # (N,) str or None
     return paths if any(paths) else None
 
 
-# --- data.streaming: the train split as a `datasets.IterableDataset` (batched by streams.py) ---------------
+# --- data.streaming: the train split as a `datasets.IterableDataset` (batched by streams.py)
+# ---------------
 
 
 def load_stream(cfg: DataConfig) -> datasets.IterableDataset:
-    """The train split (data.train_split, a whole split) as an IterableDataset whose images stay encoded
-    ({bytes, path}: streams.py decodes them in its workers), its image and label columns checked.
+    """The train split (data.train_split, a whole split) as an IterableDataset whose images stay
+    encoded ({bytes, path}: streams.py decodes them in its workers), its image and label columns
+    checked.
 
-    Only the train split streams: evaluation wants complete, exactly counted passes over small splits, which
-    `load_split` gives (it ignores data.streaming).
+    Only the train split streams: evaluation wants complete, exactly counted passes over small
+    splits, which `load_split` gives (it ignores data.streaming).
     """
-    split = cfg.train_split  # a whole split, no label rule: vitcli.recipe.data_checks says so at resolve time
+    # a whole split, no label rule: vitcli.recipe.data_checks says so at resolve time
+    split = cfg.train_split
     ids = _open(cfg.source, split, cfg.synthetic, streaming=True)
     if ids.features is None:  # json without a schema: read the first rows for the column types
         ids = ids._resolve_features()
-    # encoded before any step: one that maps (named_columns' rename) would decode every image in this process,
-    # and the cast below encode it again
+    # encoded before any step: one that maps (named_columns' rename) would decode every image in
+    # this process, and the cast below encode it again
     ids = tar_shards.named_columns(ids.decode(False), cfg.image_column, cfg.label_column)
     _check_columns(ids.features, cfg.source, cfg.image_column, cfg.label_column)
     ids = ids.cast_column(cfg.image_column, datasets.Image(decode=False))

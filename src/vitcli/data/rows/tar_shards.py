@@ -1,11 +1,11 @@
-"""WebDataset tar shards: which tars a brace pattern or a folder names, their columns as the recipe names
-them, and writing one shard.
+"""WebDataset tar shards: which tars a brace pattern or a folder names, their columns as the recipe
+names them, and writing one shard.
 
-A WebDataset shard is a plain tar whose members are the fields of its examples, `KEY.EXT`, the members of
-one key adjacent: `00000042.jpg` + `00000042.cls` is one labelled image (timm's and OpenCLIP's layout; the
-`.cls` member is the class id as decimal text). sources.py reads shards through Hugging Face's `webdataset`
-builder, one shard per tar, whose columns are the members' extensions (`jpg`, `cls`, `json`, ...) and
-`__key__`, `__url__`.
+A WebDataset shard is a plain tar whose members are the fields of its examples, `KEY.EXT`, the
+members of one key adjacent: `00000042.jpg` + `00000042.cls` is one labelled image (timm's and
+OpenCLIP's layout; the `.cls` member is the class id as decimal text). sources.py reads shards
+through Hugging Face's `webdataset` builder, one shard per tar, whose columns are the members'
+extensions (`jpg`, `cls`, `json`, ...) and `__key__`, `__url__`.
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ import datasets
 from vitcli.errors import DataError
 
 TAR = ".tar"
-IMAGE_MEMBER = {"jpeg": "jpg", "png": "png"}  # vit prepare-data's --format -> its image members' extension
+# vit prepare-data's --format -> its image members' extension
+IMAGE_MEMBER = {"jpeg": "jpg", "png": "png"}
 LABEL_MEMBER = "cls"
-IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")  # the image members WebDataset writers name (timm, OpenCLIP)
+# the image members WebDataset writers name (timm, OpenCLIP)
+IMAGE_MEMBERS = ("jpg", "jpeg", "png", "webp")
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 BLOCK = tarfile.BLOCKSIZE  # 512: a tar is headers and payloads padded to it, then two zero blocks
 
 
 def expand_braces(pattern: str) -> list[str]:
     """Every path a brace pattern names, in order, as the shell (and WebDataset) expands it: `{a,b}`
-    alternatives and `{000..146}` ranges, nested or several in a row. A range keeps zero padding: a bound
-    written with a leading zero pads every number to the wider bound's width. Text without a brace group,
-    or an unbalanced brace, is itself."""
+    alternatives and `{000..146}` ranges, nested or several in a row. A range keeps zero padding: a
+    bound written with a leading zero pads every number to the wider bound's width. Text without a
+    brace group, or an unbalanced brace, is itself."""
     start = pattern.find("{")
     end = _closing(pattern, start) if start >= 0 else None
     if end is None:
@@ -58,8 +60,8 @@ def _closing(text: str, start: int) -> int | None:
 
 
 def _alternatives(body: str) -> list[str] | None:
-    """The inside of one brace group: a numeric range, else its top-level comma-separated parts; None for a
-    group with neither (`{x}`), which the shell keeps as text."""
+    """The inside of one brace group: a numeric range, else its top-level comma-separated parts;
+    None for a group with neither (`{x}`), which the shell keeps as text."""
     numbers = _RANGE.fullmatch(body)
     if numbers:
         a, b = numbers.groups()
@@ -77,9 +79,9 @@ def _alternatives(body: str) -> list[str] | None:
 
 
 def folder_splits(folder: Path, source: str) -> dict[str, list[str]]:
-    """The .tar files in `folder` per split, split by their names as HF splits a folder's files (`train-*`,
-    `imagenet1k-train-*`, `validation-*`, `val-*`, `test-*`, ...; none named so: all `train`); a tar that
-    names no split while others do is an error, not dropped."""
+    """The .tar files in `folder` per split, split by their names as HF splits a folder's files
+    (`train-*`, `imagenet1k-train-*`, `validation-*`, `val-*`, `test-*`, ...; none named so: all
+    `train`); a tar that names no split while others do is an error, not dropped."""
     tars = sorted(str(p) for p in folder.glob(f"*{TAR}") if p.is_file())
     by_name = datasets.data_files.DataFilesDict.from_patterns(
         datasets.data_files.get_data_patterns(str(folder)), base_path=str(folder))
@@ -87,7 +89,8 @@ def folder_splits(folder: Path, source: str) -> dict[str, list[str]]:
     for name, files in by_name.items():
         named = set(files)
         splits[str(name)] = [f for f in tars if f in named]
-    splits = {name: files for name, files in splits.items() if files}  # a README.md named a split alone
+    # a README.md named a split alone
+    splits = {name: files for name, files in splits.items() if files}
     unsplit = sorted(set(tars) - {f for files in splits.values() for f in files})
     if unsplit:
         raise DataError(f"{source}: {Path(unsplit[0]).name} names no split while others do (train-*, "
@@ -96,9 +99,9 @@ def folder_splits(folder: Path, source: str) -> dict[str, list[str]]:
 
 
 def features(manifest: dict) -> datasets.Features:
-    """A `vit prepare-data --shards tar` copy's columns as HF's webdataset builder yields them, from its
-    manifest, the class names in a ClassLabel (given these, the builder infers nothing: from the .cls
-    members alone the labels would be bare integers)."""
+    """A `vit prepare-data --shards tar` copy's columns as HF's webdataset builder yields them, from
+    its manifest, the class names in a ClassLabel (given these, the builder infers nothing: from the
+    .cls members alone the labels would be bare integers)."""
     image = {IMAGE_MEMBER[manifest["format"]]: datasets.Image()}
     names = manifest["label_names"]
     label = {LABEL_MEMBER: datasets.ClassLabel(names=names)} if names else {}
@@ -107,12 +110,13 @@ def features(manifest: dict) -> datasets.Features:
 
 
 def named_columns(ds, image_column: str, label_column: str):
-    """A split (Dataset or IterableDataset) read by HF's webdataset builder (its `__key__` and `__url__` say
-    so) with its members' columns under the recipe's names, so that a standard WebDataset (`KEY.jpg` +
-    `KEY.cls`) trains with the default data.image_column=image and data.label_column=label: the image is the
-    one image column, else the one of IMAGE_MEMBERS (a `KEY.seg.png` mask beside a `KEY.jpg` is no rival);
-    the label is `cls`. A name the recipe gives that exists is used as it is; any other split is returned as
-    it is. What stays ambiguous is sources._check_columns' to report, with the columns there are."""
+    """A split (Dataset or IterableDataset) read by HF's webdataset builder (its `__key__` and
+    `__url__` say so) with its members' columns under the recipe's names, so that a standard
+    WebDataset (`KEY.jpg` + `KEY.cls`) trains with the default data.image_column=image and
+    data.label_column=label: the image is the one image column, else the one of IMAGE_MEMBERS (a
+    `KEY.seg.png` mask beside a `KEY.jpg` is no rival); the label is `cls`. A name the recipe gives
+    that exists is used as it is; any other split is returned as it is. What stays ambiguous is
+    sources._check_columns' to report, with the columns there are."""
     columns = ds.features or {}
     if "__key__" not in columns or "__url__" not in columns:
         return ds
@@ -128,15 +132,17 @@ def named_columns(ds, image_column: str, label_column: str):
 
 
 def example_key(row: int) -> str:
-    """An example's key: its row in the split, zero-padded so that keys sort as rows do; no dot (a key ends
-    at its first dot) and no leading `.` or `__` (HF's tar reader skips such members as hidden)."""
+    """An example's key: its row in the split, zero-padded so that keys sort as rows do; no dot (a
+    key ends at its first dot) and no leading `.` or `__` (HF's tar reader skips such members as
+    hidden)."""
     return f"{row:08d}"
 
 
 def write_shard(path: Path, examples: Iterable[tuple[str, bytes, int | None]], image_ext: str) -> None:
-    """One shard of (key, encoded image, label) examples in order: per example `KEY.<image_ext>`, then
-    `KEY.cls` unless its label is None. A POSIX ustar archive whose headers hold nothing of this machine or
-    this moment (mtime 0, owner 0:0 without names, mode 0644), so the same examples make the same bytes."""
+    """One shard of (key, encoded image, label) examples in order: per example `KEY.<image_ext>`,
+    then `KEY.cls` unless its label is None. A POSIX ustar archive whose headers hold nothing of
+    this machine or this moment (mtime 0, owner 0:0 without names, mode 0644), so the same examples
+    make the same bytes."""
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, image, label in examples:
             _add(tar, f"{key}.{image_ext}", image)
@@ -150,22 +156,23 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-# --- a shard cut short: named before anything trains -----------------------------------------------------
+# --- a shard cut short: named before anything trains
+# -----------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Walked:
-    """What a walk over a tar's headers found: the examples whose members all lie inside the file, and
-    where it ends early (None: it is whole)."""
+    """What a walk over a tar's headers found: the examples whose members all lie inside the file,
+    and where it ends early (None: it is whole)."""
 
     examples: int
     cut: str | None
 
 
 def ends_whole(path: Path) -> bool:
-    """Whether a tar ends as every writer (tarfile, GNU tar, WebDataset's TarWriter) ends one: a whole
-    number of blocks, the last two zero. One read of 1 KiB: a tar cut short mid-file ends in its last
-    member's bytes instead."""
+    """Whether a tar ends as every writer (tarfile, GNU tar, WebDataset's TarWriter) ends one: a
+    whole number of blocks, the last two zero. One read of 1 KiB: a tar cut short mid-file ends in
+    its last member's bytes instead."""
     size = os.path.getsize(path)
     if size < 2 * BLOCK or size % BLOCK:
         return False
@@ -175,10 +182,10 @@ def ends_whole(path: Path) -> bool:
 
 
 def walk(path: Path) -> Walked:
-    """Walk a tar's headers without reading a payload (tarfile seeks past each): where it is cut (inside
-    a member, inside a header, or after a member without the closing zero blocks every writer adds), and
-    the examples (keys: a member's name up to its first dot) before the cut, the last one left out since
-    its other members may be what is lost."""
+    """Walk a tar's headers without reading a payload (tarfile seeks past each): where it is cut
+    (inside a member, inside a header, or after a member without the closing zero blocks every
+    writer adds), and the examples (keys: a member's name up to its first dot) before the cut, the
+    last one left out since its other members may be what is lost."""
     size, keys, cut, last = os.path.getsize(path), [], None, None
     with tarfile.open(path, "r:") as tar:
         for member in _headers(tar):
@@ -215,8 +222,8 @@ def _tail(path: Path, start: int) -> bytes:
 
 
 def cut_short(path: Path) -> Walked | None:
-    """None for a tar that ends whole (ends_whole, else a walk over its headers finds nothing missing);
-    else what the walk found."""
+    """None for a tar that ends whole (ends_whole, else a walk over its headers finds nothing
+    missing); else what the walk found."""
     if ends_whole(path):
         return None
     try:
@@ -227,8 +234,9 @@ def cut_short(path: Path) -> Walked | None:
 
 
 def check_whole(files: Iterable[str], source: str) -> None:
-    """Every tar shard of a source ends whole, or a DataError naming the first that does not and how many
-    examples it still holds (HF's reader would stop at the cut without a word and train on the rest)."""
+    """Every tar shard of a source ends whole, or a DataError naming the first that does not and how
+    many examples it still holds (HF's reader would stop at the cut without a word and train on the
+    rest)."""
     for file in files:
         walked = cut_short(Path(file))
         if walked is not None:

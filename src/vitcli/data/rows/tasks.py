@@ -1,18 +1,21 @@
 """Few-shot task registry: the 19 VTAB-1k tasks and the ViT paper's standard few-shot sets, as data.
 
-VTAB splits follow task_adaptation (`task_adaptation/data/*.py`): train800 is the first 800 of the task's
-"train" split and val200 the first 200 of its "val" split, where val is TFDS `validation` if the dataset
-has one, else a slice of TFDS `train` starting where the task's train ends (90% of TFDS train for Caltech,
-CIFAR, SVHN, CLEVR; 80% for Pets; 60/20/20 train/val/test for EuroSAT, RESISC45; 80/10/10 for dSprites),
-or `test[:200]` for smallNORB. Those offsets assume TFDS example order, so sources are TFDS mirrors.
-The standard sets use big_vision's `configs/common_fewshot.py` train/test splits.
+VTAB splits follow task_adaptation (`task_adaptation/data/*.py`): train800 is the first 800 of the
+task's "train" split and val200 the first 200 of its "val" split, where val is TFDS `validation` if
+the dataset has one, else a slice of TFDS `train` starting where the task's train ends (90% of TFDS
+train for Caltech, CIFAR, SVHN, CLEVR; 80% for Pets; 60/20/20 train/val/test for EuroSAT, RESISC45;
+80/10/10 for dSprites), or `test[:200]` for smallNORB. Those offsets assume TFDS example order, so
+sources are TFDS mirrors. The standard sets use big_vision's `configs/common_fewshot.py` train/test
+splits.
 
-dSprites is stored as 0/1 pixels; task_adaptation (`data/dsprites.py`) multiplies them by 255, so those two
-tasks say `binary_pixels` and the batch streams stretch such images to 0/255 (decode.stretch_binary). No
-other VTAB source is rescaled there (smallNORB is only tiled to 3 channels, as to_rgb does).
+dSprites is stored as 0/1 pixels; task_adaptation (`data/dsprites.py`) multiplies them by 255, so
+those two tasks say `binary_pixels` and the batch streams stretch such images to 0/255
+(decode.stretch_binary). No other VTAB source is rescaled there (smallNORB is only tiled to 3
+channels, as to_rgb does).
 
-With a data root, a task reads a local copy (task_source): ROOT/<name less `vtab/`> (ROOT/svhn), else
-ROOT/<the source's dataset name> (ROOT/clevr for both CLEVR tasks, ROOT/svhn_cropped), else ROOT/vtab/<name>.
+With a data root, a task reads a local copy (task_source): ROOT/<name less `vtab/`> (ROOT/svhn),
+else ROOT/<the source's dataset name> (ROOT/clevr for both CLEVR tasks, ROOT/svhn_cropped), else
+ROOT/vtab/<name>.
 
 Hub ids were checked against their Hub pages (split names and sizes match TFDS) except those marked
 UNVERIFIED, which follow the same owner's naming but were not seen. smallNORB's `label_azimuth` /
@@ -35,7 +38,8 @@ GROUPS = ("natural", "specialized", "structured")
 
 @dataclass(frozen=True)
 class Task:
-    """One few-shot task: where its images and labels come from and which slices are train and test."""
+    """One few-shot task: where its images and labels come from and which slices are train and
+    test."""
 
     name: str  # vtab/cifar100, cifar10, imagenet, ...
     group: str  # natural | specialized | structured (VTAB) | standard | synthetic | custom
@@ -71,7 +75,8 @@ def _vtab(name, group, num_classes, source, val, test="test", **columns) -> Task
 
 _VAL = "validation[:200]"
 VTAB = [
-    _vtab("caltech101", "natural", 102, "dpdl-benchmark/caltech101", "train[2754:2954]"),  # UNVERIFIED
+    # UNVERIFIED
+    _vtab("caltech101", "natural", 102, "dpdl-benchmark/caltech101", "train[2754:2954]"),
     _vtab("cifar100", "natural", 100, "uoft-cs/cifar100", "train[45000:45200]",
           image_column="img", label_column="fine_label"),
     _vtab("dtd", "natural", 47, "dpdl-benchmark/dtd", _VAL),  # UNVERIFIED
@@ -85,8 +90,8 @@ VTAB = [
     _vtab("resisc45", "specialized", 45, "dpdl-benchmark/resisc45", "train[18900:19100]", "train[25200:]"),
     _vtab("retinopathy", "specialized", 5, "dpdl-benchmark/diabetic_retinopathy_detection",
           _VAL),  # UNVERIFIED
-    # CLEVR: task_adaptation tests on TFDS `validation` (TFDS `test` has no scenes); this mirror ships only
-    # the 15k labelled held-out images, as `test`.
+    # CLEVR: task_adaptation tests on TFDS `validation` (TFDS `test` has no scenes); this mirror
+    # ships only the 15k labelled held-out images, as `test`.
     _vtab("clevr_count", "structured", 8, "dpdl-benchmark/clevr", "train[63000:63200]",
           label_rule="clevr_count"),
     _vtab("clevr_dist", "structured", 6, "dpdl-benchmark/clevr", "train[63000:63200]",
@@ -109,13 +114,14 @@ def _standard(name, num_classes, source, train="train", test="test", **columns) 
 
 
 STANDARD = [
-    # "The first 65000 ImageNet samples have at least 30 shots per any class" holds for TFDS order; the Hub
-    # copy (gated) may be ordered differently: the results then mark the short classes.
+    # "The first 65000 ImageNet samples have at least 30 shots per any class" holds for TFDS order;
+    # the Hub copy (gated) may be ordered differently: the results then mark the short classes.
     _standard("imagenet", 1000, "ILSVRC/imagenet-1k", "train[:65000]", "validation"),
     _standard("cifar10", 10, "uoft-cs/cifar10", image_column="img"),
     _standard("cifar100", 100, "uoft-cs/cifar100", image_column="img", label_column="fine_label"),
     _standard("pets", 37, "dpdl-benchmark/oxford_iiit_pet"),
-    _standard("flowers102", 102, "dpdl-benchmark/oxford_flowers102"),  # 10 per class in train: <= 10 shots
+    # 10 per class in train: <= 10 shots
+    _standard("flowers102", 102, "dpdl-benchmark/oxford_flowers102"),
     _standard("caltech101", 102, "dpdl-benchmark/caltech101"),  # UNVERIFIED
     _standard("dtd", 47, "dpdl-benchmark/dtd"),  # UNVERIFIED
     _standard("cars196", 196, "tanganke/stanford_cars"),
@@ -125,17 +131,20 @@ STANDARD = [
 REGISTRY: dict[str, Task] = {t.name: t for t in VTAB + STANDARD}
 
 
-# ---------------------------------------------------------------- derived labels (task_adaptation rules)
+# ---------------------------------------------------------------- derived labels (task_adaptation
+# rules)
 
 
 def _objects(example: dict, key: str) -> list:
-    """One field of every object: HF stores a sequence of dicts as a dict of lists, plain JSON as a list."""
+    """One field of every object: HF stores a sequence of dicts as a dict of lists, plain JSON as a
+    list."""
     objects = example["objects"]
     return list(objects[key]) if isinstance(objects, dict) else [o[key] for o in objects]
 
 
 def _bucket(value: float, thresholds: tuple[float, ...]) -> int:
-    """Index of the last threshold strictly below `value` (task_adaptation's max(where(thrs < value)))."""
+    """Index of the last threshold strictly below `value` (task_adaptation's max(where(thrs <
+    value)))."""
     return sum(t < value for t in thresholds) - 1
 
 
@@ -154,7 +163,8 @@ _VEHICLES = {0, 1, 2, "Car", "Van", "Truck"}  # TFDS type ClassLabel ids, or KIT
 
 
 def kitti_closest_vehicle(example: dict) -> int:
-    """Distance (z, metres) of the closest car/van/truck: <= 8, <= 20, further, or none (4 classes)."""
+    """Distance (z, metres) of the closest car/van/truck: <= 8, <= 20, further, or none (4
+    classes)."""
     depths = [loc[2] for kind, loc in zip(_objects(example, "type"), _objects(example, "location"))
               if kind in _VEHICLES]
     return _bucket(min(depths + [1000.0]), (-100.0, 8.0, 20.0, 999.0))
@@ -180,7 +190,8 @@ LABEL_RULES = {  # rule name -> (function, raw columns it reads)
 
 
 def apply_label_rule(task: Task, ds):
-    """`ds` with a `label` ClassLabel column: derived by the task's rule, or renamed from its label_column."""
+    """`ds` with a `label` ClassLabel column: derived by the task's rule, or renamed from its
+    label_column."""
     if task.label_rule:
         rule, columns = LABEL_RULES[task.label_rule]
         missing = [c for c in columns if c not in ds.column_names]
@@ -195,7 +206,8 @@ def apply_label_rule(task: Task, ds):
         ds = ds.remove_columns([c for c in ("label",) if c in ds.column_names])
         ds = ds.rename_column(task.label_column, "label")
     labels = np.asarray(ds.select_columns(["label"]).with_format("numpy")["label"])
-    if len(labels) and (labels.min() < 0 or labels.max() >= task.num_classes):  # ClassLabel does not check
+    # ClassLabel does not check
+    if len(labels) and (labels.min() < 0 or labels.max() >= task.num_classes):
         raise DataError(f"task {task.name}: labels span {labels.min()}..{labels.max()}, "
                         f"outside the task's {task.num_classes} classes")
     feature = ds.features["label"]
@@ -238,15 +250,17 @@ def get_tasks(spec: str, custom: dict[str, Task] | None = None) -> list[Task]:
 
 
 def task_dirs(task: Task, data_root: str) -> list[str]:
-    """Where under `data_root` a task's local copy may be, in the order tried: the task's own name less
-    `vtab/` (ROOT/svhn, ROOT/clevr_count), the source's dataset name (ROOT/svhn_cropped, ROOT/clevr: one copy
-    serves the tasks sharing it), then ROOT/vtab/<name>, the layout read before."""
+    """Where under `data_root` a task's local copy may be, in the order tried: the task's own name
+    less `vtab/` (ROOT/svhn, ROOT/clevr_count), the source's dataset name (ROOT/svhn_cropped,
+    ROOT/clevr: one copy serves the tasks sharing it), then ROOT/vtab/<name>, the layout read
+    before."""
     names = [task.name.removeprefix("vtab/"), task.source.rsplit("/", 1)[-1], task.name]
     return list(dict.fromkeys(os.path.join(data_root, *name.split("/")) for name in names))
 
 
 def task_source(task: Task, data_root: str = "") -> str:
-    """Where to read a task: the first of task_dirs that exists when data_root is set, else its Hub id."""
+    """Where to read a task: the first of task_dirs that exists when data_root is set, else its Hub
+    id."""
     if not data_root or task.source == "synthetic":
         return task.source
     tried = task_dirs(task, data_root)
@@ -258,5 +272,6 @@ def task_source(task: Task, data_root: str = "") -> str:
 
 
 def synthetic_task(num_classes: int = 10, name: str = "synthetic") -> Task:
-    """A task on the built-in procedural `synthetic` source, so few-shot runs offline (tests, quickstart)."""
+    """A task on the built-in procedural `synthetic` source, so few-shot runs offline (tests,
+    quickstart)."""
     return Task(name, "synthetic", num_classes, "synthetic", {"train": "train", "test": "test"})

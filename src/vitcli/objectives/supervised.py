@@ -54,7 +54,9 @@ class Supervised(Objective):
                                        loss=loss_fn(r.optim))
 
     def learns(self) -> str:
-        return f"{self.num_classes} classes"
+        d = self.recipe.distill
+        taught = f" taught by {d.teacher} ({d.type} distillation, alpha {d.alpha:g})" if d.teacher else ""
+        return f"{self.num_classes} classes{taught}"
 
     def exported(self, model: nn.Module) -> nn.Module:
         return model

@@ -30,69 +30,94 @@ YAML_FLOATS = {".inf": float("inf"), "+.inf": float("inf"), "-.inf": float("-inf
 
 
 def _coerce(value: Any, typ: Any, path: str) -> Any:
-    """Return `value` as `typ`, or raise a RecipeError naming the dotted path, the type and the
-    value."""
+    """`value` as `typ`, or a RecipeError naming the dotted path, the type and the value."""
     origin = typing.get_origin(typ)
-    # `bool | str`: the first type that takes the value (true -> True, auto)
     if origin is types.UnionType:
-        if bool in typing.get_args(typ) and str(value).lower() in YAML11_BOOLS:
-            # `on` is no more the text `on` than a boolean: say why
-            return _coerce(value, bool, path)
-        for option in typing.get_args(typ):
-            with contextlib.suppress(RecipeError):
-                return _coerce(value, option, path)
-        names = " or ".join(option.__name__ for option in typing.get_args(typ))
-        raise RecipeError(f"{path}: expected {names}, got {value!r}")
+        return _union(value, typing.get_args(typ), path)
     if origin is typing.Literal:  # a closed set (recipe.choices): the text, if it is one of them
         text, choices = _coerce(value, str, path), typing.get_args(typ)
         if text not in choices:
             raise RecipeError(f"{path}: '{text}' is not one of {', '.join(choices)}")
         return text
     if origin is list:
-        (item_type,) = typing.get_args(typ)
-        if isinstance(value, str):  # `shots=1,5,10` on the command line
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):  # `--shots 5`
-            value = [value]
-        if not isinstance(value, list):
-            raise RecipeError(f"{path}: expected a list of {item_type.__name__}, got {value!r}")
-        return [_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value)]
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if isinstance(value, str) and value.lower() in YAML11_BOOLS:
-            raise RecipeError(f"{path}: write true or false, not {value!r} (YAML 1.1 reads it as a boolean, "
-                              "YAML 1.2 as text; a recipe says true or false)")
-    elif typ is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            with contextlib.suppress(ValueError):
-                return int(value, 10)  # decimal only, exact however many digits
-        try:
-            as_float = float(value)
-            if as_float.is_integer() and not isinstance(value, bool):  # 1e4 -> 10000
-                return int(as_float)
-        except (TypeError, ValueError):
-            pass
-    elif typ is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        # what yaml.safe_dump writes for them
-        if isinstance(value, str) and value.lower() in YAML_FLOATS:
-            return YAML_FLOATS[value.lower()]
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    elif typ is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # `l2_reg: 1024` or a numeric split name
-    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
+        return _list(value, typing.get_args(typ)[0], path)
+    found = _SCALARS[typ](value, path) if typ in _SCALARS else _NOT
+    if found is _NOT:
+        raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
+    return found
+
+
+_NOT = object()  # what a scalar reader returns for a value its type does not take
+
+
+def _union(value: Any, options: tuple, path: str) -> Any:
+    """`bool | str`: the first type that takes the value (true -> True, auto)."""
+    if bool in options and str(value).lower() in YAML11_BOOLS:
+        # `on` is no more the text `on` than a boolean: say why
+        return _coerce(value, bool, path)
+    for option in options:
+        with contextlib.suppress(RecipeError):
+            return _coerce(value, option, path)
+    names = " or ".join(option.__name__ for option in options)
+    raise RecipeError(f"{path}: expected {names}, got {value!r}")
+
+
+def _list(value: Any, item_type: type, path: str) -> list:
+    if isinstance(value, str):  # `shots=1,5,10` on the command line
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):  # `--shots 5`
+        value = [value]
+    if not isinstance(value, list):
+        raise RecipeError(f"{path}: expected a list of {item_type.__name__}, got {value!r}")
+    return [_coerce(v, item_type, f"{path}[{i}]") for i, v in enumerate(value)]
+
+
+def _bool(value: Any, path: str) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, str) and value.lower() in YAML11_BOOLS:
+        raise RecipeError(f"{path}: write true or false, not {value!r} (YAML 1.1 reads it as a "
+                          "boolean, YAML 1.2 as text; a recipe says true or false)")
+    return _NOT
+
+
+def _int(value: Any, path: str) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value, 10)  # decimal only, exact however many digits
+    try:
+        as_float = float(value)
+        if as_float.is_integer() and not isinstance(value, bool):  # 1e4 -> 10000
+            return int(as_float)
+    except (TypeError, ValueError):
+        pass
+    return _NOT
+
+
+def _float(value: Any, path: str) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.lower() in YAML_FLOATS:  # what yaml.safe_dump writes
+        return YAML_FLOATS[value.lower()]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return _NOT
+
+
+def _str(value: Any, path: str) -> Any:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `l2_reg: 1024` or a numeric split name
+    return _NOT
+
+
+_SCALARS = {bool: _bool, int: _int, float: _float, str: _str}
 
 
 # keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets

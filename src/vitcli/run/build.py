@@ -221,7 +221,7 @@ def announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     console.log(
         f"{r.stage}: {r.model.name} ({zoo.count_params(job.model) / 1e6:.2f}M params), "
         f"{'streamed' if r.data.streaming else len(job.train_ds)} train images, "
-        f"{job.objective.learns()}{distilled(r)}, "
+        f"{job.objective.learns()}, "
         f"{job.total_steps} steps "
         f"of {r.data.batch_size}, {r.run.precision} ({why}){tf32(r, dist)}, "
         f"{'compiled' if r.run.compile else 'eager'} ({why_compile}) -> {job.workdir}"
@@ -230,12 +230,6 @@ def announce(job: Job, dist: Dist, why: str, why_compile: str) -> None:
     if not r.init.checkpoint:
         for what, detail in lr_rows(job.model, r):
             console.log(f"{what}: {detail}")
-
-
-def distilled(r: Recipe) -> str:
-    """The announce line's note of the teacher, if any."""
-    d = r.distill
-    return f" taught by {d.teacher} ({d.type} distillation, alpha {d.alpha:g})" if d.teacher else ""
 
 
 def tf32(r: Recipe, dist: Dist) -> str:

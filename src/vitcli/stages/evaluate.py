@@ -53,12 +53,10 @@ TOP_K = 5  # top-5 is reported when the head has at least this many classes
 def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
              real: list[list[int]] | None = None, imagenet_set: str | None = None, tta: tuple[str, ...] = (),
              calibrate_on: str | None = None, overwrite: bool = False) -> dict:
-    """Evaluate the checkpoint on the split (data.test_split, else data.val_split); `real`: the
-    parsed ReaL lists of `real_path` (vitcli.evaluators.classify.read_real_labels); `imagenet_set`:
-    the ImageNet set the split is (robustness.SETS), else detected from its folder names; `tta`: the
-    test-time views (vitcli.evaluators.tta); `calibrate_on`: a held-out split to fit a temperature
-    on (vitcli.stages.evaluate_extra). A workdir where this request finished is read, not evaluated
-    again (vitcli.runtime.finished), unless `overwrite`. Returns what results.json holds."""
+    """Evaluate the checkpoint on data.test_split (else val_split); `real`: `real_path`'s ReaL lists
+    (classify.read_real_labels); `imagenet_set`: robustness.SETS's, else detected; `tta`: test-time
+    views (evaluators.tta); `calibrate_on`: a split to fit a temperature on (evaluate_extra). A
+    request finished in `workdir` is read back, unless `overwrite`. Returns results.json's dict."""
     check_workdir(workdir)
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)

@@ -132,17 +132,14 @@ def _measure(evaluators: list[Evaluator], model) -> dict[str, float]:
 
 
 def train(job: Job, dist: Dist) -> dict[str, float]:
-    """Run (or resume) training to job.total_steps; write state, metrics and final weights; return
-    metrics."""
+    """Train (or resume) to job.total_steps; write state, metrics, weights; return metrics."""
     r = job.recipe
     parallel = parallelize.apply(job.model.to(dist.device), r.run, dist)
-    # `model` is the one saved, evaluated and exported
-    model, ddp_model = parallel.model, parallel.train
+    model, ddp_model = parallel.model, parallel.train  # `model`: saved, evaluated, exported
     optimizer = build_optimizer(model, r.optim)
     ema = WeightEma(model, r.ema) if r.ema.decay else None  # in the model's layout: after sharding
     micro, accum = micro_batches(r, dist.world_size)
-    # this rank's train stream, placed by the checkpoint if any
-    stream = job.feed(micro, accum, dist)
+    stream = job.feed(micro, accum, dist)  # this rank's, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
                                     job.resume_from, ema)
     start = checkpoints.load()
@@ -170,9 +167,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
-            # The loss is read (a host-device sync) only at log and checkpoint steps, before the
-            # update: a loss that became non-finite since is caught before any checkpoint could hold
-            # its weights.
+            # the loss is read (a host-device sync) only at log and checkpoint steps, before the
+            # update: one that became non-finite is caught before a checkpoint could hold it
             diverged = functools.partial(_diverged, r, done, newest)
             values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)

@@ -167,6 +167,10 @@ def _read_file(path: Path) -> Loaded:
         return _read_hf(path)
     # .npz and torch.save files are zips
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []
+    if head.startswith(ZIP_MAGIC) and not names:  # a zip's table of contents is at its end
+        raise CheckpointError(f"{path} begins as a zip archive (torch.save and .npz files are) but "
+                              f"its end is missing or damaged: cut short at {path.stat().st_size} "
+                              "bytes (an interrupted copy or download?); copy it again")
     is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
     if path.suffix.lower() == ".safetensors" and (is_torch_zip or head.startswith(LEGACY_TORCH)):
         # torch.load would read it as safetensors, by its name

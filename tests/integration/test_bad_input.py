@@ -205,6 +205,8 @@ CASES = {
                                    "{root}/adir.safetensors"], "is a directory"),
     "resize out below a file": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
                                  "{root}/afile/x.safetensors"], "is a file"),
+    "resize out is its source": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
+                                  "{root}/done/model.safetensors"], "is the checkpoint it reads"),
     "resize method": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--method", "nearest"],
                       "--method"),
     "resize grid": (["resize-posemb", "--ckpt", "{root}/done", "--grid", "3x", "--out",

@@ -50,6 +50,9 @@ def root(tmp_path_factory) -> Path:
     (root / "cut.npz").write_bytes((root / "whole.pt").read_bytes()[:1000])  # a zip, as .npz are
     timm_file = str(root / "timm.safetensors")  # the same tensors, no metadata
     save_file({k: v.contiguous() for k, v in sd.items()}, timm_file)
+    (root / "unfinished").mkdir()  # a run stopped at step 6: no model.safetensors yet
+    for name in ("recipe.yaml", "metrics.jsonl", "state-6.pt", "state-6.pt.sha256"):
+        (root / "unfinished" / name).write_text("")
     _folder(root / "swin", {"model_type": "swin"}, {"embeddings.norm.weight": torch.ones(2)})
     _folder(root / "noconfig", None, {HF_CLS: torch.zeros(1, 1, 32)})
     (root / "noconfig" / "README.md").write_text("a model card\n")
@@ -102,6 +105,11 @@ CASES = {
     "5-byte .safetensors": (
         COMMANDS["predict"]("{root}/stub.safetensors"),
         "{root}/stub.safetensors is cut short: 5 bytes (an interrupted copy"),
+    **{f"an unfinished run's workdir, {cmd}": (
+        COMMANDS[cmd]("{root}/unfinished"),
+        ("{root}/unfinished holds an unfinished run (its newest checkpoint is of step 6; "
+         "model.safetensors is written at its end): run the command that started it again"))
+       for cmd in ("finetune", "evaluate", "export")},
     "transformers folder of a Swin": (
         COMMANDS["evaluate"]("{root}/swin"),
         ("{root}/swin/config.json says model_type 'swin': vit reads transformers folders of "

@@ -38,7 +38,8 @@ from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights, not_safetensors
 from vitcli.errors import CheckpointError, first_line
 from vitcli.recipe.data_checks import json_object
-from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.runtime.run_dir import newest_step
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
@@ -117,6 +118,12 @@ def _folder_weights(folder: Path) -> Path:
             f"{folder} is a transformers ViT folder (config.json) without its weights ({held}): "
             f"save_pretrained writes {MODEL_FILE} or pytorch_model.bin (sharded: either's "
             ".index.json and its shards) beside config.json; copy them from where it came from")
+    step = newest_step(folder) if (folder / RECIPE_FILE).is_file() else 0
+    if step:  # a vitcli run stopped before its end, which writes the weights
+        raise CheckpointError(
+            f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; {MODEL_FILE} "
+            "is written at its end): run the command that started it again, which resumes and "
+            "finishes it, then pass the workdir")
     theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
     raise CheckpointError(
         f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "

@@ -92,10 +92,13 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # `l2_reg: 1024` or a numeric split name
-    # `optim.lr=1e-3,3e-3`, meant as a sweep
+    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}{_sweep_hint(value, typ, path)}")
+
+
+def _sweep_hint(value: Any, typ: Any, path: str) -> str:
+    """For `optim.lr=1e-3,3e-3`, a number key given a list of them: what a sweep is written as."""
     listed = isinstance(value, str) and "," in value and typ in (int, float)
-    sweep = f" (several values are a sweep: --sweep {path}={value})" if listed else ""
-    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}{sweep}")
+    return f" (several values are a sweep: --sweep {path}={value})" if listed else ""
 
 
 # keys vitcli once took, by dotted path -> the one line a recipe or override still giving one gets

@@ -226,6 +226,16 @@ def test_the_table_is_readable_at_100_columns(tmp_path):
     assert error in as_csv_error(summary)
 
 
+def test_a_narrow_tables_title_is_one_line():
+    """Two columns of metrics are narrower than the learning-rate sweep's title: it stays whole."""
+    rows = [sweep_mod.row(Point(f"optim.lr={lr}", {"optim.lr": lr}), {"val/top1": lr, "test/top1": lr})
+            for lr in (0.1, 0.3)]
+    title = "learning-rate sweep (chosen on dev)"
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(sweep_mod._rich_table(sweep_mod.table(rows, ["optim.lr"]), title))
+    assert f"{title}, best on val/top1 marked *" in console.export_text().splitlines()[0]
+
+
 def as_csv_error(summary: dict) -> str:
     rows = csv.DictReader(io.StringIO(sweep_mod.as_csv(summary)))
     return next(r["error"] for r in rows if r["error"])

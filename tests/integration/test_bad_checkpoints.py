@@ -98,8 +98,9 @@ CASES = {
     "cut-short .safetensors": (
         finetune("{root}/cut.safetensors"), "{root}/cut.safetensors is cut short: "),
     "cut-short torch.save .pt": (
-        finetune("{root}/cut.pt"), ("{root}/cut.pt begins as a zip archive (torch.save and .npz "
-                                    "files are) but its end is missing or damaged: cut short at 1000 bytes")),
+        finetune("{root}/cut.pt"),
+        ("{root}/cut.pt begins as a zip archive (torch.save and .npz files are) but its end is "
+         "missing or damaged: cut short at 1000 bytes")),
     "cut-short .npz": (
         COMMANDS["evaluate"]("{root}/cut.npz"), "{root}/cut.npz begins as a zip archive"),
     "5-byte .safetensors": (

@@ -53,7 +53,8 @@ def test_each_commands_summary_is_one_line_where_the_terminal_is_wide_enough(mon
     """A docstring wrapped at 100 columns in the source is not wrapped again in the help."""
     monkeypatch.setenv("COLUMNS", "250")
     code, out, _ = run_vit(monkeypatch, capsys, "--help")
-    rows = [line.strip("│ ").split(maxsplit=1) for line in out.splitlines() if line.startswith("│")]
+    rows = [line.strip("│ ").split(maxsplit=1) for line in out.splitlines()
+            if line.startswith("│")]
     summaries = {row[0]: row[1].strip() for row in rows if len(row) == 2 and row[0] in COMMANDS}
     assert code == 0 and set(summaries) == set(COMMANDS), out
     for name, summary in summaries.items():

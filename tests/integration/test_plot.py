@@ -121,11 +121,12 @@ def test_a_sweeps_workdir_is_told_to_plot_its_points_and_that_advice_works(tmp_p
                                                                              capsys):
     for lr in ("optim.lr=0.001", "optim.lr=0.003"):
         workdir(tmp_path / "sweep" / lr)
-    code, out, err = run_vit(monkeypatch, capsys, "plot", tmp_path / "sweep", "--out", tmp_path / "c.png")
+    png = tmp_path / "c.png"
+    code, out, err = run_vit(monkeypatch, capsys, "plot", tmp_path / "sweep", "--out", png)
     assert code == 2 and out == "" and err.count("\n") == 1, err
     advice = " ".join(err.split()).split("plot them: vit plot ")[1]
-    code, _, err = run_vit(monkeypatch, capsys, "plot", *advice.split(), "--out", tmp_path / "c.png")
-    assert code == 0 and png_size(tmp_path / "c.png"), err
+    code, _, err = run_vit(monkeypatch, capsys, "plot", *advice.split(), "--out", png)
+    assert code == 0 and png_size(png), err
 
 
 def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):

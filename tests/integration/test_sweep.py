@@ -228,8 +228,8 @@ def test_the_table_is_readable_at_100_columns(tmp_path):
 
 def test_a_narrow_tables_title_is_one_line():
     """Two columns of metrics are narrower than the learning-rate sweep's title: it stays whole."""
-    rows = [sweep_mod.row(Point(f"optim.lr={lr}", {"optim.lr": lr}), {"val/top1": lr, "test/top1": lr})
-            for lr in (0.1, 0.3)]
+    rows = [sweep_mod.row(Point(f"optim.lr={lr}", {"optim.lr": lr}),
+                          {"val/top1": lr, "test/top1": lr}) for lr in (0.1, 0.3)]
     title = "learning-rate sweep (chosen on dev)"
     console = Console(width=100, record=True, file=io.StringIO())
     console.print(sweep_mod._rich_table(sweep_mod.table(rows, ["optim.lr"]), title))

@@ -211,16 +211,18 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, monkeypatch, cap
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("sweep", [[], ["--sweep", "optim.lr=1e-3,3e-3"]], ids=["one run", "a sweep"])
-def test_dry_run_refuses_a_finished_run_as_the_submission_does(sweep, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sweep", [[], ["--sweep", "optim.lr=1e-3,3e-3"]],
+                         ids=["one run", "a sweep"])
+def test_dry_run_refuses_a_finished_run_as_the_submission_does(sweep, tmp_path, monkeypatch,
+                                                               capsys):
     workdir = tmp_path / "w"
     workdir.mkdir()
     (workdir / MODEL_FILE).touch()
     (workdir / SUMMARY_FILE).write_text(json.dumps({"steps": 10}))
     before = sorted(workdir.iterdir())
     for dry in (["--dry-run"], []):
-        code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", *dry, "--workdir", workdir,
-                                 *sweep, *SHORT)
+        code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", *dry, "--workdir",
+                                 workdir, *sweep, *SHORT)
         assert code == 2 and "holds a finished" in err and out == "", (dry, err)
         assert len(err.strip().splitlines()) == 1 and sorted(workdir.iterdir()) == before
 

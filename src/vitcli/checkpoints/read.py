@@ -121,9 +121,9 @@ def _folder_weights(folder: Path) -> Path:
     step = newest_step(folder) if (folder / RECIPE_FILE).is_file() else 0
     if step:  # a vitcli run stopped before its end, which writes the weights
         raise CheckpointError(
-            f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; {MODEL_FILE} "
-            "is written at its end): run the command that started it again, which resumes and "
-            "finishes it, then pass the workdir")
+            f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; "
+            f"{MODEL_FILE} is written at its end): run the command that started it again, which "
+            "resumes and finishes it, then pass the workdir")
     theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
     raise CheckpointError(
         f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "

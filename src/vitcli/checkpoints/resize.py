@@ -64,8 +64,8 @@ def resize_checkpoint(
     target = Path(out) if out else _default_out(loaded, new)
     check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)")
     if target.resolve() == Path(loaded.path).resolve():  # a workdir's weights among them
-        raise OutputError(f"--out {target} is the checkpoint it reads, which the resized weights would "
-                          "replace; name another file")
+        raise OutputError(f"--out {target} is the checkpoint it reads, which the resized weights "
+                          "would replace; name another file")
     if not dry_run:
         _write(target, sd, meta, loaded.kind == "vitcli")
     rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))

@@ -92,7 +92,8 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)  # `l2_reg: 1024` or a numeric split name
-    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}{_sweep_hint(value, typ, path)}")
+    hint = _sweep_hint(value, typ, path)
+    raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}{hint}")
 
 
 def _sweep_hint(value: Any, typ: Any, path: str) -> str:

@@ -1,9 +1,10 @@
 """Starting weights that are not what their name or folder says, through every command that reads
 one: exit 2, one line naming the file and what would help, nothing written. A torch.save file named
 .safetensors (torch itself then reads it as safetensors: "header too large", naming no file), an
-empty or cut-short one, a transformers folder of another model, without config.json or without
-weights, a config.json value of the wrong type, and an init.grid (or --old-grid) that contradicts
-the grid the checkpoint's metadata states, which only a file without one may be told."""
+empty or cut-short one (a .pt or .npz cut short too: not "a pickle"), a transformers folder of
+another model, without config.json or without weights, a config.json value of the wrong type,
+and an init.grid (or --old-grid) that contradicts the grid the checkpoint's metadata states,
+which only a file without one may be told."""
 
 import json
 from pathlib import Path
@@ -44,8 +45,14 @@ def root(tmp_path_factory) -> Path:
     whole = (root / "done" / MODEL_FILE).read_bytes()
     (root / "cut.safetensors").write_bytes(whole[: len(whole) // 2])
     (root / "stub.safetensors").write_bytes(whole[:5])
+    torch.save(sd, root / "whole.pt")
+    (root / "cut.pt").write_bytes((root / "whole.pt").read_bytes()[:1000])
+    (root / "cut.npz").write_bytes((root / "whole.pt").read_bytes()[:1000])  # a zip, as .npz are
     timm_file = str(root / "timm.safetensors")  # the same tensors, no metadata
     save_file({k: v.contiguous() for k, v in sd.items()}, timm_file)
+    (root / "unfinished").mkdir()  # a run stopped at step 6: no model.safetensors yet
+    for name in ("recipe.yaml", "metrics.jsonl", "state-6.pt", "state-6.pt.sha256"):
+        (root / "unfinished" / name).write_text("")
     _folder(root / "swin", {"model_type": "swin"}, {"embeddings.norm.weight": torch.ones(2)})
     _folder(root / "noconfig", None, {HF_CLS: torch.zeros(1, 1, 32)})
     (root / "noconfig" / "README.md").write_text("a model card\n")
@@ -90,9 +97,20 @@ CASES = {
         "{root}/empty.safetensors is empty (0 bytes), not a safetensors file"),
     "cut-short .safetensors": (
         finetune("{root}/cut.safetensors"), "{root}/cut.safetensors is cut short: "),
+    "cut-short torch.save .pt": (
+        finetune("{root}/cut.pt"),
+        ("{root}/cut.pt begins as a zip archive (torch.save and .npz files are) but its end is "
+         "missing or damaged: cut short at 1000 bytes")),
+    "cut-short .npz": (
+        COMMANDS["evaluate"]("{root}/cut.npz"), "{root}/cut.npz begins as a zip archive"),
     "5-byte .safetensors": (
         COMMANDS["predict"]("{root}/stub.safetensors"),
         "{root}/stub.safetensors is cut short: 5 bytes (an interrupted copy"),
+    **{f"an unfinished run's workdir, {cmd}": (
+        COMMANDS[cmd]("{root}/unfinished"),
+        ("{root}/unfinished holds an unfinished run (its newest checkpoint is of step 6; "
+         "model.safetensors is written at its end): run the command that started it again"))
+       for cmd in ("finetune", "evaluate", "export")},
     "transformers folder of a Swin": (
         COMMANDS["evaluate"]("{root}/swin"),
         ("{root}/swin/config.json says model_type 'swin': vit reads transformers folders of "

@@ -69,6 +69,8 @@ CASES = {
     "binary recipe": (["pretrain", "-r", "{root}/binary.yaml"], "not a text file"),
     "missing recipe": (["pretrain", "-r", "{root}/nope.yaml"], "recipe file not found"),
     "misspelt key": (pretrain("optim.lrr=0.1"), "did you mean 'optim.lr'"),
+    "a sweep's values without --sweep": (pretrain("optim.lr=1e-3,3e-3"),
+                                         "several values are a sweep: --sweep optim.lr=1e-3,3e-3"),
     # a removed key: why it went and what to do, the same whole line from an override and from a
     # file
     "removed key": (pretrain("data.decode_device=model"), REMOVED_KEYS["data.decode_device"]),
@@ -205,6 +207,8 @@ CASES = {
                                    "{root}/adir.safetensors"], "is a directory"),
     "resize out below a file": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
                                  "{root}/afile/x.safetensors"], "is a file"),
+    "resize out is its source": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
+                                  "{root}/done/model.safetensors"], "is the checkpoint it reads"),
     "resize method": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--method", "nearest"],
                       "--method"),
     "resize grid": (["resize-posemb", "--ckpt", "{root}/done", "--grid", "3x", "--out",

@@ -12,6 +12,7 @@ import yaml
 from helpers import REPO, machine, run_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli import entry
+from vitcli.cli.commands import COMMANDS
 from vitcli.errors import DataError, Interrupted, Terminated
 from vitcli.models.zoo import build_model, model_spec
 from vitcli.recipe.checks import get
@@ -46,6 +47,18 @@ def test_help_lists_the_stages(monkeypatch, capsys):
     assert code == 0
     for cmd in ("pretrain", "finetune", "eval-fewshot", "resize-posemb"):
         assert cmd in out
+
+
+def test_each_commands_summary_is_one_line_where_the_terminal_is_wide_enough(monkeypatch, capsys):
+    """A docstring wrapped at 100 columns in the source is not wrapped again in the help."""
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, _ = run_vit(monkeypatch, capsys, "--help")
+    rows = [line.strip("│ ").split(maxsplit=1) for line in out.splitlines()
+            if line.startswith("│")]
+    summaries = {row[0]: row[1].strip() for row in rows if len(row) == 2 and row[0] in COMMANDS}
+    assert code == 0 and set(summaries) == set(COMMANDS), out
+    for name, summary in summaries.items():
+        assert summary.endswith("."), f"{name}'s summary breaks mid-sentence: {summary!r}"
 
 
 def test_dry_run_prints_resolved_recipe_with_overrides(monkeypatch, capsys):

@@ -1,7 +1,7 @@
 """What a command imports, as `python -X importtime` lists it: `vit pretrain --help` imports no
 torch, and a one-process CPU run, up to its first training step, imports neither
 torch.distributed.checkpoint (a sharded run's: 12.8 s measured under load) nor matplotlib (drawing
-the curves at the end: 4.4 s)."""
+the curves at the end: 4.4 s), and a micro-batch trial reads no data."""
 
 import subprocess
 import sys
@@ -61,3 +61,12 @@ def test_a_one_process_cpu_run_starts_without_the_sharded_checkpoint_or_matplotl
     unwanted = ("torch.distributed.checkpoint", "matplotlib")
     found = [m for m in modules if m.startswith(unwanted)]
     assert not found, found
+
+
+def test_a_micro_batch_trial_imports_no_data_reading():
+    """A trial (data.micro_batch_size: auto) measures its own process's peak memory, on random
+    inputs: datasets, pandas and pyarrow (~100 MiB resident) would count against its budget."""
+    modules = imported(["-c", "import vitcli.run.trial"])
+    assert "vitcli.objectives.registry" in modules and "vitcli.train.loop" in modules
+    found = [m for m in modules if m.split(".")[0] in ("datasets", "pandas", "pyarrow")]
+    assert not found, found[:5]

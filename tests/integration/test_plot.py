@@ -117,6 +117,18 @@ def test_a_missing_workdir_or_metrics_is_one_line(tmp_path, monkeypatch, capsys,
     assert not (tmp_path / "c.png").exists()
 
 
+def test_a_sweeps_workdir_is_told_to_plot_its_points_and_that_advice_works(tmp_path, monkeypatch,
+                                                                             capsys):
+    for lr in ("optim.lr=0.001", "optim.lr=0.003"):
+        workdir(tmp_path / "sweep" / lr)
+    png = tmp_path / "c.png"
+    code, out, err = run_vit(monkeypatch, capsys, "plot", tmp_path / "sweep", "--out", png)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    advice = " ".join(err.split()).split("plot them: vit plot ")[1]
+    code, _, err = run_vit(monkeypatch, capsys, "plot", *advice.split(), "--out", png)
+    assert code == 0 and png_size(png), err
+
+
 def test_a_run_that_cannot_draw_its_curves_only_warns(tmp_path, capsys):
     (tmp_path / "w").mkdir()
     curves.write_run_curves(tmp_path / "w")  # no metrics.jsonl: a warning, no exception

@@ -183,11 +183,13 @@ def test_a_sweep_the_checkpoint_would_ignore_or_into_a_single_run_is_refused(tmp
     assert not (tmp_path / "ft").exists()
 
     before = snapshot(single)
-    for slurm in ([], ["--slurm"]):  # run here, or submitted as a job array
-        args = pretrain(single, "--sweep", "run.seed=0,1", *slurm)
-        code, _, err = run_vit(monkeypatch, capsys, *args)
-        assert code == 2 and f"{single} holds a finished single run" in " ".join(err.split()), err
-        assert snapshot(single) == before
+    lr_sweep = [*ft[:5], "--workdir", single, *ft[-2:], "--lr-sweep", "0.1,0.2"]
+    # run here, or submitted as a job array; and their dry runs
+    for way in ([], ["--slurm"], ["--dry-run"], ["--slurm", "--dry-run"]):
+        for args in (pretrain(single, "--sweep", "run.seed=0,1", *way), [*lr_sweep, *way]):
+            code, out, err = run_vit(monkeypatch, capsys, *args)
+            assert code == 2 and f"{single} holds a finished" in " ".join(err.split()), err
+            assert out == "" and snapshot(single) == before, (way, out)
 
 
 def test_the_table_is_readable_at_100_columns(tmp_path):
@@ -222,6 +224,16 @@ def test_the_table_is_readable_at_100_columns(tmp_path):
     assert body[2].rstrip(" │").endswith("failed")
     assert f"2 failed: {error.partition(': ')[2]}" in said, said
     assert error in as_csv_error(summary)
+
+
+def test_a_narrow_tables_title_is_one_line():
+    """Two columns of metrics are narrower than the learning-rate sweep's title: it stays whole."""
+    rows = [sweep_mod.row(Point(f"optim.lr={lr}", {"optim.lr": lr}),
+                          {"val/top1": lr, "test/top1": lr}) for lr in (0.1, 0.3)]
+    title = "learning-rate sweep (chosen on dev)"
+    console = Console(width=100, record=True, file=io.StringIO())
+    console.print(sweep_mod._rich_table(sweep_mod.table(rows, ["optim.lr"]), title))
+    assert f"{title}, best on val/top1 marked *" in console.export_text().splitlines()[0]
 
 
 def as_csv_error(summary: dict) -> str:

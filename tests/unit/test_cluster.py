@@ -2,6 +2,7 @@
 checks, the requeue rules, and the batch script as text (valid bash, the lines sbatch and torchrun
 need)."""
 
+import json
 import shlex
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.cluster_checks import procs_per_node, time_limit_seconds
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SlurmConfig
+from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
 
 DAY, HOUR, MINUTE = 86_400, 3_600, 60
 SHORT = ["schedule.steps=10", "schedule.warmup_steps=1"]
@@ -207,6 +209,22 @@ def test_dry_run_prints_the_script_and_writes_nothing(tmp_path, monkeypatch, cap
     assert code == 0, err
     assert out.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in out and "--nproc-per-node=4" in out
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sweep", [[], ["--sweep", "optim.lr=1e-3,3e-3"]],
+                         ids=["one run", "a sweep"])
+def test_dry_run_refuses_a_finished_run_as_the_submission_does(sweep, tmp_path, monkeypatch,
+                                                               capsys):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / MODEL_FILE).touch()
+    (workdir / SUMMARY_FILE).write_text(json.dumps({"steps": 10}))
+    before = sorted(workdir.iterdir())
+    for dry in (["--dry-run"], []):
+        code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", *dry, "--workdir",
+                                 workdir, *sweep, *SHORT)
+        assert code == 2 and "holds a finished" in err and out == "", (dry, err)
+        assert len(err.strip().splitlines()) == 1 and sorted(workdir.iterdir()) == before
 
 
 def test_the_batch_is_checked_against_the_jobs_processes(monkeypatch, capsys):

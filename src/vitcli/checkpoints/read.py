@@ -38,7 +38,8 @@ from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights, not_safetensors
 from vitcli.errors import CheckpointError, first_line
 from vitcli.recipe.data_checks import json_object
-from vitcli.runtime.run_files import MODEL_FILE
+from vitcli.runtime.run_dir import newest_step
+from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
@@ -117,6 +118,12 @@ def _folder_weights(folder: Path) -> Path:
             f"{folder} is a transformers ViT folder (config.json) without its weights ({held}): "
             f"save_pretrained writes {MODEL_FILE} or pytorch_model.bin (sharded: either's "
             ".index.json and its shards) beside config.json; copy them from where it came from")
+    step = newest_step(folder) if (folder / RECIPE_FILE).is_file() else 0
+    if step:  # a vitcli run stopped before its end, which writes the weights
+        raise CheckpointError(
+            f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; "
+            f"{MODEL_FILE} is written at its end): run the command that started it again, which "
+            "resumes and finishes it, then pass the workdir")
     theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
     raise CheckpointError(
         f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "
@@ -167,6 +174,10 @@ def _read_file(path: Path) -> Loaded:
         return _read_hf(path)
     # .npz and torch.save files are zips
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []
+    if head.startswith(ZIP_MAGIC) and not names:  # a zip's table of contents is at its end
+        raise CheckpointError(f"{path} begins as a zip archive (torch.save and .npz files are) but "
+                              f"its end is missing or damaged: cut short at {path.stat().st_size} "
+                              "bytes (an interrupted copy or download?); copy it again")
     is_torch_zip = any(n.endswith("/data.pkl") for n in names)  # torch.save writes ARCHIVE/data.pkl
     if path.suffix.lower() == ".safetensors" and (is_torch_zip or head.startswith(LEGACY_TORCH)):
         # torch.load would read it as safetensors, by its name

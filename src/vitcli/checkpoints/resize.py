@@ -20,7 +20,7 @@ from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.fit import move_posemb, with_grid
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.weights import save_weights
-from vitcli.errors import CheckpointError
+from vitcli.errors import CheckpointError, OutputError
 from vitcli.models.posemb import check_method
 from vitcli.recipe.checks import grid_for
 from vitcli.runtime.files import atomic_path
@@ -63,6 +63,9 @@ def resize_checkpoint(
     meta = _new_meta(loaded, new, patch)
     target = Path(out) if out else _default_out(loaded, new)
     check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)")
+    if target.resolve() == Path(loaded.path).resolve():  # a workdir's weights among them
+        raise OutputError(f"--out {target} is the checkpoint it reads, which the resized weights "
+                          "would replace; name another file")
     if not dry_run:
         _write(target, sd, meta, loaded.kind == "vitcli")
     rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))

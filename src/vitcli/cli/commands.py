@@ -294,6 +294,16 @@ def export(ckpt: opt.Ckpt, fmt: opt.Format, out: opt.OutDir, overwrite: opt.Repl
              output=output_format(json_out))
 
 
+def _one_line_paragraphs(doc: str | None) -> str | None:
+    """A docstring's paragraphs each as one line: Typer's rich help keeps the line breaks that wrap
+    a docstring at 100 columns in the source, which then break its lines mid-sentence at 80."""
+    if doc is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in doc.strip().split("\n\n"))
+
+
+for _command in app.registered_commands:
+    _command.help = _command.help or _one_line_paragraphs(_command.callback.__doc__)
 COMMANDS = tuple(c.name for c in app.registered_commands)
 
 

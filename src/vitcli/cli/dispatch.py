@@ -122,6 +122,11 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
     """
     in_workdir = recipe is not None and recipe.stage in WORKDIR_NAMES
     if in_workdir and dry_run:
+        # a sweep's (--sweep, --lr-sweep) workdir refused as the sweep would refuse it
+        if (sweep is not None or kwargs.get("lrs")) and workdir is not None:
+            from vitcli.runtime.workdir import refuse_single_run
+
+            refuse_single_run(workdir)
         _print_recipe(recipe)
         return _print_points(sweep, workdir) if sweep else None
     if sweep is not None:

@@ -1,5 +1,6 @@
 """`--slurm`: the batch script and the frozen recipe written into WORKDIR/slurm, then `sbatch`; the
-job id back. With --dry-run the script is printed and nothing is written or submitted."""
+job id back. With --dry-run the script is printed, after the same refusals, and nothing is written
+or submitted."""
 
 from __future__ import annotations
 
@@ -29,13 +30,14 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
     job = Job(recipe.stage, tuple(args), workdir, Path.cwd(), sys.executable, len(points or []))
     written = f"`vit {recipe.stage} --slurm` on {time.strftime('%Y-%m-%d %H:%M')}"
     text = batch_script(recipe.slurm, job, written)
-    if dry_run:
-        sys.stdout.write(text)
-        return None
+    # before the dry run's script: --dry-run refuses what the submission would
     if not points and finished(workdir) is not None:
         raise OutputError(f"{workdir} holds a finished run: nothing to submit (a new --workdir trains again)")
     if points:
         refuse_single_run(workdir)
+    if dry_run:
+        sys.stdout.write(text)
+        return None
     sbatch = shutil.which("sbatch")
     if sbatch is None:
         raise ClusterError("--slurm: sbatch is not on PATH (submit from the cluster's login node); "

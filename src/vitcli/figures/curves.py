@@ -241,6 +241,12 @@ def read_run(workdir: Path) -> list[dict]:
     path = Path(workdir) / METRICS_FILE
     if not Path(workdir).is_dir():
         raise OutputError(f"workdir not found: {workdir}")
+    points = sorted(p.parent.name for p in Path(workdir).glob(f"*/{METRICS_FILE}"))
+    if not path.is_file() and points:  # a sweep's workdir: its points are the runs
+        named = " ".join(str(Path(workdir) / p) for p in points[:4])
+        more = f" (and its {len(points) - 4} other points)" if len(points) > 4 else ""
+        raise OutputError(f"{path} not found: {workdir} holds a sweep, whose points are the runs: "
+                          f"plot them: vit plot {named}{more}")
     if not path.is_file():
         raise OutputError(f"{path} not found: {workdir} is not a training workdir (or has not logged yet)")
     rows = read_metrics(path)

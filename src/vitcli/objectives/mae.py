@@ -4,15 +4,19 @@ the micro-batch; scored by the same reconstruction loss on held-out images."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from vitcli.evaluators.heldout import PretextEvaluator
 from vitcli.models.flops import train_flops_per_image
 from vitcli.models.mae import MaeModel, mae_step
 from vitcli.objectives.objective import Objective
 from vitcli.runtime.dist import Dist
 from vitcli.train.loop import Draws
+
+if TYPE_CHECKING:  # the evaluators import datasets: see Supervised.evaluator
+    from vitcli.evaluators.heldout import PretextEvaluator
 
 
 class MaskedAutoencoder(Objective):
@@ -33,6 +37,8 @@ class MaskedAutoencoder(Objective):
         """The reconstruction loss, the same masks every run: image p of batch i is this rank's
         image i x eval_batch_size + p, masked with seed 0 (mae.mask_noise); every image has as many
         removed patches, so the mean over images is the loss's."""
+        from vitcli.evaluators.heldout import PretextEvaluator  # datasets: see Supervised.evaluator
+
         r = self.recipe
 
         def measure(model, i, x):

@@ -3,14 +3,18 @@ labels, no head; scored by the same masked-patch loss on held-out images."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from vitcli.evaluators.heldout import PretextEvaluator
 from vitcli.models.mpp import MppModel, mpp_step
 from vitcli.objectives.objective import Objective
 from vitcli.runtime.dist import Dist
 from vitcli.train.loop import MPP_STREAM, Draws
+
+if TYPE_CHECKING:  # the evaluators import datasets: see Supervised.evaluator
+    from vitcli.evaluators.heldout import PretextEvaluator
 
 
 class MaskedPatches(Objective):
@@ -26,6 +30,8 @@ class MaskedPatches(Objective):
 
     def evaluator(self, name: str, ds, dist: Dist) -> PretextEvaluator:
         """Mean loss and mean-colour accuracy; batch i corrupted with seed i, the same every run."""
+        from vitcli.evaluators.heldout import PretextEvaluator  # datasets: see Supervised.evaluator
+
         r = self.recipe
 
         def measure(model, i, x):

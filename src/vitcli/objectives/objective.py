@@ -11,15 +11,18 @@ the module `build` returns, so checkpoints hold them with the weights.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from vitcli.evaluators.heldout import SplitEvaluator
 from vitcli.models.flops import train_flops_per_image
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
 from vitcli.train.loop import Draws
+
+if TYPE_CHECKING:  # the evaluators import datasets: a micro-batch trial needs none (run.trial)
+    from vitcli.evaluators.heldout import SplitEvaluator
 
 
 class Objective:

@@ -5,19 +5,21 @@ held-out top-1 and loss."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from vitcli.data.augmentation.augmentations import mix, mixing_of
-from vitcli.data.rows import sources
-from vitcli.evaluators.heldout import ClassificationEvaluator
 from vitcli.objectives.objective import Objective
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import Dist
 from vitcli.train import distill
 from vitcli.train.loop import MIXUP_STREAM, Draws
 from vitcli.train.losses import loss_fn
+
+if TYPE_CHECKING:  # the evaluators import datasets: a micro-batch trial needs none (run.trial)
+    from vitcli.evaluators.heldout import ClassificationEvaluator
 
 
 class Supervised(Objective):
@@ -32,7 +34,9 @@ class Supervised(Objective):
     @classmethod
     def head_width(cls, r: Recipe, train: Callable[[], object]) -> int:
         """The recipe's model.num_classes, else the data's."""
-        return r.model.num_classes or sources.num_classes(r.data, train())
+        from vitcli.data.rows.sources import num_classes  # datasets: see evaluator
+
+        return r.model.num_classes or num_classes(r.data, train())
 
     def build(self, network: nn.Module, fresh: bool) -> nn.Module:
         """The network itself; the teacher distill.teacher names loaded, and a DeiT student's
@@ -49,6 +53,9 @@ class Supervised(Objective):
         return self.criterion(model(x), y, x), None  # x: the teacher's input too (train.distill)
 
     def evaluator(self, name: str, ds, dist: Dist) -> ClassificationEvaluator:
+        # imported here: the evaluators import datasets, which a micro-batch trial has no use for
+        from vitcli.evaluators.heldout import ClassificationEvaluator
+
         r = self.recipe
         return ClassificationEvaluator(name, ds, r.data, r.model.img_size, dist, r.run.precision,
                                        loss=loss_fn(r.optim))

@@ -43,8 +43,15 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
         return _list(value, typing.get_args(typ)[0], path)
     found = _SCALARS[typ](value, path) if typ in _SCALARS else _NOT
     if found is _NOT:
-        raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}")
+        hint = _sweep_hint(value, typ, path)
+        raise RecipeError(f"{path}: expected {typ.__name__}, got {value!r}{hint}")
     return found
+
+
+def _sweep_hint(value: Any, typ: Any, path: str) -> str:
+    """For `optim.lr=1e-3,3e-3`, a number key given a list of them: what a sweep is written as."""
+    listed = isinstance(value, str) and "," in value and typ in (int, float)
+    return f" (several values are a sweep: --sweep {path}={value})" if listed else ""
 
 
 _NOT = object()  # what a scalar reader returns for a value its type does not take

@@ -75,7 +75,7 @@ def refuse_single_run(workdir: Path) -> None:
     held += ["state-<step> checkpoints"] * bool(newest_step(workdir))
     if held:
         what = "a finished single run" if finished(workdir) is not None else "a single run"
-        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: --sweep puts "
+        raise OutputError(f"{workdir} holds {what} ({', '.join(held)}), not a sweep: a sweep puts "
                           "each point in WORKDIR/<point>; pass a new --workdir")
 
 

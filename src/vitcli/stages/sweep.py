@@ -213,8 +213,10 @@ def _rich_table(summary: dict, title: str) -> Table:
     more = len(metric_columns(rows)) - len(shown)
     notes = [f"{i} failed: {_message(r)}" for i, r in enumerate(rows) if r["status"] == "failed"]
     notes += [f"{more} more metrics of each point in {SWEEP_CSV}"] * bool(more)
-    t = Table(title=title + (f", best on {DEV} marked *" if summary["best"] else ""),
-              caption="\n".join(notes) or None, caption_justify="left")
+    title += f", best on {DEV} marked *" if summary["best"] else ""
+    # min_width: a title longer than a narrow table's columns on one line, not wrapped to them
+    t = Table(title=title, caption="\n".join(notes) or None, caption_justify="left",
+              min_width=len(title))
     for col in ["#", *keys, *shown]:
         t.add_column(col, justify="right", no_wrap=True)
     t.add_column("status", no_wrap=True)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from vitcli.data.rows.sources import source_kind
 from vitcli.recipe.schema import Recipe
 
 INPUT_BOUND = 0.10  # past this fraction of a logging window spent waiting, the run says so (once)
@@ -55,6 +54,10 @@ class Feeding:
 
 def feeding(r: Recipe) -> Feeding:
     """The recipe's Feeding."""
+    # here, not at the top: data.rows imports datasets, which the loop's importers (a micro-batch
+    # trial) need not
+    from vitcli.data.rows.sources import source_kind
+
     kind, _ = source_kind(r.data.source)
     return Feeding(r.data.num_workers, prepared=kind == "prepared", builtin=kind == "synthetic")
 

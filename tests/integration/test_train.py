@@ -170,6 +170,13 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     assert saved["step"] == 2
     assert all(torch.isfinite(v).all() for v in saved["model"].values())
     assert not (tmp_path / "model.safetensors").exists()
+    # the advice holds: a lower lr with --no-resume trains here (the same workdir resumed is refused)
+    assert "with --no-resume or in a new --workdir" in str(e.value)
+    monkeypatch.undo()
+    lower = recipe("schedule.steps=5", "run.ckpt_every=1", "optim.lr=1e-3")
+    with pytest.raises(RecipeError, match="different recipe"):
+        one_run(lower, tmp_path)
+    assert one_run(lower, tmp_path, resume=False)["steps"] == 5
 
 
 def test_a_divergence_before_any_checkpoint_says_so_and_offers_clipping(tmp_path, monkeypatch):

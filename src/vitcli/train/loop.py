@@ -248,7 +248,8 @@ def _diverged(r: Recipe, done: int, newest: Path | None, loss: float) -> str:
     fix = (f"a lower optim.lr (optim.clip_grad_norm={clip:g} already clips the gradients)" if clip
            else "a lower optim.lr, or optim.clip_grad_norm=1")
     return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at "
-            f"checkpoints); {kept}; try {fix}")
+            f"checkpoints); {kept}; try {fix}, with --no-resume or in a new --workdir (the "
+            "checkpoints here hold this recipe)")
 
 
 def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:

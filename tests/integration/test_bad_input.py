@@ -40,6 +40,7 @@ def root(tmp_path_factory) -> Path:
     (root / "binary.yaml").write_bytes(bytes(range(256)))
     (root / "afile").write_text("not a directory")
     (root / "adir.safetensors").mkdir()
+    (root / "there.safetensors").write_bytes(b"a user's file")
     (root / "twice.yaml").write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
     (root / "removed.yaml").write_text("stage: pretrain\ndata:\n  decode_device: worker\n")
     return root
@@ -209,6 +210,8 @@ CASES = {
                                  "{root}/afile/x.safetensors"], "is a file"),
     "resize out is its source": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
                                   "{root}/done/model.safetensors"], "is the checkpoint it reads"),
+    "resize out exists": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--out",
+                           "{root}/there.safetensors"], "exists; name a new file, or pass --overwrite"),
     "resize method": (["resize-posemb", "--ckpt", "{root}/done", "--res", "64", "--method", "nearest"],
                       "--method"),
     "resize grid": (["resize-posemb", "--ckpt", "{root}/done", "--grid", "3x", "--out",

@@ -254,7 +254,7 @@ def handed(ckpt: Path, tmp: Path) -> dict:
              "--dry-run"],
             "vitcli.stages.resize.run_resize",
             ((str(ckpt),), {"out": None, "res": 64, "grid": None, "old_grid": "4x4", "patch": None,
-                            "method": "bicubic", "dry_run": True}),
+                            "method": "bicubic", "overwrite": False, "dry_run": True}),
             None),
         "inspect": (
             ["inspect", "--ckpt", ckpt, "--out", tmp / "o", "--images", "4"],

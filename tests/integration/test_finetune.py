@@ -269,6 +269,24 @@ def test_resize_posemb_dry_run_shows_both_grids_and_writes_nothing(tmp_path, mon
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_resize_posemb_again_replaces_its_output_only_with_overwrite_and_keeps_the_old_one(
+        resized, monkeypatch, capsys):
+    """The same command twice: refused the second time, the first output untouched; with
+    --overwrite the new file replaces it and the old one is kept beside it, byte for byte."""
+    src, out = resized
+    first = out.read_bytes()
+    args = ["resize-posemb", "--ckpt", src, "--out", out]
+    code, _, err = run_vit(monkeypatch, capsys, *args, "--res", 96)
+    assert code == 2 and "exists; name a new file, or pass --overwrite" in err, err
+    assert out.read_bytes() == first and sorted(out.parent.iterdir()) == [out]
+    code, _, err = run_vit(monkeypatch, capsys, *args, "--res", 96, "--overwrite")
+    assert code == 0, err
+    kept = [p for p in out.parent.iterdir() if p != out]
+    assert len(kept) == 1 and kept[0].name.startswith("x64.safetensors.previous-"), kept
+    assert kept[0].read_bytes() == first
+    assert load_weights(out)[1]["model"]["img_size"] == 96
+
+
 def test_resized_checkpoint_loads_in_timm_and_finetune_at_the_new_size(tmp_path, monkeypatch, capsys, data,
                                                                         resized):
     _, out = resized

@@ -24,7 +24,7 @@ from vitcli.errors import CheckpointError, OutputError
 from vitcli.models.posemb import check_method
 from vitcli.recipe.checks import grid_for
 from vitcli.runtime.files import atomic_path
-from vitcli.runtime.workdir import check_output_file
+from vitcli.runtime.workdir import check_output_file, kept_file
 
 
 def resize_checkpoint(
@@ -37,12 +37,14 @@ def resize_checkpoint(
     old_grid: str = "",
     out: str | None = None,
     dry_run: bool = False,
+    overwrite: bool = False,
 ) -> list[tuple[str, str]]:
     """Resize the position embedding of `src` to `new_grid` (or res / patch) and write `out`
     atomically.
 
     `old_grid` (HxW) is the grid a 1-D table spans where the file cannot tell (fit.with_grid). `out`
-    defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source. Returns (what, detail) rows:
+    defaults to `<src stem>_<gh>x<gw>.safetensors` beside the source; an existing one is replaced
+    only with `overwrite`, and kept beside it (runtime.workdir.kept_file). Returns (what, detail) rows:
     old and new grid, and old and new shape of every resized tensor.
     """
     _check_request(new_grid, res, patch_size, method, out)
@@ -62,12 +64,14 @@ def resize_checkpoint(
     rows += [(key, f"{before} -> {after}") for key, before, after in moved]
     meta = _new_meta(loaded, new, patch)
     target = Path(out) if out else _default_out(loaded, new)
-    check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)")
     if target.resolve() == Path(loaded.path).resolve():  # a workdir's weights among them
         raise OutputError(f"--out {target} is the checkpoint it reads, which the resized weights "
                           "would replace; name another file")
+    check_output_file(target, "--out" if out else "the output (default: beside the source; set --out)",
+                      overwrite)
     if not dry_run:
-        _write(target, sd, meta, loaded.kind == "vitcli")
+        with kept_file(target):
+            _write(target, sd, meta, loaded.kind == "vitcli")
     rows.append(("output", f"{target}{' (dry run, not written)' if dry_run else ''}"))
     return rows
 

@@ -212,8 +212,8 @@ def predict(images: opt.Images, ckpt: opt.Ckpt = None, top_k: opt.TopK = 5,
 @app.command("resize-posemb")
 def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = None,
                   grid: opt.Grid = None, old_grid: opt.OldGrid = None, patch: opt.Patch = None,
-                  method: opt.Method = opt.PosembMethod.bilinear, dry_run: opt.Plan = False,
-                  json_out: opt.Json = False) -> None:
+                  method: opt.Method = opt.PosembMethod.bilinear, overwrite: opt.ReplaceFile = False,
+                  dry_run: opt.Plan = False, json_out: opt.Json = False) -> None:
     """Resize a checkpoint's position embedding to a new resolution or grid, offline."""
 
     def stage():
@@ -221,7 +221,7 @@ def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = N
         return run_resize
 
     dispatch(stage, None, ckpt, out=out, res=res, grid=grid, old_grid=old_grid, patch=patch,
-             method=method.value, dry_run=dry_run, output=output_format(json_out))
+             method=method.value, overwrite=overwrite, dry_run=dry_run, output=output_format(json_out))
 
 
 @app.command("inspect")

@@ -84,6 +84,9 @@ Again = flag(
 Replace = flag(
     "--overwrite",
     "Replace a non-empty --out (the old one is kept as <out>.previous-<time>, not deleted).")
+ReplaceFile = flag(
+    "--overwrite",
+    "Replace an existing --out file (the old one is kept beside it as <name>.previous-<time>).")
 OutDir = Annotated[Path, typer.Option(
     "--out", "-o", help="Directory to write: new or empty (see --overwrite).")]
 DataRoot = Annotated[str | None, typer.Option(

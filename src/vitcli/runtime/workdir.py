@@ -49,11 +49,36 @@ def check_writable(path: Path, what: str) -> None:
         raise OutputError(f"{what} {path}: {where} is not writable by this user; pick another location")
 
 
-def check_output_file(path: Path, what: str) -> None:
-    """An output file: not an existing directory, and creatable."""
+def check_output_file(path: Path, what: str, overwrite: bool | None = None) -> None:
+    """An output file: not an existing directory, and creatable; with `overwrite` False, not an
+    existing file either (None: an existing file may be replaced, as before this flag existed)."""
     if path.is_dir():
         raise OutputError(f"{what} {path} is a directory; name a file")
+    if overwrite is False and path.exists():
+        raise OutputError(f"{what} {path} exists; name a new file, or pass --overwrite (the old one "
+                          f"is then kept beside it as {path.name}.previous-<time>)")
     check_writable(path.parent, what)
+
+
+@contextlib.contextmanager
+def kept_file(path: Path) -> Iterator[None]:
+    """Around the block that replaces the file `path` (atomically, by rename): the old one stays
+    beside it as `<name>.previous-<time>` (a hard link to it, else a copy), said so once the block
+    succeeds; a failure or Ctrl-C leaves `path` as it was and keeps no copy."""
+    if not path.is_file():
+        yield
+        return
+    aside = _unused(path.parent, f"{path.name}.previous")
+    try:
+        os.link(path, aside)
+    except OSError:  # a file system without hard links
+        shutil.copy2(path, aside)
+    try:
+        yield
+    except BaseException:
+        aside.unlink(missing_ok=True)
+        raise
+    console.log(f"the previous {path.name} is kept as {aside}")
 
 
 def refuse_finished(workdir: Path, overwrite: bool) -> None:

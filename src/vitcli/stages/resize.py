@@ -18,11 +18,12 @@ def parse_grid(text: str) -> tuple[int, int]:
 
 
 def run_resize(src: str, *, out, res, grid, patch, method: str, dry_run: bool,
-               old_grid: str | None = None) -> dict[str, str]:
+               old_grid: str | None = None, overwrite: bool = False) -> dict[str, str]:
     """Validate the flags, resize, and show what changed as a table on stdout; return it, what ->
     detail."""
     new_grid = parse_grid(grid) if grid else None
     rows = resize_checkpoint(src, new_grid=new_grid, res=res, patch_size=patch, method=method,
-                             old_grid=old_grid or "", out=str(out) if out else None, dry_run=dry_run)
+                             old_grid=old_grid or "", out=str(out) if out else None, dry_run=dry_run,
+                             overwrite=overwrite)
     stdout.print(pairs_table("resize-posemb", rows))
     return dict(rows)

@@ -26,6 +26,23 @@ from vitcli.train import loop
 REPO = Path(__file__).resolve().parents[1]
 
 
+def snapshot(root: Path) -> dict:
+    """Every path under `root` with its mtime and size: what a refused command must leave as it was."""
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(root.rglob("*"))}
+
+
+def refused(monkeypatch, capsys, root: Path, *args) -> str:
+    """Run `vit ARGS...` in `root` (where a default output would land) and check it refuses as bad
+    input must: exit 2, one line, no traceback, nothing under `root` created or changed; its line."""
+    monkeypatch.chdir(root)
+    before = snapshot(root)
+    code, _, err = run_vit(monkeypatch, capsys, *args)
+    assert code == 2, (code, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert snapshot(root) == before, "a refused command created or changed a file"
+    return err
+
+
 def run_vit(monkeypatch, capsys, *args):
     """Run `vit ARGS...` through cli.main(); return (exit code, stdout, stderr)."""
     monkeypatch.setattr(sys, "argv", ["vit", *map(str, args)])

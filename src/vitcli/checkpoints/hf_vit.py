@@ -38,6 +38,7 @@ from safetensors.torch import load_file
 
 from vitcli.checkpoints.weights import not_safetensors
 from vitcli.errors import CheckpointError, first_line
+from vitcli.recipe.data_checks import json_object
 from vitcli.runtime.run_files import MODEL_FILE  # transformers' save_pretrained names it so too
 
 # timm block names -> transformers' `vit.encoder.layer.{i}.` names (weight and bias alike)
@@ -105,11 +106,7 @@ def is_vit_folder(folder: Path) -> bool:
 def model_type(folder: Path) -> str | None:
     """The model_type a transformers folder's config.json says; None without one (no config.json, or
     timm's, which has none)."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    found = config.get("model_type") if isinstance(config, dict) else None
+    found = json_object(folder / "config.json").get("model_type")
     return None if found is None else str(found)
 
 

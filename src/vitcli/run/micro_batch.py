@@ -49,7 +49,7 @@ from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe
 from vitcli.run import trial as child
 from vitcli.run.trial import ERRORS, MICRO_BATCHES, RESULT, SPEC
-from vitcli.runtime import files
+from vitcli.runtime import files, launcher
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.launcher import LaunchEnv
 from vitcli.runtime.memory import available_mb, status_mb
@@ -57,9 +57,10 @@ from vitcli.runtime.metrics import console
 
 POLL_S = 0.01  # how often the parent reads a CPU trial's resident memory
 TRIAL_TIMEOUT_S = 3600  # a trial builds, compiles and steps the model once: an hour of it is a hang
-# torchrun's variables, which a trial does not inherit: it is one process of its own
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+# torchrun's variables, which a trial does not inherit: it is one process of its own (the four
+# runtime.launcher reads, and the rendezvous's)
+LAUNCHER_VARS = (*launcher.VARS, "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID")
 RAISED = {e.__name__: e for e in (RecipeError, ModelError, DataError, CheckpointError, TrainingError)}
 
 

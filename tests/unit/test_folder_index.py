@@ -22,7 +22,7 @@ from datasets.data_files import (
 )
 from PIL import Image
 
-from vitcli.data.rows import folder_index, sources
+from vitcli.data.rows import folder_index, folder_listing, sources
 from vitcli.errors import DataError
 from vitcli.recipe.schema import DataConfig
 
@@ -163,16 +163,17 @@ def test_the_suffix_tables_are_hfs_own():
     mismatch)."""
     from datasets.packaged_modules import _ALL_ALLOWED_EXTENSIONS, _MODULE_TO_EXTENSIONS
 
-    assert folder_index._DATA_SUFFIXES == frozenset(_ALL_ALLOWED_EXTENSIONS)
-    assert sorted(folder_index._IMAGEFOLDER_SUFFIXES) == sorted(_MODULE_TO_EXTENSIONS["imagefolder"])
-    with open(folder_index.__file__) as f:
-        tree_ = ast.parse(f.read())
-    imported = [(node.module or "").split(".") + [a.name for a in node.names]
-                for node in ast.walk(tree_) if isinstance(node, ast.ImportFrom)]
-    imported = [names for names in imported if names[0] != "__future__"]
-    assert not [names for names in imported if any(n.startswith("_") for n in names)]
-    attributes = [node.attr for node in ast.walk(tree_) if isinstance(node, ast.Attribute)]
-    assert not [a for a in attributes if a.startswith("_") and not a.startswith("__")]
+    assert folder_listing._DATA_SUFFIXES == frozenset(_ALL_ALLOWED_EXTENSIONS)
+    assert sorted(folder_listing._IMAGEFOLDER_SUFFIXES) == sorted(_MODULE_TO_EXTENSIONS["imagefolder"])
+    for module in (folder_listing, folder_index):
+        with open(module.__file__) as f:
+            tree_ = ast.parse(f.read())
+        imported = [(node.module or "").split(".") + [a.name for a in node.names]
+                    for node in ast.walk(tree_) if isinstance(node, ast.ImportFrom)]
+        imported = [names for names in imported if names[0] != "__future__"]
+        assert not [names for names in imported if any(n.startswith("_") for n in names)], module
+        attributes = [node.attr for node in ast.walk(tree_) if isinstance(node, ast.Attribute)]
+        assert not [a for a in attributes if a.startswith("_") and not a.startswith("__")], module
 
 
 NAMES = ["train", "Train", "train_1", "train-x", "my_train", "my_train_2", "trainee", "retrain", "x_val",
@@ -186,9 +187,9 @@ def test_split_names_are_recognised_as_hf_patterns_match_them(name):
                     for ps in DEFAULT_PATTERNS_SPLIT_IN_DIR_NAME.values() for p in ps]
     file_patterns = [p.removeprefix("**/") for ps in DEFAULT_PATTERNS_SPLIT_IN_FILENAME.values() for p in ps]
     as_dir = any(fnmatch.fnmatchcase(name, p) for p in dir_patterns)
-    assert bool(folder_index._SPLIT_IN_DIR_NAME.search(name)) == as_dir
+    assert bool(folder_listing._SPLIT_IN_DIR_NAME.search(name)) == as_dir
     as_file = any(fnmatch.fnmatchcase(name, p) for p in file_patterns)
-    assert any(folder_index._keyword_at(f"/{name}/", w) for w in folder_index._SPLIT_WORDS) == as_file
+    assert any(folder_listing._keyword_at(f"/{name}/", w) for w in folder_listing._SPLIT_WORDS) == as_file
 
 
 # ---------------------------------------------------------------- the cache

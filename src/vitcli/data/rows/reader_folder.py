@@ -11,7 +11,7 @@ from pathlib import Path
 import datasets
 
 from vitcli.data.rows import folder_index
-from vitcli.data.rows.folder_index import IMAGE_SUFFIXES
+from vitcli.data.rows.folder_listing import IMAGE_SUFFIXES
 from vitcli.data.rows.reader import WholeReader, check_split, sharded
 
 

@@ -1,5 +1,6 @@
-"""The objectives by name: the recipe's `objective` picks one here, once (recipe.checks has already
-refused a name it does not list). A new objective is a module of its own and one line below."""
+"""The objectives by name: the recipe's `objective` picks one here, once (recipe.objective_checks
+has already refused a name it does not list). A new objective is a module of its own and one line
+below."""
 
 from __future__ import annotations
 

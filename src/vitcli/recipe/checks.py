@@ -19,10 +19,8 @@ from typing import Any
 
 from vitcli.errors import RecipeError
 from vitcli.recipe.choices import (
-    LABELLED,
     LOGGER_PACKAGES,
     LOGGERS,
-    MPP_CELLS,
     TRAINS,
     VIT_POS_EMBEDS,
     WEIGHTED,
@@ -38,7 +36,8 @@ from vitcli.recipe.data_checks import (
 from vitcli.recipe.fewshot_checks import check_fewshot
 from vitcli.recipe.holdout_checks import check_holdout
 from vitcli.recipe.layers import literal_keys
-from vitcli.recipe.names import HYBRID, T2T_VITS, is_vit_family
+from vitcli.recipe.names import T2T_VITS, is_vit_family
+from vitcli.recipe.objective_checks import check_distill, check_objective
 from vitcli.recipe.schema import Recipe, micro_batches
 
 # the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal
@@ -106,9 +105,9 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_holdout(recipe.data, recipe.stage in TRAINS)
     check_data(recipe)
     check_fewshot(recipe)
-    _objective(recipe)
+    check_objective(recipe)
     _ema(recipe)
-    _distill(recipe)
+    check_distill(recipe)
     _random_init(recipe)
     if recipe.init.grid:
         parse_grid(recipe.init.grid, "init.grid")
@@ -288,65 +287,6 @@ def _augment(recipe: Recipe, world_size: int) -> None:
                           "set data.micro_batch_size (or data.batch_size) to an even number")
 
 
-def _objective(recipe: Recipe) -> None:
-    """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its
-    patches."""
-    if recipe.objective == "supervised":
-        if not recipe.data.label_column and recipe.stage in LABELLED:
-            raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
-                              "label column, or pretrain on unlabeled images with objective: mpp or mae")
-        return
-    m, objective = recipe.model, recipe.objective
-    if recipe.stage != "pretrain":
-        raise RecipeError(f"objective: {objective} is a pretraining objective; `vit {recipe.stage}` "
-                          "trains with labels (objective: supervised)")
-    if not is_vit_family(m.name) or m.name == HYBRID:
-        raise RecipeError(f"objective: {objective} needs a plain ViT (a paper ViT name or custom), "
-                          f"not model.name={m.name}")
-    # the wrappers have no layers for timm to number: all would be one
-    if recipe.optim.layer_decay != 1:
-        raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
-                          f"tuning); objective: {objective} trains every layer at the lr, set it to 1")
-    patches = (m.img_size // m.patch_size) ** 2
-    _mpp(recipe, patches) if objective == "mpp" else _mae(recipe, patches)
-
-
-def _mpp(recipe: Recipe, patches: int) -> None:
-    m, p = recipe.model, recipe.mpp
-    if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
-        raise RecipeError("mpp.target=color_4x4 pools each patch to 4x4 cells: "
-                          f"model.patch_size={m.patch_size} must be a multiple of 4")
-    if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
-        raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
-                          f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
-    # models.mpp.corruption corrupts round(ratio * N) per image
-    if round(p.corrupt_ratio * patches) < 1:
-        raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
-                          f"raise it above {0.5 / patches:.3g}")
-
-
-def _mae(recipe: Recipe, patches: int) -> None:
-    """MAE's encoder reads a few patches, its decoder all of them, both with MAE's sin-cos
-    tables."""
-    m, a = recipe.model, recipe.mae
-    keep = int(patches * (1 - a.mask_ratio))  # models.mae.keep_count, MAE's len_keep
-    if not 0 < keep < patches:
-        raise RecipeError(f"mae.mask_ratio={a.mask_ratio} keeps {keep} of {patches} patches; the encoder "
-                          "needs one and the loss one removed, so pick a ratio in between (MAE: 0.75)")
-    if m.pool == "gap_fc_norm":  # that network has no final norm: MAE's encoder ends in one
-        raise RecipeError("objective: mae pretrains MAE's encoder (a class token and a final norm): set "
-                          "model.pool=token (or gap); gap_fc_norm is its fine-tune's pooling")
-    if m.pos_embed != "learned_1d":  # the table MAE's own encoders carry, and fine-tuning trains
-        raise RecipeError(f"objective: mae fixes the encoder's position table to MAE's 2-D sin-cos and "
-                          f"exports it as timm's pos_embed, which fine-tuning trains; model.pos_embed="
-                          f"{m.pos_embed} must be learned_1d (the default)")
-    for key, width, heads in (("model.embed_dim", m.embed_dim, 0),
-                              ("mae.decoder_embed_dim", a.decoder_embed_dim, a.decoder_num_heads)):
-        if width % 4 or (heads and width % heads):
-            raise RecipeError(f"{key}={width} must be a multiple of 4 (MAE's sin-cos table)"
-                              + (f" and of mae.decoder_num_heads={heads}" if heads else ""))
-
-
 def _ema(recipe: Recipe) -> None:
     """EMA weights exist only with a decay, and the warm-up's floor sits below the decay it warms up
     to."""
@@ -357,23 +297,6 @@ def _ema(recipe: Recipe) -> None:
     if e.decay and e.min_decay > e.decay:
         raise RecipeError(f"ema.min_decay={e.min_decay} is above ema.decay={e.decay}: the floor of the "
                           "warmed-up decay must not exceed the decay itself")
-
-
-def _distill(recipe: Recipe) -> None:
-    """A teacher and a way to distil from it come together, and they distil a classifier."""
-    d = recipe.distill
-    if d.type != "none" and not d.teacher:
-        raise RecipeError(f"distill.type={d.type} needs a teacher: set distill.teacher to a workdir, a "
-                          "weights file or a timm model name")
-    if d.teacher and d.type == "none":
-        raise RecipeError(f"distill.teacher={d.teacher} is set but distill.type is none; set distill.type "
-                          "to hard or soft (DeiT's best: hard), or distill.teacher to ''")
-    if d.teacher_model and not d.teacher:
-        raise RecipeError(f"distill.teacher_model={d.teacher_model} names the teacher's architecture, but "
-                          "distill.teacher (its weights) is empty")
-    if d.type != "none" and recipe.objective != "supervised":
-        raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: "
-                          f"{recipe.objective} has none; set distill.type=none, or objective: supervised")
 
 
 def _random_init(recipe: Recipe) -> None:

@@ -1,0 +1,88 @@
+"""The objective's keys, checked without torch: which stages and networks a self-supervised
+objective (mpp, mae) pretrains and what its own section may say; a teacher's distillation, which
+needs a classifier. The one place besides objectives/registry.py that names objectives: a new one
+(DINO's) adds its checks here.
+"""
+
+from __future__ import annotations
+
+from vitcli.errors import RecipeError
+from vitcli.recipe.choices import LABELLED, MPP_CELLS
+from vitcli.recipe.names import HYBRID, is_vit_family
+from vitcli.recipe.schema import Recipe
+
+
+def check_objective(recipe: Recipe) -> None:
+    """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its
+    patches."""
+    if recipe.objective == "supervised":
+        if not recipe.data.label_column and recipe.stage in LABELLED:
+            raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
+                              "label column, or pretrain on unlabeled images with objective: mpp or mae")
+        return
+    m, objective = recipe.model, recipe.objective
+    if recipe.stage != "pretrain":
+        raise RecipeError(f"objective: {objective} is a pretraining objective; `vit {recipe.stage}` "
+                          "trains with labels (objective: supervised)")
+    if not is_vit_family(m.name) or m.name == HYBRID:
+        raise RecipeError(f"objective: {objective} needs a plain ViT (a paper ViT name or custom), "
+                          f"not model.name={m.name}")
+    # the wrappers have no layers for timm to number: all would be one
+    if recipe.optim.layer_decay != 1:
+        raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
+                          f"tuning); objective: {objective} trains every layer at the lr, set it to 1")
+    patches = (m.img_size // m.patch_size) ** 2
+    _mpp(recipe, patches) if objective == "mpp" else _mae(recipe, patches)
+
+
+def _mpp(recipe: Recipe, patches: int) -> None:
+    m, p = recipe.model, recipe.mpp
+    if p.target == "color_4x4" and m.patch_size % MPP_CELLS:
+        raise RecipeError("mpp.target=color_4x4 pools each patch to 4x4 cells: "
+                          f"model.patch_size={m.patch_size} must be a multiple of 4")
+    if p.mask_prob + p.random_prob > 1 or not 0 < p.corrupt_ratio <= 1:
+        raise RecipeError(f"mpp: corrupt_ratio must be in (0, 1] and mask_prob + random_prob <= 1, got "
+                          f"{p.corrupt_ratio}, {p.mask_prob} + {p.random_prob}")
+    # models.mpp.corruption corrupts round(ratio * N) per image
+    if round(p.corrupt_ratio * patches) < 1:
+        raise RecipeError(f"mpp.corrupt_ratio={p.corrupt_ratio} of {patches} patches corrupts none of them; "
+                          f"raise it above {0.5 / patches:.3g}")
+
+
+def _mae(recipe: Recipe, patches: int) -> None:
+    """MAE's encoder reads a few patches, its decoder all of them, both with MAE's sin-cos
+    tables."""
+    m, a = recipe.model, recipe.mae
+    keep = int(patches * (1 - a.mask_ratio))  # models.mae.keep_count, MAE's len_keep
+    if not 0 < keep < patches:
+        raise RecipeError(f"mae.mask_ratio={a.mask_ratio} keeps {keep} of {patches} patches; the encoder "
+                          "needs one and the loss one removed, so pick a ratio in between (MAE: 0.75)")
+    if m.pool == "gap_fc_norm":  # that network has no final norm: MAE's encoder ends in one
+        raise RecipeError("objective: mae pretrains MAE's encoder (a class token and a final norm): set "
+                          "model.pool=token (or gap); gap_fc_norm is its fine-tune's pooling")
+    if m.pos_embed != "learned_1d":  # the table MAE's own encoders carry, and fine-tuning trains
+        raise RecipeError(f"objective: mae fixes the encoder's position table to MAE's 2-D sin-cos and "
+                          f"exports it as timm's pos_embed, which fine-tuning trains; model.pos_embed="
+                          f"{m.pos_embed} must be learned_1d (the default)")
+    for key, width, heads in (("model.embed_dim", m.embed_dim, 0),
+                              ("mae.decoder_embed_dim", a.decoder_embed_dim, a.decoder_num_heads)):
+        if width % 4 or (heads and width % heads):
+            raise RecipeError(f"{key}={width} must be a multiple of 4 (MAE's sin-cos table)"
+                              + (f" and of mae.decoder_num_heads={heads}" if heads else ""))
+
+
+def check_distill(recipe: Recipe) -> None:
+    """A teacher and a way to distil from it come together, and they distil a classifier."""
+    d = recipe.distill
+    if d.type != "none" and not d.teacher:
+        raise RecipeError(f"distill.type={d.type} needs a teacher: set distill.teacher to a workdir, a "
+                          "weights file or a timm model name")
+    if d.teacher and d.type == "none":
+        raise RecipeError(f"distill.teacher={d.teacher} is set but distill.type is none; set distill.type "
+                          "to hard or soft (DeiT's best: hard), or distill.teacher to ''")
+    if d.teacher_model and not d.teacher:
+        raise RecipeError(f"distill.teacher_model={d.teacher_model} names the teacher's architecture, but "
+                          "distill.teacher (its weights) is empty")
+    if d.type != "none" and recipe.objective != "supervised":
+        raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: "
+                          f"{recipe.objective} has none; set distill.type=none, or objective: supervised")

@@ -76,7 +76,10 @@ EMA_SAVES = get_args(EmaSave)
 DistillType = Literal["none", "hard", "soft"]  # distill.type: DeiT's --distillation-type
 DISTILL_TYPES = get_args(DistillType)
 # the closed sets no module beside the checks names: only their Literal
-Objective = Literal["supervised", "mpp", "mae"]  # objective: the last two pretrain without labels
+Objective = Literal["supervised", "mpp", "mae", "dino"]  # objective: the last three pretrain without labels
+# dino.centering: DINO's running centre of the teacher's outputs | DINOv2's Sinkhorn-Knopp
+Centering = Literal["center", "sinkhorn"]
+CENTERINGS = get_args(Centering)
 OptimName = Literal["adamw", "sgd"]
 Loss = Literal["softmax", "sigmoid"]
 WeightDecayConvention = Literal["torch", "big_vision"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vitcli.recipe.choices import (
+    Centering,
     Decay,
     Device,
     DistillType,
@@ -183,6 +184,9 @@ class OptimConfig:
     beta2: float = 0.999
     momentum: float = 0.9  # sgd only
     clip_grad_norm: float = 1.0  # global-norm clip; 0 disables
+    # the weight decay at the last step, reached by a cosine from weight_decay (DINO's 0.04 -> 0.4);
+    # -1: constant
+    weight_decay_end: float = -1.0
     label_smoothing: float = 0.0
     # softmax | sigmoid (per-class binary cross-entropy, as for ImageNet-21k)
     loss: Loss = "softmax"
@@ -346,6 +350,60 @@ class MaeConfig:
 
 
 @dataclass
+class DinoConfig:
+    """Self-distillation without labels (Caron et al. 2021, facebookresearch/dino; DINOv2's terms as
+    keys: Oquab et al. 2023, facebookresearch/dinov2): the self-supervised objective of objective:
+    dino. The defaults are the DINO paper's ViT-S/16 (main_dino.py); recipes/pretrain/dinov2_*.yaml
+    turns on DINOv2's iBOT, KoLeo and Sinkhorn-Knopp (ssl_default_config.yaml)."""
+
+    # the projection head (DINOHead): 3-layer MLP, hidden 2048, bottleneck 256, a weight-normalised
+    # last layer of out_dim prototypes
+    out_dim: int = 65536
+    hidden_dim: int = 2048
+    bottleneck_dim: int = 256
+    head_layers: int = 3
+    # the last layer's norm (weight_g) fixed at 1 (DINO's norm_last_layer); false trains it (DINOv2)
+    norm_last_layer: bool = True
+    freeze_last_layer_epochs: float = 1.0  # the last layer is not updated for this long
+    # the teacher: an EMA of the student whose momentum rises to momentum_end by a cosine
+    momentum: float = 0.996
+    momentum_end: float = 1.0
+    teacher_temp: float = 0.04
+    # the teacher's temperature rises linearly from warmup_teacher_temp over this many epochs
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: float = 0.0
+    student_temp: float = 0.1
+    # center: DINO's running centre of the teacher's outputs (center_momentum); sinkhorn: DINOv2's
+    # Sinkhorn-Knopp over the global batch (sinkhorn_iterations)
+    centering: Centering = "center"
+    center_momentum: float = 0.9
+    sinkhorn_iterations: int = 3
+    # multi-crop: two global crops of model.img_size over global_crop_scale of the area, local_crops
+    # crops of local_crop_size over local_crop_scale
+    global_crop_scale: list[float] = field(default_factory=lambda: [0.4, 1.0])
+    local_crops: int = 8
+    local_crop_size: int = 96
+    local_crop_scale: list[float] = field(default_factory=lambda: [0.05, 0.4])
+    # BYOL's colour augmentation: jitter (0.4, 0.4, 0.2, 0.1) and grayscale with these
+    # probabilities; Gaussian blur on the first global, second global and local crops; solarisation
+    # on the second global crop
+    color_jitter_prob: float = 0.8
+    grayscale_prob: float = 0.2
+    blur_prob: list[float] = field(default_factory=lambda: [1.0, 0.1, 0.5])
+    solarize_prob: float = 0.2
+    # DINOv2's iBOT masked-token loss (0 = off; DINOv2: 1): on ibot_mask_prob of the global crops,
+    # ibot_mask_ratio of the patches masked; the DINO head shared unless ibot_separate_head
+    ibot_weight: float = 0.0
+    ibot_separate_head: bool = False
+    ibot_mask_prob: float = 0.5
+    ibot_mask_ratio: list[float] = field(default_factory=lambda: [0.1, 0.5])
+    # DINOv2's KoLeo regulariser on the student's class tokens (0 = off; DINOv2: 0.1), over groups of
+    # koleo_group consecutive images of the global batch (DINOv2: each GPU's batch)
+    koleo_weight: float = 0.0
+    koleo_group: int = 64
+
+
+@dataclass
 class DistillConfig:
     """Knowledge distillation as DeiT does it (Touvron et al. 2021; facebookresearch/deit
     losses.py): a frozen teacher's logits on the images the student sees, a second target beside the
@@ -413,6 +471,7 @@ class Recipe:
     fewshot: FewshotConfig = field(default_factory=FewshotConfig)
     mpp: MppConfig = field(default_factory=MppConfig)
     mae: MaeConfig = field(default_factory=MaeConfig)
+    dino: DinoConfig = field(default_factory=DinoConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 

@@ -28,6 +28,10 @@ if TYPE_CHECKING:  # the evaluators import datasets: a micro-batch trial needs n
 class Objective:
     """One objective's part in a run of recipe `r` with a head `num_classes` wide, on `device`."""
 
+    # the loop hands `before_step` the step's micro-batches before the first one's loss (DINO's
+    # teacher runs over the whole step first, to centre its outputs over the global batch)
+    whole_step = False
+
     def __init__(self, r: Recipe, num_classes: int, device: torch.device):
         self.recipe, self.num_classes, self.device = r, num_classes, device
 
@@ -47,8 +51,38 @@ class Objective:
         compile), every random draw from `draws`; as 0-d tensors, nothing read back on the host."""
         raise NotImplementedError
 
+    def plan(self, total_steps: int, epoch_steps: float) -> None:
+        """The run's length in optimizer steps and an epoch's, for schedules of the objective's own
+        (DINO's teacher momentum and temperature); nothing for most."""
+
+    def views(self):
+        """What each image becomes in a train batch, for the feed: None for one crop (the recipe's
+        augmentation); DINO's multi-crop (data.augmentation.multicrop.MultiCrop)."""
+
+    def example(self, images: int, device: torch.device):
+        """A micro-batch of `images` random images as the feed gives it (the micro-batch trial's):
+        (B, 3, S, S) at model.img_size."""
+        size = self.recipe.model.img_size
+        return torch.randn(images, 3, size, size, device=device)
+
+    def before_step(self, xs: list, draws: list[Draws]) -> None:
+        """With `whole_step`: the step's micro-batches (this process's), before the first loss."""
+
+    def before_update(self, model: nn.Module, step: int) -> None:
+        """After the gradients of step `step` are clipped, before the optimizer's update: nothing,
+        for most (DINO drops its frozen last layer's gradients here)."""
+
     def after_step(self, model: nn.Module, done: int) -> None:
         """After optimizer step `done`: nothing, for an objective without state of its own."""
+
+    def logged(self, dist: Dist) -> dict[str, float]:
+        """Metrics of the objective's own for a metrics.jsonl train row (`train/...`), averaged over
+        the processes: none for most."""
+        return {}
+
+    def why_diverged(self) -> str:
+        """What the objective can say about a loss that became non-finite ("": nothing more)."""
+        return ""
 
     def evaluator(self, name: str, ds, dist: Dist) -> SplitEvaluator:
         """The held-out evaluator of split `ds`, its metrics named `name/...`."""

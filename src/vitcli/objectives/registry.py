@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from vitcli.objectives.dino import Dino
 from vitcli.objectives.mae import MaskedAutoencoder
 from vitcli.objectives.mpp import MaskedPatches
 from vitcli.objectives.objective import Objective
@@ -13,7 +14,7 @@ from vitcli.objectives.supervised import Supervised
 from vitcli.recipe.schema import Recipe
 
 OBJECTIVES: dict[str, type[Objective]] = {"supervised": Supervised, "mpp": MaskedPatches,
-                                          "mae": MaskedAutoencoder}
+                                          "mae": MaskedAutoencoder, "dino": Dino}
 
 
 def named(r: Recipe) -> type[Objective]:

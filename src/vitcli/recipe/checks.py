@@ -51,23 +51,30 @@ POSITIVE = (
     "run.keep_checkpoints", "fewshot.seeds", "fewshot.resize", "data.shuffle_buffer", "data.erasing_count",
     "data.repeated_aug", "ema.warmup_gamma", "ema.warmup_power", "distill.tau", "fewshot.knn_k",
     "fewshot.knn_temperature", "mae.decoder_embed_dim", "mae.decoder_depth", "mae.decoder_num_heads",
+    "dino.out_dim", "dino.hidden_dim", "dino.bottleneck_dim", "dino.head_layers", "dino.teacher_temp",
+    "dino.warmup_teacher_temp", "dino.student_temp", "dino.sinkhorn_iterations", "dino.local_crop_size",
+    "dino.koleo_group",
 )
 NOT_NEGATIVE = (
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.cache_mb", "run.memory_budget_mb",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
-    "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step",
+    "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step", "dino.local_crops",
+    "dino.freeze_last_layer_epochs", "dino.warmup_teacher_temp_epochs", "dino.ibot_weight",
+    "dino.koleo_weight",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn
 BELOW_ONE = ("model.dropout", "model.drop_path", "optim.label_smoothing", "optim.beta1", "optim.beta2",
              "optim.momentum", "mpp.mask_prob", "mpp.random_prob", "mae.mask_ratio", "ema.decay",
-             "ema.min_decay", "fewshot.probe_holdout")
+             "ema.min_decay", "fewshot.probe_holdout", "dino.center_momentum")
 # (0, 1]: fractions of the image; a per-layer lr factor
 UP_TO_ONE = ("data.crop_min_area", "data.eval_crop_pct", "optim.layer_decay")
 # [0, 1]: probabilities, and the weight of one loss against another
-PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob", "distill.alpha")
+PROBABILITIES = ("data.erasing", "data.mix_prob", "data.mix_switch_prob", "distill.alpha", "dino.momentum",
+                 "dino.momentum_end", "dino.color_jitter_prob", "dino.grayscale_prob", "dino.solarize_prob",
+                 "dino.ibot_mask_prob")
 RANGES = (  # (keys, test, what the message asks for)
     (POSITIVE, lambda v: v > 0, "positive"),
     (NOT_NEGATIVE, lambda v: v >= 0, ">= 0"),
@@ -97,6 +104,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     _compile(recipe.run.compile)
     _micro_batch_size(recipe.data.micro_batch_size)
     _ranges(recipe)
+    _weight_decay_end(recipe.optim.weight_decay, recipe.optim.weight_decay_end)
     if model:
         check_model(recipe)
     check_schedule(recipe.schedule.warmup_steps, recipe.schedule.steps)
@@ -153,6 +161,16 @@ def _ranges(recipe: Recipe) -> None:
         for path in paths:
             if not ok(get(recipe, path)):
                 raise RecipeError(f"{path} must be {want}, got {get(recipe, path)}")
+
+
+def _weight_decay_end(start: float, end: float) -> None:
+    """optim.weight_decay_end: -1 (constant), or a decay the cosine reaches from a decay to
+    scale."""
+    if end != -1 and end < 0:
+        raise RecipeError(f"optim.weight_decay_end must be >= 0, or -1 to keep the decay constant; got {end}")
+    if end >= 0 and not start:
+        raise RecipeError(f"optim.weight_decay_end={end:g} needs optim.weight_decay > 0 to start the cosine "
+                          "from (DINO: 0.04 -> 0.4)")
 
 
 def _numbers(obj: Any, prefix: str = "") -> list[tuple[str, float]]:

@@ -28,11 +28,11 @@ def check_objective(recipe: Recipe) -> None:
         raise RecipeError(f"objective: {objective} needs a plain ViT (a paper ViT name or custom), "
                           f"not model.name={m.name}")
     # the wrappers have no layers for timm to number: all would be one
-    if recipe.optim.layer_decay != 1:
+    if recipe.optim.layer_decay != 1 and objective != "dino":
         raise RecipeError(f"optim.layer_decay={recipe.optim.layer_decay} is for supervised training (fine-"
                           f"tuning); objective: {objective} trains every layer at the lr, set it to 1")
     patches = (m.img_size // m.patch_size) ** 2
-    _mpp(recipe, patches) if objective == "mpp" else _mae(recipe, patches)
+    {"mpp": _mpp, "mae": _mae, "dino": _dino}[objective](recipe, patches)
 
 
 def _mpp(recipe: Recipe, patches: int) -> None:
@@ -69,6 +69,40 @@ def _mae(recipe: Recipe, patches: int) -> None:
         if width % 4 or (heads and width % heads):
             raise RecipeError(f"{key}={width} must be a multiple of 4 (MAE's sin-cos table)"
                               + (f" and of mae.decoder_num_heads={heads}" if heads else ""))
+
+
+def _dino(recipe: Recipe, patches: int) -> None:
+    """DINO's student reads the class token of crops of two sides, with its position table resized
+    to each; its teacher is its own EMA."""
+    m, d, r = recipe.model, recipe.dino, recipe
+    if m.pool != "token" or m.pos_embed not in ("learned_1d", "sincos_2d"):
+        raise RecipeError(f"objective: dino reads the class token of a ViT with one position table: set "
+                          f"model.pool=token and model.pos_embed=learned_1d (got {m.pool}, {m.pos_embed})")
+    if d.local_crops and d.local_crop_size % m.patch_size:
+        raise RecipeError(f"dino.local_crop_size={d.local_crop_size} must be a multiple of model.patch_size="
+                          f"{m.patch_size} (DINO: 96 of 16)")
+    for key in ("global_crop_scale", "local_crop_scale", "ibot_mask_ratio"):
+        lo_hi = getattr(d, key)
+        top = 1 if key != "ibot_mask_ratio" else 0.999
+        if len(lo_hi) != 2 or not 0 < lo_hi[0] <= lo_hi[1] <= top:
+            raise RecipeError(f"dino.{key}={lo_hi} must be [low, high] with 0 < low <= high <= {top:g}")
+    if len(d.blur_prob) != 3 or not all(0 <= p <= 1 for p in d.blur_prob):
+        raise RecipeError(f"dino.blur_prob={d.blur_prob} must be three probabilities: the first global crop, "
+                          "the second, each local crop (DINO: [1.0, 0.1, 0.5])")
+    if d.koleo_weight and r.data.batch_size % d.koleo_group:
+        raise RecipeError(f"dino.koleo_group={d.koleo_group} must divide data.batch_size="
+                          f"{r.data.batch_size}: KoLeo's neighbours are sought within whole groups")
+    if r.ema.decay:
+        raise RecipeError(f"ema.decay={r.ema.decay}: objective: dino's teacher is already the student's EMA "
+                          "(dino.momentum); set ema.decay=0")
+    if r.run.strategy != "ddp":
+        raise RecipeError(f"run.strategy={r.run.strategy}: objective: dino trains with ddp (its teacher "
+                          "follows the student parameter by parameter, not yet over FSDP's shards)")
+    epochs = d.freeze_last_layer_epochs or d.warmup_teacher_temp_epochs
+    if r.data.streaming and epochs and not r.schedule.epochs:
+        raise RecipeError("data.streaming=true has no epoch to count dino.freeze_last_layer_epochs and "
+                          "dino.warmup_teacher_temp_epochs by: set schedule.epochs to the epochs "
+                          "schedule.steps covers, or set both to 0")
 
 
 def check_distill(recipe: Recipe) -> None:

@@ -125,11 +125,15 @@ def build_job(r: Recipe, workdir: Path, dist: Dist, start: Checkpoint | None = N
     steps = r.schedule.steps or total_steps(0, r.schedule.epochs, len(train_ds), r.data.batch_size)
     check_schedule(r.schedule.warmup_steps, steps, derived=not r.schedule.steps)
     model, objective = network(r, num_classes, dist.device, dist)
+    if not r.data.streaming:  # a streamed split's epoch is unknown: its schedules count steps alone
+        objective.plan(steps, len(train_ds) / r.data.batch_size)
+    else:  # recipe.objective_checks: the epochs schedule.steps covers, where an objective counts them
+        objective.plan(steps, steps / r.schedule.epochs if r.schedule.epochs else float(steps))
     periodic, final = _evaluators(r, dist, objective)
     # the head's class names (vit predict prints them); a headless ViT has none
     names = sources.class_names(r.data, train_ds, num_classes) if num_classes else None
     meta = {**zoo.model_spec(r.model, num_classes), "class_names": names}
-    feed = train_feed(r, train_ds, num_classes)
+    feed = train_feed(r, train_ds, num_classes, views=objective.views())
     return Job(r, workdir, model, objective, train_ds, feed, num_classes, steps, meta, periodic, final,
                start)
 

@@ -85,17 +85,21 @@ def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device,
     parallel = parallelize.apply(model.to(device), r.run, Dist(0, 1, 0, device))
     optimizer = build_optimizer(parallel.model, r.optim)
     ema = WeightEma(parallel.model, r.ema) if r.ema.decay else None
-    size = r.model.img_size
     parallel.train.train()  # dropout and drop-path keep their masks for the backward, as in the run
     for step in range(1, STEPS + 1):
         optimizer.zero_grad(set_to_none=True)
-        for _ in range(micro_batches):
-            x = torch.randn(micro, 3, size, size, device=device)
-            y = torch.randint(max(width, 1), (micro,), device=device)  # mpp and mae read no labels
+        draws = [Draws(r.run.seed, step, i, micro * micro_batches) for i in range(micro_batches)]
+        taken = [(objective.example(micro, device), torch.randint(max(width, 1), (micro,), device=device))
+                 for _ in range(micro_batches)]  # mpp and mae read no labels
+        if objective.whole_step:
             with autocast(device, r.run.precision):
-                value = objective.loss(parallel.train, x, y, Draws(r.run.seed, step, 0, micro))[0]
+                objective.before_step([x for x, _ in taken], draws)
+        for (x, y), d in zip(taken, draws):
+            with autocast(device, r.run.precision):
+                value = objective.loss(parallel.train, x, y, d)[0]
             (value / micro_batches).backward()
         parallelize.clip_grad_norm(parallel.train, r.optim.clip_grad_norm)
+        objective.before_update(parallel.model, step - 1)
         optimizer.step()
         if ema is not None:
             ema.update(parallel.model, step)

@@ -78,7 +78,17 @@ class Objective(Protocol):
 
     def loss(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, draws: Draws): ...
 
+    whole_step: bool
+
+    def before_step(self, xs: list, draws: list[Draws]) -> None: ...
+
+    def before_update(self, model: torch.nn.Module, step: int) -> None: ...
+
     def after_step(self, model: torch.nn.Module, done: int) -> None: ...
+
+    def logged(self, dist: Dist) -> dict[str, float]: ...
+
+    def why_diverged(self) -> str: ...
 
     def exported(self, model: torch.nn.Module) -> torch.nn.Module: ...
 
@@ -163,19 +173,21 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(job.objective, r, step, dist.rank * accum)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
-                                               r.run.precision, dist)
+                                               r.run.precision, dist, job.objective.whole_step)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
             # the loss is read (a host-device sync) only at log and checkpoint steps, before the
             # update: one that became non-finite is caught before a checkpoint could hold it
-            diverged = functools.partial(_diverged, r, done, newest)
+            diverged = functools.partial(_diverged, r, done, newest, job.objective.why_diverged)
             values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
+            job.objective.before_update(model, step)
             _step(optimizer, model, ema, done, job.objective)
             window.images += r.data.batch_size
             if log:
-                _log(window, waited.take(), advise, metrics, bar, task, done, _row(values, lr, grad_norm))
+                row = {**_row(values, lr, grad_norm), **job.objective.logged(dist)}
+                _log(window, waited.take(), advise, metrics, bar, task, done, row)
             bar.update(task, completed=done)
             _periodic(job, model, ema, metrics, done)
             if save:
@@ -238,15 +250,19 @@ def _read(values: list, dist: Dist, diverged) -> list[float | None]:
     return [None if math.isnan(v) else v for v in mean]
 
 
-def _diverged(r: Recipe, done: int, newest: Path | None, loss: float) -> str:
+def _diverged(r: Recipe, done: int, newest: Path | None, why, loss: float) -> str:
     """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the
     newest checkpoint on disk, which holds weights from before it (or that there is none), and what
-    the recipe can still change."""
+    the recipe can still change (the objective's `why()` first, when it can name the term)."""
     kept = (f"the newest checkpoint, {newest.name}, is kept" if newest is not None
             else "no checkpoint was written before it")
     clip = r.optim.clip_grad_norm
     fix = (f"a lower optim.lr (optim.clip_grad_norm={clip:g} already clips the gradients)" if clip
            else "a lower optim.lr, or optim.clip_grad_norm=1")
+    term = why()
+    if term:
+        return (f"loss became {loss} at step {done}: {term}; {kept}; with --no-resume or in a new "
+                "--workdir (the checkpoints here hold this recipe)")
     return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at "
             f"checkpoints); {kept}; try {fix}, with --no-resume or in a new --workdir (the "
             "checkpoints here hold this recipe)")
@@ -304,8 +320,17 @@ def _set_lr(optimizer, r: Recipe, step: int, total_steps: int) -> float:
     lr = learning_rate(step, peak_lr=r.optim.lr, total_steps=total_steps,
                        warmup_steps=r.schedule.warmup_steps, decay=r.schedule.decay, end_lr=r.schedule.end_lr)
     # a layer's share under optim.layer_decay (train.optim.param_groups)
+    wd = r.optim.weight_decay
+    # optim.weight_decay_end: DINO's cosine from weight_decay, as its utils.cosine_scheduler (no
+    # warm-up); each group keeps its own share of it (0 for those not decayed)
+    scale = (learning_rate(step, peak_lr=wd, total_steps=total_steps, warmup_steps=0, decay="cosine",
+                           end_lr=r.optim.weight_decay_end) / wd
+             if r.optim.weight_decay_end >= 0 and wd > 0 else 1.0)
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+        if scale != 1.0 or "initial_weight_decay" in group:
+            base = group.setdefault("initial_weight_decay", group["weight_decay"])
+            group["weight_decay"] = base * scale
     return lr
 
 
@@ -378,23 +403,35 @@ def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
     repeats exactly, resumes exactly, and trains the same with one process or several.
     """
 
-    def loss(model, x, y, i):
-        draws = Draws(r.run.seed, step, first_micro + i, r.data.batch_size)
-        with seeded(draws(MODEL_STREAM)):
-            return objective.loss(model, x, y, draws)
+    def draws(i: int) -> Draws:
+        return Draws(r.run.seed, step, first_micro + i, r.data.batch_size)
 
+    def loss(model, x, y, i):
+        with seeded(draws(i)(MODEL_STREAM)):
+            return objective.loss(model, x, y, draws(i))
+
+    def before(xs: list) -> None:  # the objective's look at the whole step (whole_step)
+        objective.before_step(xs, [draws(i) for i in range(len(xs))])
+
+    loss.before = before
     return loss
 
 
 def _accumulate_grads(parallel: parallelize.Parallel, optimizer, stream, accum: int, objective,
-                      precision: str, dist: Dist):
+                      precision: str, dist: Dist, whole_step: bool = False):
     """Gradients of one optimizer step over `accum` micro-batches of `parallel.train`; (loss,
     accuracy or None) of this rank as 0-d tensors, averaged over its micro-batches, not read (no
-    host-device sync)."""
+    host-device sync). With `whole_step`, the step's micro-batches are all taken first and shown to
+    the objective (objective.before)."""
     optimizer.zero_grad(set_to_none=True)
     loss_sum = accuracy_sum = None
+    taken = [next(stream) for _ in range(accum)] if whole_step else None
+    if taken is not None:
+        with autocast(dist.device, precision):
+            objective.before([x for x, _ in taken])
     for i in range(accum):
-        x, y = next(stream)  # x on the run's device: the stream finished its uint8 batch there
+        # x on the run's device: the stream finished its uint8 batch there
+        x, y = taken[i] if taken is not None else next(stream)
         y = y.to(dist.device, non_blocking=True)
         # DDP syncs gradients only on the last micro-batch; the others just accumulate locally.
         sync = i == accum - 1 or dist.world_size == 1

@@ -12,6 +12,10 @@ $(VENV_STAMP): pyproject.toml setup.py src/vitcli/data/decoding/_jpeg_region.c
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
+	# the official DINOv2 (its losses, head, masking, schedules, param groups) for the DINO parity tests
+	# (tests/unit/test_dino_reference.py). --no-deps: its pins (torch 2.0) would replace torch 2.14.1, and
+	# the modules the tests import need only torch and numpy.
+	$(PY) -m pip install -q --no-deps dinov2==0.0.1.dev2
 	touch $(VENV_STAMP)
 
 # The lint first: ruff enforces the line length and import order (pyproject.toml), in seconds.

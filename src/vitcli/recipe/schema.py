@@ -180,6 +180,9 @@ class OptimConfig:
     # layer i trains at lr_t * layer_decay^(L + 1 - i), and decays its weights in proportion. In (0,
     # 1]; 1: off
     layer_decay: float = 1.0
+    # the patch embedding's lr times this (DINOv2's patch_embed_lr_mult, 0.2 in its
+    # ssl_default_config.yaml), on top of layer_decay; objective: dino's parameter groups
+    patch_embed_lr_scale: float = 1.0
     beta1: float = 0.9
     beta2: float = 0.999
     momentum: float = 0.9  # sgd only

@@ -32,7 +32,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("runtime", ["allocator", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
                  "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
-    ("models", ["posemb", "mpp", "mae", "t2t", "zoo", "flops", "layer_decay"]),
+    ("models", ["posemb", "mpp", "mae", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t", "zoo", "flops",
+                "layer_decay"]),
     # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how
     # an image that does not decode is named and tallied (every reader of images uses it), the
     # crop-only JPEG decode, the decoded-image cache; then the augmentation ops and what draws and
@@ -40,7 +41,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # copies); then what batches them
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
-                           "augment", "transforms"]),
+                           "augment", "colour", "multicrop", "transforms"]),
     ("data.rows", ["synthetic", "tasks", "imagenet", "folder_listing", "folder_index", "tar_shards",
                    "holdout", "reader",
                    "reader_synthetic", "reader_hub", "reader_saved", "reader_files", "reader_folder",
@@ -57,7 +58,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one
     # module each, picked by name in the registry
-    ("objectives", ["objective", "supervised", "mpp", "mae", "registry"]),
+    ("objectives", ["objective", "supervised", "mpp", "mae", "dino", "registry"]),
     # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
     # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that
     # one)

@@ -100,8 +100,8 @@ class Dino(Objective):
         if c.ibot_weight <= 0:
             return None
         first, grid = draws.first_sample(images), m.img_size // m.patch_size
-        views = [masks_for(draws.seed * 2 + view, first, images, grid, c.ibot_mask_prob,
-                           tuple(c.ibot_mask_ratio)) for view in range(2)]
+        views = [masks_for(draws.seed, first, images, grid, c.ibot_mask_prob, tuple(c.ibot_mask_ratio),
+                           view=view) for view in range(2)]
         return torch.cat(views).to(self.device)
 
     def temperature(self, step: int) -> float:

@@ -160,8 +160,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits
     # before it are the first epochs' decoding, which the input-bound warning leaves out
     warm = -(-getattr(stream, "warm_after", 0) // accum)
-    trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
-    metrics = MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
+    metrics = _metrics_log(job, start, dist)
     ddp_model.train()
     window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
@@ -182,12 +181,11 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             diverged = functools.partial(_diverged, r, done, newest, job.objective.why_diverged)
             values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
-            job.objective.before_update(model, step)
             _step(optimizer, model, ema, done, job.objective)
             window.images += r.data.batch_size
-            if log:
-                row = {**_row(values, lr, grad_norm), **job.objective.logged(dist)}
-                _log(window, waited.take(), advise, metrics, bar, task, done, row)
+            if log:  # the objective's own terms too (DINO's)
+                _log(window, waited.take(), advise, metrics, bar, task, done,
+                     {**_row(values, lr, grad_norm), **job.objective.logged(dist)})
             bar.update(task, completed=done)
             _periodic(job, model, ema, metrics, done)
             if save:
@@ -203,6 +201,13 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     # this rank's count of skipped images; the throughput of the whole run after the warm-up window
     return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total,
             **_footprint(window.memory, getattr(stream, "cache", None), dist), **checkpoints.spent()}
+
+
+def _metrics_log(job: Job, start: int, dist: Dist) -> MetricsLog:
+    """metrics.jsonl from step `start` on, and the recipe's trackers (rank 0 writes)."""
+    r = job.recipe
+    trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
+    return MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
 
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
@@ -358,8 +363,10 @@ def _log(window: _Window, wait: float, advise, metrics: MetricsLog, bar, task, d
 
 
 def _step(optimizer, model, ema: WeightEma | None, done: int, objective: Objective) -> None:
-    """The optimizer's step, then the EMA's update with its result (timm's train.py order), then the
-    objective's own (nothing, but for one with state of its own): step `done`."""
+    """The objective's look at the clipped gradients, the optimizer's step, then the EMA's update
+    with its result (timm's train.py order), then the objective's own (nothing, but for one with
+    state of its own): step `done`."""
+    objective.before_update(model, done - 1)
     optimizer.step()
     if ema is not None:
         ema.update(model, done)

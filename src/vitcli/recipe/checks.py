@@ -57,6 +57,7 @@ NOT_NEGATIVE = (
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.cache_mb", "run.memory_budget_mb",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
+    "optim.patch_embed_lr_scale",
     "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )

@@ -96,6 +96,8 @@ CASES = {
     "negative workers": (pretrain("data.num_workers=-1"), "data.num_workers must be >= 0"),
     "label smoothing 1.5": (pretrain("optim.label_smoothing=1.5"), "optim.label_smoothing must be in [0, 1)"),
     "negative clip": (pretrain("optim.clip_grad_norm=-1"), "optim.clip_grad_norm must be >= 0"),
+    "negative patch lr": (pretrain("optim.patch_embed_lr_scale=-1"),
+                          "optim.patch_embed_lr_scale must be >= 0"),
     "layer decay above 1": (finetune("optim.layer_decay=1.5"),
                             "optim.layer_decay must be in (0, 1], got 1.5"),
     "layer decay zero": (pretrain("optim.layer_decay=0"), "optim.layer_decay must be in (0, 1], got 0.0"),

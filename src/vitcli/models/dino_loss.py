@@ -54,8 +54,9 @@ def updated_center(center: Tensor, batch_sum: Tensor, count: int | Tensor, momen
     """The centre after one step: an EMA of the teacher's mean logit (DINOLoss.update_center).
 
     batch_sum: (1, K), the teacher's logits summed over all `count` rows of the step (every global
-    view of every image, over micro-batches and ranks); the references sum them over one rank's
-    micro-batch and all-reduce it.
+    view of every image, over micro-batches and ranks; sum in float32: bfloat16 logits summed over
+    thousands of rows lose the centre's digits); the references sum them over one rank's batch and
+    all-reduce it.
     """
     return center * momentum + (batch_sum / count) * (1 - momentum)
 

@@ -62,7 +62,7 @@ NOT_NEGATIVE = (
     "model.num_classes", "model.representation_size", "optim.weight_decay", "optim.clip_grad_norm",
     "fewshot.every", "fewshot.custom.num_classes", "ema.update_after_step", "dino.local_crops",
     "dino.freeze_last_layer_epochs", "dino.warmup_teacher_temp_epochs", "dino.ibot_weight",
-    "dino.koleo_weight",
+    "dino.koleo_weight", "optim.patch_embed_lr_scale", "dino.clip_grad",
     "data.synthetic.train_size", "data.synthetic.val_size", "data.synthetic.test_size",
 )
 # [0, 1): a probability or a decay rate of 1 leaves nothing to learn

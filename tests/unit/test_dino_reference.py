@@ -23,7 +23,7 @@ import torch.distributed as dist
 from vitcli.models import dino_loss as dl
 from vitcli.models import ibot_masks
 from vitcli.models.dino_head import DinoHead, load_reference
-from vitcli.train.optim import dinov2_param_groups, dinov2_scales
+from vitcli.models.layer_decay import dinov2_param_groups, dinov2_scales
 
 dinov2 = pytest.importorskip("dinov2")
 from dinov2.data.collate import collate_data_and_cast

@@ -32,8 +32,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("runtime", ["allocator", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
                  "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
-    ("models", ["posemb", "mpp", "mae", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t", "zoo", "flops",
-                "layer_decay"]),
+    ("models", ["posemb", "mpp", "mae", "layer_decay", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t",
+                "zoo", "flops"]),
     # images into batches (data/__init__.py draws the route), in four packages. Decoding first: how
     # an image that does not decode is named and tallied (every reader of images uses it), the
     # crop-only JPEG decode, the decoded-image cache; then the augmentation ops and what draws and

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vitcli.models.dino_head import DinoHead
+from vitcli.models.layer_decay import dinov2_param_groups
 from vitcli.recipe.schema import DinoConfig
 
 
@@ -128,6 +129,15 @@ class DinoModel(nn.Module):
             return cls_logits, None
         patches = g[:, 1:][masks]
         return cls_logits, (t.ibot_head or t.head)(patches)
+
+    def optimizer_groups(self, layer_decay: float, patch_embed_lr_scale: float) -> list[dict]:
+        """The student's parameters (and iBOT's mask token) as DINOv2 groups them (train.optim's
+        dinov2_param_groups, by the backbone's names): the teacher has no gradients to step."""
+        named = [(n.removeprefix("backbone."), p) for n, p in self.student.named_parameters()]
+        if self.mask_token is not None:
+            named.append(("mask_token", self.mask_token))
+        depth = len(self.student.backbone.blocks)
+        return dinov2_param_groups(named, depth, layer_decay, patch_embed_lr_scale)
 
     def last_layers(self) -> list[nn.Parameter]:
         """The student's heads' weight-normalised last layers: not updated while frozen (DINO's

@@ -183,8 +183,15 @@ class Dino(Objective):
         return total, None
 
     def before_update(self, model: nn.Module, step: int) -> None:
-        """While the last layer is frozen (dino.freeze_last_layer_epochs), its gradients are dropped
-        after the clip, so the optimizer leaves it alone (DINO's cancel_gradients_last_layer)."""
+        """DINO's clip_gradients (each parameter's gradient norm at most dino.clip_grad), then, while
+        the last layer is frozen (dino.freeze_last_layer_epochs), its gradients dropped, so the
+        optimizer leaves it alone (cancel_gradients_last_layer): main_dino.py's order."""
+        grads = [p.grad for p in self.module.student.parameters() if p.grad is not None]
+        if self.module.mask_token is not None and self.module.mask_token.grad is not None:
+            grads.append(self.module.mask_token.grad)
+        if self.cfg.clip_grad and grads:
+            norms = torch.stack(torch._foreach_norm(grads))
+            torch._foreach_mul_(grads, list((self.cfg.clip_grad / (norms + 1e-6)).clamp(max=1.0).unbind()))
         if step < self.cfg.freeze_last_layer_epochs * self.epoch_steps:
             for p in self.module.last_layers():
                 p.grad = None

@@ -15,6 +15,10 @@ from vitcli.recipe.schema import Recipe
 def check_objective(recipe: Recipe) -> None:
     """The self-supervised objectives pretrain a ViT of our own; their targets are cut from its
     patches."""
+    if recipe.optim.patch_embed_lr_scale != 1 and recipe.objective != "dino":
+        raise RecipeError(f"optim.patch_embed_lr_scale={recipe.optim.patch_embed_lr_scale:g} is DINOv2's "
+                          "(objective: dino); other objectives train the patch embedding at the lr: "
+                          "set it to 1")
     if recipe.objective == "supervised":
         if not recipe.data.label_column and recipe.stage in LABELLED:
             raise RecipeError("data.label_column is empty, but supervised training needs labels; name the "
@@ -92,6 +96,10 @@ def _dino(recipe: Recipe, patches: int) -> None:
     if d.koleo_weight and r.data.batch_size % d.koleo_group:
         raise RecipeError(f"dino.koleo_group={d.koleo_group} must divide data.batch_size="
                           f"{r.data.batch_size}: KoLeo's neighbours are sought within whole groups")
+    if d.clip_grad and r.optim.clip_grad_norm:
+        raise RecipeError(f"dino.clip_grad={d.clip_grad:g} clips each parameter's gradient as DINO does, "
+                          f"and optim.clip_grad_norm={r.optim.clip_grad_norm:g} the global norm: set one of "
+                          "them to 0")
     if r.ema.decay:
         raise RecipeError(f"ema.decay={r.ema.decay}: objective: dino's teacher is already the student's EMA "
                           "(dino.momentum); set ema.decay=0")

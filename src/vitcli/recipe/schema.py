@@ -368,6 +368,10 @@ class DinoConfig:
     # the last layer's norm (weight_g) fixed at 1 (DINO's norm_last_layer); false trains it (DINOv2)
     norm_last_layer: bool = True
     freeze_last_layer_epochs: float = 1.0  # the last layer is not updated for this long
+    # DINO's gradient clip: each parameter's gradient norm at most this (0 = off; DINOv2 clips the
+    # backbone and each head as a whole instead); optim.clip_grad_norm (one global norm) must be 0
+    # beside it
+    clip_grad: float = 3.0
     # the teacher: an EMA of the student whose momentum rises to momentum_end by a cosine
     momentum: float = 0.996
     momentum_end: float = 1.0

@@ -3,9 +3,6 @@ decay; DINOv2's parameter groups (dinov2_param_groups)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-
 import torch
 from timm.optim import create_optimizer_v2, param_groups_layer_decay, param_groups_weight_decay
 from torch.distributed.tensor import DTensor
@@ -51,59 +48,13 @@ def param_groups(model: torch.nn.Module, cfg: OptimConfig) -> list[dict]:
     param_groups_layer_decay, the layers vitcli.models.layer_decay describes), which
     vitcli.train.loop._set_lr multiplies the lr by."""
     wd, no_decay = torch_weight_decay(cfg), no_decay_names(model)
+    own = getattr(model, "optimizer_groups", None)  # DINO's student: DINOv2's groups (dinov2_param_groups)
+    if own is not None:
+        groups = own(cfg.layer_decay, cfg.patch_embed_lr_scale)
+        return [{**g, "weight_decay": wd * g["wd_scale"]} for g in groups]
     if cfg.layer_decay == 1:
         return param_groups_weight_decay(model, wd, no_weight_decay_list=no_decay)
     return param_groups_layer_decay(model, wd, no_weight_decay_list=no_decay, layer_decay=cfg.layer_decay)
-
-
-# DINOv2's layer 0 (dinov2/utils/param_groups.py get_vit_lr_decay_rate): the embeddings and tokens.
-# timm names a ViT's register tokens reg_token, DinoVisionTransformer register_tokens (0.0.1.dev2
-# has none; its main branch puts them in layer 0, as here)
-_DINOV2_LAYER0 = ("pos_embed", "patch_embed", "mask_token", "cls_token", "register_tokens",
-                  "reg_token")
-
-
-def dinov2_scales(name: str, depth: int, layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0
-                  ) -> tuple[float, float]:
-    """(lr_scale, wd_scale) of the parameter `name` of a `depth`-block ViT, as DINOv2's
-    get_params_groups_with_decay computes them (backbone names, as timm's VisionTransformer and
-    DinoVisionTransformer spell them alike, a prefix such as `student.backbone.` stripped).
-
-    Layer 0 the embeddings and tokens, i + 1 block i, depth + 1 the rest (the final norm; a head's
-    parameters, none of these names, get lr_scale 1, as dinov2 gives its heads);
-    lr_scale = layer_decay ** (depth + 1 - layer), times patch_embed_lr_scale for the patch
-    embedding. wd_scale 0 for biases, norms and LayerScale's gamma, else 1: unlike
-    optim.param_groups, the class and register tokens and the position table are decayed, as both
-    DINO (its 1-D rule) and DINOv2 (its name rule) decay them.
-    """
-    if any(k in name for k in _DINOV2_LAYER0):
-        layer = 0
-    elif (block := re.search(r"(?:^|\.)blocks\.(\d+)\.", name)) and "residual." not in name:
-        layer = int(block.group(1)) + 1
-    else:
-        layer = depth + 1
-    lr_scale = layer_decay ** (depth + 1 - layer)
-    if "patch_embed" in name:
-        lr_scale *= patch_embed_lr_scale
-    no_decay = name.endswith(".bias") or "norm" in name or "gamma" in name
-    return lr_scale, 0.0 if no_decay else 1.0
-
-
-def dinov2_param_groups(named_parameters: Iterable[tuple[str, torch.nn.Parameter]], depth: int,
-                        layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0) -> list[dict]:
-    """The trainable parameters grouped by dinov2_scales: [{"params", "lr_scale", "wd_scale"}], one
-    group per distinct pair in first-seen order (dinov2's fuse_params_groups, without its
-    is_last_layer split: DinoHead's frozen_last freezes the last layer instead of a zero lr).
-    The loop multiplies each group's lr by lr_scale and its weight decay by wd_scale."""
-    groups: dict[tuple[float, float], dict] = {}
-    for name, param in named_parameters:
-        if not param.requires_grad:
-            continue
-        lr_scale, wd_scale = dinov2_scales(name, depth, layer_decay, patch_embed_lr_scale)
-        group = groups.setdefault((lr_scale, wd_scale),
-                                  {"params": [], "lr_scale": lr_scale, "wd_scale": wd_scale})
-        group["params"].append(param)
-    return list(groups.values())
 
 
 def step_kernel(opt: str, device: torch.device, sharded: bool = False) -> dict[str, bool]:

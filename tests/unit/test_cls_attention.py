@@ -93,10 +93,14 @@ def test_the_map_is_the_patch_grid_row_major_on_a_non_square_image():
     assert peak == [(1, 2), (1, 2)]
 
 
-def test_a_model_without_a_class_token_is_refused():
+def test_a_model_without_a_class_token_or_timms_attention_is_refused():
     with pytest.raises(ModelError, match="no class token"):
         attention.cls_attention(tiny(class_token=False, global_pool="avg"),
                                 torch.zeros(1, 3, 32, 32))
+    model = tiny()
+    model.blocks[-1].attn = torch.nn.Identity()
+    with pytest.raises(ModelError, match="last block's attention \\(Identity\\) is not timm's"):
+        attention.cls_attention(model, torch.zeros(1, 3, 32, 32, dtype=torch.float64))
 
 
 def reference_threshold(attentions: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -136,7 +140,7 @@ def test_the_figure_has_the_image_the_threshold_the_mean_and_at_most_six_heads()
     fig = attention.attention_figure(images, maps, "a title")
     axes = np.array(fig.axes).reshape(2, 3 + attention.MAX_HEADS)
     assert [ax.get_title().splitlines()[0] for ax in axes[0, :4]] == [
-        "image", "60% of the mean's mass", "mean of 8 heads", "head 0"]
+        "image", "60% of the mean's mass", "mean of 8 heads (6 drawn)", "head 0"]
     assert axes[0, -1].get_title().startswith("head 5")
     for row, image, per_head in zip(axes, images, maps):
         shown = [ax.get_images()[0] for ax in row]

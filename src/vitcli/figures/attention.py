@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.nn.functional as F
+from timm.layers import Attention
 from torch import nn
 
 from vitcli.errors import ModelError
@@ -45,9 +46,11 @@ def last_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     layers (qkv, q_norm, k_norm) on the input the block receives in a forward pass."""
     block = model.blocks[-1]
     attn = getattr(block, "attn", None)
-    if not all(hasattr(attn, a) for a in ("qkv", "num_heads", "scale", "q_norm", "k_norm")):
+    # timm's Attention exactly as its forward computes it; another (EVA's rotary one) would be
+    # recomputed wrongly here
+    if not isinstance(attn, Attention):
         raise ModelError(f"the last block's attention ({type(attn).__name__}) is not timm's "
-                         "Attention (fused qkv): its attention probabilities cannot be read")
+                         "Attention: its attention probabilities cannot be recomputed")
     seen: list[torch.Tensor] = []
     hook = block.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
     try:
@@ -110,7 +113,8 @@ def attention_figure(images: np.ndarray, maps: np.ndarray, title: str) -> Figure
     mean = maps.mean(axis=1)  # (B, h, w)
     region = upsample(keep_mass(torch.from_numpy(mean))[:, None], (height, width))[:, 0].numpy()
     shown = min(heads, MAX_HEADS)
-    names = ["image", f"{MASS:.0%} of the mean's mass", f"mean of {heads} heads",
+    drawn = f" ({shown} drawn)" if shown < heads else ""
+    names = ["image", f"{MASS:.0%} of the mean's mass", f"mean of {heads} heads{drawn}",
              *(f"head {h}" for h in range(shown))]
     fig = new_figure(figsize=(max(1.4 * len(names), 7.0), 1.55 * b + 1.1))
     axes = fig.subplots(b, len(names), squeeze=False)

@@ -376,8 +376,10 @@ def _cls_attention(model: nn.Module, recipe: Recipe, out: Path, report: Report) 
         return _skip(report, ATTENTION, f"the run's images cannot be read ({e})")
     device = pick_device(recipe.run.device)
     with torch.inference_mode():
-        # (B, heads, grid_h, grid_w)
-        maps = attention.cls_attention(model.to(device).eval(), x.to(device)).float().cpu()
+        try:  # (B, heads, grid_h, grid_w)
+            maps = attention.cls_attention(model.to(device).eval(), x.to(device)).float().cpu()
+        except ModelError as e:
+            return _skip(report, ATTENTION, str(e))
     title = (f"{recipe.model.name}, DINO teacher: the class token's last-layer attention, "
              f"{split} images\n"
              "each map on its own min-max scale (its peak weight above it)\n"

@@ -20,14 +20,15 @@ TINY = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 1, "num_heads
 DATA = DataConfig(synthetic=SyntheticConfig(train_size=8, val_size=8, test_size=8))
 
 
-def exported(root, objective="dino", data=DATA, **model):
+def exported(root, objective="dino", data=DATA, dino=None, **model):
     """A workdir holding model.safetensors as a run exports it: headless weights, the recipe and
     the model spec in the metadata (a DINO run's is its teacher's backbone)."""
     cfg = ModelConfig(**{**TINY, **model})
+    recipe = to_dict(Recipe(objective=objective, model=cfg, data=data))
+    recipe["dino"].update(dino or {})
     torch.manual_seed(0)
     save_weights(root / MODEL_FILE, build_model(cfg, 0).state_dict(),
-                 {"recipe": to_dict(Recipe(objective=objective, model=cfg, data=data)),
-                  "model": model_spec(cfg, 0)})
+                 {"recipe": recipe, "model": model_spec(cfg, 0)})
     return root
 
 
@@ -71,6 +72,8 @@ def test_other_checkpoints_are_inspected_as_before(tmp_path, monkeypatch, capsys
     ({"data": DataConfig(source="/nowhere/images")},
      "the run's images cannot be read (dataset path not found: /nowhere/images)"),
     ({"data": DataConfig(val_split="", test_split="")}, "the run has no held-out split"),
+    ({"dino": {"bogus": 1}},
+     "{workdir}: its recipe does not read today (unknown recipe key 'dino.bogus'"),
 ])
 def test_what_cannot_be_drawn_is_skipped_with_the_reason(tmp_path, monkeypatch, capsys, change,
                                                          why):
@@ -79,6 +82,6 @@ def test_what_cannot_be_drawn_is_skipped_with_the_reason(tmp_path, monkeypatch, 
                              tmp_path / "o", "--images", 1, "--json")
     assert code == 0, err
     report = json.loads(out)
-    assert report["skipped"][ATTENTION].startswith(why), report["skipped"]
+    assert report["skipped"][ATTENTION].startswith(why.format(workdir=workdir)), report["skipped"]
     assert not (tmp_path / "o" / ATTENTION).exists() and report["dino_attention"] == {}
     assert (tmp_path / "o" / "attention_distance.png").is_file()  # Figure 7 as for any ViT

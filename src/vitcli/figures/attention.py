@@ -7,10 +7,10 @@ neighbour. Its optional threshold keeps the smallest set of patches holding 60% 
 
 What is drawn (`attention_figure`), one row per image: the image; the image dimmed outside the
 region holding 60% of the mean map's mass; the mean over heads; then each head (the first
-MAX_HEADS when there are more). Departures from the reference, said in the figure too: each map is
-min-max scaled on its own, as the reference's `plt.imsave` of each head does (its peak weight is in
-the panel's title); the reference thresholds each head, here the mean over heads is thresholded,
-so that one panel shows where the heads together look.
+MAX_HEADS when there are more). Each map is min-max scaled on its own, as the reference's
+`plt.imsave` of each head is (its peak weight is in the panel's title). The one departure, said in
+the figure too: the reference thresholds each head, here the mean over heads is thresholded, so that
+one panel shows where the heads together look.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """DINO's Figure 1 maths (figures.attention): the class token's last-layer attention against timm's
-own unfused Attention and against a transliteration of DINO's vision_transformer.Attention; the
-patch grid's orientation on a non-square grid; the 60%-mass threshold against a transliteration of
-visualize_attention.py's loop; the nearest upsampling and the figure's panels."""
+own unfused Attention, a transliteration of DINO's vision_transformer.Attention, and the official
+dinov2 package's whole DinoVisionTransformer on the same weights (0.0.1.dev2 from PyPI; skipped
+where it is not installed); the patch grid's orientation on a non-square grid; the 60%-mass
+threshold against a transliteration of visualize_attention.py's loop; the nearest upsampling and
+the figure's panels."""
 
 import numpy as np
 import pytest
@@ -70,6 +72,31 @@ def test_class_token_attention_is_what_timm_and_dino_compute(reg_tokens):
     to_prefix = probs[:, :, 0, :prefix].sum(dim=-1)
     assert torch.allclose(maps.sum(dim=(-2, -1)), 1 - to_prefix, atol=TOL)
     assert torch.equal(maps.flatten(-2), probs[:, :, 0, prefix:])
+
+
+def test_class_token_attention_is_what_the_official_dinov2_model_attends():
+    """dinov2's own forward (its token order, position table, layer scale, Attention) on random
+    weights, read at its last attention dropout; ours on those weights as timm converts them."""
+    pytest.importorskip("dinov2")
+    from dinov2.models.vision_transformer import DinoVisionTransformer
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    torch.manual_seed(0)
+    sizes = {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2,
+             "mlp_ratio": 2.0, "init_values": 0.5}
+    reference = DinoVisionTransformer(**sizes, block_chunks=0).double().eval()
+    for p in reference.parameters():  # its init leaves the class token, biases and mask token at 0
+        torch.nn.init.normal_(p, std=0.2)
+    ours = VisionTransformer(**sizes, num_classes=0).double().eval()
+    ours.load_state_dict(checkpoint_filter_fn(reference.state_dict(), ours))
+    seen = []
+    last = reference.blocks[-1].attn
+    last.attn_drop.register_forward_hook(lambda mod, args, out: seen.append(args[0]))
+    x = torch.randn(3, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        reference(x)
+        maps = attention.cls_attention(ours, x)
+    assert torch.allclose(maps, seen[0][:, :, 0, 1:].reshape(3, 2, 4, 4), rtol=0, atol=TOL)
 
 
 def test_the_map_is_the_patch_grid_row_major_on_a_non_square_image():

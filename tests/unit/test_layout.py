@@ -59,10 +59,11 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one
     # module each, picked by name in the registry
     ("objectives", ["objective", "supervised", "mpp", "mae", "dino", "registry"]),
-    # pictures drawn from numbers: Figure 7, MAE's Figure 2, training curves, a confusion matrix, a
-    # reliability diagram, few-shot accuracy against shots (below fewshot, whose report draws that
-    # one)
-    ("figures", ["canvas", "figure7", "figure2", "curves", "confusion", "reliability", "fewshot"]),
+    # pictures drawn from numbers: Figure 7, MAE's Figure 2, DINO's Figure 1, training curves, a
+    # confusion matrix, a reliability diagram, few-shot accuracy against shots (below fewshot, whose
+    # report draws that one)
+    ("figures", ["canvas", "figure7", "figure2", "attention", "curves", "confusion", "reliability",
+                 "fewshot"]),
     # frozen-feature evaluation in its steps
     ("fewshot", ["solver", "knn", "probe", "features", "protocols", "evaluate", "report"]),
     # the run, built once for every stage that trains: its table, its feed, its network, the

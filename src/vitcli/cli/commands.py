@@ -228,12 +228,14 @@ def resize_posemb(ckpt: opt.Ckpt, out: opt.ResizeOut = None, res: opt.NewRes = N
 def inspect(ckpt: opt.Ckpt, out: opt.Figures, data: opt.InspectData = None,
             split: opt.InspectSplit = "test", images: opt.InspectImages = 128,
             json_out: opt.Json = False, overrides: opt.InspectOverrides = None) -> None:
-    """The ViT paper's Figure 7 (filters, position similarity, attention distance); MAE's Figure 2.
+    """The ViT paper's Figure 7 (filters, position similarity, attention distance); MAE's Figure 2;
+    DINO's Figure 1.
 
     Writes OUT/embedding_filters.png, position_similarity.png, attention_distance.png and
     attention_distance.json; for an MAE run (objective: mae) also mae_reconstruction.png, MAE's
-    Figure 2 (held-out images masked and reconstructed); and prints a summary of the model (or
-    everything as JSON with --json).
+    Figure 2 (held-out images masked and reconstructed); for a DINO run (objective: dino) also
+    dino_attention.png, DINO's Figure 1 (the class token's last-layer attention per head on
+    held-out images); and prints a summary of the model (or everything as JSON with --json).
     """
     # data.label_column "": any image dataset will do, labelled or not
     flags = {"init.checkpoint": ckpt, "data.source": data, "data.label_column": ""}

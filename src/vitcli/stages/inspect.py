@@ -12,11 +12,16 @@ the encoder only, so the encoder and decoder are read together from the run's ne
 (state-<step>.pt, weights_only), and a few images of the run's own held-out split are masked,
 reconstructed and drawn. An MAE encoder whose decoder is not at hand (a lone model.safetensors,
 MAE's .pth) is inspected as any ViT and the figure skipped with the reason.
+
+A DINO run (objective: dino in its model.safetensors' recipe, which holds the teacher's backbone)
+also gets DINO's Figure 1 (figures.attention): the class token's last-layer attention per head on a
+few images of the run's own held-out split. Other networks do not: see docs/inspect.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,7 +38,7 @@ from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.data.batching import batches
 from vitcli.data.rows import sources
 from vitcli.errors import CheckpointError, DataError, ModelError, RecipeError
-from vitcli.figures import figure2, figure7
+from vitcli.figures import attention, figure2, figure7
 from vitcli.models import mae, zoo
 from vitcli.models.mae import MaeModel
 from vitcli.models.t2t import TokensToToken
@@ -49,6 +54,8 @@ FILTERS, POSITIONS, DISTANCES = "embedding_filters.png", "position_similarity.pn
 DISTANCES_JSON = "attention_distance.json"
 RECONSTRUCTION = "mae_reconstruction.png"
 RECONSTRUCTED = 4  # images in MAE's Figure 2: the first of the run's held-out split
+ATTENTION = "dino_attention.png"
+ATTENDED = 4  # images in DINO's Figure 1: the first of the run's held-out split
 BATCH = 32  # images per forward pass: attention maps of every layer are reduced as they come
 
 
@@ -64,12 +71,14 @@ class Report:
     attention: dict = field(default_factory=dict)  # attention_distance.json's content
     # what MAE's Figure 2 shows; {} when not drawn
     reconstruction: dict = field(default_factory=dict)
+    # what DINO's Figure 1 shows; {} when not drawn
+    cls_attention: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The report as JSON-able numbers and paths."""
         return {"model": self.summary, "written": self.written, "skipped": self.skipped,
                 "filter_explained_variance": self.explained_variance, "attention_distance": self.attention,
-                "mae_reconstruction": self.reconstruction}
+                "mae_reconstruction": self.reconstruction, "dino_attention": self.cls_attention}
 
 
 def inspect(recipe: Recipe, out: Path, split: str = "test", images: int = 128) -> dict:
@@ -86,6 +95,7 @@ def inspect(recipe: Recipe, out: Path, split: str = "test", images: int = 128) -
     _positions(model, recipe, out, report)
     _distances(model, recipe, split, images, out, report)
     _reconstruction(recipe, out, report)
+    _cls_attention(model, recipe, out, report)
     _print(report)
     return report.as_dict()
 
@@ -322,6 +332,64 @@ def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
                              "removed_patches": n - kept, "patches": n, "data": r.data.source, "split": split,
                              "images": len(images), "norm_pix_loss": r.mae.norm_pix_loss}
     report.written.append(str(out / RECONSTRUCTION))
+
+
+# ---------------------------------------------------------------- DINO's Figure 1
+
+
+def dino_run(checkpoint: str) -> tuple[Recipe | None, str]:
+    """(the recipe of the DINO run that wrote `checkpoint`, ""); (None, why) when it does not read
+    today; (None, "") for any other network."""
+    # "": init.random
+    saved = read_checkpoint(checkpoint).meta.get("recipe") if checkpoint else None
+    if not isinstance(saved, dict) or saved.get("objective") != "dino":
+        return None, ""
+    recipe = Recipe(stage="pretrain")
+    try:
+        merge(recipe, saved)
+    except RecipeError as e:
+        return None, f"{checkpoint}: its recipe does not read today ({e})"
+    return recipe, ""
+
+
+def _cls_attention(model: nn.Module, recipe: Recipe, out: Path, report: Report) -> None:
+    """DINO's Figure 1, for a DINO run's teacher, on the first images of the run's validation split
+    (else its test split)."""
+    run, why = dino_run(recipe.init.checkpoint)
+    if run is None:
+        return _skip(report, ATTENTION, why) if why else None
+    if getattr(model, "cls_token", None) is None:
+        return _skip(report, ATTENTION, f"the model has no class token (pool: {recipe.model.pool})")
+    data = dataclasses.replace(run.data, label_column="")  # DINO's images need no labels
+    split = data.val_split or data.test_split
+    if not split:
+        return _skip(report, ATTENTION, "the run has no held-out split (data.val_split and "
+                     "data.test_split are both empty)")
+    try:
+        ds = sources.load_split(data, split)
+        ds = ds.select(range(min(ATTENDED, len(ds))))
+        if not len(ds):
+            return _skip(report, ATTENTION, f"the run's {split} split is empty")
+        stream = batches.eval_batches(ds, data, recipe.model.img_size, ATTENDED)
+        x = torch.cat([x for x, _ in stream])
+    except DataError as e:
+        return _skip(report, ATTENTION, f"the run's images cannot be read ({e})")
+    device = pick_device(recipe.run.device)
+    with torch.inference_mode():
+        try:  # (B, heads, grid_h, grid_w)
+            maps = attention.cls_attention(model.to(device).eval(), x.to(device)).float().cpu()
+        except ModelError as e:
+            return _skip(report, ATTENTION, str(e))
+    title = (f"{recipe.model.name}, DINO teacher: the class token's last-layer attention, "
+             f"{split} images\n"
+             "each map on its own min-max scale (its peak weight above it)\n"
+             f"2nd column: the image dimmed outside {attention.MASS:.0%} of the mean map's mass")
+    images = attention.pixels(x, data.mean, data.std)
+    figure7.save_figure(attention.attention_figure(images, maps.numpy(), title), out / ATTENTION)
+    report.cls_attention = {"data": sources.origin(ds), "split": split, "images": len(x),
+                            "heads": maps.shape[1], "grid": list(maps.shape[2:]),
+                            "mass": attention.MASS}
+    report.written.append(str(out / ATTENTION))
 
 
 # ---------------------------------------------------------------- output

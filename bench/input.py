@@ -11,6 +11,11 @@ a temporary directory, made afresh by every run (no data is committed).
                    bare uint8 path (`decode_jpeg` + `v2.RandomResizedCrop`)
   loader_224_deit  ours and timm's with DeiT's per-image augmentation on both sides (RandAugment
                    rand-m9-mstd0.5-inc1, random erasing 0.25 pixel)
+  multicrop        DINO's input, images/s per core: our multi-crop stream (train_batches with
+                   views=MultiCrop(): 2 x 224 + 8 x 96 crops, BYOL's colour augmentation, normalised)
+                   against dinov2's DataAugmentationDINO on each PIL image (decode, the transform with
+                   its ToTensor and Normalize, the crops stacked as its collate stacks them), as its
+                   DataLoader worker runs it; ratio_vs_reference = ours / dinov2's (the goal: 2.5)
 
 These are in-process figures of the loaders alone, timed in turns. What a user runs, `vit pretrain` as a
 command against timm's own train.py on an ImageNet-shaped folder, is bench/rehearse.py's (make rehearse;
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -44,6 +50,7 @@ from PIL import Image
 from timm.data import create_transform
 from torchvision.transforms import v2
 
+from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.data.batching import batches
 from vitcli.data.rows import sources
 from vitcli.recipe.resolve import resolve
@@ -56,6 +63,7 @@ ALLOCATOR = keep_freed_memory()
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
 MEAN = (0.5, 0.5, 0.5)  # the ViT paper's [-1, 1] scaling, on both sides
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # dinov2's normalisation
 # DeiT's augmentation (deit/main.py defaults): ours as recipe keys, timm's as create_transform / Mixup args
 DEIT_RANDAUGMENT, DEIT_ERASING = "rand-m9-mstd0.5-inc1", 0.25
 DEIT_KEYS = [f"data.randaugment={DEIT_RANDAUGMENT}", f"data.erasing={DEIT_ERASING}",
@@ -127,6 +135,45 @@ def _ours(root: Path, batch: int, deit: bool = False):
     return iter(batches.train_batches(ds, r.data, 224, batch, seed=0))
 
 
+def _ours_multicrop(root: Path, batch: int):
+    """Our multi-crop stream over the folder (DINO's defaults), as a DINO run reads it."""
+    r = resolve("pretrain", QUICKSTART, [
+        f"data.source={root}", "data.val_split=", "data.test_split=", "data.num_workers=0",
+        "model.img_size=224", "data.cache_mb=0", f"data.mean={list(IMAGENET_MEAN)}",
+        f"data.std={list(IMAGENET_STD)}"])
+    ds = sources.load_split(r.data, r.data.train_split)
+    return iter(batches.train_batches(ds, r.data, 224, batch, seed=0, views=MultiCrop()))
+
+
+def _dinov2(files: list[Path], batch: int):
+    """dinov2's DataAugmentationDINO (DINO's scales and crop counts) on each PIL image, the crops stacked
+    as its collate_data_and_masks stacks them: what one of its DataLoader workers does."""
+    logging.getLogger("dinov2").setLevel(logging.WARNING)  # it logs its parameters at INFO
+    from dinov2.data.augmentations import DataAugmentationDINO
+
+    tf = DataAugmentationDINO((0.4, 1.0), (0.05, 0.4), 8, 224, 96)
+    while True:
+        for i in range(0, len(files) - batch + 1, batch):
+            out = [tf(Image.open(f).convert("RGB")) for f in files[i : i + batch]]
+            yield (torch.stack([c for v in range(2) for c in (o["global_crops"][v] for o in out)]),
+                   torch.stack([c for v in range(8) for c in (o["local_crops"][v] for o in out)]))
+
+
+def multicrop_rates(root: Path, n_batches: int, batch: int = 32) -> dict:
+    """Images/s per core (one thread, no workers) of DINO's multi-crop input: ours against dinov2's."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = _rates([("ours", _ours_multicrop(root, batch)), ("dinov2", _dinov2(_files(root), batch))],
+                     n_batches, batch)
+    finally:
+        torch.set_num_threads(threads)
+    return {"ours_img_s": out["ours"], "reference_img_s": out["dinov2"],
+            "ratio_vs_reference": out["ours"] / out["dinov2"], "batch": batch, "threads": 1,
+            "crops": "2 x 224 + 8 x 96", "decoded_cache": "off (data.cache_mb=0)",
+            "reference": "dinov2.data.augmentations.DataAugmentationDINO, PIL"}
+
+
 def loader_rates(root: Path, n_batches: int, batch: int = 64, deit: bool = False) -> dict:
     """Images/s per core of the pipelines on the same photographs (one thread, no workers): with `deit`,
     ours and timm's with DeiT's per-image augmentation, else the three plain ones."""
@@ -155,6 +202,8 @@ def measure(quick: bool) -> dict:
         out = {"in_process": True, "allocator": ALLOCATOR, "loader_224": loader_rates(root, n, batch)}
         progress("input: loaders per core with DeiT's augmentation (in-process)")
         out["loader_224_deit"] = loader_rates(root, n, batch, deit=True)
+        progress("input: DINO's multi-crop per core, ours against dinov2's (in-process)")
+        out["multicrop"] = multicrop_rates(root, *((1, 8) if quick else (8, 32)))
     return out
 
 

@@ -149,6 +149,8 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     "loader_224_vs_timm_per_core": (("input", "loader_224", "ours_vs_timm"), 2.5),
     "loader_224_vs_torchvision_per_core": (("input", "loader_224", "ours_vs_torchvision"), 1.5),
     "loader_224_deit_vs_timm_per_core": (("input", "loader_224_deit", "ours_vs_timm"), 1.5),
+    # DINO's multi-crop input (issue 45): ours at least 2.5x dinov2's DataAugmentationDINO per core
+    "multicrop_vs_dinov2_per_core": (("input", "multicrop", "ratio_vs_reference"), 2.5),
     # bench/rehearse.py: `vit pretrain` against timm's train.py, commands on an ImageNet-shaped folder
     **{f"train_vs_timm_{run}": (("rehearsal", "ratio", run), goal) for run, goal in (
         ("quickstart_32_plain_workers0", 2.0), ("quickstart_32_plain_workers1", 2.0),

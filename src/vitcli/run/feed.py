@@ -4,6 +4,7 @@ batch arrives."""
 
 from __future__ import annotations
 
+from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.data.batching import batches, streams
 from vitcli.errors import RecipeError
 from vitcli.recipe.schema import Recipe
@@ -56,18 +57,20 @@ class LabelChecked:
         self.stream.seek(micro_batch)
 
 
-def train_feed(r: Recipe, train_ds, num_classes: int = 0) -> Feed:
+def train_feed(r: Recipe, train_ds, num_classes: int = 0, views: MultiCrop | None = None) -> Feed:
     """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, its
     labels checked against a `num_classes` head as they come), as data.streaming says; both from the
-    run's first micro-batch until the CheckpointManager places them where a checkpoint left them."""
+    run's first micro-batch until the CheckpointManager places them where a checkpoint left them.
+    `views`: DINO's multi-crop, x = (globals (2B, 3, S, S), locals (nB, 3, s, s)) (multicrop.py)."""
 
     def mapped(micro: int, accum: int, dist: Dist):
         return batches.train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, 0, dist.rank,
-                                     dist.world_size, accum, device=dist.device)
+                                     dist.world_size, accum, device=dist.device, views=views)
 
     def streamed(micro: int, accum: int, dist: Dist):
         stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, 0,
-                                              dist.rank, dist.world_size, accum=accum, device=dist.device)
+                                              dist.rank, dist.world_size, accum=accum, device=dist.device,
+                                              views=views)
         return LabelChecked(stream, r, num_classes)
 
     return streamed if r.data.streaming else mapped

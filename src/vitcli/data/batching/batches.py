@@ -28,9 +28,10 @@ import datasets
 import torch
 from torch.utils.data import DataLoader
 
-from vitcli.data.augmentation import augmentations
+from vitcli.data.augmentation import augmentations, multicrop
 from vitcli.data.augmentation.augment import Normalise, Pixels, finish
 from vitcli.data.augmentation.augmentations import Augmentation
+from vitcli.data.augmentation.multicrop import MultiCrop, Views
 from vitcli.data.augmentation.transforms import build_transform
 from vitcli.data.batching.sampler import train_keys
 from vitcli.data.decoding.bad_images import (
@@ -200,7 +201,8 @@ class BatchStream:
         return self._batches
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x float32 (B, 3, S, S) normalised on the stream's device, y (B,) int64 on the CPU)."""
+        """(x float32 (B, 3, S, S) normalised on the stream's device, y (B,) int64 on the CPU); a
+        multi-crop stream's x is (globals (2B, 3, S, S), locals (nB, 3, s, s)): Views.finish."""
         for item in self.batches:
             if isinstance(item, Exception):
                 # Let go of the loader now: its workers stop at once. Kept alive by the traceback,
@@ -209,7 +211,9 @@ class BatchStream:
                 self._batches = iter(())
                 raise item
             x, y, bad = item
-            if len(y):
+            if len(y) and isinstance(x, Views):
+                x = x.finish(self.device, self.normalise)
+            elif len(y):
                 x = finish(x, self.device, self.aug, self.normalise)
             self.skipped.add(self.name, self._named(bad))
             self.decoded, self.failed = self.decoded + len(y), self.failed + len(bad)
@@ -331,14 +335,16 @@ def keyed_loader(dataset: KeyedBatches, keys: Iterable, workers: int) -> DataLoa
 def train_batches(
     ds: datasets.Dataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
-    device: torch.device | None = None,
+    device: torch.device | None = None, views: MultiCrop | None = None,
 ) -> MappedTrainStream:
     """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, finished there by
     augment.finish; y (B,) int64) for this rank, `accum` per
     optimizer step, starting at this rank's micro-batch `start_step` of the uninterrupted stream
     (skipped batches are never loaded; a checkpoint places it instead: MappedTrainStream). The
     stream's `skipped` counts the images that did not decode (each replaced by the next row that
-    does)."""
+    does). `views`: DINO's multi-crop instead of the data section's augmentation, x = (globals
+    (2B, 3, S, S), locals (nB, 3, s, s)), each image's crops drawn from (seed, its index in the
+    run) (multicrop.py)."""
     global_batch = micro_batch_size * accum * world_size
     if len(ds) < global_batch:
         raise DataError(
@@ -346,12 +352,12 @@ def train_batches(
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
     keys = Placed(lambda start: train_keys(len(ds), micro_batch_size, accum, seed, start, rank, world_size,
-                                            cfg.repeated_aug), start_step)
-    transform = build_transform(cfg, img_size, train=True, resize_here=resize_in_workers(device))
+                                            cfg.repeated_aug, by_sample=views is not None), start_step)
+    transform = train_transform(cfg, img_size, seed, device, views)
     cache, on_disk = cache_for(encoded(ds.select_columns([cfg.image_column]), cfg.image_column),
                                cfg.image_column, cache_capacity(cfg))
     loader = _loader(ds, cfg, transform, keys, cache=cache, replace=True)
-    stream = MappedTrainStream(loader, keys, world_size, device, augmentations.of(cfg, img_size),
+    stream = MappedTrainStream(loader, keys, world_size, device, train_aug(cfg, img_size, views),
                                Normalise(cfg.mean, cfg.std))
     stream.cache = cache
     if rank == 0:
@@ -360,6 +366,20 @@ def train_batches(
         # an epoch of repeated augmentation reads about 1 / repeated_aug of the rows
         stream.warm_after = len(ds) // (micro_batch_size * world_size) * cfg.repeated_aug
     return stream
+
+
+def train_transform(cfg: DataConfig, img_size: int, seed: int, device: torch.device | None,
+                    views: MultiCrop | None):
+    """The loader workers' transform of a training stream: transforms.build_transform's, or with
+    `views` the multi-crop one (keyed by sample index: train_keys' by_sample)."""
+    if views is not None:
+        return multicrop.transform(views, seed)
+    return build_transform(cfg, img_size, train=True, resize_here=resize_in_workers(device))
+
+
+def train_aug(cfg: DataConfig, img_size: int, views: MultiCrop | None) -> Augmentation | None:
+    """What of the data section's augmentation `finish` applies: none in a multi-crop stream."""
+    return None if views is not None else augmentations.of(cfg, img_size)
 
 
 def cache_capacity(cfg: DataConfig) -> int:

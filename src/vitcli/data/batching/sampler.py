@@ -20,9 +20,12 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 
 def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int,
-                repeats: int = 1, permute: Callable[[int, int, int], np.ndarray] = epoch_order) -> Iterator:
+                repeats: int = 1, permute: Callable[[int, int, int], np.ndarray] = epoch_order,
+                by_sample: bool = False) -> Iterator:
     """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch
-    `start` on; no image is touched.
+    `start` on; no image is touched. `by_sample`: the key's first element is the run-wide index of
+    the micro-batch's first image (first_sample) instead of its seed, for a transform that draws
+    per image (multicrop.py).
 
     Every optimizer step s takes one global batch of micro x accum x world_size rows of the epoch's
     order (`permute(seed, epoch, n)`, epoch_order unless a test injects another; drop_last), cut
@@ -43,7 +46,8 @@ def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int,
         e, b = divmod(step, per_epoch)
         if e != epoch:
             epoch, order = e, permute(seed, e, n)
-        yield micro_seed(seed, step, j), step_rows(order, b, j, micro, accum * world_size, repeats)
+        draws = first_sample(step, j, micro, global_batch) if by_sample else micro_seed(seed, step, j)
+        yield draws, step_rows(order, b, j, micro, accum * world_size, repeats)
 
 
 def step_rows(order: np.ndarray, b: int, j: int, micro: int, micro_batches: int, repeats: int) -> list[int]:

@@ -47,10 +47,9 @@ import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader
 
-from vitcli.data.augmentation import augmentations
 from vitcli.data.augmentation.augment import Normalise
 from vitcli.data.augmentation.augmentations import Augmentation
-from vitcli.data.augmentation.transforms import build_transform
+from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.data.batching.batches import (
     BatchStream,
     KeyedBatches,
@@ -58,9 +57,10 @@ from vitcli.data.batching.batches import (
     checked_state,
     keyed_loader,
     placeable,
-    resize_in_workers,
+    train_aug,
+    train_transform,
 )
-from vitcli.data.batching.sampler import micro_batch, micro_seed
+from vitcli.data.batching.sampler import first_sample, micro_batch, micro_seed
 from vitcli.data.decoding.bad_images import image_name, none_decode, one_line, stand_in, until_decoded
 from vitcli.data.decoding.decode import Encoded, read
 from vitcli.data.rows.sources import origin
@@ -107,17 +107,20 @@ def _position(micro_batch: int, at: tuple[int, int]) -> dict:
 
 
 def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[int, int, int],
-          positions: deque) -> Iterator[tuple]:
+          positions: deque, by_sample: int = 0) -> Iterator[tuple]:
     """Endless micro-batch keys (k, augmentation seed, [(encoded image, label)] * B) from this
     rank's micro-batch k, `at` = (k, accum, rank); the position after each key goes to `positions`,
-    for the stream to report once the key's batch is out."""
+    for the stream to report once the key's batch is out. `by_sample` > 0, the global batch: the
+    seed's place holds the run-wide index of the micro-batch's first image (sampler.first_sample),
+    for a transform that draws per image (multicrop.py)."""
     k, accum, rank = at
     while True:
         chunk = list(islice(examples, batch))
         label = cfg.label_column
         rows = [(ex[cfg.image_column], int(ex[label]) if label else 0) for ex, _ in chunk]
         positions.append(_position(k + 1, chunk[-1][1]))
-        yield k, micro_seed(seed, *micro_batch(k, accum, rank)), rows
+        step, j = micro_batch(k, accum, rank)
+        yield k, first_sample(step, j, batch, by_sample) if by_sample else micro_seed(seed, step, j), rows
         k += 1
 
 
@@ -221,7 +224,7 @@ def _start(ids, batch: int, micro_batch: int, at: tuple[int, int] | None,
 def stream_train_batches(
     ids: datasets.IterableDataset, cfg: DataConfig, img_size: int, micro_batch_size: int, seed: int,
     start_step: int = 0, rank: int = 0, world_size: int = 1, accum: int = 1,
-    device: torch.device | None = None,
+    device: torch.device | None = None, views: MultiCrop | None = None,
 ) -> TrainStream:
     """Endless augmented micro-batches (x (B, 3, H, W) normalised on `device`, y (B,) int64) of this
     rank's share of a
@@ -229,8 +232,9 @@ def stream_train_batches(
     stream (the examples before are read, not decoded, again from the first epoch on; a checkpoint's
     `load_state_dict` places it without reading them). `accum` micro-batches make an optimizer step
     (they seed the augmentation as map-style batches do). `skipped` counts the images that did not
-    decode.
-    """
+    decode. `views`: DINO's multi-crop, as batches.train_batches takes it (each image's draws keyed
+    by its position in the run's global batches; a stream's images at a position depend on the
+    rank split, data.load_stream's)."""
     name = origin(ids)
     # one input shard at a time: HF's interleaving reads shards in threads and sleeps 5 s whenever a
     # pass over parquet ends (apache/arrow#45214), at every epoch and every resume
@@ -238,13 +242,14 @@ def stream_train_batches(
     mine = split_dataset_by_node(shuffled, rank, world_size)
     positions: deque = deque()
     # start: (micro-batch, its raw examples on), as TrainStream places it
+    by_sample = micro_batch_size * accum * world_size if views is not None else 0
     keys = Placed(lambda start: _keys(start[1], cfg, micro_batch_size, seed, (start[0], accum, rank),
-                                      positions), None)
-    transform = build_transform(cfg, img_size, train=True, resize_here=resize_in_workers(device))
+                                      positions, by_sample), None)
+    transform = train_transform(cfg, img_size, seed, device, views)
     decode = _Decode(name, transform, cfg.binary_pixels)
     start_at = functools.partial(_start, mine, micro_batch_size, name=name)
     stream = TrainStream(keyed_loader(decode, keys, cfg.num_workers), keys, start_at, positions, world_size,
-                         device, augmentations.of(cfg, img_size), Normalise(cfg.mean, cfg.std))
+                         device, train_aug(cfg, img_size, views), Normalise(cfg.mean, cfg.std))
     stream.seek(start_step)
     return stream
 

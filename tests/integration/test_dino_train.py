@@ -28,7 +28,7 @@ TINY = ["objective=dino", "model.img_size=32", "model.patch_size=8", "model.embe
         "data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
         "data.batch_size=16", "data.num_workers=0", "optim.lr=1e-3", "optim.weight_decay=0.04",
         "optim.weight_decay_end=0.4", "schedule.warmup_steps=2", "schedule.decay=cosine", "run.log_every=1",
-        "run.precision=fp32", "dino.freeze_last_layer_epochs=0.5"]
+        "run.precision=fp32", "dino.freeze_last_layer_epochs=0.5", "optim.clip_grad_norm=0"]
 # DINOv2's terms: iBOT on a shared head, KoLeo over groups of 8, Sinkhorn-Knopp centring
 V2 = ["dino.ibot_weight=1", "dino.koleo_weight=0.1", "dino.koleo_group=8", "dino.centering=sinkhorn"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

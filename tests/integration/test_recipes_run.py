@@ -1,4 +1,5 @@
-"""Today's training recipes (DeiT, T2T-ViT, AugReg, MAE's pretraining and fine-tune) run their first
+"""Today's training recipes (DeiT, T2T-ViT, AugReg, MAE's pretraining and fine-tune, DINO's and DINOv2's)
+run their first
 steps as shipped, shrunk only in size: a tiny network of the recipe's own family at 32 px on the
 built-in data, a small batch and two steps, every other key as the file sets it (augmentation,
 repeated augmentation, EMA, distillation, layer decay, loss, schedule, MAE's decoder). Each writes
@@ -21,6 +22,9 @@ RUN = ["data.source=synthetic", "data.synthetic.num_classes=4", "data.synthetic.
        "data.batch_size=16", "data.micro_batch_size=0", "data.num_workers=0", "fewshot.every=0",
        "schedule.epochs=0", "schedule.steps=2", "schedule.warmup_steps=1", "run.log_every=1",
        "run.eval_every=0", "run.precision=fp32"]
+# DINO's head and local crops, shrunk with the network (KoLeo's groups with the batch)
+DINO = [*SMALL, "dino.out_dim=256", "dino.hidden_dim=64", "dino.bottleneck_dim=32", "dino.local_crop_size=16",
+        "dino.koleo_group=8"]
 RECIPES = {  # file -> (stage, what shrinks its network); DeiT-S and -B are DeiT-Ti's but for the name
     "recipes/deit/deit_tiny_i1k.yaml": ("pretrain", SMALL),
     "recipes/deit/deit_base_distilled_i1k.yaml": ("pretrain", SMALL),
@@ -30,6 +34,8 @@ RECIPES = {  # file -> (stage, what shrinks its network); DeiT-S and -B are DeiT
     "recipes/finetune/mae_vit_b16_i1k.yaml": ("finetune", SMALL),
     "recipes/pretrain/mae_vit_b16_i1k.yaml": ("pretrain", SMALL),  # MAE's 8-block decoder as shipped
     "recipes/pretrain/mae_vit_l16_i1k.yaml": ("pretrain", SMALL),
+    "recipes/pretrain/dino_vit_s16_i1k.yaml": ("pretrain", DINO),
+    "recipes/pretrain/dinov2_vit_l16_i1k.yaml": ("pretrain", DINO),  # iBOT, KoLeo, layer decay as shipped
 }
 
 

@@ -55,7 +55,8 @@ def test_the_figure_is_the_runs_own_output_with_a_fixed_mask(mae_workdir):
     tiles = figure2.panels(images, pred, mask, 8, True, *IMAGENET)  # (B, 4, H, W, 3)
     assert tiles.shape == (RECONSTRUCTED, 4, 32, 32, 3) and tiles.min() >= 0 and tiles.max() <= 1
     shown = 0.5 + mae.unpatchify(pred, 8, (4, 4)).permute(0, 2, 3, 1) / (2 * figure2.NORM_PIX_RANGE)
-    assert np.allclose(tiles[:, 2], shown.clamp(0, 1).numpy(), atol=1e-6)  # norm-pix units, nothing else
+    # norm-pix units, nothing else
+    assert np.allclose(tiles[:, 2], shown.clamp(0, 1).numpy(), atol=1e-6)
 
     fig = figure2.reconstruction_figure(tiles, "mask ratio 0.5, step 4")
     assert sum(len(ax.get_images()) for ax in fig.axes) == 4 * RECONSTRUCTED

@@ -28,7 +28,8 @@ def shown(patches: torch.Tensor, norm_pix: bool) -> np.ndarray:
     if norm_pix:
         x = 0.5 + x / (2 * figure2.NORM_PIX_RANGE)
     else:
-        x = x * torch.tensor(IMAGENET[1]).view(1, 3, 1, 1) + torch.tensor(IMAGENET[0]).view(1, 3, 1, 1)
+        mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in IMAGENET)
+        x = x * std + mean
     return x.clamp(0, 1).permute(0, 2, 3, 1).numpy()
 
 
@@ -39,7 +40,8 @@ def norm_pix_target(patches: torch.Tensor) -> torch.Tensor:
 
 
 def case(seed: int = 0, grey: bool = False):
-    """Colour (or grey) images, a prediction unlike them, half of each image's 16 patches removed."""
+    """Colour (or grey) images, a prediction unlike them, half of each image's 16 patches
+    removed."""
     g = torch.Generator().manual_seed(seed)
     pixels = torch.rand(2, 1 if grey else 3, 16, 16, generator=g).expand(2, 3, 16, 16)
     pred = torch.randn(2, 16, PATCH * PATCH * 3, generator=g)
@@ -49,7 +51,8 @@ def case(seed: int = 0, grey: bool = False):
 
 def removed_pixels(mask: torch.Tensor) -> np.ndarray:
     """(B, H, W, 3) bool: where the removed patches lie."""
-    return np.kron(mask.numpy().reshape(-1, *GRID), np.ones((PATCH, PATCH)))[..., None].repeat(3, -1) > 0
+    pixels = np.kron(mask.numpy().reshape(-1, *GRID), np.ones((PATCH, PATCH)))  # (B, H, W)
+    return pixels[..., None].repeat(3, -1) > 0
 
 
 def test_the_reconstruction_is_the_output_on_every_patch_and_the_last_column_pastes_the_visible():
@@ -61,7 +64,8 @@ def test_the_reconstruction_is_the_output_on_every_patch_and_the_last_column_pas
     assert not np.allclose(recon[~removed], original[~removed])  # the output, not the input
     assert np.allclose(pasted[removed], recon[removed], atol=1e-6)
     assert np.allclose(pasted[~removed], original[~removed], atol=1e-6)
-    assert (masked[removed] == figure2.FILL).all() and np.array_equal(masked[~removed], original[~removed])
+    assert (masked[removed] == figure2.FILL).all()
+    assert np.array_equal(masked[~removed], original[~removed])
 
 
 def test_a_norm_pix_model_is_shown_in_its_own_units_with_the_visible_targets_beside():
@@ -100,7 +104,8 @@ def test_grey_images_give_a_grey_figure():
         # a perfect model of each kind (whose norm-pix target, in ImageNet's units, is bluish), and
         # an arbitrary one
         for output in (norm_pix_target(target) if norm_pix else target, pred):
-            picture = rendered(figure2.panels(images, output, mask, PATCH, norm_pix, *IMAGENET), "t")
+            tiles = figure2.panels(images, output, mask, PATCH, norm_pix, *IMAGENET)
+            picture = rendered(tiles, "t")
             assert np.array_equal(picture[..., 0], picture[..., 1])
             assert np.array_equal(picture[..., 0], picture[..., 2])
     colour = case(3)[0]
@@ -124,5 +129,6 @@ def test_a_perfect_norm_pix_model_on_grey_images_shows_each_patchs_pattern():
 
 def test_the_caption_says_what_the_reconstruction_columns_show():
     assert "normalised patches" in figure2.caption(True, False)
-    assert "in pixels" in figure2.caption(False, False) and "normalised" not in figure2.caption(False, False)
-    assert "grey" in figure2.caption(False, True) and "grey images" not in figure2.caption(False, False)
+    pixels = figure2.caption(False, False)
+    assert "in pixels" in pixels and "normalised" not in pixels and "grey" not in pixels
+    assert all("grey images" in figure2.caption(norm_pix, True) for norm_pix in (False, True))

@@ -129,7 +129,8 @@ def test_pretraining_decays_the_tokens_as_maes_main_pretrain():
     reference = {n for n, p in model.named_parameters()
                  if p.requires_grad and not (len(p.shape) == 1 or n.endswith(".bias"))}
     assert decayed(model) == reference
-    assert {"backbone.cls_token", "decoder.mask_token"} <= reference and "backbone.pos_embed" not in reference
+    assert {"backbone.cls_token", "decoder.mask_token"} <= reference
+    assert "backbone.pos_embed" not in reference  # frozen: in no group
     # the fine-tune's ViT exempts its class token, as main_finetune.py's param_groups_lrd does
     assert "cls_token" not in decayed(zoo.build_model(TINY, 10))
 

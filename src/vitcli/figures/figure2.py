@@ -1,21 +1,23 @@
-"""MAE's Figure 2 (He et al., CVPR 2022) as facebookresearch/mae's demo/mae_visualize.ipynb draws it:
-per image the original, the masked input, the reconstruction (the decoder's output on every patch,
-visible ones included: the paper's caption says it deliberately does not paste them back, "so we can
-more comprehensively demonstrate the method's behavior") and the reconstruction + visible (the output
-on the removed patches, the original's on the visible ones, the notebook's `im_paste`). Nothing of
-the original's removed patches, not even their statistics, reaches the two reconstruction columns.
+"""MAE's Figure 2 (He et al., CVPR 2022) as facebookresearch/mae's demo/mae_visualize.ipynb draws
+it: per image the original, the masked input, the reconstruction (the decoder's output on every
+patch, visible ones included: the paper's caption says it deliberately does not paste them back, "so
+we can more comprehensively demonstrate the method's behavior") and the reconstruction + visible
+(the output on the removed patches, the original's on the visible ones, the notebook's `im_paste`).
+Nothing of the original's removed patches, not even their statistics, reaches the two reconstruction
+columns.
 
-Units. The decoder predicts a patch of the image as the model was fed it, normalised by data.mean and
-data.std; undoing those gives pixels (the notebook's `show_image` undoes ImageNet's). A
-norm_pix_loss model predicts each patch less its own mean over its own std: it never learns a patch's
-mean or contrast, and those of the removed patches are not ours to lend it (the notebook draws a model
-trained on pixels, not norm-pix). Its output is shown as the normalised patch it is, on a fixed
-scale: 0 (the patch's mean) mid grey, +-NORM_PIX_RANGE standard deviations white and black, per
-channel; the visible patches in the last column are the loss's targets there (the original's patches
-normalised the same way), so the whole column is in one unit. `caption` says which.
+Units. The decoder predicts a patch of the image as the model was fed it, normalised by data.mean
+and data.std; undoing those gives pixels (the notebook's `show_image` undoes ImageNet's). A
+norm_pix_loss model predicts each patch less its own mean over its own std: it never learns a
+patch's mean or contrast, and those of the removed patches are not ours to lend it (the notebook
+draws a model trained on pixels, not norm-pix). Its output is shown as the normalised patch it is,
+on a fixed scale: 0 (the patch's mean) mid grey, +-NORM_PIX_RANGE standard deviations white and
+black, per channel; the visible patches in the last column are the loss's targets there (the
+original's patches normalised the same way), so the whole column is in one unit. `caption` says
+which.
 
-Grey images (all three channels equal, Fashion-MNIST's) are drawn grey, three equal channels in every
-column. A pixel model's output is the mean of its three channels. Normalised by per-channel
+Grey images (all three channels equal, Fashion-MNIST's) are drawn grey, three equal channels in
+every column. A pixel model's output is the mean of its three channels. Normalised by per-channel
 statistics (ImageNet's), a grey patch is no longer grey (its norm-pix target carries the channels'
 offsets, -mean_c / std_c, which drew it blue): channel c is scaled back by its std_c, the channels
 averaged (weighted by std_c, so the unit stays the normalised patch's) and the result centred on its
@@ -51,7 +53,8 @@ def patch_targets(patches: torch.Tensor) -> torch.Tensor:
 
 def is_grey(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> bool:
     """Whether images (B, 3, H, W), normalised as fed, are grey in pixels: equal channels."""
-    pixels = images.float().cpu() * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)
+    mean_t, std_t = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
+    pixels = images.float().cpu() * std_t + mean_t
     return bool((pixels.amax(dim=1) - pixels.amin(dim=1)).max() < GREY_TOLERANCE)
 
 
@@ -83,8 +86,8 @@ def panels(images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor, patch: 
 
     def rgb(patches: torch.Tensor, normalised: bool) -> torch.Tensor:  # -> (B, H, W, 3) in [0, 1]
         if normalised:
-            x = 0.5 + mae.unpatchify(_grey_normalised(patches, std) if grey else patches, patch, grid) \
-                / (2 * NORM_PIX_RANGE)
+            patches = _grey_normalised(patches, std) if grey else patches
+            x = 0.5 + mae.unpatchify(patches, patch, grid) / (2 * NORM_PIX_RANGE)
         else:
             x = mae.unpatchify(patches, patch, grid) * std_t + mean_t
             x = x.mean(dim=1, keepdim=True).expand_as(x) if grey else x
@@ -100,11 +103,12 @@ def panels(images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor, patch: 
 def caption(norm_pix: bool, grey: bool) -> str:
     """What the reconstruction columns show, in words: the figure's last title lines."""
     if norm_pix:
-        what = ("reconstruction: the decoder's output on every patch, the normalised patches norm_pix\n"
-                f"predicts (each patch's mean mid grey, +-{NORM_PIX_RANGE:g} std white/black); "
-                "+ visible: the visible patches normalised alike")
+        scale = f"each patch's mean mid grey, +-{NORM_PIX_RANGE:g} std white/black"
+        what = ("reconstruction: the decoder's output on every patch, the normalised patches "
+                f"norm_pix\npredicts ({scale}); + visible: the visible patches normalised alike")
     else:
-        what = "reconstruction: the decoder's output on every patch, in pixels; + visible: the original's"
+        what = ("reconstruction: the decoder's output on every patch, in pixels; "
+                "+ visible: the original's")
     return what + ("; grey images kept grey" if grey else "")
 
 

@@ -15,8 +15,9 @@ from vitcli.models.flops import mae_forward_flops, train_flops_per_image
 from vitcli.models.mae import MaeModel, mae_step
 from vitcli.objectives import registry
 from vitcli.recipe.resolve import resolve
-from vitcli.recipe.schema import MaeConfig, ModelConfig
+from vitcli.recipe.schema import MaeConfig, ModelConfig, OptimConfig
 from vitcli.train import loop
+from vitcli.train.optim import param_groups
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = ModelConfig(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_dim=64)
@@ -112,6 +113,26 @@ def test_the_position_tables_are_maes_fixed_ones_and_only_the_vit_is_exported():
     objective = registry.build(r, 0, torch.device("cpu"))
     assert objective.exported(model) is model.backbone
     assert not any(k.startswith("decoder") for k in objective.exported(model).state_dict())
+
+
+def decayed(model: torch.nn.Module) -> set[str]:
+    """Names of the parameters our optimizer groups decay."""
+    groups = param_groups(model, OptimConfig(lr=1e-3, weight_decay=0.05))
+    ids = {id(p) for g in groups if g["weight_decay"] > 0 for p in g["params"]}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def test_pretraining_decays_the_tokens_as_maes_main_pretrain():
+    model = _model()
+    # main_pretrain.py: timm 0.3.2's add_weight_decay(model, 0.05), no skip list, transliterated:
+    # trainable tensors decay unless 1-D or a bias
+    reference = {n for n, p in model.named_parameters()
+                 if p.requires_grad and not (len(p.shape) == 1 or n.endswith(".bias"))}
+    assert decayed(model) == reference
+    assert {"backbone.cls_token", "decoder.mask_token"} <= reference
+    assert "backbone.pos_embed" not in reference  # frozen: in no group
+    # the fine-tune's ViT exempts its class token, as main_finetune.py's param_groups_lrd does
+    assert "cls_token" not in decayed(zoo.build_model(TINY, 10))
 
 
 def test_a_loaded_encoder_keeps_its_weights_and_only_the_decoder_is_initialised():

@@ -210,6 +210,10 @@ class MaeModel(nn.Module):
     MAE's own encoders carry it). `fresh`: a new network, which takes MAE's initialisation; else
     only the decoder does."""
 
+    # weight decay on every tensor of 2 or more dims, cls_token and mask_token included, as MAE's
+    # main_pretrain.py (timm's add_weight_decay without a skip list): train.optim.no_decay_names
+    decays_tokens = True
+
     def __init__(self, backbone: nn.Module, cfg: MaeConfig, patch_size: int, fresh: bool = True):
         super().__init__()
         self.backbone, self.cfg, self.patch_size = backbone, cfg, patch_size

@@ -322,15 +322,15 @@ def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
     tiles = figure2.panels(images, pred, mask, r.model.patch_size, r.mae.norm_pix_loss, r.data.mean,
                            r.data.std)
     n, kept = mask.shape[1], run.model.keep
+    grey = figure2.is_grey(images, r.data.mean, r.data.std)
     title = (f"{r.model.name}, MAE at step {run.step}: mask ratio {r.mae.mask_ratio:g} "
-             f"({n - kept} of {n} patches removed), {split} images")
-    # the decoder predicts each patch's pattern, not its mean and contrast: say so
-    if r.mae.norm_pix_loss:
-        title += "\nremoved patches: the predicted pattern at the original patch's mean and std (norm_pix)"
+             f"({n - kept} of {n} patches removed), {split} images\n"
+             + figure2.caption(r.mae.norm_pix_loss, grey))
     figure7.save_figure(figure2.reconstruction_figure(tiles, title), out / RECONSTRUCTION)
     report.reconstruction = {"state": str(run.path), "step": run.step, "mask_ratio": r.mae.mask_ratio,
                              "removed_patches": n - kept, "patches": n, "data": r.data.source, "split": split,
-                             "images": len(images), "norm_pix_loss": r.mae.norm_pix_loss}
+                             "images": len(images), "norm_pix_loss": r.mae.norm_pix_loss,
+                             "grey": grey}
     report.written.append(str(out / RECONSTRUCTION))
 
 

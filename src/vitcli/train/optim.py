@@ -25,7 +25,12 @@ FUSED_ON_DTENSORS = ("adamw",)
 
 
 def no_decay_names(model: torch.nn.Module) -> set[str]:
-    """Names of parameters exempt from weight decay besides biases and norms (1-D tensors)."""
+    """Names of parameters exempt from weight decay besides biases and norms (1-D tensors). None for
+    a model that sets `decays_tokens` (MAE's pretraining network, models.mae.MaeModel): MAE's
+    main_pretrain.py groups with timm's add_weight_decay and no skip list, so its cls_token and
+    mask_token decay; its fixed position table is frozen, in no group."""
+    if getattr(model, "decays_tokens", False):
+        return set()
     names = set(getattr(model, "no_weight_decay", lambda: set())())
     names.update(n for n, _ in model.named_parameters() if any(k in n for k in _NO_DECAY_NAMES))
     return names

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from vitcli.data.augmentation import colour
-from vitcli.data.augmentation.augment import Normalise, Pixels, finish, resize_each
+from vitcli.data.augmentation.augment import Normalise, Pixels, finish, resample_uint8
 from vitcli.data.decoding import jpeg_region
 from vitcli.data.decoding.bad_images import Undecodable
 from vitcli.data.decoding.decode import SCALES, Encoded
@@ -205,17 +205,25 @@ def _square(x: torch.Tensor) -> Pixels:
     return Pixels(x, torch.full((len(x), 2), s, dtype=torch.int64), torch.zeros(len(x), dtype=torch.bool), s)
 
 
-def augment(x: torch.Tensor, d: dict[str, np.ndarray]) -> torch.Tensor:
-    """uint8 (N, 3, s, s) crops and their stacked draws (N rows of each Draws field) -> the same
-    tensor, each crop given its colour augmentation (colour.byol) where it draws any."""
-    hwc = x.permute(0, 2, 3, 1).numpy()  # (N, s, s, 3), a view
+def augment(hwc: np.ndarray, d: dict[str, np.ndarray]) -> None:
+    """Crops (N, s, s, 3) uint8 and their stacked draws (N rows of each Draws field): each crop given
+    its colour augmentation (colour.byol) in place, where it draws any."""
     touched = d["jitter"] | d["grey"] | d["blur"] | d["solarize"]
     for i in np.flatnonzero(touched):
-        out = colour.byol(np.ascontiguousarray(hwc[i]), d["factors"][i] if d["jitter"][i] else None,
-                          d["order"][i], bool(d["grey"][i]), float(d["sigma"][i]) if d["blur"][i] else None,
-                          bool(d["solarize"][i]))
-        hwc[i] = out
-    return x
+        hwc[i] = colour.byol(hwc[i], d["factors"][i] if d["jitter"][i] else None, d["order"][i],
+                             bool(d["grey"][i]), float(d["sigma"][i]) if d["blur"][i] else None,
+                             bool(d["solarize"][i]))
+
+
+def resized(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 crops (3, h_i, w_i) -> (N, size, size, 3) uint8, each resized (augment.resample_uint8,
+    bicubic: channels-last, the layout its kernel writes and PIL reads) and flipped where `flips`
+    says."""
+    out = torch.empty((len(crops), size, size, 3), dtype=torch.uint8)
+    for o, crop, flip in zip(out, crops, flips):
+        y = resample_uint8(crop[None], size, INTERPOLATION)[0]  # (3, size, size)
+        o.copy_((y.flip(-1) if flip else y).permute(1, 2, 0))
+    return out
 
 
 def _view_major(per_image: list[np.ndarray]) -> np.ndarray:
@@ -231,8 +239,9 @@ def _views(spec: MultiCrop, draws: list[Draws], crops: list[list[torch.Tensor]],
     flat = [crops[i][v] for v in picked for i in range(len(crops))]
     stacked = {f: _view_major([getattr(d, f)[which] for d in draws])
                for f in ("flips", "jitter", "factors", "order", "grey", "blur", "sigma", "solarize")}
-    x = resize_each(flat, stacked["flips"], size, INTERPOLATION)  # (V'B, 3, s, s)
-    return _square(augment(x, stacked))
+    x = resized(flat, stacked["flips"], size)  # (V'B, s, s, 3)
+    augment(x.numpy(), stacked)
+    return _square(x.permute(0, 3, 1, 2).contiguous())  # (V'B, 3, s, s)
 
 
 def _sizes(images: list) -> list[tuple[int, int]]:

@@ -38,7 +38,8 @@ def _hsv_tables() -> tuple[np.ndarray, np.ndarray]:
     square = every.view(np.uint8).reshape(4096, 4096, 4)[..., :3]  # every triple once
     tables = []
     for source, target in (("RGB", "HSV"), ("HSV", "RGB")):
-        converted = np.asarray(Image.fromarray(np.ascontiguousarray(square), source).convert(target))
+        image = Image.fromarray(np.ascontiguousarray(square), source)
+        converted = np.asarray(image.convert(target))
         tables.append(_packed(converted).reshape(-1))
     return tables[0], tables[1]
 
@@ -56,9 +57,11 @@ def adjust_hue(img: Image.Image, hue_factor: float) -> Image.Image:
     (_hsv_tables): 0.5 against 1.6-2.1 ms for PIL's conversions of a 224 px crop, which were the
     largest cost of the whole multi-crop input."""
     to_hsv, to_rgb = _hsv_tables()
-    pixels = np.frombuffer(img.tobytes("raw", "RGBX"), dtype=np.uint32) & 0xFFFFFF  # r | g << 8 | b << 16
+    # r | g << 8 | b << 16 (little-endian)
+    pixels = np.frombuffer(img.tobytes("raw", "RGBX"), dtype=np.uint32) & 0xFFFFFF
     hsv = to_hsv.take(pixels)  # h | s << 8 | v << 16
-    hsv.view(np.uint8)[::4] += np.int32(hue_factor * 255).astype(np.uint8)  # wraps, as torchvision's
+    # the hue byte, wrapping as torchvision's does
+    hsv.view(np.uint8)[::4] += np.int32(hue_factor * 255).astype(np.uint8)
     return Image.frombytes("RGB", img.size, to_rgb.take(hsv), "raw", "RGBX")
 
 
@@ -76,8 +79,8 @@ def jitter(img: Image.Image, factors: np.ndarray, order: np.ndarray) -> Image.Im
     return img
 
 
-def byol(crop: np.ndarray, factors: np.ndarray | None, order: np.ndarray, grey: bool, sigma: float | None,
-         solarize: bool) -> np.ndarray:
+def byol(crop: np.ndarray, factors: np.ndarray | None, order: np.ndarray, grey: bool,
+         sigma: float | None, solarize: bool) -> np.ndarray:
     """One crop (H, W, 3) uint8 through BYOL's colour augmentation as DINO's DataAugmentationDINO
     chains it -> (H, W, 3) uint8: the jitter (when `factors`), RandomGrayscale (PIL's convert("L")
     in each channel), GaussianBlur (when `sigma`: DINO's PIL ImageFilter.GaussianBlur(radius=

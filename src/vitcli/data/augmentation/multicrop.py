@@ -41,7 +41,8 @@ from vitcli.recipe.schema import DinoConfig
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default aspect range, both references'
 ATTEMPTS = 10  # torchvision's get_params tries ten boxes before its central fallback
 INTERPOLATION = "bicubic"  # both references' RandomResizedCrop(interpolation=BICUBIC)
-STREAM = 2  # the purpose of an image's multi-crop draws (sampler.micro_seed's purposes are per batch)
+# the purpose of an image's multi-crop draws (sampler.micro_seed's purposes are per micro-batch)
+STREAM = 2
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ def draw(spec: MultiCrop, size: tuple[int, int], rng: np.random.Generator) -> Dr
     flips = rng.random(v) < 0.5 if spec.hflip else np.zeros(v, bool)
     jitter = rng.random(v) < spec.jitter_prob
     strength = np.array(colour.JITTER)
-    low, high = np.r_[np.maximum(0, 1 - strength[:3]), -strength[3]], np.r_[1 + strength[:3], strength[3]]
+    low = np.r_[np.maximum(0, 1 - strength[:3]), -strength[3]]
+    high = np.r_[1 + strength[:3], strength[3]]
     factors = rng.uniform(low, high, (v, 4))  # ColorJitter.get_params's ranges
     order = rng.permuted(np.tile(np.arange(4), (v, 1)), axis=1)
     grey = rng.random(v) < spec.grayscale_prob
@@ -150,15 +152,17 @@ def draw(spec: MultiCrop, size: tuple[int, int], rng: np.random.Generator) -> Dr
     return Draws(boxes, flips, jitter, factors, order, grey, blur, sigma, solarize)
 
 
-def image_draws(spec: MultiCrop, sizes: list[tuple[int, int]], seed: int, first: int) -> list[Draws]:
+def image_draws(spec: MultiCrop, sizes: list[tuple[int, int]], seed: int,
+                first: int) -> list[Draws]:
     """The draws of images at run-wide indices first, first + 1, ...: each from its own generator
     keyed (seed, index, STREAM)."""
-    return [draw(spec, hw, np.random.default_rng([seed, first + i, STREAM])) for i, hw in enumerate(sizes)]
+    return [draw(spec, hw, np.random.default_rng([seed, first + i, STREAM]))
+            for i, hw in enumerate(sizes)]
 
 
 def _scale(box: np.ndarray, out: int) -> int:
-    """The largest of libjpeg's 1/k scalings at which the crop keeps `out` pixels a side (decode.py's
-    rule for one crop); 1 when none."""
+    """The largest of libjpeg's 1/k scalings at which the crop keeps `out` pixels a side
+    (decode.py's rule for one crop); 1 when none."""
     return next((k for k in SCALES if min(box[2], box[3]) >= out * k), 1)
 
 
@@ -196,18 +200,20 @@ class Views:
     def finish(self, device: torch.device,
                normalise: Normalise | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(globals float32 (2B, 3, S, S), locals float32 (nB, 3, s, s)), normalised on `device`."""
-        return finish(self.globals_, device, None, normalise), finish(self.locals_, device, None, normalise)
+        return (finish(self.globals_, device, None, normalise),
+                finish(self.locals_, device, None, normalise))
 
 
 def _square(x: torch.Tensor) -> Pixels:
     """uint8 (N, 3, s, s) -> Pixels that finish only normalises."""
     s = x.shape[-1]
-    return Pixels(x, torch.full((len(x), 2), s, dtype=torch.int64), torch.zeros(len(x), dtype=torch.bool), s)
+    sizes = torch.full((len(x), 2), s, dtype=torch.int64)
+    return Pixels(x, sizes, torch.zeros(len(x), dtype=torch.bool), s)
 
 
 def augment(hwc: np.ndarray, d: dict[str, np.ndarray]) -> None:
-    """Crops (N, s, s, 3) uint8 and their stacked draws (N rows of each Draws field): each crop given
-    its colour augmentation (colour.byol) in place, where it draws any."""
+    """Crops (N, s, s, 3) uint8 and their stacked draws (N rows of each Draws field): each crop
+    given its colour augmentation (colour.byol) in place, where it draws any."""
     touched = d["jitter"] | d["grey"] | d["blur"] | d["solarize"]
     for i in np.flatnonzero(touched):
         hwc[i] = colour.byol(hwc[i], d["factors"][i] if d["jitter"][i] else None, d["order"][i],
@@ -237,8 +243,8 @@ def _views(spec: MultiCrop, draws: list[Draws], crops: list[list[torch.Tensor]],
     """The crops `which` of every image, view-major, resized to `size`, flipped and augmented."""
     picked = range(spec.views)[which]
     flat = [crops[i][v] for v in picked for i in range(len(crops))]
-    stacked = {f: _view_major([getattr(d, f)[which] for d in draws])
-               for f in ("flips", "jitter", "factors", "order", "grey", "blur", "sigma", "solarize")}
+    fields = ("flips", "jitter", "factors", "order", "grey", "blur", "sigma", "solarize")
+    stacked = {f: _view_major([getattr(d, f)[which] for d in draws]) for f in fields}
     x = resized(flat, stacked["flips"], size)  # (V'B, s, s, 3)
     augment(x.numpy(), stacked)
     return _square(x.permute(0, 3, 1, 2).contiguous())  # (V'B, 3, s, s)
@@ -249,7 +255,8 @@ def _sizes(images: list) -> list[tuple[int, int]]:
     for i, img in enumerate(images):
         try:
             sizes.append(tuple(img.size))
-        except Exception as e:  # noqa: BLE001 - PIL's errors for unknown bytes: UnidentifiedImageError, OSError
+        # PIL's errors for unknown bytes: UnidentifiedImageError, OSError
+        except Exception as e:  # noqa: BLE001
             raise Undecodable(i, e) from None
     return sizes
 
@@ -263,7 +270,8 @@ def _transform(images: list, first: int, spec: MultiCrop, seed: int) -> Views:
     for i, (img, d) in enumerate(zip(images, draws)):
         try:
             crops.append(crops_of(img, d.boxes, outs))
-        except Exception as e:  # noqa: BLE001 - decoders fail on corrupt data as OSError, RuntimeError...
+        # decoders fail on corrupt data as OSError, RuntimeError...
+        except Exception as e:  # noqa: BLE001
             raise Undecodable(i, e) from None
     return Views(_views(spec, draws, crops, slice(0, 2), spec.global_size),
                  _views(spec, draws, crops, slice(2, None), spec.local_size))

@@ -29,11 +29,12 @@ THRESHOLD = 128  # RandomSolarize(threshold=128)
 
 
 @functools.cache
-def _hsv_tables() -> tuple[np.ndarray, np.ndarray]:
+def hue_tables() -> tuple[np.ndarray, np.ndarray]:
     """PIL's RGB -> HSV and HSV -> RGB conversions of every 8-bit triple, as (2^24,) uint32 tables
     indexed and valued by the triple's bytes packed little-endian (a | b << 8 | c << 16, what a
     4-byte pixel (a, b, c, 0) reads as): computed by PIL itself (one 4096 x 4096 image each way,
-    ~2 s and 128 MB once per process), so a lookup is its conversion, bit for bit."""
+    ~1-2 s and 128 MB once per process, shared by the loader workers it forks), so a lookup is its
+    conversion, bit for bit."""
     every = np.arange(1 << 24, dtype=np.uint32)
     square = every.view(np.uint8).reshape(4096, 4096, 4)[..., :3]  # every triple once
     tables = []
@@ -54,9 +55,9 @@ def _packed(a: np.ndarray) -> np.ndarray:
 def adjust_hue(img: Image.Image, hue_factor: float) -> Image.Image:
     """torchvision's adjust_hue of a PIL RGB image (PIL's 8-bit HSV, the hue plus int(hue_factor x
     255) wrapped mod 256, back to RGB), bit for bit, through two table lookups on its 4-byte pixels
-    (_hsv_tables): 0.5 against 1.6-2.1 ms for PIL's conversions of a 224 px crop, which were the
+    (hue_tables): 0.5 against 1.6-2.1 ms for PIL's conversions of a 224 px crop, which were the
     largest cost of the whole multi-crop input."""
-    to_hsv, to_rgb = _hsv_tables()
+    to_hsv, to_rgb = hue_tables()
     # r | g << 8 | b << 16 (little-endian)
     pixels = np.frombuffer(img.tobytes("raw", "RGBX"), dtype=np.uint32) & 0xFFFFFF
     hsv = to_hsv.take(pixels)  # h | s << 8 | v << 16

@@ -279,5 +279,8 @@ def _transform(images: list, first: int, spec: MultiCrop, seed: int) -> Views:
 
 def transform(spec: MultiCrop, seed: int):
     """transform(images, first) -> Views for the loader workers (picklable): `first` is the run-wide
-    index of the micro-batch's first image (sampler.first_sample), `seed` the run's."""
+    index of the micro-batch's first image (sampler.first_sample), `seed` the run's. The hue's
+    tables are built here, in the process that starts the workers: forked, they share its copy."""
+    if spec.jitter_prob > 0:
+        colour.hue_tables()
     return partial(_transform, spec=spec, seed=seed)

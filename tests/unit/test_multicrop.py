@@ -20,7 +20,9 @@ from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.data.batching import batches, streams
 from vitcli.data.decoding import jpeg_region
 from vitcli.data.decoding.decode import Decoded, Encoded
-from vitcli.recipe.schema import DataConfig, DinoConfig
+from vitcli.recipe.schema import DataConfig, DinoConfig, Recipe
+from vitcli.run import feed
+from vitcli.runtime.dist import Dist
 
 TINY = MultiCrop(global_size=32, local_crops=2, local_size=16)
 N = 16  # images in the tiny split
@@ -324,3 +326,18 @@ def test_multicrop_of_the_recipe_takes_the_dino_section_and_the_model_size():
     assert (spec.global_size, spec.local_crops, spec.local_size) == (160, 6, 80)
     assert spec.blur_prob == (1.0, 0.2, 0.4)
     assert MultiCrop.of(DinoConfig(), 224) == MultiCrop()
+
+
+def test_train_feed_passes_the_views_and_a_loader_worker_ships_them():
+    """run.feed.train_feed(..., views=) gives the multi-crop stream; its batches from a loader
+    worker (pickled Views, data.num_workers=1) equal those made in the process."""
+    def first(workers: int):
+        r = Recipe()
+        r.model.img_size, r.run.seed = 32, 4
+        r.data = DataConfig(num_workers=workers, cache_mb=0)
+        make = feed.train_feed(r, _jpeg_rows(), views=TINY)
+        return next(make(4, 1, Dist(0, 1, 0, torch.device("cpu"))))
+
+    ((g0, l0), y0), ((g1, l1), y1) = first(0), first(1)
+    assert g0.shape == (8, 3, 32, 32) and l0.shape == (8, 3, 16, 16)
+    assert torch.equal(g0, g1) and torch.equal(l0, l1) and torch.equal(y0, y1)

@@ -1,26 +1,25 @@
 """DINO's multi-crop input (Caron et al. 2021): per image, two global crops of model.img_size and
 `local_crops` local crops of local_crop_size, each a RandomResizedCrop (bicubic) and a flip, then
-BYOL's colour augmentation (colour.py), as DINO's and DINOv2's DataAugmentationDINO make them, for a
-whole micro-batch at once in the loader worker.
+BYOL's colour augmentation (colour.py), as DINO's and DINOv2's DataAugmentationDINO make them, for
+a whole micro-batch in the loader worker.
 
 Every draw of an image comes from (run seed, the image's index in the run: sampler.first_sample of
-its micro-batch + its row), never from its micro-batch: one process, accumulation and several ranks
-draw the same crops and colours for the image at a position of a global batch. The worker decodes
-each image once, only the region its crops cover and at the smallest scale they allow (the
-decoder's reduced-scale crop path), resizes each crop on uint8 and augments the batch on uint8;
-`Views.finish` normalises on the model's device.
+its micro-batch + its row), never from its micro-batch: one process, accumulation and several
+ranks draw the same crops and colours for the image at a position of a global batch. The worker
+decodes each image once, only the region its crops cover and at the smallest scale they allow (the
+decoder's reduced-scale crop path), resizes each crop on uint8 (torch's kernel) and gives it its
+colour ops; `Views.finish` normalises the batch on the model's device.
 
-Departures from the references (dinov2/data/augmentations.py, DINO's main_dino.py), named:
+Departures from the references (DINO's main_dino.py, dinov2/data/augmentations.py), named:
 - The box sampler is torchvision's RandomResizedCrop.get_params transliterated to numpy, all ten
-  attempts of all crops drawn at once (the same distribution, other numbers: TF-style vectorising,
-  as augment.inception_boxes does); the resize is torch's antialiased bicubic on uint8 (within a
-  level or two of PIL's, which the references run).
-- Gaussian blur: dinov2's (torchvision's gaussian_blur, 9 taps, sigma ~ U(0.1, 2)) with the
-  probabilities the recipe gives (DINO's 1.0 / 0.1 / 0.5). DINO's main_dino.py blurs with PIL's
-  ImageFilter.GaussianBlur(radius=sigma) (an extended box blur, no 9-tap cut); dinov2's GaussianBlur
-  passes 1 - p to RandomApply, which applies with p, so it never blurs the first global crop and
-  blurs the second with 0.9 (dinov2 #411, dinov3 #286): we blur as the probabilities say.
-- Colour ops per colour.py (torchvision's tensor ops; PIL's grey and solarise).
+  attempts of all crops drawn at once (the same distribution, other numbers, as
+  augment.inception_boxes vectorises TF's); the resize is torch's antialiased bicubic on uint8
+  (within 2 levels of PIL's, which the references run).
+- The colour ops are the references' own PIL ops, bit for bit (colour.py), with DINO's blur (PIL's
+  ImageFilter.GaussianBlur(radius=sigma)). DINOv2 blurs with torchvision's 9-tap Gaussian instead,
+  and its GaussianBlur passes 1 - p to RandomApply, which applies with p: it never blurs the first
+  global crop and blurs the second with 0.9 (dinov2 #411, dinov3 #286). The blur here is applied
+  with the probabilities the recipe gives (DINO's 1.0 / 0.1 / 0.5).
 """
 
 from __future__ import annotations

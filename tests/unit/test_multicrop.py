@@ -20,7 +20,8 @@ from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.data.batching import batches, streams
 from vitcli.data.decoding import jpeg_region
 from vitcli.data.decoding.decode import Decoded, Encoded
-from vitcli.recipe.schema import DataConfig, DinoConfig, Recipe
+from vitcli.data.rows.synthetic import make_synthetic
+from vitcli.recipe.schema import DataConfig, DinoConfig, Recipe, SyntheticConfig
 from vitcli.run import feed
 from vitcli.runtime.dist import Dist
 
@@ -341,3 +342,13 @@ def test_train_feed_passes_the_views_and_a_loader_worker_ships_them():
     ((g0, l0), y0), ((g1, l1), y1) = first(0), first(1)
     assert g0.shape == (8, 3, 32, 32) and l0.shape == (8, 3, 16, 16)
     assert torch.equal(g0, g1) and torch.equal(l0, l1) and torch.equal(y0, y1)
+
+
+def test_a_multicrop_stream_on_the_built_in_synthetic_data():
+    """The built-in data (32 px PNGs): views of 32 and 16 px, normalised, labels as the split's."""
+    ds = make_synthetic(SyntheticConfig(train_size=16, val_size=4, test_size=4), "train")
+    stream = _mapped(ds, 8)
+    (g, loc), y = next(stream)
+    assert g.shape == (16, 3, 32, 32) and loc.shape == (16, 3, 16, 16) and y.shape == (8,)
+    assert -1.0 <= float(g.min()) < float(g.max()) <= 1.0 and g.std() > 0.1
+    assert set(y.tolist()) <= set(ds["label"])

@@ -5,7 +5,8 @@ solarisation. multicrop.py draws the arguments per image and runs this in the lo
 resized crop.
 
 The references' own ops on the crop's PIL image, bit for bit (tests/unit/test_multicrop.py), but
-the hue, which gives PIL's result through two tables instead of PIL's HSV conversions (4x faster).
+the hue, which gives PIL's result through two tables instead of PIL's HSV conversions (3-4x
+faster).
 Not batched on tensors as the rest of the pipeline is, because that measured slower on a CPU core
 (the loader's bottleneck): torchvision's tensor adjust_* transliterated for a batch with a factor
 per image cost 95-125 ns a pixel, 14 ms for an image's ten crops, against ~10 ns a pixel for PIL's

@@ -12,10 +12,11 @@ a temporary directory, made afresh by every run (no data is committed).
   loader_224_deit  ours and timm's with DeiT's per-image augmentation on both sides (RandAugment
                    rand-m9-mstd0.5-inc1, random erasing 0.25 pixel)
   multicrop        DINO's input, images/s per core: our multi-crop stream (train_batches with
-                   views=MultiCrop(): 2 x 224 + 8 x 96 crops, BYOL's colour augmentation, normalised)
-                   against dinov2's DataAugmentationDINO on each PIL image (decode, the transform with
-                   its ToTensor and Normalize, the crops stacked as its collate stacks them), as its
-                   DataLoader worker runs it; ratio_vs_reference = ours / dinov2's (the goal: 2.5)
+                   views=MultiCrop(): 2 x 224 + 8 x 96 crops, BYOL's colour augmentation,
+                   normalised) against dinov2's DataAugmentationDINO on each PIL image (decode,
+                   the transform with its ToTensor and Normalize, the crops stacked as its collate
+                   stacks them), as its DataLoader worker runs it; ratio_vs_reference = ours /
+                   dinov2's (the goal: 2.5)
 
 These are in-process figures of the loaders alone, timed in turns. What a user runs, `vit pretrain` as a
 command against timm's own train.py on an ImageNet-shaped folder, is bench/rehearse.py's (make rehearse;
@@ -146,8 +147,8 @@ def _ours_multicrop(root: Path, batch: int):
 
 
 def _dinov2(files: list[Path], batch: int):
-    """dinov2's DataAugmentationDINO (DINO's scales and crop counts) on each PIL image, the crops stacked
-    as its collate_data_and_masks stacks them: what one of its DataLoader workers does."""
+    """dinov2's DataAugmentationDINO (DINO's scales and crop counts) on each PIL image, the crops
+    stacked as its collate_data_and_masks stacks them: what one of its DataLoader workers does."""
     logging.getLogger("dinov2").setLevel(logging.WARNING)  # it logs its parameters at INFO
     from dinov2.data.augmentations import DataAugmentationDINO
 
@@ -160,12 +161,13 @@ def _dinov2(files: list[Path], batch: int):
 
 
 def multicrop_rates(root: Path, n_batches: int, batch: int = 32) -> dict:
-    """Images/s per core (one thread, no workers) of DINO's multi-crop input: ours against dinov2's."""
+    """Images/s per core (one thread, no workers) of DINO's multi-crop input: ours against
+    dinov2's."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out = _rates([("ours", _ours_multicrop(root, batch)), ("dinov2", _dinov2(_files(root), batch))],
-                     n_batches, batch)
+        makers = [("ours", _ours_multicrop(root, batch)), ("dinov2", _dinov2(_files(root), batch))]
+        out = _rates(makers, n_batches, batch)
     finally:
         torch.set_num_threads(threads)
     return {"ours_img_s": out["ours"], "reference_img_s": out["dinov2"],

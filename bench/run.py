@@ -37,7 +37,8 @@ optimizer (AdamW, MAE's betas and decay) built for each as its run builds it; ea
 mae_img_s / supervised_img_s = `ratio`; flop_ratio is models.flops's supervised over MAE FLOPs per image,
 the most the ratio can be if both ran their FLOPs equally fast, and of_flop_bound the share of it reached
 The precision is what run.precision=auto chooses on this machine. `input` holds bench/input.py's numbers (real
-JPEG photographs: our loader per core against timm's and torchvision's, in-process), `rehearsal`
+JPEG photographs: our loader per core against timm's and torchvision's, and DINO's multi-crop
+input against dinov2's DataAugmentationDINO, in-process), `rehearsal`
 bench/rehearse.py's (`vit pretrain` against timm's own train.py, both as commands in their own processes on an
 ImageNet-shaped folder of 1,000 x 64 hard links; timm's side only with --timm-train), `transfer`
 bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction), `preflight`

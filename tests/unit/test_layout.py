@@ -41,7 +41,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # copies); then what batches them
     ("data.decoding", ["bad_images", "jpeg_region", "decode", "image_cache"]),
     ("data.augmentation", ["pillow_ops", "randaugment", "three_augment", "erasing", "mixing", "augmentations",
-                           "augment", "colour", "multicrop", "transforms"]),
+                           "augment", "transforms", "colour", "multicrop"]),
     ("data.rows", ["synthetic", "tasks", "imagenet", "folder_listing", "folder_index", "tar_shards",
                    "holdout", "reader",
                    "reader_synthetic", "reader_hub", "reader_saved", "reader_files", "reader_folder",

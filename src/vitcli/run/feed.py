@@ -69,8 +69,8 @@ def train_feed(r: Recipe, train_ds, num_classes: int = 0, views: MultiCrop | Non
 
     def streamed(micro: int, accum: int, dist: Dist):
         stream = streams.stream_train_batches(train_ds, r.data, r.model.img_size, micro, r.run.seed, 0,
-                                              dist.rank, dist.world_size, accum=accum, device=dist.device,
-                                              views=views)
+                                              dist.rank, dist.world_size, accum=accum,
+                                              device=dist.device, views=views)
         return LabelChecked(stream, r, num_classes)
 
     return streamed if r.data.streaming else mapped

@@ -2,5 +2,5 @@
 argument per image), randaugment.py, three_augment.py, erasing.py and mixing.py (the augmentation
 ops: drawn on the host, applied batched wherever the pixels are), augmentations.py (the recipe's
 augmentation: drawn per micro-batch, applied in order), augment.py (crop boxes, the batched resize,
-flip, scaling), colour.py and multicrop.py (DINO's multi-crop views and BYOL's colour augmentation)
-and transforms.py (what the loader workers do)."""
+flip, scaling) and transforms.py (what the loader workers do); DINO's multi-crop views, drawn per
+image (multicrop.py), with BYOL's colour ops on each crop (colour.py)."""

@@ -5,7 +5,8 @@ solarisation. multicrop.py draws the arguments per image and runs this in the lo
 resized crop.
 
 The references' own ops on the crop's PIL image, bit for bit (tests/unit/test_multicrop.py), but
-the hue, which gives PIL's result through two tables instead of PIL's HSV conversions (4x faster).
+the hue, which gives PIL's result through two tables instead of PIL's HSV conversions (3-4x
+faster).
 Not batched on tensors as the rest of the pipeline is, because that measured slower on a CPU core
 (the loader's bottleneck): torchvision's tensor adjust_* transliterated for a batch with a factor
 per image cost 95-125 ns a pixel, 14 ms for an image's ten crops, against ~10 ns a pixel for PIL's
@@ -29,16 +30,18 @@ THRESHOLD = 128  # RandomSolarize(threshold=128)
 
 
 @functools.cache
-def _hsv_tables() -> tuple[np.ndarray, np.ndarray]:
+def hue_tables() -> tuple[np.ndarray, np.ndarray]:
     """PIL's RGB -> HSV and HSV -> RGB conversions of every 8-bit triple, as (2^24,) uint32 tables
     indexed and valued by the triple's bytes packed little-endian (a | b << 8 | c << 16, what a
     4-byte pixel (a, b, c, 0) reads as): computed by PIL itself (one 4096 x 4096 image each way,
-    ~2 s and 128 MB once per process), so a lookup is its conversion, bit for bit."""
+    ~1-2 s and 128 MB once per process, shared by the loader workers it forks), so a lookup is its
+    conversion, bit for bit."""
     every = np.arange(1 << 24, dtype=np.uint32)
     square = every.view(np.uint8).reshape(4096, 4096, 4)[..., :3]  # every triple once
     tables = []
     for source, target in (("RGB", "HSV"), ("HSV", "RGB")):
-        converted = np.asarray(Image.fromarray(np.ascontiguousarray(square), source).convert(target))
+        image = Image.fromarray(np.ascontiguousarray(square), source)
+        converted = np.asarray(image.convert(target))
         tables.append(_packed(converted).reshape(-1))
     return tables[0], tables[1]
 
@@ -53,12 +56,14 @@ def _packed(a: np.ndarray) -> np.ndarray:
 def adjust_hue(img: Image.Image, hue_factor: float) -> Image.Image:
     """torchvision's adjust_hue of a PIL RGB image (PIL's 8-bit HSV, the hue plus int(hue_factor x
     255) wrapped mod 256, back to RGB), bit for bit, through two table lookups on its 4-byte pixels
-    (_hsv_tables): 0.5 against 1.6-2.1 ms for PIL's conversions of a 224 px crop, which were the
+    (hue_tables): 0.5 against 1.6-2.1 ms for PIL's conversions of a 224 px crop, which were the
     largest cost of the whole multi-crop input."""
-    to_hsv, to_rgb = _hsv_tables()
-    pixels = np.frombuffer(img.tobytes("raw", "RGBX"), dtype=np.uint32) & 0xFFFFFF  # r | g << 8 | b << 16
+    to_hsv, to_rgb = hue_tables()
+    # r | g << 8 | b << 16 (little-endian)
+    pixels = np.frombuffer(img.tobytes("raw", "RGBX"), dtype=np.uint32) & 0xFFFFFF
     hsv = to_hsv.take(pixels)  # h | s << 8 | v << 16
-    hsv.view(np.uint8)[::4] += np.int32(hue_factor * 255).astype(np.uint8)  # wraps, as torchvision's
+    # the hue byte, wrapping as torchvision's does
+    hsv.view(np.uint8)[::4] += np.int32(hue_factor * 255).astype(np.uint8)
     return Image.frombytes("RGB", img.size, to_rgb.take(hsv), "raw", "RGBX")
 
 
@@ -76,8 +81,8 @@ def jitter(img: Image.Image, factors: np.ndarray, order: np.ndarray) -> Image.Im
     return img
 
 
-def byol(crop: np.ndarray, factors: np.ndarray | None, order: np.ndarray, grey: bool, sigma: float | None,
-         solarize: bool) -> np.ndarray:
+def byol(crop: np.ndarray, factors: np.ndarray | None, order: np.ndarray, grey: bool,
+         sigma: float | None, solarize: bool) -> np.ndarray:
     """One crop (H, W, 3) uint8 through BYOL's colour augmentation as DINO's DataAugmentationDINO
     chains it -> (H, W, 3) uint8: the jitter (when `factors`), RandomGrayscale (PIL's convert("L")
     in each channel), GaussianBlur (when `sigma`: DINO's PIL ImageFilter.GaussianBlur(radius=

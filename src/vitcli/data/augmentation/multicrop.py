@@ -1,26 +1,25 @@
 """DINO's multi-crop input (Caron et al. 2021): per image, two global crops of model.img_size and
 `local_crops` local crops of local_crop_size, each a RandomResizedCrop (bicubic) and a flip, then
-BYOL's colour augmentation (colour.py), as DINO's and DINOv2's DataAugmentationDINO make them, for a
-whole micro-batch at once in the loader worker.
+BYOL's colour augmentation (colour.py), as DINO's and DINOv2's DataAugmentationDINO make them, for
+a whole micro-batch in the loader worker.
 
 Every draw of an image comes from (run seed, the image's index in the run: sampler.first_sample of
-its micro-batch + its row), never from its micro-batch: one process, accumulation and several ranks
-draw the same crops and colours for the image at a position of a global batch. The worker decodes
-each image once, only the region its crops cover and at the smallest scale they allow (the
-decoder's reduced-scale crop path), resizes each crop on uint8 and augments the batch on uint8;
-`Views.finish` normalises on the model's device.
+its micro-batch + its row), never from its micro-batch: one process, accumulation and several
+ranks draw the same crops and colours for the image at a position of a global batch. The worker
+decodes each image once, only the region its crops cover and at the smallest scale they allow (the
+decoder's reduced-scale crop path), resizes each crop on uint8 (torch's kernel) and gives it its
+colour ops; `Views.finish` normalises the batch on the model's device.
 
-Departures from the references (dinov2/data/augmentations.py, DINO's main_dino.py), named:
+Departures from the references (DINO's main_dino.py, dinov2/data/augmentations.py), named:
 - The box sampler is torchvision's RandomResizedCrop.get_params transliterated to numpy, all ten
-  attempts of all crops drawn at once (the same distribution, other numbers: TF-style vectorising,
-  as augment.inception_boxes does); the resize is torch's antialiased bicubic on uint8 (within a
-  level or two of PIL's, which the references run).
-- Gaussian blur: dinov2's (torchvision's gaussian_blur, 9 taps, sigma ~ U(0.1, 2)) with the
-  probabilities the recipe gives (DINO's 1.0 / 0.1 / 0.5). DINO's main_dino.py blurs with PIL's
-  ImageFilter.GaussianBlur(radius=sigma) (an extended box blur, no 9-tap cut); dinov2's GaussianBlur
-  passes 1 - p to RandomApply, which applies with p, so it never blurs the first global crop and
-  blurs the second with 0.9 (dinov2 #411, dinov3 #286): we blur as the probabilities say.
-- Colour ops per colour.py (torchvision's tensor ops; PIL's grey and solarise).
+  attempts of all crops drawn at once (the same distribution, other numbers, as
+  augment.inception_boxes vectorises TF's); the resize is torch's antialiased bicubic on uint8
+  (within 2 levels of PIL's, which the references run).
+- The colour ops are the references' own PIL ops, bit for bit (colour.py), with DINO's blur (PIL's
+  ImageFilter.GaussianBlur(radius=sigma)). DINOv2 blurs with torchvision's 9-tap Gaussian instead,
+  and its GaussianBlur passes 1 - p to RandomApply, which applies with p: it never blurs the first
+  global crop and blurs the second with 0.9 (dinov2 #411, dinov3 #286). The blur here is applied
+  with the probabilities the recipe gives (DINO's 1.0 / 0.1 / 0.5).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 from vitcli.data.augmentation import colour
-from vitcli.data.augmentation.augment import Normalise, Pixels, finish, resize_each
+from vitcli.data.augmentation.augment import Normalise, Pixels, finish, resample_uint8
 from vitcli.data.decoding import jpeg_region
 from vitcli.data.decoding.bad_images import Undecodable
 from vitcli.data.decoding.decode import SCALES, Encoded
@@ -41,7 +40,8 @@ from vitcli.recipe.schema import DinoConfig
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's default aspect range, both references'
 ATTEMPTS = 10  # torchvision's get_params tries ten boxes before its central fallback
 INTERPOLATION = "bicubic"  # both references' RandomResizedCrop(interpolation=BICUBIC)
-STREAM = 2  # the purpose of an image's multi-crop draws (sampler.micro_seed's purposes are per batch)
+# the purpose of an image's multi-crop draws (sampler.micro_seed's purposes are per micro-batch)
+STREAM = 2
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,8 @@ def draw(spec: MultiCrop, size: tuple[int, int], rng: np.random.Generator) -> Dr
     flips = rng.random(v) < 0.5 if spec.hflip else np.zeros(v, bool)
     jitter = rng.random(v) < spec.jitter_prob
     strength = np.array(colour.JITTER)
-    low, high = np.r_[np.maximum(0, 1 - strength[:3]), -strength[3]], np.r_[1 + strength[:3], strength[3]]
+    low = np.r_[np.maximum(0, 1 - strength[:3]), -strength[3]]
+    high = np.r_[1 + strength[:3], strength[3]]
     factors = rng.uniform(low, high, (v, 4))  # ColorJitter.get_params's ranges
     order = rng.permuted(np.tile(np.arange(4), (v, 1)), axis=1)
     grey = rng.random(v) < spec.grayscale_prob
@@ -150,15 +151,17 @@ def draw(spec: MultiCrop, size: tuple[int, int], rng: np.random.Generator) -> Dr
     return Draws(boxes, flips, jitter, factors, order, grey, blur, sigma, solarize)
 
 
-def image_draws(spec: MultiCrop, sizes: list[tuple[int, int]], seed: int, first: int) -> list[Draws]:
+def image_draws(spec: MultiCrop, sizes: list[tuple[int, int]], seed: int,
+                first: int) -> list[Draws]:
     """The draws of images at run-wide indices first, first + 1, ...: each from its own generator
     keyed (seed, index, STREAM)."""
-    return [draw(spec, hw, np.random.default_rng([seed, first + i, STREAM])) for i, hw in enumerate(sizes)]
+    return [draw(spec, hw, np.random.default_rng([seed, first + i, STREAM]))
+            for i, hw in enumerate(sizes)]
 
 
 def _scale(box: np.ndarray, out: int) -> int:
-    """The largest of libjpeg's 1/k scalings at which the crop keeps `out` pixels a side (decode.py's
-    rule for one crop); 1 when none."""
+    """The largest of libjpeg's 1/k scalings at which the crop keeps `out` pixels a side
+    (decode.py's rule for one crop); 1 when none."""
     return next((k for k in SCALES if min(box[2], box[3]) >= out * k), 1)
 
 
@@ -196,26 +199,36 @@ class Views:
     def finish(self, device: torch.device,
                normalise: Normalise | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(globals float32 (2B, 3, S, S), locals float32 (nB, 3, s, s)), normalised on `device`."""
-        return finish(self.globals_, device, None, normalise), finish(self.locals_, device, None, normalise)
+        return (finish(self.globals_, device, None, normalise),
+                finish(self.locals_, device, None, normalise))
 
 
 def _square(x: torch.Tensor) -> Pixels:
     """uint8 (N, 3, s, s) -> Pixels that finish only normalises."""
     s = x.shape[-1]
-    return Pixels(x, torch.full((len(x), 2), s, dtype=torch.int64), torch.zeros(len(x), dtype=torch.bool), s)
+    sizes = torch.full((len(x), 2), s, dtype=torch.int64)
+    return Pixels(x, sizes, torch.zeros(len(x), dtype=torch.bool), s)
 
 
-def augment(x: torch.Tensor, d: dict[str, np.ndarray]) -> torch.Tensor:
-    """uint8 (N, 3, s, s) crops and their stacked draws (N rows of each Draws field) -> the same
-    tensor, each crop given its colour augmentation (colour.byol) where it draws any."""
-    hwc = x.permute(0, 2, 3, 1).numpy()  # (N, s, s, 3), a view
+def augment(hwc: np.ndarray, d: dict[str, np.ndarray]) -> None:
+    """Crops (N, s, s, 3) uint8 and their stacked draws (N rows of each Draws field): each crop
+    given its colour augmentation (colour.byol) in place, where it draws any."""
     touched = d["jitter"] | d["grey"] | d["blur"] | d["solarize"]
     for i in np.flatnonzero(touched):
-        out = colour.byol(np.ascontiguousarray(hwc[i]), d["factors"][i] if d["jitter"][i] else None,
-                          d["order"][i], bool(d["grey"][i]), float(d["sigma"][i]) if d["blur"][i] else None,
-                          bool(d["solarize"][i]))
-        hwc[i] = out
-    return x
+        hwc[i] = colour.byol(hwc[i], d["factors"][i] if d["jitter"][i] else None, d["order"][i],
+                             bool(d["grey"][i]), float(d["sigma"][i]) if d["blur"][i] else None,
+                             bool(d["solarize"][i]))
+
+
+def resized(crops: list[torch.Tensor], flips: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 crops (3, h_i, w_i) -> (N, size, size, 3) uint8, each resized (augment.resample_uint8,
+    bicubic: channels-last, the layout its kernel writes and PIL reads) and flipped where `flips`
+    says."""
+    out = torch.empty((len(crops), size, size, 3), dtype=torch.uint8)
+    for o, crop, flip in zip(out, crops, flips):
+        y = resample_uint8(crop[None], size, INTERPOLATION)[0]  # (3, size, size)
+        o.copy_((y.flip(-1) if flip else y).permute(1, 2, 0))
+    return out
 
 
 def _view_major(per_image: list[np.ndarray]) -> np.ndarray:
@@ -229,10 +242,11 @@ def _views(spec: MultiCrop, draws: list[Draws], crops: list[list[torch.Tensor]],
     """The crops `which` of every image, view-major, resized to `size`, flipped and augmented."""
     picked = range(spec.views)[which]
     flat = [crops[i][v] for v in picked for i in range(len(crops))]
-    stacked = {f: _view_major([getattr(d, f)[which] for d in draws])
-               for f in ("flips", "jitter", "factors", "order", "grey", "blur", "sigma", "solarize")}
-    x = resize_each(flat, stacked["flips"], size, INTERPOLATION)  # (V'B, 3, s, s)
-    return _square(augment(x, stacked))
+    fields = ("flips", "jitter", "factors", "order", "grey", "blur", "sigma", "solarize")
+    stacked = {f: _view_major([getattr(d, f)[which] for d in draws]) for f in fields}
+    x = resized(flat, stacked["flips"], size)  # (V'B, s, s, 3)
+    augment(x.numpy(), stacked)
+    return _square(x.permute(0, 3, 1, 2).contiguous())  # (V'B, 3, s, s)
 
 
 def _sizes(images: list) -> list[tuple[int, int]]:
@@ -240,7 +254,8 @@ def _sizes(images: list) -> list[tuple[int, int]]:
     for i, img in enumerate(images):
         try:
             sizes.append(tuple(img.size))
-        except Exception as e:  # noqa: BLE001 - PIL's errors for unknown bytes: UnidentifiedImageError, OSError
+        # PIL's errors for unknown bytes: UnidentifiedImageError, OSError
+        except Exception as e:  # noqa: BLE001
             raise Undecodable(i, e) from None
     return sizes
 
@@ -254,7 +269,8 @@ def _transform(images: list, first: int, spec: MultiCrop, seed: int) -> Views:
     for i, (img, d) in enumerate(zip(images, draws)):
         try:
             crops.append(crops_of(img, d.boxes, outs))
-        except Exception as e:  # noqa: BLE001 - decoders fail on corrupt data as OSError, RuntimeError...
+        # decoders fail on corrupt data as OSError, RuntimeError...
+        except Exception as e:  # noqa: BLE001
             raise Undecodable(i, e) from None
     return Views(_views(spec, draws, crops, slice(0, 2), spec.global_size),
                  _views(spec, draws, crops, slice(2, None), spec.local_size))
@@ -262,5 +278,8 @@ def _transform(images: list, first: int, spec: MultiCrop, seed: int) -> Views:
 
 def transform(spec: MultiCrop, seed: int):
     """transform(images, first) -> Views for the loader workers (picklable): `first` is the run-wide
-    index of the micro-batch's first image (sampler.first_sample), `seed` the run's."""
+    index of the micro-batch's first image (sampler.first_sample), `seed` the run's. The hue's
+    tables are built here, in the process that starts the workers: forked, they share its copy."""
+    if spec.jitter_prob > 0:
+        colour.hue_tables()
     return partial(_transform, spec=spec, seed=seed)

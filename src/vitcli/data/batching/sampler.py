@@ -46,7 +46,8 @@ def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int,
         e, b = divmod(step, per_epoch)
         if e != epoch:
             epoch, order = e, permute(seed, e, n)
-        draws = first_sample(step, j, micro, global_batch) if by_sample else micro_seed(seed, step, j)
+        draws = (first_sample(step, j, micro, global_batch) if by_sample
+                 else micro_seed(seed, step, j))
         yield draws, step_rows(order, b, j, micro, accum * world_size, repeats)
 
 

@@ -120,7 +120,8 @@ def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[
         rows = [(ex[cfg.image_column], int(ex[label]) if label else 0) for ex, _ in chunk]
         positions.append(_position(k + 1, chunk[-1][1]))
         step, j = micro_batch(k, accum, rank)
-        yield k, first_sample(step, j, batch, by_sample) if by_sample else micro_seed(seed, step, j), rows
+        draws = first_sample(step, j, batch, by_sample) if by_sample else micro_seed(seed, step, j)
+        yield k, draws, rows
         k += 1
 
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -30,8 +31,8 @@ from vitcli.train.optim import build_optimizer
 CLASSES = 1000
 # (model overrides, batch, turns): ViT-S/16 at 224 with DINO's 2 x 224 + 8 x 96 crops, the paper's
 SIZES = {"vit_s16_224": (["model.name=ViT-S/16"], 8, 3)}
-QUICK = (["model.name=custom", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
-          "model.num_heads=2", "model.mlp_dim=64", "dino.out_dim=256", "dino.hidden_dim=64",
+QUICK = (["model.name=custom", "model.img_size=32", "model.patch_size=8", "model.embed_dim=32",
+          "model.depth=1", "model.num_heads=2", "model.mlp_dim=64", "dino.out_dim=256", "dino.hidden_dim=64",
           "dino.bottleneck_dim=32", "dino.local_crop_size=16"], 4, 1)
 
 
@@ -41,7 +42,8 @@ def recipe(objective: str, model: list[str], precision: str):
     the global norm where DINO clips each parameter's (dino.clip_grad)."""
     return resolve("pretrain", None, [
         f"objective={objective}", "model.pool=token", *model, "optim.name=adamw", "optim.weight_decay=0.04",
-        f"optim.clip_grad_norm={0 if objective == 'dino' else 3.0}", f"run.precision={precision}", "run.compile=false", "data.label_column=label",
+        f"optim.clip_grad_norm={0 if objective == 'dino' else 3.0}", f"run.precision={precision}",
+        "run.compile=false", "data.label_column=label",
         "schedule.steps=100", "schedule.warmup_steps=10", "model.drop_path=0.1"], inputs=False)
 
 
@@ -101,7 +103,7 @@ def main() -> None:
     a = p.parse_args()
     text = json.dumps(measure(a.quick), indent=2)
     if a.out:
-        open(a.out, "w").write(text)
+        Path(a.out).write_text(text)
     else:
         sys.stdout.write(text + "\n")
 

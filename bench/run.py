@@ -164,6 +164,9 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     # an MAE step at mask ratio 0.75 at least 2.5x the images/s of a supervised one at ViT-L/16 (issue 37;
     # the paper's Table 2c: 2.8x for ViT-L on accelerators); at ViT-B/16 the FLOPs allow 1.8x only
     "mae_vs_supervised_vit_l16_224": (("mae", "vit_l16_224", "ratio"), 2.5),
+    # bench/dino.py: a DINO step (2 x 224 + 8 x 96 crops, the teacher's forward) at least 0.85x the FLOP rate
+    # of a supervised step of the same ViT-S/16 (issue 45)
+    "dino_step_flop_rate_vit_s16_224": (("dino", "vit_s16_224", "flop_rate_ratio"), 0.85),
     # bench/transfer.py: every frozen-feature protocol on one cached pass at most 10% of the extraction
     "transfer_protocols_vit_b16_vtab1k": (("transfer", "extraction_share"), 1 / 1.1),
     # `--preflight`'s ETA within 15% of the run's wall-clock time and its peak memory within 10% of the run's
@@ -661,6 +664,11 @@ def main() -> None:
         results["input"] = json.loads(Path(f.name).read_text())
     progress("vit pretrain vs timm's train.py, as commands (bench/rehearse.py)")
     results["rehearsal"] = rehearsal(a.quick, a.timm_train)
+    progress("a DINO step against a supervised one, in turns (bench/dino.py)")
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(Path(__file__).with_name("dino.py")), "--out", f.name]
+        subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
+        results["dino"] = json.loads(Path(f.name).read_text())
     progress("frozen-feature protocols vs the extraction (bench/transfer.py)")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, str(Path(__file__).with_name("transfer.py")), "--out", f.name]

@@ -40,6 +40,8 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     assert set(results["models"]["vit_ti16_224"]["ema"]) == {"step_s", "update_s", "cost", "step_share"}
     for name in ("vit_l16_224", "vit_b16_224"):  # an MAE step against a supervised one of the same ViT
         assert MAE_KEYS <= set(results["mae"][name]), MAE_KEYS - set(results["mae"][name])
+    dino = results["dino"]["quick"]  # a DINO step against a supervised one (bench/dino.py)
+    assert {"dino_gflop_s", "supervised_gflop_s", "flop_rate_ratio", "flop_ratio"} <= set(dino), sorted(dino)
     assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
     assert set(results["preflight"]) == {"pretrain", "finetune"}  # `--preflight` against the runs
     for run in results["preflight"].values():

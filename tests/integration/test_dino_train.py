@@ -154,6 +154,9 @@ def test_a_teacher_that_collapses_to_uniform_stops_the_run_in_one_line(tmp_path,
     (["dino.teacher_temp=0"], "dino.teacher_temp must be positive"),
     (["optim.weight_decay=0", "optim.weight_decay_end=0.4"], "needs optim.weight_decay > 0"),
     (["model.name=BiT-R50x1"], "objective: dino needs a plain ViT"),
+    (["data.randaugment=rand-m9-mstd0.5"], "data.randaugment: objective: dino augments its crops"),
+    (["data.hflip=false"], "data.hflip=false: objective: dino"),
+    (["data.mixup_alpha=0.8"], "objective: dino has none"),
 ])
 def test_impossible_dino_recipes_are_refused(extra, fragment):
     with pytest.raises(RecipeError, match=fragment.replace("[", r"\[")):

@@ -93,6 +93,12 @@ def _dino(recipe: Recipe, patches: int) -> None:
     if len(d.blur_prob) != 3 or not all(0 <= p <= 1 for p in d.blur_prob):
         raise RecipeError(f"dino.blur_prob={d.blur_prob} must be three probabilities: the first global crop, "
                           "the second, each local crop (DINO: [1.0, 0.1, 0.5])")
+    ignored = [key for key, on in (("data.randaugment", r.data.randaugment), ("data.three_augment",
+               r.data.three_augment), ("data.erasing", r.data.erasing), ("data.color_jitter",
+               r.data.color_jitter), ("data.hflip=false", not r.data.hflip)) if on]
+    if ignored:  # data.augmentation.multicrop makes every view
+        raise RecipeError(f"{ignored[0]}: objective: dino augments its crops as DINO does (the dino "
+                          "section: crops, flips, BYOL's colour ops); unset it")
     if d.koleo_weight and r.data.batch_size % d.koleo_group:
         raise RecipeError(f"dino.koleo_group={d.koleo_group} must divide data.batch_size="
                           f"{r.data.batch_size}: KoLeo's neighbours are sought within whole groups")

@@ -81,6 +81,22 @@ def test_the_exported_file_is_the_teachers_vit_and_its_terms_are_logged(pretrain
     assert results["train/flops_per_img"] > 0
 
 
+def test_the_teacher_fine_tunes_and_scores_frozen(pretrained, tmp_path, monkeypatch, capsys):
+    """What a user does next with a DINO run: fine-tune its teacher, and score it frozen (kNN)."""
+    workdir, _ = pretrained
+    small = ["data.synthetic.train_size=64", "data.synthetic.val_size=32", "data.synthetic.test_size=32",
+             "data.num_workers=0"]
+    code, _, err = run_vit(monkeypatch, capsys, "finetune", "--init", workdir, "--res", 32, "--workdir",
+                           tmp_path / "ft", *small, "data.batch_size=32", "schedule.steps=2",
+                           "schedule.warmup_steps=1")
+    assert code == 0, err
+    code, out, err = run_vit(monkeypatch, capsys, "eval-fewshot", "--ckpt", workdir, "--tasks", "synthetic",
+                             "--protocols", "knn", "--workdir", tmp_path / "fs", "fewshot.seeds=1",
+                             "fewshot.shots=1", "data.synthetic.train_size=64", "data.synthetic.test_size=32")
+    assert code == 0, err
+    assert "knn" in out.lower(), out[-1000:]
+
+
 def test_the_last_layer_stays_frozen_for_its_epochs(tmp_path):
     """dino.freeze_last_layer_epochs=0.5 of 4 steps an epoch: the student's last layer does not move
     in steps 0 and 1, and does after."""

@@ -85,6 +85,9 @@ def _dino(recipe: Recipe, patches: int) -> None:
     if d.local_crops and d.local_crop_size % m.patch_size:
         raise RecipeError(f"dino.local_crop_size={d.local_crop_size} must be a multiple of model.patch_size="
                           f"{m.patch_size} (DINO: 96 of 16)")
+    if len(d.blur_sigma) != 2 or not 0 < d.blur_sigma[0] <= d.blur_sigma[1]:
+        raise RecipeError(f"dino.blur_sigma={d.blur_sigma} must be [low, high] pixels with 0 < low <= high "
+                          "(DINO: [0.1, 2.0])")
     for key in ("global_crop_scale", "local_crop_scale", "ibot_mask_ratio"):
         lo_hi = getattr(d, key)
         top = 1 if key != "ibot_mask_ratio" else 0.999

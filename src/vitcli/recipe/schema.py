@@ -397,6 +397,9 @@ class DinoConfig:
     color_jitter_prob: float = 0.8
     grayscale_prob: float = 0.2
     blur_prob: list[float] = field(default_factory=lambda: [1.0, 0.1, 0.5])
+    # the blur's sigma, in pixels of the resized crop (both references': 0.1 to 2 at 224 and 96 px;
+    # scale it down with the crops for small images)
+    blur_sigma: list[float] = field(default_factory=lambda: [0.1, 2.0])
     solarize_prob: float = 0.2
     # DINOv2's iBOT masked-token loss (0 = off; DINOv2: 1): on ibot_mask_prob of the global crops,
     # ibot_mask_ratio of the patches masked; the DINO head shared unless ibot_separate_head

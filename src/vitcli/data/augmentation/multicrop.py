@@ -49,7 +49,7 @@ class MultiCrop:
     """What a multi-crop stream makes of each image: 2 global crops of `global_size` over
     `global_scale` of the area, `local_crops` of `local_size` over `local_scale`, flips (`hflip`),
     colour jitter and grayscale with their probabilities, blur with (global 1, global 2, local)
-    probabilities, solarisation of the second global crop."""
+    probabilities and a sigma in `blur_sigma` pixels, solarisation of the second global crop."""
 
     global_size: int = 224
     global_scale: tuple[float, float] = (0.4, 1.0)
@@ -61,13 +61,14 @@ class MultiCrop:
     blur_prob: tuple[float, float, float] = (1.0, 0.1, 0.5)
     solarize_prob: float = 0.2
     hflip: bool = True
+    blur_sigma: tuple[float, float] = colour.SIGMA_RANGE  # pixels of the resized crop
 
     @classmethod
     def of(cls, dino: DinoConfig, img_size: int) -> MultiCrop:
         """The recipe's multi-crop: its `dino` section, global crops of model.img_size."""
         return cls(img_size, tuple(dino.global_crop_scale), dino.local_crops, dino.local_crop_size,
                    tuple(dino.local_crop_scale), dino.color_jitter_prob, dino.grayscale_prob,
-                   tuple(dino.blur_prob), dino.solarize_prob)
+                   tuple(dino.blur_prob), dino.solarize_prob, blur_sigma=tuple(dino.blur_sigma))
 
     @property
     def views(self) -> int:
@@ -146,7 +147,7 @@ def draw(spec: MultiCrop, size: tuple[int, int], rng: np.random.Generator) -> Dr
     grey = rng.random(v) < spec.grayscale_prob
     blur_p = np.array([spec.blur_prob[0], spec.blur_prob[1]] + [spec.blur_prob[2]] * locals_)
     blur = rng.random(v) < blur_p
-    sigma = rng.uniform(*colour.SIGMA_RANGE, v)
+    sigma = rng.uniform(*spec.blur_sigma, v)
     solarize = (rng.random(v) < spec.solarize_prob) & (np.arange(v) == 1)
     return Draws(boxes, flips, jitter, factors, order, grey, blur, sigma, solarize)
 

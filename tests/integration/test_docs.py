@@ -62,7 +62,7 @@ STAND_INS = {
                                      ["pretrain", "-r", f"{QUICK}/pretrain_mae.yaml", *TINY]),
     "runs/quickstart/pretrain_dino": ("3 steps of the quickstart self-distillation (DINO)",
                                       ["pretrain", "-r", f"{QUICK}/pretrain_dino.yaml", *TINY,
-                                       "fewshot.every=0"]),
+                                       "fewshot.every=0", "dino.koleo_group=32"]),
     "runs/quickstart/finetune": ("3 steps of the quickstart fine-tune from the pretraining above",
                                  ["finetune", "-r", f"{QUICK}/finetune.yaml", "--init",
                                   "runs/quickstart/pretrain", *TINY]),

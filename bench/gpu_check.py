@@ -154,7 +154,10 @@ def cuda_tests_section(plan: Plan, logs: Path) -> dict:
 # -------------------------------------------------------------------------------------------------- runs
 BRIEF = {"activation_checkpointing": ["run.activation_checkpointing=true"],  # the brief runs' overrides
          "mpp": ["objective=mpp", "data.label_column="],
-         "deit": DEIT}
+         "deit": DEIT,
+         # DINO's step (issue 45): 2 global + 8 local crops of 96, the teacher's forward, compiled; its
+         # graph breaks and recompiles across the two crop sizes are in the run's counters
+         "dino": ["objective=dino", "data.label_column=", "optim.clip_grad_norm=0"]}
 
 
 def runs_section(plan: Plan, data: Path, work: Path, logs: Path, names: set[str]) -> dict:
@@ -381,9 +384,13 @@ def child(spec_path: Path, out_path: Path) -> None:
     out_path.write_text(json.dumps(out, default=str))
 
 
-def device_feed(r, train_ds, num_classes: int = 0):
-    """A Feed (train.loop.Feed) of one fixed micro-batch already on the run's device, in [-1, 1]."""
+def device_feed(r, train_ds, num_classes: int = 0, views=None):
+    """A Feed (train.loop.Feed) of one fixed micro-batch already on the run's device, in [-1, 1]: one
+    crop an image (`views`, DINO's multi-crop, is not made here)."""
     import torch
+
+    if views is not None:
+        raise ValueError("the device feed makes one crop an image: time a multi-crop run from the JPEGs")
 
     class Fixed:
         def __init__(self, micro: int, device: torch.device):

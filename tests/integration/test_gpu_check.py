@@ -15,7 +15,7 @@ from PIL import Image
 from helpers import REPO
 
 SCRIPT = REPO / "bench/gpu_check.py"
-RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp", "deit"}
+RUN_KEYS = {"pretrain", "resume", "activation_checkpointing", "mpp", "deit", "dino"}
 
 
 def gpu_check(*args: str) -> subprocess.CompletedProcess:
@@ -39,6 +39,7 @@ def test_quick_gpu_check_prints_every_section_and_its_runs_pass(tmp_path):
     assert resume["first_rc"] == 143 and resume["second_rc"] == 0  # stopped by SIGTERM, then went on
     assert resume["steps_logged_after_resume"][0] > resume["checkpoint_step"]
     assert out["runs"]["mpp"]["summary"]["train/loss"] > 0
+    assert out["runs"]["dino"]["summary"]["train/flops_per_img"] > 0  # DINO's step, compiled on a GPU
     row = out["throughput"]["tiny"]
     assert all(row[feed]["img_per_s"] > 0 for feed in ("device", "jpeg", "bare"))
     assert row["jpeg_vs_device"] > 0 and row["device_vs_bare"] > 0

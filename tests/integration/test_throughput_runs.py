@@ -61,7 +61,7 @@ def test_a_run_reports_its_wait_throughput_and_mfu(tmp_path):
 
 def test_a_run_starved_of_data_warns_once_naming_the_rates_and_knobs(tmp_path, monkeypatch, logged):
     feed = run_build.train_feed
-    monkeypatch.setattr(run_build, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.05))
+    monkeypatch.setattr(run_build, "train_feed", lambda *a, **k: lambda *b: _Slow(feed(*a, **k)(*b), 0.05))
     one_run(resolve("pretrain", None, TINY + ["schedule.steps=8"]), tmp_path)
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in r]
     assert all(r["train/data_wait"] > 0.1 for r in rows)
@@ -79,7 +79,8 @@ def test_the_first_epochs_decoding_of_cached_data_is_not_called_input_bound(tmp_
     waiting over the first windows, 7% over the run): the warning judges the data once they are
     warm."""
     feed = run_build.train_feed
-    monkeypatch.setattr(run_build, "train_feed", lambda *a: lambda *b: _Slow(feed(*a)(*b), 0.5, batches=4))
+    monkeypatch.setattr(run_build, "train_feed",
+                        lambda *a, **k: lambda *b: _Slow(feed(*a, **k)(*b), 0.5, batches=4))
     # a model that takes 200 ms a step: the warm loader's few ms (tens on a loaded machine) are not
     # a tenth
     clip = loop._clip

@@ -140,9 +140,10 @@ OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}
 # imported only where they are used, for a run's start-up time (seconds each, measured under load),
 # which tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib
 # when drawing; and for a micro-batch trial's memory, which importing its objective and the loop
-# would swell by datasets and pandas (~100 MiB), the held-out evaluators and the data sources
+# would swell by datasets and pandas (~100 MiB), the held-out evaluators, the data sources and DINO's
+# multi-crop (its decoders)
 ON_DEMAND = ("torch.distributed.checkpoint", "matplotlib", "vitcli.evaluators.heldout",
-             "vitcli.data.rows.sources")
+             "vitcli.data.rows.sources", "vitcli.data.augmentation.multicrop")
 
 
 def imported_module(stmt: ast.Import | ast.ImportFrom) -> str:

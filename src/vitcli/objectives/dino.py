@@ -25,7 +25,6 @@ import torch
 import torch.distributed as torch_dist
 from torch import nn
 
-from vitcli.data.augmentation.multicrop import MultiCrop
 from vitcli.errors import TrainingError
 from vitcli.models import dino_loss as L
 from vitcli.models.dino import DinoModel, tokens
@@ -37,6 +36,7 @@ from vitcli.runtime.dist import Dist, all_reduce_sum
 from vitcli.train.loop import Draws
 
 if TYPE_CHECKING:  # the evaluators import datasets: see Supervised.evaluator
+    from vitcli.data.augmentation.multicrop import MultiCrop
     from vitcli.evaluators.heldout import PretextEvaluator
 
 # the collapse watch (DINO's Figure 7): a teacher whose batch-mean output has under this entropy
@@ -79,6 +79,10 @@ class Dino(Objective):
         self.total_steps, self.epoch_steps = total_steps, epoch_steps
 
     def views(self) -> MultiCrop:
+        """DINO's multi-crop, for the feed (imported here: its decoders bring datasets' imports,
+        which a micro-batch trial's memory would count)."""
+        from vitcli.data.augmentation.multicrop import MultiCrop
+
         return MultiCrop.of(self.cfg, self.recipe.model.img_size)
 
     def build(self, network: nn.Module, fresh: bool) -> DinoModel:

@@ -52,6 +52,17 @@ def tokens(backbone: nn.Module, images: torch.Tensor, masks: torch.Tensor | None
     return b.norm(b.blocks(b.norm_pre(b.pos_drop(x))))
 
 
+def masked_positions(masks: torch.Tensor) -> torch.Tensor:
+    """(M,) flat positions, row-major, of the true entries of masks (B, N)."""
+    return masks.flatten().nonzero().squeeze(1)
+
+
+def selected(tokens_: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """(M, D): the patch tokens of tokens_ (B, 1 + N, D) at flat positions `index` (M,), in their
+    order (DINOv2's index_select of its mask_indices_list)."""
+    return tokens_[:, 1:].flatten(0, 1).index_select(0, index)
+
+
 class Side(nn.Module):
     """One side, student or teacher: a ViT, the DINO head on its class token, and iBOT's head on its
     masked patch tokens (the DINO head itself unless ibot_separate_head; None without iBOT)."""
@@ -97,9 +108,11 @@ class DinoModel(nn.Module):
         return self
 
     def forward(self, globals_: torch.Tensor, locals_: torch.Tensor | None,
-                masks: torch.Tensor | None = None):
+                masks: torch.Tensor | None = None, index: torch.Tensor | None = None):
         """The student on a micro-batch's crops: globals_ (2B, 3, S, S) view-major, locals_ (nB, 3,
-        s, s) or None, masks (2B, N) of the global crops' patches for iBOT or None. Returns (the DINO
+        s, s) or None, masks (2B, N) of the global crops' patches for iBOT or None, and `index` (M,)
+        the masked ones' flat positions (masked_positions(masks), made outside: a boolean selection
+        here would break a compiled graph, its size read from the data). Returns (the DINO
         head's logits of every crop's class token (2B + nB, K), global crops first; the iBOT head's
         logits of the masked patch tokens (M, K) or None; the global crops' class tokens (2B, D),
         for KoLeo). One head call on the class tokens and the masked tokens together where the head
@@ -110,7 +123,7 @@ class DinoModel(nn.Module):
         if locals_ is not None and len(locals_):
             cls.append(tokens(s.backbone, locals_)[:, 0])
         cls = torch.cat(cls)
-        patches = g[:, 1:][masks] if masks is not None else None  # (M, D)
+        patches = selected(g, index) if masks is not None else None  # (M, D)
         if patches is None:
             return s.head(cls), None, g[:, 0]
         if s.ibot_head is not None:
@@ -127,7 +140,7 @@ class DinoModel(nn.Module):
         cls_logits = t.head(g[:, 0])
         if masks is None:
             return cls_logits, None
-        patches = g[:, 1:][masks]
+        patches = selected(g, masked_positions(masks))
         return cls_logits, (t.ibot_head or t.head)(patches)
 
     def optimizer_groups(self, layer_decay: float, patch_embed_lr_scale: float) -> list[dict]:

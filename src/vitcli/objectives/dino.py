@@ -27,7 +27,7 @@ from torch import nn
 
 from vitcli.errors import TrainingError
 from vitcli.models import dino_loss as L
-from vitcli.models.dino import DinoModel, tokens
+from vitcli.models.dino import DinoModel, masked_positions, tokens
 from vitcli.models.flops import forward_flops
 from vitcli.models.ibot_masks import masks_for
 from vitcli.objectives.objective import Objective
@@ -161,7 +161,8 @@ class Dino(Objective):
         globals_, locals_ = x
         images = len(globals_) // 2
         masks, targets, patch_targets = self.queue.popleft()
-        logits, patch_logits, cls = model(globals_, locals_ if len(locals_) else None, masks)
+        index = None if masks is None else masked_positions(masks)
+        logits, patch_logits, cls = model(globals_, locals_ if len(locals_) else None, masks, index)
         logits = logits.float()
         views = logits.split(images)
         dino = L.dino_loss(views, targets.split(images), c.student_temp)

@@ -1,19 +1,17 @@
 """DINO v1's pieces, which no package installs (facebookresearch/dino is not on PyPI), against
 transliterations of its source (main_dino.py DINOLoss, utils.cosine_scheduler, vision_transformer.py
 DINOHead, at commit 7c446df), and the properties the run relies on: KoLeo and the iBOT masks do not
-depend on how a batch is split, the head's frozen last layer gets no gradient (also under DDP and
-torch.compile), the collapse monitors read as documented. Tolerances: 1e-6 relative in float32,
-stated per test otherwise.
+depend on how a batch is split, the head compiles in one graph, the collapse monitors read as
+documented (the frozen last layer: tests/integration/test_dino_train.py). Tolerances: 1e-6
+relative in float32, stated per test otherwise.
 """
 
 import itertools
 import math
-import tempfile
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
@@ -145,43 +143,7 @@ def test_the_head_is_dino_v1s_with_its_last_layer_normalised():
         [n for n, p in theirs.named_parameters() if p.requires_grad]
 
 
-def test_the_head_s_frozen_last_layer_gets_a_zero_gradient_and_the_rest_its_own():
-    torch.manual_seed(0)
-    head = DinoHead(16, K, hidden_dim=24, bottleneck_dim=8, norm_last_layer=False)
-    x = torch.randn(B, 16)
-    grads = {}
-    for frozen in (False, True):
-        head.zero_grad(set_to_none=True)
-        out = head(x, frozen_last=frozen)
-        out.square().sum().backward()
-        grads[frozen] = {n: p.grad.clone() for n, p in head.named_parameters()}
-    assert torch.equal(head(x, frozen_last=True), head(x))
-    for name, grad in grads[True].items():
-        if name.startswith("last_layer."):
-            assert not grad.any(), name
-            assert grads[False][name].any(), name
-        else:
-            close(grad, grads[False][name])
-
-
-def test_the_frozen_last_layer_needs_no_unused_parameter_search_under_ddp():
-    """DDP without find_unused_parameters: a parameter without a gradient in one step would stop
-    the next with 'Expected to have finished reduction'."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
-        try:
-            torch.manual_seed(0)
-            head = DinoHead(16, K, hidden_dim=24, bottleneck_dim=8)
-            model = nn.parallel.DistributedDataParallel(head)
-            for frozen in (True, True, False):
-                model(torch.randn(B, 16), frozen_last=frozen).sum().backward()
-            assert model.module.last_layer.weight_v.grad.any()
-        finally:
-            dist.destroy_process_group()
-
-
-@pytest.mark.parametrize("frozen", [False, True])
-def test_the_head_compiles_in_one_graph(frozen):
+def test_the_head_compiles_in_one_graph():
     """torch.compile's full graph (aot_eager: the graph capture and autograd, no kernels built),
     the same outputs and gradients as eager."""
     torch.manual_seed(0)
@@ -191,7 +153,7 @@ def test_the_head_compiles_in_one_graph(frozen):
     outs = []
     for fn in (head, compiled):
         head.zero_grad(set_to_none=True)
-        out = fn(x, frozen_last=frozen)
+        out = fn(x)
         out.square().sum().backward()
         outs.append((out.detach(), [p.grad.clone() for p in head.parameters()]))
     close(outs[1][0], outs[0][0])

@@ -31,19 +31,14 @@ class WeightNormLinear(nn.Module):
         self.weight_v = nn.Parameter(v)
         self.weight_g = nn.Parameter(torch.ones(out_dim, 1), requires_grad=train_g)
 
-    def weight(self, frozen: bool = False) -> torch.Tensor:
-        """(out_dim, in_dim), in float32 at least whatever the parameters' dtype. `frozen`: no
-        gradient reaches v or g (an exact zero, see DinoHead.forward)."""
+    def weight(self) -> torch.Tensor:
+        """(out_dim, in_dim), in float32 at least whatever the parameters' dtype."""
         dtype = torch.promote_types(self.weight_v.dtype, torch.float32)
         v, g = self.weight_v.to(dtype), self.weight_g.to(dtype)
-        if frozen:
-            # the parameters stay in the graph with a zero gradient, so DDP sees every parameter
-            # used each step (no find_unused_parameters) and FSDP reduces a zero
-            v, g = v.detach() + 0 * v, g.detach() + 0 * g
         return v * (g / v.norm(dim=1, keepdim=True))  # torch._weight_norm's order: v * (g / |v|)
 
-    def forward(self, x: torch.Tensor, frozen: bool = False) -> torch.Tensor:
-        return F.linear(x, self.weight(frozen).to(x.dtype))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight().to(x.dtype))
 
 
 def _mlp(in_dim: int, hidden_dim: int, bottleneck_dim: int, layers: int) -> nn.Module:
@@ -72,17 +67,14 @@ class DinoHead(nn.Module):
         # logits are cosines; DINOv2's head trains g
         self.last_layer = WeightNormLinear(bottleneck_dim, out_dim, train_g=not norm_last_layer)
 
-    def forward(self, x: torch.Tensor, frozen_last: bool = False) -> torch.Tensor:
-        """`frozen_last`: the last layer gets a zero gradient (DINO's freeze_last_layer, the first
-        epoch). A departure: the references compute its true gradient and then drop it (DINO v1
-        sets it to None after clipping each parameter on its own; DINOv2 clips the head's global
-        norm with it inside, then steps it at lr 0), so their clip norms count it and ours does not.
-        For the optimizer to skip it as DINO v1's does (no Adam moments, no weight decay), set the
-        last layer's grads to None before the step; a zero gradient still advances AdamW's state."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits. DINO's frozen last layer (the first epoch) is the run's: its gradients are
+        dropped after the clip (objectives.dino's before_update), as DINO v1 does, so the optimizer
+        leaves it alone."""
         x = self.mlp(x)
         # dinov2's eps: 1e-6 in float16, whose 1e-12 is zero
         x = F.normalize(x, dim=-1, p=2, eps=1e-6 if x.dtype == torch.float16 else 1e-12)
-        return self.last_layer(x, frozen_last)
+        return self.last_layer(x)
 
 
 def load_reference(head: DinoHead, reference: nn.Module) -> None:

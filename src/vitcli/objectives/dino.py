@@ -179,8 +179,7 @@ class Dino(Objective):
             total = total + c.koleo_weight * koleo
         with torch.no_grad():
             terms["kl"] = L.kl(targets, logits[: 2 * images], c.student_temp)
-            # this step's, over the global batch (the same on every process): the collapse watch
-            self.step_kl = self.step_kl + summed(terms["kl"] * len(targets)) / self.counts[0]
+            self.step_kl = self.step_kl + terms["kl"] * len(targets)  # summed over ranks after the step
         for name, value in terms.items():
             value = value.detach()
             self.sums[name] = self.sums.get(name, 0) + value
@@ -210,11 +209,12 @@ class Dino(Objective):
             rows, tokens = self.counts
             cls_sum, patch_sum = self.pending
             module.center.copy_(L.updated_center(module.center, summed(cls_sum), rows, c.center_momentum))
-            if patch_sum is not None and tokens:
-                module.patch_center.copy_(L.updated_center(module.patch_center, summed(patch_sum), tokens,
-                                                           c.center_momentum))
+            if patch_sum is not None:  # it stays where no token was masked
+                module.patch_center.copy_(L.updated_patch_center(module.patch_center, summed(patch_sum),
+                                                                 tokens, c.center_momentum))
         self.pending = None
-        self.watch["kl"] = self.step_kl
+        # the step's KL over the global batch, the same on every process: the collapse watch
+        self.watch["kl"] = summed(self.step_kl) / self.counts[0]
         if done % self.recipe.run.log_every == 0 or done == self.total_steps:
             self.check(done)
 

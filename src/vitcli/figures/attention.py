@@ -15,7 +15,8 @@ one panel shows where the heads together look.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,28 +41,41 @@ CMAP = "viridis"  # matplotlib's default, as the reference's plt.imsave draws ea
 
 
 def last_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """(B, heads, T, T) attention probabilities of the last block for images `x` (B, 3, H, W):
-    softmax(q k^T / sqrt(head_dim)) on the block's normalised input, q and k as its Attention makes
-    them. timm's fused kernel never forms them, so they are computed here from the block's own
-    layers (qkv, q_norm, k_norm) on the input the block receives in a forward pass."""
-    block = model.blocks[-1]
-    attn = getattr(block, "attn", None)
-    # timm's Attention exactly as its forward computes it; another (EVA's rotary one) would be
-    # recomputed wrongly here
+    """(B, heads, T, T) attention probabilities of the last block for images `x` (B, 3, H, W),
+    read as its forward forms them (attention_probabilities)."""
+    attn = getattr(model.blocks[-1], "attn", None)
+    # timm's Attention exactly: another (EVA's rotary one) is refused, as no test holds its reading
     if not isinstance(attn, Attention):
         raise ModelError(f"the last block's attention ({type(attn).__name__}) is not timm's "
                          "Attention: its attention probabilities cannot be recomputed")
     seen: list[torch.Tensor] = []
-    hook = block.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    try:
+    with attention_probabilities(model.blocks[-1:], lambda layer, probs: seen.append(probs)):
         model(x)
+    return seen[-1]
+
+
+@contextlib.contextmanager
+def attention_probabilities(blocks: nn.Module,
+                            receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
+    """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T)
+    to `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off
+    meanwhile and the input of the attention dropout (the softmax output) is read."""
+    attns = [getattr(block, "attn", None) for block in blocks]
+    unusable = [i for i, a in enumerate(attns) if not hasattr(a, "fused_attn") or not hasattr(a, "attn_drop")]
+    if unusable:
+        raise ModelError(f"block {unusable[0]} has no timm Attention ({type(attns[unusable[0]]).__name__}); "
+                         "its attention probabilities cannot be read")
+    fused = [a.fused_attn for a in attns]
+    hooks = [a.attn_drop.register_forward_hook(lambda mod, args, res, i=i: receive(i, args[0]))
+             for i, a in enumerate(attns)]
+    for a in attns:
+        a.fused_attn = False
+    try:
+        yield
     finally:
-        hook.remove()
-    tokens = block.norm1(seen[-1])  # (B, T, D)
-    b, t, _ = tokens.shape
-    qkv = attn.qkv(tokens).reshape(b, t, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4)
-    q, k = attn.q_norm(qkv[0]), attn.k_norm(qkv[1])  # (B, heads, T, head_dim)
-    return ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        for a, was, hook in zip(attns, fused, hooks):
+            a.fused_attn = was
+            hook.remove()
 
 
 def cls_attention(model: nn.Module, x: torch.Tensor) -> torch.Tensor:

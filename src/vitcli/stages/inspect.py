@@ -20,10 +20,8 @@ few images of the run's own held-out split. Other networks do not: see docs/insp
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +37,7 @@ from vitcli.data.batching import batches
 from vitcli.data.rows import sources
 from vitcli.errors import CheckpointError, DataError, ModelError, RecipeError
 from vitcli.figures import attention, figure2, figure7
+from vitcli.figures.attention import attention_probabilities
 from vitcli.models import mae, zoo
 from vitcli.models.mae import MaeModel
 from vitcli.models.t2t import TokensToToken
@@ -219,30 +218,6 @@ def mean_attention_distances(model: nn.Module, stream, grid: tuple[int, int], ce
     return torch.stack([sums[i] for i in sorted(sums)]).cpu().numpy() / max(seen, 1), seen
 
 
-@contextlib.contextmanager
-def attention_probabilities(blocks: nn.Module,
-                            receive: Callable[[int, torch.Tensor], None]) -> Iterator[None]:
-    """Inside the block, every forward hands each layer's attention probabilities (B, heads, T, T)
-    to `receive(layer, probs)`. timm's fused kernel never forms them, so it is switched off
-    meanwhile and the input of the attention dropout (the softmax output) is read."""
-    attns = [getattr(block, "attn", None) for block in blocks]
-    unusable = [i for i, a in enumerate(attns) if not hasattr(a, "fused_attn") or not hasattr(a, "attn_drop")]
-    if unusable:
-        raise ModelError(f"block {unusable[0]} has no timm Attention ({type(attns[unusable[0]]).__name__}); "
-                         "its attention probabilities cannot be read")
-    fused = [a.fused_attn for a in attns]
-    hooks = [a.attn_drop.register_forward_hook(lambda mod, args, res, i=i: receive(i, args[0]))
-             for i, a in enumerate(attns)]
-    for a in attns:
-        a.fused_attn = False
-    try:
-        yield
-    finally:
-        for a, was, hook in zip(attns, fused, hooks):
-            a.fused_attn = was
-            hook.remove()
-
-
 # ---------------------------------------------------------------- MAE's Figure 2
 
 
@@ -279,11 +254,9 @@ def mae_run(checkpoint: str) -> tuple[MaeRun | None, str]:
 
 def _mae_model(path: Path, saved: dict) -> tuple[MaeRun | None, str]:
     """The encoder and decoder of the training state `saved` (read from `path`), in eval mode."""
-    recipe = Recipe(stage="pretrain")
-    try:
-        merge(recipe, saved["recipe"])
-    except RecipeError as e:
-        return None, f"{path}: its recipe does not read today ({e})"
+    recipe, why = _saved_recipe(saved["recipe"], path)
+    if recipe is None:
+        return None, why
     if not any(k.startswith("decoder.") for k in saved["model"]):  # only MAE's holds a decoder
         return None, f"{path} holds no MAE decoder (objective: {recipe.objective})"
     with torch.random.fork_rng():  # draws overwritten by the state; the caller's RNG untouched
@@ -299,14 +272,22 @@ def reconstruct(run: MaeRun, count: int, device: torch.device) -> tuple[torch.Te
     (run.seed, its index): the same masks on every call."""
     r = run.recipe
     split = r.data.val_split or r.data.test_split
-    ds = sources.load_split(r.data, split)
-    ds = ds.select(range(min(count, len(ds))))
-    x = torch.cat([x for x, _ in batches.eval_batches(ds, r.data, r.model.img_size, count)]).to(device)
+    x = held_out(r.data, split, r.model.img_size, count).to(device)
     grid = tuple(run.model.backbone.patch_embed.grid_size)
     noise = mae.mask_noise(r.run.seed, torch.arange(len(x)), grid[0] * grid[1])  # (B, N)
     with torch.inference_mode():
         pred, _, mask = run.model.to(device)(x, noise)
     return x.cpu(), pred.cpu(), mask.cpu(), split
+
+
+def held_out(data, split: str, img_size: int, count: int) -> torch.Tensor:
+    """The first `count` images of `split` as evaluation feeds them (B, 3, S, S): a run's own
+    held-out images, for MAE's and DINO's figures; an empty split is a DataError."""
+    ds = sources.load_split(data, split)
+    if not len(ds):
+        raise DataError(f"the run's {split} split is empty")
+    ds = ds.select(range(min(count, len(ds))))
+    return torch.cat([x for x, _ in batches.eval_batches(ds, data, img_size, count)])
 
 
 def _reconstruction(recipe: Recipe, out: Path, report: Report) -> None:
@@ -344,11 +325,16 @@ def dino_run(checkpoint: str) -> tuple[Recipe | None, str]:
     saved = read_checkpoint(checkpoint).meta.get("recipe") if checkpoint else None
     if not isinstance(saved, dict) or saved.get("objective") != "dino":
         return None, ""
+    return _saved_recipe(saved, checkpoint)
+
+
+def _saved_recipe(saved: dict, where) -> tuple[Recipe | None, str]:
+    """(the recipe a run saved, ""), or (None, why) when it does not read today."""
     recipe = Recipe(stage="pretrain")
     try:
         merge(recipe, saved)
     except RecipeError as e:
-        return None, f"{checkpoint}: its recipe does not read today ({e})"
+        return None, f"{where}: its recipe does not read today ({e})"
     return recipe, ""
 
 
@@ -366,12 +352,7 @@ def _cls_attention(model: nn.Module, recipe: Recipe, out: Path, report: Report) 
         return _skip(report, ATTENTION, "the run has no held-out split (data.val_split and "
                      "data.test_split are both empty)")
     try:
-        ds = sources.load_split(data, split)
-        ds = ds.select(range(min(ATTENDED, len(ds))))
-        if not len(ds):
-            return _skip(report, ATTENTION, f"the run's {split} split is empty")
-        stream = batches.eval_batches(ds, data, recipe.model.img_size, ATTENDED)
-        x = torch.cat([x for x, _ in stream])
+        x = held_out(data, split, recipe.model.img_size, ATTENDED)
     except DataError as e:
         return _skip(report, ATTENTION, f"the run's images cannot be read ({e})")
     device = pick_device(recipe.run.device)
@@ -386,7 +367,7 @@ def _cls_attention(model: nn.Module, recipe: Recipe, out: Path, report: Report) 
              f"2nd column: the image dimmed outside {attention.MASS:.0%} of the mean map's mass")
     images = attention.pixels(x, data.mean, data.std)
     figure7.save_figure(attention.attention_figure(images, maps.numpy(), title), out / ATTENTION)
-    report.cls_attention = {"data": sources.origin(ds), "split": split, "images": len(x),
+    report.cls_attention = {"data": data.source, "split": split, "images": len(x),
                             "heads": maps.shape[1], "grid": list(maps.shape[2:]),
                             "mass": attention.MASS}
     report.written.append(str(out / ATTENTION))

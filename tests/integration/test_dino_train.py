@@ -180,6 +180,14 @@ def test_impossible_dino_recipes_are_refused(extra, fragment):
         resolve("pretrain", None, TINY + ["schedule.steps=10", *extra])
 
 
+def test_a_choice_holding_a_newline_is_refused_on_one_line():
+    """A shared recipe's value cannot break the error onto a second line (the value is quoted as
+    Python writes it)."""
+    with pytest.raises(RecipeError) as caught:
+        resolve("pretrain", None, TINY + ["schedule.steps=10", "dino.centering=center\nrm -rf ~"])
+    assert "\n" not in str(caught.value) and "'center\\nrm -rf ~' is not one of" in str(caught.value)
+
+
 def test_dino_is_a_pretraining_objective():
     with pytest.raises(RecipeError, match="pretraining objective"):
         resolve("finetune", None, TINY + ["schedule.steps=10", "init.random=true"])

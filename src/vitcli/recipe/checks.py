@@ -131,7 +131,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
 def _choices(recipe: Recipe) -> None:
     for path, allowed in CHOICES.items():
         if get(recipe, path) not in allowed:
-            raise RecipeError(f"{path}: '{get(recipe, path)}' is not one of {', '.join(allowed)}")
+            raise RecipeError(f"{path}: {get(recipe, path)!r} is not one of {', '.join(allowed)}")
 
 
 def _compile(value) -> None:

@@ -37,7 +37,7 @@ def _coerce(value: Any, typ: Any, path: str) -> Any:
     if origin is typing.Literal:  # a closed set (recipe.choices): the text, if it is one of them
         text, choices = _coerce(value, str, path), typing.get_args(typ)
         if text not in choices:
-            raise RecipeError(f"{path}: '{text}' is not one of {', '.join(choices)}")
+            raise RecipeError(f"{path}: {text!r} is not one of {', '.join(choices)}")
         return text
     if origin is list:
         return _list(value, typing.get_args(typ)[0], path)

@@ -29,7 +29,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # what every stage runs on: the allocator's settings, the launcher's environment, run file names
     # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
     # metrics, trackers, processes, output locations
-    ("runtime", ["allocator", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
+    ("runtime", ["allocator", "faults", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
                  "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "mae", "layer_decay", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t",

@@ -5,4 +5,5 @@ peak FLOP/s, for MFU), memory.py (peak resident memory of a run and of its loade
 (atomic writes, checksums), metrics.py (metrics.jsonl, the console, the progress bar, tables),
 trackers.py (TensorBoard, W&B), launcher.py (torchrun's rank and world sizes, read once), dist.py
 (processes and devices), threads.py (CPU threads on a shared machine), workdir.py (output locations
-checked before anything is written), finished.py (a finished evaluation read, not run again)."""
+checked before anything is written), finished.py (a finished evaluation read, not run again),
+faults.py (faults injected on purpose by VITCLI_FAULTS, for the fault tests and the soak)."""

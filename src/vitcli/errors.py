@@ -5,6 +5,12 @@ The CLI turns any `VitcliError` into one red line on stderr and exit code 2 (bad
 else is a bug and exits 1. Set VITCLI_DEBUG=1 to see the traceback.
 """
 
+# A rank the watchdog (train/watchdog.py) found stalled in a step or a collective exits with this
+# code, after dumping every thread's stack: sysexits' EX_TEMPFAIL ("a temporary failure; the user is
+# invited to retry"), so torchrun's --max-restarts and the SLURM job's requeue rule
+# (cluster/requeue.py) can tell a hang, which a restart may cure, from a bug's exit 1.
+HUNG_EXIT_CODE = 75
+
 
 class VitcliError(Exception):
     """Base of every error caused by the user's input rather than by a bug."""

@@ -29,7 +29,7 @@ from vitcli.checkpoints import state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
-from vitcli.errors import CheckpointError, RecipeError
+from vitcli.errors import CheckpointError, RecipeError, first_line
 from vitcli.recipe.layers import flatten, to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
@@ -68,6 +68,8 @@ def latest_good_state(workdir: Path, verbose: bool = True) -> Checkpoint | None:
         except CheckpointError as e:
             failures.append(str(e))
             continue
+        # outside the try: a format this vitcli cannot read is refused, not passed over
+        state.check_format(path, saved)
         for failure in failures if verbose else []:
             console.log(f"[yellow]warning: {failure}; resuming from {path.name} instead")
         return path, saved
@@ -231,8 +233,7 @@ class CheckpointManager:
             states = {} if self.ema is None else {"ema": self.ema.state_dict()}  # loaded in place
             load_shards(path, self.model, self.optimizer, self.dist.control, states)
         else:
-            self.model.load_state_dict(saved["model"])
-            self.optimizer.load_state_dict(saved["optimizer"])
+            _load_whole(path, saved, self.model, self.optimizer)
             self._load_ema(path, saved)
         step = int(saved["step"])
         self._load_stream(saved.get("data", {}).get("streams") or [], step)
@@ -278,7 +279,7 @@ class CheckpointManager:
         streams = all_gather(self.stream.state_dict(), dist)
         data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size,
                 "streams": streams}
-        parts = {"step": step, "data": data, "recipe": to_dict(r)}
+        parts = {"step": step, "data": data, "recipe": to_dict(r), "format": state.FORMAT}
         path = save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded, self.ema)
         self.seconds += time.perf_counter() - t0
@@ -287,6 +288,19 @@ class CheckpointManager:
     def spent(self) -> dict[str, float]:
         """time/checkpoint_s: the seconds the run spent writing checkpoints, in its summary."""
         return {"time/checkpoint_s": self.seconds}
+
+
+def _load_whole(path: Path, saved: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A whole checkpoint's model and optimizer, in place. The recipe matched (resume_point), so
+    tensors that do not fit mean the network's code changed since the checkpoint was written: one
+    line naming the file and torch's first complaint, not torch's page of keys."""
+    try:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: its tensors do not fit this vitcli's network ({first_line(e)}): "
+                              f"written by another version (checkpoint format {saved.get('format', 0)}); "
+                              "resume with that version, or start over with --no-resume") from None
 
 
 def _warn_resplit(states: list[dict], dist: Dist) -> None:

@@ -26,6 +26,12 @@ from vitcli.errors import CheckpointError, first_line
 from vitcli.runtime import files
 from vitcli.runtime.run_dir import state_dir, state_file, states_by_step
 
+# What a checkpoint's parts mean, numbered: 1 added `format` itself (issue 46). A checkpoint without
+# one is format 0 (every checkpoint written before), laid out the same way. This vitcli resumes the
+# formats in READABLE; any other is refused by name (check_format), never passed over for an older
+# checkpoint: a newer format may hold steps and parts this vitcli would lose.
+FORMAT = 1
+READABLE = (0, 1)
 # what the trainer needs back (it saves `data` too; an older checkpoint may hold `rng`, left unread)
 STATE_KEYS = ("step", "model", "optimizer", "recipe")
 # files.atomic_dir's and remove_dir's temporaries
@@ -151,6 +157,19 @@ def verify_checksum(path: str | Path) -> None:
     recorded = sidecar.read_text(errors="replace").split()[:1]
     if recorded != [files.sha256_of(path)]:
         raise CheckpointError(f"{path}: damaged, its sha256 differs from the one in {sidecar.name}")
+
+
+def check_format(path: Path, saved: dict) -> None:
+    """Refuse a checkpoint whose format this vitcli cannot read, naming both formats and what to do:
+    a newer vitcli wrote it, or one so old that its layout is no longer read."""
+    found = saved.get("format", 0)
+    if found in READABLE:
+        return
+    newer = isinstance(found, int) and found > FORMAT
+    who = "a newer vitcli: upgrade vitcli" if newer else "an older vitcli: resume with that version"
+    raise CheckpointError(f"{path}: checkpoint format {found!r}, written by {who} to continue it "
+                          f"(this one reads formats {READABLE[0]}-{READABLE[-1]}), or start over with "
+                          "--no-resume or in a new --workdir")
 
 
 def complete_state(path: Path) -> dict:

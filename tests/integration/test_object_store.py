@@ -71,9 +71,10 @@ class Store:
         return {p.removeprefix(f"{BUCKET}/run/") for p in self.fs().find(f"{BUCKET}/run")}
 
     def verified(self) -> dict[str, bytes]:
-        """Every remote whole-file checkpoint, its bytes checked against its checksum object."""
+        """Every remote whole-file checkpoint of the run (not those set aside), its bytes checked
+        against its checksum object."""
         fs, found = self.fs(), {}
-        for name in sorted(n for n in self.names() if n.endswith(".pt")):
+        for name in sorted(n for n in self.names() if n.endswith(".pt") and "/" not in n):
             data = fs.cat_file(f"{BUCKET}/run/{name}")
             recorded = fs.cat_file(f"{BUCKET}/run/{name}.sha256").decode().split()[0]
             assert hashlib.sha256(data).hexdigest() == recorded, name
@@ -115,7 +116,8 @@ def drop_local_checkpoints(workdir):
         shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
-def test_a_run_mirrors_its_newest_checkpoints_checksums_last(store, tmp_path, monkeypatch, logged):
+def test_a_run_mirrors_its_newest_checkpoints_checksums_last_and_a_fresh_one_sets_them_aside(
+        store, tmp_path, monkeypatch, logged):
     # the store drops the connection between step 2's data and its checksum object: retried, caught
     monkeypatch.setenv("VITCLI_FAULTS", "store@2")
     one_run(recipe(f"run.ckpt_dir={URI}", "schedule.steps=6"), tmp_path)
@@ -125,6 +127,13 @@ def test_a_run_mirrors_its_newest_checkpoints_checksums_last(store, tmp_path, mo
     fired = [json.loads(line)["fault"] for line in (tmp_path / "faults-fired.jsonl").read_text().splitlines()]
     assert fired == ["store@2:rank=0"]
     assert warnings(logged) == []  # the second try went through
+
+    # --no-resume in another workdir, the same bucket: the first run's checkpoints are set aside
+    one_run(recipe(f"run.ckpt_dir={URI}", "schedule.steps=2"), tmp_path / "again", resume=False)
+    aside = sorted(n for n in store.names() if n.startswith("previous-"))
+    assert [n.split("/", 1)[1] for n in aside] == ["state-4.pt", "state-4.pt.sha256", "state-6.pt",
+                                                   "state-6.pt.sha256"]
+    assert sorted(store.verified()) == ["state-2.pt"]  # the new run's own
 
 
 def test_the_store_goes_away_mid_upload_the_run_goes_on_and_resumes_from_the_bucket_alone(
@@ -203,15 +212,6 @@ def test_an_unreachable_store_is_one_line_before_training(where, store, tmp_path
     assert f"run.ckpt_dir={uri}: cannot write there" in err, err
     if where == "server down":
         store.start()  # for the fixture's stop
-
-
-def test_a_fresh_run_sets_the_buckets_earlier_checkpoints_aside(store, tmp_path, logged):
-    r = recipe(f"run.ckpt_dir={URI}", "schedule.steps=2")
-    one_run(r, tmp_path / "first")
-    one_run(r, tmp_path / "again", resume=False)
-    aside = sorted(n for n in store.names() if n.startswith("previous-"))
-    assert [n.split("/", 1)[1] for n in aside] == ["state-2.pt", "state-2.pt.sha256"]
-    assert {"state-2.pt", "state-2.pt.sha256"} <= store.names()  # the new run's own
 
 
 @pytest.mark.parametrize("uri, fragment", [("s4://bucket/x", "not a path nor a URI"),

@@ -379,13 +379,13 @@ def check_ckpt_dir(uri: str) -> None:
     if not uri.isprintable() or uri != uri.strip():
         raise RecipeError(f"run.ckpt_dir: {uri!r} has a control character or surrounding spaces")
     protocol, rest = split_protocol(uri)
-    if protocol is None or protocol in registry:
+    if protocol is None:
         return
     known = known_implementations.get(protocol)
-    if known is None or not rest.strip("/"):
+    if known is None and protocol not in registry or not rest.strip("/"):
         raise RecipeError(f"run.ckpt_dir: {uri!r} is not a path nor a URI fsspec can open "
                           "(s3://bucket/prefix, gs://bucket/prefix, file:///path)")
-    if importlib.util.find_spec(known["class"].split(".")[0]) is None:
+    if protocol not in registry and importlib.util.find_spec(known["class"].split(".")[0]) is None:
         raise RecipeError(f"run.ckpt_dir: {uri}: {known.get('err', 'its fsspec library is not installed')}")
 
 

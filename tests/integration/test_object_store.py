@@ -21,14 +21,17 @@ from vitcli.recipe.checks import check_ckpt_dir
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime.dist import setup
 from vitcli.stages.run import one_run
+from vitcli.stages.sweep import lr_sweep
 
-moto_server = pytest.importorskip("moto.server", reason="moto is not installed: pip install -e '.[dev]'")
-s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed: pip install -e '.[dev]'")
+MISSING = "is not installed: pip install -e '.[dev]'"
+moto_server = pytest.importorskip("moto.server", reason=f"moto {MISSING}")
+s3fs = pytest.importorskip("s3fs", reason=f"s3fs {MISSING}")
 
 BUCKET = "vitcli-test"
 URI = f"s3://{BUCKET}/run"
-TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
-        "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
+TINY = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
+        "model.num_heads=2", "model.mlp_dim=64", "data.synthetic.num_classes=4",
+        "data.synthetic.train_size=64",
         "data.synthetic.img_size=32", "data.batch_size=16", "data.num_workers=0", "optim.lr=3e-3",
         "schedule.warmup_steps=1", "run.log_every=1", "run.precision=fp32", "data.val_split=",
         "data.test_split=", "schedule.steps=8", "run.ckpt_every=2", "run.keep_checkpoints=2"]
@@ -53,7 +56,8 @@ class Store:
         self.server.stop()
 
     def start(self):
-        self.server = moto_server.ThreadedMotoServer(ip_address=self.host, port=self.port, verbose=False)
+        self.server = moto_server.ThreadedMotoServer(ip_address=self.host, port=self.port,
+                                                     verbose=False)
         self.server.start()
 
     def reset(self):
@@ -107,7 +111,8 @@ def straight(tmp_path_factory):
 
 def same_weights(workdir, reference):
     weights = load_weights(workdir / "model.safetensors")[0]
-    return weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k]) for k in weights)
+    return weights.keys() == reference.keys() and all(torch.equal(weights[k], reference[k])
+                                                      for k in weights)
 
 
 def drop_local_checkpoints(workdir):
@@ -124,7 +129,8 @@ def test_a_run_mirrors_its_newest_checkpoints_checksums_last_and_a_fresh_one_set
     assert store.names() == {"state-4.pt", "state-4.pt.sha256", "state-6.pt", "state-6.pt.sha256"}
     for name, data in store.verified().items():
         assert data == (tmp_path / name).read_bytes(), name
-    fired = [json.loads(line)["fault"] for line in (tmp_path / "faults-fired.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "faults-fired.jsonl").read_text().splitlines()
+    fired = [json.loads(line)["fault"] for line in lines]
     assert fired == ["store@2:rank=0"]
     assert warnings(logged) == []  # the second try went through
 
@@ -172,6 +178,12 @@ def test_the_store_goes_away_mid_upload_the_run_goes_on_and_resumes_from_the_buc
     assert same_weights(tmp_path, straight)
     assert sorted(store.verified()) == ["state-6.pt", "state-8.pt"]
 
+    # the whole workdir lost after the run finished: the bucket's last checkpoint gives it back
+    shutil.rmtree(tmp_path)
+    one_run(r, tmp_path)
+    assert any("resuming from" in m and "state-8.pt" in m for m in logged)
+    assert same_weights(tmp_path, straight) and (tmp_path / "summary.json").is_file()
+
 
 def test_incomplete_and_damaged_remote_checkpoints_are_skipped_by_name(store, tmp_path, logged):
     r = recipe(f"run.ckpt_dir={URI}", "schedule.steps=4")
@@ -185,7 +197,8 @@ def test_incomplete_and_damaged_remote_checkpoints_are_skipped_by_name(store, tm
     said = warnings(logged)
     assert any(f"{URI}/state-6.pt: incomplete" in w for w in said), said
     assert any(f"{URI}/state-5.pt: damaged" in w for w in said), said
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["state-4.pt", "state-4.pt.sha256"]
+    got = sorted(p.name for p in (tmp_path / "new").iterdir())
+    assert got == ["state-4.pt", "state-4.pt.sha256"]
 
 
 def test_sharded_checkpoints_are_mirrored_as_directories_and_fetched_back(store, tmp_path):
@@ -198,11 +211,22 @@ def test_sharded_checkpoints_are_mirrored_as_directories_and_fetched_back(store,
     path, saved = manager.resume_point(r, tmp_path / "new", setup("cpu"))
     assert (path.name, saved["step"]) == ("state-4", 4)
     for name in local:
-        assert (tmp_path / "new" / name).read_bytes() == (tmp_path / "first" / name).read_bytes(), name
+        got, sent = tmp_path / "new" / name, tmp_path / "first" / name
+        assert got.read_bytes() == sent.read_bytes(), name
+
+
+def test_each_point_of_a_sweep_mirrors_into_a_place_of_its_own(store, tmp_path):
+    r = recipe(f"run.ckpt_dir={URI}", "schedule.steps=2", "data.val_split=validation",
+               "data.synthetic.val_size=16")
+    lr_sweep(r, tmp_path, [0.1, 0.3], setup("cpu"))
+    points = sorted(p.name for p in tmp_path.iterdir() if p.is_dir())
+    assert len(points) == 2
+    assert store.names() == {f"{p}/state-2.pt{end}" for p in points for end in ("", ".sha256")}
 
 
 @pytest.mark.parametrize("where", ["no such bucket", "server down"])
-def test_an_unreachable_store_is_one_line_before_training(where, store, tmp_path, monkeypatch, capsys):
+def test_an_unreachable_store_is_one_line_before_training(where, store, tmp_path, monkeypatch,
+                                                          capsys):
     uri = "s3://no-such-bucket/run" if where == "no such bucket" else URI
     if where == "server down":
         store.stop()
@@ -216,8 +240,10 @@ def test_an_unreachable_store_is_one_line_before_training(where, store, tmp_path
 
 @pytest.mark.parametrize("uri, fragment", [("s4://bucket/x", "not a path nor a URI"),
                                            ("s3://", "not a path nor a URI")])
-def test_a_ckpt_dir_fsspec_cannot_open_is_refused_at_resolve_time(uri, fragment, monkeypatch, capsys):
-    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", *TINY, f"run.ckpt_dir={uri}")
+def test_a_ckpt_dir_fsspec_cannot_open_is_refused_at_resolve_time(uri, fragment, monkeypatch,
+                                                                  capsys):
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--dry-run", *TINY,
+                           f"run.ckpt_dir={uri}")
     assert code == 2 and "run.ckpt_dir" in err and fragment in err, err
 
 

@@ -28,6 +28,7 @@ imported by fsspec when a URI names them, never by a run without one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import re
 import time
@@ -37,6 +38,7 @@ from pathlib import Path
 import fsspec
 
 from vitcli.errors import CheckpointError, first_line
+from vitcli.recipe.schema import Recipe
 from vitcli.runtime import faults, files
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_dir import states_by_step
@@ -62,7 +64,9 @@ class Entry:
     @property
     def checksum(self) -> str:
         """The object that completes it, uploaded last."""
-        return f"{self.name}/{files.MANIFEST}" if self.is_dir else f"{self.name}{files.CHECKSUM_SUFFIX}"
+        if self.is_dir:
+            return f"{self.name}/{files.MANIFEST}"
+        return f"{self.name}{files.CHECKSUM_SUFFIX}"
 
     @property
     def is_dir(self) -> bool:
@@ -71,6 +75,16 @@ class Entry:
     @property
     def complete(self) -> bool:
         return self.checksum in self.objects
+
+
+def below(recipe: Recipe, name: str) -> Recipe:
+    """The recipe of one of several runs a command trains in WORKDIR/<name> (a sweep's point, a VTAB
+    task): its run.ckpt_dir, if set, becomes <ckpt_dir>/<name>, so that no two runs share one (each
+    would take the other's checkpoints for another branch of its own, and remove them)."""
+    if not recipe.run.ckpt_dir:
+        return recipe
+    uri = f"{recipe.run.ckpt_dir.rstrip('/')}/{name}"
+    return dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, ckpt_dir=uri))
 
 
 def checksum_of(path: Path) -> Path:
@@ -111,8 +125,9 @@ class Mirror:
             self.fs.rm_file(f"{self.root}/{PROBE}")
         except Exception as e:  # noqa: BLE001 - each store has its own errors (botocore's: no OSError)
             raise CheckpointError(f"run.ckpt_dir={self.uri}: cannot write there "
-                                  f"({first_line(e, named=True)}); check the bucket, the credentials "
-                                  "and the endpoint (AWS_ENDPOINT_URL for a store that is not AWS)") from None
+                                  f"({first_line(e, named=True)}); check the bucket, the "
+                                  "credentials and the endpoint (AWS_ENDPOINT_URL for a store "
+                                  "that is not AWS)") from None
 
     def entries(self) -> dict[str, Entry]:
         """The remote's checkpoints by name, listed afresh (another process may have changed it)."""
@@ -138,8 +153,9 @@ class Mirror:
                 error = first_line(e, named=True)
             if attempt + 1 < ATTEMPTS:
                 time.sleep(BACKOFF_S * 2 ** attempt)
-        console.log(f"[yellow]warning: could not upload {Path(path).name} to {self.uri} after {ATTEMPTS} "
-                    f"tries ({error}); the local checkpoint is intact, the next upload catches up")
+        console.log(f"[yellow]warning: could not upload {Path(path).name} to {self.uri} after "
+                    f"{ATTEMPTS} tries ({error}); the local checkpoint is intact, the next upload "
+                    "catches up")
         return False
 
     def sync(self, workdir: Path) -> None:
@@ -202,8 +218,8 @@ class Mirror:
             if entry.step <= than:
                 break
             if not entry.complete:
-                console.log(f"[yellow]warning: {self.where(entry.name)}: incomplete, no {entry.checksum} "
-                            "(its upload was interrupted); skipped")
+                console.log(f"[yellow]warning: {self.where(entry.name)}: incomplete, no "
+                            f"{entry.checksum} (its upload was interrupted); skipped")
                 continue
             try:
                 return self._download(entry, Path(workdir) / entry.name)
@@ -212,8 +228,8 @@ class Mirror:
         return None
 
     def _download(self, entry: Entry, target: Path) -> Path:
-        """`entry` into `target` (one rename, as the workdir's own writes), its bytes checked against
-        its checksum object before they get the checkpoint's name."""
+        """`entry` into `target` (one rename, as the workdir's own writes), its bytes checked
+        against its checksum object before they get the checkpoint's name."""
         try:
             (self._download_dir if entry.is_dir else self._download_file)(entry, target)
         except CheckpointError:
@@ -228,8 +244,8 @@ class Mirror:
         with files.atomic_path(target) as tmp:
             self._get(entry.name, tmp)
             if recorded.split()[:1] != [files.sha256_of(tmp)]:
-                raise CheckpointError(f"{self.where(entry.name)}: damaged, its sha256 differs from the "
-                                      f"one in {entry.checksum}")
+                raise CheckpointError(f"{self.where(entry.name)}: damaged, its sha256 differs "
+                                      f"from the one in {entry.checksum}")
         files.write_text(files.checksum_path(target), recorded)  # last, as checkpoints.state writes
 
     def _download_dir(self, entry: Entry, target: Path) -> None:

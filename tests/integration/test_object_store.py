@@ -224,16 +224,37 @@ def test_each_point_of_a_sweep_mirrors_into_a_place_of_its_own(store, tmp_path):
     assert store.names() == {f"{p}/state-2.pt{end}" for p in points for end in ("", ".sha256")}
 
 
-@pytest.mark.parametrize("where", ["no such bucket", "server down"])
-def test_an_unreachable_store_is_one_line_before_training(where, store, tmp_path, monkeypatch,
+def test_a_plain_path_is_a_store_too_but_not_the_workdir_itself(tmp_path, monkeypatch, capsys):
+    one_run(recipe(f"run.ckpt_dir={tmp_path / 'disk2' / 'run'}", "schedule.steps=4"), tmp_path / "w")
+    mirrored = sorted(p.name for p in (tmp_path / "disk2" / "run").iterdir())
+    assert mirrored == ["state-2.pt", "state-2.pt.sha256", "state-4.pt", "state-4.pt.sha256"]
+    for name in ("state-2.pt", "state-4.pt"):
+        sent, kept = tmp_path / "w" / name, tmp_path / "disk2" / "run" / name
+        assert kept.read_bytes() == sent.read_bytes()
+    capsys.readouterr()  # the run's own output
+    err = refused(monkeypatch, capsys, tmp_path, "pretrain", "--workdir", tmp_path / "w", *TINY,
+                  f"run.ckpt_dir=file://{tmp_path / 'w'}")
+    assert "is the workdir itself" in err, err
+
+
+@pytest.mark.parametrize("where, says", [("no such bucket", "bucket does not exist"),
+                                         ("no credentials", "NoCredentialsError"),
+                                         ("server down", "Could not connect")])
+def test_an_unreachable_store_is_one_line_before_training(where, says, store, tmp_path, monkeypatch,
                                                           capsys):
     uri = "s3://no-such-bucket/run" if where == "no such bucket" else URI
+    if where == "no credentials":
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.delenv(name)
+        for name in ("AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+            monkeypatch.setenv(name, str(tmp_path / "none"))
+        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     if where == "server down":
         store.stop()
     (tmp_path / "w").mkdir()
     err = refused(monkeypatch, capsys, tmp_path, "pretrain", "--workdir", tmp_path / "w", *TINY,
                   f"run.ckpt_dir={uri}")
-    assert f"run.ckpt_dir={uri}: cannot write there" in err, err
+    assert f"run.ckpt_dir={uri}: cannot write there" in err and says in err, err
     if where == "server down":
         store.start()  # for the fixture's stop
 

@@ -225,7 +225,8 @@ def test_each_point_of_a_sweep_mirrors_into_a_place_of_its_own(store, tmp_path):
 
 
 def test_a_plain_path_is_a_store_too_but_not_the_workdir_itself(tmp_path, monkeypatch, capsys):
-    one_run(recipe(f"run.ckpt_dir={tmp_path / 'disk2' / 'run'}", "schedule.steps=4"), tmp_path / "w")
+    r = recipe(f"run.ckpt_dir={tmp_path / 'disk2' / 'run'}", "schedule.steps=4")
+    one_run(r, tmp_path / "w")
     mirrored = sorted(p.name for p in (tmp_path / "disk2" / "run").iterdir())
     assert mirrored == ["state-2.pt", "state-2.pt.sha256", "state-4.pt", "state-4.pt.sha256"]
     for name in ("state-2.pt", "state-4.pt"):

@@ -120,7 +120,8 @@ def from_remote(recipe: Recipe, workdir: Path, dist: Dist, fetch: bool) -> None:
             mirror = remote.Mirror(recipe.run.ckpt_dir, recipe.run.keep_checkpoints)
             if mirror.local and Path(mirror.root).resolve() == Path(workdir).resolve():
                 raise CheckpointError(f"run.ckpt_dir={recipe.run.ckpt_dir} is the workdir itself: "
-                                      "name another place (a bucket, another disk), or leave it empty")
+                                      "name another place (a bucket, another disk), or leave it "
+                                      "empty")
             mirror.check()
             if fetch:
                 mirror.fetch_newer(workdir, newest_step(workdir))

@@ -1,5 +1,6 @@
-"""Checkpoints mirrored to object storage: run.ckpt_dir, an fsspec URI (s3://bucket/prefix, gs://...,
-file:///..., or a plain path) that holds a copy of the newest run.keep_checkpoints checkpoints.
+"""Checkpoints mirrored to object storage: run.ckpt_dir, an fsspec URI (s3://bucket/prefix,
+gs://..., file:///..., or a plain path) that holds a copy of the newest run.keep_checkpoints
+checkpoints.
 
 The workdir stays a local path and the checkpoints are written there first, as without a mirror
 (Composer's RemoteUploaderDownloader does the same: save locally, then upload): a local write is
@@ -123,7 +124,7 @@ class Mirror:
         try:
             self._put_bytes(PROBE, b"vitcli checks it may write here\n")
             self.fs.rm_file(f"{self.root}/{PROBE}")
-        except Exception as e:  # noqa: BLE001 - each store has its own errors (botocore's: no OSError)
+        except Exception as e:  # noqa: BLE001 - each store its own errors (botocore's: no OSError)
             raise CheckpointError(f"run.ckpt_dir={self.uri}: cannot write there "
                                   f"({first_line(e, named=True)}); check the bucket, the "
                                   "credentials and the endpoint (AWS_ENDPOINT_URL for a store "

@@ -386,7 +386,8 @@ def check_ckpt_dir(uri: str) -> None:
         raise RecipeError(f"run.ckpt_dir: {uri!r} is not a path nor a URI fsspec can open "
                           "(s3://bucket/prefix, gs://bucket/prefix, file:///path)")
     if protocol not in registry and importlib.util.find_spec(known["class"].split(".")[0]) is None:
-        raise RecipeError(f"run.ckpt_dir: {uri}: {known.get('err', 'its fsspec library is not installed')}")
+        missing = known.get("err", "its fsspec library is not installed")
+        raise RecipeError(f"run.ckpt_dir: {uri}: {missing}")
 
 
 def check_sweep(recipe: Recipe) -> None:

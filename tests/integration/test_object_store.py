@@ -232,7 +232,11 @@ def test_a_plain_path_is_a_store_too_but_not_the_workdir_itself(tmp_path, monkey
     for name in ("state-2.pt", "state-4.pt"):
         sent, kept = tmp_path / "w" / name, tmp_path / "disk2" / "run" / name
         assert kept.read_bytes() == sent.read_bytes()
-    capsys.readouterr()  # the run's own output
+    one_run(recipe(f"run.ckpt_dir={tmp_path / 'disk2' / 'run'}", "schedule.steps=2"), tmp_path / "w2",
+            resume=False)
+    aside = list((tmp_path / "disk2" / "run").glob("previous-*"))
+    assert len(aside) == 1 and sorted(p.name for p in aside[0].iterdir()) == mirrored
+    capsys.readouterr()  # the runs' own output
     err = refused(monkeypatch, capsys, tmp_path, "pretrain", "--workdir", tmp_path / "w", *TINY,
                   f"run.ckpt_dir=file://{tmp_path / 'w'}")
     assert "is the workdir itself" in err, err

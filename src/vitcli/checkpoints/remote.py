@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from vitcli.errors import CheckpointError, first_line
 from vitcli.recipe.schema import Recipe
@@ -49,8 +50,8 @@ ATTEMPTS, BACKOFF_S = 3, 2.0
 # written and removed at start: the store is there, and these credentials may write and delete in it
 # (what uploads and retention need), as Composer's `.credentials_validated_successfully`
 PROBE = ".vitcli-write-check"
-# a remote object's name below the root: `state-<step>.pt[.sha256]` or `state-<step>/<file>`
-_OBJECT = re.compile(r"(state-(\d+)(?:\.pt)?)(\.sha256|/.+)?")
+# a remote object's name below the root: `state-<step>.pt[.sha256]`, or `state-<step>/<file>`
+_OBJECT = re.compile(r"(state-(\d+)\.pt)(\.sha256)?|(state-(\d+))/.+")
 
 
 @dataclass
@@ -111,7 +112,7 @@ class Mirror:
         except (ValueError, ImportError) as e:  # an unknown protocol, its library not installed
             raise CheckpointError(f"run.ckpt_dir={uri}: {first_line(e)}") from None
         self.root = self.root.rstrip("/")
-        self.local = "file" in self.fs.protocol or "local" in self.fs.protocol
+        self.local = isinstance(self.fs, LocalFileSystem)  # folders to make; a bucket has none
 
     def where(self, name: str) -> str:
         """A remote object's URI, for messages."""
@@ -138,8 +139,8 @@ class Mirror:
         for path in self.fs.find(self.root):
             match = _OBJECT.fullmatch(path.removeprefix(prefix))
             if match:
-                entry = found.setdefault(match[1], Entry(match[1], int(match[2])))
-                entry.objects.append(match[0].removeprefix("/"))
+                name, step = (match[1], match[2]) if match[1] else (match[4], match[5])
+                found.setdefault(name, Entry(name, int(step))).objects.append(match[0])
         return found
 
     def upload(self, path: Path) -> bool:
@@ -202,14 +203,17 @@ class Mirror:
                 self.fs.rm_file(f"{self.root}/{name}")
 
     def _put(self, file: Path, name: str) -> None:
-        if self.local:  # a directory tree needs its folders; an object store has none
-            self.fs.makedirs(f"{self.root}/{name}".rsplit("/", 1)[0], exist_ok=True)
+        self._folder_of(name)
         self.fs.put_file(str(file), f"{self.root}/{name}")
 
     def _put_bytes(self, name: str, data: bytes) -> None:
-        if self.local:
-            self.fs.makedirs(self.root, exist_ok=True)
+        self._folder_of(name)
         self.fs.pipe_file(f"{self.root}/{name}", data)
+
+    def _folder_of(self, name: str) -> None:
+        """The folder an object `name` goes into, on a file system (an object store has none)."""
+        if self.local:
+            self.fs.makedirs(f"{self.root}/{name}".rsplit("/", 1)[0], exist_ok=True)
 
     def fetch_newer(self, workdir: Path, than: int) -> Path | None:
         """The remote's newest complete checkpoint of a step after `than`, downloaded into the
@@ -266,16 +270,21 @@ class Mirror:
         """A fresh run's start: the remote's checkpoints (an earlier run's) moved into
         `previous-<time>/` beside them, checksums first, so that none is resumed by mistake. Where
         they went, or None when there were none."""
-        found = self.entries()
-        if not found:
-            return None
-        names = {n.removeprefix(f"{self.root}/") for n in self.fs.ls(self.root, detail=False)}
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        kept = next(name for n in itertools.count()
-                    if (name := f"previous-{stamp}{f'-{n}' if n else ''}") not in names)
-        for entry in found.values():
-            for name in sorted(entry.objects, key=lambda name: name != entry.checksum):
-                self.fs.mv(f"{self.root}/{name}", f"{self.root}/{kept}/{name}")
+        try:
+            found = self.entries()
+            if not found:
+                return None
+            names = {n.removeprefix(f"{self.root}/") for n in self.fs.ls(self.root, detail=False)}
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            kept = next(name for n in itertools.count()
+                        if (name := f"previous-{stamp}{f'-{n}' if n else ''}") not in names)
+            for entry in found.values():
+                for name in sorted(entry.objects, key=lambda name: name != entry.checksum):
+                    self._folder_of(f"{kept}/{name}")
+                    self.fs.mv(f"{self.root}/{name}", f"{self.root}/{kept}/{name}")
+        except Exception as e:  # noqa: BLE001 - the store's own errors, each its own type
+            raise CheckpointError(f"run.ckpt_dir={self.uri}: cannot set the previous run's "
+                                  f"checkpoints aside ({first_line(e, named=True)})") from None
         console.log(f"the previous run's checkpoints in {self.uri} are kept in {self.where(kept)}")
         return self.where(kept)
 

@@ -242,6 +242,16 @@ def test_a_plain_path_is_a_store_too_but_not_the_workdir_itself(tmp_path, monkey
     assert "is the workdir itself" in err, err
 
 
+def test_an_upload_with_no_complete_checkpoint_here_removes_nothing_there(tmp_path):
+    there, here = tmp_path / "there", tmp_path / "here"
+    there.mkdir(), here.mkdir()
+    (there / "state-4.pt").write_bytes(b"weights")
+    (there / "state-4.pt.sha256").write_text(f"{hashlib.sha256(b'weights').hexdigest()}  state-4.pt\n")
+    (here / "state-6.pt").write_bytes(b"cut short")  # no checksum: its write was interrupted
+    assert remote.Mirror(str(there), keep=2).upload(here / "state-6.pt")
+    assert sorted(p.name for p in there.iterdir()) == ["state-4.pt", "state-4.pt.sha256"]
+
+
 @pytest.mark.parametrize("where, says", [("no such bucket", "bucket does not exist"),
                                          ("no credentials", "NoCredentialsError"),
                                          ("server down", "Could not connect")])

@@ -76,7 +76,8 @@ class Entry:
 
     @property
     def complete(self) -> bool:
-        return self.checksum in self.objects
+        """Its checksum object is there (and a file's data object beside it)."""
+        return self.checksum in self.objects and (self.is_dir or self.name in self.objects)
 
 
 def below(recipe: Recipe, name: str) -> Recipe:
@@ -165,8 +166,9 @@ class Mirror:
         ones (another branch of the run) removed first, then each missing or different one uploaded,
         newest first, then the ones past retention removed."""
         local = local_checkpoints(workdir)[: self.keep]
-        remote, kept = self.entries(), {p.name for _, p in local}
-        newest = local[0][0] if local else 0
+        if not local:  # nothing here to stand for what the store holds: it is left as it is
+            return
+        remote, kept, newest = self.entries(), {p.name for _, p in local}, local[0][0]
         stale = [e for e in remote.values() if e.name not in kept]
         for entry in (e for e in stale if e.step >= newest):
             self._remove(entry)

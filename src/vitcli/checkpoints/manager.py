@@ -29,7 +29,7 @@ from vitcli.checkpoints import remote, state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
-from vitcli.errors import CheckpointError, RecipeError
+from vitcli.errors import CheckpointError, RecipeError, first_line
 from vitcli.recipe.layers import flatten, to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
@@ -127,6 +127,9 @@ def from_remote(recipe: Recipe, workdir: Path, dist: Dist, fetch: bool) -> None:
                 mirror.fetch_newer(workdir, newest_step(workdir))
         except CheckpointError as e:
             error = str(e)
+        except Exception as e:  # noqa: BLE001 - the store's own errors (a listing that failed)
+            # one line, which every rank learns below instead of waiting for rank 0 forever
+            error = f"run.ckpt_dir={recipe.run.ckpt_dir}: {first_line(e, named=True)}"
     error = next(filter(None, all_gather(error, dist)), None)
     if error is not None:
         raise CheckpointError(error)

@@ -382,7 +382,7 @@ def check_ckpt_dir(uri: str) -> None:
     if protocol is None:
         return
     known = known_implementations.get(protocol)
-    if known is None and protocol not in registry or not rest.strip("/"):
+    if (known is None and protocol not in registry) or not rest.strip("/"):
         raise RecipeError(f"run.ckpt_dir: {uri!r} is not a path nor a URI fsspec can open "
                           "(s3://bucket/prefix, gs://bucket/prefix, file:///path)")
     if protocol not in registry and importlib.util.find_spec(known["class"].split(".")[0]) is None:

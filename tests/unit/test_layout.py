@@ -48,9 +48,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                    "reader_prepared", "reader_tars", "reader_factory", "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
-    ("checkpoints", ["weights", "state", "sharded", "manager", "npz", "pth", "hf_vit", "read", "describe",
-                     "preprocessing", "fit", "complete", "resize", "transfer", "export_timm", "export_hf",
-                     "export_onnx"]),
+    ("checkpoints", ["weights", "state", "sharded", "remote", "manager", "npz", "pth", "hf_vit",
+                     "read", "describe", "preprocessing", "fit", "complete", "resize", "transfer",
+                     "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
                "loop", "cost"]),
@@ -141,9 +141,10 @@ OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}
 # which tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib
 # when drawing; and for a micro-batch trial's memory, which importing its objective and the loop
 # would swell by datasets and pandas (~100 MiB), the held-out evaluators, the data sources and DINO's
-# multi-crop (its decoders)
+# multi-crop (its decoders); and fsspec in the recipe's torch-free checks, which run for every
+# command, while only run.ckpt_dir needs it (its s3fs or gcsfs only when a URI names them)
 ON_DEMAND = ("torch.distributed.checkpoint", "matplotlib", "vitcli.evaluators.heldout",
-             "vitcli.data.rows.sources", "vitcli.data.augmentation.multicrop")
+             "vitcli.data.rows.sources", "vitcli.data.augmentation.multicrop", "fsspec")
 
 
 def imported_module(stmt: ast.Import | ast.ImportFrom) -> str:

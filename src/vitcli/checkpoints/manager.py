@@ -25,7 +25,7 @@ from typing import Protocol
 
 import torch
 
-from vitcli.checkpoints import state
+from vitcli.checkpoints import remote, state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
@@ -35,7 +35,7 @@ from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
-from vitcli.runtime.run_dir import RESUMABLE, finished
+from vitcli.runtime.run_dir import RESUMABLE, finished, newest_step
 from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_aside
 
 # The keys that may differ between a run and its resumption: run_dir.RESUMABLE; all others match.
@@ -93,7 +93,9 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
     the other precision, on a machine that chose differently, is continued with a warning instead.
     """
     check_resume_flags(resume, overwrite)
-    found = None if overwrite or resume is False else latest_good_state(workdir, verbose=dist.is_main)
+    fresh = overwrite or resume is False
+    from_remote(recipe, workdir, dist, fetch=not fresh)
+    found = None if fresh else latest_good_state(workdir, verbose=dist.is_main)
     if found is None:
         if resume:
             raise RecipeError(f"--resume: no checkpoint to resume in {workdir} (expected state-<step>.pt, or "
@@ -105,6 +107,34 @@ def resume_point(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None 
         saved = _accept_precision(recipe, saved, workdir)
     _check_same_training(recipe, saved, workdir)
     return found
+
+
+def from_remote(recipe: Recipe, workdir: Path, dist: Dist, fetch: bool) -> None:
+    """run.ckpt_dir, if set, checked before anything is trained (writable, and not the workdir):
+    one line naming the URI and the error; with `fetch`, its newest good checkpoint newer than the
+    workdir's is downloaded there first (checkpoints.remote), for latest_good_state to find. Rank 0
+    asks the store; every rank learns its verdict."""
+    if not recipe.run.ckpt_dir:
+        return
+    error = None
+    if dist.is_main:
+        try:
+            mirror = remote.Mirror(recipe.run.ckpt_dir, recipe.run.keep_checkpoints)
+            if mirror.local and Path(mirror.root).resolve() == Path(workdir).resolve():
+                raise CheckpointError(f"run.ckpt_dir={recipe.run.ckpt_dir} is the workdir itself: "
+                                      "name another place (a bucket, another disk), or leave it "
+                                      "empty")
+            mirror.check()
+            if fetch:
+                mirror.fetch_newer(workdir, newest_step(workdir))
+        except CheckpointError as e:
+            error = str(e)
+        except Exception as e:  # noqa: BLE001 - the store's own errors (a listing that failed)
+            # one line, which every rank learns below instead of waiting for rank 0 forever
+            error = f"run.ckpt_dir={recipe.run.ckpt_dir}: {first_line(e, named=True)}"
+    error = next(filter(None, all_gather(error, dist)), None)
+    if error is not None:
+        raise CheckpointError(error)
 
 
 def finished_summary(workdir: Path, start: Checkpoint | None) -> dict | None:
@@ -148,15 +178,17 @@ def _check_same_training(recipe: Recipe, saved_recipe: dict, workdir: Path) -> N
         )
 
 
-def prepare_workdir(workdir: Path, fresh: bool) -> Path | None:
+def prepare_workdir(workdir: Path, fresh: bool, ckpt_dir: str = "") -> Path | None:
     """Before a run writes anything (rank 0): the killed writes of an earlier run go (ours only, by
     their pattern: files.remove_stale_temps, state.remove_stale_dirs); a `fresh` run first sets the
-    previous run's files aside, its checkpoints with them, so that nothing old looks resumable.
-    Returns where they went."""
+    previous run's files aside, its checkpoints with them (and those in run.ckpt_dir, `ckpt_dir`),
+    so that nothing old looks resumable. Returns where the workdir's went."""
     workdir.mkdir(parents=True, exist_ok=True)
     files.remove_stale_temps(workdir)
     state.remove_stale_dirs(workdir)
     if fresh:
+        if ckpt_dir:
+            remote.Mirror(ckpt_dir).set_aside()
         return set_aside(workdir, state.state_files(workdir))
     # a checkpoint whose checksum a kill never wrote (latest_good_state skipped it): kept, out of
     # the way
@@ -221,6 +253,9 @@ class CheckpointManager:
         self.workdir, self.recipe, self.dist = workdir, recipe, dist
         self.model, self.optimizer, self.stream, self.sharded = model, optimizer, stream, sharded
         self.resume_from, self.ema = resume_from, ema
+        # run.ckpt_dir: rank 0 uploads each checkpoint once it is in place
+        self.mirror = (remote.Mirror(recipe.run.ckpt_dir, recipe.run.keep_checkpoints)
+                       if recipe.run.ckpt_dir and dist.is_main else None)
         self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
 
     def load(self) -> int:
@@ -282,6 +317,8 @@ class CheckpointManager:
         parts = {"step": step, "data": data, "recipe": to_dict(r), "format": state.FORMAT}
         path = save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded, self.ema)
+        if self.mirror is not None:  # after the barrier: every shard is in place
+            self.mirror.upload(path)
         self.seconds += time.perf_counter() - t0
         return path
 

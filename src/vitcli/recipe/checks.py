@@ -120,6 +120,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if recipe.init.grid:
         parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
+    check_ckpt_dir(recipe.run.ckpt_dir)
     check_slurm(recipe.slurm)
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
@@ -365,6 +366,28 @@ def check_loggers(names: list[str]) -> None:
         if package and importlib.util.find_spec(package) is None:
             raise RecipeError(f"run.loggers: {name} needs the {package} package: "
                               f"pip install 'vitcli[{package}]'")
+
+
+def check_ckpt_dir(uri: str) -> None:
+    """run.ckpt_dir: a path, or a URI whose protocol fsspec knows and whose library is installed
+    (s3fs for s3://); whether the store answers is asked at the run's start (checkpoints.remote)."""
+    if not uri:
+        return
+    from fsspec.core import split_protocol  # here: fsspec's import is for runs that name a URI
+    from fsspec.registry import known_implementations, registry
+
+    if not uri.isprintable() or uri != uri.strip():
+        raise RecipeError(f"run.ckpt_dir: {uri!r} has a control character or surrounding spaces")
+    protocol, rest = split_protocol(uri)
+    if protocol is None:
+        return
+    known = known_implementations.get(protocol)
+    if (known is None and protocol not in registry) or not rest.strip("/"):
+        raise RecipeError(f"run.ckpt_dir: {uri!r} is not a path nor a URI fsspec can open "
+                          "(s3://bucket/prefix, gs://bucket/prefix, file:///path)")
+    if protocol not in registry and importlib.util.find_spec(known["class"].split(".")[0]) is None:
+        missing = known.get("err", "its fsspec library is not installed")
+        raise RecipeError(f"run.ckpt_dir: {uri}: {missing}")
 
 
 def check_sweep(recipe: Recipe) -> None:

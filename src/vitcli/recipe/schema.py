@@ -247,6 +247,11 @@ class RunConfig:
     ckpt_every_minutes: float = 30.0
     # resumable checkpoints kept; a damaged latest one falls back to the one before
     keep_checkpoints: int = 2
+    # where every finished checkpoint is also uploaded (its checksum object last), keeping
+    # keep_checkpoints there too: an fsspec URI (s3://bucket/prefix, gs://..., file:///...) or a
+    # path. "" = the workdir only. Why: a node's local disk dies with the node; a run resumes from
+    # the remote when it holds a newer good checkpoint than the workdir (checkpoints.remote)
+    ckpt_dir: str = ""
     # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt
     # checkpoints). fsdp: FSDP2 shards them over the processes block by block (state-<step>/
     # directories, one file per process); with one process there is nothing to shard over, so it

@@ -104,7 +104,8 @@ def start(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
     job = build_job(decided.recipe, workdir, dist, decided.start)
     check_space(workdir, checkpoint_bytes(job), "training with its checkpoints")
     if dist.is_main:
-        manager.prepare_workdir(workdir, fresh=decided.start is None)
+        manager.prepare_workdir(workdir, fresh=decided.start is None,
+                                ckpt_dir=decided.recipe.run.ckpt_dir)
         files.write_text(workdir / RECIPE_FILE, to_yaml(decided.recipe))
         announce(job, dist, decided.why, decided.why_compile)
     return job

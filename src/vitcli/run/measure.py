@@ -116,9 +116,10 @@ class Measured:
 def probe(r: Recipe, every: int, run: int) -> Recipe:
     """The recipe of a short run of `run` steps: logging windows of `every` steps that tell warm-up
     from steady steps, no checkpoint but the last step's (its time is known), no tracker (a W&B run
-    would be made for it)."""
+    would be made for it), no run.ckpt_dir (its upload would replace the run's own there)."""
     return dataclasses.replace(r, run=dataclasses.replace(
-        r.run, log_every=every, ckpt_every=run, ckpt_every_minutes=0.0, loggers=["jsonl"]))
+        r.run, log_every=every, ckpt_every=run, ckpt_every_minutes=0.0, loggers=["jsonl"],
+        ckpt_dir=""))
 
 
 def measure(r: Recipe, tmp: Path, dist: Dist, steps: int) -> Measured:

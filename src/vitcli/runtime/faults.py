@@ -13,7 +13,9 @@ the part of vit that meets each (the code that calls `armed` with that kind):
 - crash: the rank raises after the step (a bug, a bad node's exception);
 - nan: the step's loss is NaN (a spike, a bad batch);
 - enospc: the checkpoint of the step fails to write with ENOSPC (a full disk);
-- corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk).
+- corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk);
+- store: the upload of the step's checkpoint to run.ckpt_dir fails between its data and its checksum
+  object, as a store that went away mid-upload (checkpoints.remote; rank 0, which uploads).
 
 Why a variable and not a recipe key: a recipe is the experiment, and a fault is not part of it (it
 must not change the recipe a checkpoint is resumed against). Why each fires once: a fault the run
@@ -33,7 +35,7 @@ from functools import cache
 from pathlib import Path
 
 ENV = "VITCLI_FAULTS"
-KINDS = ("kill", "hang", "crash", "nan", "enospc", "corrupt")
+KINDS = ("kill", "hang", "crash", "nan", "enospc", "corrupt", "store")
 FIRED_FILE = "faults-fired.jsonl"
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from rich.table import Table
 
+from vitcli.checkpoints import remote
 from vitcli.errors import TrainingError
 from vitcli.recipe.grid import Grid, Point, expand, value_text
 from vitcli.recipe.layers import nest
@@ -112,6 +113,7 @@ def _run_points(planned: Planned, workdir: Path, dist: Dist, resume: bool | None
 
 def _train(point: Point, recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None,
            overwrite: bool) -> dict:
+    recipe = remote.below(recipe, point.name)  # each point's checkpoints in a place of their own
     return run_training(recipe, workdir / point.name, dist, resume, overwrite,
                         skip_note=f"point {point.name}: finished, skipped", table=False)
 

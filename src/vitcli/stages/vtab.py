@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from vitcli.checkpoints import remote
 from vitcli.data.rows import sources, tasks
 from vitcli.errors import DataError, RecipeError
 from vitcli.recipe.resolve import derive
@@ -63,7 +64,9 @@ def run_vtab(recipe: Recipe, workdir: Path, chosen: list[tasks.Task], dist: Dist
     for task, r in planned:
         out = workdir / task.name.split("/")[1]
         try:
-            found = _run_task(recipe, task, r, out, lrs, dist, resume, overwrite)
+            # each task's checkpoints in a place of their own
+            found = _run_task(remote.below(recipe, out.name), task, remote.below(r, out.name), out,
+                              lrs, dist, resume, overwrite)
         # the data layer names the file and split; say which task they were for
         except DataError as e:
             raise DataError(f"{task.name}: {e}") from None
@@ -84,6 +87,7 @@ def _run_task(recipe: Recipe, task: tasks.Task, r: Recipe, out: Path, lrs: list[
     summary = lr_sweep(r, out, lrs, dist, resume, overwrite)
     final = derive(task_recipe(recipe, task, False, dist.world_size), {"optim": {"lr": summary["best_lr"]}},
                    dist.world_size)
+    final = remote.below(final, VTAB_FINAL_RUN)
     results = run_training(final, out / VTAB_FINAL_RUN, dist, resume, overwrite)
     return {"lr": summary["best_lr"], "val/top1": summary["dev/top1"], "test/top1": results.get("test/top1")}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from vitcli.checkpoints.weights import save_weights
 from vitcli.data.batching import sampler
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
-from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
+from vitcli.runtime.dist import Dist, all_reduce_max
 from vitcli.runtime.memory import PeakMemory
 from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
@@ -37,7 +36,7 @@ from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.optim import build_optimizer
-from vitcli.train.rollback import Guard, poison_planned, poisoned
+from vitcli.train.rollback import Guard
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
 
@@ -158,42 +157,32 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     stream = job.feed(micro, accum, dist)  # this rank's, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
                                     job.resume_from, ema)
-    guard = Guard(r, job.workdir, dist, resumed=job.resume_from is not None)  # loss spikes
-    start = checkpoints.load(guard.recorded)
+    guard = Guard(r, job.workdir, dist, job.resume_from is not None, job.objective.why_diverged)
+    step = start = checkpoints.load(guard.recorded)  # the skips its rollbacks recorded too
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput:
     # why that is still the honest measure on CUDA)
     waited = Waited(stream)
     advise = functools.partial(input_bound, feeding=feeding(r))
-    # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits
-    # before it are the first epochs' decoding, which the input-bound warning leaves out
-    warm = -(-getattr(stream, "warm_after", 0) // accum)
     metrics = _metrics_log(job, start, dist)
     ddp_model.train()
-    window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
+    window = _Window(time.perf_counter(), 0, {}, warm=_warm(stream, accum), since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
-        step = start
         while step < job.total_steps:
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            objective = _objective(job.objective, r, step, dist.rank * accum,
-                                   sampler.batch_step(step, checkpoints.skips))
+            objective = _objective(job.objective, r, step, dist.rank * accum, checkpoints.skips)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist, job.objective.whole_step)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
-            # the loss is read (a host-device sync) only at log and checkpoint steps, before the
-            # update: a spike (one that became non-finite) is caught before a checkpoint could hold
-            # it, and rolls the run back past it (train/rollback.py)
-            read = save or log or poison_planned(done)
-            values = _read([loss, accuracy], dist, done, job.workdir) if read else None
+            # read at log and checkpoint steps, before the update: a spike rolls back (rollback.py)
+            values = guard.read([loss, accuracy], done, due=save or log)
             if values is not None and guard.check(values[0], done):
-                step, metrics = guard.roll_back(done, values[0], checkpoints, metrics, newest,
-                                                job.objective.why_diverged)
-                bar.update(task, completed=step)
+                step, metrics = guard.roll_back(done, values[0], checkpoints, metrics, newest)
                 continue
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             _step(optimizer, model, ema, done, job.objective)
@@ -224,6 +213,12 @@ def _metrics_log(job: Job, start: int, dist: Dist) -> MetricsLog:
     r = job.recipe
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     return MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
+
+
+def _warm(stream, accum: int) -> int:
+    """The step from which the data are warm (decoded from a cache, when the loader keeps one):
+    waits before it are the first epochs' decoding, which the input-bound warning leaves out."""
+    return -(-getattr(stream, "warm_after", 0) // accum)
 
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
@@ -259,15 +254,6 @@ def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
     step."""
     signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
     return int(signum), bool(timed)
-
-
-def _read(values: list, dist: Dist, done: int, workdir: Path) -> list[float | None]:
-    """Tensors (loss first, others or None) -> numbers averaged over processes; the loss as an
-    injected fault leaves it (rollback.poisoned), the others None where they were."""
-    numbers = [math.nan if v is None else float(v) for v in values]
-    numbers[0] = poisoned(numbers[0], done, dist, workdir)
-    mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
-    return [mean[0], *(None if math.isnan(v) else v for v in mean[1:])]
 
 
 def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
@@ -393,20 +379,22 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
-def _objective(objective: Objective, r: Recipe, step: int, first_micro: int, batch: int = -1):
+def _objective(objective: Objective, r: Recipe, step: int, first_micro: int, skips: tuple = ()):
     """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch
     (global micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a
     teacher if the recipe names one; masked patch prediction; MAE: the objectives package).
 
     Every random draw of the model's side gets its own seed per (run seed, step, global
     micro-batch), as the augmentation does (sampler.micro_seed, through Draws; of the step whose
-    `batch` it takes, when batches were skipped: sampler.batch_step): Mixup and CutMix
+    batch it takes past the `skips`: sampler.batch_step): Mixup and CutMix
     from a numpy Generator of their own (augmentations.mix), dropout and drop-path from torch's
     global RNG (pinned here for the call), the masking of masked patch prediction from its own
     generator. MAE's masks are drawn per image instead, from (run seed, the image's index in the
     run: Draws.first_sample), so they do not change with the micro-batch size either. So a run
     repeats exactly, resumes exactly, and trains the same with one process or several.
     """
+
+    batch = sampler.batch_step(step, skips)
 
     def draws(i: int) -> Draws:
         return Draws(r.run.seed, step, first_micro + i, r.data.batch_size, batch)

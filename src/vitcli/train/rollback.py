@@ -41,7 +41,7 @@ from vitcli.data.batching.sampler import batch_step, merged, skipped
 from vitcli.errors import TrainingError
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime import faults
-from vitcli.runtime.dist import Dist, barrier
+from vitcli.runtime.dist import Dist, all_reduce_sum, barrier
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import MetricsLog, console
 from vitcli.runtime.run_files import ATTEMPTS_FILE, METRICS_FILE, ROLLBACKS_FILE, SLURM_DIR
@@ -104,15 +104,27 @@ def recorded(workdir: Path) -> tuple[tuple[int, int], ...]:
 class Guard:
     """The spike rule and the rollbacks of one run: the losses read lately, the steps that spiked,
     the skips the rollbacks recorded. `resumed`: the run goes on from a checkpoint, so the skips
-    WORKDIR/rollbacks.jsonl recorded hold; a fresh run's go (they were an abandoned run's)."""
+    WORKDIR/rollbacks.jsonl recorded hold; a fresh run's go (they were an abandoned run's). `why`:
+    the objective's why_diverged, for the line a run that stops says."""
 
-    def __init__(self, recipe: Recipe, workdir: Path, dist: Dist, resumed: bool):
-        self.recipe, self.run, self.workdir, self.dist = recipe, recipe.run, workdir, dist
+    def __init__(self, recipe: Recipe, workdir: Path, dist: Dist, resumed: bool, why: Callable[[], str]):
+        self.recipe, self.run, self.workdir, self.dist, self.why = recipe, recipe.run, workdir, dist, why
         self.recent: deque[tuple[int, float]] = deque(maxlen=recipe.run.spike_window)
         self.spikes: list[int] = []
         if not resumed and dist.is_main:
             (workdir / ROLLBACKS_FILE).unlink(missing_ok=True)
         self.recorded = recorded(workdir) if resumed else ()
+
+    def read(self, values: list, done: int, due: bool) -> list[float | None] | None:
+        """At a step where the loss is `due` (or a nan or spike fault is planned): tensors (the loss
+        first, others or None) -> numbers averaged over processes, the loss as an injected fault
+        leaves it, the others None where they were; else None, nothing read (no host sync)."""
+        if not (due or poison_planned(done)):
+            return None
+        numbers = [math.nan if v is None else float(v) for v in values]
+        numbers[0] = poisoned(numbers[0], done, self.dist, self.workdir)
+        mean = all_reduce_sum([v / self.dist.world_size for v in numbers], self.dist)
+        return [mean[0], *(None if math.isnan(v) else v for v in mean[1:])]
 
     def check(self, loss: float, done: int) -> bool:
         """Whether the loss read at step `done` is a spike; if not, it joins the window."""
@@ -123,13 +135,13 @@ class Guard:
         return False
 
     def roll_back(self, done: int, loss: float, checkpoints: CheckpointManager, metrics: MetricsLog,
-                  newest: Path | None, why: Callable[[], str]) -> tuple[int, MetricsLog]:
+                  newest: Path | None) -> tuple[int, MetricsLog]:
         """Back to the newest checkpoint past the spike at step `done`, its window skipped and
         recorded; (the step it holds, metrics.jsonl reopened there). A TrainingError (`diverged`'s
-        line; `newest`: the newest checkpoint written, `why`: the objective's why_diverged) past
-        run.max_rollbacks or with no checkpoint to go back to."""
+        line; `newest`: the newest checkpoint written) past run.max_rollbacks or with no checkpoint
+        to go back to."""
         self.spikes.append(done)
-        line = diverged(self.recipe, done, newest, why, self._what(loss))
+        line = diverged(self.recipe, done, newest, self.why, self._what(loss))
         if len(self.spikes) > self.run.max_rollbacks:
             raise TrainingError(self._exhausted(line))
         found = latest_good_state(self.workdir, verbose=self.dist.is_main)

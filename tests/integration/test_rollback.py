@@ -143,3 +143,21 @@ def test_the_draws_of_a_step_follow_the_batch_it_takes():
     plain, moved = loop.Draws(0, 4, 1, 16), loop.Draws(0, 4, 1, 16, batch=7)
     assert moved(3) == loop.Draws(0, 7, 1, 16)(3) != plain(3)
     assert moved.first_sample(8) == 7 * 16 + 8 and moved.step == 4
+
+
+def test_two_ranks_roll_back_together_when_one_meets_the_spike(tmp_path):
+    """nan on rank 1 alone: the loss read is averaged over the ranks, so both see it, go back to
+    state-4 together and skip the same batches. The weights are a 1-process run's given the skip
+    up to float summation order (the 5e-5 of test_distributed), not a run's without it."""
+    two = ["data.micro_batch_size=8", "schedule.steps=6"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "two"), *TINY, *two]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), faults.ENV: "nan@5:rank=1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "rollbacks.jsonl").read_text())["skips"] == [[5, 5]]
+    _run(tmp_path / "given", *two, "data.skip_steps=[5]")
+    _run(tmp_path / "plain", *two)
+    rolled, given, plain = (_weights(tmp_path / name) for name in ("two", "given", "plain"))
+    assert all(torch.allclose(rolled[k], given[k], atol=5e-5, rtol=0) for k in rolled)
+    assert not all(torch.allclose(rolled[k], plain[k], atol=5e-5, rtol=0) for k in rolled)

@@ -219,7 +219,8 @@ def test_a_checkpoint_holds_each_ranks_train_stream_state_and_no_rng_state(tmp_p
     _, saved = manager.latest_good_state(tmp_path)
     assert "rng" not in saved  # every draw of training comes from (seed, step, micro-batch)
     assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1,
-                             "streams": [{"kind": "mapped", "world_size": 1, "micro_batches": 2}]}
+                             "streams": [{"kind": "mapped", "world_size": 1, "micro_batches": 2}],
+                             "skips": []}
 
 
 def _older_rng_states() -> dict:

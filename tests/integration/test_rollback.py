@@ -125,7 +125,12 @@ def test_past_max_rollbacks_the_run_stops_in_one_line_naming_the_steps(tmp_path,
     line = err.strip().splitlines()[-1]
     assert code == 2 and line.startswith("error: the loss spiked at steps 6, 7, past run.max_rollbacks=1")
     assert "loss became nan at step 7" in line and "the newest checkpoint, state-4.pt, is kept" in line
-    assert "a lower optim.lr" in line
+    assert "a lower optim.lr" in line and line.endswith("hold this recipe)")
+    assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [line]
+    # the rollback keys may change on resume: with more, the same workdir goes on
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *TINY,
+                           "run.max_rollbacks=3")
+    assert code == 0, err[-2000:]
 
 
 def test_a_loss_above_k_times_the_median_rolls_back_too(tmp_path, monkeypatch):

@@ -182,7 +182,7 @@ class Guard:
             return line  # rollback off: the line of a divergence, as ever
         steps = ", ".join(map(str, self.spikes))
         return (f"the loss spiked at steps {steps}, past run.max_rollbacks={self.run.max_rollbacks} "
-                f"rollbacks: {line}")
+                f"rollbacks (the same command with a larger one resumes here): {line}")
 
     def _record(self, record: dict) -> None:
         """The rollback in WORKDIR/rollbacks.jsonl (flushed to disk before the run goes on), and in

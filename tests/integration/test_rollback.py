@@ -52,17 +52,18 @@ def reference(tmp_path_factory) -> dict:
     return {"skip": _weights(root / "skip"), "plain": _weights(root / "plain")}
 
 
-def test_a_nan_rolls_back_skips_its_window_and_ends_as_the_run_given_that_skip(tmp_path, monkeypatch,
-                                                                                 reference):
+def test_a_nan_rolls_back_and_ends_as_the_run_given_its_skip(tmp_path, monkeypatch, reference):
     monkeypatch.setenv(faults.ENV, "nan@7")
     (tmp_path / "slurm").mkdir(parents=True)
-    (tmp_path / "slurm" / "attempts.jsonl").write_text(json.dumps({"job": "1", "from_step": 0}) + "\n")
+    attempts = tmp_path / "slurm" / "attempts.jsonl"
+    attempts.write_text(json.dumps({"job": "1", "from_step": 0}) + "\n")
     _run(tmp_path)
     assert _same(_weights(tmp_path), reference["skip"])
     assert not _same(reference["skip"], reference["plain"])  # the skip changed what was trained
     record = {"from_step": 7, "to_step": 4, "loss": None, "window": [5, 7], "skips": [[5, 7]]}
-    assert [json.loads(ln) for ln in (tmp_path / "rollbacks.jsonl").read_text().splitlines()] == [record]
-    attempt = json.loads((tmp_path / "slurm" / "attempts.jsonl").read_text())
+    recorded = (tmp_path / "rollbacks.jsonl").read_text().splitlines()
+    assert [json.loads(ln) for ln in recorded] == [record]
+    attempt = json.loads(attempts.read_text())
     assert attempt["rollbacks"] == [record] and attempt["job"] == "1"
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, *range(5, 13)]  # the thrown-away rows went
@@ -89,20 +90,20 @@ main()
 """
 
 
-def test_killed_after_a_rollback_before_a_checkpoint_the_same_run_ends_the_same(tmp_path, monkeypatch,
-                                                                                 reference):
+def test_killed_after_a_rollback_before_a_checkpoint_ends_alike(tmp_path, monkeypatch, reference):
     """`vit pretrain` SIGKILLed at step 6 replayed, before any checkpoint holds the skip; the same
     run again (in this process) resumes from state-4 with the skip rollbacks.jsonl recorded, and
     ends with the weights of the run given it."""
     monkeypatch.setenv(faults.ENV, "nan@7")
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    first = subprocess.run([sys.executable, "-c", KILLED, "pretrain", "--workdir", str(tmp_path), *TINY],
-                           env=env, capture_output=True, text=True, check=False, timeout=300)
+    cmd = [sys.executable, "-c", KILLED, "pretrain", "--workdir", str(tmp_path), *TINY]
+    first = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
     assert (tmp_path / "rollbacks.jsonl").is_file() and not (tmp_path / "state-8.pt").exists()
     _run(tmp_path)
     # resumed at step 4: the rollback's row kept, the killed attempt's later rows gone
-    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 4, *range(5, 13)]
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, *range(5, 13)]
     assert _same(_weights(tmp_path), reference["skip"])
 
 
@@ -112,19 +113,22 @@ def test_a_checkpoint_after_a_rollback_resumes_with_its_skip(tmp_path, monkeypat
     monkeypatch.setenv(faults.ENV, "nan@7")
     _run(tmp_path)
     assert (tmp_path / "state-8.pt").is_file()
-    for name in ("rollbacks.jsonl", "summary.json", "model.safetensors", "state-12.pt", "state-12.pt.sha256"):
+    for name in ("rollbacks.jsonl", "summary.json", "model.safetensors", "state-12.pt",
+                 "state-12.pt.sha256"):
         (tmp_path / name).unlink()
     _run(tmp_path)
     assert _same(_weights(tmp_path), reference["skip"])
 
 
-def test_past_max_rollbacks_the_run_stops_in_one_line_naming_the_steps(tmp_path, monkeypatch, capsys):
+def test_past_max_rollbacks_it_stops_in_one_line_naming_the_steps(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(faults.ENV, "nan@6,nan@7")
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *TINY,
                            "run.max_rollbacks=1")
     line = err.strip().splitlines()[-1]
-    assert code == 2 and line.startswith("error: the loss spiked at steps 6, 7, past run.max_rollbacks=1")
-    assert "loss became nan at step 7" in line and "the newest checkpoint, state-4.pt, is kept" in line
+    assert code == 2
+    assert line.startswith("error: the loss spiked at steps 6, 7, past run.max_rollbacks=1")
+    assert "loss became nan at step 7" in line
+    assert "the newest checkpoint, state-4.pt, is kept" in line
     assert "a lower optim.lr" in line and line.endswith("hold this recipe)")
     assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [line]
     # the rollback keys may change on resume: with more, the same workdir goes on
@@ -138,8 +142,9 @@ def test_a_loss_above_k_times_the_median_rolls_back_too(tmp_path, monkeypatch):
     _run(tmp_path, "run.spike_factor=3", "run.spike_window=4")
     record = json.loads((tmp_path / "rollbacks.jsonl").read_text())
     assert (record["from_step"], record["to_step"], record["window"]) == (10, 8, [9, 10])
-    assert record["loss"] > 3 * max(r["train/loss"] for r in read_metrics(tmp_path / "metrics.jsonl")
-                                    if r["step"] in (6, 7, 8) and "train/loss" in r)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert record["loss"] > 3 * max(r["train/loss"] for r in rows if r["step"] in (6, 7, 8)
+                                    and "train/loss" in r)
     assert manager.latest_good_state(tmp_path)[1]["data"]["skips"] == [[9, 10]]
 
 
@@ -157,7 +162,8 @@ def test_two_ranks_roll_back_together_when_one_meets_the_spike(tmp_path):
     two = ["data.micro_batch_size=8", "schedule.steps=6"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "vitcli.cli", "pretrain", "--workdir", str(tmp_path / "two"), *TINY, *two]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), faults.ENV: "nan@5:rank=1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"),
+           faults.ENV: "nan@5:rank=1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "two" / "rollbacks.jsonl").read_text())["skips"] == [[5, 5]]

@@ -31,10 +31,10 @@ from vitcli.checkpoints import state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
-from vitcli.data.batching.sampler import merged
+from vitcli.data.batching.sampler import Windows, merged
 from vitcli.errors import CheckpointError, RecipeError
 from vitcli.recipe.layers import flatten, to_dict
-from vitcli.recipe.rollback_checks import Window, skip_windows
+from vitcli.recipe.rollback_checks import skip_windows
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
@@ -228,15 +228,16 @@ class CheckpointManager:
         self.model, self.optimizer, self.stream, self.sharded = model, optimizer, stream, sharded
         self.resume_from, self.ema = resume_from, ema
         self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
-        self.skips: tuple[Window, ...] = ()  # windows of steps whose batches are skipped (load)
+        self.skips: Windows = ()  # windows of steps whose batches are skipped (load)
 
-    def load(self, recorded: tuple[Window, ...] = ()) -> int:
+    def load(self, recorded: Windows = ()) -> int:
         """The model, optimizer, EMA and train stream as the checkpoint left them; the step to
         continue from (0: a fresh run, nothing loaded). The batches skipped from then on: the
         recipe's data.skip_steps, the checkpoint's and the `recorded` ones (a rollback's, kept
         beside the checkpoints in case none was written since: train/rollback.py), merged."""
         data = self.resume_from[1].get("data", {}) if self.resume_from else {}
-        kept = [tuple(w) for w in data.get("skips", [])] + list(recorded if self.resume_from else [])
+        kept = [tuple(w) for w in data.get("skips", [])]
+        kept += list(recorded) if self.resume_from else []  # a fresh run's are an abandoned one's
         self.skips = merged(skip_windows(self.recipe.data.skip_steps), *kept)
         self.stream.skip(self.skips)
         if self.resume_from is None:
@@ -285,7 +286,7 @@ class CheckpointManager:
             raise CheckpointError(f"the checkpoint of step {step} has this rank's train stream at "
                                   f"micro-batch {at}, not {micro_batch}: its data position and step disagree")
 
-    def roll_back(self, checkpoint: Checkpoint, recorded: tuple[Window, ...]) -> int:
+    def roll_back(self, checkpoint: Checkpoint, recorded: Windows) -> int:
         """Back to `checkpoint` in this process (a loss spike: train/rollback.py), its stream let
         go and placed again, skipping `recorded` too; the step it holds."""
         self.stream.rewind()

@@ -26,14 +26,14 @@ def skip_windows(texts: list, key: str = SKIP_KEY) -> tuple[Window, ...]:
         found = _WINDOW.fullmatch(str(text))
         first, last = (int(found[1]), int(found[2] or found[1])) if found else (0, 0)
         if not found or not 1 <= first <= last:
-            raise RecipeError(f"{key}: cannot read {text!r}; give windows of steps as \"A-B\" (steps A to B, "
-                              "1 <= A <= B) or \"A\" (one step)")
+            raise RecipeError(f"{key}: cannot read {text!r}; give windows of steps as \"A-B\" "
+                              "(steps A to B, 1 <= A <= B) or \"A\" (one step)")
         windows.append((first, last))
     windows.sort()
     for (a, b), (c, d) in itertools.pairwise(windows):
         if c <= b:
-            raise RecipeError(f"{key}: the windows {a}-{b} and {c}-{d} overlap; give each step once "
-                              "(merge them into one window)")
+            raise RecipeError(f"{key}: the windows {a}-{b} and {c}-{d} overlap; give each step "
+                              "once (merge them into one window)")
     return tuple(windows)
 
 
@@ -43,11 +43,12 @@ def check_rollback(recipe: Recipe) -> None:
     skip_windows(recipe.data.skip_steps)
     factor = run.spike_factor
     if not math.isfinite(factor) or not (factor == 0 or factor > 1):
-        raise RecipeError(f"run.spike_factor: {factor} is neither 0 (only a non-finite loss is a spike) "
-                          "nor above 1 (a loss above that many times the recent median is one); try 3")
+        raise RecipeError(f"run.spike_factor: {factor} is neither 0 (only a non-finite loss is a "
+                          "spike) nor above 1 (a loss above that many times the recent median is "
+                          "one); try 3")
     if run.spike_window < 1:
-        raise RecipeError(f"run.spike_window: {run.spike_window} must be positive (the losses whose "
-                          "median a spike is measured against)")
+        raise RecipeError(f"run.spike_window: {run.spike_window} must be positive (the losses "
+                          "whose median a spike is measured against)")
     if run.max_rollbacks < 0:
-        raise RecipeError(f"run.max_rollbacks: {run.max_rollbacks} must be >= 0 (0: stop at the first "
-                          "spike)")
+        raise RecipeError(f"run.max_rollbacks: {run.max_rollbacks} must be >= 0 (0: stop at the "
+                          "first spike)")

@@ -67,6 +67,7 @@ class Draws:
 
     @property
     def drawn(self) -> int:
+        """The step whose draws this micro-batch takes."""
         return self.step if self.batch < 0 else self.batch
 
     def __call__(self, purpose: int) -> int:

@@ -7,8 +7,8 @@ above k x the median of the last run.spike_window losses read before it (a full 
 judged against fewer). The median, not the mean: one earlier spike does not move it.
 
 What happens (`Guard.roll_back`): the model, optimizer, EMA (and with them an objective's state kept
-in the model, DINO's teacher and centres) and the train stream go back to the newest checkpoint,
-of step c < d, the step that spiked; and the batches steps c+1 .. d took are skipped: the run goes on
+in the model, DINO's teacher and centres) and the train stream go back to the newest checkpoint, of
+step c < d, the step that spiked; and the batches steps c+1 .. d took are skipped: the run goes on
 at step c+1 with the batch the spiked step d would have taken next. That window is every batch that
 trained into the weights the run throws away, and no more: the batches before c gave the weights it
 keeps (PaLM skips a few hundred batches around a spike it saw every step; here the window is what
@@ -18,11 +18,11 @@ learning-rate schedule, goes on from c; the data position runs ahead of it by th
 the same skip up front (data.skip_steps) trains the same steps on the same batches with the same
 draws, and ends with the same weights.
 
-The skip is recorded three times before the run goes on: in WORKDIR/rollbacks.jsonl (fsynced: a
-kill before the next checkpoint still resumes with it), in metrics.jsonl (a row at step c; the rows
-of the steps thrown away go, as a resume drops them), and in WORKDIR/slurm/attempts.jsonl when the
-run is a SLURM job's (in its attempt's record, under `rollbacks`); every checkpoint after it holds it
-in its `data` part. A run stops (TrainingError, exit 2) past run.max_rollbacks rollbacks, or where no
+The skip is recorded three times before the run goes on: in WORKDIR/rollbacks.jsonl (fsynced: a kill
+before the next checkpoint still resumes with it), in metrics.jsonl (a row at step c; the rows of
+the steps thrown away go, as a resume drops them), and in WORKDIR/slurm/attempts.jsonl when the run
+is a SLURM job's (in its attempt's record, under `rollbacks`); every checkpoint after it holds it in
+its `data` part. A run stops (TrainingError, exit 2) past run.max_rollbacks rollbacks, or where no
 checkpoint was written before the spike, in one line naming the steps and what to change.
 """
 
@@ -98,7 +98,8 @@ def recorded(workdir: Path) -> tuple[tuple[int, int], ...]:
         lines = (workdir / ROLLBACKS_FILE).read_text().splitlines()
     except OSError:
         return ()
-    return merged((), *(tuple(w) for line in lines if line.strip() for w in json.loads(line)["skips"]))
+    found = [json.loads(line)["skips"] for line in lines if line.strip()]
+    return merged((), *(tuple(w) for skips in found for w in skips))
 
 
 class Guard:
@@ -107,8 +108,10 @@ class Guard:
     WORKDIR/rollbacks.jsonl recorded hold; a fresh run's go (they were an abandoned run's). `why`:
     the objective's why_diverged, for the line a run that stops says."""
 
-    def __init__(self, recipe: Recipe, workdir: Path, dist: Dist, resumed: bool, why: Callable[[], str]):
-        self.recipe, self.run, self.workdir, self.dist, self.why = recipe, recipe.run, workdir, dist, why
+    def __init__(self, recipe: Recipe, workdir: Path, dist: Dist, resumed: bool,
+                 why: Callable[[], str]):
+        self.recipe, self.run, self.workdir, self.dist = recipe, recipe.run, workdir, dist
+        self.why = why
         self.recent: deque[tuple[int, float]] = deque(maxlen=recipe.run.spike_window)
         self.spikes: list[int] = []
         if not resumed and dist.is_main:
@@ -149,7 +152,8 @@ class Guard:
             raise TrainingError(line)
         start = int(found[1]["step"])
         skips = skipped(checkpoints.skips, start, done)
-        window = (batch_step(start, checkpoints.skips) + 1, batch_step(done - 1, checkpoints.skips) + 1)
+        before = checkpoints.skips
+        window = (batch_step(start, before) + 1, batch_step(done - 1, before) + 1)
         row = {"rollback/from_step": done, "rollback/first_batch": window[0],
                "rollback/last_batch": window[1], "rollback/loss": loss}
         if self.dist.is_main:
@@ -161,11 +165,13 @@ class Guard:
         reopened = MetricsLog(self.workdir / METRICS_FILE, start, enabled=self.dist.is_main,
                               trackers=metrics.trackers)
         reopened.write(start, row)
-        self.recent = deque(((s, v) for s, v in self.recent if s <= start), maxlen=self.recent.maxlen)
+        kept = ((s, v) for s, v in self.recent if s <= start)
+        self.recent = deque(kept, maxlen=self.recent.maxlen)
         if self.dist.is_main:
+            most = self.run.max_rollbacks
             console.log(f"[yellow]warning: step {done}: loss {self._what(loss)}: rolled back to "
-                        f"{found[0].name}, skipping the batches of steps {window[0]}-{window[1]} (rollback "
-                        f"{len(self.spikes)} of run.max_rollbacks={self.run.max_rollbacks})")
+                        f"{found[0].name}, skipping the batches of steps {window[0]}-{window[1]} "
+                        f"(rollback {len(self.spikes)} of run.max_rollbacks={most})")
         return start, reopened
 
     def _what(self, loss: float) -> str:
@@ -181,8 +187,9 @@ class Guard:
         if not self.run.max_rollbacks:
             return line  # rollback off: the line of a divergence, as ever
         steps = ", ".join(map(str, self.spikes))
-        return (f"the loss spiked at steps {steps}, past run.max_rollbacks={self.run.max_rollbacks} "
-                f"rollbacks (the same command with a larger one resumes here): {line}")
+        most = self.run.max_rollbacks
+        return (f"the loss spiked at steps {steps}, past run.max_rollbacks={most} rollbacks (the "
+                f"same command with a larger one resumes here): {line}")
 
     def _record(self, record: dict) -> None:
         """The rollback in WORKDIR/rollbacks.jsonl (flushed to disk before the run goes on), and in

@@ -366,9 +366,9 @@ def train_batches(
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
     by_sample = views is not None  # multi-crop: keys carry sample indices (train_keys)
-    keys = Placed(lambda start, skips: train_keys(len(ds), micro_batch_size, accum, seed, start, rank,
-                                                   world_size, cfg.repeated_aug, by_sample=by_sample,
-                                                   skips=skips), start_step)
+    keys = Placed(lambda start, skips: train_keys(
+        len(ds), micro_batch_size, accum, seed, start, rank, world_size, cfg.repeated_aug,
+        by_sample=by_sample, skips=skips), start_step)
     transform = train_transform(cfg, img_size, seed, device, views)
     cache, on_disk = cache_for(encoded(ds.select_columns([cfg.image_column]), cfg.image_column),
                                cfg.image_column, cache_capacity(cfg))

@@ -12,6 +12,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+# windows (first, last) of optimizer steps whose batches a run skips, as metrics.jsonl numbers steps
+# (from 1, inclusive), sorted and disjoint: recipe.rollback_checks.skip_windows reads them
+Windows = tuple[tuple[int, int], ...]
+
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     """The train split's rows in the order epoch `epoch` reads them: a permutation of (seed, epoch)
@@ -21,7 +25,7 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int,
                 repeats: int = 1, permute: Callable[[int, int, int], np.ndarray] = epoch_order,
-                by_sample: bool = False, skips: tuple[tuple[int, int], ...] = ()) -> Iterator:
+                by_sample: bool = False, skips: Windows = ()) -> Iterator:
     """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch
     `start` on; no image is touched. `by_sample`: the key's first element is the run-wide index of
     the micro-batch's first image (first_sample) instead of its seed, for a transform that draws
@@ -102,7 +106,7 @@ def first_sample(step: int, micro: int, micro_size: int, batch_size: int) -> int
     return step * batch_size + micro * micro_size
 
 
-def batch_step(step: int, skips: tuple[tuple[int, int], ...] = ()) -> int:
+def batch_step(step: int, skips: Windows = ()) -> int:
     """The optimizer step of a run without skips whose batch (rows and every random draw) optimizer
     `step` takes (both counted from 0) when the batches of `skips` are skipped: windows (first,
     last) of steps as metrics.jsonl numbers them (from 1, inclusive), sorted and disjoint
@@ -115,14 +119,14 @@ def batch_step(step: int, skips: tuple[tuple[int, int], ...] = ()) -> int:
     return step
 
 
-def skipped(skips: tuple[tuple[int, int], ...], start: int, end: int) -> tuple[tuple[int, int], ...]:
+def skipped(skips: Windows, start: int, end: int) -> Windows:
     """`skips` and the batches optimizer steps start+1 .. end (as metrics.jsonl numbers them) took,
     in one sorted list of disjoint windows (overlapping or adjacent ones merged: they skip the same
     batches): what a rollback from step `end` to a checkpoint of step `start` skips."""
     return merged(skips, (batch_step(start, skips) + 1, batch_step(end - 1, skips) + 1))
 
 
-def merged(skips: tuple[tuple[int, int], ...], *more: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+def merged(skips: Windows, *more: tuple[int, int]) -> Windows:
     """The windows of `skips` and `more` as one sorted list of disjoint windows, overlapping or
     adjacent ones merged (they skip the same batches)."""
     out: list[tuple[int, int]] = []

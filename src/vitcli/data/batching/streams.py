@@ -271,8 +271,9 @@ def stream_train_batches(
     positions: deque = deque()
     # start: (micro-batch, its raw examples on), as TrainStream places it
     by_sample = micro_batch_size * accum * world_size if views is not None else 0
-    keys = Placed(lambda start, skips: _keys(start[1], cfg, micro_batch_size, seed, (start[0], accum, rank),
-                                             positions, by_sample, skips), None)
+    keys = Placed(lambda start, skips: _keys(start[1], cfg, micro_batch_size, seed,
+                                             (start[0], accum, rank), positions, by_sample, skips),
+                  None)
     transform = train_transform(cfg, img_size, seed, device, views)
     decode = _Decode(name, transform, cfg.binary_pixels)
     start_at = functools.partial(_start, mine, micro_batch_size, name=name)

@@ -35,7 +35,8 @@ def test_windows_are_read_sorted_and_overlaps_or_malformed_ones_are_refused():
 
 
 def test_a_recipe_refuses_bad_rollback_keys_at_resolve_time():
-    assert resolve("pretrain", None, [*SHORT, "data.skip_steps=[5-7,9]"]).data.skip_steps == ["5-7", "9"]
+    given = resolve("pretrain", None, [*SHORT, "data.skip_steps=[5-7,9]"])
+    assert given.data.skip_steps == ["5-7", "9"]
     for override, key in (("data.skip_steps=[5-7,6]", "data.skip_steps"),
                           ("run.spike_factor=1", "run.spike_factor"),
                           ("run.spike_window=0", "run.spike_window"),
@@ -50,7 +51,8 @@ def _reference(step: int, skips: tuple) -> int:
     return kept[step]
 
 
-@pytest.mark.parametrize("skips", [(), ((1, 1),), ((3, 5),), ((3, 5), (6, 6), (20, 29)), ((1, 4), (8, 8))])
+@pytest.mark.parametrize("skips", [(), ((1, 1),), ((3, 5),), ((3, 5), (6, 6), (20, 29)),
+                                   ((1, 4), (8, 8))])
 def test_a_step_takes_the_next_batch_no_window_names(skips):
     assert [batch_step(s, skips) for s in range(60)] == [_reference(s, skips) for s in range(60)]
 

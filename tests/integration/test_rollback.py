@@ -172,3 +172,15 @@ def test_two_ranks_roll_back_together_when_one_meets_the_spike(tmp_path):
     rolled, given, plain = (_weights(tmp_path / name) for name in ("two", "given", "plain"))
     assert all(torch.allclose(rolled[k], given[k], atol=5e-5, rtol=0) for k in rolled)
     assert not all(torch.allclose(rolled[k], plain[k], atol=5e-5, rtol=0) for k in rolled)
+
+
+def test_a_streamed_split_rolls_back_to_the_weights_of_the_run_given_the_skip(tmp_path, monkeypatch):
+    """data.streaming: the stream is let go, placed again at state-4's position, and reads past the
+    skipped batches' examples without decoding them."""
+    _run(tmp_path / "given", "data.streaming=true", RECORDED)
+    monkeypatch.setenv(faults.ENV, "nan@7")
+    _run(tmp_path / "rolled", "data.streaming=true")
+    assert _same(_weights(tmp_path / "rolled"), _weights(tmp_path / "given"))
+    monkeypatch.delenv(faults.ENV)
+    _run(tmp_path / "plain", "data.streaming=true")
+    assert not _same(_weights(tmp_path / "plain"), _weights(tmp_path / "given"))

@@ -68,7 +68,7 @@ def test_a_nan_rolls_back_and_ends_as_the_run_given_its_skip(tmp_path, monkeypat
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, *range(5, 13)]  # the thrown-away rows went
     assert rows[4] == {"step": 4, "rollback/from_step": 7, "rollback/first_batch": 5,
-                       "rollback/last_batch": 7, "rollback/loss": None}
+                       "rollback/last_batch": 7, "rollback/spiked_loss": None}
     _, saved = manager.latest_good_state(tmp_path)
     assert saved["step"] == 12 and saved["data"]["skips"] == [[5, 7]]
 
@@ -131,6 +131,11 @@ def test_past_max_rollbacks_it_stops_in_one_line_naming_the_steps(tmp_path, monk
     assert "the newest checkpoint, state-4.pt, is kept" in line
     assert "a lower optim.lr" in line and line.endswith("hold this recipe)")
     assert [ln for ln in err.splitlines() if ln.startswith("error:")] == [line]
+    # the budget is the run's, not the process's: resumed, one more spike stops it again
+    monkeypatch.setenv(faults.ENV, "nan@5")
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *TINY,
+                           "run.max_rollbacks=1")
+    assert code == 2 and "error: the loss spiked at steps 6, 5, past run.max_rollbacks=1" in err
     # the rollback keys may change on resume: with more, the same workdir goes on
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--workdir", tmp_path, *TINY,
                            "run.max_rollbacks=3")

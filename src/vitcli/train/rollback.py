@@ -92,14 +92,13 @@ def poison_planned(done: int) -> bool:
     return any(kind in ("nan", "spike") and step == done for kind, step, _ in faults.planned())
 
 
-def recorded(workdir: Path) -> tuple[tuple[int, int], ...]:
-    """The windows the run's rollbacks skipped (WORKDIR/rollbacks.jsonl), merged: () for none."""
+def recorded(workdir: Path) -> list[dict]:
+    """The run's rollbacks, oldest first (WORKDIR/rollbacks.jsonl): [] for none."""
     try:
         lines = (workdir / ROLLBACKS_FILE).read_text().splitlines()
     except OSError:
-        return ()
-    found = [json.loads(line)["skips"] for line in lines if line.strip()]
-    return merged((), *(tuple(w) for skips in found for w in skips))
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 class Guard:
@@ -113,10 +112,13 @@ class Guard:
         self.recipe, self.run, self.workdir, self.dist = recipe, recipe.run, workdir, dist
         self.why = why
         self.recent: deque[tuple[int, float]] = deque(maxlen=recipe.run.spike_window)
-        self.spikes: list[int] = []
+        # the steps that spiked, the earlier processes' too: a restarted run (torchrun's restarts,
+        # a requeue) does not begin its rollbacks afresh, past a spike that recurs each time
+        done = recorded(workdir) if resumed else []
+        self.spikes: list[int] = [r["from_step"] for r in done]
         if not resumed and dist.is_main:
             (workdir / ROLLBACKS_FILE).unlink(missing_ok=True)
-        self.recorded = recorded(workdir) if resumed else ()
+        self.recorded = merged((), *(tuple(w) for r in done for w in r["skips"]))
 
     def read(self, values: list, done: int, due: bool) -> list[float | None] | None:
         """At a step where the loss is `due` (or a nan or spike fault is planned): tensors (the loss
@@ -155,7 +157,7 @@ class Guard:
         before = checkpoints.skips
         window = (batch_step(start, before) + 1, batch_step(done - 1, before) + 1)
         row = {"rollback/from_step": done, "rollback/first_batch": window[0],
-               "rollback/last_batch": window[1], "rollback/loss": loss}
+               "rollback/last_batch": window[1], "rollback/spiked_loss": loss}
         if self.dist.is_main:
             self._record({"from_step": done, "to_step": start, "loss": _json_number(loss),
                           "window": list(window), "skips": [list(w) for w in skips]})

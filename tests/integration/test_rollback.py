@@ -189,3 +189,21 @@ def test_a_streamed_split_rolls_back_to_the_weights_of_the_run_given_the_skip(tm
     monkeypatch.delenv(faults.ENV)
     _run(tmp_path / "plain", "data.streaming=true")
     assert not _same(_weights(tmp_path / "plain"), _weights(tmp_path / "given"))
+
+
+def test_dino_rolls_back_its_teacher_and_centres_with_the_student(tmp_path, monkeypatch):
+    """DINO (iBOT and KoLeo on): the teacher, both centres and the mask token live in the model's
+    state, so the checkpoint takes them back too; the run ends as the run given the skip."""
+    dino = ["objective=dino", "dino.out_dim=64", "dino.hidden_dim=32", "dino.bottleneck_dim=16",
+            "dino.local_crops=2", "dino.local_crop_size=16", "optim.weight_decay_end=0.4",
+            "dino.freeze_last_layer_epochs=0.5", "optim.clip_grad_norm=0", "dino.ibot_weight=1",
+            "dino.koleo_weight=0.1", "dino.koleo_group=8"]
+    _run(tmp_path / "given", *dino, RECORDED)
+    monkeypatch.setenv(faults.ENV, "nan@7")
+    _run(tmp_path / "rolled", *dino)
+    assert _same(_weights(tmp_path / "rolled"), _weights(tmp_path / "given"))
+    rolled = manager.latest_good_state(tmp_path / "rolled")[1]
+    given = manager.latest_good_state(tmp_path / "given")[1]
+    assert {"center", "patch_center", "mask_token"} <= rolled["model"].keys()
+    assert any(k.startswith("teacher") for k in rolled["model"])
+    assert _same(rolled["model"], given["model"])  # the teacher and the centres with the student

@@ -156,11 +156,12 @@ def poison_third_loss(monkeypatch):
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypatch):
-    """The message numbers the step as metrics.jsonl does, names the checkpoint kept, and does not
-    advise the clipping the recipe already does (optim.clip_grad_norm=1, the default)."""
+    """With rollback off (run.max_rollbacks=0; on, tests/integration/test_rollback.py): the message
+    numbers the step as metrics.jsonl does, names the checkpoint kept, and does not advise the
+    clipping the recipe already does (optim.clip_grad_norm=1, the default)."""
     poison_third_loss(monkeypatch)
     with pytest.raises(TrainingError) as e:
-        one_run(recipe("schedule.steps=5", "run.ckpt_every=1"), tmp_path)
+        one_run(recipe("schedule.steps=5", "run.ckpt_every=1", "run.max_rollbacks=0"), tmp_path)
     rows = [row for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row]
     assert [row["step"] for row in rows] == [1, 2]
     assert "loss became nan at step 3 " in str(e.value)
@@ -173,7 +174,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, monkeypa
     # the advice holds: a lower lr with --no-resume trains here (the same workdir resumed is refused)
     assert "with --no-resume or in a new --workdir" in str(e.value)
     monkeypatch.undo()
-    lower = recipe("schedule.steps=5", "run.ckpt_every=1", "optim.lr=1e-3")
+    lower = recipe("schedule.steps=5", "run.ckpt_every=1", "run.max_rollbacks=0", "optim.lr=1e-3")
     with pytest.raises(RecipeError, match="different recipe"):
         one_run(lower, tmp_path)
     assert one_run(lower, tmp_path, resume=False)["steps"] == 5
@@ -218,7 +219,8 @@ def test_a_checkpoint_holds_each_ranks_train_stream_state_and_no_rng_state(tmp_p
     _, saved = manager.latest_good_state(tmp_path)
     assert "rng" not in saved  # every draw of training comes from (seed, step, micro-batch)
     assert saved["data"] == {"step": 2, "examples": 64, "world_size": 1,
-                             "streams": [{"kind": "mapped", "world_size": 1, "micro_batches": 2}]}
+                             "streams": [{"kind": "mapped", "world_size": 1, "micro_batches": 2}],
+                             "skips": []}
 
 
 def _older_rng_states() -> dict:

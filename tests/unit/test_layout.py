@@ -25,7 +25,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("errors", []),
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "layers", "names", "data_checks", "holdout_checks",
-                "fewshot_checks", "objective_checks", "cluster_checks", "checks", "resolve", "grid"]),
+                "fewshot_checks", "objective_checks", "cluster_checks", "rollback_checks",
+                "checks", "resolve", "grid"]),
     # what every stage runs on: the allocator's settings, the launcher's environment, run file names
     # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
     # metrics, trackers, processes, output locations
@@ -53,7 +54,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
-               "loop", "cost"]),
+               "rollback", "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one

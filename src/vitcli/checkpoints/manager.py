@@ -5,9 +5,11 @@ the model, the optimizer and the train stream.
 What a checkpoint holds is a dict of stateful parts: `model` and `optimizer`; `ema`, the weight EMA,
 when the recipe keeps one (ema.decay > 0); the train state, `step` and `recipe`; and `data`, the
 position in the data (examples seen, the world size, and `streams`, every rank's train stream state:
-its `state_dict()`, json). A whole checkpoint (`state-<step>.pt`, checkpoints.state) holds them all
-in one file; a sharded one (`state-<step>/`, checkpoints.sharded) keeps the model, optimizer and EMA
-as shards and the rest beside them. A checkpoint from before a run kept an EMA has none, and its
+its `state_dict()`, json; and `skips`, the windows of steps whose batches the run skips: the
+recipe's data.skip_steps and those rollbacks past a loss spike added, train/rollback.py). A whole
+checkpoint (`state-<step>.pt`, checkpoints.state) holds them all in one file; a sharded one
+(`state-<step>/`, checkpoints.sharded) keeps the model, optimizer and EMA as shards and the rest
+beside them. A checkpoint from before a run kept an EMA has none, and its
 recipe's missing `ema` section reads as EMA off: a recipe that turns EMA on is then a changed
 recipe, refused on resume like any other (_check_same_training), never an EMA begun from the weights
 halfway through.
@@ -29,8 +31,10 @@ from vitcli.checkpoints import remote, state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
+from vitcli.data.batching.sampler import Windows, merged
 from vitcli.errors import CheckpointError, RecipeError, first_line
 from vitcli.recipe.layers import flatten, to_dict
+from vitcli.recipe.rollback_checks import skip_windows
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime import files
 from vitcli.runtime.dist import Dist, all_gather, barrier
@@ -239,6 +243,10 @@ class TrainStream(Protocol):
 
     def seek(self, micro_batch: int) -> None: ...
 
+    def skip(self, skips: tuple) -> None: ...
+
+    def rewind(self) -> None: ...
+
 
 class CheckpointManager:
     """Saves, rotates and loads the training state of one run, for the loop. `model` is the module
@@ -257,10 +265,18 @@ class CheckpointManager:
         self.mirror = (remote.Mirror(recipe.run.ckpt_dir, recipe.run.keep_checkpoints)
                        if recipe.run.ckpt_dir and dist.is_main else None)
         self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
+        self.skips: Windows = ()  # windows of steps whose batches are skipped (load)
 
-    def load(self) -> int:
+    def load(self, recorded: Windows = ()) -> int:
         """The model, optimizer, EMA and train stream as the checkpoint left them; the step to
-        continue from (0: a fresh run, nothing loaded)."""
+        continue from (0: a fresh run, nothing loaded). The batches skipped from then on: the
+        recipe's data.skip_steps, the checkpoint's and the `recorded` ones (a rollback's, kept
+        beside the checkpoints in case none was written since: train/rollback.py), merged."""
+        data = self.resume_from[1].get("data", {}) if self.resume_from else {}
+        kept = [tuple(w) for w in data.get("skips", [])]
+        kept += list(recorded) if self.resume_from else []  # a fresh run's are an abandoned one's
+        self.skips = merged(skip_windows(self.recipe.data.skip_steps), *kept)
+        self.stream.skip(self.skips)
         if self.resume_from is None:
             return 0
         path, saved = self.resume_from
@@ -306,6 +322,13 @@ class CheckpointManager:
             raise CheckpointError(f"the checkpoint of step {step} has this rank's train stream at "
                                   f"micro-batch {at}, not {micro_batch}: its data position and step disagree")
 
+    def roll_back(self, checkpoint: Checkpoint, recorded: Windows) -> int:
+        """Back to `checkpoint` in this process (a loss spike: train/rollback.py), its stream let
+        go and placed again, skipping `recorded` too; the step it holds."""
+        self.stream.rewind()
+        self.resume_from = checkpoint
+        return self.load(recorded)
+
     def save(self, step: int) -> Path:
         """A checkpoint of everything resuming needs after `step`, every rank's train stream state
         with it; the oldest beyond run.keep_checkpoints go. Every rank calls it."""
@@ -313,7 +336,7 @@ class CheckpointManager:
         r, dist = self.recipe, self.dist
         streams = all_gather(self.stream.state_dict(), dist)
         data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size,
-                "streams": streams}
+                "streams": streams, "skips": [list(w) for w in self.skips]}
         parts = {"step": step, "data": data, "recipe": to_dict(r), "format": state.FORMAT}
         path = save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
                     self.sharded, self.ema)

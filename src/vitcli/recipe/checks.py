@@ -38,6 +38,7 @@ from vitcli.recipe.holdout_checks import check_holdout
 from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import T2T_VITS, is_vit_family
 from vitcli.recipe.objective_checks import check_distill, check_objective
+from vitcli.recipe.rollback_checks import check_rollback
 from vitcli.recipe.schema import Recipe, micro_batches
 
 # the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal
@@ -122,6 +123,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     check_loggers(recipe.run.loggers)
     check_ckpt_dir(recipe.run.ckpt_dir)
     check_slurm(recipe.slurm)
+    check_rollback(recipe)
     if inputs:  # last, the values being right: what the command needs in order to run
         _length(recipe)
         check_train_batch(recipe)

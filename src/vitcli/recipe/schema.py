@@ -160,6 +160,10 @@ class DataConfig:
     # features keep fewshot.resize_method
     interpolation: Interpolation = "bilinear"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # the batches of these steps of a run without skips are skipped, "A-B" (steps A..B as
+    # metrics.jsonl numbers them) or "A": a rollback past a loss spike records its skip so, and a
+    # run given it up front trains what the rolled-back run trained (train/rollback.py)
+    skip_steps: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -268,6 +272,13 @@ class RunConfig:
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without
     # an account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    # a loss spike rolls the run back to its newest checkpoint and skips the batches since
+    # (PaLM's practice; train/rollback.py). A loss is a spike when it is not finite, or (factor > 0)
+    # above spike_factor x the median of the last spike_window losses read: 0 = non-finite only
+    spike_factor: float = 0.0
+    spike_window: int = 20  # losses read (every run.log_every steps and at checkpoints)
+    # rollbacks before the run stops with the steps that spiked; 0 = stop at the first (no rollback)
+    max_rollbacks: int = 3
 
 
 @dataclass

@@ -56,6 +56,12 @@ class LabelChecked:
     def seek(self, micro_batch: int) -> None:
         self.stream.seek(micro_batch)
 
+    def skip(self, skips: tuple) -> None:
+        self.stream.skip(skips)
+
+    def rewind(self) -> None:
+        self.stream.rewind()
+
 
 def train_feed(r: Recipe, train_ds, num_classes: int = 0, views: MultiCrop | None = None) -> Feed:
     """The loop's train micro-batches: map-style (data.batches) or streamed (data.streams, its

@@ -12,6 +12,7 @@ the part of vit that meets each (the code that calls `armed` with that kind):
   completes: the other ranks wait in it);
 - crash: the rank raises after the step (a bug, a bad node's exception);
 - nan: the step's loss is NaN (a spike, a bad batch);
+- spike: the step's loss is 1000 times itself (a spike above run.spike_factor x the median);
 - enospc: the checkpoint of the step fails to write with ENOSPC (a full disk);
 - corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk);
 - store: the upload of the step's checkpoint to run.ckpt_dir fails between its data and its checksum
@@ -35,7 +36,7 @@ from functools import cache
 from pathlib import Path
 
 ENV = "VITCLI_FAULTS"
-KINDS = ("kill", "hang", "crash", "nan", "enospc", "corrupt", "store")
+KINDS = ("kill", "hang", "crash", "nan", "spike", "enospc", "corrupt", "store")
 FIRED_FILE = "faults-fired.jsonl"
 
 

@@ -31,9 +31,11 @@ NOT_RESULT = ("run.device", "run.compile", "run.log_every", "run.eval_every", "r
               "run.ckpt_dir")
 # 1. resume (checkpoints.manager): may differ between a run and its resumption. Also every
 #    `fewshot.` key (a training's few-shot evaluations watch it, they do not train it) and ema.save
-#    (which of the trained weights the end writes). Not run.strategy: a checkpoint is laid out by it
-#    (a file, or shards).
-RESUMABLE = NOT_RESULT + ("fewshot.", "ema.save")
+#    (which of the trained weights the end writes), and how a loss spike is watched for
+#    (train/rollback.py: a run stopped past run.max_rollbacks resumes with more). Not run.strategy:
+#    a checkpoint is laid out by it (a file, or shards).
+RESUMABLE = NOT_RESULT + ("fewshot.", "ema.save", "run.spike_factor", "run.spike_window",
+                          "run.max_rollbacks")
 # 2. a finished evaluation's repeat (runtime.finished): may differ between it and the same request
 #    again. Also run.strategy (the weights are read whole, however the processes hold them) and
 #    fewshot.every (a training's key: an evaluation has no steps).

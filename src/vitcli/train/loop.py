@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,10 +24,9 @@ import torch
 from vitcli.checkpoints.manager import Checkpoint, CheckpointManager
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data.batching import sampler
-from vitcli.errors import TrainingError
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
-from vitcli.runtime.dist import Dist, all_reduce_max, all_reduce_sum
+from vitcli.runtime.dist import Dist, all_reduce_max
 from vitcli.runtime.memory import PeakMemory
 from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
@@ -38,6 +36,7 @@ from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma, ema_metric
 from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.optim import build_optimizer
+from vitcli.train.rollback import Guard
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
 
@@ -57,19 +56,26 @@ class Evaluator(Protocol):
 class Draws:
     """Where the global micro-batch `micro` of optimizer step `step` draws its randomness: a seed
     per purpose (`draws(purpose)`: sampler.micro_seed of the run's `seed`), and the run's index of
-    its first image."""
+    its first image; both of `batch`, the step whose batch it takes (sampler.batch_step: the step
+    itself unless batches were skipped, -1 here)."""
 
     seed: int
     step: int
     micro: int
     batch_size: int
+    batch: int = -1
+
+    @property
+    def drawn(self) -> int:
+        """The step whose draws this micro-batch takes."""
+        return self.step if self.batch < 0 else self.batch
 
     def __call__(self, purpose: int) -> int:
-        return sampler.micro_seed(self.seed, self.step, self.micro, purpose)
+        return sampler.micro_seed(self.seed, self.drawn, self.micro, purpose)
 
     def first_sample(self, size: int) -> int:
         """The run's index of this micro-batch's first image, for a micro-batch of `size` images."""
-        return sampler.first_sample(self.step, self.micro, size, self.batch_size)
+        return sampler.first_sample(self.drawn, self.micro, size, self.batch_size)
 
 
 class Objective(Protocol):
@@ -152,34 +158,33 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     stream = job.feed(micro, accum, dist)  # this rank's, placed by the checkpoint if any
     checkpoints = CheckpointManager(job.workdir, r, dist, model, optimizer, stream, parallel.sharded,
                                     job.resume_from, ema)
-    start = checkpoints.load()
+    guard = Guard(r, job.workdir, dist, job.resume_from is not None, job.objective.why_diverged)
+    step = start = checkpoints.load(guard.recorded)  # the skips its rollbacks recorded too
     # the host seconds spent in next(stream), for train/data_wait: no device sync (train.throughput:
     # why that is still the honest measure on CUDA)
     waited = Waited(stream)
     advise = functools.partial(input_bound, feeding=feeding(r))
-    # the data are warm (decoded from a cache, when the loader keeps one) from this step on: waits
-    # before it are the first epochs' decoding, which the input-bound warning leaves out
-    warm = -(-getattr(stream, "warm_after", 0) // accum)
     metrics = _metrics_log(job, start, dist)
     ddp_model.train()
-    window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
+    window = _Window(time.perf_counter(), 0, {}, warm=_warm(stream, accum), since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
     with progress_bar(dist.is_main) as bar, StopRequest() as stop:
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
-        for step in range(start, job.total_steps):
+        while step < job.total_steps:
             done = step + 1
             lr = _set_lr(optimizer, r, step, job.total_steps)
-            objective = _objective(job.objective, r, step, dist.rank * accum)
+            objective = _objective(job.objective, r, step, dist.rank * accum, checkpoints.skips)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist, job.objective.whole_step)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
-            # the loss is read (a host-device sync) only at log and checkpoint steps, before the
-            # update: one that became non-finite is caught before a checkpoint could hold it
-            diverged = functools.partial(_diverged, r, done, newest, job.objective.why_diverged)
-            values = _read([loss, accuracy], dist, diverged) if save or log else None
+            # read at log and checkpoint steps, before the update: a spike rolls back (rollback.py)
+            values = guard.read([loss, accuracy], done, due=save or log)
+            if values is not None and guard.check(values[0], done):
+                step, metrics = guard.roll_back(done, values[0], checkpoints, metrics, newest)
+                continue
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             _step(optimizer, model, ema, done, job.objective)
             window.images += r.data.batch_size
@@ -193,6 +198,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
                 clock.reset()
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
+            step = done
     final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model, ema)
     if final:
         metrics.write(job.total_steps, final)
@@ -208,6 +214,12 @@ def _metrics_log(job: Job, start: int, dist: Dist) -> MetricsLog:
     r = job.recipe
     trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
     return MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
+
+
+def _warm(stream, accum: int) -> int:
+    """The step from which the data are warm (decoded from a cache, when the loader keeps one):
+    waits before it are the first epochs' decoding, which the input-bound warning leaves out."""
+    return -(-getattr(stream, "warm_after", 0) // accum)
 
 
 def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
@@ -243,34 +255,6 @@ def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
     step."""
     signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
     return int(signum), bool(timed)
-
-
-def _read(values: list, dist: Dist, diverged) -> list[float | None]:
-    """Tensors (or None) -> numbers averaged over processes; a non-finite loss is a TrainingError
-    whose line is diverged(loss)."""
-    numbers = [math.nan if v is None else float(v) for v in values]
-    mean = all_reduce_sum([v / dist.world_size for v in numbers], dist)
-    if not math.isfinite(mean[0]):
-        raise TrainingError(diverged(mean[0]))
-    return [None if math.isnan(v) else v for v in mean]
-
-
-def _diverged(r: Recipe, done: int, newest: Path | None, why, loss: float) -> str:
-    """What a loss that became non-finite by step `done` (as metrics.jsonl numbers steps) says: the
-    newest checkpoint on disk, which holds weights from before it (or that there is none), and what
-    the recipe can still change (the objective's `why()` first, when it can name the term)."""
-    kept = (f"the newest checkpoint, {newest.name}, is kept" if newest is not None
-            else "no checkpoint was written before it")
-    clip = r.optim.clip_grad_norm
-    fix = (f"a lower optim.lr (optim.clip_grad_norm={clip:g} already clips the gradients)" if clip
-           else "a lower optim.lr, or optim.clip_grad_norm=1")
-    term = why()
-    if term:
-        return (f"loss became {loss} at step {done}: {term}; {kept}; with --no-resume or in a new "
-                "--workdir (the checkpoints here hold this recipe)")
-    return (f"loss became {loss} at step {done} (it is read every run.log_every steps and at "
-            f"checkpoints); {kept}; try {fix}, with --no-resume or in a new --workdir (the "
-            "checkpoints here hold this recipe)")
 
 
 def _row(values: list, lr: float, grad_norm: torch.Tensor) -> dict[str, float]:
@@ -396,13 +380,14 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
-def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
+def _objective(objective: Objective, r: Recipe, step: int, first_micro: int, skips: tuple = ()):
     """This step's loss(model, x, y, i) -> (loss, accuracy or None) for the rank's i-th micro-batch
     (global micro-batch first_micro + i): the objective's, whichever it is (supervised, beside a
     teacher if the recipe names one; masked patch prediction; MAE: the objectives package).
 
     Every random draw of the model's side gets its own seed per (run seed, step, global
-    micro-batch), as the augmentation does (sampler.micro_seed, through Draws): Mixup and CutMix
+    micro-batch), as the augmentation does (sampler.micro_seed, through Draws; of the step whose
+    batch it takes past the `skips`: sampler.batch_step): Mixup and CutMix
     from a numpy Generator of their own (augmentations.mix), dropout and drop-path from torch's
     global RNG (pinned here for the call), the masking of masked patch prediction from its own
     generator. MAE's masks are drawn per image instead, from (run seed, the image's index in the
@@ -410,8 +395,10 @@ def _objective(objective: Objective, r: Recipe, step: int, first_micro: int):
     repeats exactly, resumes exactly, and trains the same with one process or several.
     """
 
+    batch = sampler.batch_step(step, skips)
+
     def draws(i: int) -> Draws:
-        return Draws(r.run.seed, step, first_micro + i, r.data.batch_size)
+        return Draws(r.run.seed, step, first_micro + i, r.data.batch_size, batch)
 
     def loss(model, x, y, i):
         with seeded(draws(i)(MODEL_STREAM)):

@@ -223,6 +223,14 @@ class BatchStream:
             raise self.nothing_decoded()
         raise StopIteration
 
+    def rewind(self) -> None:
+        """Let the loader's batches go (its workers stop), so that the stream can be placed again
+        (a rollback past a loss spike: checkpoints.manager.CheckpointManager.roll_back)."""
+        batches, self._batches = self._batches, None
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
     def _named(self, bad: dict[int | str, str]) -> dict[int | str, Bad]:
         """A batch's {id: reason} -> {id: Bad}; an image already in the tally is not named again."""
         seen = self.skipped.rows.get(self.name, {})
@@ -236,15 +244,16 @@ class BatchStream:
 
 
 class Placed:
-    """A train loader's keys from where its stream was placed (`start`): `make(start)` gives them,
-    called only when the loader begins (BatchStream.batches), so a stream placed before its first
-    batch begins there and never draws a key before it."""
+    """A train loader's keys from where its stream was placed (`start`): `make(start, skips)` gives
+    them, called only when the loader begins (BatchStream.batches), so a stream placed before its
+    first batch begins there and never draws a key before it. `skips`: the windows of steps whose
+    batches the run skips (sampler.batch_step), set with the place."""
 
-    def __init__(self, make: Callable[[object], Iterator], start: object):
-        self.make, self.start = make, start
+    def __init__(self, make: Callable[[object, tuple], Iterator], start: object):
+        self.make, self.start, self.skips = make, start, ()
 
     def __iter__(self) -> Iterator:
-        return self.make(self.start)
+        return self.make(self.start, self.skips)
 
 
 def placeable(stream: BatchStream) -> None:
@@ -287,6 +296,11 @@ class MappedTrainStream(BatchStream):
         arithmetic."""
         placeable(self)
         self.keys.start = self.micro_batches = micro_batch
+
+    def skip(self, skips: tuple) -> None:
+        """Skip the batches of these windows of steps from now on (sampler.batch_step)."""
+        placeable(self)
+        self.keys.skips = tuple(skips)
 
     def state_dict(self) -> dict:
         """Where this rank's next micro-batch is, json-able."""
@@ -352,8 +366,9 @@ def train_batches(
             f"{accum} micro-batches x {world_size} process(es)); lower data.batch_size"
         )
     by_sample = views is not None  # multi-crop: keys carry sample indices (train_keys)
-    keys = Placed(lambda start: train_keys(len(ds), micro_batch_size, accum, seed, start, rank, world_size,
-                                            cfg.repeated_aug, by_sample=by_sample), start_step)
+    keys = Placed(lambda start, skips: train_keys(
+        len(ds), micro_batch_size, accum, seed, start, rank, world_size, cfg.repeated_aug,
+        by_sample=by_sample, skips=skips), start_step)
     transform = train_transform(cfg, img_size, seed, device, views)
     cache, on_disk = cache_for(encoded(ds.select_columns([cfg.image_column]), cfg.image_column),
                                cfg.image_column, cache_capacity(cfg))

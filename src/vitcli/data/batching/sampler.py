@@ -12,6 +12,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+# windows (first, last) of optimizer steps whose batches a run skips, as metrics.jsonl numbers steps
+# (from 1, inclusive), sorted and disjoint: recipe.rollback_checks.skip_windows reads them
+Windows = tuple[tuple[int, int], ...]
+
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     """The train split's rows in the order epoch `epoch` reads them: a permutation of (seed, epoch)
@@ -21,7 +25,7 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
 
 def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int, world_size: int,
                 repeats: int = 1, permute: Callable[[int, int, int], np.ndarray] = epoch_order,
-                by_sample: bool = False) -> Iterator:
+                by_sample: bool = False, skips: Windows = ()) -> Iterator:
     """Endless (augmentation seed, rows) keys of this rank's micro-batches, from its micro-batch
     `start` on; no image is touched. `by_sample`: the key's first element is the run-wide index of
     the micro-batch's first image (first_sample) instead of its seed, for a transform that draws
@@ -36,13 +40,15 @@ def train_keys(n: int, micro: int, accum: int, seed: int, start: int, rank: int,
     DeiT's repeated augmentation (step_rows): an epoch is still n // global batch steps, so it reads
     about n / k distinct rows k times each, as DeiT's does. (DeiT rounds n down to a multiple of 256
     first, a constant of its ImageNet runs that would leave a split of fewer images no epoch at all;
-    the two epochs agree whenever 256 divides the global batch.)
+    the two epochs agree whenever 256 divides the global batch.) `skips`: optimizer step s takes the
+    batch of step batch_step(s, skips), its rows and its draws (a rollback's skip).
     """
     global_batch = micro * accum * world_size
     per_epoch = n // global_batch
     epoch, order = -1, None
     for k in itertools.count(start):
         step, j = micro_batch(k, accum, rank)
+        step = batch_step(step, skips)
         e, b = divmod(step, per_epoch)
         if e != epoch:
             epoch, order = e, permute(seed, e, n)
@@ -98,3 +104,35 @@ def first_sample(step: int, micro: int, micro_size: int, batch_size: int) -> int
     batch for any split; with data.repeated_aug > 1 the rows dealt to a position depend on the
     split, step_rows): the key of its per-image draws (MAE's mask, models.mae.mask_noise)."""
     return step * batch_size + micro * micro_size
+
+
+def batch_step(step: int, skips: Windows = ()) -> int:
+    """The optimizer step of a run without skips whose batch (rows and every random draw) optimizer
+    `step` takes (both counted from 0) when the batches of `skips` are skipped: windows (first,
+    last) of steps as metrics.jsonl numbers them (from 1, inclusive), sorted and disjoint
+    (recipe.rollback_checks.skip_windows). Each window at or before the batch it has reached moves
+    it past that window, in order: step 4 past (3, 5) takes the batch of step 7."""
+    for first, last in skips:
+        if step + 1 < first:
+            break
+        step += last - first + 1
+    return step
+
+
+def skipped(skips: Windows, start: int, end: int) -> Windows:
+    """`skips` and the batches optimizer steps start+1 .. end (as metrics.jsonl numbers them) took,
+    in one sorted list of disjoint windows (overlapping or adjacent ones merged: they skip the same
+    batches): what a rollback from step `end` to a checkpoint of step `start` skips."""
+    return merged(skips, (batch_step(start, skips) + 1, batch_step(end - 1, skips) + 1))
+
+
+def merged(skips: Windows, *more: tuple[int, int]) -> Windows:
+    """The windows of `skips` and `more` as one sorted list of disjoint windows, overlapping or
+    adjacent ones merged (they skip the same batches)."""
+    out: list[tuple[int, int]] = []
+    for first, last in sorted({*skips, *more}):
+        if out and first <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(last, out[-1][1]))
+        else:
+            out.append((first, last))
+    return tuple(out)

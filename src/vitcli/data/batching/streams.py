@@ -60,7 +60,7 @@ from vitcli.data.batching.batches import (
     train_aug,
     train_transform,
 )
-from vitcli.data.batching.sampler import first_sample, micro_batch, micro_seed
+from vitcli.data.batching.sampler import batch_step, first_sample, micro_batch, micro_seed
 from vitcli.data.decoding.bad_images import image_name, none_decode, one_line, stand_in, until_decoded
 from vitcli.data.decoding.decode import Encoded, read
 from vitcli.data.rows.sources import origin
@@ -107,19 +107,26 @@ def _position(micro_batch: int, at: tuple[int, int]) -> dict:
 
 
 def _keys(examples: Iterator, cfg: DataConfig, batch: int, seed: int, at: tuple[int, int, int],
-          positions: deque, by_sample: int = 0) -> Iterator[tuple]:
+          positions: deque, by_sample: int = 0, skips: tuple = ()) -> Iterator[tuple]:
     """Endless micro-batch keys (k, augmentation seed, [(encoded image, label)] * B) from this
     rank's micro-batch k, `at` = (k, accum, rank); the position after each key goes to `positions`,
     for the stream to report once the key's batch is out. `by_sample` > 0, the global batch: the
     seed's place holds the run-wide index of the micro-batch's first image (sampler.first_sample),
-    for a transform that draws per image (multicrop.py)."""
+    for a transform that draws per image (multicrop.py). `skips` (sampler.batch_step): before a
+    step's first micro-batch, the examples of the batches skipped since the last step's are read and
+    dropped, so the step takes the micro-batches a run without skips takes at its batch step."""
     k, accum, rank = at
     while True:
+        step, j = micro_batch(k, accum, rank)
+        if k % accum == 0:
+            dropped = (batch_step(step, skips) - _after(step, skips)) * accum * batch
+            for _ in islice(examples, dropped):
+                pass
+        step = batch_step(step, skips)
         chunk = list(islice(examples, batch))
         label = cfg.label_column
         rows = [(ex[cfg.image_column], int(ex[label]) if label else 0) for ex, _ in chunk]
         positions.append(_position(k + 1, chunk[-1][1]))
-        step, j = micro_batch(k, accum, rank)
         draws = first_sample(step, j, batch, by_sample) if by_sample else micro_seed(seed, step, j)
         yield k, draws, rows
         k += 1
@@ -178,6 +185,7 @@ class TrainStream(BatchStream):
         super().__init__(loader, device=device, aug=aug, normalise=normalise)
         self.keys, self.start_at, self.positions, self.world_size = keys, start_at, positions, world_size
         self.at = _position(0, (0, 0))
+        self.accum = 1  # micro-batches a step: stream_train_batches sets it
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().__next__()
@@ -187,13 +195,26 @@ class TrainStream(BatchStream):
 
     def _place(self, micro_batch: int, at: tuple[int, int] | None) -> None:
         placeable(self)
-        examples, at = self.start_at(micro_batch, at)
+        # without a saved position: the micro-batches of the batches before (the skipped ones
+        # after them are dropped by _keys)
+        step, i = divmod(micro_batch, self.accum)
+        examples, at = self.start_at(_after(step, self.keys.skips) * self.accum + i, at)
         self.keys.start, self.at = (micro_batch, examples), _position(micro_batch, at)
 
     def seek(self, micro_batch: int) -> None:
         """Start at this rank's micro-batch `micro_batch` of the run (step x accum) with no saved
         state: the examples before it are read again (not decoded) from the first epoch on."""
         self._place(micro_batch, None)
+
+    def skip(self, skips: tuple) -> None:
+        """Skip the batches of these windows of steps from now on (sampler.batch_step); placed
+        after."""
+        placeable(self)
+        self.keys.skips = tuple(skips)
+
+    def rewind(self) -> None:
+        super().rewind()
+        self.positions.clear()  # of keys drawn ahead for batches never taken
 
     def state_dict(self) -> dict:
         """Where this rank's next micro-batch starts, json-able."""
@@ -207,6 +228,12 @@ class TrainStream(BatchStream):
             state = {"kind": "streamed", "world_size": self.world_size, **_position(state["step"], at)}
         state = checked_state(state, "streamed", self.world_size, ("micro_batches", "epoch", "examples"))
         self._place(state["micro_batches"], (state["epoch"], state["examples"]))
+
+
+def _after(step: int, skips: tuple) -> int:
+    """The batch step after the one step - 1 took (0 for the first step): where the stream stands
+    when `step` begins."""
+    return batch_step(step - 1, skips) + 1 if step else 0
 
 
 def _start(ids, batch: int, micro_batch: int, at: tuple[int, int] | None,
@@ -244,13 +271,15 @@ def stream_train_batches(
     positions: deque = deque()
     # start: (micro-batch, its raw examples on), as TrainStream places it
     by_sample = micro_batch_size * accum * world_size if views is not None else 0
-    keys = Placed(lambda start: _keys(start[1], cfg, micro_batch_size, seed, (start[0], accum, rank),
-                                      positions, by_sample), None)
+    keys = Placed(lambda start, skips: _keys(start[1], cfg, micro_batch_size, seed,
+                                             (start[0], accum, rank), positions, by_sample, skips),
+                  None)
     transform = train_transform(cfg, img_size, seed, device, views)
     decode = _Decode(name, transform, cfg.binary_pixels)
     start_at = functools.partial(_start, mine, micro_batch_size, name=name)
     stream = TrainStream(keyed_loader(decode, keys, cfg.num_workers), keys, start_at, positions, world_size,
                          device, train_aug(cfg, img_size, views), Normalise(cfg.mean, cfg.std))
+    stream.accum = accum
     stream.seek(start_step)
     return stream
 

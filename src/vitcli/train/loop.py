@@ -40,6 +40,7 @@ from vitcli.train.interrupt import StopRequest, interrupted
 from vitcli.train.optim import build_optimizer
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
+from vitcli.train.watchdog import Watchdog, die_after_step, hang_before_agree
 
 log = logging.getLogger(__name__)
 # purposes of sampler.micro_seed; 0 is the augmentation's
@@ -165,14 +166,17 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
-    with progress_bar(dist.is_main) as bar, StopRequest() as stop:
+    with (progress_bar(dist.is_main) as bar, StopRequest() as stop,
+          Watchdog(r.run, dist.rank) as watchdog):
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
             done = step + 1
+            watchdog.step(done)  # from here to the optimizer's step: watched for a hang
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(job.objective, r, step, dist.rank * accum)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist, job.objective.whole_step)
+            hang_before_agree(done, dist.rank, job.workdir)  # VITCLI_FAULTS (runtime.faults)
             signum, timed = _agree(stop, clock, dist)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
@@ -182,6 +186,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             values = _read([loss, accuracy], dist, diverged) if save or log else None
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             _step(optimizer, model, ema, done, job.objective)
+            watchdog.done()
+            die_after_step(done, dist.rank, job.workdir)  # VITCLI_FAULTS: kill, crash
             window.images += r.data.batch_size
             if log:  # the objective's own terms too (DINO's)
                 _log(window, waited.take(), advise, metrics, bar, task, done,

@@ -53,7 +53,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
-               "loop", "cost"]),
+               "watchdog", "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one

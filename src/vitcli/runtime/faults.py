@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -93,7 +94,8 @@ def armed(kind: str, step: int, rank: int, workdir: Path) -> bool:
     path = Path(workdir) / FIRED_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
-        f.write(json.dumps({"fault": fault.key, "pid": os.getpid()}) + "\n")
+        # when: the start of the time the fault cost (the watchdog's test measures the restart)
+        f.write(json.dumps({"fault": fault.key, "pid": os.getpid(), "time": time.time()}) + "\n")
         f.flush()
         os.fsync(f.fileno())
     return True

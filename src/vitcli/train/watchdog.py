@@ -113,7 +113,15 @@ class Watchdog:
             self.times.append(time.monotonic() - self._started)
 
     def _file(self) -> TextIO:
-        return self.out or sys.stderr
+        """`out`, else stderr: sys.stderr where it has a file descriptor (faulthandler writes to
+        one), else the process's own (a test's captured sys.stderr has none)."""
+        if self.out is not None:
+            return self.out
+        try:
+            sys.stderr.fileno()
+            return sys.stderr
+        except (AttributeError, OSError, ValueError):
+            return sys.__stderr__
 
     def _watch(self) -> None:
         with self._cond:

@@ -6,6 +6,7 @@ its recipe keys checked at resolve time; the store torchrun's restarts need (run
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as torch_dist
@@ -38,9 +39,10 @@ def test_one_slow_step_does_not_move_the_bound_and_old_steps_are_forgotten():
     assert bound([100.0] * 200 + [1.0] * WINDOW, 10, 3, 60) == 10
 
 
-def child(body: str, warm: bool = True, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
-    """Run `body` with a Watchdog `dog` of rank 3 (factor 2, floor 0.5 s, start 5 s), after WARMUP
-    quick steps when `warm`; (the process, seconds from the end of those steps to its end)."""
+def child(workdir: Path, body: str, warm: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `body` with a Watchdog `dog` of rank 3 (factor 2, floor 0.5 s, start 5 s) in `workdir`,
+    after WARMUP quick steps when `warm`; (the process, seconds from the end of those steps to its
+    end)."""
     warm_up = """
     for n in range(1, WARMUP + 1):
         dog.step(n)
@@ -50,21 +52,21 @@ def child(body: str, warm: bool = True, timeout: float = 60) -> tuple[subprocess
 import ctypes, sys, time
 from vitcli.recipe.schema import RunConfig
 from vitcli.train.watchdog import Watchdog, hang_forever, WARMUP
-with Watchdog(RunConfig(hang_factor=2, hang_floor_s=0.5, hang_start_s=5), rank=3) as dog:{warm_up}
+with Watchdog(RunConfig(hang_factor=2, hang_floor_s=0.5, hang_start_s=5), 3, sys.argv[1]) as dog:{warm_up}
     print(time.time(), flush=True)
 {body}
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    proc = subprocess.run([sys.executable, "-c", script, str(workdir)], capture_output=True, text=True,
+                          timeout=60, check=False)
     began = float(proc.stdout.split()[0])
     return proc, time.time() - began
 
 
-def test_a_hung_step_dumps_every_stack_and_exits_75_at_the_bound():
+def test_a_hung_step_dumps_every_stack_and_exits_75_at_the_bound(tmp_path):
     """A step asleep (as a rank waiting in a collective: the GIL free) past the 0.5 s floor: one
     line naming the rank, the step and the bound, every thread's stack (the sleeping frame named),
     exit 75; at the bound, before faulthandler's backstop."""
-    proc, took = child("    dog.step(WARMUP + 1)\n    hang_forever()")
+    proc, took = child(tmp_path, "    dog.step(WARMUP + 1)\n    hang_forever()")
     assert proc.returncode == HUNG_EXIT_CODE, proc.stderr
     first = proc.stderr.splitlines()[0]
     assert first.startswith(f"rank 3: step {WARMUP + 1} has run "), first
@@ -75,18 +77,18 @@ def test_a_hung_step_dumps_every_stack_and_exits_75_at_the_bound():
     assert 0.5 <= took < 0.5 * BACKSTOP + 2, took  # + the interpreter's exit
 
 
-def test_a_hang_that_holds_the_gil_is_caught_by_faulthandlers_own_timer():
+def test_a_hang_that_holds_the_gil_is_caught_by_faulthandlers_own_timer(tmp_path):
     """A C call that never returns and never releases the GIL (libc's sleep through ctypes.PyDLL,
     which keeps it): no Python thread can run, so the C timer armed with the step dumps the stacks
     at BACKSTOP x the bound and exits 1 (CPython fixes that code)."""
-    proc, took = child("    dog.step(WARMUP + 1)\n    ctypes.PyDLL(None).sleep(30)")
+    proc, took = child(tmp_path, "    dog.step(WARMUP + 1)\n    ctypes.PyDLL(None).sleep(30)")
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("Timeout (0:00:00"), proc.stderr[:300]
     assert "<module>" in proc.stderr  # the frame that made the call
     assert 0.5 * BACKSTOP <= took < 20, took
 
 
-def test_healthy_steps_slow_first_steps_and_pauses_between_steps_never_fire():
+def test_healthy_steps_slow_first_steps_and_pauses_between_steps_never_fire(tmp_path):
     """A first step of 1 s under the start bound (compiling), steps near the floor, and 1.5 s
     between two steps (an evaluation, a checkpoint written: not watched): the process ends 0."""
     body = """    dog.step(1); time.sleep(1.0); dog.done()
@@ -95,7 +97,7 @@ def test_healthy_steps_slow_first_steps_and_pauses_between_steps_never_fire():
     time.sleep(1.5)
     dog.step(12); time.sleep(0.05); dog.done()
 print("finished")"""
-    proc, _ = child(body, warm=False)
+    proc, _ = child(tmp_path, body, warm=False)
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr
 
 

@@ -63,11 +63,13 @@ def bound(times: Sequence[float], factor: float, floor_s: float, start_s: float)
 
 class Watchdog:
     """The watchdog of one rank: `step(n)` as step n starts, `done()` as it ends; use it as a
-    context manager (its thread runs inside the block)."""
+    context manager (its thread runs inside the block). It also injects the faults of
+    runtime.faults that test it and the restarts (`before_agree`, `done`), in the run's
+    `workdir`."""
 
-    def __init__(self, run: RunConfig, rank: int, out: TextIO | None = None):
+    def __init__(self, run: RunConfig, rank: int, workdir: Path, out: TextIO | None = None):
         self.factor, self.floor_s, self.start_s = run.hang_factor, run.hang_floor_s, run.hang_start_s
-        self.rank, self.out = rank, out
+        self.rank, self.workdir, self.out = rank, workdir, out
         self.times: deque[float] = deque(maxlen=WINDOW)
         self._cond = threading.Condition()
         self._deadline: float | None = None  # monotonic; None: between steps
@@ -91,6 +93,7 @@ class Watchdog:
 
     def step(self, n: int) -> None:
         """Step `n` (as metrics.jsonl counts them) starts: armed with the bound."""
+        self._step = n
         if self._thread is None:
             return
         limit = bound(list(self.times), self.factor, self.floor_s, self.start_s)
@@ -103,14 +106,20 @@ class Watchdog:
             faulthandler.dump_traceback_later(BACKSTOP * limit, exit=True, file=self._file())
 
     def done(self) -> None:
-        """The step has finished: its time counts towards the median; disarmed until the next."""
-        if self._thread is None:
-            return
-        with self._cond:
-            if self._deadline is not None:
-                self._deadline = None
-                faulthandler.cancel_dump_traceback_later()
-            self.times.append(time.monotonic() - self._started)
+        """The step has finished: its time counts towards the median; disarmed until the next.
+        Then VITCLI_FAULTS' `kill` or `crash` of this step, if planned."""
+        if self._thread is not None:
+            with self._cond:
+                if self._deadline is not None:
+                    self._deadline = None
+                    faulthandler.cancel_dump_traceback_later()
+                self.times.append(time.monotonic() - self._started)
+        die_after_step(self._step, self.rank, self.workdir)
+
+    def before_agree(self) -> None:
+        """Just before the step's agreement all-reduce: VITCLI_FAULTS' `hang` of this step, if
+        planned."""
+        hang_before_agree(self._step, self.rank, self.workdir)
 
     def _file(self) -> TextIO:
         """`out`, else stderr: sys.stderr where it has a file descriptor (faulthandler writes to
@@ -150,8 +159,9 @@ class Watchdog:
         os._exit(HUNG_EXIT_CODE)
 
 
-# The faults of runtime.faults this slice injects (the loop calls these at their places): a rank that
-# hangs before the step's agreement, one SIGKILLed or crashing after its step.
+# The faults of runtime.faults that test the watchdog and torchrun's restarts (the watchdog injects
+# them where the loop tells it it is): a rank that hangs before the step's agreement, one SIGKILLed
+# or crashing after its step.
 
 
 def hang_before_agree(step: int, rank: int, workdir: Path) -> None:

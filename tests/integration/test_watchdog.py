@@ -23,11 +23,11 @@ from vitcli.train.watchdog import BACKSTOP
 
 FLOOR_S = 3.0  # the bound after the warm-up: the floor (a tiny step's median x 2 is far below it)
 # 16 steps, a checkpoint every 4; the watchdog at its floor of 3 s (the first steps: 60 s)
-RUN = ["schedule.steps=16", "run.ckpt_every=4", "run.hang_factor=2", f"run.hang_floor_s={FLOOR_S:g}",
-       "run.hang_start_s=60"]
+RUN = ["schedule.steps=16", "run.ckpt_every=4", "run.hang_factor=2",
+       f"run.hang_floor_s={FLOOR_S:g}", "run.hang_start_s=60"]
 # torchrun's line for a rank that failed: its time (glog's, local) and the exit code
-FAILED = re.compile(r"^\w\d{4} (\d\d:\d\d:\d\d\.\d+) .*failed \(exitcode: (-?\d+)\) local_rank: (\d)",
-                    re.MULTILINE)
+FAILED = re.compile(r"^\w\d{4} (\d\d:\d\d:\d\d\.\d+) .*failed \(exitcode: (-?\d+)\) "
+                    r"local_rank: (\d)", re.MULTILINE)
 
 
 def two(workdir: Path, restarts: int, logs: Path) -> list[str]:
@@ -84,7 +84,8 @@ def seconds_of_day(clock: str) -> float:
 
 
 def local_seconds(unix: float) -> float:
-    """A time.time() as seconds of the local day (the clock of torchrun's and the console's lines)."""
+    """A time.time() as seconds of the local day (the clock of torchrun's and the console's
+    lines)."""
     t = datetime.datetime.fromtimestamp(unix)
     return t.hour * 3600 + t.minute * 60 + t.second + t.microsecond / 1e6
 
@@ -108,7 +109,8 @@ def test_a_killed_a_hung_and_a_crashed_rank_are_each_restarted_and_the_run_ends_
     workdir, logs = tmp_path / "run", tmp_path / "logs"
     err = run_with("kill@5:rank=1,hang@10:rank=1,crash@13:rank=0", two(workdir, 3, logs))
     # torchrun names one failure per attempt, the first by its clock (whole seconds): after the
-    # kill, rank 0's own exit 1 (its peer gone) may be the one named; after the hang, either rank's 75
+    # kill, rank 0's own exit 1 (its peer gone) may be the one named; after the hang, either
+    # rank's 75
     failed = FAILED.findall(err)
     codes = [code for _, code, _ in failed]
     assert len(codes) == 3 and codes[0] in ("-9", "1") and codes[1:] == ["75", "1"], err[-3000:]
@@ -118,7 +120,8 @@ def test_a_killed_a_hung_and_a_crashed_rank_are_each_restarted_and_the_run_ends_
         assert re.search(rf"resuming from .*? at step {step} ", rank_log(logs, attempt, 0)), attempt
 
     hung, waiting = rank_log(logs, 1, 1), rank_log(logs, 1, 0)
-    assert re.search(r"rank 1: step 10 has run [\d.]+ s, past its bound of 3\.0 s", hung), hung[-3000:]
+    said = r"rank 1: step 10 has run [\d.]+ s, past its bound of 3\.0 s"
+    assert re.search(said, hung), hung[-3000:]
     assert " in hang_forever" in hung and " in _agree" in waiting and " in all_reduce" in waiting
     assert "rank 0: step 10 has run" in waiting
     assert "injected crash after step 13 on rank 0" in rank_log(logs, 2, 0)
@@ -128,6 +131,6 @@ def test_a_killed_a_hung_and_a_crashed_rank_are_each_restarted_and_the_run_ends_
     detected = (seconds_of_day(failed[1][0]) - began) % 86400
     back = re.search(r"\[(\d\d:\d\d:\d\d)\]", rank_log(logs, 2, 0)).group(1)
     restarted = (seconds_of_day(back) - began) % 86400  # to the second: the console's clock
-    print(f"\nbound {FLOOR_S:g} s: exit 75 seen by torchrun {detected:.2f} s after the hang began; the "
-          f"restarted run's first line {restarted:.0f} s after it")
+    print(f"\nbound {FLOOR_S:g} s: exit 75 seen by torchrun {detected:.2f} s after the hang "
+          f"began; the restarted run's first line {restarted:.0f} s after it")
     assert FLOOR_S * 0.9 <= detected < BACKSTOP * FLOOR_S, detected

@@ -31,8 +31,8 @@ def test_the_bound_is_the_start_bound_until_warm_then_a_floored_multiple_of_the_
 
 
 def test_one_slow_step_does_not_move_the_bound_and_old_steps_are_forgotten():
-    """The median: compiling's 500 s first step, or a log step's sync, leave it where the steady steps
-    put it; after WINDOW steps at a new pace the bound is that pace's."""
+    """The median: compiling's 500 s first step, or a log step's sync, leave it where the steady
+    steps put it; after WINDOW steps at a new pace the bound is that pace's."""
     steady = [40.0] * 10
     assert bound([500.0, *steady], 10, 3, 60) == bound(steady, 10, 3, 60) == 400
     assert bound([*steady, 900.0, *steady], 10, 3, 60) == 400
@@ -52,12 +52,13 @@ def child(workdir: Path, body: str, warm: bool = True) -> tuple[subprocess.Compl
 import ctypes, sys, time
 from vitcli.recipe.schema import RunConfig
 from vitcli.train.watchdog import Watchdog, hang_forever, WARMUP
-with Watchdog(RunConfig(hang_factor=2, hang_floor_s=0.5, hang_start_s=5), 3, sys.argv[1]) as dog:{warm_up}
+run = RunConfig(hang_factor=2, hang_floor_s=0.5, hang_start_s=5)
+with Watchdog(run, 3, sys.argv[1]) as dog:{warm_up}
     print(time.time(), flush=True)
 {body}
 """
-    proc = subprocess.run([sys.executable, "-c", script, str(workdir)], capture_output=True, text=True,
-                          timeout=60, check=False)
+    proc = subprocess.run([sys.executable, "-c", script, str(workdir)], capture_output=True,
+                          text=True, timeout=60, check=False)
     began = float(proc.stdout.split()[0])
     return proc, time.time() - began
 
@@ -136,7 +137,8 @@ def test_a_restarted_attempt_on_one_node_reads_its_own_keys_not_the_last_ones(mo
 
 
 def test_restarts_across_nodes_on_the_shared_store_are_warned_of():
-    many = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "2", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    many = {"TORCHELASTIC_USE_AGENT_STORE": "True", "GROUP_WORLD_SIZE": "2",
+            "TORCHELASTIC_MAX_RESTARTS": "3"}
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in dist.restarts_unsafe(many)
     assert dist.restarts_unsafe({**many, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
     assert dist.restarts_unsafe({**many, "GROUP_WORLD_SIZE": "1"}) is None

@@ -117,8 +117,8 @@ def restarts_unsafe(env) -> str | None:
     if env.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0":
         return None
     return ("torchrun --max-restarts across nodes: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
-            "torchrun, or a restarted attempt may read the last one's addresses and fail to connect "
-            "(pytorch#135712; docs/cluster.md)")
+            "torchrun, or a restarted attempt may read the last one's addresses and fail to "
+            "connect (pytorch#135712; docs/cluster.md)")
 
 
 def oversubscription(threads: int, processes: int, cores: int) -> str | None:

@@ -68,7 +68,8 @@ class Watchdog:
     `workdir`."""
 
     def __init__(self, run: RunConfig, rank: int, workdir: Path, out: TextIO | None = None):
-        self.factor, self.floor_s, self.start_s = run.hang_factor, run.hang_floor_s, run.hang_start_s
+        self.factor, self.floor_s = run.hang_factor, run.hang_floor_s
+        self.start_s = run.hang_start_s
         self.rank, self.workdir, self.out = rank, workdir, out
         self.times: deque[float] = deque(maxlen=WINDOW)
         self._cond = threading.Condition()
@@ -146,16 +147,18 @@ class Watchdog:
         """The step overran: one line, every thread's stack, exit 75 (the lock held: nothing else
         of this process moves the watchdog now)."""
         faulthandler.cancel_dump_traceback_later()  # this dump is the one
-        out = self._file()
         how = (f"the first {WARMUP} steps' run.hang_start_s" if len(self.times) < WARMUP
                else f"max(run.hang_floor_s={self.floor_s:g}, run.hang_factor={self.factor:g} x the "
                     f"median step {statistics.median(self.times):.3g} s)")
-        out.write(f"rank {self.rank}: step {self._step} has run {time.monotonic() - self._started:.1f} s, "
-                  f"past its bound of {self._bound:.1f} s ({how}): hung; every thread's stack "
-                  f"follows, then exit {HUNG_EXIT_CODE}\n")
-        out.flush()
-        faulthandler.dump_traceback(file=out, all_threads=True)
-        out.flush()
+        ran = time.monotonic() - self._started
+        line = (f"rank {self.rank}: step {self._step} has run {ran:.1f} s, past its bound of "
+                f"{self._bound:.1f} s ({how}): hung; every thread's stack follows, then exit "
+                f"{HUNG_EXIT_CODE}\n")
+        # to the descriptor, as faulthandler writes: the stream's buffer may be locked by the very
+        # write that hung
+        fd = self._file().fileno()
+        os.write(fd, line.encode())
+        faulthandler.dump_traceback(file=fd, all_threads=True)
         os._exit(HUNG_EXIT_CODE)
 
 

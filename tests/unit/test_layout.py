@@ -54,7 +54,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                      "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
-               "rollback", "loop", "cost"]),
+               "watchdog", "rollback", "loop", "cost"]),
     # what the loop runs when due
     ("evaluators", ["inference", "classify", "robustness", "heldout", "calibration", "tta"]),
     # the objective as a part: what each gives a run (network, loss, evaluator, head, FLOPs), one

@@ -122,6 +122,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
         parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
     check_ckpt_dir(recipe.run.ckpt_dir)
+    _watchdog(recipe.run)
     check_slurm(recipe.slurm)
     check_rollback(recipe)
     if inputs:  # last, the values being right: what the command needs in order to run
@@ -129,6 +130,22 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
         check_train_batch(recipe)
         check_splits(recipe)
         _checkpoint_inputs(recipe)
+
+
+def _watchdog(run) -> None:
+    """The watchdog's bound (train.watchdog): off (run.hang_factor 0), or a factor of 2 or more over
+    a positive floor; no negative start bound."""
+    if run.hang_factor and run.hang_factor < 2:
+        raise RecipeError(f"run.hang_factor={run.hang_factor:g}: a bound under 2x the median "
+                          "step is an ordinary slow step; use 0 (no watchdog) or 2 or more "
+                          "(default 10)")
+    if run.hang_factor and run.hang_floor_s <= 0:
+        raise RecipeError(f"run.hang_floor_s={run.hang_floor_s:g} must be positive while "
+                          "run.hang_factor is on (a factor of a 10 ms step fires on a pause of the "
+                          "machine); default 300")
+    if run.hang_start_s < 0:
+        raise RecipeError(f"run.hang_start_s must be >= 0 (0: the first steps unwatched), got "
+                          f"{run.hang_start_s:g}")
 
 
 def _choices(recipe: Recipe) -> None:

@@ -279,6 +279,18 @@ class RunConfig:
     spike_window: int = 20  # losses read (every run.log_every steps and at checkpoints)
     # rollbacks before the run stops with the steps that spiked; 0 = stop at the first (no rollback)
     max_rollbacks: int = 3
+    # The watchdog of each rank (train/watchdog.py): a step running past max(hang_floor_s,
+    # hang_factor x the median of the last 50 steps) is a hang: every thread's stack goes to the log
+    # and the rank exits 75, for torchrun's --max-restarts or the SLURM requeue to resume the run.
+    # 10x and 5 minutes: a healthy step past both is not seen (what is slow between steps,
+    # evaluations and checkpoint writes, is not watched); a hang costs 5 minutes, not the
+    # allocation. 0 = no watchdog; otherwise at least 2 (a bound under 2x the median is one slow
+    # step)
+    hang_factor: float = 10.0
+    hang_floor_s: float = 300.0  # positive while the watchdog is on
+    # the bound of the first 5 steps of a process (no median yet): compilation, the loader's
+    # start-up and the first images decoded take far longer than a step; 0: not watched until then
+    hang_start_s: float = 1800.0
 
 
 @dataclass

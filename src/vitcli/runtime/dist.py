@@ -75,7 +75,7 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.cuda.set_device(device)
         enable_tf32()
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group(**group_args(device))
+        torch_dist.init_process_group(**group_args(device), **attempt_store(os.environ))
     control = torch_dist.new_group(backend="gloo") if world > 1 and device.type == "cuda" else None
     # rank 0 talks: every log line and table, in one switch
     console.quiet = stdout.quiet = rank != 0
@@ -86,7 +86,39 @@ def setup(device_pref: str = "auto") -> Dist:
         torch.get_num_threads(), launch.local_world_size, len(os.sched_getaffinity(0)))
     if crowded:
         console.log(f"[yellow]warning: {crowded}")
+    if restarts_unsafe(os.environ):
+        console.log(f"[yellow]warning: {restarts_unsafe(os.environ)}")
     return here
+
+
+# torchrun's agent serves its workers one store for every attempt (torch >= 2.5, pytorch#135712):
+# a restarted rank can read the addresses its dead predecessors left there and fail to connect.
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def attempt_store(env) -> dict:
+    """init_process_group's store, rank and world size where torchrun's agent serves the store on
+    one node: its keys under the attempt's number (TORCHELASTIC_RESTART_COUNT), so an attempt after
+    a restart never reads the last one's. {} elsewhere (env://: the store is new each attempt, or,
+    across nodes, the agents' counts of restarts can differ: restarts_unsafe)."""
+    if env.get(AGENT_STORE) != "True" or env.get("GROUP_WORLD_SIZE", "1") != "1":
+        return {}
+    store, rank, world = next(torch_dist.rendezvous("env://"))
+    prefix = f"vitcli/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return {"store": torch_dist.PrefixStore(prefix, store), "rank": rank, "world_size": world}
+
+
+def restarts_unsafe(env) -> str | None:
+    """The warning for torchrun's --max-restarts across nodes with the agent's shared store (a
+    restarted attempt may meet the last one's keys: each node's agent counts its own restarts, so
+    no attempt number is common to them); None where restarts are safe."""
+    if env.get(AGENT_STORE) != "True" or env.get("GROUP_WORLD_SIZE", "1") == "1":
+        return None
+    if env.get("TORCHELASTIC_MAX_RESTARTS", "0") == "0":
+        return None
+    return ("torchrun --max-restarts across nodes: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for "
+            "torchrun, or a restarted attempt may read the last one's addresses and fail to "
+            "connect (pytorch#135712; docs/cluster.md)")
 
 
 def oversubscription(threads: int, processes: int, cores: int) -> str | None:

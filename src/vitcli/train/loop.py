@@ -39,6 +39,7 @@ from vitcli.train.optim import build_optimizer
 from vitcli.train.rollback import Guard
 from vitcli.train.schedule import learning_rate
 from vitcli.train.throughput import Waited, feeding, input_bound
+from vitcli.train.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 # purposes of sampler.micro_seed; 0 is the augmentation's
@@ -169,15 +170,17 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     window = _Window(time.perf_counter(), 0, {}, warm=_warm(stream, accum), since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
-    with progress_bar(dist.is_main) as bar, StopRequest() as stop:
+    with (progress_bar(dist.is_main) as bar, StopRequest() as stop,
+          Watchdog(r.run, dist.rank, job.workdir) as watchdog):
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         while step < job.total_steps:
             done = step + 1
+            watchdog.step(done)  # from here to the optimizer's step: watched for a hang
             lr = _set_lr(optimizer, r, step, job.total_steps)
             objective = _objective(job.objective, r, step, dist.rank * accum, checkpoints.skips)
             loss, accuracy = _accumulate_grads(parallel, optimizer, waited, accum, objective,
                                                r.run.precision, dist, job.objective.whole_step)
-            signum, timed = _agree(stop, clock, dist)
+            signum, timed = _agree(stop, clock, dist, watchdog)
             save = bool(signum or timed) or done % r.run.ckpt_every == 0 or done == job.total_steps
             log = done % r.run.log_every == 0 or done == job.total_steps
             # read at log and checkpoint steps, before the update: a spike rolls back (rollback.py)
@@ -187,6 +190,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
                 continue
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             _step(optimizer, model, ema, done, job.objective)
+            watchdog.done()  # (and VITCLI_FAULTS' kill and crash, when planned for this step)
             window.images += r.data.batch_size
             if log:  # the objective's own terms too (DINO's)
                 _log(window, waited.take(), advise, metrics, bar, task, done,
@@ -199,14 +203,21 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             if signum:
                 raise interrupted(signum, done, job.total_steps, job.workdir)
             step = done
-    final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model, ema)
-    if final:
-        metrics.write(job.total_steps, final)
-    metrics.close()
+    final = _final_metrics(job, model, ema, metrics)
     _save_final(job, parallel, ema, dist)
     # this rank's count of skipped images; the throughput of the whole run after the warm-up window
     return {**window.last, **window.steady(), **final, "data/skipped_images": stream.skipped.total,
             **_footprint(window.memory, getattr(stream, "cache", None), dist), **checkpoints.spent()}
+
+
+def _final_metrics(job: Job, model, ema: WeightEma | None, metrics: MetricsLog) -> dict[str, float]:
+    """Every evaluator once after the last step (the periodic ones too), logged at that step;
+    metrics.jsonl and the trackers closed."""
+    final = _evaluate([ev for _, ev in job.evaluators] + job.final_evaluators, model, ema)
+    if final:
+        metrics.write(job.total_steps, final)
+    metrics.close()
+    return final
 
 
 def _metrics_log(job: Job, start: int, dist: Dist) -> MetricsLog:
@@ -249,10 +260,11 @@ class _Clock:
         return bool(self.seconds) and time.monotonic() - self.last >= self.seconds
 
 
-def _agree(stop: StopRequest, clock: _Clock, dist: Dist) -> tuple[int, bool]:
+def _agree(stop: StopRequest, clock: _Clock, dist: Dist, watchdog: Watchdog) -> tuple[int, bool]:
     """(the signal any rank received or 0, whether any rank's checkpoint clock ran out), the same on
     every rank: one small all-reduce on the CPU per step, so every rank saves and stops at the same
-    step."""
+    step. A rank that never joins it is the watchdog's (VITCLI_FAULTS' hang sleeps just before)."""
+    watchdog.before_agree()
     signum, timed = all_reduce_max([float(stop.signum), float(clock.due())], dist)
     return int(signum), bool(timed)
 

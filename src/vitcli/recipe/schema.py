@@ -460,6 +460,10 @@ class SlurmConfig:
     max_requeues: int = 20
     port: int = 29500  # the c10d rendezvous port on the first node
     array_parallel: int = 0  # a sweep's job array: at most this many points at once; 0 = no limit
+    # requeues after a rank hung (the watchdog's exit) or was killed by SIGKILL (out of memory), at
+    # most: a restart may cure either, a bug would fail again; a stop that made no progress after
+    # one that made none is never requeued
+    max_restarts: int = 2
 
 
 @dataclass

@@ -200,6 +200,7 @@ def test_the_reason_slurm_ended_a_job_is_read_from_its_log():
     assert ended_reason(STEPD.format(7, " DUE TO TIME LIMIT"), "7") == "TIME LIMIT"
     assert ended_reason(STEPD.format(8, " DUE TO PREEMPTION"), "7") is None  # another job's
     assert ended_reason("no such line", "7") is None
+    assert ended_reason(STEPD.format("12_1", " DUE TO PREEMPTION"), "13", "12_1") == "PREEMPTION"
 
 
 @pytest.mark.parametrize("rc, signal, ended, kind", [
@@ -340,11 +341,12 @@ def test_a_finished_sweep_is_refused_as_a_finished_run_is(tmp_path, monkeypatch,
 def test_a_dry_run_of_a_sweep_lists_its_points_as_the_array_runs_them(tmp_path, monkeypatch, capsys):
     sweep = ["--sweep", "optim.lr=1e-3,3e-3", "--sweep", "run.seed=0,1"]
     code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
-                             tmp_path / "w", *SHORT, *sweep)
+                             tmp_path / "w", *SHORT, *sweep, "data.num_workers=0")
     assert code == 0 and "#SBATCH --array=0-3" in out, err
     listed = [line for line in err.splitlines() if line.startswith("#")]
     assert listed[0] == f"# sweep: 4 points as a job array, task i running point i, each its own run in " \
                         f"{tmp_path / 'w'}/<point>"
+    assert "slurm.cpus_per_task" not in err  # one process, no loader worker: one CPU is enough
     assert listed[1:] == ["#   0: optim.lr=0.001,run.seed=0", "#   1: optim.lr=0.001,run.seed=1",
                           "#   2: optim.lr=0.003,run.seed=0", "#   3: optim.lr=0.003,run.seed=1"]
     assert not (tmp_path / "w").exists()
@@ -363,3 +365,22 @@ def test_cpus_left_to_the_partition_and_a_short_time_limit_are_said_naming_the_k
     code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
                            tmp_path / "w", *SHORT, "slurm.cpus_per_task=16", "slurm.time=1:00:00")
     assert code == 0 and "warning" not in err, err
+
+
+def test_preflight_says_a_time_limit_too_short_for_a_step_and_names_the_one_that_works():
+    from types import SimpleNamespace
+
+    from vitcli.run.estimate import slurm as slurm_figures
+    from vitcli.stages.preflight import warnings
+
+    recipe = resolve("pretrain", None, [*SHORT, "slurm.time=3:00", "slurm.signal_seconds=90"])
+    fixed, step, saving = 95.0, 0.5, 2.0  # what a preflight measured: start-up, a step, a checkpoint
+    f = {"train/input_advice": None, "disk/fits": True, "eta/fixed_s": fixed, "train/step_s": step,
+         "time/checkpoint_s": saving, **slurm_figures(recipe, 3600.0, fixed, step, saving)}
+    (line,) = warnings(f, recipe, SimpleNamespace(world_size=1))
+    works = line.split("slurm.time=")[-1].split()[0]
+    assert line.startswith("slurm.time=3:00 is too short: the start-up (95 s)") and "without progress" in line
+    assert fixed + step + saving + 90 <= time_limit_seconds(works) < fixed + step + saving + 90 + 60
+    longer = resolve("pretrain", None, [*SHORT, f"slurm.time={works}", "slurm.signal_seconds=90"])
+    f.update(slurm_figures(longer, 3600.0, fixed, step, saving))
+    assert not any("too short" in w for w in warnings(f, longer, SimpleNamespace(world_size=1)))

@@ -46,7 +46,7 @@ RESTARTS = {"hang": f"a rank hung (exit {HUNG_EXIT_CODE}, the watchdog's)",
             "kill": "a rank was killed by SIGKILL (out of memory, or its node)"}
 # slurmstepd's line in the job's log when the controller ends the job: "*** JOB 12 ON node1
 # CANCELLED AT 2026-11-29T06:34:20 DUE TO PREEMPTION ***" (no reason after a user's scancel)
-_ENDED = re.compile(r"\*\*\* JOB (\d+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_ENDED = re.compile(r"\*\*\* JOB (\S+) ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 
 
 @dataclass(frozen=True)
@@ -169,14 +169,15 @@ def ended_by(log: Path | None, restart: int) -> str:
         return "requeued"
     if state and state[1] in ("RUNNING", "SUSPENDED"):
         return ""
-    reason = ended_reason(_tail(log), os.environ.get("SLURM_JOB_ID", ""))
+    reason = ended_reason(_tail(log), os.environ.get("SLURM_JOB_ID", ""), _job_id())
     return {"PREEMPTION": "preempted", "TIME LIMIT": "timeout"}.get(reason or "", "cancelled")
 
 
-def ended_reason(text: str, job: str) -> str | None:
-    """The reason in slurmstepd's last "*** JOB <job> ... CANCELLED AT ... ***" line of `text`:
-    "PREEMPTION", "TIME LIMIT", ... "" without one (a user's scancel); None without the line."""
-    found = [m for m in _ENDED.finditer(text) if m[1] == job]
+def ended_reason(text: str, *job: str) -> str | None:
+    """The reason in slurmstepd's last "*** JOB <job> ... CANCELLED AT ... ***" line of `text` (the
+    job named by any of `job`: an array task has its own id and <array job>_<task>): "PREEMPTION",
+    "TIME LIMIT", ... "" without one (a user's scancel); None without the line."""
+    found = [m for m in _ENDED.finditer(text) if m[1] in job]
     return (found[-1][2] or "") if found else None
 
 

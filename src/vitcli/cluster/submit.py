@@ -45,7 +45,7 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
     """Submit `vit <recipe.stage>` of `workdir` (a sweep's `points`, one array task each) to SLURM;
     returns the job id, the script and the log. `args` are the command's own flags the job passes
     on."""
-    workdir = workdir.absolute()
+    given, workdir = workdir, workdir.absolute()
     job = Job(recipe.stage, tuple(args), workdir, Path.cwd(), sys.executable, len(points or []))
     written = f"`vit {recipe.stage} --slurm` on {time.strftime('%Y-%m-%d %H:%M')}"
     text = batch_script(recipe.slurm, job, written)
@@ -62,7 +62,7 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
         sys.stderr.write(f"warning: {line}\n")  # one line each, unwrapped: a log keeps them whole
     if dry_run or sbatch is None:
         sys.stdout.write(text)
-        _list_points(workdir, points or [])
+        _list_points(given, points or [])
         return None
     job_id = _sbatch_held(sbatch, text, workdir)
     here = slurm_dir(workdir)
@@ -115,8 +115,8 @@ def advice(recipe: Recipe) -> list[str]:
     """What the submission says without refusing: CPUs left to the partition's default, a short
     time limit."""
     cfg, out = recipe.slurm, []
-    if not cfg.cpus_per_task:
-        procs, workers = procs_per_node(cfg), recipe.data.num_workers
+    procs, workers = procs_per_node(cfg), recipe.data.num_workers
+    if not cfg.cpus_per_task and procs * (workers + 1) > 1:  # one CPU is enough for one process alone
         out.append(f"slurm.cpus_per_task=0: each node's {procs} process(es) and their loader workers "
                    f"(data.num_workers={workers}) get the partition's default CPUs, often one; set "
                    f"slurm.cpus_per_task, e.g. {procs * (workers + 1)} (a CPU per process and per worker)")

@@ -50,8 +50,14 @@ class Cluster:
         raise AssertionError(f"job {job_id} not {states} within {timeout} s: {self.job(job_id)}")
 
     def stop(self) -> None:
-        """Every job cancelled, every daemon stopped."""
+        """Every job cancelled (and gone: slurmd stopped under a job leaves its slurmstepd behind),
+        every daemon stopped."""
         self.run("scancel", "--user", "root", check=False)
+        deadline = time.monotonic() + 40
+        while self.run("squeue", "-h", "-t", "RUNNING,COMPLETING", check=False).strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.root / f"{name}.pid"
             if pid.is_file():

@@ -159,7 +159,9 @@ def test_a_killed_rank_is_requeued_a_cancel_ends_the_job_and_a_second_submission
     os.kill(rank, 9)
     release(cluster, job)
     killed = attempts(workdir)[0]
-    assert (killed["rc"], killed["stop"], killed["action"]) == (137, "kill", "requeue"), killed
+    assert (killed["rc"], killed["ranks_rc"], killed["stop"]) == (137, 137, "kill"), killed
+    assert killed["action"] == "requeue"
+    assert not list((workdir / SLURM_DIR).glob("exits-*"))  # the launch's record, read and removed
     assert killed["to_step"] % 50 == 0 and "restart 1 of 2" in killed["why"]  # a periodic checkpoint
 
     twice = vit(cluster, "pretrain", *TINY, "--slurm", "--workdir", str(workdir))

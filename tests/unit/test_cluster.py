@@ -384,3 +384,26 @@ def test_preflight_says_a_time_limit_too_short_for_a_step_and_names_the_one_that
     longer = resolve("pretrain", None, [*SHORT, f"slurm.time={works}", "slurm.signal_seconds=90"])
     f.update(slurm_figures(longer, 3600.0, fixed, step, saving))
     assert not any("too short" in w for w in warnings(f, longer, SimpleNamespace(world_size=1)))
+
+
+def test_the_step_ends_decided_by_the_cause_each_node_wrote_not_sruns_highest_code(tmp_path, monkeypatch):
+    """srun exits 143 when it stopped the other nodes (measured on slurm-wlm 22.05): the cause is
+    what the nodes' launches wrote, read and removed by requeue.end."""
+    from vitcli.cluster import requeue
+
+    asked = []
+    monkeypatch.setattr(requeue.subprocess, "run", lambda args, **kw: asked.append(args) or
+                        subprocess.CompletedProcess(args, 0, "", ""))
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    for written, action, stop in (({"node0": "1"}, "fail", "crash"),
+                                  ({"node0": "143", "node1": "75"}, "requeue", "hang"),
+                                  ({}, "fail", "crash")):  # nothing written: the step's own 143
+        run, exits = tmp_path / f"run-{len(written)}", tmp_path / f"exits-{len(written)}"
+        for name, code in written.items():
+            exits.mkdir(exist_ok=True)
+            (exits / name).write_text(code + "\n")
+        requeue.begin(run)
+        outcome = requeue.end(run, 143, "", max_requeues=3, max_restarts=2, exits=exits)
+        assert (outcome.action, outcome.stop) == (action, stop) and not exits.exists()
+        assert requeue.attempts(run)[-1]["rc"] == 143
+    assert asked == [["scontrol", "requeue", "12"]]  # the hang alone

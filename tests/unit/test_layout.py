@@ -74,7 +74,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                 "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
     # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free),
     # and the job's torchrun, whose exit code says why ranks failed
-    ("cluster", ["slurm", "requeue", "submit", "launch"]),
+    ("cluster", ["requeue", "slurm", "submit", "launch"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

@@ -2,16 +2,18 @@
 failed; and one line per attempt in WORKDIR/slurm/attempts.jsonl, which the next attempt reads.
 
 The batch script (cluster/slurm.py) runs `python -m vitcli.cluster.requeue begin RUN` before its
-step and `... end RUN --rc RC --signal SIG --log LOG` after it. Torch-free and quick: it runs
-inside the time limit's lead, or within KillWait after a SIGTERM.
+step and `... end RUN --rc RC --signal SIG --log LOG --exits DIR` after it. Torch-free and quick: it
+runs inside the time limit's lead, or within KillWait after a SIGTERM.
 
 What stopped the step (`stop_kind`): SLURM's warning (USR2: the time limit is near); a SIGTERM,
 told apart by the job's own record (`ended_by`: `scontrol show job` and the line slurmstepd writes
 into the job's log): a user's `scancel` ("cancel"), a preemption ("preemption"; SLURM may have
 requeued the job itself, PreemptMode=REQUEUE, which Restarts shows), the time limit itself; or no
 signal: a rank that hung (the watchdog's errors.HUNG_EXIT_CODE) or was killed by SIGKILL (the
-kernel's OOM killer, a node in trouble), which cluster/launch.py turns torchrun's exit 1 back
-into, else a crash.
+kernel's OOM killer, a node in trouble), else a crash. torchrun says 1 for all three, and srun the
+highest code of its tasks (143 for the nodes it stopped, measured on slurm-wlm 22.05): so each
+node's launch (cluster/launch.py) writes the cause it found into a folder of this attempt
+(EXITS_ENV), and the rules read the cause from there (`cause`), the step's code only without one.
 
 The rules (`decide`): a finished run is never requeued; a cancel ends the job (its checkpoint
 stays: `sbatch slurm/job.sh` resumes); a crash is a failure (requeueing a bug would crash again);
@@ -29,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -41,6 +44,9 @@ from vitcli.runtime.files import write_text
 from vitcli.runtime.run_files import ATTEMPTS_FILE, SLURM_DIR
 
 KILLED_EXIT_CODE = 128 + 9  # a rank killed by SIGKILL, as cluster/launch.py and the shell report it
+# where each node's launch writes the exit code it found (node<SLURM_NODEID>): the batch script
+# sets it to a folder of the attempt in RUN/slurm, which `end` reads and removes
+EXITS_ENV = "VITCLI_EXITS_DIR"
 # what stopped a step, by kind: those the rules may requeue, and what each is called in a line
 RESTARTS = {"hang": f"a rank hung (exit {HUNG_EXIT_CODE}, the watchdog's)",
             "kill": "a rank was killed by SIGKILL (out of memory, or its node)"}
@@ -108,6 +114,29 @@ def _timed_out(record: dict) -> bool:
     return record.get("stop", "time limit" if record.get("signal") == "USR2" else "") == "time limit"
 
 
+def cause(codes: list[int]) -> int:
+    """The exit code that says why ranks stopped, from every failed rank's (or node's) code, as a
+    shell gives them (128 + a signal's number) or torchrun does (minus the signal's number): a hang
+    (75) first, then a SIGKILL (137), then a rank's own failure (below 128), else the first code.
+    A hang or a kill first, because a bug follows from them and not the other way round: a rank
+    whose peer was SIGKILLed fails in its next collective with an error of its own (exit 1), while
+    a bug's peers are stopped by torchrun (SIGTERM, 143) or time out in the watchdog. A bug taken
+    for a kill costs at most slurm.max_restarts requeues, and the no-progress rule stops it sooner."""
+    shell = [128 - c if c < 0 else c for c in codes]
+    for wanted in (HUNG_EXIT_CODE, KILLED_EXIT_CODE):
+        if wanted in shell:
+            return wanted
+    own = [c for c in shell if 0 < c < 128]
+    return own[0] if own else (shell[0] if shell else 1)
+
+
+def node_exits(folder: Path | None) -> list[int]:
+    """The codes each node's launch wrote into `folder` (EXITS_ENV); [] without any."""
+    if folder is None or not folder.is_dir():
+        return []
+    return [int(p.read_text().strip()) for p in sorted(folder.glob("node*")) if p.read_text().strip()]
+
+
 def attempts(workdir: Path) -> list[dict]:
     """Every attempt's record, oldest first (WORKDIR/slurm/attempts.jsonl)."""
     path = workdir / SLURM_DIR / ATTEMPTS_FILE
@@ -131,17 +160,23 @@ def begin(workdir: Path) -> dict:
 
 
 def end(workdir: Path, rc: int, signal: str, max_requeues: int, max_restarts: int = 2,
-        log: Path | None = None) -> Outcome:
+        log: Path | None = None, exits: Path | None = None) -> Outcome:
     """Decide, record the outcome in this attempt's line, and requeue the job if that is the
-    decision (unless SLURM requeued it itself)."""
+    decision (unless SLURM requeued it itself). `rc`: the step's exit code; `exits`: the folder
+    where each node's launch wrote the cause it found (removed here)."""
+    found = node_exits(exits)
+    if exits is not None:
+        shutil.rmtree(exits, ignore_errors=True)
+    ranks_rc = cause(found) if found else rc
     records = attempts(workdir) or [begin(workdir)]
     current, history = records[-1], records[:-1]
     step = run_dir.newest_step(workdir)  # by name alone: verifying one would import torch (seconds)
     progress = step > int(current.get("from_step", 0))
     done = run_dir.finished(workdir) is not None
     ended = ended_by(log, int(current.get("restart", 0))) if signal == "TERM" else ""
-    outcome = decide(rc, signal, done, progress, history, max_requeues, max_restarts, ended)
-    current.update({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "rc": rc, "signal": signal,
+    outcome = decide(ranks_rc, signal, done, progress, history, max_requeues, max_restarts, ended)
+    current.update({"ended": time.strftime("%Y-%m-%dT%H:%M:%S"), "rc": rc, "ranks_rc": ranks_rc,
+                    "signal": signal,
                     "stop": outcome.stop, "to_step": step, "progress": progress, "action": outcome.action,
                     "why": outcome.why})
     _write(workdir, records)
@@ -209,13 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-requeues", type=int, default=0)
     parser.add_argument("--max-restarts", type=int, default=0)
     parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument("--exits", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.when == "begin":
         record = begin(args.run)
         sys.stderr.write(f"vit: job {record['job']} (restart {record['restart']}) starts {args.run} at step "
                          f"{record['from_step']}\n")
         return 0
-    outcome = end(args.run, args.rc, args.signal, args.max_requeues, args.max_restarts, args.log)
+    outcome = end(args.run, args.rc, args.signal, args.max_requeues, args.max_restarts, args.log, args.exits)
     sys.stderr.write(f"vit: {outcome.why}\n")
     return 0 if outcome.action != "fail" else (args.rc or 1)
 

@@ -26,6 +26,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitcli.cluster.requeue import EXITS_ENV
 from vitcli.errors import OutputError
 from vitcli.recipe.cluster_checks import check_one_line, control_character, procs_per_node
 from vitcli.recipe.schema import SlurmConfig
@@ -149,6 +150,8 @@ def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
         f"RUN={run}",
         f"LOG={q(str(slurm_dir(job.workdir)))}/{log}",
         f'{requeue} begin "$RUN"',
+        "# each node's launch writes there why its ranks failed (srun exits with its tasks' highest code)",
+        f'export {EXITS_ENV}="$RUN/{SLURM_DIR}/exits-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"',
         *launch_lines(cfg, job),
         "STEP=$!",
         "SIGNAL=",
@@ -159,7 +162,7 @@ def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
         "# a trapped signal ends `wait` early: wait again until the step itself has ended",
         'while :; do wait "$STEP"; RC=$?; [ "$RC" -gt 128 ] && kill -0 "$STEP" 2>/dev/null || break; done',
         (f'exec {requeue} end "$RUN" --rc "$RC" --signal "$SIGNAL" --max-requeues {cfg.max_requeues} '
-         f'--max-restarts {cfg.max_restarts} --log "$LOG"'),
+         f'--max-restarts {cfg.max_restarts} --log "$LOG" --exits "${EXITS_ENV}"'),
         "",
     ])
 

@@ -87,10 +87,12 @@ def _conf(root: Path, host: str) -> str:
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "ReturnToService=2", "MpiDefault=none",
         "KillWait=30", "MinJobAge=600",
         # preemption as a cluster does it: a job of the `urgent` partition that needs the node's
-        # CPUs preempts a `debug` one, which SLURM requeues (SIGTERM, then SIGKILL after KillWait)
+        # CPUs preempts a `debug` one, which SLURM requeues (SIGTERM, then SIGKILL after KillWait),
+        # or a `cancelable` one, which SLURM cancels
         "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
         f"NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+        f"PartitionName=cancelable Nodes={host} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL",
         f"PartitionName=urgent Nodes={host} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF", ""])
 
 

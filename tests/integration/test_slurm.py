@@ -101,16 +101,19 @@ def same_weights(workdir: Path, straight: dict) -> bool:
     return all(torch.equal(resumed[k], straight[k]) for k in straight)
 
 
-@pytest.mark.parametrize("stop", ["USR2", "preemption"],
+@pytest.mark.parametrize("stop", ["USR2", "debug", "cancelable"],
                          ids=["the time limit's warning (to the batch shell)",
-                              "a preemption (SIGTERM to every process of the job, SIGKILL after KillWait)"])
+                              "a preemption SLURM requeues (SIGTERM to all, SIGKILL after KillWait)",
+                              "a preemption SLURM cancels (PreemptMode=CANCEL: the job requeues itself)"])
 def test_a_stopped_job_is_requeued_and_ends_with_the_uninterrupted_weights(cluster, straight, tmp_path,
                                                                            stop):
-    """Either way every rank checkpoints at the step the signal found: the warning is forwarded by
-    the batch shell; a preemption's SIGTERM reaches torchrun and the ranks themselves (one node: no
-    srun, which would kill them at once), within the cluster's KillWait."""
+    """Every rank checkpoints at the step the signal found: the warning is forwarded by the batch
+    shell; a preemption's SIGTERM reaches torchrun and the ranks themselves (one node: no srun,
+    which would kill them at once), within the cluster's KillWait. A preemption that cancels the
+    job is told from a user's scancel by slurmstepd's line in the log ("DUE TO PREEMPTION")."""
     workdir = tmp_path / "run"
-    job = submit(cluster, workdir, "run.ckpt_every=50")
+    partition = [] if stop == "USR2" else [f"slurm.partition={stop}"]
+    job = submit(cluster, workdir, "run.ckpt_every=50", *partition)
     wait_for_step(workdir, 120)
     if stop == "USR2":
         cluster.run("scancel", "--batch", "--signal=USR2", job)

@@ -50,8 +50,14 @@ class Cluster:
         raise AssertionError(f"job {job_id} not {states} within {timeout} s: {self.job(job_id)}")
 
     def stop(self) -> None:
-        """Every job cancelled, every daemon stopped."""
+        """Every job cancelled (and gone: slurmd stopped under a job leaves its slurmstepd behind),
+        every daemon stopped."""
         self.run("scancel", "--user", "root", check=False)
+        deadline = time.monotonic() + 40
+        while self.run("squeue", "-h", "-t", "RUNNING,COMPLETING", check=False).strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         for name in ("slurmd", "slurmctld", "munged"):
             pid = self.root / f"{name}.pid"
             if pid.is_file():
@@ -80,8 +86,14 @@ def _conf(root: Path, host: str) -> str:
         "AccountingStorageType=accounting_storage/none", "SchedulerType=sched/builtin",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "ReturnToService=2", "MpiDefault=none",
         "KillWait=30", "MinJobAge=600",
+        # preemption as a cluster does it: a job of the `urgent` partition that needs the node's
+        # CPUs preempts a `debug` one, which SLURM requeues (SIGTERM, then SIGKILL after KillWait),
+        # or a `cancelable` one, which SLURM cancels
+        "PreemptType=preempt/partition_prio", "PreemptMode=REQUEUE",
         f"NodeName={host} CPUs={os.cpu_count()} State=UNKNOWN",
-        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
+        f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+        f"PartitionName=cancelable Nodes={host} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=CANCEL",
+        f"PartitionName=urgent Nodes={host} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF", ""])
 
 
 def start(root: Path) -> Cluster | str:

@@ -31,7 +31,7 @@ FIELDS = {
     "time/checkpoint_s", "eta/fixed_s", "eta/steps_s", "eta/eval_s", "eta/checkpoint_s", "eta/seconds",
     "eta/processes", "eta/gpu_hours", "disk/checkpoint_bytes", "disk/checkpoints_kept", "disk/model_bytes",
     "disk/needed_bytes", "disk/checked_bytes", "disk/free_bytes", "disk/fits", "slurm/time_limit_s",
-    "slurm/requeues", "warnings"}
+    "slurm/requeues", "slurm/least_time_limit_s", "warnings"}
 
 
 def preflight(monkeypatch, capsys, tmp_path, *extra, timed_s=0.0):
@@ -73,6 +73,9 @@ def test_json_has_every_figure_the_table_shows_them_and_the_sizes_are_the_runs(m
     assert f["disk/fits"] and f["disk/free_bytes"] >= max(f["disk/needed_bytes"], f["disk/checked_bytes"])
     assert f["slurm/time_limit_s"] == 60
     assert f["slurm/requeues"] == cost.requeues(f["eta/seconds"], f["eta/fixed_s"], 60, 10)
+    # the shortest limit that moves the run on: start-up, a step, a checkpoint and the warning
+    least = f["eta/fixed_s"] + f["train/step_s"] + f["time/checkpoint_s"] + 10
+    assert least <= f["slurm/least_time_limit_s"] < least + 60
 
     # the table, on a disk with 1 KiB free: said, and warned of
     usage = shutil.disk_usage

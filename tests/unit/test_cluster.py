@@ -11,9 +11,9 @@ import pytest
 
 from helpers import run_vit
 from vitcli.cluster import slurm
-from vitcli.cluster.requeue import decide
+from vitcli.cluster.requeue import decide, ended_reason, stop_kind
 from vitcli.errors import RecipeError
-from vitcli.recipe.cluster_checks import procs_per_node, time_limit_seconds
+from vitcli.recipe.cluster_checks import procs_per_node, time_limit_seconds, time_limit_text
 from vitcli.recipe.resolve import resolve
 from vitcli.recipe.schema import SlurmConfig
 from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
@@ -108,14 +108,19 @@ def test_a_hostile_value_that_is_not_refused_stays_one_argument_on_its_line(tmp_
 def test_every_path_on_a_shell_line_of_the_script_is_quoted(tmp_path):
     odd = slurm.Job("pretrain", ("--task", "a b;touch x"), tmp_path / "it's $(here)" / "w`x`",
                     tmp_path / "c d", "/opt/my venv/bin/python")
-    text = slurm.batch_script(SlurmConfig(), odd, "a test")
-    assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
-    (launch,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
-    words = shlex.split(launch)
-    assert words[words.index("--recipe") + 1] == str(odd.workdir / "slurm" / "recipe.yaml")
-    assert words[words.index("--workdir") + 1] == str(odd.workdir)
-    assert words[-3:] == ["--task", "a b;touch x", "&"] and "/opt/my venv/bin/python" in words
-    assert f"WORKDIR={shlex.quote(str(odd.workdir))}" in text and f"cd {shlex.quote(str(odd.cwd))}" in text
+    for nodes, starts in ((1, "/opt/my venv/bin/python"), (2, "srun")):
+        text = slurm.batch_script(SlurmConfig(nodes=nodes), odd, "a test")
+        assert subprocess.run(["bash", "-n"], input=text, text=True, check=False).returncode == 0
+        (launch,) = [ln for ln in text.splitlines() if "vitcli.cluster.launch" in ln]
+        words = shlex.split(launch)
+        assert words[0] == starts, launch
+        assert words[words.index("--recipe") + 1] == str(odd.workdir / "slurm" / "recipe.yaml")
+        assert words[words.index("--workdir") + 1] == str(odd.workdir)
+        assert words[-3:] == ["--task", "a b;touch x", "&"] and "/opt/my venv/bin/python" in words
+        assert f"WORKDIR={shlex.quote(str(odd.workdir))}" in text
+        assert f"cd {shlex.quote(str(odd.cwd))}" in text
+        (log,) = [ln for ln in text.splitlines() if ln.startswith("LOG=")]
+        assert shlex.split(log.removeprefix("LOG=")) == [f"{odd.workdir}/slurm/$SLURM_JOB_ID.out"]
 
 
 def test_more_processes_on_a_node_than_gpus_is_refused_naming_both_keys(monkeypatch, capsys):
@@ -171,6 +176,72 @@ def test_a_time_limit_without_progress_is_requeued_once_and_not_a_second_time_in
     assert decide(1, "USR2", False, False, [attempt(progress=False), attempt()], 20).action == "requeue"
     # a preemption is the cluster's doing, however early it comes
     assert decide(137, "TERM", False, False, [attempt("TERM", progress=False)], 20).action == "requeue"
+
+
+def test_a_cancel_ends_the_job_and_a_preemption_or_the_time_limit_requeues_it():
+    """A SIGTERM told apart by what the job's record says (requeue.ended_by)."""
+    cancelled = decide(143, "TERM", False, True, [], 3, ended="cancelled")
+    assert cancelled.action == "cancel" and "scancel" in cancelled.why and cancelled.stop == "cancel"
+    for ended in ("preempted", "requeued", ""):  # "": the job still runs (a grace time's SIGTERM)
+        assert decide(143, "TERM", False, True, [], 3, ended=ended).action == "requeue", ended
+    timed_out = decide(143, "TERM", False, True, [attempt()] * 3, 3, ended="timeout")
+    assert timed_out.action == "fail" and "slurm.max_requeues=3" in timed_out.why  # counted as one
+    assert decide(143, "TERM", True, True, [], 3, ended="cancelled").action == "done"
+
+
+# slurmstepd's lines in a job's log, as SLURM 22.05 writes them (from tests/slurm_cluster.py's cluster)
+STEPD = "slurmstepd-vm: error: *** JOB {} ON vm CANCELLED AT 2026-11-29T06:34:44{} ***\n"
+
+
+def test_the_reason_slurm_ended_a_job_is_read_from_its_log():
+    log = "step 10\n" + STEPD.format(7, " DUE TO PREEMPTION") + "requeued\n" + STEPD.format(7, "")
+    assert ended_reason(log, "7") == ""  # the last line counts: a user's scancel after a requeue
+    assert ended_reason(STEPD.format(7, " DUE TO PREEMPTION"), "7") == "PREEMPTION"
+    assert ended_reason(STEPD.format(7, " DUE TO TIME LIMIT"), "7") == "TIME LIMIT"
+    assert ended_reason(STEPD.format(8, " DUE TO PREEMPTION"), "7") is None  # another job's
+    assert ended_reason("no such line", "7") is None
+    assert ended_reason(STEPD.format("12_1", " DUE TO PREEMPTION"), "13", "12_1") == "PREEMPTION"
+
+
+@pytest.mark.parametrize("rc, signal, ended, kind", [
+    (140, "USR2", "", "time limit"), (143, "TERM", "cancelled", "cancel"),
+    (143, "TERM", "preempted", "preemption"), (143, "TERM", "requeued", "preemption"),
+    (143, "TERM", "timeout", "time limit"), (143, "TERM", "", "preemption"),
+    (75, "", "", "hang"), (137, "", "", "kill"), (1, "", "", "crash"), (2, "", "", "crash")])
+def test_what_stopped_the_step(rc, signal, ended, kind):
+    assert stop_kind(rc, signal, ended) == kind
+
+
+def restart(kind="kill", progress=True):
+    return {"signal": "", "stop": kind, "action": "requeue", "progress": progress}
+
+
+def test_a_hang_or_a_sigkill_is_requeued_a_bounded_number_of_times_and_a_bug_is_not():
+    hung = decide(75, "", False, True, [], 20, max_restarts=2)
+    assert hung.action == "requeue" and "restart 1 of 2" in hung.why and hung.stop == "hang"
+    killed = decide(137, "", False, True, [restart("hang")], 20, max_restarts=2)
+    assert killed.action == "requeue" and "restart 2 of 2" in killed.why
+    spent = decide(137, "", False, True, [restart("hang"), restart()], 20, max_restarts=2)
+    assert spent.action == "fail" and "slurm.max_restarts=2" in spent.why
+    assert decide(75, "", False, True, [], 20, max_restarts=0).action == "fail"
+    # time limits and preemptions do not spend restarts, nor restarts time limits
+    assert decide(75, "", False, True, [attempt(), attempt("TERM")] * 3, 20, 2).action == "requeue"
+    assert decide(140, "USR2", False, True, [restart()] * 3, 3, 5).action == "requeue"
+    assert decide(1, "", False, True, [], 20, max_restarts=2).action == "fail"
+
+
+def test_a_failure_that_recurs_without_progress_is_not_requeued_again():
+    assert decide(137, "", False, False, [restart(progress=True)], 20, 5).action == "requeue"
+    again = decide(137, "", False, False, [restart(progress=False)], 20, 5)
+    assert again.action == "fail" and "nor the one before" in again.why
+    # a time limit without progress after a hang without progress: the same rule
+    assert decide(140, "USR2", False, False, [restart("hang", progress=False)], 20, 5).action == "fail"
+
+
+@pytest.mark.parametrize("seconds", [60, 61, 179, 180, 3599, 3600, 86_400, 93_661, 10 * 86_400 + 1])
+def test_a_time_limit_is_written_as_sbatch_reads_it_rounded_up_to_a_minute(seconds):
+    text = time_limit_text(seconds)
+    assert seconds <= time_limit_seconds(text) < seconds + 60, text
 
 
 def job(tmp_path: Path, points: int = 0) -> slurm.Job:
@@ -246,3 +317,93 @@ def test_without_sbatch_one_line_says_where_to_submit_from(tmp_path, monkeypatch
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "sbatch is not on PATH" in lines[0], err
     assert not (tmp_path / "w").exists()
+
+
+def test_a_finished_sweep_is_refused_as_a_finished_run_is(tmp_path, monkeypatch, capsys):
+    workdir, sweep = tmp_path / "w", ["--sweep", "optim.lr=1e-3,3e-3"]
+    for point in ("optim.lr=0.001", "optim.lr=0.003"):
+        (workdir / point).mkdir(parents=True)
+        (workdir / point / MODEL_FILE).touch()
+        (workdir / point / SUMMARY_FILE).write_text(json.dumps({"steps": 10}))
+    before = sorted(workdir.rglob("*"))
+    for dry in (["--dry-run"], []):
+        code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", *dry, "--workdir", workdir,
+                                 *sweep, *SHORT)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (dry, err)
+        assert f"{workdir} holds a finished sweep (its 2 points): nothing to submit" in err
+        assert sorted(workdir.rglob("*")) == before
+    (workdir / "optim.lr=0.003" / SUMMARY_FILE).unlink()  # one point left to train: submitted
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir", workdir,
+                             *sweep, *SHORT)
+    assert code == 0 and "#SBATCH --array=0-1" in out, err
+
+
+def test_a_dry_run_of_a_sweep_lists_its_points_as_the_array_runs_them(tmp_path, monkeypatch, capsys):
+    sweep = ["--sweep", "optim.lr=1e-3,3e-3", "--sweep", "run.seed=0,1"]
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
+                             tmp_path / "w", *SHORT, *sweep, "data.num_workers=0")
+    assert code == 0 and "#SBATCH --array=0-3" in out, err
+    listed = [line for line in err.splitlines() if line.startswith("#")]
+    assert listed[0] == f"# sweep: 4 points as a job array, task i running point i, each its own run in " \
+                        f"{tmp_path / 'w'}/<point>"
+    assert "slurm.cpus_per_task" not in err  # one process, no loader worker: one CPU is enough
+    assert listed[1:] == ["#   0: optim.lr=0.001,run.seed=0", "#   1: optim.lr=0.001,run.seed=1",
+                          "#   2: optim.lr=0.003,run.seed=0", "#   3: optim.lr=0.003,run.seed=1"]
+    assert not (tmp_path / "w").exists()
+
+
+def test_cpus_left_to_the_partition_and_a_short_time_limit_are_said_naming_the_keys(tmp_path, monkeypatch,
+                                                                                   capsys):
+    code, out, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
+                             tmp_path / "w", *SHORT, "slurm.procs_per_node=4", "data.num_workers=3",
+                             "slurm.time=3:00", "slurm.signal_seconds=90")
+    assert code == 0 and out.startswith("#!/bin/bash"), err
+    warned = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warned) == 2, err
+    assert "slurm.cpus_per_task=0" in warned[0] and "slurm.cpus_per_task, e.g. 16" in warned[0]
+    assert "slurm.time=3:00 leaves 90 s before the warning" in warned[1] and "--preflight" in warned[1]
+    code, _, err = run_vit(monkeypatch, capsys, "pretrain", "--slurm", "--dry-run", "--workdir",
+                           tmp_path / "w", *SHORT, "slurm.cpus_per_task=16", "slurm.time=1:00:00")
+    assert code == 0 and "warning" not in err, err
+
+
+def test_preflight_says_a_time_limit_too_short_for_a_step_and_names_the_one_that_works():
+    from types import SimpleNamespace
+
+    from vitcli.run.estimate import slurm as slurm_figures
+    from vitcli.stages.preflight import warnings
+
+    recipe = resolve("pretrain", None, [*SHORT, "slurm.time=3:00", "slurm.signal_seconds=90"])
+    fixed, step, saving = 95.0, 0.5, 2.0  # what a preflight measured: start-up, a step, a checkpoint
+    f = {"train/input_advice": None, "disk/fits": True, "eta/fixed_s": fixed, "train/step_s": step,
+         "time/checkpoint_s": saving, **slurm_figures(recipe, 3600.0, fixed, step, saving)}
+    (line,) = warnings(f, recipe, SimpleNamespace(world_size=1))
+    works = line.split("slurm.time=")[-1].split()[0]
+    assert line.startswith("slurm.time=3:00 is too short: the start-up (95 s)") and "without progress" in line
+    assert fixed + step + saving + 90 <= time_limit_seconds(works) < fixed + step + saving + 90 + 60
+    longer = resolve("pretrain", None, [*SHORT, f"slurm.time={works}", "slurm.signal_seconds=90"])
+    f.update(slurm_figures(longer, 3600.0, fixed, step, saving))
+    assert not any("too short" in w for w in warnings(f, longer, SimpleNamespace(world_size=1)))
+
+
+def test_the_step_ends_decided_by_the_cause_each_node_wrote_not_sruns_highest_code(tmp_path, monkeypatch):
+    """srun exits 143 when it stopped the other nodes (measured on slurm-wlm 22.05): the cause is
+    what the nodes' launches wrote, read and removed by requeue.end."""
+    from vitcli.cluster import requeue
+
+    asked = []
+    monkeypatch.setattr(requeue.subprocess, "run", lambda args, **kw: asked.append(args) or
+                        subprocess.CompletedProcess(args, 0, "", ""))
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    for written, action, stop in (({"node0": "1"}, "fail", "crash"),
+                                  ({"node0": "143", "node1": "75"}, "requeue", "hang"),
+                                  ({}, "fail", "crash")):  # nothing written: the step's own 143
+        run, exits = tmp_path / f"run-{len(written)}", tmp_path / f"exits-{len(written)}"
+        for name, code in written.items():
+            exits.mkdir(exist_ok=True)
+            (exits / name).write_text(code + "\n")
+        requeue.begin(run)
+        outcome = requeue.end(run, 143, "", max_requeues=3, max_restarts=2, exits=exits)
+        assert (outcome.action, outcome.stop) == (action, stop) and not exits.exists()
+        assert requeue.attempts(run)[-1]["rc"] == 143
+    assert asked == [["scontrol", "requeue", "12"]]  # the hang alone

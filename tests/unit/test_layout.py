@@ -73,8 +73,9 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # one driver per command
     ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
                 "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
-    # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free)
-    ("cluster", ["slurm", "requeue", "submit"]),
+    # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free),
+    # and the job's torchrun, whose exit code says why ranks failed
+    ("cluster", ["requeue", "slurm", "submit", "launch"]),
     # the command line: options declared once, the one dispatcher, the commands, main(); and
     # `python -m vitcli` running it
     ("cli", ["options", "dispatch", "commands", "entry", "__main__"]),

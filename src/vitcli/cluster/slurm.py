@@ -1,16 +1,22 @@
 """The batch script of a run on SLURM, as text: sbatch's lines from the recipe's slurm section, then
-one task per node, each running torchrun with c10d rendezvous on the first node (torchtitan's
-multinode_trainer.slurm shape), and SLURM's warning before the time limit turned into a checkpoint
-and a requeue.
+one task per node, each running torchrun (through cluster/launch.py, whose exit code says why ranks
+failed) with c10d rendezvous on the first node's address (torchtitan's multinode_trainer.slurm
+shape), and SLURM's warning before the time limit turned into a checkpoint and a requeue.
 
 The signal path, end to end: `--signal=B:USR2@S` sends SIGUSR2 to this script's shell alone, S
-seconds before the limit; its trap hands the signal to srun, which forwards it to each node's
-torchrun, which (asked by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT, SIGHUP and
-SIGQUIT unless told) forwards it to every rank, and waits --shutdown-timeout for them (30 s by
-default: too short for a large checkpoint, so the whole lead is given). The ranks agree on the step,
-write one checkpoint and exit 140 (train/interrupt.py). The shell then asks requeue.py, which
-requeues the job or says why not. A preemption's SIGTERM reaches every process of the job at once,
-srun too, which kills the step on it: requeue.py says what that means for the run.
+seconds before the limit; its trap hands the signal to the step (srun forwards it to each node's
+torchrun), and torchrun (asked by --signals-to-handle; torch 2.14 forwards only SIGTERM, SIGINT,
+SIGHUP and SIGQUIT unless told) forwards it to every rank, and waits --shutdown-timeout for them (30
+s by default: too short for a large checkpoint, so the whole lead is given). The ranks agree on the
+step, write one checkpoint and exit 140 (train/interrupt.py). The shell then asks requeue.py, which
+requeues the job or says why not.
+
+A preemption's or a scancel's SIGTERM reaches every process of the job at once (slurmstepd signals
+the whole step), then SIGKILL after the cluster's KillWait. srun answers SIGTERM by killing its step
+(srun_job.c: SIGTERM -> SIGKILL to every task), so on one node the script runs torchrun itself,
+without srun: torchrun and the ranks get the SIGTERM, and the ranks write a checkpoint within
+KillWait. On several nodes srun is the only launcher, and the ranks get no time: the run resumes
+from its last periodic checkpoint (docs/cluster.md says what to ask the cluster for).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from vitcli.cluster.requeue import EXITS_ENV
 from vitcli.errors import OutputError
 from vitcli.recipe.cluster_checks import check_one_line, control_character, procs_per_node
 from vitcli.recipe.schema import SlurmConfig
@@ -104,14 +111,14 @@ def sbatch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
 
 
 def torchrun(cfg: SlurmConfig, job: Job) -> str:
-    """One node's launch: torchrun with c10d rendezvous on the first node, every rank running `vit
-    STAGE`."""
+    """One node's launch: torchrun (cluster/launch.py) with c10d rendezvous on the first node's
+    address, every rank running `vit STAGE`."""
     q = shlex.quote
     command = [job.stage, "--recipe", str(slurm_dir(job.workdir) / RECIPE_FILE), "--workdir",
                str(job.workdir), *job.args]
     point = ' --sweep-point "$SLURM_ARRAY_TASK_ID"' if job.points else ""
-    return (f'{q(job.python)} -m torch.distributed.run --nnodes="$SLURM_JOB_NUM_NODES" '
-            f'--nproc-per-node={procs_per_node(cfg)} --rdzv-backend=c10d --rdzv-endpoint="$HEAD:$PORT" '
+    return (f'{q(job.python)} -m vitcli.cluster.launch --nnodes="$SLURM_JOB_NUM_NODES" '
+            f'--nproc-per-node={procs_per_node(cfg)} --rdzv-backend=c10d --rdzv-endpoint="$HEAD_IP:$PORT" '
             f'--rdzv-id="$SLURM_JOB_ID" --signals-to-handle={FORWARDED} '
             f"--shutdown-timeout={max(cfg.signal_seconds, 30)} -m vitcli "
             f"{' '.join(q(a) for a in command)}{point}")
@@ -129,6 +136,7 @@ def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
     q = shlex.quote
     points = q(str(slurm_dir(job.workdir) / POINTS_FILE))
     run = f'"$WORKDIR/$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {points})"' if job.points else '"$WORKDIR"'
+    log = '"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}.out"' if job.points else '"$SLURM_JOB_ID.out"'
     requeue = f'{q(job.python)} -m vitcli.cluster.requeue'
     return "\n".join([
         "#!/bin/bash",
@@ -140,18 +148,36 @@ def batch_script(cfg: SlurmConfig, job: Job, written: str) -> str:
         f"cd {q(str(job.cwd))}  # the recipe's relative paths are relative to where it was submitted",
         f"WORKDIR={q(str(job.workdir))}",
         f"RUN={run}",
+        f"LOG={q(str(slurm_dir(job.workdir)))}/{log}",
         f'{requeue} begin "$RUN"',
-        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"PORT=$(({cfg.port} + SLURM_JOB_ID % {PORTS}))",
-        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {torchrun(cfg, job)} &",
+        "# each node's launch writes there why its ranks failed (srun exits with its tasks' highest code)",
+        f'export {EXITS_ENV}="$RUN/{SLURM_DIR}/exits-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"',
+        *launch_lines(cfg, job),
         "STEP=$!",
         "SIGNAL=",
-        "# SLURM's warning (--signal=B:...) comes to this shell alone: srun forwards it to every node.",
-        "# A preemption's SIGTERM reaches every process of the job already (and srun kills the step on it)",
+        "# SLURM's warning (--signal=B:...) comes to this shell alone: handed on to the step.",
+        "# A preemption's or a scancel's SIGTERM reaches every process of the job already.",
         "trap 'SIGNAL=USR2; kill -USR2 $STEP 2>/dev/null' USR2",
         "trap 'SIGNAL=TERM' TERM",
         "# a trapped signal ends `wait` early: wait again until the step itself has ended",
         'while :; do wait "$STEP"; RC=$?; [ "$RC" -gt 128 ] && kill -0 "$STEP" 2>/dev/null || break; done',
-        f'exec {requeue} end "$RUN" --rc "$RC" --signal "$SIGNAL" --max-requeues {cfg.max_requeues}',
+        (f'exec {requeue} end "$RUN" --rc "$RC" --signal "$SIGNAL" --max-requeues {cfg.max_requeues} '
+         f'--max-restarts {cfg.max_restarts} --log "$LOG" --exits "${EXITS_ENV}"'),
         "",
     ])
+
+
+def launch_lines(cfg: SlurmConfig, job: Job) -> list[str]:
+    """The rendezvous address and the step, started in the background. The address is the first
+    node's, as torchtitan's multinode_trainer.slurm takes it (a node's name may not resolve to the
+    address the others reach; `hostname --ip-address` may list several: the first). One node: this
+    shell runs on it (sbatch runs the script on the allocation's first node) and starts torchrun
+    itself, so a SIGTERM reaches torchrun and the ranks, not srun, which would kill them at once.
+    Several: one srun task per node."""
+    first = "hostname --ip-address | awk '{print $1}'"
+    port = f"PORT=$(({cfg.port} + SLURM_JOB_ID % {PORTS}))"
+    if cfg.nodes == 1:
+        return [f"HEAD_IP=$({first})  # this node's: the only one", port, f"{torchrun(cfg, job)} &"]
+    return ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            f'HEAD_IP=$(srun --nodes=1 --ntasks=1 -w "$HEAD" {first})', port,
+            f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {torchrun(cfg, job)} &"]

@@ -40,6 +40,15 @@ def time_limit_seconds(text: str) -> int:
     return (parts[0] * 60 + parts[1]) * 60 + parts[2]
 
 
+def time_limit_text(seconds: int) -> str:
+    """`seconds` as sbatch's --time, rounded up to a whole minute: 180 -> "0:03:00", 93_600 ->
+    "1-2:00:00" (time_limit_seconds reads it back)."""
+    minutes = -(-seconds // 60)
+    days, minutes = divmod(minutes, 24 * 60)
+    clock = f"{minutes // 60}:{minutes % 60:02d}:00"
+    return f"{days}-{clock}" if days else clock
+
+
 def control_character(text: str) -> str | None:
     """The first control character in `text` (newline, CR, NUL, tab, ESC, ...; a Unicode line or
     paragraph separator too), as repr shows it; None when there is none. A value written into the
@@ -70,7 +79,7 @@ def check_slurm(cfg: SlurmConfig) -> None:
     inside the time limit."""
     check_one_line(cfg)
     for key in ("nodes", "gpus_per_node", "procs_per_node", "cpus_per_task", "signal_seconds", "max_requeues",
-                "array_parallel"):
+                "array_parallel", "max_restarts"):
         value, least = getattr(cfg, key), 1 if key == "nodes" else 0
         if value < least:
             raise RecipeError(f"slurm.{key} must be at least {least}, got {value}")

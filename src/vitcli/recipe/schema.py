@@ -483,11 +483,15 @@ class SlurmConfig:
     # step, and the job requeues itself (submitit's 90 s). Leave a step, a checkpoint write and the
     # exit inside it.
     signal_seconds: int = 90
-    # requeues after a time limit, at most (a preemption always requeues); a stop that made no
-    # progress since the last start is never requeued
+    # requeues after a time limit, at most (a preemption always requeues, a user's scancel never);
+    # a stop that made no progress after one that made none is not requeued again
     max_requeues: int = 20
     port: int = 29500  # the c10d rendezvous port on the first node
     array_parallel: int = 0  # a sweep's job array: at most this many points at once; 0 = no limit
+    # requeues after a rank hung (the watchdog's exit) or was killed by SIGKILL (out of memory), at
+    # most: a restart may cure either, a bug would fail again; a stop that made no progress after
+    # one that made none is never requeued
+    max_restarts: int = 2
 
 
 @dataclass

@@ -3,6 +3,7 @@ from what its short run measured (run.measure), by train.cost's arithmetic."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def estimate(m: Measured, workdir: Path, dist: Dist) -> dict:
         "eta/fixed_s": fixed, "eta/eval_s": sum(n * s for n, s in runs.values()),
         "eta/checkpoint_s": writes * saving, "eta/seconds": eta, "eta/processes": dist.world_size,
         "eta/gpu_hours": eta * dist.world_size / 3600 if cuda else None,
-        **disk(m, workdir), **slurm(r, eta, fixed),
+        **disk(m, workdir), **slurm(r, eta, fixed, steps["train/step_s"], saving),
     }
 
 
@@ -106,9 +107,13 @@ def disk(m: Measured, workdir: Path) -> dict:
             "disk/fits": max(needed, m.checked_bytes) <= free}
 
 
-def slurm(r: Recipe, eta: float, fixed: float) -> dict:
+def slurm(r: Recipe, eta: float, fixed: float, step_s: float, saving: float) -> dict:
     """slurm.time in seconds and the requeues it implies (None: no slurm.time, or a limit that
-    leaves no time to train)."""
+    leaves no time to train); the shortest limit under which a job moves the run on, in whole
+    minutes: its start-up, a step, a checkpoint and the warning's lead (a shorter one requeues
+    without progress until the no-progress rule fails the job)."""
     limit = time_limit_seconds(r.slurm.time)
+    least = fixed + step_s + saving + r.slurm.signal_seconds
     return {"slurm/time_limit_s": limit or None,
-            "slurm/requeues": cost.requeues(eta, fixed, limit, r.slurm.signal_seconds) if limit else None}
+            "slurm/requeues": cost.requeues(eta, fixed, limit, r.slurm.signal_seconds) if limit else None,
+            "slurm/least_time_limit_s": math.ceil(least / 60) * 60}

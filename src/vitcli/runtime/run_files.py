@@ -51,5 +51,6 @@ SLURM_DIR = "slurm"
 JOB_SCRIPT = "job.sh"
 POINTS_FILE = "points"
 ATTEMPTS_FILE = "attempts.jsonl"
+JOB_ID_FILE = "job_id"  # the last submitted job's id: a second --slurm while it is queued is refused
 # sbatch's file patterns: job id; array job and task
 SLURM_LOG, SLURM_ARRAY_LOG = "%j.out", "%A_%a.out"

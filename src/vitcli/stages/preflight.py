@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.table import Table
 
 from vitcli.errors import Interrupted, OutputError
-from vitcli.recipe.cluster_checks import procs_per_node
+from vitcli.recipe.cluster_checks import procs_per_node, time_limit_text
 from vitcli.recipe.schema import Recipe
 from vitcli.run.build import Finished, decide
 from vitcli.run.estimate import estimate
@@ -77,7 +77,14 @@ def warnings(f: dict, r: Recipe, dist: Dist) -> list[str]:
                    "lower run.keep_checkpoints or pick another --workdir")
     if f["slurm/time_limit_s"] is None:
         return out
-    if f["slurm/requeues"] is None:
+    if f["slurm/time_limit_s"] < f["slurm/least_time_limit_s"]:
+        least = f["slurm/least_time_limit_s"]
+        out.append(f"slurm.time={r.slurm.time} is too short: the start-up ({f['eta/fixed_s']:.0f} s), a step "
+                   f"({f['train/step_s']:.2g} s), a checkpoint ({f['time/checkpoint_s']:.2g} s) and the "
+                   f"warning (slurm.signal_seconds={r.slurm.signal_seconds}) need {least} s, and a job that "
+                   "writes no checkpoint requeues without progress until it fails: slurm.time="
+                   f"{time_limit_text(least)} works, a longer one pays fewer start-ups")
+    elif f["slurm/requeues"] is None:
         out.append(f"slurm.time={r.slurm.time} leaves no time to train after the start-up "
                    f"({f['eta/fixed_s']:.0f} s) and slurm.signal_seconds={r.slurm.signal_seconds}")
     elif f["slurm/requeues"] > r.slurm.max_requeues:

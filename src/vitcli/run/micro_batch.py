@@ -87,7 +87,7 @@ class Trial:
     micro: int
     fits: bool
     said: str
-    peak_mb: float | None = None  # on a CPU, what the run holds with it (every process)
+    peak_mb: float | None = None  # on a CPU, the most the run holds with it (every process)
     side: str = "steps"  # on a CPU, what passed the budget: "search", "steps" or "data" (the largest)
 
 
@@ -170,7 +170,7 @@ def search(r: Recipe, device: torch.device, world_size: int = 1) -> tuple[int, s
                           f"({limit.source}): micro-batch {smallest}: {tried[smallest].said}; "
                           f"{' or '.join(fixes) or 'train a smaller model'}")
     above = min((m for m in tried if m > chosen), default=None)
-    peak = "the run" if device.type == "cpu" else "peak"
+    peak = "at most" if device.type == "cpu" else "peak"
     why = (f"{share // chosen} x {chosen} per step per process: {peak} {tried[chosen].peak_mb:.0f} MiB of "
            f"the {limit.mb:.0f} MiB budget, {limit.source}; ")
     return chosen, why + (f"{above}: {tried[above].said}" if above else "the whole batch per process fits")
@@ -368,7 +368,7 @@ def _judged(r: Recipe, micro: int, code: int, watched: tuple, folder: Path, limi
             f"{', over the budget' if over else ''}")
     data = data_side_mb(r, micro) > max(grown, exit_mb)
     side = "search" if search > need else "data" if data else "steps"
-    return Trial(micro, not over, said, need, side)
+    return Trial(micro, not over, said, max(need, search), side)
 
 
 def _outcome(micro: int, code: int, stopped_at: float | None, folder: Path, budget_mb: float) -> Trial:

@@ -9,8 +9,9 @@ of two micro-batches each (one when the micro-batch is the whole batch) on rando
 run's shape: the peak of weights, gradients, optimizer slots and one micro-batch's activations is
 reached within them (bench/memory.py says why). What the run's process holds besides the steps is
 held here too: a copy of the weights and the optimizer's state on the CPU through the second step
-(a checkpoint being staged while training goes on), and a held-out pass at data.eval_batch_size
-(the evaluators', without gradients) while the gradients are still there.
+(a checkpoint being staged while training goes on), a held-out pass at data.eval_batch_size (the
+evaluators', without gradients) while the gradients are still there, and on a CPU what the run does
+once at its end (the measured peak FLOP/s, the curves' figure).
 
 It writes FOLDER/floor.json as soon as its imports are done ({"rss_mb", "anon_mb"}: its resident
 memory before any network; the parent reads it, and counts the trial's process beside its own),
@@ -22,6 +23,7 @@ met. This module imports no more than the steps and the objectives need: a trial
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -30,6 +32,8 @@ from pathlib import Path
 import torch
 
 from vitcli.errors import VitcliError
+from vitcli.figures.canvas import new_figure
+from vitcli.models.flops import counted
 from vitcli.recipe.layers import merge
 from vitcli.recipe.schema import Recipe
 from vitcli.run.network import network
@@ -37,6 +41,7 @@ from vitcli.runtime import files
 from vitcli.runtime.allocator import keep_freed_memory
 from vitcli.runtime.dist import Dist, enable_tf32
 from vitcli.runtime.memory import own_peak_mb, status_mb
+from vitcli.runtime.peak import peak_flops
 from vitcli.runtime.precision import autocast
 from vitcli.train import parallelize
 from vitcli.train.ema import WeightEma
@@ -117,6 +122,7 @@ def trial_steps(r: Recipe, micro: int, micro_batches: int, device: torch.device,
         staged = staged or _staged(parallel.model, optimizer, ema)
     _held_out_pass(r, parallel.model, objective, width, device)
     del staged
+    _run_tail(r, device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_reserved(device) / 2**20 + context
@@ -141,6 +147,21 @@ def _held_out_pass(r: Recipe, model: torch.nn.Module, objective, width: int, dev
         objective.loss(model, objective.example(n, device), torch.randint(max(width, 1), (n,), device=device),
                        Draws(r.run.seed, 0, 0, n))
     model.train()
+
+
+def _run_tail(r: Recipe, device: torch.device) -> None:
+    """What the run's process does once after training, with memory of its own: on a CPU the
+    measured peak FLOP/s for train/mfu (three 2048^2 matrices) and the curves' figure (matplotlib,
+    as figures/curves.py draws it)."""
+    if device.type != "cpu":
+        return
+    if not counted(r.model):  # the run measures it for train/mfu
+        peak_flops(device, r.run.precision)
+    fig = new_figure(figsize=(8.4, 3.8))
+    for i in (1, 2):
+        fig.add_subplot(1, 2, i).plot(range(100), range(100))
+    fig.tight_layout()
+    fig.savefig(io.BytesIO(), format="png", dpi=120)
 
 
 def _context_mb(device: torch.device, budget_mb: float, others_mb: float) -> float:

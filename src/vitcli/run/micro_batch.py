@@ -299,19 +299,20 @@ def _child_env() -> dict[str, str]:
 def _watch(proc: subprocess.Popen, cap_mb: float | None, result: Path) -> tuple[float | None, tuple]:
     """Wait for a trial, reading its own memory (RssAnon: the pages of the libraries it maps are
     this process's too) every POLL_S; with a `cap_mb` (on a CPU, the budget less what this process
-    holds) kill it once that passes the cap before it has written its `result`. (The MiB it was
+    holds) kill it once that passes the cap after its imports (FLOOR) and before its `result`. (The MiB it was
     stopped at, or None when it ended by itself; (the most of its own memory seen, its peak
     resident MiB over its whole life, its interpreter's exit included, as the kernel kept it:
     wait4's ru_maxrss, None when stopped).) However this returns (Ctrl-C, a scheduler's SIGTERM),
     the child does not outlive it."""
-    deadline, most, polls = time.monotonic() + TRIAL_TIMEOUT_S, 0.0, 0
+    deadline, most, polls, floor = time.monotonic() + TRIAL_TIMEOUT_S, 0.0, 0, result.with_name(FLOOR)
     try:
         while (whole_life := _reaped(proc)) is None:
             own = status_mb(proc.pid, "RssAnon") or 0.0
             # its USS too (private file pages besides), every USS_POLLS: reading it takes ~12 ms
             polls += 1
             most = max(most, own, (own_mb(proc.pid) or 0.0) if polls % USS_POLLS == 0 else 0.0)
-            if cap_mb is not None and own > cap_mb and not result.exists():
+            # policed once its imports are done (its floor, measured then, is what a refusal names)
+            if cap_mb is not None and own > cap_mb and floor.exists() and not result.exists():
                 proc.kill()
                 return own, (most, None)
             if time.monotonic() > deadline:
@@ -344,8 +345,8 @@ def _judged(r: Recipe, micro: int, code: int, watched: tuple, folder: Path, limi
     trial's process could not even import within what this one leaves."""
     stopped_at, (most_own, whole_life) = watched
     floor = json.loads((folder / FLOOR).read_text()) if (folder / FLOOR).is_file() else None
-    if floor is None or held + floor["anon_mb"] > limit.mb:
-        seen = f"{held + floor['anon_mb']:.0f}" if floor else f"over {held + (stopped_at or 0):.0f}"
+    if floor is not None and held + floor["anon_mb"] > limit.mb:
+        seen = f"{held + floor['anon_mb']:.0f}"
         raise RecipeError(
             f"{limit.source}: the {limit.mb:.0f} MiB budget is under the floor of a "
             f"data.micro_batch_size=auto search, {seen} MiB (measured now: this process's {held:.0f} MiB "

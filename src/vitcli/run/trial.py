@@ -58,6 +58,7 @@ def run(spec_path: Path) -> str:
     width, budget_mb, others_mb}), then beside it RESULT: {"peak_mb"}, {"failed": "out of memory"},
     or a VitcliError's {"error", "kind"}."""
     keep_freed_memory()  # as `vit` itself does (cli.entry): the heap grows as the run's will
+    _first_to_go()
     floor = {"rss_mb": status_mb("self", "VmRSS"), "anon_mb": status_mb("self", "RssAnon")}
     files.write_text(spec_path.with_name(FLOOR), json.dumps(floor))
     spec = json.loads(spec_path.read_text())
@@ -74,6 +75,15 @@ def run(spec_path: Path) -> str:
         found = {"failed": "out of memory"}
     files.write_text(spec_path.with_name(RESULT), json.dumps(found))
     return torch.device(spec["device"]).type
+
+
+def _first_to_go() -> None:
+    """The kernel's out-of-memory killer takes this process before any other (oom_score_adj 1000)
+    where a hard cap (a cgroup, SLURM --mem) is met during the search: the trial dies, not the run."""
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")
+    except OSError:
+        pass
 
 
 def _out_of_memory(e: BaseException | None) -> bool:

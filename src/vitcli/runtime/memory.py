@@ -32,8 +32,8 @@ from pathlib import Path
 
 PROC = Path("/proc")
 # how often a run's children are read: a worker's own memory grows over seconds, and reading it
-# (smaps_rollup) takes ~12 ms a process
-CHILD_POLL_S = 0.5
+# (smaps_rollup) takes ~12 ms a process: ~1% of a core for two workers
+CHILD_POLL_S = 1.0
 
 
 def peak_rss_mb(pid: int | str = "self") -> float | None:

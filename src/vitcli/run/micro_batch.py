@@ -73,7 +73,7 @@ TRIAL_TIMEOUT_S = 3600  # a trial builds, compiles and steps the model once: an 
 LAUNCHER_VARS = (*launcher.VARS, "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
                  "TORCHELASTIC_RUN_ID")
 # a loader worker's own memory beyond the pages it shares with the training process it was forked
-# from (its USS): 22-31 MiB measured (quickstart, 2-core CPU, docs/faults.md#memory)
+# from (its USS): 22-31 MiB measured (quickstart, data.num_workers=2, 2-core Intel Xeon)
 WORKER_MB = 32
 PREFETCH = 4  # batches each loader worker decodes ahead (data/batching/batches.keyed_loader)
 RAISED = {e.__name__: e for e in (RecipeError, ModelError, DataError, CheckpointError, TrainingError)}

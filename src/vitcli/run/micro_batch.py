@@ -20,7 +20,8 @@ peak: this process's resident memory now (torch, the data library, the train spl
 does not hold) plus what the trial grew by from its floor to its peak (the network, EMA and teacher,
 gradients, optimizer slots, a micro-batch's activations, a checkpoint's staged copy, a held-out
 pass: run/trial.py) plus the data side, estimated (each loader worker's own memory and prefetched
-batches, for training and again for a held-out pass; the decoded-image cache at its capacity).
+batches, for training and again for a held-out pass; the decoded-image cache at its capacity, at
+most the split's pixels) plus the interpreter's exit (measured on the trial: wait4's ru_maxrss).
 While a trial runs it is a second process beside this one: the parent kills it once the two pass
 the budget, so the search itself stays within it, and a budget under the two processes' floors
 (measured when the first trial has imported) is refused in one line naming the floor.
@@ -299,11 +300,11 @@ def _child_env() -> dict[str, str]:
 def _watch(proc: subprocess.Popen, cap_mb: float | None, result: Path) -> tuple[float | None, tuple]:
     """Wait for a trial, reading its own memory (RssAnon: the pages of the libraries it maps are
     this process's too) every POLL_S; with a `cap_mb` (on a CPU, the budget less what this process
-    holds) kill it once that passes the cap after its imports (FLOOR) and before its `result`. (The MiB it was
-    stopped at, or None when it ended by itself; (the most of its own memory seen, its peak
-    resident MiB over its whole life, its interpreter's exit included, as the kernel kept it:
-    wait4's ru_maxrss, None when stopped).) However this returns (Ctrl-C, a scheduler's SIGTERM),
-    the child does not outlive it."""
+    holds) kill it once that passes the cap after its imports (FLOOR) and before its `result`.
+    (The MiB it was stopped at, or None when it ended by itself; (the most of its own memory seen,
+    its peak resident MiB over its whole life, its interpreter's exit included, as the kernel kept
+    it: wait4's ru_maxrss, None when stopped).) However this returns (Ctrl-C, a scheduler's
+    SIGTERM), the child does not outlive it."""
     deadline, most, polls, floor = time.monotonic() + TRIAL_TIMEOUT_S, 0.0, 0, result.with_name(FLOOR)
     try:
         while (whole_life := _reaped(proc)) is None:

@@ -145,7 +145,8 @@ def _staged(model: torch.nn.Module, optimizer, ema: WeightEma | None) -> list[to
     tensors = [*model.state_dict().values(), *(ema.state_dict().values() if ema is not None else [])]
     for state in optimizer.state.values():
         tensors += [v for v in state.values() if torch.is_tensor(v)]
-    return [t.detach().to("cpu", copy=True) for t in tensors]
+    # a DTensor (run.strategy=fsdp) stages its shard, as a sharded checkpoint does
+    return [(t.to_local() if hasattr(t, "to_local") else t).detach().to("cpu", copy=True) for t in tensors]
 
 
 def _held_out_pass(r: Recipe, model: torch.nn.Module, objective, width: int, device: torch.device) -> None:

@@ -19,8 +19,7 @@ TINY = ["model.img_size=64", "model.patch_size=4", "model.embed_dim=64", "model.
         "model.mlp_dim=128", "data.synthetic.num_classes=4", "data.synthetic.train_size=98",
         "data.synthetic.val_size=16", "data.synthetic.img_size=32", "data.test_split=",
         "data.num_workers=1", "data.eval_batch_size=16",
-        # 5: the candidates are 1 and 5, so a search is two trials (3 to 4 s each with the CPU to
-        # itself, a process start and torch's import mostly)
+        # 5: the candidates are 1 and 5, so a search is two trials
         "data.batch_size=5", "schedule.steps=2", "schedule.warmup_steps=1", "run.ckpt_every=1",
         "run.eval_every=1", "run.precision=fp32", "run.compile=false"]
 TRIAL = re.compile(r"micro-batch (\d+): the run (\d+) MiB .*?, the search (\d+)")

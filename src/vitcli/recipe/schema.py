@@ -261,7 +261,7 @@ class RunConfig:
     # steps, EMA or teacher, a staged checkpoint copy, a held-out pass; loader workers and the
     # decoded-image cache; the exit; and during the search a trial's process beside it), so a cap
     # (cgroup, SLURM --mem) at this figure is not passed (run/micro_batch.py). 0 = a GPU's total
-    # memory; on a CPU, MemAvailable shared by the node's processes
+    # memory; on a CPU, MemAvailable shared by the node's processes, plus what this one holds
     memory_budget_mb: int = 0
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without
     # an account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'

@@ -179,7 +179,8 @@ def search(r: Recipe, device: torch.device, world_size: int = 1) -> tuple[int, s
 
 def budget(r: Recipe, device: torch.device) -> Budget:
     """run.memory_budget_mb, or 0's: a GPU's total memory; on a CPU, the memory available on the
-    host (MemAvailable) shared by the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
+    host (MemAvailable) shared by the node's processes (torchrun's LOCAL_WORLD_SIZE), and what this
+    process holds already (the budget is the whole run's, this process included)."""
     if r.run.memory_budget_mb:
         return Budget(r.run.memory_budget_mb, "run.memory_budget_mb")
     if device.type == "cuda":
@@ -191,7 +192,9 @@ def budget(r: Recipe, device: torch.device) -> Budget:
                           "(no /proc/meminfo); set run.memory_budget_mb")
     processes = LaunchEnv.read().local_world_size
     shared = f" over {processes} processes" if processes > 1 else ""
-    return Budget(available / processes, f"MemAvailable {available:.0f} MiB{shared}")
+    held = status_mb("self", "VmRSS") or 0.0
+    return Budget(available / processes + held,
+                  f"MemAvailable {available:.0f} MiB{shared}, and this process's {held:.0f} MiB")
 
 
 def _fixes(r: Recipe, smallest: Trial) -> list[str]:

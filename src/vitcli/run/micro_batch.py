@@ -67,7 +67,7 @@ from vitcli.runtime.memory import available_mb, own_mb, own_peak_mb, status_mb
 from vitcli.runtime.metrics import console
 
 POLL_S = 0.01  # how often the parent reads a CPU trial's resident memory
-USS_POLLS = 20  # and its USS every so many of those reads
+USS_POLLS = 5  # and its USS every so many of those reads
 TRIAL_TIMEOUT_S = 3600  # a trial builds, compiles and steps the model once: an hour of it is a hang
 # torchrun's variables, which a trial does not inherit: it is one process of its own (the four
 # runtime.launcher reads, and the rendezvous's)
@@ -90,6 +90,7 @@ class Trial:
     said: str
     peak_mb: float | None = None  # on a CPU, the most the run holds with it (every process)
     side: str = "steps"  # on a CPU, what passed the budget: "search", "steps" or "data" (the largest)
+    search_mb: float = 0.0  # on a CPU, the most this process and the trial's held together
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,10 @@ def search(r: Recipe, device: torch.device, world_size: int = 1) -> tuple[int, s
                           f"({limit.source}): micro-batch {smallest}: {tried[smallest].said}; "
                           f"{' or '.join(fixes) or 'train a smaller model'}")
     above = min((m for m in tried if m > chosen), default=None)
+    # on a CPU the most of the run's and of every trial's search (each ended within the budget)
+    most = max([tried[chosen].peak_mb, *(t.search_mb for t in tried.values())])
     peak = "at most" if device.type == "cpu" else "peak"
-    why = (f"{share // chosen} x {chosen} per step per process: {peak} {tried[chosen].peak_mb:.0f} MiB of "
+    why = (f"{share // chosen} x {chosen} per step per process: {peak} {most:.0f} MiB of "
            f"the {limit.mb:.0f} MiB budget, {limit.source}; ")
     return chosen, why + (f"{above}: {tried[above].said}" if above else "the whole batch per process fits")
 
@@ -303,20 +306,23 @@ def _child_env() -> dict[str, str]:
 def _watch(proc: subprocess.Popen, cap_mb: float | None, result: Path) -> tuple[float | None, tuple]:
     """Wait for a trial, reading its own memory (RssAnon: the pages of the libraries it maps are
     this process's too) every POLL_S; with a `cap_mb` (on a CPU, the budget less what this process
-    holds) kill it once that passes the cap after its imports (FLOOR) and before its `result`.
+    holds) kill it once that passes the cap after its imports (FLOOR), to its exit.
     (The MiB it was stopped at, or None when it ended by itself; (the most of its own memory seen,
     its peak resident MiB over its whole life, its interpreter's exit included, as the kernel kept
     it: wait4's ru_maxrss, None when stopped).) However this returns (Ctrl-C, a scheduler's
     SIGTERM), the child does not outlive it."""
-    deadline, most, polls, floor = time.monotonic() + TRIAL_TIMEOUT_S, 0.0, 0, result.with_name(FLOOR)
+    deadline, most, polls, uss = time.monotonic() + TRIAL_TIMEOUT_S, 0.0, 0, 0.0
+    floor = result.with_name(FLOOR)
     try:
         while (whole_life := _reaped(proc)) is None:
-            own = status_mb(proc.pid, "RssAnon") or 0.0
             # its USS too (private file pages besides), every USS_POLLS: reading it takes ~12 ms
-            polls += 1
-            most = max(most, own, (own_mb(proc.pid) or 0.0) if polls % USS_POLLS == 0 else 0.0)
-            # policed once its imports are done (its floor, measured then, is what a refusal names)
-            if cap_mb is not None and own > cap_mb and floor.exists() and not result.exists():
+            polls, anon = polls + 1, status_mb(proc.pid, "RssAnon") or 0.0
+            uss = (own_mb(proc.pid) or 0.0) if polls % USS_POLLS == 0 else uss
+            own = max(anon, uss)
+            most = max(most, own)
+            # policed once its imports are done (its floor, measured then, is what a refusal
+            # names), to its exit (which grows it again once its result is written)
+            if cap_mb is not None and own > cap_mb and floor.exists():
                 proc.kill()
                 return own, (most, None)
             if time.monotonic() > deadline:
@@ -358,22 +364,25 @@ def _judged(r: Recipe, micro: int, code: int, watched: tuple, folder: Path, limi
             f"{_floor_fix(limit)}")
     if stopped_at is not None:
         return Trial(micro, False, f"stopped as the search passed the budget ({held + stopped_at:.0f} MiB "
-                                   "with this process)", side="search")
+                                   "with this process)", side="search", search_mb=held + stopped_at)
     found = json.loads((folder / RESULT).read_text()) if (folder / RESULT).is_file() else {}
     if "peak_mb" not in found:
         return _outcome(micro, code, stopped_at, folder, limit.mb)
     grown = found["peak_mb"] - found["rss_mb"]
     exit_mb = max((whole_life or 0.0) - found["peak_mb"], 0.0)
     need = held + grown + data_side_mb(r, micro) + exit_mb
-    # both processes: the trial's own memory (its library pages are this one's too), its exit's on top
-    search = held + most_own + exit_mb
+    # both processes at once: the trial's own memory (its library pages are this one's too) at its
+    # floor, and all it grew by from there to the end of its exit, from the kernel's high-water
+    # marks (the larger of that and what was read of it while it ran)
+    whole = max(found["peak_mb"], whole_life or 0.0)
+    search = held + max(most_own, found["anon_mb"] + whole - found["rss_mb"])
     over = max(need, search) > limit.mb
     said = (f"the run {need:.0f} MiB (this process {held:.0f}, the steps {grown:.0f}, the data side "
             f"{data_side_mb(r, micro):.0f}, the exit {exit_mb:.0f}), the search {search:.0f}"
             f"{', over the budget' if over else ''}")
     data = data_side_mb(r, micro) > max(grown, exit_mb)
     side = "search" if search > need else "data" if data else "steps"
-    return Trial(micro, not over, said, max(need, search), side)
+    return Trial(micro, not over, said, max(need, search), side, search)
 
 
 def _outcome(micro: int, code: int, stopped_at: float | None, folder: Path, budget_mb: float) -> Trial:

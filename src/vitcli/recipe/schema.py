@@ -265,9 +265,12 @@ class RunConfig:
     # about a third more compute for far less activation memory; the gradients do not change
     activation_checkpointing: bool = False
     # MiB data.micro_batch_size=auto may fill, per process: on CUDA its device memory (the caching
-    # allocator's peak and the CUDA context); on a CPU a trial's peak resident memory (torch, the
-    # network and its steps; not the data side, nor loader workers). 0 = a GPU's total memory; on a
-    # CPU, MemAvailable shared by the node's processes
+    # allocator's peak and the CUDA context); on a CPU the whole run's, every process of it (this
+    # process, with what it holds before its first batch, ~850-1100 MiB of torch and the data; the
+    # steps, EMA or teacher, a staged checkpoint copy, a held-out pass; loader workers and the
+    # decoded-image cache; the exit; and during the search a trial's process beside it), so a cap
+    # (cgroup, SLURM --mem) at this figure is not passed (run/micro_batch.py). 0 = a GPU's total
+    # memory; on a CPU, MemAvailable shared by the node's processes, plus what this one holds
     memory_budget_mb: int = 0
     # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without
     # an account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'

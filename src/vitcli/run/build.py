@@ -34,7 +34,7 @@ from vitcli.run import micro_batch
 from vitcli.run.feed import check_labels, train_feed
 from vitcli.run.network import network
 from vitcli.run.report import report
-from vitcli.runtime import files, threads
+from vitcli.runtime import files, memory, threads
 from vitcli.runtime.dist import Dist
 from vitcli.runtime.metrics import console
 from vitcli.runtime.peak import mfu, peak_flops
@@ -164,8 +164,9 @@ def finish(job: Job, dist: Dist, table: bool = True) -> dict:
                "run/precision": r.run.precision, "run/compile": r.run.compile, **results,
                **utilisation(job, dist, results.get("train/img_per_s"))}
     if dist.is_main:
-        files.write_text(job.workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         curves.write_run_curves(job.workdir)  # warns rather than fails: the run is done
+        summary = memory.refreshed(summary)  # the peaks as of now: the curves and FLOP count included
+        files.write_text(job.workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
         if table:
             report(summary, job.workdir)
     return summary

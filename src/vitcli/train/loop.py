@@ -27,7 +27,7 @@ from vitcli.data.batching import sampler
 from vitcli.recipe.layers import to_dict
 from vitcli.recipe.schema import Recipe, micro_batches
 from vitcli.runtime.dist import Dist, all_reduce_max
-from vitcli.runtime.memory import PeakMemory
+from vitcli.runtime.memory import CHILD_POLL_S, PeakMemory
 from vitcli.runtime.metrics import MetricsLog, console, progress_bar
 from vitcli.runtime.precision import autocast
 from vitcli.runtime.run_files import METRICS_FILE, MODEL_FILE
@@ -237,7 +237,7 @@ def _footprint(memory: PeakMemory, cache, dist: Dist) -> dict[str, float]:
     """The peak resident MiB of the main process and of its largest loader worker, the most of any
     rank, and what the decoded-image cache held (data/decoding/image_cache.py), if the stream kept
     one."""
-    memory.sample()  # the stream, and so its workers, still alive
+    memory.stop()  # the stream, and so its workers, still alive
     found = memory.metrics()
     found = dict(zip(found, all_reduce_max(list(found.values()), dist)))
     if cache is not None:
@@ -292,8 +292,8 @@ class _Window:
     since: int = 0  # the step the current window began after
     # warm windows: the totals, then a count
     judged: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])
-    # the process's and its workers', at each log
-    memory: PeakMemory = field(default_factory=PeakMemory)
+    # the process's and its children's (loader workers, a held-out pass's too): sampled by a thread
+    memory: PeakMemory = field(default_factory=lambda: PeakMemory(CHILD_POLL_S))
 
     def add(self, elapsed: float, wait: float, done: int) -> None:
         """Count a logging window ending at step `done` that ran `elapsed` seconds, `wait` of them

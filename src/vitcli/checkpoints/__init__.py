@@ -5,6 +5,8 @@ One concept per file, in the order a checkpoint travels:
 - `weights.py`: our own final weights (safetensors with the recipe in metadata).
 - `state.py`: the layout of a workdir's training states (`state-<step>.pt`, `state-<step>/`): names,
   discovery, rotation, and the whole-file format; `sharded.py`: the sharded (DCP) format.
+- `writer.py`: checkpoint writes one at a time, in a background thread (run.ckpt_async): the state
+  staged into host memory the loop waits for, the I/O in the thread, a failure kept for the loop.
 - `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving
 (whole or
   sharded) with rotation, loading model, optimizer and the train stream's state back.

@@ -247,6 +247,10 @@ class RunConfig:
     ckpt_every_minutes: float = 30.0
     # resumable checkpoints kept; a damaged latest one falls back to the one before
     keep_checkpoints: int = 2
+    # write checkpoints in a background thread: the loop waits only while the state is copied to
+    # host memory (one more copy of model, optimizer and EMA held), the write goes on during
+    # training (checkpoints.writer). false: the loop waits for the whole write, as before
+    ckpt_async: bool = True
     # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt
     # checkpoints). fsdp: FSDP2 shards them over the processes block by block (state-<step>/
     # directories, one file per process); with one process there is nothing to shard over, so it

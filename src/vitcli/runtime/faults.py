@@ -13,7 +13,10 @@ the part of vit that meets each (the code that calls `armed` with that kind):
 - crash: the rank raises after the step (a bug, a bad node's exception);
 - nan: the step's loss is NaN (a spike, a bad batch);
 - enospc: the checkpoint of the step fails to write with ENOSPC (a full disk);
-- corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk).
+- corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk);
+- kill_write: the rank SIGKILLs itself in the middle of writing the checkpoint of the step, half its
+  bytes in the temporary file (a node lost during a write: with run.ckpt_async, while training
+  goes on).
 
 Why a variable and not a recipe key: a recipe is the experiment, and a fault is not part of it (it
 must not change the recipe a checkpoint is resumed against). Why each fires once: a fault the run
@@ -32,7 +35,7 @@ from functools import cache
 from pathlib import Path
 
 ENV = "VITCLI_FAULTS"
-KINDS = ("kill", "hang", "crash", "nan", "enospc", "corrupt")
+KINDS = ("kill", "hang", "crash", "nan", "enospc", "corrupt", "kill_write")
 FIRED_FILE = "faults-fired.jsonl"
 
 

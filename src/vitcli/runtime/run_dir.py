@@ -27,7 +27,7 @@ _CHECKPOINT_NAME = re.compile(r"state-(\d+)(\.pt)?")
 NOT_RESULT = ("run.device", "run.compile", "run.log_every", "run.eval_every", "run.ckpt_every",
               "run.ckpt_every_minutes", "run.keep_checkpoints", "run.activation_checkpointing",
               "run.memory_budget_mb", "run.loggers", "data.num_workers", "data.eval_batch_size",
-              "data.cache_mb", "fewshot.cache_dir", "slurm.")
+              "data.cache_mb", "fewshot.cache_dir", "slurm.", "run.ckpt_async")
 # 1. resume (checkpoints.manager): may differ between a run and its resumption. Also every
 #    `fewshot.` key (a training's few-shot evaluations watch it, they do not train it) and ema.save
 #    (which of the trained weights the end writes). Not run.strategy: a checkpoint is laid out by it

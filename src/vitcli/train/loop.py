@@ -165,7 +165,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     window = _Window(time.perf_counter(), 0, {}, warm=warm, since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
-    with progress_bar(dist.is_main) as bar, StopRequest() as stop:
+    with progress_bar(dist.is_main) as bar, StopRequest() as stop, checkpoints.writing():
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         for step in range(start, job.total_steps):
             done = step + 1

@@ -378,7 +378,7 @@ class CheckpointManager:
             raise CheckpointError(f"{line}; {len(self.failed)} checkpoints in a row failed to write, so the "
                                   f"run stops: {_FIX}")
         if self.dist.is_main:
-            console.log(f"[bold yellow]warning: {line}; training goes on and the next checkpoint tries "
+            console.log(f"[yellow]warning: {line}; training goes on and the next checkpoint tries "
                         f"again (the newest on disk is older: {_FIX})")
 
     @contextlib.contextmanager
@@ -392,7 +392,7 @@ class CheckpointManager:
         except BaseException:
             failure = self.writer.wait()  # this rank's only: the others may not be here
             if failure is not None:
-                console.log(f"[bold yellow]warning: {failure.line}; a resume starts from the newest "
+                console.log(f"[yellow]warning: {failure.line}; a resume starts from the newest "
                             "checkpoint on disk")
             raise
         finally:

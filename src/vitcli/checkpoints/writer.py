@@ -66,7 +66,9 @@ class Writer:
         if not self.background:
             self._run(job, path)
             return
-        self._thread = threading.Thread(target=self._run, args=(job, path), name=f"write {path.name}")
+        self._thread = threading.Thread(
+            target=self._run, args=(job, path), name=f"write {path.name}"
+        )
         self._thread.start()
 
     def wait(self) -> Failure | None:
@@ -86,9 +88,13 @@ class Writer:
         try:
             job()
         except OSError as e:  # the disk's, the mount's: `path` and the error, strerror and all
-            self._failure = Failure(f"{path}: could not be written ({first_line(e, named=True)})", True)
+            self._failure = Failure(
+                f"{path}: could not be written ({first_line(e, named=True)})", True
+            )
         except Exception as e:  # noqa: BLE001 - any other is raised in the training process, once
-            self._failure = Failure(f"{path}: could not be written ({first_line(e, named=True)})", False)
+            self._failure = Failure(
+                f"{path}: could not be written ({first_line(e, named=True)})", False
+            )
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -142,9 +148,14 @@ class Staging:
         if self._dcp_stager is None and device.type == "cuda":
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # DCP's
 
-            self._dcp_stager = DefaultStager(StagingOptions(
-                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False,
-                use_non_blocking_copy=True))
+            self._dcp_stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=True,
+                )
+            )
         return self._dcp_stager
 
     def close(self) -> None:

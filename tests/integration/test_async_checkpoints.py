@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import torch
+from async_fsdp_ranks import STEPS, TINY
 
 from helpers import warnings
 from vitcli.checkpoints import manager, state
@@ -19,34 +20,6 @@ from vitcli.recipe.resolve import resolve
 from vitcli.runtime.faults import ENV as FAULTS
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.stages.run import one_run
-
-STEPS = 4
-TINY = [
-    "model.img_size=32",
-    "model.patch_size=8",
-    "model.embed_dim=32",
-    "model.depth=1",
-    "model.num_heads=2",
-    "model.mlp_dim=64",
-    "data.synthetic.num_classes=4",
-    "data.synthetic.train_size=128",
-    "data.synthetic.val_size=64",
-    "data.synthetic.test_size=64",
-    "data.synthetic.img_size=32",
-    "data.batch_size=32",
-    "data.num_workers=0",
-    "optim.lr=3e-3",
-    "schedule.warmup_steps=1",
-    "run.log_every=1",
-    "data.val_split=",
-    "data.test_split=",
-    "model.dropout=0",
-    "model.drop_path=0",
-    "ema.decay=0.9",
-    f"schedule.steps={STEPS}",
-    "run.ckpt_every=1",
-    "run.keep_checkpoints=5",
-]
 
 
 def recipe(*extra):

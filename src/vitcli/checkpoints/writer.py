@@ -159,7 +159,9 @@ class Staging:
         return self._dcp_stager
 
     def close(self) -> None:
-        """DCP's stager's buffers freed (the run's last checkpoint is written)."""
+        """The buffers freed, DCP's stager's too (the run's last checkpoint is written: the final
+        evaluation and weights need the memory more)."""
+        self._buffers.clear()
         if self._dcp_stager is not None:
             self._dcp_stager.close()
             self._dcp_stager = None

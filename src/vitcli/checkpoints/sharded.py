@@ -36,6 +36,8 @@ EXTRA_JSON, EXTRA_TENSORS = "extra.json", "extra.safetensors"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
 # a sharded checkpoint without one is incomplete
 SHARDED_FILES = (DCP_METADATA, EXTRA_JSON, EXTRA_TENSORS)
+# DCP's warning on each save and load of a one-process run
+_SINGLE_PROCESS = "torch.distributed is disabled"
 # extra.json's stand-in for a tensor kept in extra.safetensors: {"__tensor__": "t0"}
 _TENSOR = "__tensor__"
 
@@ -86,12 +88,12 @@ def write_async(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, 
     tmp = sealing.enter_context(files.atomic_dir(path)) if dist.is_main else None
     try:
         tmp = _rank0_path(tmp, dist)
-        with _single_process_is_intended():
-            future = dcp.async_save(_tensors(model, optimizer, states), checkpoint_id=tmp,
-                                    process_group=group, no_dist=dist.world_size == 1,
-                                    async_stager=stager)
-    except BaseException:
-        sealing.close()  # the temporary directory goes
+        # DCP warns from its own thread, where no catch_warnings of this one reaches: for good
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+        future = dcp.async_save(_tensors(model, optimizer, states), checkpoint_id=tmp,
+                                process_group=group, no_dist=dist.world_size == 1, async_stager=stager)
+    except BaseException as e:
+        sealing.__exit__(type(e), e, e.__traceback__)  # the temporary directory goes, unsealed
         raise
 
     def finish() -> Path:
@@ -125,7 +127,7 @@ def _single_process_is_intended() -> Iterator[None]:
     """Without DCP's warning on each save and load of a one-process run ("assuming the intent is to
     save in a single process"): it is the intent."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         yield
 
 

@@ -11,7 +11,10 @@ GiB a checkpoint). From its summary.json and metrics.jsonl:
   write_s    time/checkpoint_write_s / checkpoints: one write's own time, in whichever thread
   step_s     the median of a step's seconds over the logged steps after the first (each row's
              window holds its step and the checkpoint before it: that stall is taken out)
-  step_share step_s / (step_s + stall_s): the target's figure, >= 1 / 1.05
+  stall_of_step, step_share   stall_s / step, and step / (step + stall_s), the target's figure
+             (>= 1 / 1.05), where `step` is the smaller of the two sides' step_s: load from other
+             processes only stretches a step (at 2 threads on a busy machine, 10x at times), and a
+             stretched step would flatter the stall
 The two sides run one after the other, not in turns: on a shared machine the load moves between
 them, so `load_1min` is kept with each.
 
@@ -59,11 +62,9 @@ def side(overrides: list[str], steps: int, ckpt_async: bool) -> dict:
     checkpoints = summary["steps"]  # one at every step
     stall = summary["time/checkpoint_s"] / checkpoints
     step = statistics.median(batch / r["train/img_per_s"] for r in rows[1:] if "train/img_per_s" in r)
-    step -= stall
     return {"steps": summary["steps"], "batch": batch, "stall_s": stall,
-            "write_s": summary["time/checkpoint_write_s"] / checkpoints, "step_s": step,
-            "stall_of_step": stall / step, "step_share": step / (step + stall),
-            "load_1min": os.getloadavg()[0]}
+            "write_s": summary["time/checkpoint_write_s"] / checkpoints, "step_s": step - stall,
+            "run_s": summary["seconds"], "load_1min": os.getloadavg()[0]}
 
 
 def measure(quick: bool) -> dict:
@@ -73,6 +74,10 @@ def measure(quick: bool) -> dict:
         for label, on in (("async", True), ("sync", False)):
             print(f"checkpoint stall: {name}, {label} writer", file=sys.stderr, flush=True)
             row[label] = side(overrides, steps, on)
+        step = min(row[label]["step_s"] for label in ("async", "sync"))
+        for label in ("async", "sync"):
+            stall = row[label]["stall_s"]
+            row[label] |= {"stall_of_step": stall / step, "step_share": step / (step + stall)}
         row["step_share"] = row["async"]["step_share"]
         row["stall_async_vs_sync"] = row["async"]["stall_s"] / row["sync"]["stall_s"]
         out[name] = row

@@ -4,7 +4,7 @@ pays for its I/O (torchtitan's async checkpointing, DCP's async_save).
 Staging copies every tensor of the state into buffers of this writer's own (`Staging`): pinned host
 memory when the tensor is on CUDA (the copy runs at the bus's speed and does not block the device's
 stream), plain CPU tensors otherwise. The buffers are kept and refilled at each checkpoint, so after
-the first one staging allocates nothing: a memcpy per tensor is the whole stall. Then a thread
+the first one staging allocates nothing: a memcpy per tensor is most of the stall. Then a thread
 writes, checksums and rotates (`Writer.submit`), while training goes on from the live tensors.
 
 At most one write is in flight: the next checkpoint first waits for the previous one (its buffers

@@ -44,6 +44,9 @@ ImageNet-shaped folder of 1,000 x 64 hard links; timm's side only with --timm-tr
 bench/transfer.py's (every frozen-feature protocol against a ViT-B/16 extraction), `preflight`
 `vit pretrain --preflight` and then the run itself on the quickstart recipe, and the same for its fine-tune,
 all as commands: the ETA over the run's wall-clock time, the peak memory over the run's (preflight_vs_run).
+`ckpt_stall` bench/ckpt_stall.py's: `vit pretrain` checkpointing at every step, the loop's stall at each
+with the background writer (run.ckpt_async) and the synchronous one, over a step, for the quickstart
+network and ViT-B/16 at 224 px.
 `targets` holds the goals and whether met (null: not measured).
 
     python bench/run.py [--timm-train PATH]   # the measurement (~27 min on 2 cores);
@@ -52,6 +55,7 @@ all as commands: the ETA over the run's wall-clock time, the peak memory over th
     python bench/run.py --extraction   # only each model's `fewshot` part and its goals (~2-4 min)
     python bench/run.py --mae   # only the `mae` part and its goal (~3 min with the cores free)
     python bench/run.py --preflight   # only the `preflight` part and its goals (~4 min with the cores free)
+    python bench/run.py --ckpt-stall   # only the `ckpt_stall` part and its goals (~10 min, cores free)
 """
 
 from __future__ import annotations
@@ -167,6 +171,10 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     # bench/dino.py: a DINO step (2 x 224 + 8 x 96 crops, the teacher's forward) at least 0.85x the FLOP rate
     # of a supervised step of the same ViT-S/16 (issue 45)
     "dino_step_flop_rate_vit_s16_224": (("dino", "vit_s16_224", "flop_rate_ratio"), 0.85),
+    # bench/ckpt_stall.py: the loop's stall at a checkpoint with the background writer at most 5% of a
+    # step (issue 46), `vit pretrain` checkpointing every step: step_share = step / (step + stall)
+    **{f"ckpt_stall_{net}": (("ckpt_stall", net, "step_share"), 1 / 1.05)
+       for net in ("quickstart", "vit_b16_224")},
     # bench/transfer.py: every frozen-feature protocol on one cached pass at most 10% of the extraction
     "transfer_protocols_vit_b16_vtab1k": (("transfer", "extraction_share"), 1 / 1.1),
     # `--preflight`'s ETA within 15% of the run's wall-clock time and its peak memory within 10% of the run's
@@ -594,6 +602,15 @@ def rehearsal(quick: bool, timm_train: str | None) -> dict:
         return json.loads(Path(f.name).read_text())
 
 
+def ckpt_stall(quick: bool) -> dict:
+    """bench/ckpt_stall.py's JSON: the checkpoint stall, background writer against synchronous."""
+    progress("the checkpoint stall, background and synchronous writers (bench/ckpt_stall.py)")
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(Path(__file__).with_name("ckpt_stall.py")), "--out", f.name]
+        subprocess.run(cmd + (["--quick"] if quick else []), check=True, stdout=sys.stderr)
+        return json.loads(Path(f.name).read_text())
+
+
 def spawn(name: str, quick: bool, precision: str, only_extraction: bool = False) -> dict:
     """One model's numbers from a fresh process, so its ru_maxrss is its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -610,6 +627,8 @@ def main() -> None:
     p.add_argument("--mae", action="store_true", help="only the MAE step against the supervised one")
     p.add_argument("--preflight", action="store_true",
                    help="only `--preflight`'s ETA and memory against the runs")
+    p.add_argument("--ckpt-stall", action="store_true",
+                   help="only the checkpoint stall, background against synchronous writer")
     p.add_argument("--timm-train", help="timm's train.py, for the command-level comparison (rehearse.py)")
     p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
     p.add_argument("--precision", help=argparse.SUPPRESS)
@@ -637,6 +656,13 @@ def main() -> None:
         results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
                    "mae": spawn(MAE, a.quick, auto)}
         results["targets"] = targets(results, [k for k in TARGETS if k.startswith("mae_")])
+        json.dump(results, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    if a.ckpt_stall:
+        results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
+                   "ckpt_stall": ckpt_stall(a.quick)}
+        results["targets"] = targets(results, [k for k in TARGETS if k.startswith("ckpt_stall_")])
         json.dump(results, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
@@ -669,6 +695,7 @@ def main() -> None:
         cmd = [sys.executable, str(Path(__file__).with_name("dino.py")), "--out", f.name]
         subprocess.run(cmd + (["--quick"] if a.quick else []), check=True, stdout=sys.stderr)
         results["dino"] = json.loads(Path(f.name).read_text())
+    results["ckpt_stall"] = ckpt_stall(a.quick)
     progress("frozen-feature protocols vs the extraction (bench/transfer.py)")
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, str(Path(__file__).with_name("transfer.py")), "--out", f.name]

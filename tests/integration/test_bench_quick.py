@@ -43,6 +43,8 @@ def test_quick_bench_prints_one_json_object_with_every_key():
     dino = results["dino"]["quick"]  # a DINO step against a supervised one (bench/dino.py)
     assert {"dino_gflop_s", "supervised_gflop_s", "flop_rate_ratio", "flop_ratio"} <= set(dino), sorted(dino)
     assert set(results["transfer"]["protocols"]) == {"fewshot", "knn", "linear", "ridge"}
+    stall = results["ckpt_stall"]["quickstart"]  # the checkpoint stall, both writers (ckpt_stall.py)
+    assert {"async", "sync", "step_share", "stall_async_vs_sync"} <= set(stall), sorted(stall)
     assert set(results["preflight"]) == {"pretrain", "finetune"}  # `--preflight` against the runs
     for run in results["preflight"].values():
         assert PREFLIGHT_KEYS <= set(run), PREFLIGHT_KEYS - set(run)

@@ -49,7 +49,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
                    "reader_prepared", "reader_tars", "reader_factory", "sources", "prepare"]),
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
-    ("checkpoints", ["weights", "state", "sharded", "remote", "manager", "npz", "pth", "hf_vit",
+    ("checkpoints", ["weights", "state", "sharded", "writer", "remote", "manager", "npz", "pth", "hf_vit",
                      "read", "describe", "preprocessing", "fit", "complete", "resize", "transfer",
                      "export_timm", "export_hf", "export_onnx"]),
     # the one loop and what it is made of

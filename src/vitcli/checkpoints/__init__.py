@@ -7,14 +7,15 @@ One concept per file, in the order a checkpoint travels:
   discovery, rotation, and the whole-file format; `sharded.py`: the sharded (DCP) format.
 - `remote.py`: run.ckpt_dir, the checkpoints mirrored to object storage (any fsspec URI): uploaded
   data first and checksum last, kept as the workdir keeps them, fetched back for resume.
+- `writer.py`: checkpoint writes one at a time, in a background thread (run.ckpt_async): the state
+  staged into host memory the loop waits for, the I/O in the thread, a failure kept for the loop.
 - `manager.py`: the one owner of resume: whether and from which checkpoint a run resumes, saving
 (whole or
   sharded) with rotation, loading model, optimizer and the train stream's state back.
 - `npz.py`: Google's Flax `.npz` (vit_jax and big_vision layouts) renamed to timm's names.
 - `pth.py`: a torch.save file (MAE's checkpoints, timm's and DeiT's training files) read with
   weights_only=True, argparse.Namespace allowed by name; MAE's decoder and mask token dropped.
-- `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers
-wrote
+- `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers wrote
   (`ViTForImageClassification`, `ViTModel`) read into timm's names (whole or sharded), its
   config.json checked by type and value.
 - `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers

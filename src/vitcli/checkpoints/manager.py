@@ -21,7 +21,9 @@ uninterrupted one drew. An older checkpoint's `rng` entry is left unread.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -31,12 +33,14 @@ from vitcli.checkpoints import remote, state
 from vitcli.checkpoints.sharded import load as load_shards
 from vitcli.checkpoints.sharded import verified_extra
 from vitcli.checkpoints.sharded import write as write_shards
+from vitcli.checkpoints.sharded import write_async as write_shards_async
+from vitcli.checkpoints.writer import Staging, Writer, damage, injected
 from vitcli.data.batching.sampler import Windows, merged
 from vitcli.errors import CheckpointError, RecipeError, first_line
 from vitcli.recipe.layers import flatten, to_dict
 from vitcli.recipe.rollback_checks import skip_windows
 from vitcli.recipe.schema import Recipe, micro_batches
-from vitcli.runtime import files
+from vitcli.runtime import faults, files
 from vitcli.runtime.dist import Dist, all_gather, barrier
 from vitcli.runtime.metrics import console
 from vitcli.runtime.run_dir import RESUMABLE, finished, newest_step
@@ -46,6 +50,13 @@ from vitcli.runtime.workdir import check_resume_flags, refuse_finished, set_asid
 # data.micro_batch_size=auto matches the micro-batch the checkpoint's run chose (run.micro_batch),
 # so the budget that chose it may change.
 MICRO_BATCH = "data.micro_batch_size"
+
+# a checkpoint write that fails on a full disk or a lost mount is a warning, the run going on from
+# its state in memory; this many in a row stop it (the disk is not coming back by itself, and every
+# step since the newest checkpoint on disk is at stake)
+FAILURES_IN_A_ROW = 3
+_FIX = ("free space there (or mend the mount) and run the same command again: it resumes from the "
+        "newest checkpoint on disk")
 
 # (path, what it holds: all of a file; a directory's part beside its shards)
 Checkpoint = tuple[Path, dict]
@@ -204,24 +215,72 @@ def save(workdir: Path, parts: dict, model: torch.nn.Module, optimizer: torch.op
          keep: int, sharded: bool, ema: TensorState | None = None) -> Path:
     """Write the checkpoint of parts["step"]: `parts` with the model, optimizer and `ema` (if any),
     as one file by rank 0 or (`sharded`) as a directory every rank writes its shard into; then keep
-    the `keep` newest. Every rank calls it; it returns once the checkpoint is in place. Any
-    checkpoint of that step or later goes first (an abandoned run's), so that whatever a kill leaves
-    behind, the newest checkpoint is from this run."""
-    step = int(parts["step"])
-    if dist.is_main:
-        state.discard_from(workdir, step)
-    tensors = {} if ema is None else {"ema": ema.state_dict()}
-    if sharded:
-        path = write_shards(state.checkpoint_dir(workdir, step), model, optimizer, parts, dist, tensors)
-    else:
-        path = state.checkpoint_path(workdir, step)
-        if dist.is_main:
-            whole = {**parts, "model": model.state_dict(), "optimizer": optimizer.state_dict(), **tensors}
-            state.save_state(path, whole)
-    if dist.is_main:
-        state.keep_newest(workdir, keep)
+    the `keep` newest. Every rank calls it; it returns once the checkpoint is in place (the
+    synchronous writer; CheckpointManager may write in the background), or raises CheckpointError
+    naming the file. Any checkpoint of that step or later goes first (an abandoned run's), so that
+    whatever a kill leaves behind, the newest checkpoint is from this run."""
+    writer = Writer(background=False)
+    path = _submit(writer, None, workdir, parts, model, optimizer, dist, keep, sharded, ema)
+    failure = writer.wait()
     barrier(dist)  # no process moves on (or reads it) before the checkpoint is in place
+    if failure is not None:
+        raise CheckpointError(failure.line)
     return path
+
+
+def _submit(writer: Writer, staging: Staging | None, workdir: Path, parts: dict, model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer, dist: Dist, keep: int, sharded: bool,
+            ema: TensorState | None = None, written: Callable[[Path], None] | None = None) -> Path:
+    """Hand the checkpoint of parts["step"] to `writer`: staged first (`staging`: a copy the
+    writer's thread reads while training goes on), or, without it, written from the live tensors.
+    In the writer, in order: older runs' checkpoints from this step on go, the checkpoint is
+    written (checksum last), the `keep` newest are kept, and `written(path)` is told (rank 0)."""
+    step = int(parts["step"])
+    tensors = {} if ema is None else {"ema": ema.state_dict()}
+    after = _after(workdir, step, keep, dist, written)
+    fail = injected(step, dist.rank, workdir)
+    if sharded:
+        path = state.checkpoint_dir(workdir, step)
+        if dist.is_main:  # before the temporary directory: nothing of this write is ever discarded
+            state.discard_from(workdir, step)
+        if staging is not None:
+            finish = write_shards_async(path, model, optimizer, parts, dist, staging.group(dist), tensors,
+                                        fail, staging.dcp_stager(dist.device))
+            writer.submit(lambda: after(finish()), path)
+        else:
+            writer.submit(lambda: after(write_shards(path, model, optimizer, parts, dist, tensors, fail)),
+                          path)
+        return path
+    path = state.checkpoint_path(workdir, step)
+    if dist.is_main:
+        whole = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), **tensors}
+        # `parts` is built for this checkpoint and not changed after: only the tensors are staged
+        whole = {**parts, **(whole if staging is None else staging.stage(whole))}
+
+        def write() -> None:
+            state.discard_from(workdir, step)
+            state.save_state(path, whole, fail=fail)
+            after(path)
+
+        writer.submit(write, path)
+    return path
+
+
+def _after(workdir: Path, step: int, keep: int, dist: Dist,
+           written: Callable[[Path], None] | None) -> Callable[[Path], None]:
+    """What follows a checkpoint `path` complete and checksummed, on rank 0: the `corrupt` fault of
+    its step (writer.damage), the `keep` newest kept, then `written(path)`."""
+
+    def after(path: Path) -> None:
+        if not dist.is_main:
+            return
+        if faults.armed("corrupt", step, dist.rank, workdir):
+            damage(path)
+        state.keep_newest(workdir, keep)
+        if written is not None:
+            written(path)
+
+    return after
 
 
 class TensorState(Protocol):
@@ -264,8 +323,14 @@ class CheckpointManager:
         # run.ckpt_dir: rank 0 uploads each checkpoint once it is in place
         self.mirror = (remote.Mirror(recipe.run.ckpt_dir, recipe.run.keep_checkpoints)
                        if recipe.run.ckpt_dir and dist.is_main else None)
-        self.seconds = 0.0  # spent writing checkpoints: a preflight's estimate of a run scales it
         self.skips: Windows = ()  # windows of steps whose batches are skipped (load)
+        # the loop's stall at checkpoints (a preflight's estimate of a run scales it): staging and
+        # waiting for the write before, with run.ckpt_async; the whole write without
+        self.seconds = 0.0
+        self.writer = Writer(background=recipe.run.ckpt_async)
+        self.staging = Staging() if recipe.run.ckpt_async else None
+        self.failed: list[str] = []  # the lines of the writes that failed since the last that did not
+        self.recipe_dict = to_dict(recipe)  # in every checkpoint: made once (1 ms of the stall)
 
     def load(self, recorded: Windows = ()) -> int:
         """The model, optimizer, EMA and train stream as the checkpoint left them; the step to
@@ -322,6 +387,11 @@ class CheckpointManager:
             raise CheckpointError(f"the checkpoint of step {step} has this rank's train stream at "
                                   f"micro-batch {at}, not {micro_batch}: its data position and step disagree")
 
+    def settle(self) -> None:
+        """The write in flight ended and judged on every rank alike, before the checkpoints are read
+        back in this process (a rollback): every rank then finds the same newest one."""
+        self._judge(all_gather(self.writer.wait(), self.dist))
+
     def roll_back(self, checkpoint: Checkpoint, recorded: Windows) -> int:
         """Back to `checkpoint` in this process (a loss spike: train/rollback.py), its stream let
         go and placed again, skipping `recorded` too; the step it holds."""
@@ -331,23 +401,82 @@ class CheckpointManager:
 
     def save(self, step: int) -> Path:
         """A checkpoint of everything resuming needs after `step`, every rank's train stream state
-        with it; the oldest beyond run.keep_checkpoints go. Every rank calls it."""
+        with it; the oldest beyond run.keep_checkpoints go. Every rank calls it. With run.ckpt_async
+        it returns once the state is staged, and a thread writes it; the previous write (ended
+        first: one at a time) is judged here."""
         t0 = time.perf_counter()
         r, dist = self.recipe, self.dist
-        streams = all_gather(self.stream.state_dict(), dist)
+        earlier = self.writer.wait()
+        # one collective for both: every rank's stream, and every rank's word on the last write
+        streams, said = zip(*all_gather((self.stream.state_dict(), earlier), dist), strict=True)
+        self._judge(said)
         data = {"step": step, "examples": step * r.data.batch_size, "world_size": dist.world_size,
-                "streams": streams, "skips": [list(w) for w in self.skips]}
-        parts = {"step": step, "data": data, "recipe": to_dict(r), "format": state.FORMAT}
-        path = save(self.workdir, parts, self.model, self.optimizer, dist, r.run.keep_checkpoints,
-                    self.sharded, self.ema)
-        if self.mirror is not None:  # after the barrier: every shard is in place
-            self.mirror.upload(path)
+                "streams": list(streams), "skips": [list(w) for w in self.skips]}
+        parts = {"step": step, "data": data, "recipe": self.recipe_dict, "format": state.FORMAT}
+        path = _submit(self.writer, self.staging, self.workdir, parts, self.model, self.optimizer, dist,
+                       r.run.keep_checkpoints, self.sharded, self.ema, self._written)
+        if not self.writer.background:  # also the barrier: no process moves on before it is in place
+            self._judge(all_gather(self.writer.wait(), dist))
         self.seconds += time.perf_counter() - t0
         return path
 
+    def _written(self, path: Path) -> None:
+        """Called in the writer (rank 0's thread with run.ckpt_async) once the checkpoint `path` is
+        complete, checksummed and rotated: its copy to run.ckpt_dir, if the run keeps one (the
+        upload retries, then warns: it never fails the write, and the next one catches up)."""
+        if self.mirror is not None:
+            self.mirror.upload(path)
+
+    def _judge(self, said: tuple | list) -> None:
+        """What a write's failure does to the run, on every rank alike (`said`: every rank's
+        writer.Failure or None). A full disk or a lost mount (transient) is a warning: the state is
+        still in memory, the checkpoint before stays the newest on disk, and the next checkpoint
+        tries again; the FAILURES_IN_A_ROW-th in a row stops the run. Any other failure stops it at
+        once."""
+        failures = [f for f in said if f is not None]
+        if not failures:
+            self.failed = []
+            return
+        line = failures[0].line
+        self.failed.append(line)
+        if not all(f.transient for f in failures):
+            raise CheckpointError(f"{line}; the run stops, its newest checkpoint on disk is whole")
+        if len(self.failed) >= FAILURES_IN_A_ROW:
+            raise CheckpointError(f"{line}; {len(self.failed)} checkpoints in a row failed to write, so the "
+                                  f"run stops: {_FIX}")
+        if self.dist.is_main:
+            console.log(f"[yellow]warning: {line}; training goes on and the next checkpoint tries "
+                        f"again (the newest on disk is older: {_FIX})")
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[CheckpointManager]:
+        """The training loop's block: on every way out, the write in flight ends first (no thread
+        writes while the process exits). On the normal way, the last write is judged and must have
+        succeeded (the run is finished only with its last checkpoint); on an exception (a signal's
+        Interrupted, an error) a failed write is a warning, and the exception goes on."""
+        try:
+            yield self
+        except BaseException:
+            failure = self.writer.wait()  # this rank's only: the others may not be here
+            if failure is not None:
+                console.log(f"[yellow]warning: {failure.line}; a resume starts from the newest "
+                            "checkpoint on disk")
+            raise
+        finally:
+            self.writer.wait_quietly()
+            if self.staging is not None:
+                self.staging.close()
+        # the last write: in flight until now, or (written in the loop) judged there already
+        said = [f.line for f in all_gather(self.writer.wait(), self.dist) if f is not None]
+        last = said or (self.failed[-1:] if not self.writer.background else [])
+        if last:
+            raise CheckpointError(f"{last[0]}; the run's last checkpoint is not written: {_FIX}")
+
     def spent(self) -> dict[str, float]:
-        """time/checkpoint_s: the seconds the run spent writing checkpoints, in its summary."""
-        return {"time/checkpoint_s": self.seconds}
+        """time/checkpoint_s: the seconds the loop waited at checkpoints (the stall: staging, and
+        the wait for the previous write, with run.ckpt_async; the whole write without);
+        time/checkpoint_write_s: the seconds the writes took, in whichever thread wrote."""
+        return {"time/checkpoint_s": self.seconds, "time/checkpoint_write_s": self.writer.seconds}
 
 
 def _load_whole(path: Path, saved: dict, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -36,12 +36,14 @@ EXTRA_JSON, EXTRA_TENSORS = "extra.json", "extra.safetensors"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of the shards
 # a sharded checkpoint without one is incomplete
 SHARDED_FILES = (DCP_METADATA, EXTRA_JSON, EXTRA_TENSORS)
+# DCP's warning on each save and load of a one-process run
+_SINGLE_PROCESS = "torch.distributed is disabled"
 # extra.json's stand-in for a tensor kept in extra.safetensors: {"__tensor__": "t0"}
 _TENSOR = "__tensor__"
 
 
 def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,
-          states: dict[str, dict] | None = None) -> Path:
+          states: dict[str, dict] | None = None, fail: Callable[[Path], None] | None = None) -> Path:
     """Write the directory `path`: every process its shard of the model and optimizer (and of
     `states`, more state dicts laid out like the model's: the weight EMA), rank 0 `extra`. Every
     process calls it.
@@ -49,23 +51,75 @@ def write(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra:
     Into a temporary directory first; after a barrier (every shard written) rank 0 adds `extra` and
     seals it (SHA256SUMS, fsync, one rename, files.atomic_dir), so `path` exists only whole. Write
     after an optimizer step: an optimizer without state would get one from torch's step at lr 0
-    (Adam's count at 1).
+    (Adam's count at 1). `fail`: the faults met once rank 0's files are written (writer.injected).
     """
     import torch.distributed.checkpoint as dcp  # here, not above: see the module's docstring
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     sealing = files.atomic_dir(path) if dist.is_main else contextlib.nullcontext()
     with sealing as tmp:
         tmp = _rank0_path(tmp, dist)
-        model_state, optim_state = get_state_dict(model, optimizer)
         # DCP's own waits for the slowest writer on `control` too, as runtime.dist.barrier says why
         with _single_process_is_intended():
-            dcp.save({**(states or {}), "model": model_state, "optimizer": optim_state}, checkpoint_id=tmp,
-                     process_group=dist.control, no_dist=dist.world_size == 1)
+            dcp.save(_tensors(model, optimizer, states), checkpoint_id=tmp, process_group=dist.control,
+                     no_dist=dist.world_size == 1)
         barrier(dist)
         if dist.is_main:
-            write_extra(tmp, extra)
+            _write_rest(tmp, extra, fail)
     return path
+
+
+def write_async(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict, dist: Dist,
+                group, states: dict[str, dict] | None = None,
+                fail: Callable[[Path], None] | None = None, stager=None) -> Callable[[], Path]:
+    """`write`, with DCP's async_save: the shards are staged into host memory now (every process
+    calls it), and written by DCP's thread; the returned `finish` (for the writer's thread) waits
+    for them, then on rank 0 adds `extra` and seals the directory as `write` does; it returns `path`.
+
+    `group`: a Gloo group of the checkpoint's own, not Dist.control: DCP's thread runs its
+    collectives while the loop runs its own on `control`, and two threads' collectives on one group
+    may interleave differently on different ranks (torchtitan keeps a group apart for the same
+    reason). `stager`: DCP's (pinned buffers on CUDA), None for its default. No barrier is needed
+    before sealing: DCP's future completes on each rank only after its coordinator gathered every
+    rank's result and wrote the index (.metadata).
+    """
+    import torch.distributed.checkpoint as dcp  # here, not above: see the module's docstring
+
+    sealing = contextlib.ExitStack()
+    tmp = sealing.enter_context(files.atomic_dir(path)) if dist.is_main else None
+    try:
+        tmp = _rank0_path(tmp, dist)
+        # DCP warns from its own thread, where no catch_warnings of this one reaches: for good
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+        future = dcp.async_save(_tensors(model, optimizer, states), checkpoint_id=tmp,
+                                process_group=group, no_dist=dist.world_size == 1, async_stager=stager)
+    except BaseException as e:
+        sealing.__exit__(type(e), e, e.__traceback__)  # the temporary directory goes, unsealed
+        raise
+
+    def finish() -> Path:
+        with sealing:  # sealed and renamed if all went well, removed if not
+            future.result()
+            if dist.is_main:
+                _write_rest(tmp, extra, fail)
+        return path
+
+    return finish
+
+
+def _tensors(model: nn.Module, optimizer: torch.optim.Optimizer, states: dict[str, dict] | None) -> dict:
+    """What DCP writes: the model's and the optimizer's state dicts as DCP lays them out, and
+    `states`."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict  # DCP's: see the docstring
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {**(states or {}), "model": model_state, "optimizer": optim_state}
+
+
+def _write_rest(tmp: Path, extra: dict, fail: Callable[[Path], None] | None) -> None:
+    """Rank 0's part of a checkpoint directory before it is sealed: `extra`, and the faults met."""
+    write_extra(tmp, extra)
+    if fail is not None:
+        fail(tmp / EXTRA_TENSORS)
 
 
 @contextlib.contextmanager
@@ -73,7 +127,7 @@ def _single_process_is_intended() -> Iterator[None]:
     """Without DCP's warning on each save and load of a one-process run ("assuming the intent is to
     save in a single process"): it is the intent."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
         yield
 
 

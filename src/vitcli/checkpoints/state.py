@@ -121,15 +121,18 @@ def keep_newest(workdir: Path, keep: int) -> None:
     _remove(workdir, lambda s: s not in kept)
 
 
-def save_state(path: str | Path, state: dict) -> None:
+def save_state(path: str | Path, state: dict, fail: Callable[[Path], None] | None = None) -> None:
     """Write a training state (tensors, numbers, strings only, so it loads with weights_only), then
-    its checksum beside it as `<name>.sha256`."""
+    its checksum beside it as `<name>.sha256`. `fail(tmp)`, given the temporary file once its bytes
+    are there: the faults injected into the write (checkpoints.writer.injected)."""
     path = Path(path)
     # Gone first and written last: a kill at any point leaves a state without a checksum (read as
     # incomplete), never a state beside the checksum of another.
     files.checksum_path(path).unlink(missing_ok=True)
     with files.atomic_path(path) as tmp:
         torch.save(state, tmp)
+        if fail is not None:
+            fail(tmp)
         digest = files.sha256_of(tmp)
     files.write_text(files.checksum_path(path), f"{digest}  {path.name}\n")
 

@@ -50,8 +50,11 @@ def not_safetensors(path: Path, error: Exception, rename: str = ".pt or .pth") -
         size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(HEADER_LENGTH)
-            torch_like = head.startswith(PICKLE_OR_ZIP)
             length = int.from_bytes(head, "little")
+            # a pickle's one-byte mark is also how a safetensors header of 128 + 256k bytes starts:
+            # a pickle's next bytes read as a length beyond any header
+            torch_like = head.startswith(PICKLE_OR_ZIP[1]) or (
+                head.startswith(PICKLE_OR_ZIP[0]) and length > MAX_HEADER)
             header = b"" if torch_like or length > MAX_HEADER else f.read(length)
     except OSError as e:
         return CheckpointError(f"cannot read {path}: {e.strerror}")

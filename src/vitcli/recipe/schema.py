@@ -256,6 +256,10 @@ class RunConfig:
     # path. "" = the workdir only. Why: a node's local disk dies with the node; a run resumes from
     # the remote when it holds a newer good checkpoint than the workdir (checkpoints.remote)
     ckpt_dir: str = ""
+    # write checkpoints in a background thread: the loop waits only while the state is copied to
+    # host memory (one more copy of model, optimizer and EMA held), the write goes on during
+    # training (checkpoints.writer). false: the loop waits for the whole write, as before
+    ckpt_async: bool = True
     # ddp: every process holds the whole model, optimizer and gradients (state-<step>.pt
     # checkpoints). fsdp: FSDP2 shards them over the processes block by block (state-<step>/
     # directories, one file per process); with one process there is nothing to shard over, so it

@@ -16,7 +16,10 @@ the part of vit that meets each (the code that calls `armed` with that kind):
 - enospc: the checkpoint of the step fails to write with ENOSPC (a full disk);
 - corrupt: the checkpoint of the step is damaged after its checksum is written (a bad disk);
 - store: the upload of the step's checkpoint to run.ckpt_dir fails between its data and its checksum
-  object, as a store that went away mid-upload (checkpoints.remote; rank 0, which uploads).
+  object, as a store that went away mid-upload (checkpoints.remote; rank 0, which uploads);
+- kill_write: the rank SIGKILLs itself in the middle of writing the checkpoint of the step, half its
+  bytes in the temporary file (a node lost during a write: with run.ckpt_async, while training
+  goes on).
 
 Why a variable and not a recipe key: a recipe is the experiment, and a fault is not part of it (it
 must not change the recipe a checkpoint is resumed against). Why each fires once: a fault the run
@@ -36,7 +39,7 @@ from functools import cache
 from pathlib import Path
 
 ENV = "VITCLI_FAULTS"
-KINDS = ("kill", "hang", "crash", "nan", "spike", "enospc", "corrupt", "store")
+KINDS = ("kill", "hang", "crash", "nan", "spike", "enospc", "corrupt", "kill_write", "store")
 FIRED_FILE = "faults-fired.jsonl"
 
 

@@ -170,7 +170,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
     window = _Window(time.perf_counter(), 0, {}, warm=_warm(stream, accum), since=start)
     clock = _Clock(r.run.ckpt_every_minutes)
     newest = job.resume_from[0] if job.resume_from else None  # the newest checkpoint on disk
-    with (progress_bar(dist.is_main) as bar, StopRequest() as stop,
+    with (progress_bar(dist.is_main) as bar, StopRequest() as stop, checkpoints.writing(),
           Watchdog(r.run, dist.rank, job.workdir) as watchdog):
         task = bar.add_task("train", total=job.total_steps, completed=start, stats="")
         while step < job.total_steps:

@@ -149,6 +149,7 @@ class Guard:
         line = diverged(self.recipe, done, newest, self.why, self._what(loss))
         if len(self.spikes) > self.run.max_rollbacks:
             raise TrainingError(self._exhausted(line))
+        checkpoints.settle()  # a write in flight (run.ckpt_async) may be the newest
         found = latest_good_state(self.workdir, verbose=self.dist.is_main)
         if found is None:
             raise TrainingError(line)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -114,6 +115,10 @@ class Mirror:
             raise CheckpointError(f"run.ckpt_dir={uri}: {first_line(e)}") from None
         self.root = self.root.rstrip("/")
         self.local = isinstance(self.fs, LocalFileSystem)  # folders to make; a bucket has none
+        # A store that drops a connection mid-request leaves aiohttp's own write task failed, and
+        # asyncio prints its traceback ("Task exception was never retrieved") from fsspec's loop
+        # thread, after s3fs has already seen the error and we retry or warn: one line says it all
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
     def where(self, name: str) -> str:
         """A remote object's URI, for messages."""

@@ -416,6 +416,12 @@ def device_feed(r, train_ds, num_classes: int = 0, views=None):
         def seek(self, micro_batch: int) -> None:
             pass
 
+        def skip(self, windows) -> None:  # a rollback's skipped batches: every batch is this one
+            pass
+
+        def rewind(self) -> None:
+            pass
+
     return lambda micro, accum, dist: Fixed(micro, dist.device)
 
 

@@ -234,9 +234,13 @@ class Mirror:
                             f"{entry.checksum} (its upload was interrupted); skipped")
                 continue
             try:
-                return self._download(entry, Path(workdir) / entry.name)
+                fetched = self._download(entry, Path(workdir) / entry.name)
             except CheckpointError as e:
                 console.log(f"[yellow]warning: {e}; skipped")
+                continue
+            newest = f"state-{than}" if than else "none"
+            console.log(f"fetched {entry.name} from {self.uri}: newer than the workdir's newest ({newest})")
+            return fetched
         return None
 
     def _download(self, entry: Entry, target: Path) -> Path:

@@ -272,12 +272,16 @@ def trial(r: Recipe, micro: int, accum: int, device: torch.device, budget_mb: fl
     with tempfile.TemporaryDirectory(prefix="vit-micro-batch-") as tmp:
         folder = Path(tmp)
         files.write_text(folder / SPEC, json.dumps(spec))
+        # the kernel starts a child's ru_maxrss at the high-water mark of the process it was
+        # forked from (exec keeps the larger): wait4's figure is the trial's own only above this
+        parent_hwm = status_mb("self", "VmHWM") or 0.0
         with open(folder / ERRORS, "wb") as errors:
             proc = subprocess.Popen([sys.executable, "-m", child.__name__, str(folder / SPEC)],
                                     env=_child_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=errors)
             cap = budget_mb - held_mb if device.type == "cpu" else None
-            stopped_at, seen = _watch(proc, cap, folder / RESULT)
+            stopped_at, (most, whole_life) = _watch(proc, cap, folder / RESULT)
+            seen = (most, whole_life if whole_life and whole_life > parent_hwm + 1 else None)
         if device.type == "cpu":
             source = "run.memory_budget_mb" if r.run.memory_budget_mb else "MemAvailable"
             return _judged(r, micro, proc.returncode, (stopped_at, seen), folder, Budget(budget_mb, source),

@@ -57,7 +57,7 @@ bench: setup
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/run.py $(if $(TIMM_TRAIN),--timm-train $(TIMM_TRAIN)) > bench/last.json && cat bench/last.json
 
-# One run on two Gloo ranks under torchrun meets 13 injected faults of 11 kinds (ranks killed, hung, crashed,
+# One run on two Gloo ranks under torchrun meets 13 injected faults of 12 kinds (ranks killed, hung, crashed,
 # killed mid-write; a NaN and a spike; a full disk, a damaged checkpoint; the S3 store failing mid-upload and
 # restarted; a preemption's SIGTERM; a node lost with its disk) and must end bit-identical to the run that met
 # none: the report (each fault and the seconds it cost) in bench/soak.json (not committed). ~3 min. The size

@@ -90,13 +90,16 @@ def test_a_hang_that_holds_the_gil_is_caught_by_faulthandlers_own_timer(tmp_path
 
 
 def test_healthy_steps_slow_first_steps_and_pauses_between_steps_never_fire(tmp_path):
-    """A first step of 1 s under the start bound (compiling), steps near the floor, and 1.5 s
-    between two steps (an evaluation, a checkpoint written: not watched): the process ends 0."""
+    """A first step of 1 s under the start bound (compiling), steps near the floor, 1.5 s between
+    two steps (an evaluation, a checkpoint written: not watched), and 1.5 s of a step disarmed (a
+    rollback reading its checkpoint back): the process ends 0."""
     body = """    dog.step(1); time.sleep(1.0); dog.done()
     for n in range(2, 12):
         dog.step(n); time.sleep(0.3); dog.done()
     time.sleep(1.5)
     dog.step(12); time.sleep(0.05); dog.done()
+    dog.step(13); dog.disarm(); time.sleep(1.5)  # a rollback: its wait for a write is no step's
+    dog.step(13); time.sleep(0.05); dog.done()
 print("finished")"""
     proc, _ = child(tmp_path, body, warm=False)
     assert proc.returncode == 0 and "finished" in proc.stdout, proc.stderr

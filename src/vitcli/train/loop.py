@@ -186,7 +186,7 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             # read at log and checkpoint steps, before the update: a spike rolls back (rollback.py)
             values = guard.read([loss, accuracy], done, due=save or log)
             if values is not None and guard.check(values[0], done):
-                step, metrics = guard.roll_back(done, values[0], checkpoints, metrics, newest)
+                step, metrics = guard.roll_back(done, values[0], checkpoints, metrics, newest, watchdog)
                 continue
             grad_norm = _clip(ddp_model, r.optim.clip_grad_norm)
             _step(optimizer, model, ema, done, job.objective)

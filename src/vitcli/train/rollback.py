@@ -45,6 +45,7 @@ from vitcli.runtime.dist import Dist, all_reduce_sum, barrier
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import MetricsLog, console
 from vitcli.runtime.run_files import ATTEMPTS_FILE, METRICS_FILE, ROLLBACKS_FILE, SLURM_DIR
+from vitcli.train.watchdog import Watchdog
 
 SPIKE = 1000.0  # the `spike` fault's factor on the loss read: far above any run.spike_factor
 
@@ -140,7 +141,7 @@ class Guard:
         return False
 
     def roll_back(self, done: int, loss: float, checkpoints: CheckpointManager, metrics: MetricsLog,
-                  newest: Path | None) -> tuple[int, MetricsLog]:
+                  newest: Path | None, watchdog: Watchdog) -> tuple[int, MetricsLog]:
         """Back to the newest checkpoint past the spike at step `done`, its window skipped and
         recorded; (the step it holds, metrics.jsonl reopened there). A TrainingError (`diverged`'s
         line; `newest`: the newest checkpoint written) past run.max_rollbacks or with no checkpoint
@@ -149,6 +150,7 @@ class Guard:
         line = diverged(self.recipe, done, newest, self.why, self._what(loss))
         if len(self.spikes) > self.run.max_rollbacks:
             raise TrainingError(self._exhausted(line))
+        watchdog.disarm()  # no step's: the wait for a write in flight may be an upload's
         checkpoints.settle()  # a write in flight (run.ckpt_async) may be the newest
         found = latest_good_state(self.workdir, verbose=self.dist.is_main)
         if found is None:

@@ -117,6 +117,16 @@ class Watchdog:
                 self.times.append(time.monotonic() - self._started)
         die_after_step(self._step, self.rank, self.workdir)
 
+    def disarm(self) -> None:
+        """Unwatched until the next step, its time no step's: what runs now is not a step (a
+        rollback waiting for the write in flight, its upload included, and reading a checkpoint
+        back), as checkpoint writes and evaluations between steps are not."""
+        if self._thread is not None:
+            with self._cond:
+                if self._deadline is not None:
+                    self._deadline = None
+                    faulthandler.cancel_dump_traceback_later()
+
     def before_agree(self) -> None:
         """Just before the step's agreement all-reduce: VITCLI_FAULTS' `hang` of this step, if
         planned."""

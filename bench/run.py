@@ -652,27 +652,17 @@ def main() -> None:
         json.dump(extraction_results(a.quick, chosen), sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
-    if a.mae:
-        results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
-                   "mae": spawn(MAE, a.quick, auto)}
-        results["targets"] = targets(results, [k for k in TARGETS if k.startswith("mae_")])
-        json.dump(results, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
-    if a.ckpt_stall:
-        results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
-                   "ckpt_stall": ckpt_stall(a.quick)}
-        results["targets"] = targets(results, [k for k in TARGETS if k.startswith("ckpt_stall_")])
-        json.dump(results, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
-    if a.preflight:
-        results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick,
-                   "preflight": preflight_vs_run(a.quick)}
-        results["targets"] = targets(results, [k for k in TARGETS if k.startswith("preflight_")])
-        json.dump(results, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return
+    # one part alone, with its own targets
+    alone = {"mae": (a.mae, lambda: spawn(MAE, a.quick, auto)),
+             "ckpt_stall": (a.ckpt_stall, lambda: ckpt_stall(a.quick)),
+             "preflight": (a.preflight, lambda: preflight_vs_run(a.quick))}
+    for key, (asked, measure) in alone.items():
+        if asked:
+            results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick, key: measure()}
+            results["targets"] = targets(results, [k for k in TARGETS if k.startswith(f"{key}_")])
+            json.dump(results, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return
     peaks = {}
     for precision in sorted(set(chosen.values())):
         progress(f"matmul peak at {precision}")

@@ -416,7 +416,7 @@ class CheckpointManager:
         path = _submit(self.writer, self.staging, self.workdir, parts, self.model, self.optimizer, dist,
                        r.run.keep_checkpoints, self.sharded, self.ema, self._written)
         if not self.writer.background:  # also the barrier: no process moves on before it is in place
-            self._judge(all_gather(self.writer.wait(), dist))
+            self.settle()
         self.seconds += time.perf_counter() - t0
         return path
 

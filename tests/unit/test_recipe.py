@@ -388,3 +388,21 @@ def test_batch_advice_that_is_followed_resolves(batch, micro, world):
     else:
         fix = f"data.batch_size={message.rsplit('(', 1)[1].split()[0].rstrip(')')}"
     resolve("pretrain", None, [*base, fix], world_size=world)  # the advice, followed
+
+
+def test_a_size_the_model_name_fixes_is_refused_not_overridden(tmp_path):
+    """`model.name: ViT-L/16` in a file and `model.embed_dim=32` on the command line trained ViT-L
+    (606M parameters) silently; now the contradiction is refused, naming both, and `custom` sizes it."""
+    path = tmp_path / "r.yaml"
+    path.write_text("schedule:\n  steps: 2\n  warmup_steps: 1\nmodel:\n  name: ViT-L/16\n")
+    with pytest.raises(RecipeError, match=r"model.embed_dim=32 contradicts model.name=ViT-L/16, whose "
+                                          r"embed_dim is 1024.*model.name=custom"):
+        resolve("pretrain", path, ["model.embed_dim=32"], complete=complete)
+    assert resolve("pretrain", path, ["model.name=custom", "model.embed_dim=32", "model.num_heads=2"],
+                   complete=complete).model.embed_dim == 32
+    # a size equal to the name's is no contradiction; a file's custom sizes yield to a name given later
+    assert resolve("pretrain", path, ["model.embed_dim=1024"], complete=complete).model.name == "ViT-L/16"
+    path.write_text("schedule:\n  steps: 2\n  warmup_steps: 1\nmodel:\n  name: custom\n  embed_dim: 32\n  depth: 1\n")
+    assert resolve("pretrain", path, ["model.name=ViT-S/16"], complete=complete).model.embed_dim == 384
+    with pytest.raises(RecipeError, match=r"model.depth=1 contradicts model.name=ViT-S/16"):
+        resolve("pretrain", path, ["model.name=ViT-S/16", "model.depth=1"], complete=complete)

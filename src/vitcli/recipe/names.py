@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from vitcli.errors import RecipeError
 from vitcli.recipe.schema import ModelConfig
 
 # Table 1 of the paper, (patch_size, embed_dim, depth, num_heads, mlp_dim); Ti and S are the
@@ -96,3 +97,28 @@ def resolve_known(cfg: ModelConfig) -> ModelConfig:
     if name == BIT:
         return dataclasses.replace(cfg, pool="gap", pos_embed="none")
     return cfg
+
+
+SIZE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")
+
+
+def refuse_resized(given: ModelConfig, known: ModelConfig, layers: list[dict]) -> None:
+    """Refuse a size the user set that the model's name overrides: `model.name: ViT-L/16` from a
+    recipe with `model.embed_dim=32` on the command line would otherwise train ViT-L silently.
+
+    `layers` are the user's, in order (recipe file, overrides, flags); a size set before the layer
+    that names the model is that layer's to replace (a file's custom sizes, then `model.name=ViT-B/16`
+    on the command line), one set with or after it contradicts it.
+    """
+    named_at = max((i for i, layer in enumerate(layers) if "name" in _model(layer)), default=-1)
+    for key in SIZE_KEYS:
+        said = any(key in _model(layer) for layer in layers[max(named_at, 0):])
+        if said and getattr(given, key) != getattr(known, key):
+            raise RecipeError(
+                f"model.{key}={getattr(given, key)} contradicts model.name={known.name}, whose {key} is "
+                f"{getattr(known, key)}: drop model.{key}, or set model.name=custom to size it yourself")
+
+
+def _model(layer: dict) -> dict:
+    """A layer's model section ({} when it has none)."""
+    return layer["model"] if isinstance(layer.get("model"), dict) else {}

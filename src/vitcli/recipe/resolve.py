@@ -26,7 +26,7 @@ from vitcli.recipe.checks import check
 from vitcli.recipe.choices import SECTIONS, STAGES, TRAINS
 from vitcli.recipe.data_checks import names_tar_shards
 from vitcli.recipe.layers import merge, nest, parse_overrides, read_yaml
-from vitcli.recipe.names import NAMED, resolve_known
+from vitcli.recipe.names import NAMED, refuse_resized, resolve_known
 from vitcli.recipe.schema import Recipe
 
 # (recipe, whether the user set model.num_heads) -> the recipe with what needs torch filled in and
@@ -119,7 +119,9 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
     for layer in [STAGE_DEFAULTS[stage], base, *user]:
         merge(recipe, layer)
     _stream_tar_shards(recipe, user)
-    return dataclasses.replace(recipe, model=resolve_known(recipe.model)), _says_num_heads(user)
+    known = resolve_known(recipe.model)
+    refuse_resized(recipe.model, known, user)
+    return dataclasses.replace(recipe, model=known), _says_num_heads(user)
 
 
 def _stream_tar_shards(recipe: Recipe, layers: list[dict]) -> None:

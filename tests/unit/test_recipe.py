@@ -402,7 +402,8 @@ def test_a_size_the_model_name_fixes_is_refused_not_overridden(tmp_path):
                    complete=complete).model.embed_dim == 32
     # a size equal to the name's is no contradiction; a file's custom sizes yield to a name given later
     assert resolve("pretrain", path, ["model.embed_dim=1024"], complete=complete).model.name == "ViT-L/16"
-    path.write_text("schedule:\n  steps: 2\n  warmup_steps: 1\nmodel:\n  name: custom\n  embed_dim: 32\n  depth: 1\n")
+    path.write_text("schedule:\n  steps: 2\n  warmup_steps: 1\n"
+                    "model:\n  name: custom\n  embed_dim: 32\n  depth: 1\n")
     assert resolve("pretrain", path, ["model.name=ViT-S/16"], complete=complete).model.embed_dim == 384
     with pytest.raises(RecipeError, match=r"model.depth=1 contradicts model.name=ViT-S/16"):
         resolve("pretrain", path, ["model.name=ViT-S/16", "model.depth=1"], complete=complete)

@@ -82,9 +82,10 @@ def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
     return layer
 
 
-def trained_precision(loaded: Loaded) -> str | None:
-    """The precision our own checkpoint's run computed in (its resolved run.precision); None for a
-    foreign file, which does not say."""
+def trained_precision(src: str) -> str | None:
+    """The precision our own checkpoint `src`'s run computed in (its resolved run.precision); None
+    for a foreign file, which does not say. Read once per process (read_checkpoint's cache)."""
+    loaded = read_checkpoint(src)
     trained = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
     run = trained.get("run") if isinstance(trained, dict) else None
     return run.get("precision") if isinstance(run, dict) else None

@@ -62,8 +62,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
     auto = recipe.run.precision == "auto"
-    trained = trained_precision(read_checkpoint(recipe.init.checkpoint))  # read once, cached
-    recipe, why = resolved_for(recipe, dist.device, trained)
+    recipe, why = resolved_for(recipe, dist.device, trained_precision(recipe.init.checkpoint))
     split = recipe.data.test_split or recipe.data.val_split
     evaluate_extra.check_held_out(calibrate_on, split, recipe.optim.loss)
     request = _request(recipe, real_path, imagenet_set, tta, calibrate_on)
@@ -84,8 +83,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
-                f"{sources.origin(ds)}, {len(ds)} images")
-    console.log(f"inference in {recipe.run.precision} ({why})")
+                f"{sources.origin(ds)}, {len(ds)} images in {recipe.run.precision} ({why})")
     console.log("{}: {}".format(*preprocessing_row(recipe)))
     skipped = bad_images.Skipped()
     k = min(TOP_K, num_classes if scoring is None else len(scoring.columns))

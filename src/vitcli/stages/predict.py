@@ -87,8 +87,7 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     files = image_files(paths)
     dist = setup(recipe.run.device)  # first: rank 0 alone warns about the files that do not decode
     files = decodable(files)
-    trained = trained_precision(read_checkpoint(recipe.init.checkpoint))  # read once, cached
-    recipe, why = resolved_for(recipe, dist.device, trained)
+    recipe, why = resolved_for(recipe, dist.device, trained_precision(recipe.init.checkpoint))
     console.log(f"inference in {recipe.run.precision} ({why})")
     # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are
     # unused)

@@ -149,6 +149,11 @@ def test_an_inference_recipe_resolves_to_fp32_on_a_cpu_that_trains_in_bf16(monke
     r = resolve("eval-fewshot", None, [], inputs=False)
     assert precision.resolved_for(r, CPU)[0].run.precision == "fp32"
     assert precision.auto_choices(r, CPU) == ["run.precision: auto -> fp32 (run.precision=auto on cpu)"]
+    on_gpu = "run.precision: auto -> bf16 (run.precision=auto on cuda: CPU has AVX-512 bf16"
+    assert precision.auto_choices(r, CUDA) == [f"{on_gpu})"]
+    evaluate = resolve("evaluate", None, [], inputs=False)  # it reads our checkpoint's precision
+    assert precision.auto_choices(evaluate, CUDA) == [
+        f"{on_gpu}; a vitcli checkpoint keeps the precision it trained at)"]
     asked = resolve("eval-fewshot", None, ["run.precision=bf16"], inputs=False)
     assert precision.resolved_for(asked, CPU) == (asked, "run.precision=bf16")
     assert precision.resolved_for(resolve("pretrain", None, [], inputs=False), CPU)[0].run.precision == "bf16"

@@ -180,12 +180,12 @@ def auto_choices(recipe: Recipe, device: torch.device) -> list[str]:
     """What `auto` in run.precision and (for a training stage) run.compile becomes on `device`, and
     why: the lines `--dry-run` prints."""
     lines = []
-    if recipe.run.precision == "auto" and recipe.stage in INFERENCE:
+    if recipe.run.precision == "auto":
         chosen, why = choose_for(recipe.stage, "auto", device)
-        ours = "" if device.type == "cpu" else "; a vitcli checkpoint keeps the precision it trained at"
-        lines.append(f"run.precision: auto -> {chosen} ({why}{ours})")
-    elif recipe.run.precision == "auto":
-        lines.append("run.precision: auto -> {} ({})".format(*choose("auto", device)))
+        # the stages that pass `trained` (it is read with the checkpoint, when the run starts)
+        if recipe.stage in ("predict", "evaluate") and device.type != "cpu":
+            why += "; a vitcli checkpoint keeps the precision it trained at"
+        lines.append(f"run.precision: auto -> {chosen} ({why})")
     if recipe.run.compile == "auto" and recipe.stage in ("pretrain", "finetune"):
         chosen, why = choose_compile("auto", device)
         lines.append(f"run.compile: auto -> {str(chosen).lower()} ({why})")

@@ -26,7 +26,11 @@ COMMANDS = {  # name -> (arguments, the exit code it must give)
     "help": (["--help"], 0),
     "misspelt_key": (["pretrain", "--dry-run", "model.nmae=x"], 2),
     "dry_run_quickstart": (["pretrain", "--dry-run", "-r", QUICKSTART], 0),
+    "version": (["--version"], 0),
+    "env": (["env"], 0),  # imports torch to ask it what it sees: `import_torch` below is its floor
 }
+# not vit: what a command that needs torch pays before it does anything
+IMPORT_TORCH = [sys.executable, "-c", "import torch"]
 
 
 def vit() -> list[str]:
@@ -35,10 +39,12 @@ def vit() -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "vitcli.cli"]
 
 
-def once(args: list[str], code: int) -> tuple[float, float]:
-    """(seconds, peak RSS in MB) of one `vit ARGS` process, which must exit with `code`."""
+def once(args: list[str], code: int, program: list[str] | None = None) -> tuple[float, float]:
+    """(seconds, peak RSS in MB) of one `vit ARGS` process (`program ARGS`), which must exit with
+    `code`."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([*vit(), *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv = [*(vit() if program is None else program), *args]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - t0
     got = os.waitstatus_to_exitcode(status)
@@ -58,6 +64,9 @@ def measure(runs: int) -> dict:
                      "median_s": round(statistics.median(s for s, _ in samples), 3),
                      "peak_rss_mb": round(statistics.median(m for _, m in samples), 1)}
         print(f"{name}: {out[name]['median_s']} s", file=sys.stderr)
+    samples = [once([], 0, IMPORT_TORCH) for _ in range(runs)]
+    out["import_torch"] = {"command": " ".join(IMPORT_TORCH[1:]),
+                           "median_s": round(statistics.median(s for s, _ in samples), 3)}
     out["targets"] = {"misspelt_key_under_1s": out["misspelt_key"]["median_s"] < TARGET_S}
     return out
 

@@ -209,11 +209,17 @@ def test_evaluate_records_that_it_scored_the_ema_weights(tmp_path, monkeypatch, 
 
 def test_what_auto_precision_chose_stands_when_it_would_choose_otherwise_now(run, tmp_path, monkeypatch,
                                                                              capsys):
-    """auto's bf16 probe times a matmul: on a busy machine it may flip, and the request has not
-    changed."""
+    """auto's bf16 probe times a matmul: on a busy machine (or on a GPU, where inference's auto
+    asks it) it may flip, and the request has not changed."""
     args = [a for a in fewshot(run, tmp_path / "w") if a != "run.precision=fp32"]  # eval-fewshot: auto
-    for native, says in ((False, "features in fp32"), (True, "nothing to do")):
-        monkeypatch.setattr(precision, "detect_bf16", lambda device, native=native: (native, "stand-in"))
+    choose_for = precision.choose_for
+    for native, says in ((False, "inference in fp32 (stand-in)"), (True, "nothing to do")):
+        def chosen(stage, pref, device, trained=None, detect=None, native=native):
+            if pref != "auto":
+                return choose_for(stage, pref, device, trained, detect)
+            return ("bf16" if native else "fp32"), "stand-in"  # as a GPU's auto would flip
+
+        monkeypatch.setattr(precision, "choose_for", chosen)
         code, _, err = run_vit(monkeypatch, capsys, *args)
         assert code == 0 and says in err, err
     code, _, err = run_vit(monkeypatch, capsys, *args, "run.precision=bf16")  # asked for: another request

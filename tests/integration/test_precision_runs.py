@@ -1,12 +1,15 @@
 """run.precision=auto in a run: the choice announced and recorded, and a resume on a machine that
-chooses differently (the choice itself: unit/test_precision.py)."""
+chooses differently; inference in fp32 on a CPU unless asked, and said (the choice itself:
+unit/test_precision.py)."""
 
 import json
 
+import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
-from helpers import machine
+from helpers import machine, run_vit
 from vitcli.checkpoints import manager
 from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
@@ -42,3 +45,25 @@ def test_resuming_auto_on_a_machine_that_chooses_differently_warns_and_continues
     # an explicit precision other than the checkpoint's is a change to what is trained: refused
     with pytest.raises(RecipeError, match="run.precision"):
         one_run(resolve("pretrain", None, TINY + ["schedule.steps=3", "run.precision=fp32"]), tmp_path)
+
+
+def test_predict_on_a_cpu_computes_in_fp32_unless_asked_and_says_which(tmp_path, monkeypatch, capsys):
+    """A checkpoint trained where auto chose bf16 (an AMX or AVX-512 bf16 CPU) is still read in fp32
+    by `vit predict` on a CPU; run.precision=bf16 asks for bf16, and gets it."""
+    monkeypatch.setattr(precision, "detect_bf16", machine(True))
+    one_run(resolve("pretrain", None, TINY + ["schedule.steps=2"]), tmp_path / "run")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
+    capsys.readouterr()
+    probabilities, said = {}, {}
+    for asked in ((), ("--set", "run.precision=fp32"), ("--set", "run.precision=bf16")):
+        code, out, err = run_vit(monkeypatch, capsys, "predict", tmp_path / "0.png", tmp_path / "1.png",
+                                 tmp_path / "2.png", "--ckpt", tmp_path / "run", "--json", *asked)
+        assert code == 0, err
+        probabilities[asked[1:]] = [g["probability"] for r in json.loads(out) for g in r["top"]]
+        said[asked[1:]] = err.replace("\n", " ")
+    assert "inference in fp32 (run.precision=auto on cpu)" in said[()]
+    assert "inference in bf16 (run.precision=bf16)" in said[("run.precision=bf16",)]
+    assert probabilities[()] == probabilities[("run.precision=fp32",)]
+    assert probabilities[()] != probabilities[("run.precision=bf16",)]  # bf16 rounds what fp32 keeps

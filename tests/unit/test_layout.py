@@ -31,7 +31,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
     # metrics, trackers, processes, output locations
     ("runtime", ["allocator", "faults", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
-                 "files", "metrics", "trackers", "dist", "threads", "workdir", "finished"]),
+                 "files", "metrics", "trackers", "dist", "threads", "workdir", "finished",
+                 "environment"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "mae", "layer_decay", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t",
                 "zoo", "flops"]),
@@ -72,7 +73,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("run", ["report", "feed", "network", "trial", "micro_batch", "build", "measure", "estimate"]),
     # one driver per command
     ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
-                "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite"]),
+                "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite", "env"]),
     # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free),
     # and the job's torchrun, whose exit code says why ranks failed
     ("cluster", ["requeue", "slurm", "submit", "launch"]),

@@ -122,3 +122,38 @@ def test_the_run_announces_tf32_where_fp32_matmuls_use_it(monkeypatch, device, s
     monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: setting)
     r = resolve("pretrain", None, [f"run.precision={run_precision}"], inputs=False)
     assert (run_build.tf32(r, dist.Dist(0, 1, 0, device)) == " with TF32 matmuls") is noted
+
+
+@pytest.mark.parametrize("stage,pref,device,trained,native,expected", [
+    # inference on a CPU: fp32 whatever the CPU (timm's and transformers' inference run fp32)
+    ("predict", "auto", CPU, None, True, ("fp32", "run.precision=auto on cpu")),
+    ("evaluate", "auto", CPU, "bf16", True, ("fp32", "run.precision=auto on cpu")),
+    ("eval-fewshot", "auto", CPU, None, True, ("fp32", "run.precision=auto on cpu")),
+    # asked for: kept, on any device, for any stage
+    ("predict", "bf16", CPU, None, False, ("bf16", "run.precision=bf16")),
+    ("evaluate", "fp32", CUDA, "bf16", True, ("fp32", "run.precision=fp32")),
+    # on CUDA as before: our checkpoint's own precision, else auto's choice
+    ("evaluate", "auto", CUDA, "fp32", True,
+     ("fp32", "run.precision=auto on cuda: the checkpoint's own, as it trained")),
+    ("predict", "auto", CUDA, None, True, ("bf16", "run.precision=auto on cuda: CPU has AVX-512 bf16")),
+    # training keeps auto's choice on a CPU
+    ("pretrain", "auto", CPU, None, True, ("bf16", "auto: CPU has AVX-512 bf16")),
+    ("finetune", "auto", CPU, None, False, ("fp32", "auto: CPU has only AVX2: bf16 would be emulated")),
+])
+def test_inference_computes_in_fp32_on_a_cpu_unless_asked(stage, pref, device, trained, native, expected):
+    assert precision.choose_for(stage, pref, device, trained, machine(native)) == expected
+
+
+def test_an_inference_recipe_resolves_to_fp32_on_a_cpu_that_trains_in_bf16(monkeypatch):
+    monkeypatch.setattr(precision, "detect_bf16", machine(True))
+    r = resolve("eval-fewshot", None, [], inputs=False)
+    assert precision.resolved_for(r, CPU)[0].run.precision == "fp32"
+    assert precision.auto_choices(r, CPU) == ["run.precision: auto -> fp32 (run.precision=auto on cpu)"]
+    on_gpu = "run.precision: auto -> bf16 (run.precision=auto on cuda: CPU has AVX-512 bf16"
+    assert precision.auto_choices(r, CUDA) == [f"{on_gpu})"]
+    evaluate = resolve("evaluate", None, [], inputs=False)  # it reads our checkpoint's precision
+    assert precision.auto_choices(evaluate, CUDA) == [
+        f"{on_gpu}; a vitcli checkpoint keeps the precision it trained at)"]
+    asked = resolve("eval-fewshot", None, ["run.precision=bf16"], inputs=False)
+    assert precision.resolved_for(asked, CPU) == (asked, "run.precision=bf16")
+    assert precision.resolved_for(resolve("pretrain", None, [], inputs=False), CPU)[0].run.precision == "bf16"

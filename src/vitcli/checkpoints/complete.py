@@ -24,10 +24,10 @@ from vitcli.recipe.choices import AS_TRAINED, CLASS_TOKEN_POOLS, CLASSIFIES
 from vitcli.recipe.schema import ModelConfig, Recipe
 
 # what `vit evaluate` and `vit predict` take from our own checkpoint's recipe: how its eval images
-# were prepared (beside the preprocessing module's keys), its loss, and the precision it ran at (the
-# resolved one: a run's test top-1 is reproduced, not re-rolled by `auto`); and, unless --data names
-# other data, where its test images are
-TRAINED_EVAL = {"data": ("binary_pixels",), "optim": ("loss", "label_smoothing"), "run": ("precision",)}
+# were prepared (beside the preprocessing module's keys) and its loss; and, unless --data names other
+# data, where its test images are. Not its precision: that was most often `auto`'s choice on the
+# training machine, no request for inference (runtime.precision.choose_for reads it, `trained_precision`)
+TRAINED_EVAL = {"data": ("binary_pixels",), "optim": ("loss", "label_smoothing")}
 TRAINED_DATA = ("source", "image_column", "label_column", "label_rule", "num_classes", "train_split",
                 # holdout + train_split: its split
                 "val_split", "test_split", "holdout", "synthetic")
@@ -59,7 +59,7 @@ def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
     recipe resolved without it (its stage, init.checkpoint and model.name): the pixels its weights
     expect (preprocessing.FEED; export and, with the eval crop, evaluate and predict:
     preprocessing.KEYS). evaluate and predict also take its native resolution, and from our own
-    files the eval settings, loss and precision it was trained with, plus with `own_data` its data
+    files the eval settings and loss it was trained with, plus with `own_data` its data
     (source, columns, splits). {} for a stage that starts from no checkpoint."""
     if recipe.stage in ("pretrain", "prepare-data") or not recipe.init.checkpoint or recipe.init.random:
         return {}
@@ -80,6 +80,15 @@ def trained_with(recipe: Recipe, own_data: bool = True) -> dict:
         stored = trained.get(section) or {}
         layer.setdefault(section, {}).update({k: stored[k] for k in names if k in stored})
     return layer
+
+
+def trained_precision(src: str) -> str | None:
+    """The precision our own checkpoint `src`'s run computed in (its resolved run.precision); None
+    for a foreign file, which does not say. Read once per process (read_checkpoint's cache)."""
+    loaded = read_checkpoint(src)
+    trained = loaded.meta.get("recipe") if loaded.kind == "vitcli" else None
+    run = trained.get("run") if isinstance(trained, dict) else None
+    return run.get("precision") if isinstance(run, dict) else None
 
 
 def _check_task_names(recipe: Recipe) -> None:

@@ -296,6 +296,18 @@ def export(ckpt: opt.Ckpt, fmt: opt.Format, out: opt.OutDir, overwrite: opt.Repl
              output=output_format(json_out))
 
 
+@app.command("env")
+def env(json_out: opt.Json = False) -> None:
+    """This machine in one block for a bug report: versions, Python, OS, CPU, threads, GPUs, the
+    launcher's and SLURM's variables, the cache, the HF offline flags (secrets redacted)."""
+
+    def stage():
+        from vitcli.stages.env import env
+        return env
+
+    dispatch(stage, None, output=output_format(json_out))
+
+
 def _one_line_paragraphs(doc: str | None) -> str | None:
     """A docstring's paragraphs each as one line: Typer's rich help keeps the line breaks that wrap
     a docstring at 100 columns in the source, which then break its lines mid-sentence at 80."""

@@ -6,4 +6,6 @@ peak FLOP/s, for MFU), memory.py (peak resident memory of a run and of its loade
 trackers.py (TensorBoard, W&B), launcher.py (torchrun's rank and world sizes, read once), dist.py
 (processes and devices), threads.py (CPU threads on a shared machine), workdir.py (output locations
 checked before anything is written), finished.py (a finished evaluation read, not run again),
-faults.py (faults injected on purpose by VITCLI_FAULTS, for the fault tests and the soak)."""
+faults.py (faults injected on purpose by VITCLI_FAULTS, for the fault tests and the soak),
+environment.py (what `vit env` reports of the machine, secrets redacted; the cache directory's
+rule)."""

@@ -6,6 +6,9 @@ the device runs it natively, fp32 where bf16 would be emulated. Everything downs
 autocast, the evaluators, few-shot extraction and its cache key, the resume check, the checkpoints'
 recipe) reads the resolved recipe, so it only ever sees `fp32` or `bf16`. `run.compile: auto` is
 resolved beside it (`resolved_compile`) to true or false.
+
+Inference (predict, evaluate, eval-fewshot) resolves by `resolved_for`: there `auto` is fp32 on a
+CPU, as timm's and transformers' inference run, and only an explicit run.precision=bf16 gives bf16.
 """
 
 from __future__ import annotations
@@ -118,6 +121,37 @@ def resolved(recipe: Recipe, device: torch.device, detect: Detect | None = None)
     return dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, precision=precision)), why
 
 
+# the commands that only run a network forward. timm's inference.py and validate.py and transformers'
+# pipeline compute these in fp32 unless asked: bf16 put a photograph's probabilities 9.9e-3 from
+# transformers' pipeline where fp32 sits at 2.1e-6 (issue 47), so on a CPU `auto` means fp32 here
+INFERENCE = ("predict", "evaluate", "eval-fewshot")
+
+
+def choose_for(stage: str, pref: str, device: torch.device, trained: str | None = None,
+               detect: Detect | None = None) -> tuple[str, str]:
+    """(precision, why) `stage` computes in on `device` when the recipe says `pref`: an explicit
+    fp32/bf16 always; for training, `auto` as `choose` decides; for inference (INFERENCE), `auto`
+    is fp32 on a CPU and elsewhere the precision our own checkpoint `trained` at (its resolved
+    run.precision, None for a foreign file), else `choose`'s."""
+    if pref != "auto":
+        return pref, f"run.precision={pref}"
+    if stage not in INFERENCE:
+        return choose(pref, device, detect)
+    if device.type == "cpu":
+        return "fp32", "run.precision=auto on cpu"
+    if trained in ("fp32", "bf16"):
+        return trained, f"run.precision=auto on {device.type}: the checkpoint's own, as it trained"
+    chosen, found = choose(pref, device, detect)
+    return chosen, f"run.precision=auto on {device.type}: {found.removeprefix('auto: ')}"
+
+
+def resolved_for(recipe: Recipe, device: torch.device, trained: str | None = None,
+                 detect: Detect | None = None) -> tuple[Recipe, str]:
+    """The recipe with run.precision chosen for its stage on `device` (choose_for), and why."""
+    precision, why = choose_for(recipe.stage, recipe.run.precision, device, trained, detect)
+    return dataclasses.replace(recipe, run=dataclasses.replace(recipe.run, precision=precision)), why
+
+
 def choose_compile(setting: bool | str, device: torch.device) -> tuple[bool, str]:
     """(compile, why): `auto` compiles where the device gains from it, CUDA with a GPU Triton
     compiles for; true/false are kept."""
@@ -147,7 +181,11 @@ def auto_choices(recipe: Recipe, device: torch.device) -> list[str]:
     why: the lines `--dry-run` prints."""
     lines = []
     if recipe.run.precision == "auto":
-        lines.append("run.precision: auto -> {} ({})".format(*choose("auto", device)))
+        chosen, why = choose_for(recipe.stage, "auto", device)
+        # the stages that pass `trained` (it is read with the checkpoint, when the run starts)
+        if recipe.stage in ("predict", "evaluate") and device.type != "cpu":
+            why += "; a vitcli checkpoint keeps the precision it trained at"
+        lines.append(f"run.precision: auto -> {chosen} ({why})")
     if recipe.run.compile == "auto" and recipe.stage in ("pretrain", "finetune"):
         chosen, why = choose_compile("auto", device)
         lines.append(f"run.compile: auto -> {str(chosen).lower()} ({why})")

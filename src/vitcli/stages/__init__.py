@@ -9,6 +9,7 @@ plot.py (`vit plot`); resize.py (`vit resize-posemb`); prepare.py (`vit prepare-
 (`vit export`); evaluate_extra.py (evaluate's calibration, temperature scaling and test-time
 augmentation); evaluate.py (`vit evaluate`: a checkpoint's head on a split)
 < predict.py (`vit predict`: on image files); suite.py (`vit evaluate --suite`: every ImageNet set
-under a folder). Each returns what it reports (its results file's content, or
-the file it wrote): the command line prints that and never names a results file.
+under a folder); env.py (`vit env`: the machine, for a bug report). Each returns what it reports
+(its results file's content, or the file it wrote): the command line prints that and never names a
+results file.
 """

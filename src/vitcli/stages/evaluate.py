@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from rich.table import Table
 
+from vitcli.checkpoints.complete import trained_precision
 from vitcli.checkpoints.read import locate_checkpoint, read_checkpoint
 from vitcli.checkpoints.transfer import (
     class_names,
@@ -41,7 +42,7 @@ from vitcli.runtime import finished
 from vitcli.runtime.dist import Dist, all_reduce_sum, setup
 from vitcli.runtime.files import sha256_of, write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.precision import resolved
+from vitcli.runtime.precision import resolved_for
 from vitcli.runtime.run_files import CONFUSION_PLOT, EVALUATE_FILE, EVALUATE_OUTPUTS, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
 from vitcli.stages import evaluate_extra
@@ -61,7 +62,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     refuse_other_run(workdir, recipe.stage)
     dist = setup(recipe.run.device)
     auto = recipe.run.precision == "auto"
-    recipe, why = resolved(recipe, dist.device)
+    recipe, why = resolved_for(recipe, dist.device, trained_precision(recipe.init.checkpoint))
     split = recipe.data.test_split or recipe.data.val_split
     evaluate_extra.check_held_out(calibrate_on, split, recipe.optim.loss)
     request = _request(recipe, real_path, imagenet_set, tta, calibrate_on)
@@ -82,7 +83,7 @@ def evaluate(recipe: Recipe, workdir: Path, real_path: Path | None = None,
     other_names = _other_names(class_names(loaded, num_classes), split_names, recipe, split)
     model = load_for_eval(recipe, recipe.model.num_classes).to(dist.device)
     console.log(f"evaluate: {recipe.init.checkpoint} ({num_classes} classes, {recipe.model.img_size} px) on "
-                f"{sources.origin(ds)}, {len(ds)} images, {recipe.run.precision} ({why})")
+                f"{sources.origin(ds)}, {len(ds)} images in {recipe.run.precision} ({why})")
     console.log("{}: {}".format(*preprocessing_row(recipe)))
     skipped = bad_images.Skipped()
     k = min(TOP_K, num_classes if scoring is None else len(scoring.columns))

@@ -29,7 +29,7 @@ from vitcli.runtime import finished
 from vitcli.runtime.dist import Dist, setup
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.precision import resolved
+from vitcli.runtime.precision import resolved_for
 from vitcli.runtime.run_files import FEATURES_DIR, FEWSHOT_FILE, FEWSHOT_OUTPUTS, RECIPE_FILE
 from vitcli.runtime.workdir import check_workdir, refuse_other_run
 
@@ -47,7 +47,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
     dist = setup(recipe.run.device)
     auto = recipe.run.precision == "auto"
     # the cache key and the extraction see fp32 or bf16, never auto
-    recipe, why = resolved(recipe, dist.device)
+    recipe, why = resolved_for(recipe, dist.device)
     request = finished.inputs(recipe, locate_checkpoint(recipe.init.checkpoint))
     done = finished.stored(workdir, FEWSHOT_FILE, recipe, request, overwrite, "few-shot evaluation", auto)
     if done is not None:
@@ -56,7 +56,7 @@ def eval_fewshot(recipe: Recipe, workdir: Path, overwrite: bool = False) -> dict
         return done
     # a missing split is refused before any feature is extracted or written
     open_splits(chosen, recipe)
-    console.log(f"features in {recipe.run.precision} ({why})")
+    console.log(f"inference in {recipe.run.precision} ({why})")
     model = load_for_eval(recipe)
     if recipe.init.random:
         console.log(f"weights: {recipe.init.checkpoint}'s network at random initialisation (run.seed="

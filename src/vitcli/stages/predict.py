@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from vitcli.checkpoints.complete import trained_precision
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.transfer import head_names, load_for_eval, preprocessing_row
 from vitcli.data.decoding import bad_images
@@ -27,7 +28,7 @@ from vitcli.errors import DataError
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console, stdout
-from vitcli.runtime.precision import resolved
+from vitcli.runtime.precision import resolved_for
 from vitcli.stages.evaluate import predictions
 
 
@@ -86,7 +87,8 @@ def predict(recipe: Recipe, paths: list[Path], top_k: int = 5) -> list[dict]:
     files = image_files(paths)
     dist = setup(recipe.run.device)  # first: rank 0 alone warns about the files that do not decode
     files = decodable(files)
-    recipe, _ = resolved(recipe, dist.device)
+    recipe, why = resolved_for(recipe, dist.device, trained_precision(recipe.init.checkpoint))
+    console.log(f"inference in {recipe.run.precision} ({why})")
     # the files as a split of their own: evaluate's pass reads it as it reads any split (labels are
     # unused)
     data = dataclasses.replace(recipe.data, image_column="image", label_column="label")

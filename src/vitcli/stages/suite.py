@@ -54,8 +54,9 @@ def evaluate_suite(recipe: Recipe, workdir: Path, root: Path, real_path: Path | 
                                    **given)
         sets[path.name] = {"set": name, "path": str(path), "split": r.data.test_split,
                            **{k: results[k] for k in ROW_KEYS if k in results}}
+        ran = results["run/precision"]  # what `auto` became, the same for every set
     results = {"stage": "evaluate", "checkpoint": recipe.init.checkpoint, "suite": str(root), "sets": sets,
-               "run/precision": recipe.run.precision}
+               "run/precision": ran}
     if setup(recipe.run.device).is_main:
         if overwrite:
             finished.set_aside_results(workdir, (EVALUATE_FILE, RECIPE_FILE))

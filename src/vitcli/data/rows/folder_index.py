@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from vitcli.data.rows.folder_listing import Listing, NotPlain, scan
+from vitcli.runtime.environment import cache_dir  # $VITCLI_CACHE, else XDG's; `vit env` shows it
 from vitcli.runtime.files import atomic_path
 from vitcli.runtime.metrics import console
 
@@ -49,15 +50,6 @@ FORMAT = 1  # of the file and of folder_listing's rules: an index written under 
 # A directory changed this recently may change again within the same mtime tick (coarse on NFS, 2 s
 # on FAT): an index listing such a directory is used for this run but not kept.
 SETTLE_NS = 2_000_000_000
-
-def cache_dir() -> Path:
-    """Where vitcli keeps what it derives from data: $VITCLI_CACHE, else $XDG_CACHE_HOME/vitcli,
-    else ~/.cache/vitcli."""
-    if os.environ.get("VITCLI_CACHE"):
-        return Path(os.environ["VITCLI_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "vitcli"
-
 
 def index_file(root: Path) -> Path:
     """The index of folder `root`: cache_dir()/folder-index/<its name>-<hash of its absolute

@@ -5,16 +5,19 @@ timm) and gives our logits; what a format cannot hold is one line, exit 2, nothi
 Tolerances: logits within 1e-4 (float32 through a different attention implementation); the
 transformers processor's pixels within 1e-6 of our eval transform on an image already at the model's
 size (no resampling: only x / 255 and the normalisation differ in rounding), and within 2 / 255 (one
-8-bit level in [-1, 1] units) on resized ones, square or not (both resample with PIL's bilinear;
-rounding differs by a level). Shapes whose crop margin is even: torchvision's CenterCrop rounds an
-odd margin's half up to even where transformers floors it, a one-pixel shift
-(data.transforms.central_crop_offsets says the same of big_vision).
+8-bit level in [-1, 1] units) on resized ones, square or not (the processor, timm's eval transform,
+resizes with PIL, ours with torchvision's tensor resize: they round a level apart). On photographs
+whose crop margin is 3 mod 4 (where transformers' own centre crop, flooring the offset, lands a
+pixel short of torchvision's, ours and timm's), two levels of the normalised scale (bicubic rounds
+two apart at some pixels); the processor the export wrote before, BitImageProcessor, is shown
+to miss that by tens of levels.
 """
 
 import dataclasses
 import importlib.util
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,7 +34,7 @@ from vitcli.checkpoints.export_timm import check_timm
 from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli.options import ExportFormat
-from vitcli.data.augmentation.augment import finish
+from vitcli.data.augmentation.augment import Normalise, finish
 from vitcli.data.augmentation.transforms import build_transform
 from vitcli.data.decoding.decode import Encoded
 from vitcli.errors import CheckpointError
@@ -96,7 +99,7 @@ def _our_eval(img: Image.Image, cfg: DataConfig) -> torch.Tensor:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     pixels = build_transform(cfg, 32, train=False)([Encoded(buf.getvalue())], None)
-    return finish(pixels, torch.device("cpu"))[0]
+    return finish(pixels, torch.device("cpu"), normalise=Normalise(cfg.mean, cfg.std))[0]
 
 
 # (H, W): at the model's size, larger, and non-square both ways (40 x 56 -> 32 x 44, margins 6)
@@ -143,7 +146,46 @@ def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
     centre = _our_eval(img, DataConfig(eval_crop_pct=0.875))
     assert (theirs - centre).abs().max().item() > 0.1
     said = read_checkpoint(str(tmp_path / "hf")).pretrained_cfg
-    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 32 / 36)
+    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 0.875)
+
+
+def _before(data: DataConfig) -> dict:
+    """The BitImageProcessor config `vit export --format hf` wrote before TimmWrapperImageProcessor
+    (transformers' centre crop floors the offset)."""
+    return {"size": {"shortest_edge": math.floor(32 / data.eval_crop_pct)}, "do_center_crop": True,
+            "crop_size": {"height": 32, "width": 32}, "resample": {"bilinear": 2, "bicubic": 3}[data.interpolation],
+            "image_mean": list(data.mean), "image_std": list(data.std)}
+
+
+@pytest.mark.parametrize("data", [DataConfig(), DataConfig(interpolation="bicubic", eval_crop_pct=0.875,
+                                                           mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+def test_hf_processor_crops_photographs_where_we_do_when_the_margin_is_odd(monkeypatch, capsys, tmp_path, data):
+    """scikit-image's photographs at 640 x 427 (the issue's) and 660 x 427, both ways: at 32 px the
+    longer side is 47 and 49 (shorter side 32), 53 and 55 (36, crop 0.875), margins 15 and 23 among
+    them, 3 mod 4: transformers' centre crop floors half of it (7, 11), torchvision's rounds it half
+    to even (8, 12)."""
+    skimage_data = pytest.importorskip("skimage.data")
+    model = tiny_vit(num_classes=3)
+    recipe = {"data": {k: getattr(data, k) for k in ("interpolation", "eval_crop_pct", "mean", "std")}}
+    save_weights(tmp_path / "m.safetensors", model.state_dict(),
+                 {"model": {**model_spec(TINY, 3), "class_names": NAMES}, "recipe": recipe})
+    _export(monkeypatch, capsys, tmp_path / "m.safetensors", "hf", tmp_path / "hf")
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    before = transformers.BitImageProcessor(**_before(data))
+    levels = 2 / 255 / min(data.std) + 1e-6  # two 8-bit levels, normalised
+    worst, worst_before = 0.0, 0.0
+    for name in ("astronaut", "chelsea", "coffee", "rocket"):
+        photo = Image.fromarray(getattr(skimage_data, name)()).convert("RGB")
+        for size in ((640, 427), (427, 640), (660, 427), (427, 660)):
+            img = photo.resize(size, Image.BICUBIC)
+            mine = _our_eval(img, data)
+            theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
+            old = before(images=img, return_tensors="pt")["pixel_values"][0]
+            worst = max(worst, (theirs - mine).abs().max().item())
+            worst_before = max(worst_before, (old - mine).abs().max().item())
+    assert type(processor).__name__ == "TimmWrapperImageProcessor"
+    assert worst <= levels, worst * 255 * min(data.std)
+    assert worst_before > 10 * levels, worst_before * 255 * min(data.std)
 
 
 def test_onnx_export_runs_in_onnxruntime_at_any_batch(monkeypatch, capsys, tmp_path, ours):

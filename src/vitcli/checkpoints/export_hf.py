@@ -37,8 +37,8 @@ MAE_USE = ("`config.mask_ratio` is 0.0, so every patch is kept (transformers' de
            "`ViTMAEModel.from_pretrained(DIR)(pixel_values, noise=torch.arange(N).expand(B, N))` keeps the "
            "image's order (N patches), or put them back with the output's `ids_restore`. "
            "`last_hidden_state` is (B, 1 + N, D), the class token first, after the final LayerNorm.")
-# data.interpolation -> PIL.Image.Resampling, as transformers' processors store `resample`
-PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
+# transformers' processor that runs timm's eval transform (needs timm where it is loaded)
+PROCESSOR = "TimmWrapperImageProcessor"
 
 
 def is_mae_encoder(loaded: Loaded, num_classes: int) -> bool:
@@ -134,29 +134,23 @@ def hf_mae_config(model: ModelConfig) -> dict:
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both
-    sides, transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre
+    """The image processor of our eval transform, as transformers reads it from config.json (a
+    local folder whose config.json holds `pretrained_cfg`) and from preprocessor_config.json (a
+    Hub repository): `TimmWrapperImageProcessor`, which runs timm's own eval transform of this
+    pretrained_cfg: shorter side (crop_mode squash: both sides) to floor(size / crop_pct), centre
     crop, (x / 255 - mean) / std.
 
-    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole
-    image to size x size, which differs from our eval on any non-square image or crop_pct < 1. The
-    classifier does not care which processor feeds it; AutoImageProcessor and the
-    image-classification pipeline load either.
+    Not BitImageProcessor (nor ViTImageProcessor, which only squashes): transformers' centre crop
+    floors the offset, (H - S) // 2, where torchvision's CenterCrop (ours, timm's) rounds half to
+    even, one pixel further whenever the margin is 3 mod 4 (a 640 x 427 photograph at 224: 111,
+    55 vs 56); the shifted crop was up to 193 levels off on scikit-image's photographs. No key of
+    transformers' own processors changes that offset; timm's transform crops as ours does, and
+    resizes with PIL, a level or two of rounding from torchvision's tensor resize.
     """
     size = prep["size"]
-    return {
-        "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
-        "do_resize": True, "size": _resized(prep["resize_shorter_side"], prep["crop_mode"]),
-        "resample": PIL_RESAMPLE[prep["interpolation"]],
-        "do_center_crop": True, "crop_size": {"height": size, "width": size},
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
-    }
-
-
-def _resized(side: int, crop_mode: str) -> dict:
-    """The processor's `size`: the shorter side (aspect kept), or both sides (squash)."""
-    return {"shortest_edge": side} if crop_mode == "center" else {"height": side, "width": side}
+    cfg = {"input_size": [3, size, size], "interpolation": prep["interpolation"], "mean": list(prep["mean"]),
+           "std": list(prep["std"]), "crop_pct": prep["crop_pct"], "crop_mode": prep["crop_mode"]}
+    return {"image_processor_type": PROCESSOR, "pretrained_cfg": cfg}
 
 
 def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
@@ -180,7 +174,7 @@ def model_card(network: str, params: int, prep: dict, class_names: list[str], re
     pp = ["## Preprocessing", "", (f"As vitcli evaluates: {sides} resized to "
                                    f"{prep['resize_shorter_side']} px ({prep['interpolation']}), centre crop "
                                    f"{size} px, "
-                                   f"{scale} (`BitImageProcessor`).")]
+                                   f"{scale} (transformers' `{PROCESSOR}`: timm's eval transform).")]
     parts = [front, intro, arch, *_training(recipe), results if summary else [], pp]
     return "\n\n".join("\n".join(p) for p in parts if p) + "\n"
 

@@ -112,8 +112,11 @@ def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: 
     weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
     save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
     config = export_hf.hf_config(recipe.model, names) if names else export_hf.hf_mae_config(recipe.model)
-    _write_json(out / "config.json", config)
-    _write_json(out / "preprocessor_config.json", export_hf.hf_processor_config(prep))
+    processor = export_hf.hf_processor_config(prep)
+    # AutoImageProcessor reads a local folder's processor from config.json when it holds
+    # pretrained_cfg, a Hub repository's from preprocessor_config.json: the same in both
+    _write_json(out / "config.json", {**config, **processor})
+    _write_json(out / "preprocessor_config.json", processor)
     card = export_hf.model_card(_network(recipe, spec), zoo.count_params(model), prep, names,
                                 loaded.meta.get("recipe", {}), _summary(loaded))
     (out / "README.md").write_text(card)

@@ -48,7 +48,7 @@ class Result:
     metric: str
     name: str
     value: float
-    source: str  # the file it was read from
+    source: str  # the file it was read from: summary.json (the run's), or as --results named it
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ def gather(weights: str, recipe: dict, folders: list[Path]) -> list[Result]:
     data = recipe.get("data") or {}
     found = []
     if path.name == MODEL_FILE and (path.parent / SUMMARY_FILE).is_file():
-        found += summary_results(json_object(path.parent / SUMMARY_FILE), data,
-                                 str(path.parent / SUMMARY_FILE))
+        # named by the file alone: the card is published, the local path is nobody's business
+        found += summary_results(json_object(path.parent / SUMMARY_FILE), data, SUMMARY_FILE)
     for folder in folders:
         found += _folder_results(Path(folder), path)
     return found

@@ -132,8 +132,9 @@ def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
 
 
 def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
-    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; read back the
-    same."""
+    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; margins 4,
+    where transformers' floored crop offset is ours, so BitImageProcessor, whose torchvision
+    backend resizes as ours does: the same pixels. Read back the same."""
     model = tiny_vit(num_classes=3)
     meta = {**model_spec(TINY, 3), "class_names": NAMES}
     data = {"eval_crop_pct": 0.875, "eval_crop_mode": "squash"}
@@ -142,11 +143,39 @@ def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
     processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
     img = _image(40, 64)
     theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
-    assert (theirs - _our_eval(img, DataConfig(**data))).abs().max().item() <= LEVEL
+    assert type(processor).__name__ == "BitImageProcessor"
+    assert (theirs - _our_eval(img, DataConfig(**data))).abs().max().item() <= 1e-6
     centre = _our_eval(img, DataConfig(eval_crop_pct=0.875))
     assert (theirs - centre).abs().max().item() > 0.1
     said = read_checkpoint(str(tmp_path / "hf")).pretrained_cfg
-    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 0.875)
+    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 32 / 36)
+
+
+@pytest.mark.parametrize("data, processor, warned", [
+    # squash, floor(32 / 0.9) = 35: margins 3, transformers' crop a pixel short: timm's processor
+    ({"eval_crop_mode": "squash", "eval_crop_pct": 0.9}, "TimmWrapperImageProcessor", False),
+    # nearest: PIL's (timm's processor) is not torchvision's nearest-exact; Bit's crop floors
+    ({"interpolation": "nearest"}, "BitImageProcessor", True)])
+def test_the_processor_is_chosen_by_where_each_gives_our_pixels(monkeypatch, capsys, tmp_path,
+                                                                 data, processor, warned):
+    """The export says in one line, before writing, the setting no transformers processor gives
+    our pixels for, and the model card says it too."""
+    model = tiny_vit(num_classes=3)
+    save_weights(tmp_path / "m.safetensors", model.state_dict(),
+                 {"model": {**model_spec(TINY, 3), "class_names": NAMES}, "recipe": {"data": data}})
+    code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", tmp_path / "m.safetensors",
+                           "--format", "hf", "--out", tmp_path / "hf")
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "warning:" in line]
+    assert len(said) == warned and all("data.interpolation nearest" in line for line in said), err
+    loaded = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
+    assert type(loaded).__name__ == processor
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert ("3 mod 4" in card) == warned
+    img = _image(40, 56)  # squashed to 35 x 35, cropped at 2 (ours) where transformers' crops at 1
+    theirs = loaded(images=img, return_tensors="pt")["pixel_values"][0]
+    if not warned:
+        assert (theirs - _our_eval(img, DataConfig(**data))).abs().max().item() <= LEVEL
 
 
 def _before(data: DataConfig) -> dict:

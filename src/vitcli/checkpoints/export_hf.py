@@ -39,6 +39,9 @@ MAE_USE = ("`config.mask_ratio` is 0.0, so every patch is kept (transformers' de
            "`last_hidden_state` is (B, 1 + N, D), the class token first, after the final LayerNorm.")
 # transformers' processor that runs timm's eval transform (needs timm where it is loaded)
 PROCESSOR = "TimmWrapperImageProcessor"
+# data.interpolation -> PIL.Image.Resampling, as BitImageProcessor stores `resample` (0: its
+# torchvision backend's nearest-exact)
+PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
 
 def is_mae_encoder(loaded: Loaded, num_classes: int) -> bool:
@@ -134,20 +137,61 @@ def hf_mae_config(model: ModelConfig) -> dict:
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """The image processor of our eval transform, as transformers reads it from config.json (a
-    local folder whose config.json holds `pretrained_cfg`) and from preprocessor_config.json (a
-    Hub repository): `TimmWrapperImageProcessor`, which runs timm's own eval transform of this
-    pretrained_cfg: shorter side (crop_mode squash: both sides) to floor(size / crop_pct), centre
-    crop, (x / 255 - mean) / std.
+    """preprocessor_config.json of our eval transform: shorter side (crop_mode squash: both sides)
+    to floor(size / crop_pct) (data.interpolation), centre crop, (x / 255 - mean) / std.
 
-    Not BitImageProcessor (nor ViTImageProcessor, which only squashes): transformers' centre crop
-    floors the offset, (H - S) // 2, where torchvision's CenterCrop (ours, timm's) rounds half to
-    even, one pixel further whenever the margin is 3 mod 4 (a 640 x 427 photograph at 224: 111,
-    55 vs 56); the shifted crop was up to 193 levels off on scikit-image's photographs. No key of
-    transformers' own processors changes that offset; timm's transform crops as ours does, and
-    resizes with PIL, a level or two of rounding from torchvision's tensor resize.
+    transformers' own processors floor the crop's offset, (H - S) // 2, where torchvision's
+    CenterCrop (ours, timm's) rounds half to even: one pixel further whenever the margin is 3 mod 4
+    (a 640 x 427 photograph at 224: margin 111, offsets 55 and 56; up to 193 levels apart on
+    scikit-image's photographs). So BitImageProcessor only where no margin can be 3 mod 4 (squash:
+    both margins are floor(size / crop_pct) - size); its torchvision backend resizes as ours does,
+    bit for bit. Elsewhere `TimmWrapperImageProcessor`, which runs timm's eval transform of a
+    pretrained_cfg (hf_processor_in_config: config.json holds it too) and crops as ours does; it
+    resizes with PIL, a level or two of rounding from torchvision's tensor resize. But nearest:
+    PIL's nearest picks other pixels than torchvision's nearest-exact (ours, and transformers'
+    torchvision backend), so BitImageProcessor, and processor_mismatch says where it is off.
     """
+    if _crop_exact(prep) or prep["interpolation"] == "nearest":
+        return _bit(prep)
     size = prep["size"]
-    cfg = {"input_size": [3, size, size], "interpolation": prep["interpolation"], "mean": list(prep["mean"]),
-           "std": list(prep["std"]), "crop_pct": prep["crop_pct"], "crop_mode": prep["crop_mode"]}
+    cfg = {"input_size": [3, size, size], "interpolation": prep["interpolation"],
+           "mean": list(prep["mean"]), "std": list(prep["std"]), "crop_pct": prep["crop_pct"],
+           "crop_mode": prep["crop_mode"]}
     return {"image_processor_type": PROCESSOR, "pretrained_cfg": cfg}
+
+
+def hf_processor_in_config(processor: dict) -> dict:
+    """What config.json repeats of the processor: a local folder's AutoImageProcessor reads
+    TimmWrapperImageProcessor's pretrained_cfg there (a Hub repository's, from
+    preprocessor_config.json); {} for BitImageProcessor."""
+    return processor if processor["image_processor_type"] == PROCESSOR else {}
+
+
+def processor_mismatch(prep: dict) -> str:
+    """One line naming the setting where no processor of transformers' gives our pixels; "" where
+    the one written does (within the resize rounding)."""
+    if prep["interpolation"] != "nearest" or _crop_exact(prep):
+        return ""
+    return (f"data.interpolation nearest, data.eval_crop_mode {prep['crop_mode']}: transformers' "
+            "processors floor the centre crop's offset where vit rounds it half to even, so images "
+            "whose crop margin is 3 mod 4 come out one pixel shifted (timm's processor, which "
+            "crops as vit does, resizes with PIL's nearest, further off); BitImageProcessor "
+            "written")
+
+
+def _crop_exact(prep: dict) -> bool:
+    """transformers' floored crop offset is ours for every image: squashed, so both margins are
+    resize_shorter_side - size, and that is not 3 mod 4."""
+    return prep["crop_mode"] == "squash" and (prep["resize_shorter_side"] - prep["size"]) % 4 != 3
+
+
+def _bit(prep: dict) -> dict:
+    """BitImageProcessor (ViTImageProcessor can only squash to the model's size)."""
+    side, size = prep["resize_shorter_side"], prep["size"]
+    resized = {"shortest_edge": side} if prep["crop_mode"] == "center" else {"height": side,
+                                                                             "width": side}
+    return {"image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
+            "do_resize": True, "size": resized, "resample": PIL_RESAMPLE[prep["interpolation"]],
+            "do_center_crop": True, "crop_size": {"height": size, "width": size},
+            "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"])}

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
+from rich.markup import escape
 from safetensors.torch import save_file
 
 from vitcli.checkpoints import card, export_hf, export_onnx, export_timm
@@ -28,7 +29,7 @@ from vitcli.models import zoo
 from vitcli.recipe.choices import EXPORT_FORMATS
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import MANIFEST
-from vitcli.runtime.metrics import pairs_table, stdout
+from vitcli.runtime.metrics import console, pairs_table, stdout
 from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_apart, check_out_dir, published_dir
 
@@ -64,6 +65,10 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
     if results and fmt == "onnx":
         raise RecipeError("--results: results for a model card; --format onnx writes no card "
                           "(hf and timm do)")
+    # where transformers' processors cannot give our pixels: one line, before writing
+    mismatch = export_hf.processor_mismatch(preprocessing(recipe)) if fmt == "hf" else ""
+    if mismatch:
+        console.log(f"[yellow]warning: {escape(mismatch)}")
     # the card's numbers, read (and a bad --results refused) before anything is written
     trained = loaded.meta.get("recipe") or {}
     scored = [] if fmt == "onnx" else card.gather(loaded.path, trained, results or [])
@@ -72,7 +77,8 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
               "class_names": ("the checkpoint's" if class_names(loaded, spec.num_classes)
                               else "indices (the checkpoint names none)"),
               "preprocessing": preprocessing_row(recipe)[1], "files": FILES[fmt], "dry_run": dry_run,
-              "set_aside": None, "card_results": [dataclasses.asdict(r) for r in scored]}
+              "set_aside": None, "card_results": [dataclasses.asdict(r) for r in scored],
+              "processor_mismatch": mismatch}
     if not dry_run:
         # the whole network, head and pre-logits layer
         model = load_for_eval(recipe, spec.num_classes)
@@ -130,16 +136,18 @@ def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: 
     save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
     config = export_hf.hf_config(recipe.model, names) if names else export_hf.hf_mae_config(recipe.model)
     processor = export_hf.hf_processor_config(prep)
-    # AutoImageProcessor reads a local folder's processor from config.json when it holds
-    # pretrained_cfg, a Hub repository's from preprocessor_config.json: the same in both
-    _write_json(out / "config.json", {**config, **processor})
+    _write_json(out / "config.json", {**config, **export_hf.hf_processor_in_config(processor)})
     _write_json(out / "preprocessor_config.json", processor)
     target = "ViTForImageClassification" if names else "ViTMAEModel"
+    kind = processor["image_processor_type"]
+    timm_note = (" (timm's eval transform: `pip install timm`)" if kind == export_hf.PROCESSOR
+                 else "")
     usage = [(f"A Vision Transformer exported by `vit export --format hf` (vitcli) for "
               f"transformers' `{target}`: `{target}.from_pretrained(DIR)`; its image processor, "
-              f"`AutoImageProcessor.from_pretrained(DIR)`, is transformers' "
-              f"`{export_hf.PROCESSOR}` (timm's eval transform: `pip install timm`)."),
+              f"`AutoImageProcessor.from_pretrained(DIR)`, is transformers' `{kind}`{timm_note}."),
              *([] if names else ["", export_hf.MAE_USE])]
+    if mismatch := export_hf.processor_mismatch(prep):
+        usage += ["", f"Its pixels are not vitcli's everywhere: {mismatch}."]
     _write_card(out, "transformers", model, recipe, loaded, spec, names, usage, scored)
 
 

@@ -15,6 +15,7 @@ huggingface_hub.ModelCard. A card with no results has no model-index and says so
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,9 @@ def summary_results(summary: dict, data: dict, source: str) -> list[Result]:
               "test": data.get("test_split") or "test"}
     out = []
     for key, value in summary.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
+        # a diverged run's NaN is no result to publish
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
             continue
         if m := HELD_OUT.fullmatch(key):
             out.append(Result(dataset, splits[m[1]], *METRICS[m[2]], float(value), source))

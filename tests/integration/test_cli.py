@@ -273,9 +273,11 @@ def handed(ckpt: Path, tmp: Path) -> dict:
             {"stage": "prepare-data", "data.source": "synthetic", "data.train_split": "",
              "data.synthetic.train_size": 64}),
         "export": (
-            ["export", "--ckpt", ckpt, "--format", "onnx", "--out", tmp / "e", "--overwrite"],
+            ["export", "--ckpt", ckpt, "--format", "hf", "--out", tmp / "e", "--overwrite",
+             "--results", tmp / "ev", "--results", tmp / "fs"],
             "vitcli.stages.export.export",
-            (("onnx", tmp / "e"), {"overwrite": True, "dry_run": False}),
+            (("hf", tmp / "e"), {"overwrite": True, "dry_run": False,
+                                 "results": [tmp / "ev", tmp / "fs"]}),
             {"stage": "export", "init.checkpoint": str(ckpt), "model.num_classes": 0,
              "model.img_size": 32}),
         "eval-fewshot --list-tasks": (

@@ -1,19 +1,13 @@
 """`vit export`: each folder is loaded back by the library it is for (transformers, onnxruntime,
 timm) and gives our logits; what a format cannot hold is one line, exit 2, nothing written. Also
-`python -m vitcli` and `vit --version`, the shell conventions of the same issue.
+`python -m vitcli` and `vit --version`, the shell conventions of the same issue. The hf folder's image
+processor against our eval pixels: test_hf_processor.py.
 
-Tolerances: logits within 1e-4 (float32 through a different attention implementation); the
-transformers processor's pixels within 1e-6 of our eval transform on an image already at the model's
-size (no resampling: only x / 255 and the normalisation differ in rounding), and within 2 / 255 (one
-8-bit level in [-1, 1] units) on resized ones, square or not (both resample with PIL's bilinear;
-rounding differs by a level). Shapes whose crop margin is even: torchvision's CenterCrop rounds an
-odd margin's half up to even where transformers floors it, a one-pixel shift
-(data.transforms.central_crop_offsets says the same of big_vision).
+Tolerances: logits within 1e-4 (float32 through a different attention implementation).
 """
 
 import dataclasses
 import importlib.util
-import io
 import json
 import os
 import subprocess
@@ -23,20 +17,15 @@ import numpy as np
 import pytest
 import timm
 import torch
-from PIL import Image
 
 from helpers import REPO, run_vit, tiny_vit
 from vitcli.checkpoints.export_hf import check_hf
 from vitcli.checkpoints.export_timm import check_timm
-from vitcli.checkpoints.read import read_checkpoint
 from vitcli.checkpoints.weights import save_weights
 from vitcli.cli.options import ExportFormat
-from vitcli.data.augmentation.augment import finish
-from vitcli.data.augmentation.transforms import build_transform
-from vitcli.data.decoding.decode import Encoded
 from vitcli.errors import CheckpointError
 from vitcli.models.zoo import build_model, model_spec
-from vitcli.recipe.schema import DataConfig, ModelConfig
+from vitcli.recipe.schema import ModelConfig
 from vitcli.stages.export import FILES
 
 transformers = pytest.importorskip("transformers")
@@ -80,70 +69,6 @@ def test_hf_export_is_our_network_in_transformers(monkeypatch, capsys, tmp_path,
     assert theirs.config.layer_norm_eps == 1e-6 and theirs.config.hidden_act == "gelu"
     card = (tmp_path / "hf" / "README.md").read_text()
     assert "ViTForImageClassification" in card and "3 classes" in card
-
-
-def _image(height: int, width: int, seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-LEVEL = 2 / 255 + 1e-6  # one 8-bit level in [-1, 1] units, plus float32 rounding
-
-
-def _our_eval(img: Image.Image, cfg: DataConfig) -> torch.Tensor:
-    """Our eval preprocessing of one image at 32 px, as a loader worker and the model's device run
-    it."""
-    buf = io.BytesIO()
-    img.save(buf, format="PNG")
-    pixels = build_transform(cfg, 32, train=False)([Encoded(buf.getvalue())], None)
-    return finish(pixels, torch.device("cpu"))[0]
-
-
-# (H, W): at the model's size, larger, and non-square both ways (40 x 56 -> 32 x 44, margins 6)
-@pytest.mark.parametrize("shape, tolerance", [((32, 32), 1e-6), ((48, 48), LEVEL), ((40, 56), LEVEL),
-                                              ((56, 40), LEVEL)])
-def test_hf_processor_gives_our_eval_pixels(monkeypatch, capsys, tmp_path, ours, shape, tolerance):
-    _export(monkeypatch, capsys, ours[0], "hf", tmp_path / "hf")
-    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
-    img = _image(*shape)
-    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]  # (3, 32, 32)
-    mine = _our_eval(img, DataConfig())  # (3, 32, 32)
-    assert theirs.shape == mine.shape
-    diff = (theirs - mine).abs().max().item()
-    assert diff <= tolerance, diff
-
-
-def test_hf_processor_follows_the_runs_eval_crop(monkeypatch, capsys, tmp_path):
-    """data.eval_crop_pct 0.875 in the checkpoint's recipe: shorter side floor(32 / 0.875) = 36,
-    crop 32."""
-    model = tiny_vit(num_classes=3)
-    meta = {**model_spec(TINY, 3), "class_names": NAMES}
-    save_weights(tmp_path / "m.safetensors", model.state_dict(),
-                 {"model": meta, "recipe": {"data": {"eval_crop_pct": 0.875}}})
-    _export(monkeypatch, capsys, tmp_path / "m.safetensors", "hf", tmp_path / "hf")
-    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
-    img = _image(48, 64)
-    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
-    mine = _our_eval(img, DataConfig(eval_crop_pct=0.875))
-    assert (theirs - mine).abs().max().item() <= LEVEL
-
-
-def test_hf_processor_squashes_as_the_run_did(monkeypatch, capsys, tmp_path):
-    """data.eval_crop_mode squash, 0.875: both sides to 36 (aspect not kept), crop 32; read back the
-    same."""
-    model = tiny_vit(num_classes=3)
-    meta = {**model_spec(TINY, 3), "class_names": NAMES}
-    data = {"eval_crop_pct": 0.875, "eval_crop_mode": "squash"}
-    save_weights(tmp_path / "m.safetensors", model.state_dict(), {"model": meta, "recipe": {"data": data}})
-    _export(monkeypatch, capsys, tmp_path / "m.safetensors", "hf", tmp_path / "hf")
-    processor = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf")
-    img = _image(40, 64)
-    theirs = processor(images=img, return_tensors="pt")["pixel_values"][0]
-    assert (theirs - _our_eval(img, DataConfig(**data))).abs().max().item() <= LEVEL
-    centre = _our_eval(img, DataConfig(eval_crop_pct=0.875))
-    assert (theirs - centre).abs().max().item() > 0.1
-    said = read_checkpoint(str(tmp_path / "hf")).pretrained_cfg
-    assert (said["crop_mode"], said["crop_pct"]) == ("squash", 32 / 36)
 
 
 def test_onnx_export_runs_in_onnxruntime_at_any_batch(monkeypatch, capsys, tmp_path, ours):

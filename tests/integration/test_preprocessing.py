@@ -195,8 +195,8 @@ def test_our_checkpoint_is_fed_as_its_recipe_says_and_an_old_one_as_the_paper(tm
 def test_exports_carry_the_runs_preprocessing_to_transformers_and_timm(monkeypatch, capsys, tmp_path, photos,
                                                                         timm_dir):
     """Our checkpoint trained on ImageNet-normalised, bicubic, 0.875-cropped inputs, exported:
-    transformers' own processor and classifier (AutoImageProcessor: the BitImageProcessor our export
-    names, since ViTImageProcessor can only squash an image, not resize its shorter side and crop)
+    transformers' own processor and classifier (AutoImageProcessor: the TimmWrapperImageProcessor our
+    export names, which crops where we do; transformers' own processors floor the crop's offset)
     give vit predict's probabilities; timm's config.json states the same preprocessing."""
     transformers = pytest.importorskip("transformers")
     _, model = timm_dir
@@ -219,23 +219,17 @@ def test_exports_carry_the_runs_preprocessing_to_transformers_and_timm(monkeypat
     assert {k: stated[k] for k in ("mean", "std", "interpolation", "crop_pct")} == {**IMAGENET, **THEIRS}
 
 
-def test_a_transformers_preprocessor_config_beside_the_weights_is_read(monkeypatch, capsys, tmp_path,
-                                                                       timm_dir):
-    """The preprocessor_config.json `vit export --format hf` writes (BitImageProcessor: resample 3,
-    shortest edge 36, crop 32), beside timm-named weights: bicubic, its mean and std, crop 32 /
-    36."""
-    folder, model = timm_dir
-    ours = tmp_path / "ours.safetensors"
-    save_weights(ours, model.state_dict(), {"model": model_spec(TINY, NUM_CLASSES),
-                                            "recipe": {"data": {**IMAGENET, **OURS}}})
-    code, _, err = run_vit(monkeypatch, capsys, "export", "--ckpt", ours, "--format", "hf",
-                           "--out", tmp_path / "hf")
-    assert code == 0, err
+def test_a_transformers_preprocessor_config_beside_the_weights_is_read(tmp_path, timm_dir):
+    """A preprocessor_config.json transformers' BitImageProcessor writes (resample 3, shortest edge
+    36, crop 32), beside timm-named weights: bicubic, its mean and std, crop 32 / 36."""
+    transformers = pytest.importorskip("transformers")
+    folder, _ = timm_dir
     beside = tmp_path / "beside"
     beside.mkdir()
     (beside / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes())
-    processor = (tmp_path / "hf" / "preprocessor_config.json").read_bytes()
-    (beside / "preprocessor_config.json").write_bytes(processor)
+    transformers.BitImageProcessor(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32},
+                                   resample=3, image_mean=IMAGENET["mean"],
+                                   image_std=IMAGENET["std"]).save_pretrained(beside)
     data = _resolved("predict", beside)
     assert (data.mean, data.std, data.interpolation) == (*IMAGENET.values(), "bicubic")
     assert data.eval_crop_pct == pytest.approx(32 / 36)  # the same resize: floor(32 / (32 / 36)) = 36

@@ -35,6 +35,9 @@ evaluation.
 - `export_hf.py`, `export_onnx.py`, `export_timm.py`: a built checkpoint written for another library
   (transformers' ViTForImageClassification, ONNX, timm's own folder), each refusing what it cannot
   hold.
+- `card.py`: the model card (README.md) of an hf or timm export: the Hub's front matter with
+  `model-index` (the run's summary.json, `vit evaluate`, `vit eval-fewshot`, VTAB), the recipe, the
+  preprocessing.
 
 Callers import from the modules; nothing is re-exported here.
 """

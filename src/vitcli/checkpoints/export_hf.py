@@ -37,7 +37,10 @@ MAE_USE = ("`config.mask_ratio` is 0.0, so every patch is kept (transformers' de
            "`ViTMAEModel.from_pretrained(DIR)(pixel_values, noise=torch.arange(N).expand(B, N))` keeps the "
            "image's order (N patches), or put them back with the output's `ids_restore`. "
            "`last_hidden_state` is (B, 1 + N, D), the class token first, after the final LayerNorm.")
-# data.interpolation -> PIL.Image.Resampling, as transformers' processors store `resample`
+# transformers' processor that runs timm's eval transform (needs timm where it is loaded)
+PROCESSOR = "TimmWrapperImageProcessor"
+# data.interpolation -> PIL.Image.Resampling, as BitImageProcessor stores `resample` (0: its
+# torchvision backend's nearest-exact)
 PIL_RESAMPLE = {"nearest": 0, "bilinear": 2, "bicubic": 3}
 
 
@@ -134,69 +137,61 @@ def hf_mae_config(model: ModelConfig) -> dict:
 
 
 def hf_processor_config(prep: dict) -> dict:
-    """preprocessor_config.json reproducing our eval transform: shorter side (crop_mode squash: both
-    sides, transformers' height and width) to floor(size / crop_pct) (data.interpolation), centre
-    crop, (x / 255 - mean) / std.
+    """preprocessor_config.json of our eval transform: shorter side (crop_mode squash: both sides)
+    to floor(size / crop_pct) (data.interpolation), centre crop, (x / 255 - mean) / std.
 
-    transformers' BitImageProcessor, not ViTImageProcessor: the latter can only squash the whole
-    image to size x size, which differs from our eval on any non-square image or crop_pct < 1. The
-    classifier does not care which processor feeds it; AutoImageProcessor and the
-    image-classification pipeline load either.
+    transformers' own processors floor the crop's offset, (H - S) // 2, where torchvision's
+    CenterCrop (ours, timm's) rounds half to even: one pixel further whenever the margin is 3 mod 4
+    (a 640 x 427 photograph at 224: margin 111, offsets 55 and 56; up to 193 levels apart on
+    scikit-image's photographs). So BitImageProcessor only where no margin can be 3 mod 4 (squash:
+    both margins are floor(size / crop_pct) - size); its torchvision backend resizes as ours does,
+    bit for bit. Elsewhere `TimmWrapperImageProcessor`, which runs timm's eval transform of a
+    pretrained_cfg (hf_processor_in_config: config.json holds it too) and crops as ours does; it
+    resizes with PIL, a level or two of rounding from torchvision's tensor resize. But nearest:
+    PIL's nearest picks other pixels than torchvision's nearest-exact (ours, and transformers'
+    torchvision backend), so BitImageProcessor, and processor_mismatch says where it is off.
     """
+    if _crop_exact(prep) or prep["interpolation"] == "nearest":
+        return _bit(prep)
     size = prep["size"]
-    return {
-        "image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
-        "do_resize": True, "size": _resized(prep["resize_shorter_side"], prep["crop_mode"]),
-        "resample": PIL_RESAMPLE[prep["interpolation"]],
-        "do_center_crop": True, "crop_size": {"height": size, "width": size},
-        "do_rescale": True, "rescale_factor": 1 / 255,
-        "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"]),
-    }
+    cfg = {"input_size": [3, size, size], "interpolation": prep["interpolation"],
+           "mean": list(prep["mean"]), "std": list(prep["std"]), "crop_pct": prep["crop_pct"],
+           "crop_mode": prep["crop_mode"]}
+    return {"image_processor_type": PROCESSOR, "pretrained_cfg": cfg}
 
 
-def _resized(side: int, crop_mode: str) -> dict:
-    """The processor's `size`: the shorter side (aspect kept), or both sides (squash)."""
-    return {"shortest_edge": side} if crop_mode == "center" else {"height": side, "width": side}
+def hf_processor_in_config(processor: dict) -> dict:
+    """What config.json repeats of the processor: a local folder's AutoImageProcessor reads
+    TimmWrapperImageProcessor's pretrained_cfg there (a Hub repository's, from
+    preprocessor_config.json); {} for BitImageProcessor."""
+    return processor if processor["image_processor_type"] == PROCESSOR else {}
 
 
-def model_card(network: str, params: int, prep: dict, class_names: list[str], recipe: dict,
-               summary: dict) -> str:
-    """README.md: what the network is, what it was trained on and how, and the results its run
-    recorded; no class names: a headless MAE encoder for ViTMAEModel."""
-    size, scale = prep["size"], f"(x / 255 - {prep['mean'][0]}) / {prep['std'][0]}"
-    task = "image-classification" if class_names else "image-feature-extraction"
-    front = ["---", "library_name: transformers", f"pipeline_tag: {task}",
-             f"tags: [vision, {task}, vit, vitcli]", "---"]
-    target = "ViTForImageClassification" if class_names else "ViTMAEModel"
-    intro = [f"# {network}", "", (f"A Vision Transformer exported by `vit export --format hf` (vitcli) for "
-                                  f"transformers' `{target}`."), *([] if class_names else ["", MAE_USE])]
-    heads = f"{len(class_names)} classes" if class_names else "no head (an MAE encoder: features out)"
-    arch = ["## Architecture", "", f"- {network}; {params:,} parameters; {heads}",
-            f"- input {size} x {size} px, pixels as {scale}"]
-    results = ["## Results (the run's summary.json)", "", "| metric | value |", "|---|---|",
-               *(f"| {k} | {v:.4g} |" if isinstance(v, float) else f"| {k} | {v} |"
-                 for k, v in summary.items())]
-    sides = "the shorter side" if prep["crop_mode"] == "center" else "both sides (squashed)"
-    pp = ["## Preprocessing", "", (f"As vitcli evaluates: {sides} resized to "
-                                   f"{prep['resize_shorter_side']} px ({prep['interpolation']}), centre crop "
-                                   f"{size} px, "
-                                   f"{scale} (`BitImageProcessor`).")]
-    parts = [front, intro, arch, *_training(recipe), results if summary else [], pp]
-    return "\n\n".join("\n".join(p) for p in parts if p) + "\n"
+def processor_mismatch(prep: dict) -> str:
+    """One line naming the setting where no processor of transformers' gives our pixels; "" where
+    the one written does (within the resize rounding)."""
+    if prep["interpolation"] != "nearest" or _crop_exact(prep):
+        return ""
+    return (f"data.interpolation nearest, data.eval_crop_mode {prep['crop_mode']}: transformers' "
+            "processors floor the centre crop's offset where vit rounds it half to even, so images "
+            "whose crop margin is 3 mod 4 come out one pixel shifted (timm's processor, which "
+            "crops as vit does, resizes with PIL's nearest, further off); BitImageProcessor "
+            "written")
 
 
-def _training(recipe: dict) -> list[list[str]]:
-    """The card's data and training sections, from the recipe our checkpoints carry."""
-    if not recipe:
-        return [["## Training", "", "The checkpoint carries no training recipe (a foreign file)."]]
-    data, optim, sched = (recipe.get(k, {}) for k in ("data", "optim", "schedule"))
-    init = recipe.get("init", {}).get("checkpoint")
-    splits = ", ".join(f"{what} `{data[key]}`" for what, key in
-                       (("train", "train_split"), ("validation", "val_split"), ("test", "test_split"))
-                       if data.get(key))
-    how = (f"- {optim.get('name')}, lr {optim.get('lr')}, weight decay {optim.get('weight_decay')}, "
-           f"{optim.get('loss')} loss, batch {data.get('batch_size')}")
-    return [["## Data", "", f"- source: `{data.get('source', '?')}`", f"- splits: {splits or 'none named'}"],
-            ["## Training", "", f"- `vit {recipe.get('stage', '?')}`" + (f" from `{init}`" if init else ""),
-             how,
-             f"- {sched.get('steps')} steps, {sched.get('warmup_steps')} warmup, {sched.get('decay')} decay"]]
+def _crop_exact(prep: dict) -> bool:
+    """transformers' floored crop offset is ours for every image: squashed, so both margins are
+    resize_shorter_side - size, and that is not 3 mod 4."""
+    return prep["crop_mode"] == "squash" and (prep["resize_shorter_side"] - prep["size"]) % 4 != 3
+
+
+def _bit(prep: dict) -> dict:
+    """BitImageProcessor (ViTImageProcessor can only squash to the model's size)."""
+    side, size = prep["resize_shorter_side"], prep["size"]
+    resized = {"shortest_edge": side} if prep["crop_mode"] == "center" else {"height": side,
+                                                                             "width": side}
+    return {"image_processor_type": "BitImageProcessor", "do_convert_rgb": True,
+            "do_resize": True, "size": resized, "resample": PIL_RESAMPLE[prep["interpolation"]],
+            "do_center_crop": True, "crop_size": {"height": size, "width": size},
+            "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": list(prep["mean"]), "image_std": list(prep["std"])}

@@ -284,7 +284,7 @@ def prepare_data(source: opt.Source, out: opt.OutDir, max_size: opt.MaxSize = 25
 @app.command("export")
 def export(ckpt: opt.Ckpt, fmt: opt.Format, out: opt.OutDir, overwrite: opt.Replace = False,
            dry_run: opt.Plan = False, json_out: opt.Json = False,
-           overrides: opt.NetworkOverrides = None) -> None:
+           overrides: opt.NetworkOverrides = None, results: opt.ResultsDirs = None) -> None:
     """Export a checkpoint for Hugging Face transformers, ONNX runtimes or timm."""
     r = resolve_recipe("export", None, overrides, {"init.checkpoint": ckpt})
 
@@ -293,7 +293,7 @@ def export(ckpt: opt.Ckpt, fmt: opt.Format, out: opt.OutDir, overwrite: opt.Repl
         return export
 
     dispatch(stage, r, fmt.value, out, overwrite=overwrite, dry_run=dry_run,
-             output=output_format(json_out))
+             output=output_format(json_out), results=results or [])
 
 
 @app.command("env")

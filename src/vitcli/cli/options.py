@@ -235,3 +235,6 @@ Format = Annotated[ExportFormat, typer.Option(
     "--format", help="hf: transformers ViTForImageClassification folder; onnx: model.onnx with a "
                      "dynamic batch axis; timm: a folder timm.create_model('local-dir:DIR') "
                      "loads.")]
+ResultsDirs = Annotated[list[Path] | None, typer.Option(
+    "--results", help="A folder of vit evaluate, vit eval-fewshot or a VTAB run of this checkpoint, "
+                      "whose results the model card carries (model-index); repeatable.")]

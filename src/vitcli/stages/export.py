@@ -11,37 +11,48 @@ loaded as a whole). --out is never --ckpt's folder, inside it, or around it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
+from rich.markup import escape
 from safetensors.torch import save_file
 
-from vitcli.checkpoints import export_hf, export_onnx, export_timm
+from vitcli.checkpoints import card, export_hf, export_onnx, export_timm
 from vitcli.checkpoints.describe import CheckpointSpec, describe
 from vitcli.checkpoints.read import Loaded, read_checkpoint
 from vitcli.checkpoints.transfer import architecture_row, class_names, load_for_eval, preprocessing_row
 from vitcli.errors import RecipeError
 from vitcli.models import zoo
-from vitcli.recipe.choices import ALL_DATA_PROTOCOLS, EXPORT_FORMATS
+from vitcli.recipe.choices import EXPORT_FORMATS
 from vitcli.recipe.schema import Recipe
 from vitcli.runtime.files import MANIFEST
-from vitcli.runtime.metrics import pairs_table, stdout
-from vitcli.runtime.run_files import MODEL_FILE, SUMMARY_FILE
+from vitcli.runtime.metrics import console, pairs_table, stdout
+from vitcli.runtime.run_files import MODEL_FILE
 from vitcli.runtime.workdir import check_apart, check_out_dir, published_dir
 
 PREPROCESSING_FILE = "preprocessing.json"
-# what a model card reports of summary.json: held-out and frozen-feature figures (fewshot.protocols)
-RESULT_PREFIXES = ("val/", "test/", "fewshot/", *(f"{p}/" for p in ALL_DATA_PROTOCOLS))
-FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", "README.md", MANIFEST],
+CARD_FILE = "README.md"  # the model card (checkpoints.card), hf and timm
+FILES = {"hf": ["config.json", MODEL_FILE, "preprocessor_config.json", CARD_FILE, MANIFEST],
          "onnx": [export_onnx.ONNX_FILE, PREPROCESSING_FILE, MANIFEST],
-         "timm": ["config.json", MODEL_FILE, MANIFEST]}
+         "timm": ["config.json", MODEL_FILE, CARD_FILE, MANIFEST]}
+
+
+class Card(NamedTuple):
+    """What the writers put in the model card besides the checkpoint: model-index's name (the --out
+    folder's) and the results gathered."""
+
+    name: str
+    results: list[card.Result]
 
 
 def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
-           dry_run: bool = False) -> dict:
+           dry_run: bool = False, results: list[Path] | None = None) -> dict:
     """Write the checkpoint `recipe` names as `fmt` into `out` (or with dry_run only check and say
-    what would be written); returns the report that --json prints."""
+    what would be written); `results`: folders of evaluations of it, for the model card. Returns
+    the report that --json prints."""
     if fmt not in EXPORT_FORMATS:
         raise RecipeError(f"--format {fmt!r}: one of {', '.join(EXPORT_FORMATS)}")
     ckpt = recipe.init.checkpoint
@@ -51,17 +62,28 @@ def export(recipe: Recipe, fmt: str, out: Path, *, overwrite: bool = False,
     spec = describe(loaded, recipe.model.num_heads)
     mae = fmt == "hf" and export_hf.is_mae_encoder(loaded, spec.num_classes)  # to ViTMAEModel
     _refuse(fmt, recipe, spec.num_classes, ckpt, mae)
+    if results and fmt == "onnx":
+        raise RecipeError("--results: results for a model card; --format onnx writes no card "
+                          "(hf and timm do)")
+    # where transformers' processors cannot give our pixels: one line, before writing
+    mismatch = export_hf.processor_mismatch(preprocessing(recipe)) if fmt == "hf" else ""
+    if mismatch:
+        console.log(f"[yellow]warning: {escape(mismatch)}")
+    # the card's numbers, read (and a bad --results refused) before anything is written
+    trained = loaded.meta.get("recipe") or {}
+    scored = [] if fmt == "onnx" else card.gather(loaded.path, trained, results or [])
     report = {"checkpoint": ckpt, "format": fmt, "out": str(out), "network": _network(recipe, spec),
               "img_size": recipe.model.img_size, "num_classes": spec.num_classes,
               "class_names": ("the checkpoint's" if class_names(loaded, spec.num_classes)
                               else "indices (the checkpoint names none)"),
               "preprocessing": preprocessing_row(recipe)[1], "files": FILES[fmt], "dry_run": dry_run,
-              "set_aside": None}
+              "set_aside": None, "card_results": [dataclasses.asdict(r) for r in scored],
+              "processor_mismatch": mismatch}
     if not dry_run:
         # the whole network, head and pre-logits layer
         model = load_for_eval(recipe, spec.num_classes)
         with published_dir(out.absolute()) as into:
-            _WRITERS[fmt](model, recipe, loaded, spec, into.tmp)
+            _WRITERS[fmt](model, recipe, loaded, spec, into.tmp, Card(out.absolute().name, scored))
         report["set_aside"] = str(into.aside) if into.aside else None
         # model.onnx.data, say
         extra = sorted(p.name for p in out.iterdir() if p.name not in FILES[fmt])
@@ -106,20 +128,31 @@ def preprocessing(recipe: Recipe) -> dict:
 # ---------------------------------------------------------------- the three formats
 
 
-def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+def _write_hf(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path,
+              scored: Card) -> None:
     names = _class_names(loaded, spec.num_classes)  # [] for a headless MAE encoder: ViTMAEModel
     prep = preprocessing(recipe)
     weights = export_hf.hf_state_dict(model.state_dict(), recipe.model.depth)
     save_file(weights, str(out / MODEL_FILE), metadata={"format": "pt"})
     config = export_hf.hf_config(recipe.model, names) if names else export_hf.hf_mae_config(recipe.model)
-    _write_json(out / "config.json", config)
-    _write_json(out / "preprocessor_config.json", export_hf.hf_processor_config(prep))
-    card = export_hf.model_card(_network(recipe, spec), zoo.count_params(model), prep, names,
-                                loaded.meta.get("recipe", {}), _summary(loaded))
-    (out / "README.md").write_text(card)
+    processor = export_hf.hf_processor_config(prep)
+    _write_json(out / "config.json", {**config, **export_hf.hf_processor_in_config(processor)})
+    _write_json(out / "preprocessor_config.json", processor)
+    target = "ViTForImageClassification" if names else "ViTMAEModel"
+    kind = processor["image_processor_type"]
+    timm_note = (" (timm's eval transform: `pip install timm`)" if kind == export_hf.PROCESSOR
+                 else "")
+    usage = [(f"A Vision Transformer exported by `vit export --format hf` (vitcli) for "
+              f"transformers' `{target}`: `{target}.from_pretrained(DIR)`; its image processor, "
+              f"`AutoImageProcessor.from_pretrained(DIR)`, is transformers' `{kind}`{timm_note}."),
+             *([] if names else ["", export_hf.MAE_USE])]
+    if mismatch := export_hf.processor_mismatch(prep):
+        usage += ["", f"Its pixels are not vitcli's everywhere: {mismatch}."]
+    _write_card(out, "transformers", model, recipe, loaded, spec, names, usage, scored)
 
 
-def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path,
+                scored: Card) -> None:
     output = export_onnx.write_onnx(model, out, recipe.model.img_size, headless=spec.num_classes == 0)
     about = {"input": export_onnx.INPUT, "input_shape": ["batch", 3, recipe.model.img_size,
                                                          recipe.model.img_size],
@@ -128,10 +161,25 @@ def _write_onnx(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out
     _write_json(out / PREPROCESSING_FILE, about)
 
 
-def _write_timm(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path) -> None:
+def _write_timm(model, recipe: Recipe, loaded: Loaded, spec: CheckpointSpec, out: Path,
+                scored: Card) -> None:
     net = export_timm.timm_model(recipe.model, spec.num_classes)
     names = class_names(loaded, spec.num_classes)  # timm: no names, no labels
     export_timm.write_timm(net, model.state_dict(), out, names, preprocessing(recipe))
+    usage = [("A Vision Transformer exported by `vit export --format timm` (vitcli) for timm: "
+              "`timm.create_model(\"local-dir:DIR\", pretrained=True)`, or "
+              "`\"hf-hub:USER/NAME\"` once uploaded; `timm.data.resolve_data_config({}, "
+              "model=model)` gives its preprocessing.")]
+    _write_card(out, "timm", model, recipe, loaded, spec, names or [], usage, scored)
+
+
+def _write_card(out: Path, library: str, model, recipe: Recipe, loaded: Loaded,
+                spec: CheckpointSpec, names: list[str], usage: list[str], scored: Card) -> None:
+    """README.md, the model card (checkpoints.card)."""
+    about = card.About(library, scored.name, _network(recipe, spec), zoo.count_params(model), names,
+                       preprocessing(recipe), loaded.meta.get("recipe") or {}, usage,
+                       str(loaded.pretrained_cfg.get("license") or ""))
+    (out / CARD_FILE).write_text(card.model_card(about, scored.results))
 
 
 _WRITERS = {"hf": _write_hf, "onnx": _write_onnx, "timm": _write_timm}
@@ -141,23 +189,21 @@ def _write_json(path: Path, content: dict) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n")
 
 
-def _summary(loaded: Loaded) -> dict:
-    """The held-out results in summary.json of the run whose model.safetensors this is (our
-    workdirs: its val/, test/ and fewshot/ metrics and step count), {} for anything else."""
-    path = Path(loaded.path)
-    found = path.parent / SUMMARY_FILE if path.name == MODEL_FILE else None
-    try:
-        summary = json.loads(found.read_text()) if found and found.is_file() else {}
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return {k: v for k, v in summary.items() if k == "steps" or k.startswith(RESULT_PREFIXES)}
-
-
 def _print(report: dict) -> None:
     classes = f"{report['num_classes']}, named by {report['class_names']}"
     rows = [("checkpoint", report["checkpoint"]), ("network", report["network"]),
             ("image size", f"{report['img_size']} px"), ("classes", classes),
             ("preprocessing", report["preprocessing"])]
+    if report["format"] != "onnx":
+        rows.append(("model card", _card_row(report["card_results"])))
     verb = "would write" if report["dry_run"] else "wrote"
     rows.append((verb, ", ".join(f"{report['out']}/{f}" for f in report["files"])))
     stdout.print(pairs_table(f"vit export --format {report['format']}", rows))
+
+
+def _card_row(results: list[dict]) -> str:
+    """`4 results (model-index) from runs/x/summary.json, ...`, or that there are none."""
+    if not results:
+        return "no results recorded (summary.json) or given (--results): no model-index"
+    sources = sorted({r["source"] for r in results})
+    return f"{len(results)} results (model-index) from {', '.join(sources)}"

@@ -39,7 +39,7 @@ from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import T2T_VITS, is_vit_family
 from vitcli.recipe.objective_checks import check_distill, check_objective
 from vitcli.recipe.rollback_checks import check_rollback
-from vitcli.recipe.schema import Recipe, micro_batches
+from vitcli.recipe.schema import Recipe, RunConfig, micro_batches
 
 # the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal
 # annotations (whose sets recipe.choices holds), as a recipe's reading checks them; checked again
@@ -121,6 +121,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if recipe.init.grid:
         parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
+    check_tracking(recipe.run)
     check_ckpt_dir(recipe.run.ckpt_dir)
     _watchdog(recipe.run)
     check_slurm(recipe.slurm)
@@ -385,6 +386,22 @@ def check_loggers(names: list[str]) -> None:
         if package and importlib.util.find_spec(package) is None:
             raise RecipeError(f"run.loggers: {name} needs the {package} package: "
                               f"pip install 'vitcli[{package}]'")
+
+
+def check_tracking(run: RunConfig) -> None:
+    """run.mlflow_uri: set only with mlflow among run.loggers (a URI no logger reads is a mistake),
+    and a URI MLflow can open (scheme://..., or a path)."""
+    uri = run.mlflow_uri
+    if uri and "mlflow" not in run.loggers:
+        raise RecipeError(f"run.mlflow_uri is set ({uri}) but run.loggers does not name mlflow: "
+                          f"add it (run.loggers=[jsonl,mlflow]) or drop run.mlflow_uri")
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    if scheme and not scheme.replace("+", "").isalpha():
+        raise RecipeError(f"run.mlflow_uri: '{uri}' is not a URI (http://host:5000, "
+                          f"sqlite:///mlflow.db, file:///path, or a path)")
+    if "/" in run.experiment and "trackio" in run.loggers:
+        raise RecipeError(f"run.experiment: '{run.experiment}' names trackio's project, which "
+                          f"cannot hold '/'")
 
 
 def check_ckpt_dir(uri: str) -> None:

@@ -114,8 +114,9 @@ def test_a_sigkilled_run_resumed_logs_each_step_once(server, tmp_path):
     """SIGKILL after step 7 of 12 (mid-epoch: 8 steps an epoch) of the quickstart's network, the
     checkpoint at 4: MLflow holds steps the resumed run trains again; the same command then leaves
     one value per step, metrics.jsonl's."""
-    cmd = [sys.executable, "-m", "vitcli", "pretrain", "--recipe", str(REPO / "recipes/quickstart/pretrain.yaml"),
-           "--workdir", str(tmp_path), "data.synthetic.train_size=256", "data.batch_size=32",
+    quickstart = REPO / "recipes/quickstart/pretrain.yaml"
+    cmd = [sys.executable, "-m", "vitcli", "pretrain", "--recipe", str(quickstart), "--workdir",
+           str(tmp_path), "data.synthetic.train_size=256", "data.batch_size=32",
            "data.synthetic.val_size=64", "data.synthetic.test_size=64", "schedule.steps=12",
            "schedule.warmup_steps=2", "run.log_every=1", "run.ckpt_every=4", "run.eval_every=6",
            "run.ckpt_async=false", "run.loggers=[jsonl,mlflow]", f"run.mlflow_uri={server}"]

@@ -104,6 +104,7 @@ class Trackio:
             self.run = trackio.init(project=self.project, name=name, config=config,
                                     resume="allow" if resumed else "never", embed=False,
                                     auto_log_cpu=False, auto_log_gpu=False)
+        self.trackio = trackio
         held = SQLiteStorage.get_last_step(self.project, run=name) if resumed else None
         self.skip_to = -1 if held is None else held  # a killed run's steps past the checkpoint
         console.log(f"trackio: run {escape(name)} in project {escape(self.project)} "
@@ -116,8 +117,10 @@ class Trackio:
 
     def close(self) -> None:
         """Finish the run (its rows flushed to the store)."""
+        # trackio's own finish, which also forgets the run: its exit hook would finish it again,
+        # printing on stdout
         with contextlib.redirect_stdout(io.StringIO()):
-            self.run.finish()
+            self.trackio.finish()
 
 
 def check_trackers(run: RunConfig) -> None:

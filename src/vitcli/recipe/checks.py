@@ -389,12 +389,10 @@ def check_loggers(names: list[str]) -> None:
 
 
 def check_tracking(run: RunConfig) -> None:
-    """run.mlflow_uri: set only with mlflow among run.loggers (a URI no logger reads is a mistake),
-    and a URI MLflow can open (scheme://..., or a path)."""
+    """run.mlflow_uri: a URI MLflow can open (scheme://..., or a path); run.experiment: a name trackio
+    takes. (A URI set while run.loggers does not name mlflow is allowed: --preflight and a search's
+    trials turn the trackers off and keep the rest of the recipe.)"""
     uri = run.mlflow_uri
-    if uri and "mlflow" not in run.loggers:
-        raise RecipeError(f"run.mlflow_uri is set ({uri}) but run.loggers does not name mlflow: "
-                          f"add it (run.loggers=[jsonl,mlflow]) or drop run.mlflow_uri")
     scheme = uri.partition("://")[0] if "://" in uri else ""
     if scheme and not scheme.replace("+", "").isalpha():
         raise RecipeError(f"run.mlflow_uri: '{uri}' is not a URI (http://host:5000, "

@@ -100,8 +100,9 @@ def start(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
     decided = decide(recipe, workdir, dist, resume, overwrite)
     if isinstance(decided, Finished):
         return decided
-    if dist.is_main:  # a tracking server that does not answer: one line, nothing written
-        check_trackers(decided.recipe.run)
+    # a tracking server that does not answer: one line, nothing written (every rank asks, so that
+    # every rank stops, none left waiting for rank 0)
+    check_trackers(decided.recipe.run)
     # same initial weights on every rank and every run of this recipe
     torch.manual_seed(decided.recipe.run.seed)
     job = build_job(decided.recipe, workdir, dist, decided.start)

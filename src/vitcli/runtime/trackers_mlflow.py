@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from vitcli.errors import TrackingError, first_line
+from vitcli.errors import TrackingError, VitcliError, first_line
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, read_metrics
 from vitcli.runtime.run_files import METRICS_FILE, MLFLOW_ID_FILE, RECIPE_FILE, SUMMARY_FILE
@@ -106,10 +106,10 @@ class MLflow:
         from mlflow.tracking import MlflowClient
 
         self.metric, self.workdir = Metric, workdir
-        self.uri = tracking_uri(uri) or "MLflow's default store"
-        self.client = MlflowClient(tracking_uri=tracking_uri(uri) or None)
-        self.down_since: float | None = None
+        self.uri, self.down_since = tracking_uri(uri) or "MLflow's default store", None
         try:
+            self.client = MlflowClient(tracking_uri=tracking_uri(uri) or None)
+            self.uri = self.client.tracking_uri  # MLflow's default made explicit (sqlite:///...)
             self.run_id = self._open_run(resume_step, experiment_name(experiment))
             self._log_params([Param(k, v) for k, v in flat_params(config).items()])
             held = self._held()
@@ -117,6 +117,8 @@ class MLflow:
             self.skip_to = {key: max(steps) for key, steps in held.items() if steps}
             if resume_step:  # rows MLflow missed before the checkpoint, the timed ones among them
                 self._sync([r for r in read_metrics_or_none(workdir) if r["step"] <= resume_step], held)
+        except VitcliError:  # a damaged metrics.jsonl says so itself
+            raise
         except Exception as e:  # noqa: BLE001 - any failure of the service: the run cannot track
             raise TrackingError(f"MLflow at {self.uri}: {first_line(e, named=True)}; fix it or drop "
                                 f"mlflow from run.loggers") from None
@@ -219,6 +221,7 @@ def finish_run(workdir: Path, uri: str) -> None:
     where = tracking_uri(uri) or "MLflow's default store"
     try:
         client = MlflowClient(tracking_uri=tracking_uri(uri) or None)
+        where = client.tracking_uri
         run_id = (workdir / MLFLOW_ID_FILE).read_text().strip()
         for path in [*sorted(workdir.glob("*.png")), workdir / SUMMARY_FILE, workdir / RECIPE_FILE]:
             if path.is_file():

@@ -241,3 +241,19 @@ def test_a_server_gone_for_good_leaves_the_run_to_finish(server, tmp_path, monke
     assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")][:4] == [1, 2, 3, 4]
     client, run_id = tracked(server, tmp_path)
     assert [s for s, _ in histories(client, run_id)["train/loss"]] == [1]  # what it had before
+
+
+def test_a_resume_whose_mlflow_run_was_deleted_starts_a_new_one(server, tmp_path, logged):
+    args = [*TINY, "schedule.steps=2", "run.ckpt_every=1", "run.loggers=jsonl,mlflow",
+            f"run.mlflow_uri={server}", "data.val_split=", "data.test_split="]
+    one_run(resolve("pretrain", None, args), tmp_path)
+    client, first = tracked(server, tmp_path)
+    client.delete_run(first)
+    for stale in tmp_path.glob("state-2.pt*"):
+        stale.unlink()
+    one_run(resolve("pretrain", None, args), tmp_path, resume=True)
+    client, second = tracked(server, tmp_path)
+    assert second != first
+    assert any(f"MLflow run {first}" in m and "starts a new one" in m for m in warnings(logged))
+    # the new run has the rows the resume kept (step 1, sent from metrics.jsonl) and its own
+    assert histories(client, second) == jsonl_points(tmp_path)

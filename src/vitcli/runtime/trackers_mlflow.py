@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,7 +72,8 @@ def check_reachable(uri: str) -> None:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_S) as answer:
             answer.read()
     except (OSError, ValueError) as e:  # refused, unknown host, timed out, an HTTP error status
-        raise TrackingError(f"MLflow tracking server {uri} does not answer ({first_line(e)}): start it, "
+        why = e.reason if type(e) is urllib.error.URLError else e  # "[Errno 111] Connection refused"
+        raise TrackingError(f"MLflow tracking server {uri} does not answer ({first_line(why)}): start it, "
                             f"or fix run.mlflow_uri / MLFLOW_TRACKING_URI, or drop mlflow from "
                             f"run.loggers") from None
 

@@ -119,12 +119,20 @@ class MLflow:
             self.skip_to = {key: max(steps) for key, steps in held.items() if steps}
             if resume_step:  # rows MLflow missed before the checkpoint, the timed ones among them
                 self._sync([r for r in read_metrics_or_none(workdir) if r["step"] <= resume_step], held)
+            where = self._where()
         except VitcliError:  # a damaged metrics.jsonl says so itself
             raise
         except Exception as e:  # noqa: BLE001 - any failure of the service: the run cannot track
             raise TrackingError(f"MLflow at {self.uri}: {first_line(e, named=True)}; fix it or drop "
                                 f"mlflow from run.loggers") from None
-        console.log(f"MLflow: run {self.run_id} at {escape(self.uri)}")
+        console.log(f"MLflow: {escape(where)}")
+
+    def _where(self) -> str:
+        """The run's page in MLflow's UI for a server, else the run id and the store."""
+        if not self.uri.startswith(("http://", "https://")):
+            return f"run {self.run_id} in {self.uri}"
+        experiment = self.client.get_run(self.run_id).info.experiment_id
+        return f"{self.uri.rstrip('/')}/#/experiments/{experiment}/runs/{self.run_id}"
 
     def _open_run(self, resume_step: int, experiment: str) -> str:
         """The run id in WORKDIR/mlflow_id when resuming and MLflow still has it, else a new run's

@@ -394,7 +394,8 @@ def check_tracking(run: RunConfig) -> None:
     trials turn the trackers off and keep the rest of the recipe.)"""
     uri = run.mlflow_uri
     scheme = uri.partition("://")[0] if "://" in uri else ""
-    if scheme and not scheme.replace("+", "").isalpha():
+    # RFC 3986: a letter, then letters, digits, +, - or . (databricks-uc://, postgresql+psycopg2://)
+    if scheme and not (scheme[0].isalpha() and all(c.isalnum() or c in "+-." for c in scheme)):
         raise RecipeError(f"run.mlflow_uri: '{uri}' is not a URI (http://host:5000, "
                           f"sqlite:///mlflow.db, file:///path, or a path)")
     if "/" in run.experiment and "trackio" in run.loggers:

@@ -80,21 +80,26 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
     assert len(list(tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))) == 2
 
 
-def trackio_rows(project: str, name: str) -> dict[int, dict]:
-    """The rows trackio's local store holds for run `name`, by step (one per step, or it fails)."""
+def trackio_store():
+    """trackio's local store (imported here: after TRACKIO_DIR is set, and only by its tests)."""
     from trackio.sqlite_storage import SQLiteStorage
 
-    logs = SQLiteStorage.get_logs(project, name)
+    return SQLiteStorage
+
+
+def trackio_rows(project: str, name: str) -> dict[int, dict]:
+    """The rows trackio's local store holds for run `name`, by step (one per step, or it fails)."""
+    logs = trackio_store().get_logs(project, name)
     steps = [log["step"] for log in logs]
     assert len(steps) == len(set(steps)), f"a step logged twice: {sorted(steps)}"
     return {log["step"]: log for log in logs}
 
 
 def test_trackio_keeps_the_rows_in_its_local_store_and_a_resume_continues_the_run(tmp_path, capsys):
-    assert "trackio" not in sys.modules or str(sys.modules["trackio"].utils.TRACKIO_DIR) == TRACKIO_DIR
     args = [*TINY, "run.loggers=jsonl,trackio", "run.experiment=vit-tests", "run.ckpt_every=2",
             "schedule.steps=3", "data.val_split=", "data.test_split="]
     one_run(resolve("pretrain", None, args), tmp_path)
+    assert str(sys.modules["trackio"].utils.TRACKIO_DIR) == TRACKIO_DIR  # never a user's store
     name = (tmp_path / TRACKIO_ID_FILE).read_text().strip()
     assert name.startswith(tmp_path.name)
     rows = read_metrics(tmp_path / "metrics.jsonl")
@@ -109,6 +114,10 @@ def test_trackio_keeps_the_rows_in_its_local_store_and_a_resume_continues_the_ru
         assert stored[row["step"]]["train/loss"] == row["train/loss"]
     assert "Trackio" not in capsys.readouterr().out  # its banner kept off stdout (--json's)
     assert any(p.name.startswith("vit-tests") for p in Path(TRACKIO_DIR).iterdir())  # the store
+    versions = trackio_store().get_run_artifacts("vit-tests", name, None)["output"]
+    assert [v["version"] for v in versions] == [0, 1]  # the figures and summary, at each end
+    manifest = trackio_store().get_artifact_manifest("vit-tests", versions[-1]["name"], None)
+    assert {f["path"] for f in manifest["manifest"]} == {"curves.png", "summary.json", "recipe.yaml"}
 
 
 def test_loggers_are_checked_before_training(monkeypatch):

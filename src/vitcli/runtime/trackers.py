@@ -12,16 +12,31 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import secrets
 from pathlib import Path
 
 from rich.markup import escape
 
+from vitcli.errors import first_line
 from vitcli.recipe.schema import RunConfig
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console
-from vitcli.runtime.run_files import TENSORBOARD_DIR, TRACKIO_ID_FILE, WANDB_DIR, WANDB_ID_FILE
-from vitcli.runtime.trackers_mlflow import DEFAULT_EXPERIMENT, MLflow, check_reachable, finish_run
+from vitcli.runtime.run_files import (
+    RECIPE_FILE,
+    SUMMARY_FILE,
+    TENSORBOARD_DIR,
+    TRACKIO_ID_FILE,
+    WANDB_DIR,
+    WANDB_ID_FILE,
+)
+from vitcli.runtime.trackers_mlflow import (
+    DEFAULT_EXPERIMENT,
+    MLflow,
+    check_reachable,
+    finish_run,
+    flat_params,
+)
 
 
 class TensorBoard:
@@ -98,12 +113,9 @@ class Trackio:
         # a name of its own: two workdirs named alike (runs/a/pretrain, runs/b/pretrain) stay apart
         name = id_file.read_text().strip() if resumed else f"{workdir.name}-{secrets.token_hex(3)}"
         write_text(id_file, name + "\n")
-        self.project = project or DEFAULT_EXPERIMENT
-        # trackio prints its banner on stdout, which `--json` keeps for the result
-        with contextlib.redirect_stdout(io.StringIO()):
-            self.run = trackio.init(project=self.project, name=name, config=config,
-                                    resume="allow" if resumed else "never", embed=False,
-                                    auto_log_cpu=False, auto_log_gpu=False)
+        self.project = trackio_project(project)
+        self.run = open_trackio(self.project, name, "allow" if resumed else "never",
+                                config=flat_params(config))
         self.trackio = trackio
         held = SQLiteStorage.get_last_step(self.project, run=name) if resumed else None
         self.skip_to = -1 if held is None else held  # a killed run's steps past the checkpoint
@@ -121,6 +133,42 @@ class Trackio:
         # printing on stdout
         with contextlib.redirect_stdout(io.StringIO()):
             self.trackio.finish()
+
+
+def trackio_project(experiment: str) -> str:
+    """run.experiment, else "vitcli"."""
+    return experiment or DEFAULT_EXPERIMENT
+
+
+def open_trackio(project: str, name: str, resume: str, config: dict | None = None):
+    """trackio's run: no dashboard, no browser, none of its own CPU or GPU sampling, and its banner
+    kept off stdout (which `--json` keeps for the result)."""
+    import trackio  # optional extra: imported only when asked for
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return trackio.init(project=project, name=name, config=config, resume=resume, embed=False,
+                            auto_log_cpu=False, auto_log_gpu=False)
+
+
+def finish_trackio(workdir: Path, experiment: str) -> None:
+    """After summary.json and the figures are written: they and recipe.yaml as one artefact of the
+    trackio run (`<run>-files`). A failure is a warning: the run is done, its files are in the
+    workdir."""
+    import trackio  # optional extra: imported only when asked for
+
+    try:
+        name = (workdir / TRACKIO_ID_FILE).read_text().strip()
+        run = open_trackio(trackio_project(experiment), name, "must")
+        files = trackio.Artifact(re.sub(r"[^A-Za-z0-9._-]", "-", name) + "-files", type="run")
+        for path in [*sorted(workdir.glob("*.png")), workdir / SUMMARY_FILE, workdir / RECIPE_FILE]:
+            if path.is_file():
+                files.add_file(path)
+        with contextlib.redirect_stdout(io.StringIO()):
+            run.log_artifact(files)
+            trackio.finish()
+    except Exception as e:  # noqa: BLE001 - the store's own errors: the run is done all the same
+        console.log(f"[yellow]warning: trackio: the run's files were not kept "
+                    f"({escape(first_line(e, named=True))}); they are in {escape(str(workdir))}")
 
 
 def check_trackers(run: RunConfig) -> None:
@@ -146,6 +194,8 @@ def open_trackers(run: RunConfig, workdir: Path, resume_step: int, config: dict)
 
 def finish_trackers(run: RunConfig, workdir: Path) -> None:
     """After summary.json and the figures are written (rank 0): the trackers that keep files take
-    them (MLflow's artefacts)."""
+    them (MLflow's artefacts, trackio's)."""
     if "mlflow" in run.loggers:
         finish_run(workdir, run.mlflow_uri)
+    if "trackio" in run.loggers:
+        finish_trackio(workdir, run.experiment)

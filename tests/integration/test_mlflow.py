@@ -18,6 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from helpers import REPO, kill_tree, refused, run_vit, warnings
+from vitcli.errors import Interrupted
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import trackers_mlflow
 from vitcli.runtime.metrics import read_metrics
@@ -257,3 +258,34 @@ def test_a_resume_whose_mlflow_run_was_deleted_starts_a_new_one(server, tmp_path
     assert any(f"MLflow run {first}" in m and "starts a new one" in m for m in warnings(logged))
     # the new run has the rows the resume kept (step 1, sent from metrics.jsonl) and its own
     assert histories(client, second) == jsonl_points(tmp_path)
+
+
+def test_a_run_stopped_by_ctrl_c_is_marked_killed_with_its_rows_to_its_checkpoint(
+        server, tmp_path, monkeypatch):
+    """Ctrl-C after step 3: the run writes a checkpoint at 4 and stops; the exit hook sends the timed
+    rows (final: every row is at or before that checkpoint) and marks the MLflow run KILLED."""
+    opened = []
+    init, write = trackers_mlflow.MLflow.__init__, trackers_mlflow.MLflow.write
+
+    def kept(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        opened.append(self)
+
+    def ctrl_c_after_3(self, step, metrics):
+        write(self, step, metrics)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # a person's Ctrl-C, mid-run
+
+    monkeypatch.setattr(trackers_mlflow.MLflow, "__init__", kept)
+    monkeypatch.setattr(trackers_mlflow.MLflow, "write", ctrl_c_after_3)
+    r = resolve("pretrain", None, [*TINY, "schedule.steps=8", "run.loggers=jsonl,mlflow",
+                                   f"run.mlflow_uri={server}"])
+    with pytest.raises(Interrupted):
+        one_run(r, tmp_path)
+    (tracker,) = opened
+    client, run_id = tracked(server, tmp_path)
+    assert "train/img_per_s" not in histories(client, run_id)  # timed rows wait for their checkpoint
+    tracker._at_exit()  # what the interpreter's exit runs (atexit)
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert histories(client, run_id) == jsonl_points(tmp_path)

@@ -9,6 +9,7 @@ says what each keeps and how a resumed run continues its tracked run.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
@@ -116,7 +117,10 @@ class Trackio:
         self.project = trackio_project(project)
         self.run = open_trackio(self.project, name, "allow" if resumed else "never",
                                 config=flat_params(config))
-        self.trackio = trackio
+        self.trackio, self.closed = trackio, False
+        # registered after trackio's own exit hook, so it runs first: a run stopped before its end
+        # is finished here, quietly, and trackio's hook finds nothing to print on stdout about
+        atexit.register(self.close)
         held = SQLiteStorage.get_last_step(self.project, run=name) if resumed else None
         self.skip_to = -1 if held is None else held  # a killed run's steps past the checkpoint
         console.log(f"trackio: run {escape(name)} in project {escape(self.project)} "
@@ -128,7 +132,10 @@ class Trackio:
             self.run.log(metrics, step=step)
 
     def close(self) -> None:
-        """Finish the run (its rows flushed to the store)."""
+        """Finish the run (its rows flushed to the store), once."""
+        if self.closed:
+            return
+        self.closed = True
         # trackio's own finish, which also forgets the run: its exit hook would finish it again,
         # printing on stdout
         with contextlib.redirect_stdout(io.StringIO()):

@@ -25,6 +25,7 @@ goes on (metrics.jsonl is the record), and it is tried again every RETRY_S secon
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import time
@@ -37,6 +38,7 @@ from rich.markup import escape
 from vitcli.errors import TrackingError, VitcliError, first_line
 from vitcli.runtime.files import write_text
 from vitcli.runtime.metrics import console, read_metrics
+from vitcli.runtime.run_dir import newest_step
 from vitcli.runtime.run_files import METRICS_FILE, MLFLOW_ID_FILE, RECIPE_FILE, SUMMARY_FILE
 
 # metrics.jsonl's metrics that time the run (train/loop.py's _log): a rerun of a step measures anew
@@ -109,6 +111,7 @@ class MLflow:
 
         self.metric, self.workdir = Metric, workdir
         self.uri, self.down_since = tracking_uri(uri) or "MLflow's default store", None
+        self.closed = False
         try:
             self.client = MlflowClient(tracking_uri=tracking_uri(uri) or None)
             self.uri = self.client.tracking_uri  # MLflow's default made explicit (sqlite:///...)
@@ -120,6 +123,7 @@ class MLflow:
             if resume_step:  # rows MLflow missed before the checkpoint, the timed ones among them
                 self._sync([r for r in read_metrics_or_none(workdir) if r["step"] <= resume_step], held)
             where = self._where()
+            atexit.register(self._at_exit)  # a run stopped before its end (Ctrl-C, SIGTERM, an error)
         except VitcliError:  # a damaged metrics.jsonl says so itself
             raise
         except Exception as e:  # noqa: BLE001 - any failure of the service: the run cannot track
@@ -215,11 +219,27 @@ class MLflow:
 
     def close(self) -> None:
         """Send what MLflow lacks of metrics.jsonl (the timed metrics, the rows missed)."""
+        self.closed = True
         try:
             self._sync(read_metrics_or_none(self.workdir), self._held())
         except Exception as e:  # noqa: BLE001
             console.log(f"[yellow]warning: MLflow at {escape(self.uri)}: the end's metrics were not "
                         f"sent ({escape(first_line(e, named=True))}); metrics.jsonl holds them all")
+
+
+    def _at_exit(self) -> None:
+        """At the exit of a run that stopped before its end (Ctrl-C and SIGTERM write a checkpoint
+        first): what MLflow lacks of metrics.jsonl up to the newest checkpoint sent, those rows being
+        final (a resume starts there), and the run marked KILLED (a resume marks it running again).
+        Nothing after close(), nor while the server is away: the exit is not held up."""
+        if self.closed or self.down_since is not None:
+            return
+        try:
+            last = newest_step(self.workdir)
+            self._sync([r for r in read_metrics_or_none(self.workdir) if r["step"] <= last], self._held())
+            self.client.set_terminated(self.run_id, "KILLED")
+        except Exception:  # noqa: BLE001 - exiting: metrics.jsonl holds them, a resume sends them
+            return
 
 
 def finish_run(workdir: Path, uri: str) -> None:

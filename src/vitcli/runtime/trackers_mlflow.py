@@ -10,8 +10,8 @@ metric's point once logged, so nothing goes to MLflow that a resumed run would l
   holds for them are the rerun's, bit for bit: a resume is deterministic (checkpoints.manager),
   for every metric but those that time the run;
 - those (MEASURED: images per second, the share spent waiting for data) are not logged live: the
-  end of the run, and a resume for the rows before its checkpoint, send them from metrics.jsonl,
-  which by then holds their final values;
+  end of the run, a resume for the rows before its checkpoint, and the exit of a run stopped early
+  for the rows up to its newest checkpoint, send them from metrics.jsonl, final there by then;
 - at the end, and at a resume, every (metric, step) of metrics.jsonl that MLflow lacks is sent: the
   rows missed while the server was away, or by a kill between a row's two writes.
 A rollback past a loss spike (train/rollback.py) replays steps with other batches: those are logged

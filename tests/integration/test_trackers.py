@@ -2,8 +2,10 @@
 as metrics.jsonl, resumes do not repeat steps, and a logger that cannot run is refused before
 training. (MLflow, against a real server: test_mlflow.py.)"""
 
+import atexit
 import importlib.util
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -20,7 +22,10 @@ from vitcli.runtime.run_files import TRACKIO_ID_FILE, WANDB_ID_FILE
 from vitcli.stages.run import one_run
 
 # trackio reads its store's folder once, when imported: a temporary one, never ~/.cache/huggingface
-TRACKIO_DIR = os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="vitcli-trackio-"))
+if "TRACKIO_DIR" not in os.environ:
+    os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="vitcli-trackio-")
+    atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], ignore_errors=True)
+TRACKIO_DIR = os.environ["TRACKIO_DIR"]
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",

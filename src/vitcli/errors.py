@@ -56,6 +56,10 @@ class TrainingError(VitcliError):
     """Training cannot go on (for example a non-finite loss)."""
 
 
+class TrackingError(VitcliError):
+    """An experiment tracker (run.loggers) that cannot be reached or opened at a run's start."""
+
+
 class ClusterError(VitcliError):
     """A run that cannot be handed to the cluster: no sbatch here, or sbatch refused the job (its
     line)."""

@@ -1,8 +1,15 @@
-"""run.loggers: TensorBoard events and a W&B offline run carry the same rows as metrics.jsonl,
-resumes do not repeat steps, and a logger that cannot run is refused before training."""
+"""run.loggers: TensorBoard events, a W&B offline run and trackio's local store carry the same rows
+as metrics.jsonl, resumes do not repeat steps, and a logger that cannot run is refused before
+training. (MLflow, against a real server: test_mlflow.py.)"""
 
+import atexit
 import importlib.util
+import os
+import shutil
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -11,8 +18,14 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.resolve import resolve
 from vitcli.runtime import trackers
 from vitcli.runtime.metrics import read_metrics
-from vitcli.runtime.run_files import WANDB_ID_FILE
+from vitcli.runtime.run_files import TRACKIO_ID_FILE, WANDB_ID_FILE
 from vitcli.stages.run import one_run
+
+# trackio reads its store's folder once, when imported: a temporary one, never ~/.cache/huggingface
+if "TRACKIO_DIR" not in os.environ:
+    os.environ["TRACKIO_DIR"] = tempfile.mkdtemp(prefix="vitcli-trackio-")
+    atexit.register(shutil.rmtree, os.environ["TRACKIO_DIR"], ignore_errors=True)
+TRACKIO_DIR = os.environ["TRACKIO_DIR"]
 
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
@@ -72,9 +85,49 @@ def test_wandb_offline_run_records_the_rows_and_resumes_the_same_run(tmp_path, m
     assert len(list(tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))) == 2
 
 
+def trackio_store():
+    """trackio's local store (imported here: after TRACKIO_DIR is set, and only by its tests)."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return SQLiteStorage
+
+
+def trackio_rows(project: str, name: str) -> dict[int, dict]:
+    """The rows trackio's local store holds for run `name`, by step (one per step, or it fails)."""
+    logs = trackio_store().get_logs(project, name)
+    steps = [log["step"] for log in logs]
+    assert len(steps) == len(set(steps)), f"a step logged twice: {sorted(steps)}"
+    return {log["step"]: log for log in logs}
+
+
+def test_trackio_keeps_the_rows_in_its_local_store_and_a_resume_continues_the_run(tmp_path, capsys):
+    args = [*TINY, "run.loggers=jsonl,trackio", "run.experiment=vit-tests", "run.ckpt_every=2",
+            "schedule.steps=3", "data.val_split=", "data.test_split="]
+    one_run(resolve("pretrain", None, args), tmp_path)
+    assert str(sys.modules["trackio"].utils.TRACKIO_DIR) == TRACKIO_DIR  # never a user's store
+    name = (tmp_path / TRACKIO_ID_FILE).read_text().strip()
+    assert name.startswith(tmp_path.name)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert sorted(trackio_rows("vit-tests", name)) == [r["step"] for r in rows] == [1, 2, 3]
+    for stale in tmp_path.glob("state-3.pt*"):
+        stale.unlink()  # as if killed after step 3 was logged but before its checkpoint landed
+    one_run(resolve("pretrain", None, args), tmp_path, resume=True)
+    assert (tmp_path / TRACKIO_ID_FILE).read_text().strip() == name
+    stored = trackio_rows("vit-tests", name)  # step 3 once, not again
+    assert sorted(stored) == [1, 2, 3]
+    for row in read_metrics(tmp_path / "metrics.jsonl"):
+        assert stored[row["step"]]["train/loss"] == row["train/loss"]
+    assert "Trackio" not in capsys.readouterr().out  # its banner kept off stdout (--json's)
+    assert any(p.name.startswith("vit-tests") for p in Path(TRACKIO_DIR).iterdir())  # the store
+    versions = trackio_store().get_run_artifacts("vit-tests", name, None)["output"]
+    assert [v["version"] for v in versions] == [0, 1]  # the figures and summary, at each end
+    manifest = trackio_store().get_artifact_manifest("vit-tests", versions[-1]["name"], None)
+    assert {f["path"] for f in manifest["manifest"]} == {"curves.png", "summary.json", "recipe.yaml"}
+
+
 def test_loggers_are_checked_before_training(monkeypatch):
-    with pytest.raises(RecipeError,
-                       match=r"run.loggers: 'tensorbord' is not one of jsonl, tensorboard, wandb"):
+    with pytest.raises(RecipeError, match=r"run.loggers: 'tensorbord' is not one of jsonl, "
+                                          r"tensorboard, wandb, mlflow, trackio"):
         resolve("pretrain", None, [*TINY, "run.loggers=tensorbord"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "wandb" else real(name))

@@ -31,8 +31,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
     # metrics, trackers, processes, output locations
     ("runtime", ["allocator", "faults", "launcher", "run_files", "run_dir", "precision", "peak", "memory",
-                 "files", "metrics", "trackers", "dist", "threads", "workdir", "finished",
-                 "environment"]),
+                 "files", "metrics", "trackers_mlflow", "trackers", "dist", "threads", "workdir",
+                 "finished", "environment"]),
     # the networks and their pure maths
     ("models", ["posemb", "mpp", "mae", "layer_decay", "dino_head", "dino_loss", "ibot_masks", "dino", "t2t",
                 "zoo", "flops"]),
@@ -139,7 +139,8 @@ def test_a_module_imports_only_modules_below_it(name):
 
 
 # pip extras: imported only when a recipe asks for them
-OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb"}
+OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb", "mlflow.entities", "mlflow.tracking",
+                   "mlflow.exceptions", "trackio", "trackio.sqlite_storage"}
 # imported only where they are used, for a run's start-up time (seconds each, measured under load),
 # which tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib
 # when drawing; and for a micro-batch trial's memory, which importing its objective and the loop

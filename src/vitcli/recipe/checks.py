@@ -39,7 +39,7 @@ from vitcli.recipe.layers import literal_keys
 from vitcli.recipe.names import T2T_VITS, is_vit_family
 from vitcli.recipe.objective_checks import check_distill, check_objective
 from vitcli.recipe.rollback_checks import check_rollback
-from vitcli.recipe.schema import Recipe, micro_batches
+from vitcli.recipe.schema import Recipe, RunConfig, micro_batches
 
 # the keys with a closed set, by dotted path -> its choices: read off schema.py's Literal
 # annotations (whose sets recipe.choices holds), as a recipe's reading checks them; checked again
@@ -121,6 +121,7 @@ def check(recipe: Recipe, world_size: int = 1, *, model: bool = True, inputs: bo
     if recipe.init.grid:
         parse_grid(recipe.init.grid, "init.grid")
     check_loggers(recipe.run.loggers)
+    check_tracking(recipe.run)
     check_ckpt_dir(recipe.run.ckpt_dir)
     _watchdog(recipe.run)
     check_slurm(recipe.slurm)
@@ -385,6 +386,21 @@ def check_loggers(names: list[str]) -> None:
         if package and importlib.util.find_spec(package) is None:
             raise RecipeError(f"run.loggers: {name} needs the {package} package: "
                               f"pip install 'vitcli[{package}]'")
+
+
+def check_tracking(run: RunConfig) -> None:
+    """run.mlflow_uri: a URI MLflow can open (scheme://..., or a path); run.experiment: a name trackio
+    takes. (A URI set while run.loggers does not name mlflow is allowed: --preflight and a search's
+    trials turn the trackers off and keep the rest of the recipe.)"""
+    uri = run.mlflow_uri
+    scheme = uri.partition("://")[0] if "://" in uri else ""
+    # RFC 3986: a letter, then letters, digits, +, - or . (databricks-uc://, postgresql+psycopg2://)
+    if scheme and not (scheme[0].isalpha() and all(c.isalnum() or c in "+-." for c in scheme)):
+        raise RecipeError(f"run.mlflow_uri: '{uri}' is not a URI (http://host:5000, "
+                          f"sqlite:///mlflow.db, file:///path, or a path)")
+    if "/" in run.experiment and "trackio" in run.loggers:
+        raise RecipeError(f"run.experiment: '{run.experiment}' names trackio's project, which "
+                          f"cannot hold '/'")
 
 
 def check_ckpt_dir(uri: str) -> None:

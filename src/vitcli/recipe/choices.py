@@ -51,9 +51,10 @@ MPP_TARGETS = get_args(MppTarget)
 MPP_CELLS = 4  # color_4x4 pools each patch to MPP_CELLS x MPP_CELLS cells
 Precision = Literal["auto", "fp32", "bf16"]
 PRECISIONS = get_args(Precision)
-LOGGERS = ("jsonl", "tensorboard", "wandb")
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow", "trackio")
 # logger -> the package it needs (= the pip extra)
-LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow",
+                   "trackio": "trackio"}
 FewshotResizeMethod = Literal["big_vision"]
 FEWSHOT_RESIZE_METHODS = get_args(FewshotResizeMethod)
 # data.interpolation: the train and eval resizes

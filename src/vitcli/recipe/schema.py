@@ -276,9 +276,16 @@ class RunConfig:
     # (cgroup, SLURM --mem) at this figure is not passed (run/micro_batch.py). 0 = a GPU's total
     # memory; on a CPU, MemAvailable shared by the node's processes, plus what this one holds
     memory_budget_mb: int = 0
-    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard) and wandb (offline without
-    # an account) are optional extras: pip install 'vitcli[tensorboard]' / 'vitcli[wandb]'
+    # metrics.jsonl is always written; tensorboard (WORKDIR/tensorboard), wandb (offline without
+    # an account), mlflow and trackio (local-first: a store on this machine) are optional extras:
+    # pip install 'vitcli[tensorboard]' / 'vitcli[wandb]' / 'vitcli[mlflow]' / 'vitcli[trackio]'
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    # run.loggers=[mlflow]: the tracking server or store (http://host:5000, sqlite:///mlflow.db).
+    # "" = MLFLOW_TRACKING_URI, else MLflow's own default (./mlflow.db), as MLflow's users expect
+    mlflow_uri: str = ""
+    # the MLflow experiment and the trackio project the run is filed under; "" = the environment's
+    # MLFLOW_EXPERIMENT_NAME (mlflow) or "vitcli". One key for both: the same grouping of runs
+    experiment: str = ""
     # a loss spike rolls the run back to its newest checkpoint and skips the batches since
     # (PaLM's practice; train/rollback.py). A loss is a spike when it is not finite, or (factor > 0)
     # above spike_factor x the median of the last spike_window losses read: 0 = non-finite only

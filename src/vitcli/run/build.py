@@ -40,6 +40,7 @@ from vitcli.runtime.metrics import console
 from vitcli.runtime.peak import mfu, peak_flops
 from vitcli.runtime.precision import bf16_warning, resolved, resolved_compile
 from vitcli.runtime.run_files import RECIPE_FILE, SUMMARY_FILE
+from vitcli.runtime.trackers import check_trackers, finish_trackers
 from vitcli.runtime.workdir import check_space, check_workdir
 from vitcli.train.loop import Job, train
 from vitcli.train.schedule import total_steps
@@ -99,6 +100,9 @@ def start(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
     decided = decide(recipe, workdir, dist, resume, overwrite)
     if isinstance(decided, Finished):
         return decided
+    # a tracking server that does not answer: one line, nothing written (every rank asks, so that
+    # every rank stops, none left waiting for rank 0)
+    check_trackers(decided.recipe.run)
     # same initial weights on every rank and every run of this recipe
     torch.manual_seed(decided.recipe.run.seed)
     job = build_job(decided.recipe, workdir, dist, decided.start)
@@ -167,6 +171,7 @@ def finish(job: Job, dist: Dist, table: bool = True) -> dict:
         curves.write_run_curves(job.workdir)  # warns rather than fails: the run is done
         summary = memory.refreshed(summary)  # the peaks as of now: the curves and FLOP count included
         files.write_text(job.workdir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+        finish_trackers(r.run, job.workdir)  # MLflow's artefacts: the curves and summary.json
         if table:
             report(summary, job.workdir)
     return summary

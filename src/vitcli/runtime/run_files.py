@@ -19,13 +19,16 @@ CURVES_FILE = "curves.png"  # drawn from metrics.jsonl at the end of the run
 TENSORBOARD_DIR = "tensorboard"  # run.loggers=[tensorboard]: event files
 WANDB_DIR = "wandb"  # run.loggers=[wandb]: W&B's own folder (offline runs sync from it)
 WANDB_ID_FILE = "wandb_id"  # the W&B run id, so a resumed run appends to the same W&B run
+# run.loggers=[mlflow] / [trackio]: the tracked run's id (MLflow) or name (trackio), so a resumed
+# run continues the same one
+MLFLOW_ID_FILE, TRACKIO_ID_FILE = "mlflow_id", "trackio_run"
 # one line per rollback past a loss spike, the batches it skipped (train/rollback.py)
 ROLLBACKS_FILE = "rollbacks.jsonl"
 
 # What a training run writes at the top of its workdir besides its checkpoints; a replaced run's
 # copies are moved aside together (tracker folders too, so a new run's curves start clean).
 RUN_OUTPUTS = (RECIPE_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CURVES_FILE, TENSORBOARD_DIR, WANDB_DIR,
-               WANDB_ID_FILE, ROLLBACKS_FILE)
+               WANDB_ID_FILE, ROLLBACKS_FILE, MLFLOW_ID_FILE, TRACKIO_ID_FILE)
 
 # Results of the drivers that run several trainings, and of `vit eval-fewshot`
 # `--sweep` and `--lr-sweep`: every point's swept values and final metrics (each point's run is in

@@ -223,7 +223,7 @@ def _final_metrics(job: Job, model, ema: WeightEma | None, metrics: MetricsLog) 
 def _metrics_log(job: Job, start: int, dist: Dist) -> MetricsLog:
     """metrics.jsonl from step `start` on, and the recipe's trackers (rank 0 writes)."""
     r = job.recipe
-    trackers = open_trackers(r.run.loggers, job.workdir, start, to_dict(r)) if dist.is_main else []
+    trackers = open_trackers(r.run, job.workdir, start, to_dict(r)) if dist.is_main else []
     return MetricsLog(job.workdir / METRICS_FILE, start, enabled=dist.is_main, trackers=trackers)
 
 

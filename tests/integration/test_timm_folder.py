@@ -175,3 +175,14 @@ def test_a_timm_export_is_read_back_as_the_same_network(monkeypatch, capsys, tmp
     ours, _ = predict(monkeypatch, capsys, tmp_path / "model.safetensors", photos[:4])
     back, _ = predict(monkeypatch, capsys, tmp_path / "timm", photos[:4])
     assert back == ours  # the same weights, heads, pooling and preprocessing: identical
+
+
+def test_model_args_that_would_load_another_file_are_refused(monkeypatch, capsys, tmp_path, photos):
+    """model_args go to timm.create_model: its own arguments (a checkpoint_path to load) are not the
+    network's."""
+    folder = timm_folder(tmp_path / "folder", *FOLDERS["deit_tiny"][:2], True)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_args"]["checkpoint_path"] = str(tmp_path / "elsewhere.pth")
+    (folder / "config.json").write_text(json.dumps(config))
+    err = refused(monkeypatch, capsys, tmp_path, "predict", "--ckpt", folder, photos[0])
+    assert "model_args sets checkpoint_path" in err

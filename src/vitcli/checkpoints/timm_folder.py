@@ -35,6 +35,10 @@ WEIGHTS_FILES = (MODEL_FILE, "pytorch_model.bin")
 # attributes that change nothing at inference: dropout rates, in-place flags
 IGNORED = {"training", "p", "drop_prob", "scale_by_keep", "inplace", "grad_checkpointing"}
 PLAIN = (bool, int, float, str, tuple, type(None))
+# timm.create_model's own arguments, not the network's: a config.json that sets one (a
+# checkpoint_path to load, pretrained weights to fetch) is refused, never passed on
+FACTORY_ARGS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path",
+                "cache_dir", "scriptable", "exportable", "no_jit")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,10 @@ def read_config(folder: Path) -> TimmFolder:
     arch, args = str(config["architecture"]), config.get("model_args") or {}
     if not isinstance(args, dict):
         raise CheckpointError(f"{path}: model_args is {type(args).__name__}, not an object")
+    factory = [k for k in args if k in FACTORY_ARGS]
+    if factory:
+        raise CheckpointError(f"{path}: model_args sets {factory[0]}, an argument of "
+                              "timm.create_model, not of the network; remove it from model_args")
     theirs = _timm_net(path, arch, args)
     num_classes = int(getattr(theirs, "num_classes", config.get("num_classes", 0)) or 0)
     ours, why = _as_vit(path, arch, args, theirs, num_classes)
@@ -82,11 +90,18 @@ def read_config(folder: Path) -> TimmFolder:
             raise CheckpointError(
                 f"{path} names architecture {arch} with model_args {shown}, which vit cannot build: "
                 f"not as its ViT ({why}) nor as timm's {arch} at its registered sizes "
-                f"({why_named}); export it to ONNX with timm, or save it at timm's sizes")
+                f"({why_named}); vit builds timm's plain VisionTransformer at any size and other "
+                "timm architectures at the sizes timm registers")
         ours = zoo.resolve_name(named)  # timm's sizes where it has them, the recipe's defaults else
-    heads = getattr(getattr(getattr(theirs, "blocks", [None])[0], "attn", None), "num_heads", 0)
-    return TimmFolder(arch, ours.name, ours, int(heads or ours.num_heads), num_classes,
+    return TimmFolder(arch, ours.name, ours, _heads(theirs) or ours.num_heads, num_classes,
                       _label_names(config, num_classes))
+
+
+def _heads(net: nn.Module) -> int:
+    """The first block's attention heads; 0 for a network without them."""
+    blocks = getattr(net, "blocks", None)
+    first = blocks[0] if isinstance(blocks, nn.Sequential | nn.ModuleList) and len(blocks) else None
+    return int(getattr(getattr(first, "attn", None), "num_heads", 0) or 0)
 
 
 def _as_vit(path: Path, arch: str, args: dict, theirs: nn.Module,

@@ -186,3 +186,11 @@ def test_model_args_that_would_load_another_file_are_refused(monkeypatch, capsys
     (folder / "config.json").write_text(json.dumps(config))
     err = refused(monkeypatch, capsys, tmp_path, "predict", "--ckpt", folder, photos[0])
     assert "model_args sets checkpoint_path" in err
+
+
+def test_a_timm_config_without_weights_is_one_line_saying_so(monkeypatch, capsys, tmp_path, photos):
+    folder = timm_folder(tmp_path / "folder", *FOLDERS["deit_tiny"][:2], False)
+    (folder / "pytorch_model.bin").unlink()
+    err = refused(monkeypatch, capsys, tmp_path, "evaluate", "--ckpt", folder, "--dry-run")
+    assert "is a timm folder (config.json names an architecture) without its weights" in err
+    assert "model.safetensors or pytorch_model.bin" in err

@@ -109,7 +109,7 @@ def test_predict_gives_timms_own_pipeline_on_photographs(monkeypatch, capsys, tm
     assert "from its config.json (timm)" in " ".join(log.split())  # the preprocessing's source
 
 
-@pytest.mark.parametrize("name", ["vit_small_heads8", "test_vit", "test_convnext"])
+@pytest.mark.parametrize("name", FOLDERS)
 def test_the_network_vit_builds_is_timms(tmp_path, name):
     arch, args, safe = FOLDERS[name]
     folder = timm_folder(tmp_path / name, arch, args, safe)

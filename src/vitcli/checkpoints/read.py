@@ -130,7 +130,8 @@ def _folder_weights(folder: Path) -> Path:
             f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; "
             f"{MODEL_FILE} is written at its end): run the command that started it again, which "
             "resumes and finishes it, then pass the workdir")
-    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # timm's, transformers'
+    # timm's or transformers' weights
+    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]
     raise CheckpointError(
         f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "
         f"or a timm or transformers folder (each holds config.json beside {MODEL_FILE} or "

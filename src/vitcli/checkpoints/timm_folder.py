@@ -86,10 +86,11 @@ def read_config(folder: Path) -> TimmFolder:
         named = dataclasses.replace(ModelConfig(), name=arch, img_size=_img_size(theirs, config))
         why_named = _differs(theirs, _build(named, num_classes))
         if why_named:
-            shown = json.dumps({k: v for k, v in args.items() if k not in ("num_classes", "in_chans")})
+            shown = json.dumps({k: v for k, v in args.items()
+                                if k not in ("num_classes", "in_chans")})
             raise CheckpointError(
-                f"{path} names architecture {arch} with model_args {shown}, which vit cannot build: "
-                f"not as its ViT ({why}) nor as timm's {arch} at its registered sizes "
+                f"{path} names architecture {arch} with model_args {shown}, which vit cannot "
+                f"build: not as its ViT ({why}) nor as timm's {arch} at its registered sizes "
                 f"({why_named}); vit builds timm's plain VisionTransformer at any size and other "
                 "timm architectures at the sizes timm registers")
         ours = zoo.resolve_name(named)  # timm's sizes where it has them, the recipe's defaults else

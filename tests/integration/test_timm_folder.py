@@ -54,6 +54,8 @@ FOLDERS = {
     "test_vit": ("test_vit", {"num_classes": 5}, False),
     "test_vit2": ("test_vit2", {"num_classes": 5}, True),
     "test_convnext": ("test_convnext", {"num_classes": 5}, True),
+    # two token rows before the grid (class and distillation), built by its name at 224 px
+    "deit_tiny_distilled": ("deit_tiny_distilled_patch16_224", {"num_classes": 5}, True),
 }
 
 
@@ -70,8 +72,10 @@ def timm_folder(path, arch, args, safe, names=NAMES):
     uniform), written by save_for_hf with `names` as label_names."""
     torch.manual_seed(0)
     model = timm.create_model(arch, pretrained=False, **args).eval()
+    heads = model.get_classifier()  # a DeiT distilled's two: the class token's, the distillation's
     with torch.no_grad():
-        model.get_classifier().weight.normal_(0, 2)
+        for head in heads if isinstance(heads, tuple) else (heads,):
+            head.weight.normal_(0, 2)
     save_for_hf(model, str(path), model_config={"label_names": names}, safe_serialization=safe)
     return path
 

@@ -102,10 +102,11 @@ def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
 def _timm_folder(fields: dict, meta: dict) -> dict:
     """A timm folder's network as timm_folder decided vit builds it: its own ViT with the sizes
     config.json's model_args give, or a timm name at timm's registered sizes, its head's width and
-    resolution from config.json."""
+    resolution from config.json; its position table's grid and prefix rows as timm built them."""
     named = meta["built_as"] != "custom"
+    table = {"grid": tuple(meta["grid"] or ()), "num_prefix_tokens": meta["num_prefix_tokens"]}
     return {**fields, "name": meta["built_as"], **{k: meta["model"][k] for k in TIMM_FIELDS},
-            "img_size": fields["img_size"] or meta["img_size"],
+            **(table if meta["grid"] else {}), "img_size": fields["img_size"] or meta["img_size"],
             "num_classes": meta["num_classes"] if named else fields["num_classes"]}
 
 

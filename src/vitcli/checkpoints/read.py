@@ -62,7 +62,8 @@ class Loaded:
     state_dict: dict[str, torch.Tensor]  # timm names
     # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps",
     # "notes", "image_size", "patch_size"}; a timm folder: {"class_names", "architecture",
-    # "built_as", "img_size", "num_classes", "layer_norm_eps", "model"}; {} for other foreign files
+    # "built_as", "img_size", "num_classes", "layer_norm_eps", "model", "grid",
+    # "num_prefix_tokens"}; {} for other foreign files
     meta: dict
     # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file)
     # | hf (a transformers ViT folder)
@@ -253,7 +254,8 @@ def _read_timm(path: Path, head: bytes) -> Loaded:
     meta = {"class_names": folder.class_names, "architecture": folder.architecture,
             "built_as": folder.built_as, "img_size": folder.model.img_size,
             "num_classes": folder.num_classes, "layer_norm_eps": folder.model.layer_norm_eps,
-            "model": dataclasses.asdict(folder.model)}
+            "model": dataclasses.asdict(folder.model), "grid": folder.grid,
+            "num_prefix_tokens": folder.num_prefix_tokens}
     return Loaded(state_dict, meta, "timm", str(path), folder.num_heads, _folder_cfg(path))
 
 

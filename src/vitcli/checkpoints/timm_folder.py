@@ -53,6 +53,10 @@ class TimmFolder:
     num_heads: int
     num_classes: int
     class_names: list[str] | None  # label_names, when one per class
+    # the patch grid (H, W) of timm's position table and the token rows before it (a DeiT
+    # distilled's 2, no_embed_class's 0), which its shape alone cannot always tell; None: no table
+    grid: tuple[int, int] | None
+    num_prefix_tokens: int
 
 
 def is_timm_folder(folder: Path) -> bool:
@@ -95,7 +99,17 @@ def read_config(folder: Path) -> TimmFolder:
                 "timm architectures at the sizes timm registers")
         ours = zoo.resolve_name(named)  # timm's sizes where it has them, the recipe's defaults else
     return TimmFolder(arch, ours.name, ours, _heads(theirs) or ours.num_heads, num_classes,
-                      _label_names(config, num_classes))
+                      _label_names(config, num_classes), *_table(theirs))
+
+
+def _table(net: nn.Module) -> tuple[tuple[int, int] | None, int]:
+    """(the grid timm's position table spans, the prefix-token rows it holds); (None, 0) without
+    one."""
+    grid = getattr(getattr(net, "patch_embed", None), "grid_size", None)
+    if getattr(net, "pos_embed", None) is None or grid is None:
+        return None, 0
+    prefix = 0 if getattr(net, "no_embed_class", False) else getattr(net, "num_prefix_tokens", 0)
+    return (int(grid[0]), int(grid[1])), int(prefix)
 
 
 def _heads(net: nn.Module) -> int:

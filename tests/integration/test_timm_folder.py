@@ -209,3 +209,14 @@ def test_a_timm_config_without_weights_is_one_line_saying_so(monkeypatch, capsys
     err = refused(monkeypatch, capsys, tmp_path, "evaluate", "--ckpt", folder, "--dry-run")
     assert "is a timm folder (config.json names an architecture) without its weights" in err
     assert "model.safetensors or pytorch_model.bin" in err
+
+
+def test_a_preprocessing_vit_does_not_run_is_named_in_the_log(monkeypatch, capsys, tmp_path,
+                                                              photos):
+    """timm's crop_mode `border` (and a resize vit lacks) is said, not silently replaced."""
+    folder = timm_folder(tmp_path / "folder", *FOLDERS["deit_tiny"][:2], True)
+    config = json.loads((folder / "config.json").read_text())
+    config["pretrained_cfg"]["crop_mode"] = "border"
+    (folder / "config.json").write_text(json.dumps(config))
+    _, log = predict(monkeypatch, capsys, folder, photos[:1])
+    assert "its crop_mode border is none vit runs: the recipe's instead" in " ".join(log.split())

@@ -140,6 +140,8 @@ def test_the_weights_file_alone_reads_as_its_folder(monkeypatch, capsys, tmp_pat
     whole, _ = predict(monkeypatch, capsys, folder, photos[:3])
     alone, log = predict(monkeypatch, capsys, folder / weights, photos[:3])
     assert alone == whole and set(alone[str(photos[0])]) == set(NAMES)
+    # as timm.create_model names it
+    assert predict(monkeypatch, capsys, f"local-dir:{folder}", photos[:3])[0] == whole
     # not [-1, 1] bilinear uncropped
     assert "interpolation bicubic, eval_crop_pct 0.9" in " ".join(log.split())
 

@@ -46,6 +46,7 @@ from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
+LOCAL_DIR = "local-dir:"  # timm.create_model's name for a folder save_for_hf wrote
 ZIP_MAGIC = b"PK\x03\x04"
 # a pickle starts with PROTO (0x80) and its version
 PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
@@ -94,8 +95,8 @@ def read_checkpoint(src: str) -> Loaded:
 def locate_checkpoint(src: str) -> Path | str:
     """Where `src` is, read nothing: a local weights file (a workdir's model.safetensors), or the
     Hub/timm name it is; a local path that is not there (or a workdir without weights) is
-    refused."""
-    src = str(src)
+    refused. timm's `local-dir:DIR` is DIR."""
+    src = str(src).removeprefix(LOCAL_DIR)
     path = Path(src).expanduser()
     if path.is_dir():
         path = _folder_weights(path)

@@ -51,8 +51,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     ("data.batching", ["sampler", "batches", "streams"]),
     # weights in and out: our files, training state and its one owner, foreign formats, fitting
     ("checkpoints", ["weights", "state", "sharded", "writer", "remote", "manager", "npz", "pth", "hf_vit",
-                     "read", "describe", "preprocessing", "fit", "complete", "resize", "transfer",
-                     "export_timm", "export_hf", "export_onnx", "card"]),
+                     "timm_folder", "read", "describe", "preprocessing", "fit", "complete",
+                     "resize", "transfer", "export_timm", "export_hf", "export_onnx", "card"]),
     # the one loop and what it is made of
     ("train", ["schedule", "ema", "parallelize", "optim", "losses", "distill", "interrupt", "throughput",
                "watchdog", "rollback", "loop", "cost"]),

@@ -18,7 +18,10 @@ One concept per file, in the order a checkpoint travels:
 - `hf_vit.py`: transformers' ViT names both ways: the tables export uses, and a folder transformers wrote
   (`ViTForImageClassification`, `ViTModel`) read into timm's names (whole or sharded), its
   config.json checked by type and value.
-- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers
+- `timm_folder.py`: a folder timm's `save_for_hf` wrote: the network its config.json names with
+  its model_args, as vit builds it (its own ViT, or the timm name), or one line naming the
+  architecture; its label_names.
+- `read.py`: `read_checkpoint`, any source (workdir, .safetensors, .npz, .pth, transformers or timm
   folder, Hub name) into timm names; bare pickles are refused.
 - `describe.py`: `describe`, the one place that says what network a checkpoint holds
 (`CheckpointSpec`).

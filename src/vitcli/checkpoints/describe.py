@@ -21,7 +21,7 @@ import torch
 
 from vitcli.checkpoints.read import Loaded
 from vitcli.errors import CheckpointError
-from vitcli.recipe.names import HYBRID, PAPER_VITS, T2T_VITS, t2t_name
+from vitcli.recipe.names import HYBRID, NAMED, PAPER_VITS, T2T_VITS, t2t_name
 
 # width -> heads: {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
 PAPER_HEADS: dict[int, int] = {width: heads for _, width, _, heads, _ in PAPER_VITS.values()}
@@ -29,7 +29,10 @@ ARCH_FIELDS = (
     "name", "patch_size", "embed_dim", "depth", "num_heads", "mlp_dim", "pool", "pos_embed",
     "representation_size", "layer_norm_eps",
 )
-HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model", "hf": "config.json"}
+HEADS_FROM_SOURCE = {"npz": "attention kernels", "hub": "Hub model", "hf": "config.json",
+                     "timm": "config.json (timm)"}
+# what a timm folder's config.json builds (checkpoints.timm_folder), over what the shapes say
+TIMM_FIELDS = ("patch_size", "embed_dim", "depth", "mlp_dim", "pool", "pos_embed")
 # official T2T-ViT state dicts: the first token layer's attention input weights name the token mixer
 T2T_MIXER_KEYS = {"tokens_to_token.attention1.kqv.weight": "performer",
                   "tokens_to_token.attention1.attn.qkv.weight": "transformer"}
@@ -74,7 +77,7 @@ class CheckpointSpec:
                 f"cannot infer the architecture of {self.path or 'the checkpoint'} (no patch_embed/blocks "
                 "keys); set model.name to its architecture (e.g. model.name=ViT-B/16 or a timm name)"
             )
-        if not self.num_heads:
+        if not self.num_heads and self.name in NAMED:  # a timm name's are timm's
             raise CheckpointError(
                 f"{self.path or 'the checkpoint'} (width {self.embed_dim}): its number of attention heads is "
                 "unknown; set model.num_heads (or model.name to its architecture)"
@@ -87,11 +90,24 @@ def describe(loaded: Loaded, num_heads: int = 0) -> CheckpointSpec:
     set)."""
     model, sd = _our_model(loaded), loaded.state_dict
     fields = _ours(sd, model) if model is not None else _t2t(sd, loaded.path) or _foreign(sd, loaded.path)
+    if loaded.meta.get("built_as"):
+        fields = _timm_folder(fields, loaded.meta)
     heads, heads_from = _heads(loaded, model or {}, fields["embed_dim"], num_heads, fields["name"])
-    said = model if model is not None else loaded.meta if loaded.kind == "hf" else {}
+    said = model if model is not None else loaded.meta if loaded.kind in ("hf", "timm") else {}
     return CheckpointSpec(**fields, num_heads=heads, heads_from=heads_from, path=loaded.path,
                           layer_norm_eps=float(said.get("layer_norm_eps") or 1e-6),
                           grid_from=_grid_from(loaded, model, fields["grid"], fields["patch_size"]))
+
+
+def _timm_folder(fields: dict, meta: dict) -> dict:
+    """A timm folder's network as timm_folder decided vit builds it: its own ViT with the sizes
+    config.json's model_args give, or a timm name at timm's registered sizes, its head's width and
+    resolution from config.json; its position table's grid and prefix rows as timm built them."""
+    named = meta["built_as"] != "custom"
+    table = {"grid": tuple(meta["grid"] or ()), "num_prefix_tokens": meta["num_prefix_tokens"]}
+    return {**fields, "name": meta["built_as"], **{k: meta["model"][k] for k in TIMM_FIELDS},
+            **(table if meta["grid"] else {}), "img_size": fields["img_size"] or meta["img_size"],
+            "num_classes": meta["num_classes"] if named else fields["num_classes"]}
 
 
 def _grid_from(loaded: Loaded, model: dict | None, grid: tuple[int, int] | None, patch: int) -> str:

@@ -66,7 +66,14 @@ def said_by(loaded: Loaded, model_name: str) -> Said:
               "interpolation": resize if resize in INTERPOLATIONS else None,
               "eval_crop_mode": cfg.get("crop_mode") if cfg.get("crop_mode") in EVAL_CROP_MODES else None}
     values = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in values.items() if v is not None}
-    return Said(values, cfg.get("from", "") if values else "")
+    # said, but not run: the load table names it beside the recipe's value it is fed instead
+    unrun = [f"{key} {cfg[key]}" for key, runs in (("interpolation", INTERPOLATIONS),
+                                                   ("crop_mode", EVAL_CROP_MODES))
+             if cfg.get(key) is not None and cfg[key] not in runs]
+    source = cfg.get("from", "") if values else ""
+    if unrun and source:
+        source += f"; its {', '.join(unrun)} is none vit runs: the recipe's instead"
+    return Said(values, source)
 
 
 def _registered(name: str) -> dict:

@@ -3,10 +3,12 @@
 Sources: a vitcli workdir or its model.safetensors, a timm .safetensors, a Google .npz in vit_jax or
 big_vision layout, a torch.save file (.pth/.pt: MAE's checkpoints, timm's or DeiT's training files;
 read by vitcli.checkpoints.pth with weights_only=True, argparse.Namespace allowed by name and
-nothing else), a folder transformers' ViT wrote (hf_vit.py), or a Hub / timm model name (timm
-downloads it). What a foreign source says of the pixels its weights expect is kept in timm's terms
-(`pretrained_cfg`: mean, std, interpolation, crop_pct, crop_mode): a Hub model's own, or a folder's
-beside its model.safetensors (timm's config.json, transformers' preprocessor_config.json). A bare
+nothing else), a folder transformers' ViT wrote (hf_vit.py), a folder timm wrote (timm_folder.py:
+the network its config.json names with its model_args, the folder or either weights file in it),
+or a Hub / timm model name (timm downloads it). What a foreign source says of the pixels its
+weights expect is kept in timm's terms (`pretrained_cfg`: mean, std, interpolation, crop_pct,
+crop_mode): a Hub model's own, or a folder's beside its weights (timm's config.json,
+transformers' preprocessor_config.json). A bare
 pickle (not a torch.save file) is refused, never unpickled: unpickling runs whatever code the file
 carries. A torch.save file named .safetensors is refused with the name to give it (torch.load reads
 a .safetensors name as safetensors), and a folder that is not what it looks like (another
@@ -20,6 +22,7 @@ Callers share the returned dicts and must not mutate them.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
@@ -32,7 +35,7 @@ import timm
 import torch
 from torch import nn
 
-from vitcli.checkpoints import hf_vit
+from vitcli.checkpoints import hf_vit, timm_folder
 from vitcli.checkpoints.npz import npz_to_timm
 from vitcli.checkpoints.pth import read_pth
 from vitcli.checkpoints.weights import load_weights, not_safetensors
@@ -43,6 +46,7 @@ from vitcli.runtime.run_files import MODEL_FILE, RECIPE_FILE
 
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".pkl")
 HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm/")
+LOCAL_DIR = "local-dir:"  # timm.create_model's name for a folder save_for_hf wrote
 ZIP_MAGIC = b"PK\x03\x04"
 # a pickle starts with PROTO (0x80) and its version
 PICKLE_PROTOCOLS = (b"\x02", b"\x03", b"\x04", b"\x05")
@@ -58,7 +62,9 @@ class Loaded:
 
     state_dict: dict[str, torch.Tensor]  # timm names
     # ours: {"format", "recipe", "model"}; a transformers folder: {"class_names", "layer_norm_eps",
-    # "notes", "image_size", "patch_size"}; {} for other foreign files
+    # "notes", "image_size", "patch_size"}; a timm folder: {"class_names", "architecture",
+    # "built_as", "img_size", "num_classes", "layer_norm_eps", "model", "grid",
+    # "num_prefix_tokens"}; {} for other foreign files
     meta: dict
     # vitcli | timm | npz | hub | mae (one of MAE's .pth layouts) | torch (another torch.save file)
     # | hf (a transformers ViT folder)
@@ -89,8 +95,8 @@ def read_checkpoint(src: str) -> Loaded:
 def locate_checkpoint(src: str) -> Path | str:
     """Where `src` is, read nothing: a local weights file (a workdir's model.safetensors), or the
     Hub/timm name it is; a local path that is not there (or a workdir without weights) is
-    refused."""
-    src = str(src)
+    refused. timm's `local-dir:DIR` is DIR."""
+    src = str(src).removeprefix(LOCAL_DIR)
     path = Path(src).expanduser()
     if path.is_dir():
         path = _folder_weights(path)
@@ -108,6 +114,8 @@ def _folder_weights(folder: Path) -> Path:
     model_type = hf_vit.model_type(folder)
     if model_type not in (None, "vit"):
         raise _not_vit(folder, model_type)
+    if timm_folder.is_timm_folder(folder):
+        return _timm_weights(folder)
     found = hf_vit.weights_file(folder) if model_type else folder / MODEL_FILE
     if found is not None and found.is_file():
         return found
@@ -124,12 +132,25 @@ def _folder_weights(folder: Path) -> Path:
             f"{folder} holds an unfinished run (its newest checkpoint is of step {step}; "
             f"{MODEL_FILE} is written at its end): run the command that started it again, which "
             "resumes and finishes it, then pass the workdir")
-    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]  # transformers'
+    # timm's or transformers' weights
+    theirs = [n for n in names if n.startswith(("pytorch_model", "model-"))]
     raise CheckpointError(
         f"{folder} has no {MODEL_FILE} ({held}): pass a finished vitcli workdir, a weights file, "
-        f"or a timm or transformers folder (timm's holds {MODEL_FILE}; transformers' holds "
-        f"config.json beside {MODEL_FILE} or pytorch_model.bin)"
+        f"or a timm or transformers folder (each holds config.json beside {MODEL_FILE} or "
+        "pytorch_model.bin)"
         + (f"; {theirs[0]} needs its config.json beside it" if theirs else ""))
+
+
+def _timm_weights(folder: Path) -> Path:
+    """A timm folder's weights file, or one line saying it has none."""
+    found = timm_folder.weights_file(folder)
+    if found is None:
+        names = ", ".join(sorted(p.name for p in folder.iterdir()))
+        raise CheckpointError(
+            f"{folder} is a timm folder (config.json names an architecture) without its weights "
+            f"(it holds {names}): save_for_hf writes {' or '.join(timm_folder.WEIGHTS_FILES)} "
+            "beside config.json; copy them from where it came from")
+    return found
 
 
 def _not_vit(folder: Path, model_type: str) -> CheckpointError:
@@ -172,6 +193,8 @@ def _read_file(path: Path) -> Loaded:
         raise _not_vit(path.parent, model_type)
     if model_type == "vit":
         return _read_hf(path)
+    if path.name in timm_folder.WEIGHTS_FILES and timm_folder.is_timm_folder(path.parent):
+        return _read_timm(path, head)
     # .npz and torch.save files are zips
     names = _zip_names(path) if head.startswith(ZIP_MAGIC) else []
     if head.startswith(ZIP_MAGIC) and not names:  # a zip's table of contents is at its end
@@ -219,6 +242,22 @@ def _read_hf(path: Path) -> Loaded:
     meta = {"class_names": vit.class_names, "layer_norm_eps": vit.layer_norm_eps,
             "notes": vit.notes, "image_size": vit.image_size, "patch_size": vit.patch_size}
     return Loaded(vit.state_dict, meta, "hf", str(path), vit.num_heads, _folder_cfg(path))
+
+
+def _read_timm(path: Path, head: bytes) -> Loaded:
+    """A timm folder's weights (either of its files, the folder's config.json beside it), with the
+    network, class names and preprocessing its config.json says."""
+    folder = timm_folder.read_config(path.parent)
+    if path.suffix == ".bin":
+        state_dict = read_pth(path, is_zip=head.startswith(ZIP_MAGIC)).state_dict
+    else:
+        state_dict = load_weights(path)[0]
+    meta = {"class_names": folder.class_names, "architecture": folder.architecture,
+            "built_as": folder.built_as, "img_size": folder.model.img_size,
+            "num_classes": folder.num_classes, "layer_norm_eps": folder.model.layer_norm_eps,
+            "model": dataclasses.asdict(folder.model), "grid": folder.grid,
+            "num_prefix_tokens": folder.num_prefix_tokens}
+    return Loaded(state_dict, meta, "timm", str(path), folder.num_heads, _folder_cfg(path))
 
 
 # transformers' `resample` (PIL's Resampling numbers) -> timm's interpolation names

@@ -97,9 +97,10 @@ def load_for_eval(recipe: Recipe, num_classes: int = 0) -> torch.nn.Module:
 
 def class_names(loaded: Loaded, num_classes: int) -> list[str] | None:
     """The names our checkpoint stores for its head's `num_classes` classes (metadata
-    model.class_names), or a transformers folder's id2label; None for other foreign files, headless
-    runs, files written before names were stored, or names of another count."""
-    model = {"vitcli": loaded.meta.get("model"), "hf": loaded.meta}.get(loaded.kind)
+    model.class_names), a transformers folder's id2label or a timm folder's label_names; None for
+    other foreign files, headless runs, files written before names were stored, or names of another
+    count."""
+    model = loaded.meta.get("model") if loaded.kind == "vitcli" else loaded.meta
     names = model.get("class_names") if isinstance(model, dict) else None
     fits = isinstance(names, list) and len(names) == num_classes
     return [str(name) for name in names] if fits else None

@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -126,6 +126,9 @@ class Job:
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
     # (checkpoint path, its state) to continue from: checkpoints.manager
     resume_from: Checkpoint | None = None
+    # told (step, metrics) after each periodic evaluation, once they are logged: a search's trial
+    # reports them to its study, and may stop the run by raising (stages/search.py's pruning)
+    on_eval: Callable[[int, dict], None] | None = None
 
 
 
@@ -390,6 +393,8 @@ def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done:
         results = _evaluate(due, model, ema)
         metrics.write(done, results)
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        if job.on_eval is not None:
+            job.on_eval(done, results)
 
 
 def _objective(objective: Objective, r: Recipe, step: int, first_micro: int, skips: tuple = ()):

@@ -94,16 +94,26 @@ def open_study(search: Search, workdir: Path):
 
     workdir.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(workdir / SEARCH_JOURNAL)))
-    try:
-        study = optuna.create_study(storage=storage, study_name=STUDY, direction="maximize",
-                                    pruner=_pruner(search))
-        study.set_user_attr("space", search.texts())
-    except optuna.exceptions.DuplicatedStudyError:  # a rerun, or another array task was first
+    try:  # loaded first: creating one that exists would append to the journal (a rerun writes nothing)
         study = optuna.load_study(study_name=STUDY, storage=storage, pruner=_pruner(search))
+    except KeyError:
+        study = _create(storage, search)
     held = study.user_attrs.get("space")
     if held is not None and held != search.texts():
         raise RecipeError(f"{workdir} holds a search of another space ({' '.join(held)}): give the same "
                           "--search options to resume it, or a new --workdir")
+    return study
+
+
+def _create(storage, search: Search):
+    """The study, created with its space remembered; or, when another array task was first, its."""
+    optuna = _optuna()
+    try:
+        study = optuna.create_study(storage=storage, study_name=STUDY, direction="maximize",
+                                    pruner=_pruner(search))
+    except optuna.exceptions.DuplicatedStudyError:
+        return optuna.load_study(study_name=STUDY, storage=storage, pruner=_pruner(search))
+    study.set_user_attr("space", search.texts())
     return study
 
 

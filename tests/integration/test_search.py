@@ -18,6 +18,7 @@ import pytest
 
 from helpers import REPO, refused, run_vit, snapshot
 from vitcli import cli
+from vitcli.train import loop
 from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import SEARCH_JOURNAL, SWEEP_CSV, SWEEP_FILE
 
@@ -89,15 +90,19 @@ def test_a_search_runs_its_trials_prunes_the_weak_and_tabulates_them(reference):
 
 
 def test_ctrl_c_then_the_same_command_resumes_to_the_same_trials(reference, tmp_path, monkeypatch, capsys):
-    cmd = [sys.executable, "-m", "vitcli", *map(str, pretrain(tmp_path, *SPACE))]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    started = tmp_path / "trial-001" / "metrics.jsonl"  # the second trial is training
-    deadline = time.monotonic() + 240
-    while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=240)
-    assert proc.returncode == 130, err.decode()[-2000:]
+    real, calls = loop._accumulate_grads, []
+
+    def ctrl_c_in_the_second_trial(*args, **kwargs):  # a real SIGINT, at its second step
+        calls.append(1)
+        if len(calls) == 6 + 2:  # the first trial's 6 steps, then 2
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(loop, "_accumulate_grads", ctrl_c_in_the_second_trial)
+        code, _, err = run_vit(monkeypatch, capsys, *pretrain(tmp_path, *SPACE))
+    assert code == 130, err  # the step finished, its checkpoint written
+    assert (tmp_path / "trial-001" / "state-2.pt").is_file()
     assert [t[1] for t in study(tmp_path)] == ["COMPLETE", "RUNNING"]  # taken up by the next command
     first = snapshot(tmp_path / "trial-000")
 
@@ -114,16 +119,20 @@ def test_ctrl_c_then_the_same_command_resumes_to_the_same_trials(reference, tmp_
     assert code == 0 and snapshot(tmp_path) == before and "search of 3 trials" in out
 
 
-def test_two_array_tasks_share_one_journal_at_once(tmp_path):
+def test_two_array_tasks_share_one_journal_at_once(tmp_path, monkeypatch, capsys):
     """Two `--search-task` processes at the same time, as a SLURM array's tasks: each asks the study
     for a trial and trains it in its own slot; the one that finishes the last writes the table."""
     two = ["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2"]
-    procs = [subprocess.Popen([sys.executable, "-m", "vitcli", *map(str, pretrain(
-        tmp_path, *two, "--search-task", str(i)))], env=ENV, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE) for i in (0, 1)]
-    for p in procs:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err.decode()[-2000:]
+    other = subprocess.Popen([sys.executable, "-m", "vitcli", *map(str, pretrain(
+        tmp_path, *two, "--search-task", "1"))], env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    training = tmp_path / "trial-001" / "metrics.jsonl"  # task 1 holds its trial: task 0 asks now
+    deadline = time.monotonic() + 240
+    while not training.exists() and other.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    code, _, err = run_vit(monkeypatch, capsys, *pretrain(tmp_path, *two, "--search-task", "0"))
+    assert code == 0, err
+    _, err = other.communicate(timeout=240)
+    assert other.returncode == 0, err.decode()[-2000:]
     trials = study(tmp_path)
     assert sorted(t[0] for t in trials) == [0, 1] and {t[1] for t in trials} <= {"COMPLETE", "PRUNED"}
     assert sorted(r["point"] for r in csv_rows(tmp_path)) == ["trial-000", "trial-001"]

@@ -167,6 +167,11 @@ def _run(study, search: Search, taken: tuple, workdir: Path, dist: Dist, resume:
     if dist.is_main:
         console.rule(f"trial {trial.number + 1} of {search.trials}: {slot}, {point_name(values)}")
     recipe = remote.below(search.resolve(values), slot)  # its checkpoints in a place of their own
+    if reported and trial.should_prune():
+        # stopped (Ctrl-C) at the step the pruner stopped it: pruned there, as it would have been
+        console.log(f"[yellow]{slot}: pruned at step {max(reported)}")
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        return
     try:
         summary = run_training(recipe, workdir / slot, dist, resume, skip_note=f"{slot}: finished, skipped",
                                table=False, on_eval=_reporter(trial, reported))
@@ -187,20 +192,26 @@ def _run(study, search: Search, taken: tuple, workdir: Path, dist: Dist, resume:
 
 
 def _reporter(trial, reported: set):
-    """Job.on_eval for a trial: val/top1 reported at its step, and the run stopped (TrialPruned) when
-    the pruner says so. A step a resumed trial `reported` before is not asked again."""
-    optuna = _optuna()
+    """Job.on_eval for a trial: val/top1 reported at its step, and TrialPruned returned (the loop
+    raises it after the step's checkpoint and signals) when the pruner says so. A step a resumed
+    trial `reported` before is not reported again."""
 
-    def report(step: int, metrics: dict) -> None:
+    def report(step: int, metrics: dict):
         value = metrics.get(DEV)
         if value is None or step in reported:
-            return
+            return None
         trial.report(value, step)
-        if trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at step {step}: {DEV} {value:.4f} below the median of the "
-                                     "trials before it at that step")
+        return _pruned(trial, step, value)
 
     return report
+
+
+def _pruned(trial, step: int, value: float):
+    """TrialPruned when the pruner stops the trial at its last report, else None."""
+    if not trial.should_prune():
+        return None
+    return _optuna().TrialPruned(f"pruned at step {step}: its best {DEV} so far below the median of "
+                                 f"the trials before it at that step ({value:.4f} now)")
 
 
 def tabulate(study, search: Search, workdir: Path, dist: Dist) -> dict:

@@ -2,8 +2,9 @@
 search over optim.lr and optim.weight_decay with pruning reaches the 4 x 3 grid's best validation
 top-1 in <= 60% of the grid's training steps).
 
-Both sides are `vit pretrain` as a user types it, each a command in its own process, one after the
-other, on recipes/quickstart/pretrain.yaml as it is (its run.eval_every, the pruner's reports):
+Both sides are `vit pretrain` as a user types it, each a command in its own process, the two at the
+same time (the figure is training steps, which sharing the cores does not change), on
+recipes/quickstart/pretrain.yaml as it is (its run.eval_every, the pruner's reports):
   grid     --sweep optim.lr=5e-4,1e-3,2e-3,4e-3 --sweep optim.weight_decay=0.01,0.05,0.2
   search   --search optim.lr=log:5e-4:4e-3 --search optim.weight_decay=log:0.01:0.2 --trials 12
            (the grid's ranges, log-uniform as the grid's values are spaced; the search.* keys at
@@ -17,6 +18,7 @@ trial's is where it stopped), summed per side; from sweep.json, each side's best
   speedup        grid steps / search steps when reached, else 0: the target's figure (>= 1 / 0.6)
 
     python bench/search.py [--quick] [--out FILE] [--keep DIR]   # ~25 min on 2 free cores
+(--keep DIR again: each side skips what it finished, so an interrupted bench goes on where it was)
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "recipes/quickstart/pretrain.yaml"
 GRID = ["--sweep", "optim.lr=5e-4,1e-3,2e-3,4e-3", "--sweep", "optim.weight_decay=0.01,0.05,0.2"]
-SEARCH = ["--search", "optim.lr=log:5e-4:4e-3", "--search", "optim.weight_decay=log:0.01:0.2", "--trials", "12"]
+SEARCH = ["--search", "optim.lr=log:5e-4:4e-3", "--search", "optim.weight_decay=log:0.01:0.2",
+          "--trials", "12"]
 # --quick: the script checked in seconds, not the goal (a few steps on a few images, 2 x 2 and 4 trials)
 QUICK = ["schedule.epochs=0", "schedule.steps=6", "schedule.warmup_steps=1", "run.eval_every=2",
          "run.log_every=1", "data.synthetic.train_size=64", "data.synthetic.val_size=32",
@@ -42,12 +45,19 @@ QUICK_GRID = ["--sweep", "optim.lr=5e-4,4e-3", "--sweep", "optim.weight_decay=0.
 QUICK_SEARCH = [*SEARCH[:-1], "4"]
 
 
-def vit(args: list[str]) -> tuple[dict, float]:
-    """`vit ARGS --json` as a process of its own: what it printed, and its wall-clock seconds."""
-    t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "vitcli", *args, "--json"], check=True,
-                          stdout=subprocess.PIPE, text=True)
-    return json.loads(done.stdout), time.perf_counter() - t0
+def vit_both(sides: dict[str, list[str]]) -> dict[str, tuple[dict, float]]:
+    """`vit ARGS --json` of each side, each a process of its own, at the same time: what each printed,
+    and its wall-clock seconds. A side whose workdir holds its finished points prints their table."""
+    t0, procs, out = time.perf_counter(), {}, {}
+    for name, args in sides.items():
+        procs[name] = subprocess.Popen([sys.executable, "-m", "vitcli", *args, "--json"], text=True,
+                                       stdout=subprocess.PIPE)
+    for name, proc in procs.items():
+        printed, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"search bench: the {name} exited {proc.returncode}")
+        out[name] = (json.loads(printed), time.perf_counter() - t0)
+    return out
 
 
 def trained_steps(point: Path) -> int:
@@ -83,11 +93,12 @@ def measure(quick: bool, root: Path) -> dict:
            "command_search": " ".join(["vit", *base, "--workdir", "SEARCH",
                                        *(QUICK_SEARCH if quick else SEARCH)]),
            "load_1min": [os.getloadavg()[0]]}
-    for name, extra in (("grid", QUICK_GRID if quick else GRID), ("search", QUICK_SEARCH if quick else SEARCH)):
-        print(f"search bench: the {name}", file=sys.stderr)
-        table, seconds = vit([*base, "--workdir", str(root / name), *extra])
+    print("search bench: the grid and the search, at the same time", file=sys.stderr)
+    sides = {"grid": QUICK_GRID if quick else GRID, "search": QUICK_SEARCH if quick else SEARCH}
+    ran = vit_both({name: [*base, "--workdir", str(root / name), *extra] for name, extra in sides.items()})
+    for name, (table, seconds) in ran.items():
         out[name] = side(root / name, table, seconds)
-        out["load_1min"].append(os.getloadavg()[0])
+    out["load_1min"].append(os.getloadavg()[0])
     return {**out, **compare(out["grid"], out["search"])}
 
 

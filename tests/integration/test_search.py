@@ -18,9 +18,9 @@ import pytest
 
 from helpers import REPO, refused, run_vit, snapshot
 from vitcli import cli
-from vitcli.train import loop
 from vitcli.runtime.run_dir import finished
 from vitcli.runtime.run_files import SEARCH_JOURNAL, SWEEP_CSV, SWEEP_FILE
+from vitcli.train import loop
 
 QUICK = str(REPO / "recipes/quickstart/pretrain.yaml")
 # the quickstart's network at depth 1, six steps on 2 classes, evaluated every 2 steps; pruned after
@@ -152,7 +152,8 @@ def test_the_slurm_job_array_runs_one_trial_slot_per_task(tmp_path, monkeypatch,
     (["--search", "optim.lr=1e-3", "--trials", "2"], "not a DIST"),
     (["--search", "optim.lr=log:1e-4:3e-3"], "--search needs --trials N"),
     (["--trials", "2"], "--trials belongs to a search"),
-    (["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2", "--sweep", "run.seed=0,1"], "--search with --sweep"),
+    (["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2", "--sweep", "run.seed=0,1"],
+     "--search with --sweep"),
     (["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2", "--overwrite"], "--search with --overwrite"),
     (["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2", "--search-task", "2"], "numbered 0 to 1"),
     (["--search", "optim.lr=log:1e-4:3e-3", "--trials", "2", "data.val_split="], "needs data.val_split"),

@@ -82,10 +82,10 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
     from vitcli.stages.finetune import check_flags, finetune
 
     # here: --dry-run refuses what the run would
-    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep or search))
-    grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     space = resolve_search(r, recipe, overrides, search, trials, search_task, flags, sweep=bool(sweep),
-                           overwrite=overwrite)
+                           overwrite=overwrite, lr_sweep=bool(lr_sweep), task=bool(task))
+    lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))
+    grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
     if preflight:
         if lrs or chosen:

@@ -78,26 +78,31 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
 
 
 def resolve_search(base: Recipe, recipe_file: Path | None, overrides: list[str] | None,
-                   specs: list[str] | None, trials: int | None, task: int | None, flags: dict | None = None,
-                   *, sweep: bool = False, overwrite: bool = False) -> Search | None:
+                   specs: list[str] | None, trials: int | None, slot: int | None, flags: dict | None = None,
+                   *, sweep: bool = False, overwrite: bool = False, lr_sweep: bool = False,
+                   task: bool = False) -> Search | None:
     """The search `--search KEY=DIST ... --trials N` asks for, checked before anything is written:
     the space parsed, the recipe resolved at each of its corners (recipe.space.corner_points) as
     the command with those values would resolve it; a trial's recipe is resolved the same way when
-    it draws its values. None without --search. `task` is --search-task's slot."""
+    it draws its values. None without --search. `slot` is --search-task's; `sweep`, `overwrite`,
+    `lr_sweep` and `task`: whether those flags were given (each refused with --search)."""
     from vitcli.errors import RecipeError
     from vitcli.recipe.space import Search, space
 
     if not specs:
-        extra = "--trials" if trials is not None else "--search-task" if task is not None else None
+        extra = "--trials" if trials is not None else "--search-task" if slot is not None else None
         if extra:
             raise RecipeError(f"{extra} belongs to a search: give it with --search KEY=DIST")
         return None
-    refusal = ("--search with --sweep: pass one (a grid of values, or a search over ranges)" if sweep else
-               "--search with --overwrite: a search resumes its study; pass a new --workdir to start "
-               "over" if overwrite else "--search needs --trials N, how many trials to run"
-               if trials is None else None)
-    if refusal:
-        raise RecipeError(refusal)
+    refusals = {"--sweep": (sweep, "pass one (a grid of values, or a search over ranges)"),
+                "--lr-sweep": (lr_sweep, "pass one (--search optim.lr=log:LO:HI searches the rate)"),
+                "--task": (task, "the VTAB protocol runs its own recipe per task"),
+                "--overwrite": (overwrite, "a search resumes its study; pass a new --workdir to start over")}
+    for flag, (given, why) in refusals.items():
+        if given:
+            raise RecipeError(f"--search with {flag}: {why}")
+    if trials is None:
+        raise RecipeError("--search needs --trials N, how many trials to run")
     if LaunchEnv.read().world_size > 1:
         raise RecipeError("--search trains each trial in one process: run it without torchrun (with "
                           "--slurm each array task runs one trial)")
@@ -106,12 +111,12 @@ def resolve_search(base: Recipe, recipe_file: Path | None, overrides: list[str] 
     clash = [d.key for d in dists if flags.get(d.key) is not None]
     if clash:
         raise RecipeError(f"--search {clash[0]}: an option of this command sets it too; drop one of them")
-    if task is not None and not 0 <= task < trials:
-        raise RecipeError(f"--search-task {task}: the search has {trials} trial slots, numbered 0 to "
+    if slot is not None and not 0 <= slot < trials:
+        raise RecipeError(f"--search-task {slot}: the search has {trials} trial slots, numbered 0 to "
                           f"{trials - 1}")
     resolve = functools.partial(_trial_recipe, base.stage, recipe_file, overrides, flags)
     _check_corners(base, dists, resolve)
-    return Search(dists, trials, resolve, base.run.seed, base.search, task)
+    return Search(dists, trials, resolve, base.run.seed, base.search, slot)
 
 
 def _trial_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | None, flags: dict,

@@ -204,7 +204,7 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
             refuse_single_run(workdir)
         _print_recipe(recipe)
         if kwargs.get("search"):
-            return _print_space(kwargs["search"], workdir)
+            return _print_space(kwargs["search"], workdir, recipe.stage)
         return _print_points(sweep, workdir) if sweep else None
     if sweep is not None:
         kwargs["sweep"] = sweep
@@ -306,9 +306,9 @@ def _print_points(grid: Grid, workdir: Path | None) -> None:
         sys.stderr.write(f"#   {i}: {point.name}{mark}\n")
 
 
-def _print_space(search: Search, workdir: Path | None) -> None:
+def _print_space(search: Search, workdir: Path | None, stage: str) -> None:
     """A dry run's search on stderr, below the recipe: its space, its trials and where they run."""
-    where = workdir or f"runs/{WORKDIR_NAMES[search.resolve.args[0]]}-<time>"
+    where = workdir or f"runs/{WORKDIR_NAMES[stage]}-<time>"
     sys.stderr.write(f"# search: {search.trials} trials, each its own run in {where}/trial-<k>, the study "
                      f"in {where}/search.journal (seed {search.seed})\n")
     for text in search.texts():

@@ -204,10 +204,8 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
             if save:
                 newest = checkpoints.save(done)
                 clock.reset()
-            if signum:
-                raise interrupted(signum, done, job.total_steps, job.workdir)
-            if ended is not None:
-                raise ended
+            if signum or ended is not None:  # a signal first: its checkpoint is written, the run resumes
+                raise interrupted(signum, done, job.total_steps, job.workdir) if signum else ended
             step = done
     final = _final_metrics(job, model, ema, metrics)
     _save_final(job, parallel, ema, dist)

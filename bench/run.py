@@ -47,6 +47,8 @@ all as commands: the ETA over the run's wall-clock time, the peak memory over th
 `ckpt_stall` bench/ckpt_stall.py's: `vit pretrain` checkpointing at every step, the loop's stall at each
 with the background writer (run.ckpt_async) and the synchronous one, over a step, for the quickstart
 network and ViT-B/16 at 224 px.
+`search` bench/search.py's: a 12-trial search with pruning against the 4 x 3 grid over optim.lr and
+optim.weight_decay on the quickstart, both `vit pretrain` commands, in training steps.
 `targets` holds the goals and whether met (null: not measured).
 
     python bench/run.py [--timm-train PATH]   # the measurement (~27 min on 2 cores);
@@ -56,6 +58,7 @@ network and ViT-B/16 at 224 px.
     python bench/run.py --mae   # only the `mae` part and its goal (~3 min with the cores free)
     python bench/run.py --preflight   # only the `preflight` part and its goals (~4 min with the cores free)
     python bench/run.py --ckpt-stall   # only the `ckpt_stall` part and its goals (~10 min, cores free)
+    python bench/run.py --search   # only the `search` part (bench/search.py) and its goal
 """
 
 from __future__ import annotations
@@ -181,6 +184,9 @@ TARGETS = {  # name -> (path of keys in the results, goal)
     # (issue 38): closeness = 1 - |preflight / run - 1|
     **{f"preflight_{what}_{run}": (("preflight", run, f"{what}_closeness"), goal)
        for run in PREFLIGHT_RUNS for what, goal in (("eta", 0.85), ("mem", 0.90))},
+    # bench/search.py: a 12-trial search with pruning reaches the 4 x 3 grid's best val/top1 in <= 60%
+    # of the grid's training steps (issue 47): speedup = grid steps / search steps when it reaches it
+    "search_vs_grid_quickstart": (("search", "speedup"), 1 / 0.6),
 }
 
 
@@ -611,6 +617,15 @@ def ckpt_stall(quick: bool) -> dict:
         return json.loads(Path(f.name).read_text())
 
 
+def search_vs_grid(quick: bool) -> dict:
+    """bench/search.py's JSON: a search that prunes against the grid, as commands."""
+    progress("a 12-trial search against the 4 x 3 grid, as commands (bench/search.py)")
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(Path(__file__).with_name("search.py")), "--out", f.name]
+        subprocess.run(cmd + (["--quick"] if quick else []), check=True, stdout=subprocess.DEVNULL)
+        return json.loads(Path(f.name).read_text())
+
+
 def spawn(name: str, quick: bool, precision: str, only_extraction: bool = False) -> dict:
     """One model's numbers from a fresh process, so its ru_maxrss is its own."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
@@ -629,6 +644,7 @@ def main() -> None:
                    help="only `--preflight`'s ETA and memory against the runs")
     p.add_argument("--ckpt-stall", action="store_true",
                    help="only the checkpoint stall, background against synchronous writer")
+    p.add_argument("--search", action="store_true", help="only a search against the grid it replaces")
     p.add_argument("--timm-train", help="timm's train.py, for the command-level comparison (rehearse.py)")
     p.add_argument("--model", help=argparse.SUPPRESS)  # internal: measure one model, write --out
     p.add_argument("--precision", help=argparse.SUPPRESS)
@@ -655,7 +671,8 @@ def main() -> None:
     # one part alone, with its own targets
     alone = {"mae": (a.mae, lambda: spawn(MAE, a.quick, auto)),
              "ckpt_stall": (a.ckpt_stall, lambda: ckpt_stall(a.quick)),
-             "preflight": (a.preflight, lambda: preflight_vs_run(a.quick))}
+             "preflight": (a.preflight, lambda: preflight_vs_run(a.quick)),
+             "search": (a.search, lambda: search_vs_grid(a.quick))}
     for key, (asked, measure) in alone.items():
         if asked:
             results = {"machine": machine(), "torch": torch.__version__, "quick": a.quick, key: measure()}
@@ -693,6 +710,7 @@ def main() -> None:
         results["transfer"] = json.loads(Path(f.name).read_text())
     progress("--preflight's ETA and memory against the quickstart runs, as commands")
     results["preflight"] = preflight_vs_run(a.quick)
+    results["search"] = search_vs_grid(a.quick)
     results["targets"] = targets(results)
     results["seconds"] = time.perf_counter() - t0
     json.dump(results, sys.stdout, indent=2)

@@ -149,6 +149,13 @@ def test_a_finished_run_is_never_requeued_even_when_the_warning_came_late():
     assert decide(140, "USR2", finished=True, progress=True, history=[], max_requeues=3).action == "done"
 
 
+def test_a_command_that_succeeded_is_done_though_its_run_is_unfinished():
+    """A search's array task whose trial was pruned: its run stops unfinished, and the task exits 0."""
+    outcome = decide(0, "", finished=False, progress=True, history=[], max_requeues=3)
+    assert outcome.action == "done" and "pruned" in outcome.why
+    assert decide(0, "USR2", False, True, [], 3).action == "requeue"  # stopped by the warning: not done
+
+
 def test_a_crash_is_not_requeued():
     outcome = decide(1, "", finished=False, progress=True, history=[], max_requeues=3)
     assert outcome.action == "fail" and "without a signal" in outcome.why

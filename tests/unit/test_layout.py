@@ -26,7 +26,7 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # the experiment as data: choices and names, schema, checks, resolution (no torch)
     ("recipe", ["choices", "schema", "layers", "names", "data_checks", "holdout_checks",
                 "fewshot_checks", "objective_checks", "cluster_checks", "rollback_checks",
-                "checks", "resolve", "grid"]),
+                "checks", "resolve", "grid", "space"]),
     # what every stage runs on: the allocator's settings, the launcher's environment, run file names
     # and the run directory's rules, atomic files, precision, peak FLOP/s, peak memory, console and
     # metrics, trackers, processes, output locations
@@ -72,8 +72,8 @@ LAYERS = [  # (package, its modules in order), lowest first: the tree read as th
     # micro-batch trials, the builder, and --preflight's measurement and estimate
     ("run", ["report", "feed", "network", "trial", "micro_batch", "build", "measure", "estimate"]),
     # one driver per command
-    ("stages", ["run", "preflight", "sweep", "vtab", "finetune", "fewshot", "inspect", "plot", "resize",
-                "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite", "env"]),
+    ("stages", ["run", "preflight", "sweep", "search", "vtab", "finetune", "fewshot", "inspect", "plot",
+                "resize", "prepare", "export", "evaluate_extra", "evaluate", "predict", "suite", "env"]),
     # a run taken onto a SLURM cluster: its batch script, its requeues, its submission (torch-free),
     # and the job's torchrun, whose exit code says why ranks failed
     ("cluster", ["requeue", "slurm", "submit", "launch"]),
@@ -140,7 +140,8 @@ def test_a_module_imports_only_modules_below_it(name):
 
 # pip extras: imported only when a recipe asks for them
 OPTIONAL_EXTRAS = {"torch.utils.tensorboard", "wandb", "mlflow.entities", "mlflow.tracking",
-                   "mlflow.exceptions", "trackio", "trackio.sqlite_storage"}
+                   "mlflow.exceptions", "trackio", "trackio.sqlite_storage", "optuna", "optuna.storages",
+                   "optuna.storages.journal"}
 # imported only where they are used, for a run's start-up time (seconds each, measured under load),
 # which tests/integration/test_import_time.py bounds: a sharded checkpoint's DCP, and matplotlib
 # when drawing; and for a micro-batch trial's memory, which importing its objective and the loop

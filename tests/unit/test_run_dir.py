@@ -84,10 +84,12 @@ def test_every_user_of_finished_gives_the_same_answer(tmp_path):
         start = (workdir / f"state-{steps}.pt", {"step": steps})
         resumed = manager.finished_summary(workdir, start)
         assert (resumed is not None) == (expected and steps == 8), name
-        outcome = requeue.decide(0, "", finished(workdir) is not None, False, [], 3)
+        # a step that failed (exit 1): done only when the run is finished (an exit 0 is done either way:
+        # a search's pruned trial ends unfinished, test_cluster.py)
+        outcome = requeue.decide(1, "", finished(workdir) is not None, False, [], 3)
         assert (outcome.action == "done") == expected, name
         # what the batch script's end step decides (no signal: done or fail, no scontrol)
-        ended = requeue.end(workdir, 0, "", 3)
+        ended = requeue.end(workdir, 1, "", 3)
         assert (ended.action == "done") == expected, name
     assert sweep.finished is finished, "a sweep point is finished by the same rule"
 

@@ -21,6 +21,8 @@ from vitcli.cli.dispatch import (
     output_format,
     resolve_grid,
     resolve_recipe,
+    resolve_search,
+    searched,
 )
 
 app = typer.Typer(
@@ -39,24 +41,29 @@ def pretrain(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None,
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
              sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
              preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
+             search: opt.Search = None, trials: opt.Trials = None, search_task: opt.SearchTask = None,
              overrides: opt.TrainOverrides = None) -> None:
     """Pretrain a ViT (supervised, masked patch prediction or MAE), with resumable checkpoints."""
     r = resolve_recipe("pretrain", recipe, overrides)
     grid = resolve_grid("pretrain", recipe, overrides, sweep, sweep_point)
+    space = resolve_search(r, recipe, overrides, search, trials, search_task, sweep=bool(sweep),
+                           overwrite=overwrite)
     check_resume_flags(resume, overwrite)
     if preflight:  # here, even with --slurm: what the job would cost, its requeues included
-        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid, resume, overwrite)
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid or space, resume, overwrite)
     if slurm:
         return dispatch_slurm(r, workdir, [], dry_run=dry_run, output=output_format(json_out),
-                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
+                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid,
+                              search=searched(search, trials, space))
 
     def stage():
         from vitcli.stages.run import one_run
+        from vitcli.stages.search import run_search
         from vitcli.stages.sweep import run_grid
-        return run_grid if grid else one_run
+        return run_search if space else run_grid if grid else one_run
 
     dispatch(stage, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite, sweep=grid)
+             resume=resume, overwrite=overwrite, sweep=grid, **({"search": space} if space else {}))
 
 
 @app.command("finetune")
@@ -66,6 +73,7 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
              overwrite: opt.Overwrite = False, slurm: opt.Slurm = False, json_out: opt.Json = False,
              sweep: opt.Sweep = None, sweep_point: opt.SweepPoint = None, preflight: opt.Preflight = False,
              preflight_steps: opt.PreflightSteps = opt.PREFLIGHT_STEPS,
+             search: opt.Search = None, trials: opt.Trials = None, search_task: opt.SearchTask = None,
              overrides: opt.TrainOverrides = None) -> None:
     """Fine-tune with the paper's transfer protocol: zero-initialised head, 2-D position-embedding
     resize."""
@@ -74,19 +82,23 @@ def finetune(recipe: opt.RecipeFile = None, workdir: opt.Workdir = None, init: o
     from vitcli.stages.finetune import check_flags, finetune
 
     # here: --dry-run refuses what the run would
+    space = resolve_search(r, recipe, overrides, search, trials, search_task, flags, sweep=bool(sweep),
+                           overwrite=overwrite, lr_sweep=bool(lr_sweep), task=bool(task))
     lrs, chosen = check_flags(lr_sweep, task, r, bool(sweep))
     grid = resolve_grid("finetune", recipe, overrides, sweep, sweep_point, flags)
     check_resume_flags(resume, overwrite)
     if preflight:
         if lrs or chosen:
             raise typer.BadParameter("--preflight times one run: drop --lr-sweep and --task")
-        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid, resume, overwrite)
+        return _preflight(r, workdir, dry_run, json_out, preflight_steps, grid or space, resume, overwrite)
     if slurm:  # the job runs this command with the frozen recipe: its own flags go with it
         passed = [*(["--lr-sweep", lr_sweep] if lr_sweep else []), *(["--task", task] if task else [])]
         return dispatch_slurm(r, workdir, passed, dry_run=dry_run, output=output_format(json_out),
-                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid)
+                              resume=resume, overwrite=overwrite, sweep=sweep, grid=grid,
+                              search=searched(search, trials, space))
     dispatch(lambda: finetune, r, workdir=workdir, dry_run=dry_run, output=output_format(json_out),
-             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid)
+             resume=resume, overwrite=overwrite, lrs=lrs, chosen=chosen, sweep=grid,
+             **({"search": space} if space else {}))
 
 
 def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: int, grid,
@@ -95,8 +107,8 @@ def _preflight(r, workdir: Path | None, dry_run: bool, json_out: bool, steps: in
     and --overwrite decide as they would for the run (a finished run is timed only with
     --overwrite), but what is timed is always a fresh run."""
     if grid is not None:
-        raise typer.BadParameter("--preflight times one run: drop --sweep (or time one point with its "
-                                 "values as KEY=VALUE overrides)")
+        raise typer.BadParameter("--preflight times one run: drop --sweep or --search (or time one "
+                                 "point with its values as KEY=VALUE overrides)")
 
     def stage():
         from vitcli.stages.preflight import preflight

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import os
@@ -23,6 +24,7 @@ from vitcli.runtime.launcher import LaunchEnv
 if TYPE_CHECKING:
     from vitcli.recipe.grid import Grid
     from vitcli.recipe.schema import Recipe
+    from vitcli.recipe.space import Search
 
 Output = Literal["table", "json", "csv"]
 Stage = Callable[..., Any]  # a stage function (vitcli.stages): what it returns is the result
@@ -75,6 +77,79 @@ def resolve_grid(stage: str, recipe_file: Path | None, overrides: list[str] | No
     return Grid(found, recipes, only)
 
 
+def resolve_search(base: Recipe, recipe_file: Path | None, overrides: list[str] | None,
+                   specs: list[str] | None, trials: int | None, slot: int | None, flags: dict | None = None,
+                   *, sweep: bool = False, overwrite: bool = False, lr_sweep: bool = False,
+                   task: bool = False) -> Search | None:
+    """The search `--search KEY=DIST ... --trials N` asks for, checked before anything is written:
+    the space parsed, the recipe resolved at each of its corners (recipe.space.corner_points) as
+    the command with those values would resolve it; a trial's recipe is resolved the same way when
+    it draws its values. None without --search. `slot` is --search-task's; `sweep`, `overwrite`,
+    `lr_sweep` and `task`: whether those flags were given (each refused with --search)."""
+    from vitcli.errors import RecipeError
+    from vitcli.recipe.space import Search, space
+
+    if not specs:
+        extra = "--trials" if trials is not None else "--search-task" if slot is not None else None
+        if extra:
+            raise RecipeError(f"{extra} belongs to a search: give it with --search KEY=DIST")
+        return None
+    refusals = {"--sweep": (sweep, "pass one (a grid of values, or a search over ranges)"),
+                "--lr-sweep": (lr_sweep, "pass one (--search optim.lr=log:LO:HI searches the rate)"),
+                "--task": (task, "the VTAB protocol runs its own recipe per task"),
+                "--overwrite": (overwrite, "a search resumes its study; pass a new --workdir to start over")}
+    for flag, (given, why) in refusals.items():
+        if given:
+            raise RecipeError(f"--search with {flag}: {why}")
+    if trials is None:
+        raise RecipeError("--search needs --trials N, how many trials to run")
+    if LaunchEnv.read().world_size > 1:
+        raise RecipeError("--search trains each trial in one process: run it without torchrun (with "
+                          "--slurm each array task runs one trial)")
+    dists = space(specs)
+    flags = flags or {}
+    clash = [d.key for d in dists if flags.get(d.key) is not None]
+    if clash:
+        raise RecipeError(f"--search {clash[0]}: an option of this command sets it too; drop one of them")
+    if slot is not None and not 0 <= slot < trials:
+        raise RecipeError(f"--search-task {slot}: the search has {trials} trial slots, numbered 0 to "
+                          f"{trials - 1}")
+    resolve = functools.partial(_trial_recipe, base.stage, recipe_file, overrides, flags)
+    _check_corners(base, dists, resolve)
+    return Search(dists, trials, resolve, base.run.seed, base.search, slot)
+
+
+def _trial_recipe(stage: str, recipe_file: Path | None, overrides: list[str] | None, flags: dict,
+                  values: dict) -> Recipe:
+    """A trial's recipe: the command's, its values above its overrides and flags."""
+    return resolve_recipe(stage, recipe_file, overrides, {**flags, **values})
+
+
+def _check_corners(base: Recipe, dists: list, resolve: Callable[[dict], Recipe]) -> None:
+    """The recipe resolved at each corner of the space, each value the one its trial would train
+    with (recipe.grid.check_swept); a dev split to choose on, and the supervised objective's
+    val/top1."""
+    from vitcli.errors import VitcliError
+    from vitcli.recipe.grid import Point, check_swept, point_name
+    from vitcli.recipe.objective_checks import check_searchable
+    from vitcli.recipe.space import corner_points
+
+    check_searchable(base)
+    for values in corner_points(dists):
+        try:
+            check_swept([Point(point_name(values), values)], [resolve(values)])
+        except VitcliError as e:  # the key's own message, and at which corner
+            text = str(e).replace("--sweep ", "", 1)
+            raise type(e)(f"--search at {point_name(values)}: {text}") from None
+
+
+def searched(specs: list[str] | None, trials: int | None, search: Search | None) -> tuple | None:
+    """What `--slurm` passes on of a search: its options, and its slot count (one array task each)."""
+    if search is None:
+        return None
+    return ([a for spec in specs or [] for a in ("--search", spec)] + ["--trials", str(trials)], trials)
+
+
 def _trained_with(first: Recipe, own_data: bool) -> dict:
     if not first.init.checkpoint or first.init.random:  # nothing to read: torch stays unimported
         return {}
@@ -123,11 +198,13 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
     in_workdir = recipe is not None and recipe.stage in WORKDIR_NAMES
     if in_workdir and dry_run:
         # a sweep's (--sweep, --lr-sweep) workdir refused as the sweep would refuse it
-        if (sweep is not None or kwargs.get("lrs")) and workdir is not None:
+        if (sweep is not None or kwargs.get("lrs") or kwargs.get("search")) and workdir is not None:
             from vitcli.runtime.workdir import refuse_single_run
 
             refuse_single_run(workdir)
         _print_recipe(recipe)
+        if kwargs.get("search"):
+            return _print_space(kwargs["search"], workdir, recipe.stage)
         return _print_points(sweep, workdir) if sweep else None
     if sweep is not None:
         kwargs["sweep"] = sweep
@@ -146,7 +223,7 @@ def dispatch(load: Callable[[], Stage], recipe: Recipe | None, *args: Any,
 
 def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry_run: bool, output: Output,
                    resume: bool | None = None, overwrite: bool = False, sweep: list[str] | None = None,
-                   grid: Grid | None = None) -> None:
+                   grid: Grid | None = None, search: tuple | None = None) -> None:
     """`--slurm`: the recipe (every point's, for a sweep) checked for the job's processes
     (slurm.nodes x processes per node), then the batch script printed (dry run) or written and
     submitted (vitcli.cluster.submit): one job, or a job array of one task per sweep point.
@@ -154,6 +231,7 @@ def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry
     from vitcli.cluster.submit import submit
     from vitcli.recipe.checks import check
     from vitcli.recipe.cluster_checks import procs_per_node
+    from vitcli.recipe.space import slot_name
 
     if resume is not None or overwrite:
         flag = "--overwrite" if overwrite else "--resume" if resume else "--no-resume"
@@ -162,12 +240,17 @@ def dispatch_slurm(recipe: Recipe, workdir: Path | None, args: list[str], *, dry
     if grid is not None and grid.only is not None:
         raise typer.BadParameter("--slurm with --sweep-point: the job array runs every point, one per task")
     world = recipe.slurm.nodes * procs_per_node(recipe.slurm)
+    if search is not None and world > 1:
+        raise typer.BadParameter(f"--search with --slurm trains each trial in one process: slurm.nodes=1 "
+                                 f"and one process per task (this recipe's job has {world})")
     for each in grid.recipes if grid else [recipe]:
         check(each, world)  # the batch splits over the job's ranks
-    passed = [*args, *(a for spec in sweep or [] for a in ("--sweep", spec))]
+    passed = [*args, *(a for spec in sweep or [] for a in ("--sweep", spec)), *(search[0] if search else [])]
+    points = ([p.name for p in grid.points] if grid else
+              [slot_name(k) for k in range(search[1])] if search else None)
     with _tables_off(output != "table"):
         result = submit(recipe, workdir or _new_workdir(WORKDIR_NAMES[recipe.stage]), tuple(passed),
-                        [p.name for p in grid.points] if grid else None, dry_run=dry_run)
+                        points, dry_run=dry_run, index_flag="--search-task" if search else "--sweep-point")
     if result is not None and output == "json":
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
 
@@ -221,6 +304,15 @@ def _print_points(grid: Grid, workdir: Path | None) -> None:
     for i, point in enumerate(grid.points):
         mark = "  <- --sweep-point" if i == grid.only else ""
         sys.stderr.write(f"#   {i}: {point.name}{mark}\n")
+
+
+def _print_space(search: Search, workdir: Path | None, stage: str) -> None:
+    """A dry run's search on stderr, below the recipe: its space, its trials and where they run."""
+    where = workdir or f"runs/{WORKDIR_NAMES[stage]}-<time>"
+    sys.stderr.write(f"# search: {search.trials} trials, each its own run in {where}/trial-<k>, the study "
+                     f"in {where}/search.journal (seed {search.seed})\n")
+    for text in search.texts():
+        sys.stderr.write(f"#   {text}\n")
 
 
 @contextlib.contextmanager

@@ -117,6 +117,22 @@ SweepPoint = Annotated[int | None, typer.Option(
     help="Run only point I (0-based) of --sweep, as a SLURM array task; the task that finishes the last "
          "point writes the sweep's table.")]
 
+# ---------------------------------------------------------------- searches (pretrain and finetune)
+
+Search = Annotated[list[str] | None, typer.Option(
+    "--search", metavar="KEY=DIST",
+    help="Search a recipe key with Optuna (repeatable): DIST is log:LO:HI (log-uniform), LO:HI "
+         "(uniform; ints for an int key) or V1,V2,... (one of them), e.g. --search "
+         "optim.lr=log:1e-4:3e-3; each trial a run in WORKDIR/trial-<k>, weak ones pruned on "
+         "val/top1; the same command resumes it. See docs/search.md.")]
+Trials = Annotated[int | None, typer.Option(
+    "--trials", metavar="N", min=1, help="How many trials --search runs (pruned and failed ones "
+                                         "count).")]
+SearchTask = Annotated[int | None, typer.Option(
+    "--search-task", metavar="I", hidden=True,
+    help="Run only trial slot I (0-based) of --search, as a SLURM array task; the task that finishes "
+         "the last trial writes the table.")]
+
 # ---------------------------------------------------------------- finetune
 
 Init = Annotated[str | None, typer.Option(

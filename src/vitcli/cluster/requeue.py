@@ -84,6 +84,9 @@ def decide(rc: int, signal: str, finished: bool, progress: bool, history: list[d
     kind = stop_kind(rc, signal, ended)
     if finished:
         return Outcome("done", "the run is finished", kind)
+    if rc == 0 and not signal:  # a search's trial pruned: its run stops unfinished, its task done
+        return Outcome("done", "the command succeeded (a search's trial that was pruned stops "
+                               "unfinished)", "")
     if kind == "cancel":
         return Outcome("cancel", "the job was cancelled (scancel): not requeued; its checkpoint stays, and "
                                  "sbatch of its slurm/job.sh resumes the run", kind)

@@ -58,6 +58,8 @@ class Job:
     cwd: Path
     python: str  # the interpreter that submitted: the compute nodes run the same installation
     points: int = 0  # a sweep's number of points, each an array task; 0: one run
+    # the option that tells an array task its index: a sweep's point, or a search's trial slot
+    index_flag: str = "--sweep-point"
 
 
 def slurm_dir(workdir: Path) -> Path:
@@ -116,7 +118,7 @@ def torchrun(cfg: SlurmConfig, job: Job) -> str:
     q = shlex.quote
     command = [job.stage, "--recipe", str(slurm_dir(job.workdir) / RECIPE_FILE), "--workdir",
                str(job.workdir), *job.args]
-    point = ' --sweep-point "$SLURM_ARRAY_TASK_ID"' if job.points else ""
+    point = f' {job.index_flag} "$SLURM_ARRAY_TASK_ID"' if job.points else ""
     return (f'{q(job.python)} -m vitcli.cluster.launch --nnodes="$SLURM_JOB_NUM_NODES" '
             f'--nproc-per-node={procs_per_node(cfg)} --rdzv-backend=c10d --rdzv-endpoint="$HEAD_IP:$PORT" '
             f'--rdzv-id="$SLURM_JOB_ID" --signals-to-handle={FORWARDED} '

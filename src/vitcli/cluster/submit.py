@@ -41,12 +41,12 @@ ENDED = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "PREEMPTED", "NODE_FAIL"
 
 
 def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: list[str] | None = None,
-           dry_run: bool = False) -> dict | None:
-    """Submit `vit <recipe.stage>` of `workdir` (a sweep's `points`, one array task each) to SLURM;
-    returns the job id, the script and the log. `args` are the command's own flags the job passes
-    on."""
+           dry_run: bool = False, index_flag: str = "--sweep-point") -> dict | None:
+    """Submit `vit <recipe.stage>` of `workdir` (a sweep's `points`, or a search's trial slots, one
+    array task each, told its index by `index_flag`) to SLURM; returns the job id, the script and
+    the log. `args` are the command's own flags the job passes on."""
     given, workdir = workdir, workdir.absolute()
-    job = Job(recipe.stage, tuple(args), workdir, Path.cwd(), sys.executable, len(points or []))
+    job = Job(recipe.stage, tuple(args), workdir, Path.cwd(), sys.executable, len(points or []), index_flag)
     written = f"`vit {recipe.stage} --slurm` on {time.strftime('%Y-%m-%d %H:%M')}"
     text = batch_script(recipe.slurm, job, written)
     # before the dry run's script: --dry-run refuses what the submission would
@@ -62,7 +62,7 @@ def submit(recipe: Recipe, workdir: Path, args: tuple[str, ...] = (), points: li
         sys.stderr.write(f"warning: {line}\n")  # one line each, unwrapped: a log keeps them whole
     if dry_run or sbatch is None:
         sys.stdout.write(text)
-        _list_points(given, points or [])
+        _list_points(given, points or [], "search" if index_flag == "--search-task" else "sweep")
         return None
     job_id = _sbatch_held(sbatch, text, workdir)
     here = slurm_dir(workdir)
@@ -139,13 +139,13 @@ def _sbatch_held(sbatch: str, text: str, workdir: Path) -> str:
     return done.stdout.strip().split(";")[0]  # --parsable: "<id>" or "<id>;<cluster>"
 
 
-def _list_points(workdir: Path, points: list[str]) -> None:
-    """A dry run's sweep: its points on stderr, each an array task (as the sweep's --dry-run lists
-    them)."""
+def _list_points(workdir: Path, points: list[str], what: str = "sweep") -> None:
+    """A dry run's sweep (or search): its points on stderr, each an array task (as the sweep's
+    --dry-run lists them)."""
     if not points:
         return
-    sys.stderr.write(f"# sweep: {len(points)} points as a job array, task i running point i, each its own "
-                     f"run in {workdir}/<point>\n")
+    sys.stderr.write(f"# {what}: {len(points)} points as a job array, task i running point i, each its "
+                     f"own run in {workdir}/<point>\n")
     for i, point in enumerate(points):
         sys.stderr.write(f"#   {i}: {point}\n")
 

@@ -6,4 +6,5 @@ sets of values, each a Literal) < schema.py (the typed dataclasses, every key's 
 objectives' keys), cluster_checks.py (the slurm section's), rollback_checks.py (a rollback past
 a loss spike: its keys, data.skip_steps read into windows) < checks.py (every value check, one
 RecipeError naming the key) < resolve.py (defaults < file < overrides < flags, then checked) <
-grid.py (a sweep's `--sweep KEY=V1,V2` options -> its named points)."""
+grid.py (a sweep's `--sweep KEY=V1,V2` options -> its named points) < space.py (a search's
+`--search KEY=DIST` options -> the distributions its trials draw from)."""

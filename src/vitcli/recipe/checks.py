@@ -57,6 +57,7 @@ POSITIVE = (
     "dino.koleo_group",
 )
 NOT_NEGATIVE = (
+    "search.startup_trials", "search.prune_after", "search.prune_warmup_steps",
     "schedule.steps", "schedule.epochs", "schedule.warmup_steps", "schedule.end_lr", "run.seed",
     "run.eval_every", "run.ckpt_every_minutes", "data.num_workers", "data.cache_mb", "run.memory_budget_mb",
     "data.num_classes", "data.mixup_alpha", "data.cutmix_alpha", "data.color_jitter",

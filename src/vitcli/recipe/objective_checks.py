@@ -137,3 +137,12 @@ def check_distill(recipe: Recipe) -> None:
     if d.type != "none" and recipe.objective != "supervised":
         raise RecipeError(f"distill.type={d.type} distils a classifier's logits, but objective: "
                           f"{recipe.objective} has none; set distill.type=none, or objective: supervised")
+
+
+def check_searchable(recipe: Recipe) -> None:
+    """`--search` chooses on val/top1 (stages/search.py): a dev split, and the supervised
+    objective's head to score it."""
+    if not recipe.data.val_split or recipe.objective != "supervised":
+        raise RecipeError("--search chooses on val/top1: it needs data.val_split (a dev split) and "
+                          f"objective: supervised (this recipe: objective {recipe.objective!r}, "
+                          f"data.val_split {recipe.data.val_split!r})")

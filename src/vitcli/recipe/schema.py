@@ -509,6 +509,21 @@ class SlurmConfig:
 
 
 @dataclass
+class SearchConfig:
+    """How `--search` draws and prunes its trials (stages/search.py): Optuna's TPE sampler and
+    median pruner, their defaults Optuna's own. Never part of what a trial trains."""
+
+    # trials drawn at random before TPE models the ones done (optuna TPESampler n_startup_trials)
+    startup_trials: int = 10
+    # trials finished before any is pruned (MedianPruner n_startup_trials): a median of fewer is
+    # one trial's luck
+    prune_after: int = 5
+    # a trial's steps before it may be pruned (MedianPruner n_warmup_steps): early evaluations
+    # rank the learning rates by their warm-up more than by where they end
+    prune_warmup_steps: int = 0
+
+
+@dataclass
 class Recipe:
     """One experiment."""
 
@@ -530,6 +545,7 @@ class Recipe:
     dino: DinoConfig = field(default_factory=DinoConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)  # --search: sampler and pruner
 
 
 def micro_batches(recipe: Recipe, world_size: int = 1) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,14 +179,18 @@ def finish(job: Job, dist: Dist, table: bool = True) -> dict:
 
 
 def run_training(recipe: Recipe, workdir: Path, dist: Dist, resume: bool | None = None,
-                 overwrite: bool = False, skip_note: str = "", table: bool = True) -> dict:
+                 overwrite: bool = False, skip_note: str = "", table: bool = True,
+                 on_eval: Callable[[int, dict], BaseException | None] | None = None) -> dict:
     """Train as the recipe says (`start`, then `finish`); writes recipe.yaml, metrics.jsonl, state,
     model.safetensors, summary.json (rank 0), and returns what summary.json holds. A finished run is
     not trained again: its results are returned, and said (its table printed, with `table`) unless a
     driver of several runs says with `skip_note` how it skips one (its own table reports it).
-    `table=False`: the final table is left to the caller's own (a sweep's)."""
+    `table=False`: the final table is left to the caller's own (a sweep's). `on_eval`: told each
+    periodic evaluation's (step, metrics); what it returns ends the run (Job.on_eval: a search's
+    trial pruned)."""
     job = start(recipe, workdir, dist, resume, overwrite)
     if not isinstance(job, Finished):
+        job.on_eval = on_eval
         return finish(job, dist, table)
     if dist.is_main:
         console.log(skip_note or job.line())

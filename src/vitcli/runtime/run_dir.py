@@ -29,7 +29,7 @@ NOT_RESULT = ("run.device", "run.compile", "run.log_every", "run.eval_every", "r
               "run.memory_budget_mb", "run.loggers", "data.num_workers", "data.eval_batch_size",
               "data.cache_mb", "fewshot.cache_dir", "slurm.",
               "run.ckpt_dir", "run.hang_factor", "run.hang_floor_s", "run.hang_start_s", "run.ckpt_async",
-              "run.mlflow_uri", "run.experiment")
+              "run.mlflow_uri", "run.experiment", "search.")
 # 1. resume (checkpoints.manager): may differ between a run and its resumption. Also every
 #    `fewshot.` key (a training's few-shot evaluations watch it, they do not train it) and ema.save
 #    (which of the trained weights the end writes), and how a loss spike is watched for

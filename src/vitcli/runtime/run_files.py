@@ -34,6 +34,10 @@ RUN_OUTPUTS = (RECIPE_FILE, METRICS_FILE, SUMMARY_FILE, MODEL_FILE, CURVES_FILE,
 # `--sweep` and `--lr-sweep`: every point's swept values and final metrics (each point's run is in
 # WORKDIR/<point>, named by recipe.grid.point_name)
 SWEEP_FILE, SWEEP_CSV = "sweep.json", "sweep.csv"
+# `--search`: the Optuna study's journal (optuna.storages.JournalStorage's file: every trial's values,
+# reports and state, appended under a lock, so SLURM array tasks share it over NFS); each trial's run
+# in WORKDIR/trial-<k>, its table in sweep.json and sweep.csv as a sweep's
+SEARCH_JOURNAL = "search.journal"
 VTAB_FILE = "vtab.json"  # `--task vtab...`: every task's lr and test top-1
 FEWSHOT_FILE, FEWSHOT_CSV, FEWSHOT_PLOT = "results.json", "results.csv", "fewshot.png"
 VTAB_FINAL_RUN = "final"  # a swept VTAB task retrains the chosen rate here, and tests it

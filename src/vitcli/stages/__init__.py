@@ -3,7 +3,9 @@
 run.py (one training run, `vit pretrain`: run.build builds it, as it builds every stage's) <
 preflight.py (`--preflight`: run.measure's few real steps of that run in a throwaway folder,
 run.estimate's whole-run figures, reported) < sweep.py (a run per point of `--sweep`, or per
-learning rate of `--lr-sweep`; one table) < vtab.py (the VTAB-1k protocol, per task) < finetune.py
+learning rate of `--lr-sweep`; one table) < search.py (`--search`: an Optuna study whose
+trials are runs, the weak ones pruned; the sweep's table) < vtab.py (the VTAB-1k protocol, per
+task) < finetune.py
 (`vit finetune`: which of them); fewshot.py (`vit eval-fewshot`); inspect.py (`vit inspect`);
 plot.py (`vit plot`); resize.py (`vit resize-posemb`); prepare.py (`vit prepare-data`); export.py
 (`vit export`); evaluate_extra.py (evaluate's calibration, temperature scaling and test-time

@@ -9,9 +9,11 @@ from vitcli.errors import RecipeError
 from vitcli.recipe.checks import check_sweep, parse_lrs
 from vitcli.recipe.grid import Grid
 from vitcli.recipe.schema import Recipe
+from vitcli.recipe.space import Search
 from vitcli.run.build import run_training
 from vitcli.runtime.dist import setup
 from vitcli.runtime.metrics import console
+from vitcli.stages.search import search_study
 from vitcli.stages.sweep import lr_sweep, sweep_grid
 from vitcli.stages.vtab import run_vtab, vtab_tasks
 
@@ -33,10 +35,11 @@ def check_flags(lr_sweep: str | None, task: str | None, recipe: Recipe,
 
 
 def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overwrite: bool = False,
-             lrs: list[float] | None = None, chosen: list | None = None, sweep: Grid | None = None) -> dict:
+             lrs: list[float] | None = None, chosen: list | None = None, sweep: Grid | None = None,
+             search: Search | None = None) -> dict:
     """Join the process group once and run what the flags (as check_flags read them) ask for: the
-    VTAB tasks `chosen`, a sweep over `lrs`, the points of `sweep`, or one run. Returns what its
-    results file (vtab.json, sweep.json or summary.json) holds."""
+    VTAB tasks `chosen`, a sweep over `lrs`, the points of `sweep`, the trials of `search`, or one
+    run. Returns what its results file (vtab.json, sweep.json or summary.json) holds."""
     dist = setup(recipe.run.device)
     if not recipe.init.checkpoint and dist.is_main:
         console.log("no --init: fine-tuning from random initialisation (a baseline, not transfer)")
@@ -46,4 +49,6 @@ def finetune(recipe: Recipe, workdir: Path, *, resume: bool | None = None, overw
         return lr_sweep(recipe, workdir, lrs, dist, resume, overwrite)
     if sweep:
         return sweep_grid(sweep, workdir, dist, resume, overwrite)
+    if search:
+        return search_study(search, workdir, dist, resume)
     return run_training(recipe, workdir, dist, resume, overwrite)

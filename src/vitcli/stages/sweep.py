@@ -69,7 +69,7 @@ def sweep_grid(grid: Grid, workdir: Path, dist: Dist, resume: bool | None = None
         return _one_point(grid, workdir, dist, resume, overwrite)
     rows = _run_points(list(zip(grid.points, grid.recipes, strict=True)), workdir, dist, resume, overwrite)
     summary = table(rows, list(grid.points[0].overrides))
-    _publish(workdir, summary, dist, f"sweep of {len(rows)} points")
+    publish(workdir, summary, dist, f"sweep of {len(rows)} points")
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:
         raise TrainingError(f"sweep: {len(failed)} of {len(rows)} points failed, first {failed[0]['point']} "
@@ -92,7 +92,7 @@ def lr_sweep(recipe: Recipe, workdir: Path, lrs: list[float], dist: Dist, resume
     best = next(r for r in summary["points"] if r["point"] == summary["best"])
     summary = {"best_lr": best["optim.lr"], "dev/top1": best[DEV], "test/top1": best.get("test/top1"),
                **summary}
-    _publish(workdir, summary, dist, "learning-rate sweep (chosen on dev)")
+    publish(workdir, summary, dist, "learning-rate sweep (chosen on dev)")
     return summary
 
 
@@ -137,7 +137,7 @@ def _one_point(grid: Grid, workdir: Path, dist: Dist, resume: bool | None, overw
     summary = table(rows, list(point.overrides))
     pending = sum(r["status"] == "pending" for r in rows)
     if not pending:
-        _publish(workdir, summary, dist, f"sweep of {len(rows)} points")
+        publish(workdir, summary, dist, f"sweep of {len(rows)} points")
     elif dist.is_main:
         console.log(f"{len(rows) - pending} of {len(rows)} points finished: the task that finishes the last "
                     f"writes {workdir / SWEEP_CSV}")
@@ -165,7 +165,7 @@ def table(rows: list[dict], keys: list[str]) -> dict:
             "points": rows}
 
 
-def _publish(workdir: Path, summary: dict, dist: Dist, title: str) -> None:
+def publish(workdir: Path, summary: dict, dist: Dist, title: str) -> None:
     """Rank 0: sweep.json and sweep.csv (each only if it changed, so a rerun that trained nothing
     touches no file), and the table on stdout."""
     if not dist.is_main:

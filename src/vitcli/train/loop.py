@@ -14,7 +14,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -126,6 +126,10 @@ class Job:
     final_evaluators: list[Evaluator] = field(default_factory=list)  # run once after the last step
     # (checkpoint path, its state) to continue from: checkpoints.manager
     resume_from: Checkpoint | None = None
+    # told (step, metrics) after each periodic evaluation, once they are logged: a search's trial
+    # reports them to its study. What it returns ends the run, raised once the step's checkpoint is
+    # written and a Ctrl-C or a scheduler's signal has had its say (stages/search.py's pruning)
+    on_eval: Callable[[int, dict], BaseException | None] | None = None
 
 
 
@@ -196,12 +200,12 @@ def train(job: Job, dist: Dist) -> dict[str, float]:
                 _log(window, waited.take(), advise, metrics, bar, task, done,
                      {**_row(values, lr, grad_norm), **job.objective.logged(dist)})
             bar.update(task, completed=done)
-            _periodic(job, model, ema, metrics, done)
+            ended = _periodic(job, model, ema, metrics, done)  # on_eval's end of the run, or None
             if save:
                 newest = checkpoints.save(done)
                 clock.reset()
-            if signum:
-                raise interrupted(signum, done, job.total_steps, job.workdir)
+            if signum or ended is not None:  # a signal first: its checkpoint is written, the run resumes
+                raise interrupted(signum, done, job.total_steps, job.workdir) if signum else ended
             step = done
     final = _final_metrics(job, model, ema, metrics)
     _save_final(job, parallel, ema, dist)
@@ -382,14 +386,18 @@ def _save_final(job: Job, parallel: parallelize.Parallel, ema: WeightEma | None,
             save_weights(job.workdir / MODEL_FILE, weights, meta)
 
 
-def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog, done: int) -> None:
+def _periodic(job: Job, model, ema: WeightEma | None, metrics: MetricsLog,
+              done: int) -> BaseException | None:
     """Evaluators due at this step (the last step's run after the loop), on the EMA weights too if
-    any."""
+    any; what job.on_eval, told their metrics, returns to end the run with."""
     due = [ev for every, ev in job.evaluators if every and done % every == 0 and done != job.total_steps]
     if due:
         results = _evaluate(due, model, ema)
         metrics.write(done, results)
         console.log(f"step {done}: " + "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+        if job.on_eval is not None:
+            return job.on_eval(done, results)
+    return None
 
 
 def _objective(objective: Objective, r: Recipe, step: int, first_micro: int, skips: tuple = ()):

@@ -241,14 +241,16 @@ def test_every_op_at_its_bounds_on_odd_images(inc, m, mstd):
                     assert (mine == pil(name, img, arg, timm_op(spec, k))).all(), (label, name, arg)
 
 
-def test_posterize_to_zero_bits_is_black_where_pillow_refuses():
+def test_posterize_to_zero_bits_is_black_where_pillow_refuses_or_gives_black():
     spec = SPECS[1]
     k = spec.names.index("PosterizeIncreasing")
     img = drawn(8, 8)
     assert spec.levels[k](np.array([10.0]), np.array([1.0]))[0] == 0
-    with pytest.raises(ValueError):  # what made timm's PIL RandAugment stop at a random step
-        aa.NAME_TO_OP["PosterizeIncreasing"](Image.fromarray(img), 0)
-    assert (ours(spec, k, [img], [10.0], [1.0]) == 0).all()
+    try:  # Pillow 13 refuses 0 bits: what made timm's PIL RandAugment stop at a random step
+        theirs = np.asarray(aa.NAME_TO_OP["PosterizeIncreasing"](Image.fromarray(img), 0))
+    except ValueError:
+        theirs = np.zeros_like(img)  # Pillow 12 (trackio's pin) still gives black
+    assert (theirs == 0).all() and (ours(spec, k, [img], [10.0], [1.0]) == 0).all()
 
 
 def test_same_seed_same_draws_same_pixels_and_batching_changes_nothing():

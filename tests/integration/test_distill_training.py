@@ -19,6 +19,7 @@ from vitcli.stages.run import one_run
 from vitcli.train import distill, loop
 
 CLASSES = 4
+SIZES = ("model.patch_size", "model.embed_dim", "model.depth", "model.num_heads", "model.mlp_dim")
 TINY = [
     "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
     "model.mlp_dim=64", f"data.synthetic.num_classes={CLASSES}", "data.synthetic.train_size=64",
@@ -28,8 +29,10 @@ TINY = [
 ]
 
 
-def recipe(*extra):
-    return resolve("pretrain", None, TINY + list(extra), complete=complete)
+def recipe(*extra, sized: bool = True):
+    """TINY and `extra`; `sized=False` leaves the network's sizes to a timm name (which fixes them)."""
+    given = TINY if sized else [o for o in TINY if not o.startswith(SIZES)]
+    return resolve("pretrain", None, given + list(extra), complete=complete)
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_a_deit_distilled_student_learns_from_a_timm_cnn(tmp_path):
     save_file({k: v.contiguous() for k, v in cnn.state_dict().items()}, str(tmp_path / "cnn.safetensors"))
     r = recipe("model.name=deit_tiny_distilled_patch16_224",
                f"distill.teacher={tmp_path / 'cnn.safetensors'}", "distill.teacher_model=test_resnet",
-               "distill.type=hard", "data.batch_size=8")
+               "distill.type=hard", "data.batch_size=8", sized=False)  # DeiT-Ti itself, at 32 px
     assert build_job(r, tmp_path / "job", setup("cpu")).model.distilled_training  # (class, distillation)
     one_run(r, tmp_path / "run")
     sd, _ = load_weights(tmp_path / "run" / "model.safetensors")

@@ -15,9 +15,9 @@ from vitcli.recipe.resolve import resolve
 from vitcli.runtime.metrics import read_metrics
 from vitcli.stages.run import one_run
 
-# a paper name fixes its sizes (naming ViT-L/16 and setting model.embed_dim=32 is refused), so the
-# ViT recipes' networks are shrunk as `custom`; T2T-ViT's name is its architecture, so only its input
-# shrinks
+# a model name fixes its sizes (naming ViT-L/16 and setting model.embed_dim=32 is refused), so the
+# ViT recipes' networks are shrunk as `custom`; T2T-ViT's and timm's DeiTs' names are their architecture,
+# so only their input shrinks
 VIT = ["model.name=custom"]
 SMALL = ["model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1",
          "model.num_heads=2", "model.mlp_dim=64"]
@@ -30,8 +30,9 @@ RUN = ["data.source=synthetic", "data.synthetic.num_classes=4", "data.synthetic.
 DINO = [*SMALL, "dino.out_dim=256", "dino.hidden_dim=64", "dino.bottleneck_dim=32", "dino.local_crop_size=16",
         "dino.koleo_group=8"]
 RECIPES = {  # file -> (stage, what shrinks its network); DeiT-S and -B are DeiT-Ti's but for the name
-    "recipes/deit/deit_tiny_i1k.yaml": ("pretrain", SMALL),
-    "recipes/deit/deit_base_distilled_i1k.yaml": ("pretrain", SMALL),
+    # timm's DeiTs at 32 px: a timm name's sizes are timm's too
+    "recipes/deit/deit_tiny_i1k.yaml": ("pretrain", SMALL[:1]),
+    "recipes/deit/deit_base_distilled_i1k.yaml": ("pretrain", SMALL[:1]),
     "recipes/paper/t2t_vit_14_i1k.yaml": ("pretrain", SMALL[:1]),  # T2T-ViT-14 itself, at 32 px
     "recipes/augreg/vit_s16_i21k.yaml": ("pretrain", [*VIT, *SMALL]),
     "recipes/augreg/vit_b16_i21k.yaml": ("pretrain", [*VIT, *SMALL]),
@@ -59,7 +60,7 @@ def test_a_shipped_recipe_runs_its_first_steps(path, tmp_path, teacher):
     text = (REPO / path).read_text()
     extra = [f"distill.teacher={teacher}", "distill.teacher_model="] if "distill:" in text else []
     r = resolve(stage, REPO / path, [*shrink, *RUN, *extra], complete=complete)
-    if r.model.name == "custom":  # shrunk as asked (a timm name's sizes are timm's: DeiT's at 32 px)
+    if r.model.name == "custom":  # shrunk as asked
         assert (r.model.embed_dim, r.model.depth) == (32, 1), r.model
     summary = one_run(r, tmp_path)
     steps = [row["step"] for row in read_metrics(tmp_path / "metrics.jsonl") if "train/loss" in row]

@@ -407,3 +407,14 @@ def test_a_size_the_model_name_fixes_is_refused_not_overridden(tmp_path):
     assert resolve("pretrain", path, ["model.name=ViT-S/16"], complete=complete).model.embed_dim == 384
     with pytest.raises(RecipeError, match=r"model.depth=1 contradicts model.name=ViT-S/16"):
         resolve("pretrain", path, ["model.name=ViT-S/16", "model.depth=1"], complete=complete)
+
+
+def test_a_size_a_timm_name_fixes_is_refused_too():
+    """deit_tiny_patch16_224 with model.embed_dim=32 built DeiT-Ti (192 wide) as silently."""
+    steps = ["schedule.steps=2", "schedule.warmup_steps=1"]
+    with pytest.raises(RecipeError, match=r"model.embed_dim=32 contradicts model.name=deit_tiny_patch16_224, "
+                                          r"whose embed_dim is 192"):
+        resolve("pretrain", None, [*steps, "model.name=deit_tiny_patch16_224", "model.embed_dim=32"],
+                complete=complete)
+    assert resolve("pretrain", None, [*steps, "model.name=deit_tiny_patch16_224", "model.embed_dim=192"],
+                   complete=complete).model.depth == 12

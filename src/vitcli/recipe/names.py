@@ -104,7 +104,8 @@ SIZE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_dim")
 
 def refuse_resized(given: ModelConfig, known: ModelConfig, layers: list[dict]) -> None:
     """Refuse a size the user set that the model's name overrides: `model.name: ViT-L/16` from a
-    recipe with `model.embed_dim=32` on the command line would otherwise train ViT-L silently.
+    recipe with `model.embed_dim=32` on the command line would otherwise train ViT-L silently (a
+    known name's sizes here; a timm name's, timm's, once vitcli.recipe.resolve has them).
 
     `layers` are the user's, in order (recipe file, overrides, flags); a size set before the layer
     that names the model is that layer's to replace (a file's custom sizes, then `model.name=ViT-B/16`

@@ -91,7 +91,7 @@ def resolve(
         first = _layered(stage, recipe_file, overrides, flags, vtab, {})[0]
         check(first, world_size, model=False, inputs=False)
         layer = base(first)
-    recipe, user_heads = _layered(stage, recipe_file, overrides, flags, vtab, layer)
+    recipe, user = _layered(stage, recipe_file, overrides, flags, vtab, layer)
     late = needs_torch(recipe)
     # a model to fill in: checked once it is
     check(recipe, world_size, model=not late, inputs=inputs)
@@ -100,15 +100,18 @@ def resolve(
     if complete is None:
         raise TypeError("resolve: this recipe needs torch to complete; pass complete= "
                         "(vitcli.checkpoints.complete.complete)")
-    recipe = complete(recipe, user_heads)
+    given = recipe.model
+    recipe = complete(recipe, _says_num_heads(user))
+    if recipe.stage == "pretrain" or not recipe.init.checkpoint:  # a timm name's sizes, timm's
+        refuse_resized(given, recipe.model, user)
     check(recipe, world_size, inputs=inputs)
     return recipe
 
 
 def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
-             vtab: bool, base: dict) -> tuple[Recipe, bool]:
-    """The layers merged in order, a known model name's sizes filled in; and whether the user set
-    model.num_heads (evidence for a checkpoint that has none)."""
+             vtab: bool, base: dict) -> tuple[Recipe, list[dict]]:
+    """The layers merged in order, a known model name's sizes filled in; and the user's layers (file,
+    overrides, flags: what they set, for the checks that need to know)."""
     if stage not in STAGES:
         raise RecipeError(f"stage: '{stage}' is not one of {', '.join(STAGES)}")
     file_layer = _file_layer(stage, recipe_file)
@@ -121,7 +124,7 @@ def _layered(stage: str, recipe_file, overrides: list[str], flags: dict | None,
     _stream_tar_shards(recipe, user)
     known = resolve_known(recipe.model)
     refuse_resized(recipe.model, known, user)
-    return dataclasses.replace(recipe, model=known), _says_num_heads(user)
+    return dataclasses.replace(recipe, model=known), user
 
 
 def _stream_tar_shards(recipe: Recipe, layers: list[dict]) -> None:

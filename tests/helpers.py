@@ -129,6 +129,17 @@ def _running(pid: int) -> bool:
 D, HEADS, MLP, PATCH = 32, 2, 64, 8
 
 
+def save_photographs(folder: Path, names) -> list[Path]:
+    """scikit-image's sample photographs `names` (astronaut, coffee, ...) as PNGs in folder, sorted: real
+    pictures for the preprocessing and folder tests (scikit-image is in the test extra)."""
+    from PIL import Image
+    from skimage import data
+
+    for name in names:
+        Image.fromarray(getattr(data, name)()).save(folder / f"{name}.png")
+    return sorted(folder.iterdir())
+
+
 def tiny_vit(img_size=32, num_classes=5, seed=0, **kw) -> VisionTransformer:
     """A 2-block ViT with every parameter random (timm zero-inits some, which would hide
     mix-ups)."""

@@ -16,7 +16,7 @@ import json
 import pytest
 import torch
 
-from helpers import run_vit, tiny_vit
+from helpers import run_vit, save_photographs, tiny_vit
 from vitcli.checkpoints.weights import save_weights
 from vitcli.models.zoo import model_spec
 from vitcli.recipe.schema import ModelConfig
@@ -32,10 +32,7 @@ FP32 = ("--set", "run.precision=fp32")
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        Image.fromarray(getattr(skimage_data, name)()).save(folder / f"{name}.png")
-    return sorted(folder.iterdir())
+    return save_photographs(tmp_path_factory.mktemp("photos"), PHOTOS)
 
 
 def _folder(path, **config):

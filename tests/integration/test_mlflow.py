@@ -16,6 +16,7 @@ import urllib.request
 
 import pytest
 from mlflow.tracking import MlflowClient
+from test_trackers import TINY  # the same tiny run the other trackers log
 
 from helpers import REPO, kill_tree, refused, run_vit, warnings
 from vitcli.errors import Interrupted
@@ -24,14 +25,6 @@ from vitcli.runtime import trackers_mlflow
 from vitcli.runtime.metrics import read_metrics
 from vitcli.runtime.run_files import MLFLOW_ID_FILE
 from vitcli.stages.run import one_run
-
-TINY = [
-    "model.img_size=32", "model.patch_size=8", "model.embed_dim=32", "model.depth=1", "model.num_heads=2",
-    "model.mlp_dim=64", "data.synthetic.num_classes=4", "data.synthetic.train_size=64",
-    "data.synthetic.val_size=32", "data.synthetic.test_size=32", "data.synthetic.img_size=32",
-    "data.batch_size=16", "data.num_workers=0", "data.eval_batch_size=32", "schedule.warmup_steps=1",
-    "run.log_every=1",
-]
 
 
 def free_port() -> int:
@@ -196,23 +189,32 @@ class Relay:
             b.shutdown(socket.SHUT_WR)
 
 
+def cut(monkeypatch, relay, at: int, back_at: int | None = None) -> None:
+    """The relay to the server stopped as the run logs step `at` (and started again at `back_at`)."""
+    write = trackers_mlflow.MLflow.write
+
+    def cut_then_write(self, step, metrics):
+        if step == at:
+            relay.stop()
+        if step == back_at:
+            relay.start()
+        write(self, step, metrics)
+
+    monkeypatch.setattr(trackers_mlflow.MLflow, "write", cut_then_write)
+
+
+def through(relay, steps: int):
+    """A tiny run of `steps` tracked through the relay."""
+    return resolve("pretrain", None, [*TINY, f"schedule.steps={steps}", "run.loggers=jsonl,mlflow",
+                                      f"run.mlflow_uri={relay.uri}"])
+
+
 def test_a_server_gone_mid_run_is_a_warning_and_its_rows_follow_when_it_is_back(
         server, tmp_path, monkeypatch, logged):
     relay = Relay(server)
     monkeypatch.setattr(trackers_mlflow, "RETRY_S", 0.0)  # try again at every row
-    write = trackers_mlflow.MLflow.write
-
-    def cut_at_3_back_at_6(self, step, metrics):
-        if step == 3:
-            relay.stop()
-        if step == 6:
-            relay.start()
-        write(self, step, metrics)
-
-    monkeypatch.setattr(trackers_mlflow.MLflow, "write", cut_at_3_back_at_6)
-    r = resolve("pretrain", None, [*TINY, "schedule.steps=8", "run.loggers=jsonl,mlflow",
-                                   f"run.mlflow_uri={relay.uri}"])
-    one_run(r, tmp_path)
+    cut(monkeypatch, relay, at=3, back_at=6)
+    one_run(through(relay, steps=8), tmp_path)
     (warned,) = [m for m in warnings(logged) if "MLflow" in m]
     assert "stopped answering" in warned
     assert any("answers again (step 6)" in m for m in logged)
@@ -223,17 +225,8 @@ def test_a_server_gone_mid_run_is_a_warning_and_its_rows_follow_when_it_is_back(
 
 def test_a_server_gone_for_good_leaves_the_run_to_finish(server, tmp_path, monkeypatch, logged):
     relay = Relay(server)
-    write = trackers_mlflow.MLflow.write
-
-    def cut_at_2(self, step, metrics):
-        if step == 2:
-            relay.stop()
-        write(self, step, metrics)
-
-    monkeypatch.setattr(trackers_mlflow.MLflow, "write", cut_at_2)
-    r = resolve("pretrain", None, [*TINY, "schedule.steps=4", "run.loggers=jsonl,mlflow",
-                                   f"run.mlflow_uri={relay.uri}"])
-    summary = one_run(r, tmp_path)
+    cut(monkeypatch, relay, at=2)
+    summary = one_run(through(relay, steps=4), tmp_path)
     warned = [m for m in warnings(logged) if "MLflow" in m]
     # once when it went, once for the end's rows, once for the artefacts: not once a row
     assert ["stopped answering" in warned[0], "metrics were not sent" in warned[1],

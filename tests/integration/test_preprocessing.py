@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from timm.data import create_transform, resolve_data_config
 from timm.models import save_for_hf
 
-from helpers import run_vit
+from helpers import run_vit, save_photographs
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.weights import save_weights
 from vitcli.data.augmentation.augment import Normalise, finish
@@ -53,8 +53,7 @@ FP32 = ["--set", "run.precision=fp32", "--set", f"model.num_heads={HEADS}"]  # a
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
     folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        Image.fromarray(getattr(skimage_data, name)()).save(folder / f"{name}.png")
+    save_photographs(folder, PHOTOS)
     return folder
 
 

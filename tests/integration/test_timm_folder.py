@@ -24,7 +24,7 @@ from PIL import Image
 from timm.data import create_transform, resolve_data_config
 from timm.models import save_for_hf
 
-from helpers import refused, run_vit, tiny_vit
+from helpers import refused, run_vit, save_photographs, tiny_vit
 from vitcli.checkpoints.complete import complete, trained_with
 from vitcli.checkpoints.transfer import load_for_eval
 from vitcli.checkpoints.weights import save_weights
@@ -61,10 +61,7 @@ FOLDERS = {
 
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("photos")
-    for name in PHOTOS:
-        Image.fromarray(getattr(skimage_data, name)()).save(folder / f"{name}.png")
-    return sorted(folder.iterdir())
+    return save_photographs(tmp_path_factory.mktemp("photos"), PHOTOS)
 
 
 def timm_folder(path, arch, args, safe, names=NAMES):

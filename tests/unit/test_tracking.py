@@ -40,3 +40,12 @@ def test_tracking_keys_are_checked():
         check_tracking(RunConfig(loggers=["mlflow"], mlflow_uri="ht tp://x"))
     with pytest.raises(RecipeError, match=r"run.experiment: 'a/b' names trackio's project"):
         check_tracking(RunConfig(loggers=["trackio"], experiment="a/b"))
+
+
+@pytest.mark.parametrize("key,value", [("mlflow_uri", "http://x\ninjected"), ("mlflow_uri", " http://x"),
+                                       ("experiment", "runs\r"), ("experiment", "a\tb")])
+def test_a_tracking_value_with_a_control_character_is_refused_naming_the_key(key, value):
+    """A shared recipe's value handed to MLflow or trackio: a newline or a tab is refused (as in
+    run.ckpt_dir)."""
+    with pytest.raises(RecipeError, match=rf"run.{key}: .* has a control character or surrounding spaces"):
+        check_tracking(RunConfig(loggers=["mlflow"], **{key: value}))

@@ -394,6 +394,8 @@ def check_tracking(run: RunConfig) -> None:
     takes. (A URI set while run.loggers does not name mlflow is allowed: --preflight and a search's
     trials turn the trackers off and keep the rest of the recipe.)"""
     uri = run.mlflow_uri
+    refuse_unprintable("run.mlflow_uri", uri)
+    refuse_unprintable("run.experiment", run.experiment)
     scheme = uri.partition("://")[0] if "://" in uri else ""
     # RFC 3986: a letter, then letters, digits, +, - or . (databricks-uc://, postgresql+psycopg2://)
     if scheme and not (scheme[0].isalpha() and all(c.isalnum() or c in "+-." for c in scheme)):
@@ -404,6 +406,13 @@ def check_tracking(run: RunConfig) -> None:
                           f"cannot hold '/'")
 
 
+def refuse_unprintable(key: str, value: str) -> None:
+    """A name or URI handed to another tool (a store, a tracking server): no newline or other control
+    character, no surrounding spaces."""
+    if not value.isprintable() or value != value.strip():
+        raise RecipeError(f"{key}: {value!r} has a control character or surrounding spaces")
+
+
 def check_ckpt_dir(uri: str) -> None:
     """run.ckpt_dir: a path, or a URI whose protocol fsspec knows and whose library is installed
     (s3fs for s3://); whether the store answers is asked at the run's start (checkpoints.remote)."""
@@ -412,8 +421,7 @@ def check_ckpt_dir(uri: str) -> None:
     from fsspec.core import split_protocol  # here: fsspec's import is for runs that name a URI
     from fsspec.registry import known_implementations, registry
 
-    if not uri.isprintable() or uri != uri.strip():
-        raise RecipeError(f"run.ckpt_dir: {uri!r} has a control character or surrounding spaces")
+    refuse_unprintable("run.ckpt_dir", uri)
     protocol, rest = split_protocol(uri)
     if protocol is None:
         return
